@@ -1,0 +1,327 @@
+"""Loop-nest IR -> C with OpenMP for parallel loops and GCC vector extensions for SIMD.
+
+Every kernel has the signature `int name(float** args)` (inputs, then output), so one harness
+can run and time any of them. Vectorised loops become explicit vector statements: a load whose
+address moves by one element per lane is a vector load, one that does not move is a scalar that
+broadcasts, anything else is gathered lane by lane. A body that cannot be vectorised (a condition
+or a math call that depends on the lane) falls back to a scalar loop under `omp simd`.
+"""
+from __future__ import annotations
+
+import math
+
+from ..te.expr import (Add, And, Call, Cast, Cmp, Const, Div, Expr, FloorDiv, FloorMod, Load, Max, Min, Mul,
+                       Select, Sub, Var, bounds, coefficient, free_vars, simplify, substitute, walk)
+from ..schedule import ir
+from ..schedule.lower import c_name
+
+STACK_LIMIT_BYTES = 64 * 1024
+
+PRELUDE = """#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <immintrin.h>
+typedef float f32x16 __attribute__((vector_size(64), aligned(4)));
+typedef float f32x8 __attribute__((vector_size(32), aligned(4)));
+typedef float f32x4 __attribute__((vector_size(16), aligned(4)));
+static inline int tuner_floordiv(int a, int b) { int q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
+static inline int tuner_floormod(int a, int b) { int r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+"""
+
+_MAX_INTRIN = {16: "_mm512_max_ps", 8: "_mm256_max_ps", 4: "_mm_max_ps"}
+_MIN_INTRIN = {16: "_mm512_min_ps", 8: "_mm256_min_ps", 4: "_mm_min_ps"}
+_CALLS = {"exp": "expf", "sqrt": "sqrtf", "tanh": "tanhf", "log": "logf"}
+
+
+class NotVectorizable(Exception):
+    pass
+
+
+def is_float(e: Expr) -> bool:
+    if isinstance(e, Const):
+        return not e.is_int
+    if isinstance(e, (Load, Cast, Call, Div)):
+        return True
+    if isinstance(e, Var):
+        return False
+    if isinstance(e, Select):
+        return is_float(e.then) or is_float(e.other)
+    if isinstance(e, (Cmp, And)):
+        return False
+    return is_float(e.a) or is_float(e.b)
+
+
+def c_float(v: float) -> str:
+    if math.isinf(v):
+        return "-INFINITY" if v < 0 else "INFINITY"
+    if math.isnan(v):
+        return "NAN"
+    return f"{float(v)!r}f"
+
+
+class CGen:
+    def __init__(self, func: ir.Func, max_lanes: int = 16, threads: int = 1):
+        self.func = func
+        self.max_lanes = max_lanes
+        self.threads = threads
+        self.lines: list = []
+        self.ranges: dict = {}       # loop var -> extent of enclosing loops
+        self.in_parallel = False
+        self.unroll_budget = 0
+        self.uses_openmp = False
+
+    # ------------------------------------------------------------ entry
+    def generate(self) -> str:
+        f = self.func
+        self.emit(0, f"int {f.name}(float** restrict args) {{")
+        for k, b in enumerate(f.args):
+            self.emit(1, f"float* restrict {c_name(b.name)} = args[{k}];")
+        for t in f.temps:
+            self.emit(1, f"float* restrict {c_name(t.name)} = (float*)aligned_alloc(64, {_alloc_bytes(t.shape)});")
+            self.emit(1, f"if (!{c_name(t.name)}) return -1;")
+        self.stmt(f.body, 1)
+        for t in f.temps:
+            self.emit(1, f"free({c_name(t.name)});")
+        self.emit(1, "return 0;")
+        self.emit(0, "}")
+        return "\n".join(self.lines) + "\n"
+
+    def emit(self, depth: int, text: str):
+        self.lines.append("  " * depth + text)
+
+    # ------------------------------------------------------------ statements
+    def stmt(self, s: ir.Stmt, d: int):
+        if isinstance(s, ir.Seq):
+            for x in s.stmts:
+                self.stmt(x, d)
+        elif isinstance(s, ir.For):
+            self.loop(s, d)
+        elif isinstance(s, ir.Store):
+            self.emit(d, f"{self.lvalue(s.buffer, s.indices)} = {self.expr(s.value)};")
+        elif isinstance(s, ir.IfThen):
+            cond = simplify(s.cond, self._bounds())
+            if isinstance(cond, Const):
+                if cond.value:
+                    self.stmt(s.body, d)
+                return
+            self.emit(d, f"if ({self.expr(cond)}) {{")
+            self.stmt(s.body, d + 1)
+            self.emit(d, "}")
+        elif isinstance(s, ir.Allocate):
+            name = c_name(s.buffer)
+            nbytes = _alloc_bytes(s.shape)
+            self.emit(d, "{")
+            if nbytes <= STACK_LIMIT_BYTES:
+                self.emit(d + 1, f"float {name}[{nbytes // 4}] __attribute__((aligned(64)));")
+                self.stmt(s.body, d + 1)
+            else:
+                self.emit(d + 1, f"float* restrict {name} = (float*)aligned_alloc(64, {nbytes});")
+                self.stmt(s.body, d + 1)
+                self.emit(d + 1, f"free({name});")
+            self.emit(d, "}")
+        else:
+            raise TypeError(f"cannot generate C for {type(s).__name__}")
+
+    def loop(self, s: ir.For, d: int):
+        saved_budget = self.unroll_budget
+        if s.auto_unroll:
+            self.unroll_budget = max(self.unroll_budget, s.auto_unroll)
+        if s.kind == "vectorize":
+            try:
+                lines = self.vector_loop(s, d)
+                self.lines.extend(lines)
+                self.unroll_budget = saved_budget
+                return
+            except NotVectorizable:
+                self.emit(d, "#pragma omp simd")
+        elif s.kind == "parallel" and self.threads > 1 and not self.in_parallel:
+            self.emit(d, f"#pragma omp parallel for num_threads({self.threads})")
+            self.uses_openmp = True
+        elif s.kind == "unroll" or (self.unroll_budget and _steps(s) <= self.unroll_budget):
+            self.emit(d, f"#pragma GCC unroll {s.extent}")
+        v = c_name(s.var)
+        self.emit(d, f"for (int {v} = 0; {v} < {s.extent}; ++{v}) {{")
+        was_parallel = self.in_parallel
+        self.in_parallel = self.in_parallel or (s.kind == "parallel" and self.threads > 1)
+        self.ranges[s.var] = s.extent
+        self.stmt(s.body, d + 1)
+        del self.ranges[s.var]
+        self.in_parallel = was_parallel
+        self.emit(d, "}")
+        self.unroll_budget = saved_budget
+
+    # ------------------------------------------------------------ expressions
+    def _bounds(self, extra: dict | None = None) -> dict:
+        b = {k: (0, e - 1) for k, e in self.ranges.items()}
+        if extra:
+            b.update(extra)
+        return b
+
+    def offset(self, buffer: str, indices: tuple, extra_ranges: dict | None = None) -> Expr:
+        shape = self.func.buffers[buffer].shape
+        off, stride = Const(0), 1
+        for idx, ext in zip(reversed(indices), reversed(shape)):
+            off = idx * Const(stride) + off
+            stride *= ext
+        return simplify(off, self._bounds(extra_ranges))
+
+    def lvalue(self, buffer: str, indices: tuple) -> str:
+        return f"{c_name(buffer)}[{self.expr(self.offset(buffer, indices))}]"
+
+    def expr(self, e: Expr) -> str:
+        b = self._bounds()
+        if isinstance(e, Const):
+            return c_float(e.value) if not e.is_int else str(e.value)
+        if isinstance(e, Var):
+            return c_name(e.name)
+        if isinstance(e, Load):
+            return f"{c_name(e.buffer)}[{self.expr(self.offset(e.buffer, e.indices))}]"
+        if isinstance(e, (Add, Sub, Mul, Div)):
+            op = {Add: "+", Sub: "-", Mul: "*", Div: "/"}[type(e)]
+            return f"({self.expr(e.a)} {op} {self.expr(e.b)})"
+        if isinstance(e, (FloorDiv, FloorMod)):
+            nb = bounds(e.a, b)
+            if nb is not None and nb[0] >= 0 and isinstance(e.b, Const) and e.b.value > 0:
+                return f"({self.expr(e.a)} {'/' if isinstance(e, FloorDiv) else '%'} {self.expr(e.b)})"
+            fn = "tuner_floordiv" if isinstance(e, FloorDiv) else "tuner_floormod"
+            return f"{fn}({self.expr(e.a)}, {self.expr(e.b)})"
+        if isinstance(e, (Min, Max)):
+            a, c = self.expr(e.a), self.expr(e.b)
+            op = "<" if isinstance(e, Min) else ">"
+            return f"(({a}) {op} ({c}) ? ({a}) : ({c}))"
+        if isinstance(e, Cmp):
+            return f"({self.expr(e.a)} {e.op} {self.expr(e.b)})"
+        if isinstance(e, And):
+            return f"({self.expr(e.a)} && {self.expr(e.b)})"
+        if isinstance(e, Select):
+            return f"({self.expr(e.cond)} ? {self.expr(e.then)} : {self.expr(e.other)})"
+        if isinstance(e, Call):
+            return f"{_CALLS[e.name]}({', '.join(self.expr(a) for a in e.args)})"
+        if isinstance(e, Cast):
+            return f"((float)({self.expr(e.value)}))"
+        raise TypeError(f"cannot generate C for {type(e).__name__}")
+
+    # ------------------------------------------------------------ vectorisation
+    def vector_loop(self, s: ir.For, d: int) -> list:
+        lanes = next((w for w in (16, 8, 4) if w <= self.max_lanes and s.extent % w == 0), 0)
+        if not lanes:
+            raise NotVectorizable("extent not a multiple of 4")
+        stores = _straight_stores(s.body)
+        chunks = s.extent // lanes
+        lane = f"{s.var}__lane"
+        chunk = f"{s.var}__chunk"
+        value_of_var = Var(lane) if chunks == 1 else Var(chunk) * Const(lanes) + Var(lane)
+        extra = {lane: (0, lanes - 1)}
+        saved = dict(self.ranges)
+        if chunks > 1:
+            self.ranges[chunk] = chunks
+        try:
+            body = []
+            for guard_conds, st in stores:
+                for g in guard_conds:
+                    if s.var in free_vars(g):
+                        raise NotVectorizable("condition depends on the lane")
+                idx = tuple(substitute(i, {s.var: value_of_var}) for i in st.indices)
+                off = self.offset(st.buffer, idx, extra)
+                if coefficient(off, lane, self._bounds(extra)) != 1:
+                    raise NotVectorizable("store is not contiguous")
+                base = self.expr(simplify(substitute(off, {lane: Const(0)}), self._bounds()))
+                val = substitute(st.value, {s.var: value_of_var})
+                code, is_vec = self.vexpr(val, lane, lanes, extra)
+                if not is_vec:
+                    code = f"((f32x{lanes}){{0}} + ({code}))"
+                line = f"*(f32x{lanes}*)&{c_name(st.buffer)}[{base}] = {code};"
+                conds = [self.expr(simplify(g, self._bounds())) for g in guard_conds]
+                body.append((conds, line))
+        finally:
+            self.ranges = saved
+        out = []
+        inner = d
+        if chunks > 1:
+            out.append("  " * d + f"#pragma GCC unroll {chunks}")
+            out.append("  " * d + f"for (int {c_name(chunk)} = 0; {c_name(chunk)} < {chunks}; ++{c_name(chunk)}) {{")
+            inner = d + 1
+        for conds, line in body:
+            if conds:
+                out.append("  " * inner + f"if ({' && '.join(conds)}) {line}")
+            else:
+                out.append("  " * inner + line)
+        if chunks > 1:
+            out.append("  " * d + "}")
+        return out
+
+    def vexpr(self, e: Expr, lane: str, lanes: int, extra: dict):
+        """(C code, is_vector) of `e` evaluated for all lanes at once."""
+        if lane not in free_vars(e):
+            return self.expr(simplify(e, self._bounds())), False
+        vt = f"f32x{lanes}"
+        if isinstance(e, Load):
+            off = self.offset(e.buffer, e.indices, extra)
+            coef = coefficient(off, lane, self._bounds(extra))
+            if coef == 0:
+                return f"{c_name(e.buffer)}[{self.expr(off)}]", False
+            if coef == 1:
+                base = simplify(substitute(off, {lane: Const(0)}), self._bounds())
+                return f"(*({vt}*)&{c_name(e.buffer)}[{self.expr(base)}])", True
+            elems = [f"{c_name(e.buffer)}[{self.expr(simplify(substitute(off, {lane: Const(j)}), self._bounds()))}]"
+                     for j in range(lanes)]
+            return f"(({vt}){{{', '.join(elems)}}})", True
+        if not is_float(e):
+            raise NotVectorizable("integer value depends on the lane")
+        if isinstance(e, (Add, Sub, Mul, Div)):
+            a, _ = self.vexpr(e.a, lane, lanes, extra)
+            b, _ = self.vexpr(e.b, lane, lanes, extra)
+            op = {Add: "+", Sub: "-", Mul: "*", Div: "/"}[type(e)]
+            return f"({a} {op} {b})", True
+        if isinstance(e, (Max, Min)):
+            a, av = self.vexpr(e.a, lane, lanes, extra)
+            b, bv = self.vexpr(e.b, lane, lanes, extra)
+            a = a if av else f"(({vt}){{0}} + ({a}))"
+            b = b if bv else f"(({vt}){{0}} + ({b}))"
+            fn = (_MAX_INTRIN if isinstance(e, Max) else _MIN_INTRIN)[lanes]
+            return f"(({vt}){fn}({a}, {b}))", True
+        if isinstance(e, Select) and lane not in free_vars(e.cond):
+            a, av = self.vexpr(e.then, lane, lanes, extra)
+            b, bv = self.vexpr(e.other, lane, lanes, extra)
+            a = a if av else f"(({vt}){{0}} + ({a}))"
+            b = b if bv else f"(({vt}){{0}} + ({b}))"
+            return f"({self.expr(e.cond)} ? {a} : {b})", True
+        raise NotVectorizable(f"{type(e).__name__} depends on the lane")
+
+
+def _straight_stores(s: ir.Stmt, conds=()) -> list:
+    """The stores of a loop body made only of stores and ifs: [(conditions, store)]."""
+    if isinstance(s, ir.Store):
+        return [(list(conds), s)]
+    if isinstance(s, ir.Seq):
+        out = []
+        for x in s.stmts:
+            out.extend(_straight_stores(x, conds))
+        return out
+    if isinstance(s, ir.IfThen):
+        return _straight_stores(s.body, tuple(conds) + (s.cond,))
+    raise NotVectorizable(f"body has a {type(s).__name__}")
+
+
+def _steps(s: ir.Stmt) -> int:
+    if isinstance(s, ir.For):
+        return s.extent * _steps(s.body)
+    if isinstance(s, ir.Seq):
+        return sum(_steps(x) for x in s.stmts)
+    if isinstance(s, (ir.IfThen, ir.Allocate)):
+        return _steps(s.body)
+    return 1
+
+
+def _alloc_bytes(shape: tuple) -> int:
+    n = 4
+    for e in shape:
+        n *= e
+    return -(-n // 64) * 64
+
+
+def generate_c(func: ir.Func, max_lanes: int = 16, threads: int = 1) -> tuple:
+    """(C source of one kernel function, whether it needs OpenMP)."""
+    g = CGen(func, max_lanes, threads)
+    src = g.generate()
+    return src, g.uses_openmp

@@ -1,0 +1,71 @@
+"""The loop-nest IR that lowering produces and codegen prints."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..te.expr import Expr
+
+
+class Stmt:
+    pass
+
+
+@dataclass
+class For(Stmt):
+    var: str
+    extent: int
+    body: Stmt
+    kind: str = "serial"      # serial | parallel | vectorize | unroll
+    auto_unroll: int = 0      # unroll every loop below whose whole nest has at most this many steps
+
+
+@dataclass
+class Seq(Stmt):
+    stmts: list
+
+
+@dataclass
+class Store(Stmt):
+    buffer: str
+    indices: tuple
+    value: Expr
+
+
+@dataclass
+class IfThen(Stmt):
+    cond: Expr
+    body: Stmt
+
+
+@dataclass
+class Allocate(Stmt):
+    """A buffer local to `body` (a tile computed at a loop of its consumer)."""
+    buffer: str
+    shape: tuple
+    body: Stmt
+
+
+@dataclass
+class Buffer:
+    name: str
+    shape: tuple
+    scope: str  # "arg" | "global" (temporary for the whole call) | "local"
+
+
+@dataclass
+class Func:
+    name: str
+    args: list            # Buffers passed in, inputs then output
+    temps: list           # global temporaries
+    body: Stmt
+    buffers: dict = field(default_factory=dict)  # every buffer by name, for flattening
+
+
+def seq(stmts: list) -> Stmt:
+    flat = []
+    for s in stmts:
+        if isinstance(s, Seq):
+            flat.extend(s.stmts)
+        elif s is not None:
+            flat.append(s)
+    return flat[0] if len(flat) == 1 else Seq(flat)

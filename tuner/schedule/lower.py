@@ -1,0 +1,415 @@
+"""Lowering: a replayed Schedule becomes a loop nest (ir.Func).
+
+Bound inference for compute_at works on interval forms: a value is `terms + [lo, hi]` where
+`terms` is a symbolic linear part over the loops fixed at the attach point and `[lo, hi]` is the
+constant range swept by the loops inside it. A producer computed at a consumer's loop gets a
+local buffer covering exactly the region the consumer reads below that loop.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..te.expr import (And, Cmp, Const, Expr, FloorDiv, FloorMod, Load, Max, Reduce, Var, bounds,
+                       from_linear, linear, substitute, transform)
+from . import ir
+from .schedule import Schedule, ScheduleError, Stage
+
+_NAME = re.compile(r"[^0-9A-Za-z_]")
+
+
+def c_name(name: str) -> str:
+    return _NAME.sub("_", name)
+
+
+@dataclass
+class Interval:
+    terms: dict
+    lo: int
+    hi: int
+
+    @property
+    def exact(self) -> bool:
+        return self.lo == self.hi
+
+
+def _iv_add(a: Interval, b: Interval, sign: int = 1) -> Interval:
+    terms = dict(a.terms)
+    for t, c in b.terms.items():
+        terms[t] = terms.get(t, 0) + sign * c
+    terms = {t: c for t, c in terms.items() if c}
+    if sign > 0:
+        return Interval(terms, a.lo + b.lo, a.hi + b.hi)
+    return Interval(terms, a.lo - b.hi, a.hi - b.lo)
+
+
+def _iv_scale(a: Interval, k: int) -> Interval:
+    lo, hi = sorted((a.lo * k, a.hi * k))
+    return Interval({t: c * k for t, c in a.terms.items() if c * k}, lo, hi)
+
+
+def interval_of(e: Expr, env: dict):
+    """Interval form of an index expression, given interval forms of its vars; None if unknown."""
+    if isinstance(e, Const):
+        return Interval({}, e.value, e.value) if e.is_int else None
+    if isinstance(e, Var):
+        return env.get(e.name, Interval({e: 1}, 0, 0))
+    ln = linear(e)
+    if ln is not None and not (len(ln[0]) == 1 and next(iter(ln[0])) is e):
+        out = Interval({}, ln[1], ln[1])
+        for t, c in ln[0].items():
+            sub = interval_of(t, env)
+            if sub is None:
+                return None
+            out = _iv_add(out, _iv_scale(sub, c))
+        return out
+    if isinstance(e, (FloorDiv, FloorMod)) and isinstance(e.b, Const):
+        c = e.b.value
+        x = interval_of(e.a, env)
+        if x is None:
+            return None
+        if x.exact:
+            return Interval({type(e)(from_linear(x.terms, x.lo), e.b): 1}, 0, 0)
+        if isinstance(e, FloorMod):
+            return Interval({}, 0, c - 1)
+        if all(k % c == 0 for k in x.terms.values()):
+            return Interval({t: k // c for t, k in x.terms.items()}, x.lo // c, x.hi // c)
+        return None
+    # anything else (min/max/select of loop vars): exact only when all its vars are fixed
+    ok = True
+
+    def fix(n):
+        nonlocal ok
+        if isinstance(n, Var) and n.name in env:
+            iv = env[n.name]
+            if not iv.exact:
+                ok = False
+            return from_linear(iv.terms, iv.lo)
+        return None
+
+    fixed = transform(e, fix)
+    return Interval({fixed: 1}, 0, 0) if ok else None
+
+
+class Lowerer:
+    def __init__(self, sch: Schedule, func_name: str):
+        self.sch = sch
+        self.func_name = func_name
+        self.buffers: dict = {}
+        self.var_owner: dict = {}
+        self.bodies = {s.name: self._inline(s.op.body) for s in sch.stages if s.attach[0] != "inline"}
+        self.attached: dict = {}
+        for s in sch.stages:
+            if s.attach[0] == "at":
+                self.attached.setdefault((s.attach[1], s.attach[2]), []).append(s)
+        self._check_attachments()
+
+    # ------------------------------------------------------------ inlining
+    def _inline(self, body: Expr) -> Expr:
+        inlined = {s.name: s for s in self.sch.stages if s.attach[0] == "inline"}
+        if not inlined:
+            return body
+
+        def fn(n):
+            if isinstance(n, Load) and n.buffer in inlined:
+                st = inlined[n.buffer]
+                mapping = {a.name: i for a, i in zip(st.op.axes, n.indices)}
+                return self._inline(substitute(st.op.body, mapping))
+            return None
+
+        if isinstance(body, Reduce):
+            return Reduce(body.combiner, transform(body.source, fn), body.axes, body.init)
+        return transform(body, fn)
+
+    def _readers(self, name: str) -> list:
+        return [s for s in self.sch.stages if s.name in self.bodies
+                and any(isinstance(n, Load) and n.buffer == name for n in _walk_body(self.bodies[s.name]))]
+
+    def _check_attachments(self):
+        for (target, axis), stages in self.attached.items():
+            for st in stages:
+                readers = self._readers(st.name)
+                if [r.name for r in readers] != [target]:
+                    names = ", ".join(r.name for r in readers) or "nothing"
+                    raise ScheduleError(f"{st.name} is computed at {target} but is read by {names}; "
+                                        f"compute_at needs {target} to be its only reader")
+        # a stage computed at a stage that is itself (transitively) computed at it would never be built
+        for s in self.sch.stages:
+            seen, cur = set(), s
+            while cur.attach[0] == "at":
+                if cur.name in seen:
+                    raise ScheduleError(f"compute_at cycle through {cur.name}")
+                seen.add(cur.name)
+                cur = self.sch.stage(cur.attach[1])
+
+    # ------------------------------------------------------------ entry
+    def lower(self) -> ir.Func:
+        sch = self.sch
+        args = [ir.Buffer(t.name, t.shape, "arg") for t in sch.inputs]
+        args.append(ir.Buffer(sch.output_name, sch.shape_of(sch.output_name), "arg"))
+        temps = []
+        for b in args:
+            self.buffers[b.name] = b
+        nests = []
+        for st in sch.stages:
+            if st.attach[0] != "root":
+                continue
+            shape = sch.shape_of(st.name)
+            if st.name != sch.output_name:
+                buf = ir.Buffer(st.name, shape, "global")
+                temps.append(buf)
+                self.buffers[st.name] = buf
+            region = [Interval({}, 0, e - 1) for e in shape]
+            nests.append(self.build_stage(st, region, {}, {}))
+        return ir.Func(self.func_name, args, temps, ir.seq(nests), self.buffers)
+
+    # ------------------------------------------------------------ one stage
+    def build_stage(self, st: Stage, region: list, offsets: dict, outer_ranges: dict,
+                    guards: tuple = ()) -> ir.Stmt:
+        """Loop nest of `st` over `region` (interval forms of its output dims, in outer loop vars).
+
+        offsets: tensor name -> base expressions of local buffers visible here.
+        outer_ranges: loop var -> extent of loops enclosing this nest (for guard elimination).
+        guards: region guards this stage needs (its region may overrun its tensor's shape).
+        """
+        op = st.op
+        root_ext = {a.name: region[k].hi - region[k].lo + 1 for k, a in enumerate(op.axes)}
+        root_ext.update({r.name: r.extent for r in op.reduce_axes})
+        leaf_ext, split_guards = self._leaf_extents(st, root_ext)
+        var = {leaf: self._var_name(st, leaf) for leaf in st.leaves}
+        leaf_val = {leaf: (Var(var[leaf]) if leaf_ext[leaf] > 1 else Const(0)) for leaf in st.leaves}
+        axis_val = self._axis_values(st, leaf_val, leaf_ext)
+        root_val = {n: axis_val[n] for n in st.root_names}
+        base = {a.name: from_linear(region[k].terms, region[k].lo) for k, a in enumerate(op.axes)}
+        ranges = dict(outer_ranges)
+        ranges.update({var[leaf]: leaf_ext[leaf] for leaf in st.leaves if leaf_ext[leaf] > 1})
+
+        # producers computed at one of our loops: infer their regions first
+        offsets = dict(offsets)
+        at_leaf = {}
+        for leaf in st.leaves:
+            for prod in self.attached.get((st.name, leaf), []):
+                fixed_upto = st.leaves.index(leaf)
+                preg, pguards = self._infer_region(st, prod, fixed_upto, leaf_val, leaf_ext, base, ranges)
+                offsets[prod.name] = [from_linear(iv.terms, iv.lo) for iv in preg]
+                at_leaf.setdefault(leaf, []).append((prod, preg, pguards))
+
+        local = st.attach[0] == "at"
+        if local:
+            self.buffers[st.name] = ir.Buffer(st.name, tuple(root_ext[a.name] for a in op.axes), "local")
+        store_idx = tuple(root_val[a.name] for a in op.axes)
+        global_val = {a.name: (root_val[a.name] + base[a.name]) if local else root_val[a.name] for a in op.axes}
+        global_val.update({r.name: root_val[r.name] for r in op.reduce_axes})
+
+        body = self.bodies[st.name]
+        source = body.source if isinstance(body, Reduce) else body
+        value = self._rebase_loads(substitute(source, global_val), offsets)
+        spatial_guards = [g for g, kind in split_guards if kind == "spatial"] + list(guards)
+        all_guards = spatial_guards + [g for g, kind in split_guards if kind == "reduce"]
+        if isinstance(body, Reduce):
+            current = Load(st.name, store_idx)
+            combined = current + value if body.combiner == "sum" else Max(current, value)
+            main = ir.Store(st.name, store_idx, combined)
+            init = ir.Store(st.name, store_idx, body.init)
+        else:
+            main, init = ir.Store(st.name, store_idx, value), None
+        main = _guard(main, all_guards, axis_val, global_val)
+        init = _guard(init, spatial_guards, axis_val, global_val) if init is not None else None
+
+        first_reduce = next((k for k, leaf in enumerate(st.leaves) if st.is_reduce(leaf)), None)
+        stmt = main
+        for prod, preg, pguards in reversed(at_leaf.get(st.leaves[-1], [])):
+            stmt = self._with_producer(prod, preg, pguards, offsets, ranges, stmt)
+        for k in range(len(st.leaves) - 1, -1, -1):
+            leaf = st.leaves[k]
+            if leaf_ext[leaf] > 1:
+                stmt = ir.For(var[leaf], leaf_ext[leaf], stmt, st.annotations.get(leaf, "serial"),
+                              st.auto_unroll.get(leaf, 0))
+            elif st.auto_unroll.get(leaf) and isinstance(stmt, ir.For):
+                stmt.auto_unroll = max(stmt.auto_unroll, st.auto_unroll[leaf])
+            parts = []
+            if init is not None and k == first_reduce:
+                parts.append(self._init_nest(st, init, k, leaf_ext, var))
+            parts.append(stmt)
+            stmt = ir.seq(parts)
+            for prod, preg, pguards in reversed(at_leaf.get(st.leaves[k - 1], []) if k > 0 else []):
+                stmt = self._with_producer(prod, preg, pguards, offsets, ranges, stmt)
+        if init is not None and first_reduce is None:
+            stmt = ir.seq([init, stmt])
+        return stmt
+
+    def _var_name(self, st: Stage, leaf: str) -> str:
+        """The leaf's own name when no other stage uses it, else prefixed by the stage."""
+        name = c_name(leaf)
+        owner = self.var_owner.setdefault(name, st.name)
+        return name if owner == st.name else f"{c_name(st.name)}_{name}"
+
+    def _with_producer(self, prod, preg, pguards, offsets, ranges, rest):
+        nest = self.build_stage(prod, preg, offsets, ranges, pguards)
+        return ir.Allocate(prod.name, self.buffers[prod.name].shape, ir.seq([nest, rest]))
+
+    def _init_nest(self, st: Stage, init: ir.Stmt, k: int, leaf_ext: dict, var: dict) -> ir.Stmt:
+        stmt = init
+        for leaf in reversed(st.leaves[k:]):
+            if st.is_reduce(leaf) or leaf_ext[leaf] == 1:
+                continue
+            stmt = ir.For(var[leaf], leaf_ext[leaf], stmt, st.annotations.get(leaf, "serial"))
+        return stmt
+
+    # ------------------------------------------------------------ axes
+    def _leaf_extents(self, st: Stage, root_ext: dict):
+        ext = dict(root_ext)
+        guards = []
+        for rel in st.relations:
+            if rel[0] == "split":
+                _, parent, children, factors = rel
+                e = ext[parent]
+                inner_exts = []
+                for f in reversed(factors):
+                    f = min(f, e)
+                    inner_exts.append(f)
+                    e = -(-e // f)
+                exts = [e] + list(reversed(inner_exts))
+                for c, x in zip(children, exts):
+                    ext[c] = x
+                covered = 1
+                for x in exts:
+                    covered *= x
+                if covered != ext[parent]:
+                    kind = "reduce" if st.is_reduce(parent) else "spatial"
+                    guards.append(((parent, ext[parent]), kind))
+            else:
+                _, parts, fused = rel
+                e = 1
+                for p in parts:
+                    e *= ext[p]
+                ext[fused] = e
+        return ext, guards
+
+    def _axis_values(self, st: Stage, leaf_val: dict, ext: dict) -> dict:
+        """Value of every axis (root, split and fused) as an expression of the leaf loop vars."""
+        val = dict(leaf_val)
+        for rel in reversed(st.relations):
+            if rel[0] == "split":
+                _, parent, children, _ = rel
+                v = val[children[0]]
+                for c in children[1:]:
+                    v = v * Const(ext[c]) + val[c]
+                val[parent] = v
+            else:
+                _, parts, fused = rel
+                f = val[fused]
+                stride = 1
+                for p in reversed(parts):
+                    val[p] = (f // Const(stride)) % Const(ext[p]) if p != parts[0] else f // Const(stride)
+                    stride *= ext[p]
+        return val
+
+    def _root_intervals(self, st: Stage, fixed_upto: int, leaf_val: dict, ext: dict) -> dict:
+        iv = {}
+        for k, leaf in enumerate(st.leaves):
+            v = leaf_val[leaf]
+            if k <= fixed_upto or ext[leaf] == 1:
+                iv[leaf] = Interval({v: 1}, 0, 0) if isinstance(v, Var) else Interval({}, 0, 0)
+            else:
+                iv[leaf] = Interval({}, 0, ext[leaf] - 1)
+        for rel in reversed(st.relations):
+            if rel[0] == "split":
+                _, parent, children, _ = rel
+                cur = iv[children[0]]
+                for c in children[1:]:
+                    cur = _iv_add(_iv_scale(cur, ext[c]), iv[c])
+                iv[parent] = cur
+            else:
+                _, parts, fused = rel
+                f = iv[fused]
+                stride = 1
+                for p in reversed(parts):
+                    if f.exact:
+                        fe = from_linear(f.terms, f.lo)
+                        e = FloorDiv(fe, Const(stride))
+                        e = FloorMod(e, Const(ext[p])) if p != parts[0] else e
+                        iv[p] = Interval({e: 1}, 0, 0)
+                    else:
+                        iv[p] = Interval({}, 0, ext[p] - 1)
+                    stride *= ext[p]
+        return iv
+
+    # ------------------------------------------------------------ bound inference
+    def _infer_region(self, st, prod, fixed_upto, leaf_val, leaf_ext, base, ranges):
+        root_iv = self._root_intervals(st, fixed_upto, leaf_val, leaf_ext)
+        env = {}
+        local = st.attach[0] == "at"
+        for a in st.op.axes:
+            b = linear(base[a.name]) if local else ({}, 0)
+            env[a.name] = _iv_add(Interval(b[0], b[1], b[1]), root_iv[a.name])
+        for r in st.op.reduce_axes:
+            env[r.name] = root_iv[r.name]
+        shape = self.sch.shape_of(prod.name)
+        region = [None] * len(shape)
+        for load in (n for n in _walk_body(self.bodies[st.name]) if isinstance(n, Load) and n.buffer == prod.name):
+            for d, idx in enumerate(load.indices):
+                iv = interval_of(idx, env)
+                full = Interval({}, 0, shape[d] - 1)
+                if iv is None:
+                    region[d] = full
+                elif region[d] is None:
+                    region[d] = iv
+                elif region[d].terms == iv.terms:
+                    region[d] = Interval(iv.terms, min(region[d].lo, iv.lo), max(region[d].hi, iv.hi))
+                else:
+                    region[d] = full
+        guards = []
+        for d, iv in enumerate(region):
+            if iv is None:
+                iv = region[d] = Interval({}, 0, shape[d] - 1)
+            ext = iv.hi - iv.lo + 1
+            if ext >= shape[d]:
+                region[d] = Interval({}, 0, shape[d] - 1)
+                continue
+            b = bounds(from_linear(iv.terms, iv.lo), {k: (0, e - 1) for k, e in ranges.items()})
+            if b is None or b[0] < 0 or b[1] + ext > shape[d]:
+                guards.append((d, shape[d]))
+        return region, tuple(guards)
+
+    def _rebase_loads(self, e: Expr, offsets: dict) -> Expr:
+        if not offsets:
+            return e
+
+        def fn(n):
+            if isinstance(n, Load) and n.buffer in offsets:
+                return Load(n.buffer, tuple(i - b for i, b in zip(n.indices, offsets[n.buffer])))
+            return None
+
+        return transform(e, fn)
+
+
+def _guard(stmt, guards, root_val, global_val):
+    """Wrap `stmt` in the conditions that keep a non-divisible split or overrunning tile in bounds."""
+    conds = []
+    for g in guards:
+        if isinstance(g[0], str):       # split guard: (root axis, extent)
+            conds.append(Cmp("<", root_val[g[0]], Const(g[1])))
+        else:                           # region guard: (dim, tensor extent)
+            d, limit = g
+            names = list(global_val)
+            v = global_val[names[d]]
+            conds.append(And(Cmp("<=", Const(0), v), Cmp("<", v, Const(limit))))
+    if not conds:
+        return stmt
+    c = conds[0]
+    for x in conds[1:]:
+        c = And(c, x)
+    return ir.IfThen(c, stmt)
+
+
+def _walk_body(body: Expr):
+    from ..te.expr import walk
+    if isinstance(body, Reduce):
+        yield from walk(body.source)
+    else:
+        yield from walk(body)
+
+
+def lower(sch: Schedule, func_name: str = "kernel") -> ir.Func:
+    return Lowerer(sch, func_name).lower()

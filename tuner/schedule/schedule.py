@@ -1,0 +1,221 @@
+"""Schedules as data: stages, primitives, and replay of a JSON step list.
+
+A step is a JSON list whose first element names the primitive:
+
+    ["split", stage, axis, [f1, f2, ...]]    -> axis.0 (outer) ... axis.k (innermost, length fk)
+    ["fuse", stage, [a, b, ...]]             -> a@b@...   (consecutive leaves)
+    ["reorder", stage, [every leaf, in the new order]]
+    ["annotate", stage, axis, "parallel" | "vectorize" | "unroll"]
+    ["pragma", stage, axis, "auto_unroll_max_step", n]
+    ["compute_at", stage, consumer_stage, consumer_axis]
+    ["compute_inline", stage]
+    ["compute_root", stage]
+    ["cache_write", stage]                   -> new stage "<stage>.local" does the computing
+
+Steps refer to axes by name, so a logged schedule reads like what it does and replays the same
+way in any process. An illegal step raises ScheduleError naming the step and the reason.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+from ..te.expr import Load, Reduce, walk
+from ..te.tensor import ComputeOp, PlaceholderOp, Tensor, compute, topo_order
+
+ANNOTATIONS = ("parallel", "vectorize", "unroll")
+
+
+class ScheduleError(ValueError):
+    pass
+
+
+@dataclass
+class Stage:
+    name: str
+    op: ComputeOp
+    leaves: list
+    relations: list = field(default_factory=list)  # ("split", parent, [children], [factors]) | ("fuse", [parts], fused)
+    annotations: dict = field(default_factory=dict)
+    auto_unroll: dict = field(default_factory=dict)
+    attach: tuple = ("root",)                      # ("root",) | ("inline",) | ("at", stage, axis)
+
+    @property
+    def reduce_names(self) -> set:
+        return {r.name for r in self.op.reduce_axes}
+
+    @property
+    def root_names(self) -> list:
+        return [a.name for a in self.op.axes] + [r.name for r in self.op.reduce_axes]
+
+    def is_reduce(self, leaf: str) -> bool:
+        """A leaf derived from reduce axes (fuse never mixes the two kinds)."""
+        return leaf.split(".")[0].split("@")[0] in self.reduce_names
+
+
+class Schedule:
+    """The mutable state that a step list is replayed onto."""
+
+    def __init__(self, inputs: list, output: Tensor):
+        self.inputs = list(inputs)
+        self.output_name = output.name
+        self.tensors = {t.name: t for t in topo_order(output)}
+        for t in inputs:
+            if t.name not in self.tensors:
+                raise ScheduleError(f"input {t.name} is not read by {output.name}")
+        self.stages = [Stage(t.name, t.op, [a.name for a in t.op.axes] + [r.name for r in t.op.reduce_axes])
+                       for t in self.tensors.values() if isinstance(t.op, ComputeOp)]
+        self.steps: list = []
+
+    # ------------------------------------------------------------ lookup
+    def stage(self, name: str) -> Stage:
+        for s in self.stages:
+            if s.name == name:
+                return s
+        raise ScheduleError(f"no stage {name!r}; stages are {', '.join(s.name for s in self.stages)}")
+
+    @property
+    def output(self) -> Stage:
+        return self.stage(self.output_name)
+
+    def shape_of(self, name: str) -> tuple:
+        return self.tensors[name].shape
+
+    def readers(self, name: str) -> list:
+        """Stages whose op reads tensor `name` directly."""
+        return [s for s in self.stages if any(isinstance(n, Load) and n.buffer == name for n in walk(s.op.body))]
+
+    def copy(self) -> "Schedule":
+        return copy.deepcopy(self)
+
+    # ------------------------------------------------------------ replay
+    def apply(self, step: list) -> None:
+        index = len(self.steps)
+        try:
+            kind = step[0]
+            fn = getattr(self, f"_{kind}", None) if isinstance(kind, str) else None
+            if fn is None:
+                raise ScheduleError(f"unknown primitive {kind!r}")
+            fn(*step[1:])
+        except ScheduleError as e:
+            raise ScheduleError(f"step {index} {step}: {e}") from None
+        except (TypeError, ValueError, IndexError) as e:
+            raise ScheduleError(f"step {index} {step}: malformed step ({e})") from None
+        self.steps.append(list(step))
+
+    def _leaf(self, st: Stage, axis: str) -> int:
+        if axis not in st.leaves:
+            raise ScheduleError(f"{axis!r} is not a loop of {st.name}; its loops are {', '.join(st.leaves)}")
+        return st.leaves.index(axis)
+
+    def _split(self, stage: str, axis: str, factors: list):
+        st = self.stage(stage)
+        if st.attach[0] == "inline":
+            raise ScheduleError(f"{stage} is inlined and has no loops")
+        pos = self._leaf(st, axis)
+        if not factors or any(not isinstance(f, int) or isinstance(f, bool) or f < 1 for f in factors):
+            raise ScheduleError(f"split factors must be positive integers, got {factors}")
+        children = [f"{axis}.{k}" for k in range(len(factors) + 1)]
+        st.relations.append(("split", axis, children, list(factors)))
+        st.leaves[pos:pos + 1] = children
+        for name in (axis,):
+            st.annotations.pop(name, None)
+
+    def _fuse(self, stage: str, axes: list):
+        st = self.stage(stage)
+        if len(axes) < 2:
+            raise ScheduleError("fuse needs at least two loops")
+        pos = [self._leaf(st, a) for a in axes]
+        if pos != list(range(pos[0], pos[0] + len(axes))):
+            raise ScheduleError(f"fuse needs consecutive loops in order; loops are {', '.join(st.leaves)}")
+        kinds = {st.is_reduce(a) for a in axes}
+        if len(kinds) > 1:
+            raise ScheduleError("cannot fuse a reduction loop with a spatial loop")
+        fused = "@".join(axes)
+        st.relations.append(("fuse", list(axes), fused))
+        st.leaves[pos[0]:pos[-1] + 1] = [fused]
+
+    def _reorder(self, stage: str, order: list):
+        st = self.stage(stage)
+        if sorted(order) != sorted(st.leaves) or len(set(order)) != len(order):
+            raise ScheduleError(f"reorder must list every loop of {stage} once: {', '.join(st.leaves)}")
+        st.leaves = list(order)
+
+    def _annotate(self, stage: str, axis: str, kind: str):
+        st = self.stage(stage)
+        self._leaf(st, axis)
+        if kind not in ANNOTATIONS:
+            raise ScheduleError(f"unknown annotation {kind!r}; use one of {', '.join(ANNOTATIONS)}")
+        if kind == "parallel" and st.is_reduce(axis):
+            raise ScheduleError(f"cannot parallelise reduction loop {axis} (threads would race on the sum)")
+        st.annotations[axis] = kind
+
+    def _pragma(self, stage: str, axis: str, name: str, value: int):
+        st = self.stage(stage)
+        self._leaf(st, axis)
+        if name != "auto_unroll_max_step":
+            raise ScheduleError(f"unknown pragma {name!r}; the one pragma is auto_unroll_max_step")
+        if not isinstance(value, int) or value < 0:
+            raise ScheduleError(f"auto_unroll_max_step must be a non-negative integer, got {value!r}")
+        st.auto_unroll[axis] = value
+
+    def _compute_at(self, stage: str, target: str, axis: str):
+        st, tg = self.stage(stage), self.stage(target)
+        if stage == self.output_name:
+            raise ScheduleError("the output stage cannot be computed at another stage")
+        if st is tg:
+            raise ScheduleError("a stage cannot be computed at itself")
+        self._leaf(tg, axis)
+        if tg.attach[0] == "inline":
+            raise ScheduleError(f"{target} is inlined and has no loops to attach to")
+        st.attach = ("at", target, axis)
+
+    def _compute_root(self, stage: str):
+        self.stage(stage).attach = ("root",)
+
+    def _compute_inline(self, stage: str):
+        st = self.stage(stage)
+        if stage == self.output_name:
+            raise ScheduleError("the output stage cannot be inlined")
+        if st.op.is_reduction:
+            raise ScheduleError(f"{stage} is a reduction and cannot be inlined")
+        if any(o.attach[0] == "at" and o.attach[1] == stage for o in self.stages):
+            raise ScheduleError(f"another stage is computed at {stage}; inline would remove its loops")
+        st.attach = ("inline",)
+
+    def _cache_write(self, stage: str):
+        st = self.stage(stage)
+        if st.relations or st.attach != ("root",):
+            raise ScheduleError("cache_write must come before any other step on the stage")
+        if not st.op.is_reduction:
+            raise ScheduleError(f"{stage} is not a reduction; cache_write makes an accumulator for one")
+        local_name = f"{stage}.local"
+        old = self.tensors[stage]
+        local_op = ComputeOp(local_name, st.op.axes, st.op.body, st.op.inputs, st.op.tag)
+        local = Tensor(local_name, old.shape, local_op)
+        copy_t = compute(old.shape, lambda *i: local[i], stage, tag="elemwise", inputs=[local],
+                         axis_names=[f"{a.name}_" for a in st.op.axes])
+        self.tensors = {**{k: v for k, v in self.tensors.items() if k != stage}, local_name: local, stage: copy_t}
+        idx = self.stages.index(st)
+        local_stage = Stage(local_name, local_op, list(st.leaves))
+        st.op = copy_t.op
+        st.leaves = [a.name for a in copy_t.op.axes]
+        self.stages.insert(idx, local_stage)
+
+
+def tensor_reads(expr) -> set:
+    return {n.buffer for n in walk(expr) if isinstance(n, Load)}
+
+
+def is_reduction_body(expr) -> bool:
+    return isinstance(expr, Reduce)
+
+
+def replay(inputs: list, output: Tensor, steps: list) -> Schedule:
+    sch = Schedule(inputs, output)
+    for step in steps:
+        sch.apply(step)
+    return sch
+
+
+__all__ = ["Schedule", "Stage", "ScheduleError", "replay", "ANNOTATIONS", "PlaceholderOp"]

@@ -1,0 +1,109 @@
+"""Data and weight layouts, and the NumPy conversions between them.
+
+Activations: NCHW, NHWC, NCHW[x]c (channels split into blocks of x, the block innermost).
+Conv weights follow the activation layout: OIHW, HWIO, OIHW[i]i[o]o. Dense weights: OI or OI[x]o.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+CONV_LAYOUTS = ("NCHW", "NHWC", "NCHW8c", "NCHW16c")
+_BLOCKED = re.compile(r"^NCHW(\d+)c$")
+_DENSE_PACKED = re.compile(r"^OI(\d+)o$")
+
+
+class LayoutError(ValueError):
+    pass
+
+
+def block_of(layout: str) -> int:
+    """The channel block of NCHW[x]c, 0 for unblocked layouts."""
+    m = _BLOCKED.match(layout)
+    return int(m.group(1)) if m else 0
+
+
+def check_activation_layout(layout: str) -> None:
+    if layout in ("NCHW", "NHWC") or _BLOCKED.match(layout):
+        return
+    raise LayoutError(f"unknown layout {layout!r}: use one of {', '.join(CONV_LAYOUTS)}")
+
+
+def dense_block(layout: str) -> int:
+    if layout == "OI":
+        return 0
+    m = _DENSE_PACKED.match(layout)
+    if not m:
+        raise LayoutError(f"unknown dense layout {layout!r}: use OI (weight [K, C]) or OI16o "
+                          "(weight packed [K/16, C, 16])")
+    return int(m.group(1))
+
+
+def fit_block(channels: int, block: int) -> int:
+    """Largest block <= `block` dividing `channels` (e.g. 3 input channels of a stem conv)."""
+    for b in range(min(block, channels), 0, -1):
+        if channels % b == 0:
+            return b
+    return 1
+
+
+def act_shape(layout: str, n: int, c: int, h: int, w: int, block: int | None = None) -> tuple:
+    if layout == "NCHW":
+        return (n, c, h, w)
+    if layout == "NHWC":
+        return (n, h, w, c)
+    b = block or fit_block(c, block_of(layout))
+    return (n, c // b, h, w, b)
+
+
+def act_from_nchw(x: np.ndarray, layout: str, block: int | None = None) -> np.ndarray:
+    if layout == "NCHW":
+        return np.ascontiguousarray(x)
+    if layout == "NHWC":
+        return np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    n, c, h, w = x.shape
+    b = block or fit_block(c, block_of(layout))
+    return np.ascontiguousarray(x.reshape(n, c // b, b, h, w).transpose(0, 1, 3, 4, 2))
+
+
+def act_to_nchw(x: np.ndarray, layout: str) -> np.ndarray:
+    if layout == "NCHW":
+        return x
+    if layout == "NHWC":
+        return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+    n, cb, h, w, b = x.shape
+    return np.ascontiguousarray(x.transpose(0, 1, 4, 2, 3).reshape(n, cb * b, h, w))
+
+
+def conv_weight_from_oihw(w: np.ndarray, layout: str, ib: int = 0, ob: int = 0) -> np.ndarray:
+    if layout == "NCHW":
+        return np.ascontiguousarray(w)
+    if layout == "NHWC":
+        return np.ascontiguousarray(w.transpose(2, 3, 1, 0))
+    o, i, r, s = w.shape
+    return np.ascontiguousarray(
+        w.reshape(o // ob, ob, i // ib, ib, r, s).transpose(0, 2, 4, 5, 3, 1))
+
+
+def conv_weight_to_oihw(w: np.ndarray, layout: str) -> np.ndarray:
+    if layout == "NCHW":
+        return w
+    if layout == "NHWC":
+        return np.ascontiguousarray(w.transpose(3, 2, 0, 1))
+    oc, ic, r, s, ib, ob = w.shape
+    return np.ascontiguousarray(w.transpose(0, 5, 1, 4, 2, 3).reshape(oc * ob, ic * ib, r, s))
+
+
+def dense_weight_from_oi(w: np.ndarray, block: int) -> np.ndarray:
+    if not block:
+        return np.ascontiguousarray(w)
+    k, c = w.shape
+    return np.ascontiguousarray(w.reshape(k // block, block, c).transpose(0, 2, 1))
+
+
+def dense_weight_to_oi(w: np.ndarray, block: int) -> np.ndarray:
+    if not block:
+        return w
+    kb, c, b = w.shape
+    return np.ascontiguousarray(w.transpose(0, 2, 1).reshape(kb * b, c))
