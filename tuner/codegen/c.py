@@ -20,7 +20,6 @@ STACK_LIMIT_BYTES = 64 * 1024
 PRELUDE = """#include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <immintrin.h>
 typedef float f32x16 __attribute__((vector_size(64), aligned(4)));
 typedef float f32x8 __attribute__((vector_size(32), aligned(4)));
 typedef float f32x4 __attribute__((vector_size(16), aligned(4)));

@@ -38,6 +38,9 @@ _REQUIRED = {
 }
 
 
+_SPEC_ORDER = ("N", "C", "H", "W", "K", "R", "S", "stride", "pad", "dilation", "groups", "bias", "residual", "relu")
+
+
 class WorkloadError(ValueError):
     pass
 
@@ -74,9 +77,14 @@ class Workload:
 
     @property
     def spec(self) -> str:
+        """Readable spec in conventional order, defaults left out; parses back to the same key."""
         def fmt(v):
             return ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
-        return f"{self.op}:" + ",".join(f"{k}={fmt(v)}" for k, v in self.params)
+        p = self.p
+        order = [k for k in _SPEC_ORDER if k in p] + sorted(k for k in p if k not in _SPEC_ORDER)
+        defaults = _DEFAULTS[self.op]
+        shown = [k for k in order if k in _REQUIRED[self.op] or k in ("N", "stride", "pad") or p[k] != defaults.get(k)]
+        return f"{self.op}:" + ",".join(f"{k}={fmt(p[k])}" for k in shown)
 
     @property
     def label(self) -> str:

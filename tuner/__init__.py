@@ -1,0 +1,20 @@
+"""tuner: an autotuning, search-based scheduler for deep-learning operators."""
+__version__ = "0.1.0"
+
+
+def tune_op(*args, **kwargs):
+    """Tune one operator workload; see tuner.tuning.tune_op."""
+    from .tuning import tune_op as _tune_op
+    return _tune_op(*args, **kwargs)
+
+
+def build_op(*args, **kwargs):
+    """Build the best logged schedule of a workload into a callable; see tuner.build.build_op."""
+    from .build import build_op as _build_op
+    return _build_op(*args, **kwargs)
+
+
+def analyze(*args, **kwargs):
+    """Summarise a tuning log; see tuner.analysis.report.analyze."""
+    from .analysis.report import analyze as _analyze
+    return _analyze(*args, **kwargs)

@@ -1,0 +1,160 @@
+"""The `tuner` command line: parses arguments, calls the API, prints. Nothing else."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from pathlib import Path
+
+from .schedule.schedule import ScheduleError
+from .target import TargetError
+from .te.layouts import LayoutError
+from .te.workloads import WorkloadError
+
+USER_ERRORS = (WorkloadError, LayoutError, TargetError, ScheduleError, FileNotFoundError)
+
+
+def _cmd_workloads(args) -> int:
+    from .te.workloads import BUILTIN, builtin
+    rows = [("name", "op", "GFLOP", "spec")]
+    for name in BUILTIN:
+        wl = builtin(name)
+        rows.append((name, wl.op, f"{wl.flops / 1e9:.3f}", wl.spec))
+    widths = [max(len(r[k]) for r in rows) for k in range(4)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    print(f"\n{len(rows) - 1} built-in workloads; --workload also takes a spec such as "
+          "conv2d:N=1,C=64,H=56,W=56,K=64,R=3,S=3,stride=1,pad=1")
+    return 0
+
+
+def _cmd_tune(args) -> int:
+    from .measure.runner import RunConfig
+    from .te.workloads import resolve
+    from .tuning import tune_op
+    wl = resolve(args.workload, args.layout)
+    cfg = RunConfig(timeout=args.timeout, repeat=args.repeat, min_repeat_ms=args.min_repeat_ms)
+    s = tune_op(wl, target=args.target, threads=args.threads, trials=args.trials, log=args.log,
+                time_limit=args.time_limit, policy=args.search, seed=args.seed, batch_size=args.batch_size,
+                run_config=cfg, progress=not args.no_progress)
+    fails = ", ".join(f"{k} {v}" for k, v in sorted(s.errors.items()) if k != "OK") or "none"
+    print(f"{wl.label} on '{s.target}': {s.trials} trials in the log ({s.new} new in {s.seconds:.1f} s, "
+          f"{s.candidates_per_minute:.0f} candidates/min); failures: {fails}")
+    if s.best:
+        print(f"best: {s.best_latency * 1e3:.4f} ms = {s.best_gflops:.1f} GFLOPS")
+    else:
+        print("best: no valid candidate yet")
+    print(f"log: {s.log}")
+    if s.interrupted:
+        print("interrupted: every finished measurement is in the log; run the same command again to resume")
+        return 130
+    return 0
+
+
+def _cmd_analyze(args) -> int:
+    from .analysis.report import analyze
+    if not Path(args.log).exists():
+        raise FileNotFoundError(f"no log at {args.log}")
+    rep = analyze(args.log)
+    if not rep.tasks:
+        print(f"{args.log}: no records" + (f" ({rep.skipped} malformed lines skipped)" if rep.skipped else ""))
+        return 0
+    print(rep.table())
+    if not args.no_plot:
+        out = args.plot or str(Path(args.log).with_suffix(".png"))
+        print(f"plot: {rep.plot(out)}")
+    return 0
+
+
+def _cmd_show(args) -> int:
+    from . import records
+    from .target import parse_target
+    from .task import Task
+    from .te.workloads import resolve
+    wl = resolve(args.workload, args.layout)
+    tgt = parse_target(args.target, args.threads)
+    if not Path(args.log).exists():
+        raise FileNotFoundError(f"no log at {args.log}")
+    rec = records.best(args.log, wl.key, str(tgt))
+    if rec is None:
+        targets = sorted({r["target"] for r in records.load(args.log, warn=False).records
+                          if r["workload"]["key"] == wl.key})
+        hint = f" (it has records for targets: {'; '.join(targets)})" if targets else ""
+        print(f"{args.log} has no valid record for {wl.label} on '{tgt}'{hint}")
+        return 1
+    lat = records.latency(rec)
+    print(f"{wl.label} on '{tgt}': {lat * 1e3:.4f} ms, {wl.flops / lat / 1e9:.1f} GFLOPS "
+          f"(policy {rec.get('policy')}, {rec.get('timestamp')})")
+    print("steps:")
+    for step in rec["steps"]:
+        print("  " + json.dumps(step))
+    if args.code:
+        cand = Task(wl, tgt).candidate(rec["steps"], func_name="kernel")
+        same = "matches" if cand.code_hash == rec.get("code_hash") else "DIFFERS from"
+        print(f"\nC source (regenerated; {same} the logged code hash):\n")
+        print(cand.source)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tuner", description="Autotuning scheduler for deep-learning operators.")
+    from . import __version__
+    p.add_argument("--version", action="version", version=f"tuner {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("workloads", help="list the built-in workloads with their FLOPs").set_defaults(fn=_cmd_workloads)
+
+    t = sub.add_parser("tune", help="search schedules for a workload and log every measurement")
+    t.add_argument("--workload", required=True, help="built-in name (see `tuner workloads`) or a spec")
+    t.add_argument("--layout", help="NCHW, NHWC, NCHW8c, NCHW16c for conv (default NCHW16c); OI or OI16o for dense")
+    t.add_argument("--target", default="cpu", help="'cpu' (this host) or e.g. 'cpu -isa=avx2 -threads=1'")
+    t.add_argument("--threads", type=int, help="kernel threads (default: all cores); part of the target")
+    t.add_argument("--trials", type=int, default=64, help="total measurements for this workload in the log")
+    t.add_argument("--time-limit", type=float, help="stop after this many seconds")
+    t.add_argument("--log", help="JSONL log to append to and resume from (default logs/<workload>.<layout>.jsonl)")
+    t.add_argument("--search", default="random", help="search policy (random)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--batch-size", type=int, default=32, help="candidates built per round")
+    t.add_argument("--timeout", type=float, default=10.0, help="seconds a candidate may run before it is killed")
+    t.add_argument("--repeat", type=int, default=3, help="timed repeats per candidate")
+    t.add_argument("--min-repeat-ms", type=float, default=10.0, help="minimum duration of one timed repeat")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.set_defaults(fn=_cmd_tune)
+
+    a = sub.add_parser("analyze", help="summarise a tuning log: table and best-so-far plot")
+    a.add_argument("log")
+    a.add_argument("--plot", help="PNG path (default: the log's path with .png)")
+    a.add_argument("--no-plot", action="store_true")
+    a.set_defaults(fn=_cmd_analyze)
+
+    s = sub.add_parser("show", help="the best schedule of a workload in a log, with its C code")
+    s.add_argument("--log", required=True)
+    s.add_argument("--workload", required=True)
+    s.add_argument("--layout")
+    s.add_argument("--target", default="cpu")
+    s.add_argument("--threads", type=int)
+    s.add_argument("--code", action="store_true", help="print the generated C source")
+    s.set_defaults(fn=_cmd_show)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    warnings.simplefilter("always")
+    warnings.formatwarning = lambda msg, *a, **k: f"warning: {msg}\n"
+    if getattr(args, "threads", None) is not None and args.threads < 1:
+        print("error: --threads must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        return args.fn(args)
+    except USER_ERRORS as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

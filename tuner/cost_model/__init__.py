@@ -1,0 +1,1 @@
+"""Cost models (the learned ranking model arrives with the learned search)."""

@@ -1,0 +1,1 @@
+"""Graph IR and passes (not built yet)."""

@@ -1,0 +1,32 @@
+"""What one measurement produced: costs, or an error kind with its message."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+OK = "OK"
+COMPILE_ERROR = "COMPILE_ERROR"
+RUNTIME_ERROR = "RUNTIME_ERROR"
+TIMEOUT = "TIMEOUT"
+WRONG_ANSWER = "WRONG_ANSWER"
+ERROR_KINDS = (OK, COMPILE_ERROR, RUNTIME_ERROR, TIMEOUT, WRONG_ANSWER)
+
+
+@dataclass
+class MeasureResult:
+    error: str
+    message: str = ""
+    costs: list = field(default_factory=list)   # seconds per call, one per repeat
+    build_s: float = 0.0
+    run_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error == OK
+
+    @property
+    def latency(self) -> float:
+        """Median repeat cost in seconds (inf for failures)."""
+        if not self.ok or not self.costs:
+            return float("inf")
+        c = sorted(self.costs)
+        return c[len(c) // 2]

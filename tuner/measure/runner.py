@@ -1,0 +1,150 @@
+"""Runs built candidates in a worker process with a timeout, one result per candidate."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from ..target import Target
+from . import worker
+from .result import OK, RUNTIME_ERROR, TIMEOUT, MeasureResult
+
+
+@dataclass
+class RunConfig:
+    timeout: float = 10.0        # seconds per candidate (check + timing)
+    repeat: int = 3
+    number: int = 0              # calls per repeat; 0 picks it from min_repeat_ms
+    min_repeat_ms: float = 10.0
+    flush: bool = False          # flush caches before each (single-call) repeat
+    rtol: float = 1e-3
+    atol: float = 1e-4           # scaled by the largest reference magnitude
+
+
+class _Channel:
+    """Pickled messages over the worker's stdin (to it) and stdout (from it)."""
+
+    def __init__(self, proc):
+        from multiprocessing.connection import Connection
+        self._tx = Connection(os.dup(proc.stdin.fileno()), readable=False)
+        self._rx = Connection(os.dup(proc.stdout.fileno()), writable=False)
+        proc.stdin.close()
+        proc.stdout.close()
+
+    def send(self, obj):
+        self._tx.send(obj)
+
+    def recv(self):
+        return self._rx.recv()
+
+    def poll(self, timeout):
+        return self._rx.poll(timeout)
+
+    def close(self):
+        self._tx.close()
+        self._rx.close()
+
+
+class Runner:
+    """A measurement process, restarted whenever a candidate crashes or hangs in it."""
+
+    def __init__(self, target: Target, config: RunConfig | None = None):
+        self.target = target
+        self.config = config or RunConfig()
+        self._proc = None
+        self._conn = None
+        self._data_id = None
+        self._data = None
+
+    # ------------------------------------------------------------ process lifecycle
+    def _start(self):
+        # A plain child process (not multiprocessing), so the caller's script is never re-imported.
+        # The kernels' OpenMP gets the target's threads and spins only briefly, so it does not
+        # starve the tuner's own OpenMP (xgboost) on a small machine; NumPy's BLAS stays single.
+        env = dict(os.environ, OMP_NUM_THREADS=str(self.target.threads), GOMP_SPINCOUNT="10000",
+                   OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        proc = subprocess.Popen([sys.executable, "-m", worker.__name__], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, env=env)
+        self._proc = proc
+        self._conn = _Channel(proc)
+        self._data_id = None
+
+    def _alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def _kill(self):
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                self._proc.kill()
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        if self._conn is not None:
+            self._conn.close()
+        self._proc = self._conn = self._data_id = None
+
+    def close(self):
+        if self._alive():
+            try:
+                self._conn.send(("stop",))
+                self._proc.wait(timeout=2)
+            except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
+                pass
+        self._kill()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def set_data(self, key: str, inputs: list, reference):
+        """Inputs and expected output for the next candidates (sent once per worker)."""
+        if self._data is None or self._data[0] != key:
+            self._data = (key, inputs, reference)
+
+    def _ensure_ready(self):
+        if not self._alive():
+            self._kill()
+            self._start()
+        if self._data_id != self._data[0]:
+            self._conn.send(("setup", self._data[1], self._data[2]))
+            if not self._conn.poll(120) or self._conn.recv()[0] != "ready":
+                raise RuntimeError("measurement process did not start")
+            self._data_id = self._data[0]
+
+    # ------------------------------------------------------------ measuring
+    def run(self, lib: str, index: int) -> MeasureResult:
+        """Check and time kernel `index` of library `lib`."""
+        cfg = self.config
+        self._ensure_ready()
+        start = time.perf_counter()
+        try:
+            self._conn.send(("measure", lib, index, cfg.number, cfg.repeat, cfg.min_repeat_ms, cfg.flush,
+                             cfg.rtol, cfg.atol))
+            if not self._conn.poll(cfg.timeout):
+                self._kill()
+                return MeasureResult(TIMEOUT, f"no result within {cfg.timeout:g} s (hung or far too slow); "
+                                     "the measurement process was restarted", run_s=time.perf_counter() - start)
+            kind, message, costs, run_s = self._conn.recv()
+        except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
+            try:
+                code = self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                code = None
+            self._kill()
+            how = f"signal {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
+            return MeasureResult(RUNTIME_ERROR, f"kernel crashed the measurement process ({how})",
+                                 run_s=time.perf_counter() - start)
+        return MeasureResult(kind, message, costs if kind == OK else [], run_s=run_s)
+
+    def release(self):
+        """Unload the libraries the worker holds (between batches)."""
+        if self._alive():
+            self._conn.send(("release",))
+            if self._conn.poll(30):
+                self._conn.recv()

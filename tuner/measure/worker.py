@@ -1,0 +1,103 @@
+"""The measurement process: loads built libraries, checks each kernel, then times it in C.
+
+It runs apart from the tuner so that a kernel that crashes or hangs takes only this process
+down; the parent records the error and starts a new one.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+CDEF = """
+int tuner_count(void);
+int tuner_run(int i, float** args);
+int tuner_time(int i, float** args, int number, int repeat, double min_repeat_ms, int flush, double* costs);
+"""
+
+
+def check_output(out: np.ndarray, ref: np.ndarray, rtol: float, atol: float):
+    """None when `out` matches `ref`, else a message saying where and by how much it differs."""
+    tol = atol * max(1.0, float(np.abs(ref).max(initial=0.0))) + rtol * np.abs(ref)
+    bad = ~np.isfinite(out) | (np.abs(out - ref) > tol)
+    if not bad.any():
+        return None
+    flat = int(np.flatnonzero(bad)[0])
+    idx = np.unravel_index(flat, out.shape)
+    return (f"{int(bad.sum())} of {out.size} outputs differ from the reference; first at "
+            f"{list(map(int, idx))}: expected {ref[idx]:.6g}, got {out[idx]:.6g}")
+
+
+class _Duplex:
+    """Send on one pipe, receive on another: the worker's channel over its stdin/stdout."""
+
+    def __init__(self, rx, tx):
+        self.rx, self.tx = rx, tx
+
+    def recv(self):
+        return self.rx.recv()
+
+    def send(self, obj):
+        self.tx.send(obj)
+
+
+def main(conn) -> None:
+    from cffi import FFI
+
+    ffi = FFI()
+    ffi.cdef(CDEF)
+    libs: dict = {}
+    arrays: list = []
+    ref = out = args = None
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        kind = msg[0]
+        if kind == "stop":
+            return
+        if kind == "setup":
+            arrays = [np.ascontiguousarray(a, dtype=np.float32) for a in msg[1]]
+            ref = msg[2]
+            out = np.empty(ref.shape, np.float32)
+            args = ffi.new("float*[]", len(arrays) + 1)
+            for k, a in enumerate(arrays + [out]):
+                args[k] = ffi.cast("float*", ffi.from_buffer(a))
+            conn.send(("ready",))
+        elif kind == "release":
+            for path in list(libs):
+                ffi.dlclose(libs.pop(path))
+            conn.send(("ready",))
+        elif kind == "measure":
+            _, path, index, number, repeat, min_ms, flush, rtol, atol = msg
+            start = time.perf_counter()
+            lib = libs.get(path)
+            if lib is None:
+                lib = libs[path] = ffi.dlopen(path)
+            out.fill(np.nan)
+            rc = lib.tuner_run(index, args)
+            if rc:
+                conn.send(("RUNTIME_ERROR", f"kernel returned error code {rc}", [], time.perf_counter() - start))
+                continue
+            problem = check_output(out, ref, rtol, atol)
+            if problem:
+                conn.send(("WRONG_ANSWER", problem, [], time.perf_counter() - start))
+                continue
+            costs = ffi.new("double[]", repeat)
+            rc = lib.tuner_time(index, args, number, repeat, min_ms, int(flush), costs)
+            if rc:
+                conn.send(("RUNTIME_ERROR", f"kernel returned error code {rc} while timed", [],
+                           time.perf_counter() - start))
+                continue
+            conn.send(("OK", "", [float(c) for c in costs], time.perf_counter() - start))
+
+
+if __name__ == "__main__":
+    import os
+    from multiprocessing.connection import Connection
+
+    rx = Connection(os.dup(0), writable=False)
+    tx = Connection(os.dup(1), readable=False)
+    os.dup2(2, 1)  # anything a kernel prints goes to stderr, never into the channel
+    main(_Duplex(rx, tx))

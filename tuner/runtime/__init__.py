@@ -1,0 +1,1 @@
+"""Compiled-model runtime (not built yet)."""

@@ -1,0 +1,40 @@
+"""Random search: uniform samples of the sketch's decisions, never proposing known code twice."""
+from __future__ import annotations
+
+import random
+
+from ..schedule.schedule import ScheduleError
+
+
+class RandomSearch:
+    name = "random"
+
+    def __init__(self, task, seed: int = 0):
+        self.task = task
+        self.seed = seed
+        self.rng = random.Random(seed)
+
+    def propose(self, n: int, seen: set, first: bool = False) -> list:
+        """Up to `n` new candidates whose code hash is not in `seen` (which it extends).
+
+        On the first round the default schedule goes first, so every tune has a baseline.
+        """
+        out = []
+        if first:
+            cand = self.task.default_candidate()
+            if cand.code_hash not in seen:
+                seen.add(cand.code_hash)
+                out.append(cand)
+        attempts = 0
+        while len(out) < n and attempts < 50 * n + 200:
+            attempts += 1
+            steps = self.task.space.steps(self.task.space.sample(self.rng))
+            try:
+                cand = self.task.candidate(steps)
+            except ScheduleError:
+                continue
+            if cand.code_hash in seen:
+                continue
+            seen.add(cand.code_hash)
+            out.append(cand)
+        return out

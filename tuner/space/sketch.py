@@ -1,0 +1,194 @@
+"""The CPU search space of a workload: Ansor-style sketches plus sampled annotations.
+
+A sketch fixes the structure of a schedule; a point in the space (a small JSON-able dict of
+decisions) fills in its numbers; `steps(decisions)` turns the two into a replayable step list.
+
+Tiled sketch, for a DAG with one reduction (conv2d, dense, pooling):
+  * pad producers are inlined or computed at root (a decision);
+  * elementwise consumers are inlined into the output stage; with none, `cache_write` makes a
+    local accumulator;
+  * the output stage is tiled S0 S1 | T over every spatial axis, and the reduction is computed at
+    its S1 tile (fusing the epilogue at the tile);
+  * the reduction is tiled "SSRSRS": R0 S2 R1 S3 over its tile, S3 being the register tile
+    (innermost axis vectorised, the others unrolled) and an auto-unroll depth;
+  * outer tiles fused and parallel when the target has more than one thread.
+Injective sketch, for DAGs without a reduction: producers inlined, innermost axis vectorised,
+the rest fused and parallel.
+"""
+from __future__ import annotations
+
+import random
+from functools import cached_property
+
+from ..schedule.schedule import Schedule, replay
+from ..target import Target
+from ..te.workloads import Workload
+
+MAX_ACCUMULATORS = 32        # vector registers of AVX-512 (AVX2 has 16; spills only cost speed)
+MAX_TILE_FLOATS = 16384      # a 64 KiB accumulator tile stays on the stack and in L1/L2
+UNROLL_CHOICES = (0, 16, 64, 512)
+
+
+def divisors(n: int) -> list:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+class SearchSpace:
+    def __init__(self, workload: Workload, target: Target):
+        self.workload = workload
+        self.target = target
+        self.inputs, self.output = workload.build()
+        sch = Schedule(self.inputs, self.output)
+        stages = sch.stages
+        reductions = [s for s in stages if s.op.is_reduction]
+        if len(reductions) > 1:
+            raise ValueError(f"{workload.label}: more than one reduction stage is not supported yet")
+        self.anchor = reductions[0].name if reductions else None
+        self.pads = [s.name for s in stages if s.op.tag == "pad"]
+        out = sch.output_name
+        anchor_pos = next((k for k, s in enumerate(stages) if s.name == self.anchor), -1)
+        self.consumers = [s.name for s in stages[anchor_pos + 1:] if s.name != out] if self.anchor else []
+        self.others = [s.name for s in stages if s.name not in self.pads and s.name != out
+                       and s.name != self.anchor and s.name not in self.consumers]
+        self.cache_write = self.anchor == out
+        self.out_shape = self.output.shape
+        self.out_axes = [a.name for a in sch.output.op.axes]
+        if self.anchor:
+            anchor_stage = sch.stage(self.anchor)
+            self.local_axes = [a.name for a in anchor_stage.op.axes]
+            self.reduce_axes = [(r.name, r.extent) for r in anchor_stage.op.reduce_axes]
+
+    @property
+    def kind(self) -> str:
+        return "tiled" if self.anchor else "injective"
+
+    @property
+    def local_name(self) -> str:
+        return f"{self.anchor}.local" if self.cache_write else self.anchor
+
+    # ------------------------------------------------------------ per-axis options
+    @cached_property
+    def _last_options(self) -> list:
+        e = self.out_shape[-1]
+        vec = [d for d in divisors(e) if d % 4 == 0 and d <= 4 * self.target.lanes]
+        return vec or [d for d in divisors(e) if d <= 16]
+
+    def _vectors(self, s3_last: int) -> int:
+        lanes = next((w for w in (16, 8, 4) if w <= self.target.lanes and s3_last % w == 0), 0)
+        return s3_last // lanes if lanes else s3_last
+
+    def _valid(self, tile: list) -> bool:
+        acc = self._vectors(tile[-1][2])
+        size = 1
+        for s1, s2, s3 in tile[:-1]:
+            acc *= s3
+        for s1, s2, s3 in tile:
+            size *= s2 * s3
+        return acc <= MAX_ACCUMULATORS and size <= MAX_TILE_FLOATS
+
+    # ------------------------------------------------------------ sampling
+    def sample(self, rng: random.Random) -> dict:
+        if self.kind == "injective":
+            return {"vec": rng.choice(self._last_options), "unroll": rng.choice((0, 1))}
+        for _ in range(1000):
+            tile = []
+            for d, e in enumerate(self.out_shape):
+                s3 = rng.choice(self._last_options if d == len(self.out_shape) - 1
+                                else [x for x in divisors(e) if x <= MAX_ACCUMULATORS])
+                s2 = rng.choice(divisors(e // s3))
+                s1 = rng.choice(divisors(e // (s3 * s2)))
+                tile.append([s1, s2, s3])
+            if self._valid(tile):
+                break
+        return {
+            "pad": {p: rng.choice(("inline", "root")) for p in self.pads},
+            "tile": tile,
+            "reduce": [rng.choice(divisors(e)) for _, e in self.reduce_axes],
+            "unroll": rng.choice(UNROLL_CHOICES),
+        }
+
+    def default(self) -> dict:
+        """A reasonable untuned point: a vector-wide, register-sized tile, no cache blocking."""
+        if self.kind == "injective":
+            return {"vec": max(self._last_options), "unroll": 0}
+        shape = self.out_shape
+        last = [d for d in self._last_options if d <= self.target.lanes]
+        tile = [[1, 1, 1] for _ in shape]
+        others = [d for d in range(len(shape) - 1) if shape[d] > 1]
+        row = max(others, key=lambda d: (shape[d], d)) if others else None
+        if row is None:
+            tile[-1][2] = max(d for d in self._last_options if d <= 4 * self.target.lanes) \
+                if any(d <= 4 * self.target.lanes for d in self._last_options) else 1
+        else:
+            tile[-1][2] = max(last) if last else 1
+            vecs = self._vectors(tile[-1][2])
+            tile[row][2] = max(d for d in divisors(shape[row]) if d * vecs <= 24)
+        return {"pad": {p: "root" for p in self.pads}, "tile": tile,
+                "reduce": [1 for _ in self.reduce_axes], "unroll": 64}
+
+    # ------------------------------------------------------------ decisions -> steps
+    def steps(self, dec: dict) -> list:
+        if self.kind == "injective":
+            return self._injective_steps(dec)
+        steps = []
+        for p in self.pads:
+            if dec["pad"][p] == "inline":
+                steps.append(["compute_inline", p])
+        for s in self.consumers + self.others:
+            steps.append(["compute_inline", s])
+        out, local = self.output.name, self.local_name
+        if self.cache_write:
+            steps.append(["cache_write", self.anchor])
+            out_axes = [f"{a}_" for a in self.local_axes]
+        else:
+            out_axes = self.out_axes
+        tile = dec["tile"]
+        for ax, (s1, s2, s3) in zip(out_axes, tile):
+            steps.append(["split", out, ax, [s1, s2 * s3]])
+        order = [f"{a}.{lvl}" for lvl in range(3) for a in out_axes]
+        steps.append(["reorder", out, order])
+        steps.append(["compute_at", local, out, f"{out_axes[-1]}.1"])
+        for ax, (_, _, s3) in zip(self.local_axes, tile):
+            steps.append(["split", local, ax, [s3]])
+        for (ax, _), r1 in zip(self.reduce_axes, dec["reduce"]):
+            steps.append(["split", local, ax, [r1]])
+        red = [r for r, _ in self.reduce_axes]
+        steps.append(["reorder", local, [f"{r}.0" for r in red] + [f"{a}.0" for a in self.local_axes]
+                      + [f"{r}.1" for r in red] + [f"{a}.1" for a in self.local_axes]])
+        if tile[-1][2] % 4 == 0:
+            steps.append(["annotate", local, f"{self.local_axes[-1]}.1", "vectorize"])
+        elif tile[-1][2] > 1:
+            steps.append(["annotate", local, f"{self.local_axes[-1]}.1", "unroll"])
+        for ax, (_, _, s3) in zip(self.local_axes[:-1], tile[:-1]):
+            if s3 > 1:
+                steps.append(["annotate", local, f"{ax}.1", "unroll"])
+        if dec["unroll"]:
+            steps.append(["pragma", local, f"{red[0]}.0" if red else f"{self.local_axes[0]}.0",
+                          "auto_unroll_max_step", dec["unroll"]])
+        t_last = tile[-1][1] * tile[-1][2]
+        if t_last % 4 == 0:
+            steps.append(["annotate", out, f"{out_axes[-1]}.2", "vectorize"])
+        if self.target.threads > 1:
+            steps.append(["fuse", out, [f"{a}.0" for a in out_axes]])
+            steps.append(["annotate", out, "@".join(f"{a}.0" for a in out_axes), "parallel"])
+        return steps
+
+    def _injective_steps(self, dec: dict) -> list:
+        steps = [["compute_inline", s] for s in self.pads + self.others]
+        out = self.output.name
+        axes = list(self.out_axes)
+        vec = dec["vec"]
+        steps.append(["split", out, axes[-1], [vec]])
+        inner = f"{axes[-1]}.1"
+        if vec % 4 == 0:
+            steps.append(["annotate", out, inner, "vectorize"])
+        elif dec["unroll"] and vec > 1:
+            steps.append(["annotate", out, inner, "unroll"])
+        outer = axes[:-1] + [f"{axes[-1]}.0"]
+        if self.target.threads > 1 and len(outer) > 1:
+            steps.append(["fuse", out, outer])
+            steps.append(["annotate", out, "@".join(outer), "parallel"])
+        return steps
+
+    def schedule(self, steps: list) -> Schedule:
+        return replay(self.inputs, self.output, steps)

@@ -1,0 +1,1 @@
+"""Tensor expressions and the operator library."""
