@@ -23,12 +23,20 @@ PRELUDE = """#include <math.h>
 typedef float f32x16 __attribute__((vector_size(64), aligned(4)));
 typedef float f32x8 __attribute__((vector_size(32), aligned(4)));
 typedef float f32x4 __attribute__((vector_size(16), aligned(4)));
+typedef int i32x16 __attribute__((vector_size(64), aligned(4)));
+typedef int i32x8 __attribute__((vector_size(32), aligned(4)));
+typedef int i32x4 __attribute__((vector_size(16), aligned(4)));
+#define TUNER_VSEL(W, m, a, b) ((f32x##W)((((i32x##W)(a)) & (m)) | (((i32x##W)(b)) & ~(m))))
+static inline f32x16 tuner_max16(f32x16 a, f32x16 b) { return TUNER_VSEL(16, a > b, a, b); }
+static inline f32x8 tuner_max8(f32x8 a, f32x8 b) { return TUNER_VSEL(8, a > b, a, b); }
+static inline f32x4 tuner_max4(f32x4 a, f32x4 b) { return TUNER_VSEL(4, a > b, a, b); }
+static inline f32x16 tuner_min16(f32x16 a, f32x16 b) { return TUNER_VSEL(16, a < b, a, b); }
+static inline f32x8 tuner_min8(f32x8 a, f32x8 b) { return TUNER_VSEL(8, a < b, a, b); }
+static inline f32x4 tuner_min4(f32x4 a, f32x4 b) { return TUNER_VSEL(4, a < b, a, b); }
 static inline int tuner_floordiv(int a, int b) { int q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
 static inline int tuner_floormod(int a, int b) { int r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 """
 
-_MAX_INTRIN = {16: "_mm512_max_ps", 8: "_mm256_max_ps", 4: "_mm_max_ps"}
-_MIN_INTRIN = {16: "_mm512_min_ps", 8: "_mm256_min_ps", 4: "_mm_min_ps"}
 _CALLS = {"exp": "expf", "sqrt": "sqrtf", "tanh": "tanhf", "log": "logf"}
 
 
@@ -277,8 +285,8 @@ class CGen:
             b, bv = self.vexpr(e.b, lane, lanes, extra)
             a = a if av else f"(({vt}){{0}} + ({a}))"
             b = b if bv else f"(({vt}){{0}} + ({b}))"
-            fn = (_MAX_INTRIN if isinstance(e, Max) else _MIN_INTRIN)[lanes]
-            return f"(({vt}){fn}({a}, {b}))", True
+            fn = f"tuner_{'max' if isinstance(e, Max) else 'min'}{lanes}"
+            return f"{fn}({a}, {b})", True
         if isinstance(e, Select) and lane not in free_vars(e.cond):
             a, av = self.vexpr(e.then, lane, lanes, extra)
             b, bv = self.vexpr(e.other, lane, lanes, extra)

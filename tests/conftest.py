@@ -1,0 +1,51 @@
+"""Shared helpers: build schedules in batches and run them in-process against NumPy."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from cffi import FFI
+
+from tuner.measure.builder import build_batch
+from tuner.measure.worker import CDEF, check_output
+from tuner.target import parse_target
+from tuner.task import Task
+
+TARGET1 = parse_target("cpu", threads=1)
+_ffi = FFI()
+_ffi.cdef(CDEF)
+
+
+def run_kernel(lib_path: str, index: int, arrays: list, out_shape: tuple) -> np.ndarray:
+    lib = _ffi.dlopen(lib_path)
+    out = np.full(out_shape, np.nan, np.float32)
+    keep = [np.ascontiguousarray(a, dtype=np.float32) for a in arrays] + [out]
+    ptrs = _ffi.new("float*[]", len(keep))
+    for k, a in enumerate(keep):
+        ptrs[k] = _ffi.cast("float*", _ffi.from_buffer(a))
+    assert lib.tuner_run(index, ptrs) == 0
+    return out
+
+
+def check_schedules(cases: list, target=TARGET1) -> None:
+    """cases: [(workload, steps or None for the default)]. Builds all in one batch, then checks each."""
+    tasks = [Task(wl, target) for wl, _ in cases]
+    cands = [t.candidate(steps if steps is not None else t.space.steps(t.space.default()), func_name=f"f{k}")
+             for k, (t, (_, steps)) in enumerate(zip(tasks, cases))]
+    built = build_batch([(c.func_name, c.source) for c in cands], target, openmp=any(c.openmp for c in cands))
+    failures = []
+    for t, c, b in zip(tasks, cands, built):
+        if b.error:
+            failures.append(f"{t.workload.label}: compile error {b.error}\n{c.source}")
+            continue
+        inputs, ref = t.data
+        out = run_kernel(b.lib, b.index, inputs, ref.shape)
+        problem = check_output(out, ref, 1e-3, 1e-4)
+        if problem:
+            failures.append(f"{t.workload.label} steps={c.steps}: {problem}")
+    assert not failures, "\n\n".join(failures)
+
+
+@pytest.fixture
+def tmp_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"

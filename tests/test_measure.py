@@ -1,0 +1,55 @@
+"""Bad candidates become recorded errors and the tune goes on."""
+from tuner import records
+from tuner.measure.runner import RunConfig
+from tuner.search.random_search import RandomSearch
+from tuner.task import Candidate, code_hash
+from tuner.te.workloads import make
+from tuner.tuning import tune_op
+
+from conftest import TARGET1
+
+SMALL = make("conv2d", dict(C=8, H=6, W=6, K=8, R=3, S=3, pad=1), "NCHW8c")
+FAST = RunConfig(timeout=3.0, repeat=1, min_repeat_ms=0.5)
+
+BAD_SOURCES = {
+    "compile": "int {name}(float** restrict args) {{ return this is not C; }}\n",
+    "crash": "int {name}(float** restrict args) {{ args[2][1L << 40] = 1.0f; return 0; }}\n",
+    "hang": "int {name}(float** restrict args) {{ volatile int spin = 1; while (spin) {{}} return 0; }}\n",
+    "wrong": "int {name}(float** restrict args) {{ for (int i = 0; i < 512; ++i) args[2][i] = 0.5f; return 0; }}\n",
+}
+
+
+class InjectingSearch(RandomSearch):
+    """Random search that slips the broken kernels into its first batch, between good ones."""
+
+    name = "injecting"
+
+    def propose(self, n, seen, first=False):
+        good = super().propose(n, seen, first)
+        if not first:
+            return good
+        bad = []
+        for kind, template in BAD_SOURCES.items():
+            fname = f"bad_{kind}"
+            src = template.format(name=fname)
+            bad.append(Candidate([["bad", kind]], src, fname, False, code_hash(src, fname)))
+        mixed = good[:1] + bad[:2] + good[1:2] + bad[2:] + good[2:]
+        return mixed[:max(n, len(bad) + 2)]
+
+
+def test_broken_candidates_are_recorded_and_tuning_continues(tmp_path):
+    log = tmp_path / "log.jsonl"
+    from tuner.task import Task
+    policy = InjectingSearch(Task(SMALL, TARGET1), seed=0)
+    s = tune_op(SMALL, target=TARGET1, trials=8, log=str(log), run_config=FAST, progress=False,
+                batch_size=8, policy_obj=policy)
+    recs = records.load(log).records
+    kinds = {r["steps"][0][1]: r for r in recs if r["steps"] and r["steps"][0][0] == "bad"}
+    assert kinds["compile"]["error"] == "COMPILE_ERROR" and "error" in kinds["compile"]["message"]
+    assert kinds["crash"]["error"] == "RUNTIME_ERROR" and "SIGSEGV" in kinds["crash"]["message"]
+    assert kinds["hang"]["error"] == "TIMEOUT"
+    assert kinds["wrong"]["error"] == "WRONG_ANSWER" and "differ" in kinds["wrong"]["message"]
+    good_after = [r for r in recs[recs.index(kinds["hang"]) + 1:] if r["error"] == "OK"]
+    assert good_after, "measurements after the hang must still succeed"
+    assert s.trials == len(recs) >= 8
+    assert s.best is not None and s.best["error"] == "OK"

@@ -1,0 +1,55 @@
+"""Every operator in every layout computes the NumPy reference (default schedules, small shapes)."""
+import pytest
+
+from tuner.te.workloads import make
+from tuner.te.layouts import CONV_LAYOUTS
+
+from conftest import check_schedules
+
+CONV_CASES = [
+    dict(C=16, H=7, W=7, K=16, R=3, S=3, stride=1, pad=1),
+    dict(C=8, H=9, W=9, K=16, R=3, S=3, stride=2, pad=1),
+    dict(C=16, H=8, W=8, K=8, R=1, S=1, stride=1, pad=0),
+    dict(C=3, H=11, W=11, K=16, R=5, S=5, stride=2, pad=2),            # stem-like, C not a block multiple
+    dict(C=16, H=9, W=9, K=16, R=3, S=3, stride=1, pad=2, dilation=2),
+    dict(C=16, H=8, W=8, K=16, R=3, S=3, stride=1, pad=1, groups=16),  # depthwise
+    dict(C=16, H=6, W=6, K=16, R=3, S=3, stride=1, pad=(0, 1, 1, 2)),  # asymmetric pads
+    dict(C=16, H=6, W=6, K=16, R=3, S=3, stride=1, pad=1, bias=1, residual=1, relu=1),
+]
+
+
+@pytest.mark.parametrize("layout", CONV_LAYOUTS)
+def test_conv2d_every_layout(layout):
+    check_schedules([(make("conv2d", p, layout), None) for p in CONV_CASES])
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_grouped_conv2d(layout):
+    check_schedules([(make("conv2d", dict(C=8, H=6, W=6, K=12, R=3, S=3, pad=1, groups=4), layout), None)])
+
+
+@pytest.mark.parametrize("layout", ["OI", "OI16o", "OI8o"])
+def test_dense(layout):
+    check_schedules([(make("dense", dict(C=24, K=48), layout), None),
+                     (make("dense", dict(N=3, C=20, K=40, bias=1, relu=1), layout), None)])
+
+
+@pytest.mark.parametrize("layout", CONV_LAYOUTS)
+def test_pooling_and_elementwise(layout):
+    shape = dict(C=16, H=9, W=9)
+    check_schedules([
+        (make("maxpool", dict(shape, R=3, S=3, stride=2, pad=1), layout), None),
+        (make("avgpool", dict(shape, R=3, S=3, stride=2, pad=1), layout), None),
+        (make("avgpool", dict(shape, R=2, S=2, stride=1, pad=1, count_include_pad=1), layout), None),
+        (make("globalavgpool", shape, layout), None),
+        (make("relu", shape, layout), None),
+        (make("sigmoid", shape, layout), None),
+        (make("clip", dict(shape, lo=-0.5, hi=0.25), layout), None),
+        (make("add", shape, layout), None),
+    ])
+
+
+@pytest.mark.parametrize("src", CONV_LAYOUTS)
+def test_layout_transform(src):
+    check_schedules([(make("layout_transform", dict(C=32, H=5, W=6, dst=dst), src), None)
+                     for dst in CONV_LAYOUTS if dst != src])

@@ -1,0 +1,70 @@
+"""Schedule primitives, their errors, replay determinism, and the simplifier they rely on."""
+import pytest
+
+from tuner.schedule.lower import lower
+from tuner.schedule.schedule import ScheduleError, replay
+from tuner.codegen.c import generate_c
+from tuner.te.expr import FloorDiv, FloorMod, Var, coefficient, simplify
+from tuner.te.workloads import make
+
+from conftest import check_schedules
+
+CONV = make("conv2d", dict(C=16, H=6, W=6, K=16, R=3, S=3, pad=1), "NCHW16c")
+
+
+def _sched(steps):
+    ins, out = CONV.build()
+    return replay(ins, out, steps)
+
+
+@pytest.mark.parametrize("steps, message", [
+    ([["split", "conv", "nope", [2]]], r"step 0 .*'nope' is not a loop of conv"),
+    ([["split", "conv", "ow", [0]]], r"step 0 .*positive integers"),
+    ([["fuse", "conv", ["n", "oh"]]], r"consecutive"),
+    ([["fuse", "conv", ["kb", "rcc"]]], r"reduction loop with a spatial loop"),
+    ([["annotate", "conv", "rh", "parallel"]], r"cannot parallelise reduction loop rh"),
+    ([["annotate", "conv", "oh", "sparkle"]], r"unknown annotation"),
+    ([["compute_inline", "conv"]], r"output stage cannot be inlined"),
+    ([["reorder", "conv", ["n"]]], r"every loop"),
+    ([["split", "conv", "ow", [2]], ["cache_write", "conv"]], r"step 1 .*before any other step"),
+    ([["teleport", "conv"]], r"unknown primitive"),
+    ([["compute_at", "conv_pad", "conv", "zz"]], r"'zz' is not a loop"),
+])
+def test_illegal_steps_name_the_step_and_reason(steps, message):
+    with pytest.raises(ScheduleError, match=message):
+        _sched(steps)
+
+
+def test_compute_at_a_stage_that_is_not_the_reader_is_rejected_at_lowering():
+    w = make("conv2d", dict(C=16, H=6, W=6, K=16, R=3, S=3, pad=1, relu=1), "NCHW16c")
+    ins, out = w.build()
+    sch = replay(ins, out, [["compute_at", "conv_pad", "relu", "relu_i2"]])
+    with pytest.raises(ScheduleError, match="read by conv"):
+        lower(sch)
+
+
+def test_replay_gives_identical_code():
+    steps = [["cache_write", "conv"], ["split", "conv", "ow_", [3]],
+             ["compute_at", "conv.local", "conv", "ow_.0"], ["annotate", "conv.local", "kb", "vectorize"]]
+    a = generate_c(lower(_sched(steps)))[0]
+    b = generate_c(lower(_sched([list(s) for s in steps])))[0]
+    assert a == b
+
+
+def test_non_divisible_splits_are_guarded_and_correct():
+    steps = [["split", "conv", "ow", [4]], ["split", "conv", "rcb", [5]], ["split", "conv", "oh", [4, 3]]]
+    src = generate_c(lower(_sched(steps)))[0]
+    assert "if (" in src
+    check_schedules([(CONV, steps)])
+
+
+def test_simplifier_removes_exact_div_and_mod():
+    ko, ki = Var("ko"), Var("ki")
+    ranges = {"ko": (0, 9), "ki": (0, 7)}
+    assert simplify((ko * 8 + ki) // 8, ranges) == ko
+    assert simplify((ko * 8 + ki) % 8, ranges) == ki
+    assert simplify((ko * 16 + ki) // 8, ranges) == simplify(ko * 2, ranges)
+    assert coefficient((ko * 8 + ki) % 8 + ko * 3, "ki", ranges) == 1
+    # not exact when the remainder can cross a period
+    assert isinstance(simplify((ki + 3) // 8, ranges), FloorDiv)
+    assert isinstance(simplify((ki + 3) % 8, ranges), FloorMod)

@@ -1,0 +1,62 @@
+"""Property: every legal schedule the space (or a user) can write computes the reference.
+
+Schedules are drawn from the sketch space and then pushed past what the space itself samples:
+split factors that do not divide their axis (guards), and the pad stage computed inside the
+accumulator's loops at a random depth (bound inference over overlapping windows).
+"""
+import random
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tuner.space.sketch import SearchSpace
+from tuner.te.workloads import make
+
+from conftest import TARGET1, check_schedules
+
+SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def conv_workloads(draw):
+    layout = draw(st.sampled_from(["NCHW", "NHWC", "NCHW8c", "NCHW16c"]))
+    r = draw(st.sampled_from([1, 3]))
+    depthwise = draw(st.booleans()) and layout != "NCHW" and r == 3
+    c = draw(st.sampled_from([8, 16]))
+    k = c if depthwise else draw(st.sampled_from([8, 16]))
+    p = dict(C=c, H=draw(st.integers(5, 9)), W=draw(st.integers(5, 9)), K=k, R=r, S=r,
+             stride=draw(st.sampled_from([1, 2])), pad=draw(st.sampled_from([0, 1])) if r == 3 else 0,
+             groups=c if depthwise else 1, bias=int(draw(st.booleans())), relu=int(draw(st.booleans())))
+    return make("conv2d", p, layout)
+
+
+def _perturbed_steps(wl, seed: int, odd_splits: bool, pad_at: bool) -> list:
+    space = SearchSpace(wl, TARGET1)
+    rng = random.Random(seed)
+    dec = space.sample(rng)
+    if odd_splits:
+        dec["tile"] = [[rng.randint(1, 4), rng.randint(1, 3), rng.randint(1, 5)] if d != len(dec["tile"]) - 1
+                       else t for d, t in enumerate(dec["tile"])]
+        dec["reduce"] = [rng.randint(1, 4) for _ in dec["reduce"]]
+    steps = space.steps(dec)
+    if pad_at and space.pads and dec["pad"][space.pads[0]] == "root":
+        local = space.local_name
+        sch = space.schedule(steps)
+        leaves = sch.stage(local).leaves
+        steps.append(["compute_at", space.pads[0], local, rng.choice(leaves)])
+    return steps
+
+
+@SETTINGS
+@given(wl=conv_workloads(), seed=st.integers(0, 10**6), odd=st.booleans(), pad_at=st.booleans())
+def test_sampled_conv_schedules_compute_the_reference(wl, seed, odd, pad_at):
+    check_schedules([(wl, _perturbed_steps(wl, seed, odd, pad_at))])
+
+
+@SETTINGS
+@given(n=st.integers(1, 3), c=st.integers(3, 40), k=st.sampled_from([8, 12, 16, 20, 32]),
+       layout=st.sampled_from(["OI", "OI16o", "OI4o"]), bias=st.booleans(), seed=st.integers(0, 10**6),
+       odd=st.booleans())
+def test_sampled_dense_schedules_compute_the_reference(n, c, k, layout, bias, seed, odd):
+    wl = make("dense", dict(N=n, C=c, K=k, bias=int(bias)), layout)
+    check_schedules([(wl, _perturbed_steps(wl, seed, odd, False))])

@@ -1,0 +1,62 @@
+"""Workload keys are canonical; specs parse back; bad specs say what is wrong."""
+import subprocess
+import sys
+
+import pytest
+
+from tuner.te.workloads import BUILTIN, WorkloadError, builtin, make, parse_spec, resolve
+
+
+def test_key_ignores_spelling_order_and_name():
+    a = parse_spec("conv2d:N=1,C=64,H=56,W=56,K=64,R=3,S=3,stride=1,pad=1", "NHWC")
+    b = parse_spec("conv2d:pad=1.1.1.1,stride=1,S=3,R=3,K=64,W=56,H=56,C=64", "NHWC")
+    assert a.key == b.key
+    assert a.key != a.with_layout("NCHW16c").key
+    assert resolve(a.spec, "NHWC").name == "r50.s1.conv3x3"  # an explicit spec gets its built-in name
+
+
+def test_key_is_identical_in_another_process():
+    wl = builtin("r50.s2.conv1x1a", "NCHW16c")
+    code = "from tuner.te.workloads import builtin; print(builtin('r50.s2.conv1x1a', 'NCHW16c').key)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**__import__("os").environ, "PYTHONHASHSEED": "99"})
+    assert out.stdout.strip() == wl.key
+
+
+def test_spec_round_trips_for_every_builtin():
+    for name in BUILTIN:
+        wl = builtin(name)
+        assert parse_spec(wl.spec, wl.layout).key == wl.key, name
+
+
+def test_builtin_set():
+    r50 = [n for n in BUILTIN if n.startswith("r50.")]
+    assert len(r50) == 23  # 53 convs in ResNet-50, 23 unique shapes
+    assert len({make(*BUILTIN[n]).key for n in r50}) == 23
+    assert len([n for n in BUILTIN if n.startswith("mbv2.")]) == 10
+    assert all(BUILTIN[n][1]["groups"] == BUILTIN[n][1]["C"] for n in BUILTIN if n.startswith("mbv2."))
+    assert {"dense.512x1000", "dense.2048x1000"} <= set(BUILTIN)
+    conv = builtin("r50.s1.conv3x3")
+    assert conv.flops == 2 * 64 * 56 * 56 * 64 * 9
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("conv2d:C=64,H=56", "needs W, K, R, S"),
+    ("conv2d:C=64,H=56,W=56,K=64,R=3,S=3,colour=2", "does not take colour"),
+    ("conv2d:C=x,H=56,W=56,K=64,R=3,S=3", "is not a number"),
+    ("matmul:M=3", "unknown operator 'matmul'"),
+    ("conv2d", "expected op:key=value"),
+    ("conv2d:C=6,H=5,W=5,K=6,R=3,S=3,groups=4", "must divide"),
+    ("conv2d:C=8,H=2,W=2,K=8,R=3,S=3", "does not fit"),
+])
+def test_bad_specs_explain_themselves(spec, message):
+    with pytest.raises(WorkloadError, match=message):
+        parse_spec(spec)
+
+
+def test_bad_layout_and_unknown_name():
+    from tuner.te.layouts import LayoutError
+    with pytest.raises(LayoutError, match="unknown layout 'NCWH'"):
+        resolve("r50.s1.conv3x3", "NCWH")
+    with pytest.raises(WorkloadError, match="unknown workload 'r50.s9.conv3x3'.*did you mean"):
+        resolve("r50.s9.conv3x3")
