@@ -3,20 +3,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cffi import FFI
-
 from tuner.measure.builder import build_batch
-from tuner.measure.worker import CDEF, check_output
+from tuner.measure.library import ffi, open_library
+from tuner.measure.worker import check_output
 from tuner.target import parse_target
 from tuner.task import Task
 
 TARGET1 = parse_target("cpu", threads=1)
-_ffi = FFI()
-_ffi.cdef(CDEF)
+_ffi = ffi()
 
 
 def run_kernel(lib_path: str, index: int, arrays: list, out_shape: tuple) -> np.ndarray:
-    lib = _ffi.dlopen(lib_path)
+    lib = open_library(lib_path)
     out = np.full(out_shape, np.nan, np.float32)
     keep = [np.ascontiguousarray(a, dtype=np.float32) for a in arrays] + [out]
     ptrs = _ffi.new("float*[]", len(keep))

@@ -85,3 +85,17 @@ def test_build_op_says_loudly_when_it_falls_back(tmp_path):
     with pytest.warns(UserWarning, match="no tuning record for conv2d.*default"):
         k = build_op(SMALL, target=TARGET1, log=str(tmp_path / "empty.jsonl"), use_shipped=False)
     assert not k.tuned
+
+
+def test_a_process_that_loaded_an_openmp_kernel_exits_cleanly():
+    """cffi closes libraries at exit; the OpenMP runtime must outlive its threads (no segfault)."""
+    script = (
+        "import warnings; warnings.simplefilter('ignore')\n"
+        "from tuner.build import build_op\nfrom tuner.te.workloads import make\n"
+        "wl = make('conv2d', dict(C=8, H=6, W=6, K=8, R=3, S=3, pad=1), 'NCHW8c')\n"
+        "k = build_op(wl, threads=2, use_shipped=False, quiet=True)\n"
+        "assert 'omp parallel' in k.source\n"
+        "print(float(abs(k(*wl.random_inputs()) - wl.reference(wl.random_inputs())).max()))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert float(out.stdout) < 1e-3

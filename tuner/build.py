@@ -14,9 +14,7 @@ class Kernel:
     """A compiled operator that runs on NumPy arrays in the workload's layout."""
 
     def __init__(self, task: Task, steps: list, record: dict | None, source_log: str | None):
-        from cffi import FFI
-
-        from .measure.worker import CDEF
+        from .measure.library import ffi, open_library
 
         self.workload = task.workload
         self.target = task.target
@@ -29,9 +27,8 @@ class Kernel:
         built = build_batch([(cand.func_name, cand.source)], self.target, openmp=cand.openmp, jobs=1)[0]
         if built.error:
             raise RuntimeError(f"could not compile {self.workload.label}: {built.error}")
-        self._ffi = FFI()
-        self._ffi.cdef(CDEF)
-        self._lib = self._ffi.dlopen(built.lib)
+        self._ffi = ffi()
+        self._lib = open_library(built.lib)
         self._index = built.index
         ins, out = task.space.inputs, task.space.output
         self.input_shapes = [t.shape for t in ins]

@@ -9,11 +9,6 @@ import time
 
 import numpy as np
 
-CDEF = """
-int tuner_count(void);
-int tuner_run(int i, float** args);
-int tuner_time(int i, float** args, int number, int repeat, double min_repeat_ms, int flush, double* costs);
-"""
 
 
 def check_output(out: np.ndarray, ref: np.ndarray, rtol: float, atol: float):
@@ -42,10 +37,9 @@ class _Duplex:
 
 
 def main(conn) -> None:
-    from cffi import FFI
+    from .library import ffi as get_ffi, open_library
 
-    ffi = FFI()
-    ffi.cdef(CDEF)
+    ffi = get_ffi()
     libs: dict = {}
     arrays: list = []
     ref = out = args = None
@@ -74,7 +68,7 @@ def main(conn) -> None:
             start = time.perf_counter()
             lib = libs.get(path)
             if lib is None:
-                lib = libs[path] = ffi.dlopen(path)
+                lib = libs[path] = open_library(path)
             out.fill(np.nan)
             rc = lib.tuner_run(index, args)
             if rc:

@@ -41,11 +41,14 @@ def dense_block(layout: str) -> int:
 
 
 def fit_block(channels: int, block: int) -> int:
-    """Largest block <= `block` dividing `channels` (e.g. 3 input channels of a stem conv)."""
-    for b in range(min(block, channels), 0, -1):
-        if channels % b == 0:
-            return b
-    return 1
+    """The block actually used for `channels`: the largest power of two <= `block` dividing it,
+    so blocks stay vector-friendly (1000 -> 8, not 10); below 4, the largest divisor (3 -> 3)."""
+    p2 = 1
+    while p2 * 2 <= block and channels % (p2 * 2) == 0:
+        p2 *= 2
+    if p2 >= 4:
+        return p2
+    return max(b for b in range(1, min(block, channels) + 1) if channels % b == 0)
 
 
 def act_shape(layout: str, n: int, c: int, h: int, w: int, block: int | None = None) -> tuple:

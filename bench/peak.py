@@ -1,0 +1,52 @@
+"""The machine's peak FP32 FMA rate, from a small C microbenchmark built like the kernels."""
+from __future__ import annotations
+
+from cffi import FFI
+
+from tuner.measure.builder import compile_library
+from tuner.measure.library import open_library
+from tuner.target import Target
+
+_SOURCE = r"""
+#include <time.h>
+typedef float vec __attribute__((vector_size(%(bytes)d), aligned(4)));
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+/* 12 independent accumulator chains hide FMA latency; returns GFLOPS of `threads` threads together */
+double peak_gflops(long iters, int threads) {
+  double start = now();
+  float sink = 0;
+  #pragma omp parallel num_threads(threads) reduction(+:sink)
+  {
+    vec a[12], x, y;
+    for (int k = 0; k < 12; ++k) a[k] = (vec){0} + (float)k * 1e-3f;
+    x = (vec){0} + 0.999999f; y = (vec){0} + 1e-7f;
+    for (long i = 0; i < iters; ++i) {
+      #pragma GCC unroll 12
+      for (int k = 0; k < 12; ++k) a[k] = a[k] * x + y;
+    }
+    for (int k = 0; k < 12; ++k) sink += a[k][0];
+  }
+  double secs = now() - start;
+  return sink == 12345.f ? 0 : 2.0 * 12 * %(lanes)d * (double)iters * threads / secs / 1e9;
+}
+"""
+
+
+def peak_gflops(target: Target, threads: int = 1, iters: int = 20_000_000, repeat: int = 3) -> float:
+    lanes = target.lanes
+    src = _SOURCE % {"bytes": lanes * 4, "lanes": lanes}
+    lib_path, err = compile_library(src, list(target.cflags) + ["-fopenmp"])
+    if err:
+        raise RuntimeError(f"peak microbenchmark failed to compile: {err}")
+    open_library(lib_path)  # pins the OpenMP runtime for this process
+    ffi = FFI()
+    ffi.cdef("double peak_gflops(long iters, int threads);")
+    lib = ffi.dlopen(lib_path)
+    return max(lib.peak_gflops(iters, threads) for _ in range(repeat))
+
+
+if __name__ == "__main__":
+    from tuner.target import parse_target
+    t = parse_target("cpu")
+    for n in sorted({1, t.cores}):
+        print(f"peak FP32 FMA, {n} thread(s): {peak_gflops(t, n):.1f} GFLOPS")
