@@ -47,3 +47,27 @@ def test_bad_input_is_one_line_and_exit_code_2(args, message):
     assert out.returncode == 2
     assert message in out.stderr and "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_ctrl_c_keeps_the_log_intact_and_the_same_command_resumes(tmp_path):
+    import json
+    import signal
+    import time
+    log = tmp_path / "int.jsonl"
+    cmd = [sys.executable, "-m", "tuner.cli", "tune", "--workload", SMALL, "--layout", "NCHW8c", "--threads", "1",
+           "--trials", "400", "--batch-size", "4", "--log", str(log), "--no-progress", "--repeat", "1",
+           "--min-repeat-ms", "0.5"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 6):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "run the same command again to resume" in out
+    lines = log.read_text().splitlines()
+    recs = [json.loads(line) for line in lines]          # every line is a whole record
+    assert len(recs) >= 6 and all(r["error"] == "OK" for r in recs), [r["message"] for r in recs]
+    resumed = tuner(*cmd[3:cmd.index("--trials")], "--trials", str(len(recs) + 2), *cmd[cmd.index("--trials") + 2:])
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"{len(recs) + 2} trials in the log (2 new" in resumed.stdout

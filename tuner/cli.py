@@ -12,7 +12,7 @@ from .target import TargetError
 from .te.layouts import LayoutError
 from .te.workloads import WorkloadError
 
-USER_ERRORS = (WorkloadError, LayoutError, TargetError, ScheduleError, FileNotFoundError)
+USER_ERRORS = (WorkloadError, LayoutError, TargetError, ScheduleError, FileNotFoundError, ValueError, KeyError)
 
 
 def _cmd_workloads(args) -> int:
@@ -97,6 +97,87 @@ def _cmd_show(args) -> int:
     return 0
 
 
+def _cmd_distill(args) -> int:
+    from .analysis.distill import distill
+    for log in args.logs:
+        if not Path(log).exists():
+            raise FileNotFoundError(f"no log at {log}")
+    n = distill(args.logs, args.output)
+    print(f"{args.output}: best records of {n} workload/target pair(s)")
+    return 0
+
+
+def _cmd_models(args) -> int:
+    from .graph.models import MODELS, load_model
+    print(f"{'model':<14} {'input':<16} {'nodes':>5} {'convs':>5}")
+    for name in MODELS:
+        g = load_model(name)
+        shape = "x".join(str(d) for d in g.inputs[0].shape)
+        print(f"{name:<14} {shape:<16} {len(g.nodes):>5} {g.count('conv2d'):>5}")
+    return 0
+
+
+def _cmd_inspect(args) -> int:
+    from .graph import load, parse_input_shapes
+    from .graph.passes import DEFAULT_PIPELINE, PassTiming, PrintIR, optimize
+    from .graph.passes.convert_layout import data_path_transforms
+    from .graph.passes.extract_tasks import group_summary
+    graph = load(args.model, parse_input_shapes(args.input_shape))
+    passes = [p.strip() for p in args.passes.split(",") if p.strip()] if args.passes else list(DEFAULT_PIPELINE)
+    if "ExtractTasks" not in passes:
+        passes.append("ExtractTasks")
+    instruments = [PrintIR()] if args.print_ir else []
+    timing = PassTiming() if args.timing else None
+    if timing:
+        instruments.append(timing)
+    disabled = {p.strip() for p in (args.disable or "").split(",") if p.strip()}
+    out = optimize(graph, layout=args.layout, passes=passes, disabled=disabled, opt_level=args.opt_level,
+                   instruments=instruments)
+    groups = out.meta.get("fused_groups", [])
+    print(f"{graph.name}: {len(graph.nodes)} nodes in, {len(out.nodes)} after passes; "
+          f"{len(groups)} fused groups; layout {args.layout or 'NCHW'}")
+    print("\nfused groups:")
+    for g in groups:
+        anchor = out.nodes[g.anchor if g.anchor is not None else g.nodes[-1]]
+        last = out.nodes[g.nodes[-1]].output
+        print(f"  {group_summary(out, g.nodes):<42} {last.type_str():<28} %{anchor.output.name}")
+    print(f"\nlayout transforms on the data path: {data_path_transforms(out)}")
+    tasks = out.meta.get("tasks", [])
+    tunable = [t for t in tasks if t.tunable]
+    print(f"\ntasks: {len(tunable)} unique tunable workloads (sorted by total FLOPs)")
+    print(f"  {'weight':>6} {'GFLOP each':>10} {'GFLOP total':>11}  workload")
+    for t in tunable:
+        print(f"  {t.weight:>6} {t.flops / 1e9:>10.4f} {t.flops * t.weight / 1e9:>11.4f}  {t.workload.label}")
+    rest = [t for t in tasks if not t.tunable]
+    if rest:
+        print("  not tunable yet:")
+        for t in rest:
+            print(f"  {t.weight:>6}  {t.summary}: {t.reason}")
+    if timing:
+        print("\npass timing:\n" + timing.report())
+    return 0
+
+
+def _cmd_export_onnx(args) -> int:
+    import onnx
+    from .graph.models import load_model
+    from .graph.onnx_frontend import to_onnx
+    model = to_onnx(load_model(args.model), opset=args.opset)
+    onnx.save(model, args.output)
+    print(f"wrote {args.output} ({Path(args.output).stat().st_size / 1e6:.1f} MB, opset {args.opset})")
+    return 0
+
+
+def _cmd_passes(args) -> int:
+    from .graph.passes import DEFAULT_PIPELINE, REGISTRY
+    print(f"{'pass':<24} {'opt level':>9}  what it does")
+    for name, p in sorted(REGISTRY.items(), key=lambda kv: (kv[1].opt_level, kv[0])):
+        req = f" (requires {', '.join(p.required)})" if p.required else ""
+        print(f"{name:<24} {p.opt_level:>9}  {p.doc}{req}")
+    print(f"\ndefault pipeline: {', '.join(DEFAULT_PIPELINE)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tuner", description="Autotuning scheduler for deep-learning operators.")
     from . import __version__
@@ -136,6 +217,32 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--threads", type=int)
     s.add_argument("--code", action="store_true", help="print the generated C source")
     s.set_defaults(fn=_cmd_show)
+
+    d = sub.add_parser("distill", help="keep the best record per workload and target (e.g. for schedules/)")
+    d.add_argument("logs", nargs="+")
+    d.add_argument("-o", "--output", required=True, help="database to write (merged with what it holds)")
+    d.set_defaults(fn=_cmd_distill)
+
+    sub.add_parser("models", help="list the built-in models").set_defaults(fn=_cmd_models)
+
+    i = sub.add_parser("inspect", help="a model after graph passes: fused groups, transforms, tasks")
+    i.add_argument("model", help="built-in model name (see `tuner models`) or an .onnx file")
+    i.add_argument("--layout", help="run convolutions in NHWC, NCHW8c or NCHW16c (ConvertLayout)")
+    i.add_argument("--passes", help="comma-separated passes to run instead of the default pipeline")
+    i.add_argument("--disable", help="comma-separated passes to skip")
+    i.add_argument("--opt-level", type=int, default=3)
+    i.add_argument("--print-ir", action="store_true", help="print the IR after each pass")
+    i.add_argument("--timing", action="store_true", help="time each pass")
+    i.add_argument("--input-shape", action="append", help="NAME=1x3x224x224 for inputs with dynamic dims")
+    i.set_defaults(fn=_cmd_inspect)
+
+    e = sub.add_parser("export-onnx", help="write a built-in model as an ONNX file")
+    e.add_argument("model")
+    e.add_argument("-o", "--output", required=True)
+    e.add_argument("--opset", type=int, default=18)
+    e.set_defaults(fn=_cmd_export_onnx)
+
+    sub.add_parser("passes", help="list the graph passes and their opt levels").set_defaults(fn=_cmd_passes)
     return p
 
 
@@ -149,7 +256,8 @@ def main(argv=None) -> int:
     try:
         return args.fn(args)
     except USER_ERRORS as e:
-        print(f"error: {e}", file=sys.stderr)
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"error: {msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

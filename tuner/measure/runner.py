@@ -61,13 +61,14 @@ class Runner:
 
     # ------------------------------------------------------------ process lifecycle
     def _start(self):
-        # A plain child process (not multiprocessing), so the caller's script is never re-imported.
+        # A plain child process (not multiprocessing), so the caller's script is never re-imported;
+        # in its own session, so a Ctrl-C meant for the tuner does not kill a measurement midway.
         # The kernels' OpenMP gets the target's threads and spins only briefly, so it does not
         # starve the tuner's own OpenMP (xgboost) on a small machine; NumPy's BLAS stays single.
         env = dict(os.environ, OMP_NUM_THREADS=str(self.target.threads), GOMP_SPINCOUNT="10000",
                    OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
         proc = subprocess.Popen([sys.executable, "-m", worker.__name__], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, env=env)
+                                stdout=subprocess.PIPE, env=env, start_new_session=True)
         self._proc = proc
         self._conn = _Channel(proc)
         self._data_id = None

@@ -1,0 +1,265 @@
+"""The graph compiler: passes keep semantics, fusion and layout conversion do what they claim."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tuner.graph import interp, load
+from tuner.graph.ir import GraphBuilder, GraphError
+from tuner.graph.models import MODELS, load_model, mobilenet_v2, resnet, tiny
+from tuner.graph.passes import DEFAULT_PIPELINE, PassContext, PassTiming, PrintIR, get, optimize
+from tuner.graph.passes.convert_layout import data_path_transforms
+
+LAYOUTS = [None, "NHWC", "NCHW8c", "NCHW16c"]
+
+
+def _close(a, b, rtol=1e-4, atol=1e-4):
+    scale = max(1.0, float(np.abs(b).max()))
+    np.testing.assert_allclose(a, b, rtol=rtol, atol=atol * scale)
+
+
+@pytest.fixture(scope="module")
+def small_models():
+    """Built-in models at a small image size (same structure, fast to interpret)."""
+    return {"tiny": tiny(), "resnet18": resnet(18, image=32), "resnet50": resnet(50, image=32),
+            "mobilenet_v2": mobilenet_v2(image=32)}
+
+
+@pytest.mark.parametrize("name", ["tiny", "resnet18", "resnet50", "mobilenet_v2"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_pass_keeps_the_interpreters_output(small_models, name, layout):
+    g = small_models[name]
+    x = np.random.default_rng(1).standard_normal(g.inputs[0].shape).astype(np.float32)
+    ref = interp.run(g, x)[0]
+    cur = g
+    ctx = PassContext(options={"layout": layout} if layout else {})
+    for pname in DEFAULT_PIPELINE:
+        cur = get(pname)(cur, ctx)
+        _close(interp.run(cur, x)[0], ref)
+
+
+def test_resnet50_structure_fusion_and_tasks():
+    g = load_model("resnet50")
+    assert g.count("conv2d") == 53
+    out = optimize(g, layout="NCHW16c")
+    assert out.count("batch_norm") == 0 and out.count("mul") == 0      # BN folded into conv weights
+    groups = out.meta["fused_groups"]
+    conv_groups = [grp for grp in groups if grp.anchor is not None and out.nodes[grp.anchor].op == "conv2d"]
+    assert len(conv_groups) == 53
+    ops = [tuple(out.nodes[k].op for k in grp.nodes) for grp in conv_groups]
+    # 16 bottlenecks: the last conv of each carries bias, residual add and relu; 4 projection
+    # shortcuts carry only their bias; every other conv carries bias and relu.
+    assert ops.count(("conv2d", "add", "add", "relu")) == 16
+    assert ops.count(("conv2d", "add")) == 4
+    assert ops.count(("conv2d", "add", "relu")) == 33
+    tasks = out.meta["tasks"]
+    convs = [t for t in tasks if t.tunable and t.workload.op == "conv2d"]
+    # 53 convs but only 24 unique (shape, stride, epilogue) workloads: the stem, then per stage the
+    # first block's reduce, 3x3 (strided in stages 2-4), expand+residual, projection, and the later
+    # blocks' reduce and 3x3 (stage 1: the later 3x3 equals the first, leaving 5 + 6 + 6 + 6 + 1)
+    assert len(convs) == 24
+    assert sum(t.weight for t in convs) == 53
+    assert {t.workload.op for t in tasks if t.tunable} == {"conv2d", "maxpool", "globalavgpool", "dense"}
+    assert all(t.workload.layout == "NCHW16c" for t in convs)
+
+
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW16c"])
+def test_resnet50_keeps_two_layout_transforms_and_none_on_weights(layout):
+    out = optimize(load_model("resnet50"), layout=layout)
+    assert data_path_transforms(out) == 2                               # the input's and the output's
+    assert all(not n.inputs[0].is_const for n in out.nodes if n.op == "layout_transform")
+    convs = [n for n in out.nodes if n.op == "conv2d"]
+    assert all(n.attrs["layout"] == layout for n in convs)
+
+
+def test_task_keys_match_the_kernel_side():
+    from tuner.te.workloads import make
+    out = optimize(load_model("resnet50"), layout="NCHW16c")
+    keys = {t.workload.key for t in out.meta["tasks"] if t.tunable}
+    expected = make("conv2d", dict(C=64, H=56, W=56, K=64, R=3, S=3, stride=1, pad=1, bias=1, relu=1), "NCHW16c")
+    assert expected.key in keys
+
+
+def test_mobilenet_relu6_groups_are_flagged_not_tunable():
+    out = optimize(load_model("mobilenet_v2"), layout="NCHW16c")
+    flagged = [t for t in out.meta["tasks"] if not t.tunable and "clip" in t.summary]
+    assert flagged and all("clip is not in the kernel library" in t.reason for t in flagged)
+
+
+def test_cse_dce_and_fold_constant():
+    b = GraphBuilder("g")
+    x = b.input("x", (1, 4, 3, 3), layout="NCHW")
+    c = b.const(np.ones((4, 1, 1), np.float32))
+    folded = b.add("add", [c, c])                      # constant subgraph
+    y1 = b.add("relu", [b.add("add", [x, folded])])
+    y2 = b.add("relu", [b.add("add", [x, folded])])    # the same computation again
+    b.add("sigmoid", [x])                              # dead
+    g = b.finish([b.add("mul", [y1, y2])])
+    out = optimize(g, passes=["FoldConstant", "EliminateCommonSubexpr", "DeadCodeElimination"])
+    assert [n.op for n in out.nodes] == ["add", "relu", "mul"]
+    x0 = np.random.default_rng(0).standard_normal((1, 4, 3, 3)).astype(np.float32)
+    _close(interp.run(out, x0)[0], interp.run(g, x0)[0])
+
+
+def test_pass_context_opt_level_disabled_and_instruments():
+    g = tiny()
+    lines = []
+    timing = PassTiming()
+    out = optimize(g, layout="NHWC", disabled={"ConvertLayout"}, instruments=[PrintIR(lines.append), timing])
+    assert data_path_transforms(out) == 0
+    assert any("// after FuseOps" in line for line in lines)
+    assert [name for name, _ in timing.times][:2] == ["InferType", "SimplifyInference"]
+    low = optimize(g, layout="NHWC", opt_level=2)                     # ConvertLayout is level 3
+    assert data_path_transforms(low) == 0
+    only_fuse = optimize(g, passes=["FuseOps"])                        # InferType is required first
+    assert "fused_groups" in only_fuse.meta
+
+
+def test_verifier_and_shape_errors_name_the_node():
+    b = GraphBuilder("bad")
+    x = b.input("x", (1, 3, 8, 8), layout="NCHW")
+    w = b.const(np.zeros((4, 5, 3, 3), np.float32))
+    with pytest.raises(GraphError, match="conv2d convA: input has 3 channels"):
+        b.add("conv2d", [x, w], {"strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1], "groups": 1},
+              "convA")
+
+
+# ---------------------------------------------------------------- ONNX
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from tuner.graph.onnx_frontend import OnnxImportError, load_onnx, to_onnx  # noqa: E402
+
+
+def _ort(path, x):
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return sess.run(None, {sess.get_inputs()[0].name: x})[0]
+
+
+@pytest.mark.parametrize("name", ["tiny", "resnet18", "mobilenet_v2"])
+def test_exported_models_import_and_match_onnxruntime(tmp_path, name):
+    g = {"tiny": tiny(), "resnet18": resnet(18, image=64), "mobilenet_v2": mobilenet_v2(image=64)}[name]
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(to_onnx(g), path)
+    imported = load_onnx(path)
+    x = np.random.default_rng(2).standard_normal(g.inputs[0].shape).astype(np.float32)
+    ours = interp.run(imported, x)[0]
+    np.testing.assert_allclose(ours, _ort(path, x), rtol=1e-4, atol=1e-5 * max(1, float(np.abs(ours).max())))
+    _close(interp.run(optimize(imported, layout="NCHW16c"), x)[0], ours)
+
+
+def _torch_style_model(path, opset=18, dynamic=False):
+    """What torch.onnx.export writes for a small CNN: Conv with bias, ReduceMean for global pooling,
+    Flatten, Gemm(transB=1), plus Clip/HardSwish/Concat/Pad/AveragePool/Softmax."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3, "c1.w"),
+        numpy_helper.from_array(rng.standard_normal(8).astype(np.float32) * 0.1, "c1.b"),
+        numpy_helper.from_array(rng.standard_normal((8, 1, 3, 3)).astype(np.float32) * 0.3, "dw.w"),
+        numpy_helper.from_array(rng.standard_normal((10, 16)).astype(np.float32) * 0.3, "fc.w"),
+        numpy_helper.from_array(rng.standard_normal(10).astype(np.float32) * 0.1, "fc.b"),
+        numpy_helper.from_array(np.array([0.0], np.float32), "zero"),
+        numpy_helper.from_array(np.array([6.0], np.float32), "six"),
+        numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads"),
+        numpy_helper.from_array(np.array([2, 3], np.int64), "axes"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "c1.w", "c1.b"], ["a"], "conv1", pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Clip", ["a", "zero", "six"], ["b"], "relu6"),
+        helper.make_node("Conv", ["b", "dw.w"], ["c"], "dwconv", group=8, auto_pad="SAME_UPPER"),
+        helper.make_node("HardSwish", ["c"], ["d"], "hswish"),
+        helper.make_node("Concat", ["b", "d"], ["e"], "cat", axis=1),
+        helper.make_node("Pad", ["e", "pads"], ["f"], "pad"),
+        helper.make_node("AveragePool", ["f"], ["g"], "avg", kernel_shape=[3, 3], strides=[1, 1]),
+        helper.make_node("ReduceMean", ["g", "axes"], ["h"], "gap", keepdims=1),
+        helper.make_node("Flatten", ["h"], ["i"], "flat", axis=1),
+        helper.make_node("Gemm", ["i", "fc.w", "fc.b"], ["j"], "fc", transB=1),
+        helper.make_node("Softmax", ["j"], ["y"], "softmax", axis=1),
+    ]
+    batch = "batch" if dynamic else 1
+    graph = helper.make_graph(nodes, "torchish", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 12, 12])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 10])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def test_pytorch_style_onnx_imports_and_matches_onnxruntime(tmp_path):
+    path = _torch_style_model(tmp_path / "torchish.onnx")
+    g = load_onnx(path)
+    assert g.count("global_avg_pool2d") == 1                  # ReduceMean over H, W
+    x = np.random.default_rng(3).standard_normal((1, 3, 12, 12)).astype(np.float32)
+    ours = interp.run(g, x)[0]
+    np.testing.assert_allclose(ours, _ort(path, x), rtol=1e-4, atol=1e-5)
+    for layout in ("NHWC", "NCHW8c"):
+        _close(interp.run(optimize(g, layout=layout), x)[0], ours)
+
+
+def test_dynamic_batch_needs_a_concrete_shape(tmp_path):
+    path = _torch_style_model(tmp_path / "dyn.onnx", dynamic=True)
+    with pytest.raises(OnnxImportError, match=r"dynamic shape \?x3x12x12.*--input-shape x=1x3x12x12"):
+        load_onnx(path)
+    g = load(str(path), {"x": [1, 3, 12, 12]})
+    assert g.inputs[0].shape == (1, 3, 12, 12)
+
+
+def test_unsupported_op_is_named_with_its_node(tmp_path):
+    node = helper.make_node("LSTM", ["x"], ["y"], "my_lstm")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])])
+    path = tmp_path / "lstm.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    with pytest.raises(OnnxImportError, match=r"unsupported operator LSTM \(node 'my_lstm'\); supported: Add"):
+        load_onnx(path)
+
+
+def tuner_cli(*args):
+    return subprocess.run([sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True)
+
+
+def test_bad_files_are_one_line_errors_with_exit_code_2(tmp_path):
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"this is not a protobuf at all \x00\x01\x02")
+    truncated = tmp_path / "trunc.onnx"
+    onnx.save(to_onnx(tiny()), truncated)
+    truncated.write_bytes(truncated.read_bytes()[:300])
+    dyn = _torch_style_model(tmp_path / "dyn.onnx", dynamic=True)
+    mismatch = tmp_path / "mismatch.onnx"
+    m = onnx.load(_torch_style_model(tmp_path / "m.onnx"))
+    m.graph.initializer[3].CopyFrom(numpy_helper.from_array(np.zeros((10, 7), np.float32), "fc.w"))
+    onnx.save(m, mismatch)
+    lstm = tmp_path / "lstm.onnx"
+    graph = helper.make_graph([helper.make_node("LSTM", ["x"], ["y"], "my_lstm")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), lstm)
+    cases = [(junk, "not a readable ONNX model"), (truncated, "not a readable ONNX model"),
+             (dyn, "dynamic shape"), (mismatch, "node 'fc' (Gemm): dense fc: cannot multiply"),
+             (lstm, "unsupported operator LSTM (node 'my_lstm')"), (tmp_path / "missing.onnx", "no such file")]
+    for path, message in cases:
+        out = tuner_cli("inspect", str(path))
+        assert out.returncode == 2, (path, out.stderr)
+        assert message in out.stderr and "Traceback" not in out.stderr, out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_cli_models_inspect_export(tmp_path):
+    out = tuner_cli("models")
+    assert out.returncode == 0 and all(m in out.stdout for m in MODELS)
+    out = tuner_cli("inspect", "resnet50", "--layout", "NCHW16c")
+    assert out.returncode == 0, out.stderr
+    assert "layout transforms on the data path: 2" in out.stdout
+    assert "tasks: 27 unique tunable workloads" in out.stdout   # 24 convs, dense, maxpool, global pooling
+    path = tmp_path / "r18.onnx"
+    out = tuner_cli("export-onnx", "resnet18", "-o", str(path))
+    assert out.returncode == 0 and path.stat().st_size > 1e6
+    out = tuner_cli("inspect", str(path), "--passes", "FoldConstant,SimplifyInference,FuseOps",
+                    "--disable", "EliminateCommonSubexpr", "--timing", "--print-ir")
+    assert out.returncode == 0, out.stderr
+    assert "// after SimplifyInference" in out.stdout and "pass timing" in out.stdout
+    out = tuner_cli("passes")
+    assert out.returncode == 0 and "ConvertLayout" in out.stdout and "FuseOps" in out.stdout

@@ -1,0 +1,26 @@
+"""Graph passes; importing this package registers them all."""
+from . import convert_layout, extract_tasks, fuse_ops, simple, simplify_inference  # noqa: F401
+from .base import REGISTRY, Pass, PassContext, PassTiming, PrintIR, Sequential
+
+DEFAULT_PIPELINE = ("InferType", "SimplifyInference", "FoldConstant", "EliminateCommonSubexpr",
+                    "DeadCodeElimination", "ConvertLayout", "FoldConstant", "EliminateCommonSubexpr",
+                    "DeadCodeElimination", "FuseOps", "ExtractTasks")
+
+
+def get(name: str) -> Pass:
+    if name not in REGISTRY:
+        raise KeyError(f"unknown pass {name!r}; passes are {', '.join(sorted(REGISTRY))}")
+    return REGISTRY[name]
+
+
+def optimize(graph, layout: str | None = None, passes=None, disabled=(), opt_level: int = 3, instruments=()):
+    """Run `passes` (default: the standard pipeline) under a PassContext."""
+    names = list(passes) if passes else list(DEFAULT_PIPELINE)
+    seq = Sequential([get(n) for n in names])
+    ctx = PassContext(opt_level, set(disabled), list(instruments), {"layout": layout} if layout else {})
+    with ctx:
+        return seq(graph, ctx)
+
+
+__all__ = ["REGISTRY", "Pass", "PassContext", "PassTiming", "PrintIR", "Sequential", "optimize", "get",
+           "DEFAULT_PIPELINE"]

@@ -1,0 +1,158 @@
+"""ConvertLayout: run anchor operators in a desired layout with as few transforms as possible.
+
+Every activation value carries the layout its data is in. Walking the graph in order:
+  * conv2d takes the desired layout (NHWC, NCHW8c, NCHW16c); its input is transformed if needed
+    and its constant weight is re-laid out now, at compile time (no transform left on weights);
+  * layout-agnostic ops carry their input's layout through: elementwise ops, broadcast ops (whose
+    constant operands are re-laid to match), pooling, batch_norm, concat on the channel axis;
+  * every other op (flatten, reshape, transpose, pad, softmax, mean, dense) and the graph outputs
+    get NCHW back.
+A transform of a value that is itself a transform back from the wanted layout is cancelled (the
+inverse pair disappears), and transforming the same value twice reuses the first transform.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...te import layouts as L
+from ..ir import Graph, GraphBuilder
+from ..ops import BINARY, UNARY, kernel_layout, nchw_dims
+from .base import register
+
+AGNOSTIC_POOLS = ("max_pool2d", "avg_pool2d", "global_avg_pool2d", "batch_norm")
+
+
+class _Converter:
+    def __init__(self, b: GraphBuilder, desired: str):
+        self.b = b
+        self.desired = desired
+        self.memo: dict = {}
+
+    def to(self, x, dst: str):
+        """`x` in layout `dst` (x must be a 4-D activation or constant)."""
+        if not x.layout or x.layout == dst:
+            return x
+        key = (id(x), dst)
+        if key in self.memo:
+            return self.memo[key]
+        p = x.producer
+        if p is not None and p.op == "layout_transform" and p.attrs["src"] == dst:
+            out = p.inputs[0]                                   # inverse pair: cancel
+        else:
+            src = p.inputs[0] if p is not None and p.op == "layout_transform" else x   # A->B->C is A->C
+            src_layout = src.layout
+            out = self.b.add("layout_transform", [src], {"src": src_layout, "dst": dst}, f"{x.name}_{dst}") \
+                if src_layout != dst else src
+        self.memo[key] = out
+        return out
+
+    def const_like(self, c, act):
+        """Constant operand `c` of a broadcast against activation `act` (now in act.layout)."""
+        lay = act.layout
+        if not lay or lay == "NCHW" or len(act.shape) < 4:
+            return c
+        data = c.data
+        if data.ndim > 4:
+            return c
+        full = data.reshape((1,) * (4 - data.ndim) + data.shape)
+        if lay == "NHWC":
+            return self.b.const(np.ascontiguousarray(full.transpose(0, 2, 3, 1)), f"{c.name}_{lay}")
+        n, ch, h, w = full.shape
+        blk = act.shape[4]
+        if ch == 1:
+            return self.b.const(full.reshape(n, 1, h, w, 1), f"{c.name}_{lay}")
+        if ch % blk:
+            return None
+        return self.b.const(np.ascontiguousarray(full.reshape(n, ch // blk, blk, h, w).transpose(0, 1, 3, 4, 2)),
+                            f"{c.name}_{lay}")
+
+
+def _conv_weight(b, w, lay: str, groups: int, channels: int):
+    if lay == "NCHW":
+        return w
+    data = w.data
+    if lay == "NHWC":
+        return b.const(L.conv_weight_from_oihw(data, lay), f"{w.name}_HWIO")
+    k = data.shape[0]
+    blk = L.block_of(lay)
+    ob = L.fit_block(k, blk)
+    ib = 1 if groups > 1 else L.fit_block(channels, blk)
+    return b.const(L.conv_weight_from_oihw(data, lay, ib, ob), f"{w.name}_OIHW{ib}i{ob}o")
+
+
+def convert(graph: Graph, desired: str) -> Graph:
+    L.check_activation_layout(desired)
+    b = GraphBuilder(graph.name)
+    cv = _Converter(b, desired)
+    mapping: dict = {}
+    for v in graph.inputs:
+        mapping[id(v)] = b.input(v.name, v.shape, v.dtype, v.layout or ("NCHW" if len(v.shape) == 4 else ""))
+    for n in graph.nodes:
+        ins = [mapping.get(id(v), v) for v in n.inputs]
+        attrs = dict(n.attrs)
+        acts = [v for v in ins if not v.is_const and v.layout]
+        if n.op == "conv2d" and ins[1].is_const and len(ins) == 2 and _blockable(n, desired):
+            x = cv.to(ins[0], desired)
+            c = nchw_dims(ins[0].shape, ins[0].layout or "NCHW")[1]
+            w = _conv_weight(b, ins[1], desired, attrs["groups"], c)
+            attrs.update(layout=desired, kernel_layout=kernel_layout(desired))
+            out = b.add("conv2d", [x, w], attrs, n.name)
+        elif n.op in UNARY:
+            out = b.add(n.op, ins, attrs, n.name)
+        elif n.op in BINARY and acts and len(n.output.shape) == 4:
+            # follow the operand that has the full output shape; constants are re-laid to match
+            ref = next((v for v in acts if tuple(nchw_dims(v.shape, v.layout)) == tuple(n.output.shape)), acts[0])
+            new_ins = [cv.const_like(v, ref) if v.is_const else cv.to(v, ref.layout) for v in ins]
+            if any(v is None for v in new_ins):   # a constant that cannot follow: compute in NCHW
+                new_ins = [v if v.is_const else cv.to(v, "NCHW") for v in ins]
+            out = b.add(n.op, new_ins, attrs, n.name)
+        elif n.op in AGNOSTIC_POOLS and acts:
+            attrs["layout"] = ins[0].layout
+            out = b.add(n.op, ins, attrs, n.name)
+        elif n.op == "concat" and acts and len(acts) == len(ins) and attrs["axis"] == 1 and _same_block(acts):
+            lay = acts[0].layout
+            vals = [cv.to(v, lay) for v in ins]
+            attrs["axis"] = 3 if lay == "NHWC" else 1
+            out = b.add("concat", vals, attrs, n.name)
+        else:
+            # layout-sensitive or unknown: give it NCHW, as the original graph had
+            vals = [cv.to(v, "NCHW") if (v.layout and len(v.shape) >= 4 and not v.is_const) else v for v in ins]
+            if n.op in ("conv2d",) + AGNOSTIC_POOLS:
+                attrs["layout"] = "NCHW"
+            out = b.add(n.op, vals, attrs, n.name)
+        mapping[id(n.output)] = out
+    outputs = [cv.to(mapping.get(id(v), v), "NCHW") if mapping.get(id(v), v).layout else mapping.get(id(v), v)
+               for v in graph.outputs]
+    return b.finish(outputs, graph.meta)
+
+
+def _blockable(n, desired: str) -> bool:
+    """Blocked layouts support groups == 1 or depthwise convs; others stay in NCHW."""
+    if not L.block_of(desired) or n.attrs["groups"] == 1:
+        return True
+    x = n.inputs[0]
+    c = nchw_dims(x.shape, x.layout or "NCHW")[1]
+    k = n.inputs[1].shape[0]          # weights are OIHW before conversion
+    return n.attrs["groups"] == c == k
+
+
+def _same_block(acts) -> bool:
+    lays = {v.layout for v in acts}
+    if len(lays) != 1:
+        return False
+    lay = acts[0].layout
+    return not L.block_of(lay) or len({v.shape[4] for v in acts}) == 1
+
+
+def data_path_transforms(graph: Graph) -> int:
+    """Layout transforms left on activations (transforms of constants are folded away)."""
+    return sum(1 for n in graph.nodes if n.op == "layout_transform" and not n.inputs[0].is_const)
+
+
+@register("ConvertLayout", 3, required=("InferType",))
+def convert_layout(graph: Graph, ctx) -> Graph:
+    """Run convolutions in ctx.options['layout'], carry it through agnostic ops, cancel inverse pairs."""
+    desired = ctx.options.get("layout")
+    if not desired or desired == "NCHW":
+        return graph
+    return convert(graph, desired)

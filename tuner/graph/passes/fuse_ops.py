@@ -1,0 +1,218 @@
+"""FuseOps: operator fusion by post-dominator tree, as TVM's FuseOps.
+
+Each node gets the post-dominator of its outputs (the least common ancestor of its consumers in
+the post-dominator tree) and the combined pattern of the edges on the way there. Three phases:
+  0: an out-elemwise-fusable op (conv2d, dense, pool) takes its post-dominator when the path
+     to it is elemwise and every op on it is at most broadcast (the epilogue: bias, residual, relu);
+  1: elemwise/broadcast ops fuse into an injective or reducing post-dominator; injective ops fuse
+     along all-injective paths;
+  2: injective ops fuse into intermediate tuples (none in this IR, kept for the shape of the algorithm).
+A group never grows past `max_depth` nodes. The graph itself is unchanged; the groups are
+recorded in graph.meta["fused_groups"] as lists of node indices.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..ir import Graph
+from ..ops import BROADCAST, ELEMWISE, INJECTIVE, COMM_REDUCE, OPAQUE, OUT_EWISE_FUSABLE, PATTERN
+from .base import register
+
+MAX_FUSE_DEPTH = 256
+
+
+@dataclass
+class _TreeNode:
+    parent: "_TreeNode | None"
+    depth: int
+    pattern: int
+    index: int
+
+
+@dataclass
+class _Group:
+    pattern: int
+    parent: "_Group | None" = None
+    num_nodes: int = 1
+    anchor: int | None = None
+
+    def root(self) -> "_Group":
+        g = self
+        while g.parent is not None:
+            g = g.parent
+        # path compression
+        h = self
+        while h.parent is not None and h.parent is not g:
+            h.parent, h = g, h.parent
+        return g
+
+
+@dataclass
+class FusedGroup:
+    nodes: list                 # node indices, in topological order
+    anchor: int | None          # the out-elemwise-fusable / reducing node, if any
+    pattern: int
+    extra: dict = field(default_factory=dict)
+
+
+def _edges(graph: Graph):
+    index = {id(n.output): k for k, n in enumerate(graph.nodes)}
+    outs = [[] for _ in graph.nodes]
+    for k, n in enumerate(graph.nodes):
+        pat = PATTERN.get(n.op, OPAQUE)
+        for v in n.inputs:
+            src = index.get(id(v))
+            if src is None:
+                continue
+            edge = pat
+            if pat == BROADCAST and tuple(v.shape) == tuple(n.output.shape):
+                edge = ELEMWISE
+            outs[src].append((k, edge))
+    extern = {index[id(v)] for v in graph.outputs if id(v) in index}
+    return outs, extern
+
+
+def _lca(a: _TreeNode, b: _TreeNode, pattern: list):
+    while a is not b:
+        if a is None or b is None:
+            return None
+        if a.depth < b.depth:
+            pattern[0] = max(pattern[0], b.pattern)
+            b = b.parent
+        elif b.depth < a.depth:
+            pattern[0] = max(pattern[0], a.pattern)
+            a = a.parent
+        else:
+            pattern[0] = max(pattern[0], a.pattern, b.pattern)
+            a, b = a.parent, b.parent
+    return a
+
+
+def post_dominator_tree(graph: Graph, outs, extern) -> list:
+    tree: list = [None] * len(graph.nodes)
+    for k in range(len(graph.nodes) - 1, -1, -1):
+        if k in extern or not outs[k]:
+            tree[k] = _TreeNode(None, 1, OPAQUE, k)
+            continue
+        pattern = [ELEMWISE]
+        parent = None
+        for j, (consumer, edge) in enumerate(outs[k]):
+            node = tree[consumer]
+            parent = node if j == 0 else _lca(parent, node, pattern)
+            pattern[0] = max(pattern[0], edge)
+        tree[k] = _TreeNode(parent, parent.depth + 1 if parent else 1, pattern[0], k)
+    return tree
+
+
+def fuse(graph: Graph, max_depth: int = MAX_FUSE_DEPTH) -> list:
+    """The fused groups of `graph`."""
+    outs, extern = _edges(graph)
+    tree = post_dominator_tree(graph, outs, extern)
+    groups = []
+    for k, n in enumerate(graph.nodes):
+        pat = PATTERN.get(n.op, OPAQUE)
+        groups.append(_Group(pat, anchor=k if pat == OUT_EWISE_FUSABLE else None))
+
+    def check_path(src: int, sink: int, fcond) -> bool:
+        visited: set = set()
+
+        def walk(k: int) -> bool:
+            if k in visited:
+                return True
+            visited.add(k)
+            if not fcond(groups[k].root().pattern, k == sink):
+                return False
+            if k == sink:
+                return True
+            return all(walk(c) for c, _ in outs[k])
+        return all(walk(c) for c, _ in outs[src])
+
+    def count_with(src: int, sink: int) -> int:
+        """Size of the group that fusing src..sink would make."""
+        visited: set = set()
+
+        def walk(k: int):
+            if k in visited:
+                return
+            visited.add(k)
+            if k != sink:
+                for c, _ in outs[k]:
+                    walk(c)
+        walk(src)
+        return sum(g.num_nodes for g in {id(groups[k].root()): groups[k].root() for k in visited}.values())
+
+    def merge(child: _Group, parent: _Group):
+        child, parent = child.root(), parent.root()
+        if child is parent:
+            return
+        parent.num_nodes += child.num_nodes
+        child.parent = parent
+        if child.anchor is not None:
+            parent.anchor = child.anchor
+            parent.pattern = max(parent.pattern, child.pattern)
+
+    def commit(src: int, sink: int):
+        target = groups[sink]
+        visited: set = set()
+
+        def walk(k: int):
+            if k in visited:
+                return
+            visited.add(k)
+            merge(groups[k], target)
+            if k != sink:
+                for c, _ in outs[k]:
+                    walk(c)
+        walk(src)
+
+    for phase in range(3):
+        for k in range(len(graph.nodes)):
+            own = groups[k].pattern          # this node's own group, as in TVM (not its root's)
+            if own == OPAQUE:
+                continue
+            dom = tree[k]
+            if dom.parent is None:
+                continue
+            sink = dom.parent.index
+            if phase == 2:
+                continue  # no tuples in this IR: nothing to fuse into intermediate tuples
+            if groups[sink].root() is groups[k].root():
+                continue
+            if count_with(k, sink) > max_depth:
+                continue
+            if own == OUT_EWISE_FUSABLE:
+                if phase != 0:
+                    continue
+                if dom.pattern == ELEMWISE and check_path(k, sink, lambda p, is_sink: p <= BROADCAST):
+                    commit(k, sink)
+            elif own <= BROADCAST:
+                if dom.pattern <= INJECTIVE or dom.pattern == COMM_REDUCE:
+                    def cond(p, is_sink):
+                        if not is_sink:
+                            return p <= INJECTIVE
+                        return p <= BROADCAST or p in (COMM_REDUCE, INJECTIVE, OUT_EWISE_FUSABLE)
+                    if check_path(k, sink, cond):
+                        commit(k, sink)
+            elif own == INJECTIVE:
+                if phase != 1:
+                    continue
+                if check_path(k, sink, lambda p, is_sink: p <= INJECTIVE):
+                    commit(k, sink)
+    by_root: dict = {}
+    for k in range(len(graph.nodes)):
+        by_root.setdefault(id(groups[k].root()), []).append(k)
+    result = []
+    for members in by_root.values():
+        root = groups[members[0]].root()
+        result.append(FusedGroup(sorted(members), root.anchor, root.pattern))
+    result.sort(key=lambda fg: fg.nodes[0])
+    return result
+
+
+@register("FuseOps", 0, required=("InferType",))
+def fuse_ops(graph: Graph, ctx) -> Graph:
+    """Group operators into fused primitive subgraphs by the post-dominator tree."""
+    depth = int(ctx.options.get("max_fuse_depth", MAX_FUSE_DEPTH))
+    out = Graph(graph.inputs, graph.outputs, graph.nodes, graph.name, dict(graph.meta))
+    out.meta["fused_groups"] = fuse(graph, depth)
+    return out

@@ -1,0 +1,140 @@
+"""SimplifyInference: BatchNorm becomes a per-channel scale and shift, folded into the producer.
+
+    batch_norm(x)                 -> x * a + c                    (a = gamma/sqrt(var+eps), c = beta - mean*a)
+    mul(conv2d(x, W), a)          -> conv2d(x, W * a)             (a per output channel, or a scalar)
+    mul(add(y, c), a)             -> add(mul(y, a), c * a)
+    add(add(y, c1), c2)           -> add(y, c1 + c2)
+and the same for dense. What remains after a conv is one bias add per conv.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir import Graph, rebuild
+from ..ops import nchw_dims
+from .base import register
+
+
+def _channel_shape(x, channels: int):
+    """Shape that broadcasts a per-channel vector against activation x (in x's layout)."""
+    lay = x.layout or "NCHW"
+    if len(x.shape) == 2:
+        return (channels,)
+    if lay == "NCHW":
+        return (channels, 1, 1)
+    if lay == "NHWC":
+        return (channels,)
+    b = x.shape[4]
+    return (channels // b, 1, 1, b)
+
+
+def _per_channel(const, out):
+    """The constant as a vector over out's channels, or None if it is not per-channel/scalar."""
+    data = const.data.astype(np.float64)
+    if data.size == 1:
+        return np.full(_channels(out), float(data.reshape(-1)[0]))
+    ch = _channels(out)
+    target = _channel_shape(out, ch)
+    full = [1] * (len(out.shape) - len(data.shape)) + list(data.shape)
+    if data.size == ch and tuple(full[len(out.shape) - len(target):]) == tuple(target):
+        return data.reshape(-1)
+    if data.size == ch and len(out.shape) == 4 and (out.layout or "NCHW") == "NCHW" and tuple(full) == (1, ch, 1, 1):
+        return data.reshape(-1)
+    return None
+
+
+def _channels(v) -> int:
+    if len(v.shape) == 2:
+        return v.shape[1]
+    return nchw_dims(v.shape, v.layout or "NCHW")[1]
+
+
+def _scale_weight(node, w, a):
+    if node.op == "dense":
+        return w * a[:, None]
+    lay = node.attrs.get("layout", "NCHW")
+    if lay == "NCHW":
+        return w * a[:, None, None, None]
+    if lay == "NHWC":
+        return w * a[None, None, None, :]
+    oc, _, _, _, _, ob = w.shape
+    return w * a.reshape(oc, 1, 1, 1, 1, ob)
+
+
+@register("SimplifyInference", 0)
+def simplify_inference(graph: Graph, ctx) -> Graph:
+    """Fold BatchNorm and constant scales into conv/dense weights and biases."""
+    uses = {}
+    for n in graph.nodes:
+        for v in n.inputs:
+            uses[id(v)] = uses.get(id(v), 0) + 1
+    for v in graph.outputs:
+        uses[id(v)] = uses.get(id(v), 0) + 1
+    new_uses: dict = {}   # uses of the rebuilt values, carried over from the values they replace
+
+    def single_use(v):
+        # values made by this pass itself are used once, by the node being built from them
+        return new_uses.get(id(v), 1) == 1
+
+    def emit(b, op, ins, name):
+        """Build `op(ins)`, simplified by the rules below when one applies."""
+        return rule(b, op, ins, name) or b.add(op, ins, {}, name)
+
+    def rule(b, op, ins, name):
+        if op == "mul" and len(ins) == 2:
+            y, k = (ins[0], ins[1]) if ins[1].is_const else (ins[1], ins[0])
+            if not k.is_const or y.is_const or y.producer is None or not single_use(y):
+                return None
+            p = y.producer
+            a = _per_channel(k, y)
+            if a is None or k.data.ndim > len(y.shape):
+                return None
+            if p.op in ("conv2d", "dense") and p.inputs[1].is_const:
+                w = b.const(_scale_weight(p, p.inputs[1].data.astype(np.float64), a).astype(np.float32), "w_scaled")
+                return b.add(p.op, [p.inputs[0], w] + p.inputs[2:], p.attrs, p.name)
+            if p.op == "add":
+                inner, c = _split_const(p.inputs)
+                cv = _per_channel(c, y) if c is not None else None
+                if cv is not None and not inner.is_const:
+                    scaled = emit(b, "mul", [inner, k], name)
+                    return emit(b, "add", [scaled, _bias_const(b, cv * a, y)], name + "_bias")
+            return None
+        if op == "add" and len(ins) == 2:
+            y, c2 = _split_const(ins)
+            if c2 is None or y.is_const or y.producer is None or y.producer.op != "add" or not single_use(y):
+                return None
+            inner, c1 = _split_const(y.producer.inputs)
+            if c1 is None or inner.is_const:
+                return None
+            v1, v2 = _per_channel(c1, y), _per_channel(c2, y)
+            if v1 is None or v2 is None:
+                return None
+            return b.add("add", [inner, _bias_const(b, v1 + v2, y)], {}, name)
+        return None
+
+    def rw(b, n, ins):
+        for old, new in zip(n.inputs, ins):
+            new_uses[id(new)] = uses.get(id(old), 0)
+        if n.op == "batch_norm":
+            x = ins[0]
+            scale, bias, mean, var = (v.data.astype(np.float64) for v in ins[1:5])
+            a = scale / np.sqrt(var + n.attrs["epsilon"])
+            y = emit(b, "mul", [x, _bias_const(b, a, x, "bn_scale")], n.name + "_scale")
+            return emit(b, "add", [y, _bias_const(b, bias - mean * a, x, "bn_shift")], n.name + "_shift")
+        return rule(b, n.op, ins, n.name)
+
+    from .simple import dead_code_elimination
+    return dead_code_elimination(rebuild(graph, rw), ctx)
+
+
+def _split_const(ins):
+    """(non-constant operand, constant operand) of a binary node, or (x, None)."""
+    if ins[1].is_const:
+        return ins[0], ins[1]
+    if ins[0].is_const:
+        return ins[1], ins[0]
+    return ins[0], None
+
+
+def _bias_const(b, vec, like, name="bias"):
+    return b.const(np.asarray(vec, dtype=np.float32).reshape(_channel_shape(like, len(vec))), name)
