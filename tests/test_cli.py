@@ -63,7 +63,7 @@ def test_ctrl_c_keeps_the_log_intact_and_the_same_command_resumes(tmp_path):
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
+    assert proc.returncode == 130, (out, err)
     assert "run the same command again to resume" in out
     lines = log.read_text().splitlines()
     recs = [json.loads(line) for line in lines]          # every line is a whole record

@@ -263,3 +263,38 @@ def test_cli_models_inspect_export(tmp_path):
     assert "// after SimplifyInference" in out.stdout and "pass timing" in out.stdout
     out = tuner_cli("passes")
     assert out.returncode == 0 and "ConvertLayout" in out.stdout and "FuseOps" in out.stdout
+
+
+@pytest.mark.parametrize("dynamo", [False, True])
+def test_files_written_by_torch_onnx_export_import(tmp_path, dynamo):
+    torch = pytest.importorskip("torch", reason="torch is an optional benchmark dependency")
+    if dynamo:
+        pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript")
+    nn = torch.nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.b1 = nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16)
+            self.c2, self.b2 = nn.Conv2d(16, 16, 3, 1, 1, groups=16, bias=False), nn.BatchNorm2d(16)
+            self.c3, self.pool, self.fc = nn.Conv2d(16, 16, 1), nn.MaxPool2d(3, 2, 1), nn.Linear(16, 10)
+
+        def forward(self, x):
+            x = nn.functional.relu6(self.b1(self.c1(x)))
+            y = nn.functional.hardswish(self.b2(self.c2(x)))
+            x = self.pool(torch.relu(self.c3(y) + x))
+            return self.fc(nn.functional.adaptive_avg_pool2d(x, 1).flatten(1))
+
+    torch.manual_seed(0)
+    m = Net().eval()
+    for bn in (m.b1, m.b2):
+        bn.running_mean.uniform_(-0.1, 0.1)
+        bn.running_var.uniform_(0.5, 1.5)
+    x = torch.randn(1, 3, 32, 32)
+    path = tmp_path / "torch.onnx"
+    torch.onnx.export(m, (x,), str(path), opset_version=18, dynamo=dynamo)
+    g = load_onnx(path)
+    ours = interp.run(g, x.numpy())[0]
+    np.testing.assert_allclose(ours, m(x).detach().numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(ours, _ort(path, x.numpy()), rtol=1e-4, atol=1e-5)
+    _close(interp.run(optimize(g, layout="NCHW16c"), x.numpy())[0], ours)

@@ -99,3 +99,11 @@ def test_a_process_that_loaded_an_openmp_kernel_exits_cleanly():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert float(out.stdout) < 1e-3
+
+
+def test_time_limit_stops_the_tune_early(tmp_path):
+    log = tmp_path / "limited.jsonl"
+    s = tune_op(SMALL, target=TARGET1, trials=10_000, log=str(log), run_config=FAST, progress=False,
+                batch_size=2, time_limit=1.0)
+    assert 0 < s.trials < 10_000 and s.seconds < 30
+    assert len(records.load(log).records) == s.trials

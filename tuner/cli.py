@@ -29,24 +29,53 @@ def _cmd_workloads(args) -> int:
     return 0
 
 
+def split_workloads(text: str) -> list:
+    """'a,b,conv2d:C=8,H=4,...,c' -> names and specs (a key=value item continues the spec before it)."""
+    out: list = []
+    for tok in (t.strip() for t in text.split(",")):
+        if not tok:
+            continue
+        if out and "=" in tok and ":" not in tok and ":" in out[-1]:
+            out[-1] += "," + tok
+        else:
+            out.append(tok)
+    return out
+
+
 def _cmd_tune(args) -> int:
     from .measure.runner import RunConfig
     from .te.workloads import resolve
-    from .tuning import tune_op
-    wl = resolve(args.workload, args.layout)
+    from .tuning import tune
+    names = split_workloads(args.workloads or "")
+    if args.workload:
+        names.insert(0, args.workload)
+    if not names:
+        raise WorkloadError("give --workload NAME|SPEC or --workloads A,B,C (see `tuner workloads`)")
+    wls = [resolve(n, args.layout) for n in names]
+    for path in args.cost_model_from or ():
+        if not Path(path).exists():
+            raise FileNotFoundError(f"no log at {path} (from --cost-model-from)")
+    if args.replay and not Path(args.replay).exists():
+        raise FileNotFoundError(f"no log at {args.replay} (from --replay)")
     cfg = RunConfig(timeout=args.timeout, repeat=args.repeat, min_repeat_ms=args.min_repeat_ms)
-    s = tune_op(wl, target=args.target, threads=args.threads, trials=args.trials, log=args.log,
-                time_limit=args.time_limit, policy=args.search, seed=args.seed, batch_size=args.batch_size,
-                run_config=cfg, progress=not args.no_progress)
-    fails = ", ".join(f"{k} {v}" for k, v in sorted(s.errors.items()) if k != "OK") or "none"
-    print(f"{wl.label} on '{s.target}': {s.trials} trials in the log ({s.new} new in {s.seconds:.1f} s, "
-          f"{s.candidates_per_minute:.0f} candidates/min); failures: {fails}")
-    if s.best:
-        print(f"best: {s.best_latency * 1e3:.4f} ms = {s.best_gflops:.1f} GFLOPS")
-    else:
-        print("best: no valid candidate yet")
-    print(f"log: {s.log}")
-    if s.interrupted:
+    session = tune(wls, target=args.target, threads=args.threads, trials=args.trials, log=args.log,
+                   time_limit=args.time_limit, policy=args.search, seed=args.seed, batch_size=args.batch_size,
+                   run_config=cfg, progress=not args.no_progress, replay=args.replay,
+                   cost_model_from=args.cost_model_from, scheduler=args.scheduler,
+                   early_stopping=args.early_stopping)
+    for s in session.tasks:
+        fails = ", ".join(f"{k} {v}" for k, v in sorted(s.errors.items()) if k != "OK") or "none"
+        best = f"best {s.best_latency * 1e3:.4f} ms = {s.best_gflops:.1f} GFLOPS" if s.best else "no valid candidate"
+        print(f"{s.workload.label} on '{s.target}': {s.trials} trials in the log ({s.new} new); {best}; "
+              f"failures: {fails}" + (f"; retired: {s.retired}" if s.retired else ""))
+        if s.all_failed:
+            kind, msg = next(iter(s.first_error.items()))
+            print(f"  every candidate failed; first {kind}: {msg.strip().splitlines()[0][:200] if msg.strip() else ''}")
+    rate = 60.0 * session.new / session.seconds if session.seconds else 0.0
+    print(f"{session.new} new measurements in {session.seconds:.1f} s ({rate:.0f} candidates/min; "
+          f"search overhead {100 * session.search_overhead:.1f}%)")
+    print(f"log: {session.log}")
+    if session.interrupted:
         print("interrupted: every finished measurement is in the log; run the same command again to resume")
         return 130
     return 0
@@ -187,14 +216,22 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("workloads", help="list the built-in workloads with their FLOPs").set_defaults(fn=_cmd_workloads)
 
     t = sub.add_parser("tune", help="search schedules for a workload and log every measurement")
-    t.add_argument("--workload", required=True, help="built-in name (see `tuner workloads`) or a spec")
+    t.add_argument("--workload", help="built-in name (see `tuner workloads`) or a spec")
+    t.add_argument("--workloads", help="comma-separated workloads tuned together under one --trials budget")
     t.add_argument("--layout", help="NCHW, NHWC, NCHW8c, NCHW16c for conv (default NCHW16c); OI or OI16o for dense")
     t.add_argument("--target", default="cpu", help="'cpu' (this host) or e.g. 'cpu -isa=avx2 -threads=1'")
     t.add_argument("--threads", type=int, help="kernel threads (default: all cores); part of the target")
-    t.add_argument("--trials", type=int, default=64, help="total measurements for this workload in the log")
+    t.add_argument("--trials", type=int, default=64, help="total measurements (of all the workloads) in the log")
     t.add_argument("--time-limit", type=float, help="stop after this many seconds")
     t.add_argument("--log", help="JSONL log to append to and resume from (default logs/<workload>.<layout>.jsonl)")
-    t.add_argument("--search", default="random", help="search policy (random)")
+    t.add_argument("--search", default="evolutionary",
+                   help="evolutionary (cost-model guided), random, optuna:tpe, optuna:cmaes or optuna:random")
+    t.add_argument("--cost-model-from", action="append", metavar="LOG",
+                   help="train the cost model on this earlier log first (transfer); repeatable")
+    t.add_argument("--replay", metavar="LOG", help="no hardware: take costs from this log (search experiments)")
+    t.add_argument("--scheduler", default="gradient", choices=["gradient", "round-robin"],
+                   help="how rounds are shared between workloads")
+    t.add_argument("--early-stopping", type=int, help="retire a workload after this many rounds without improvement")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--batch-size", type=int, default=32, help="candidates built per round")
     t.add_argument("--timeout", type=float, default=10.0, help="seconds a candidate may run before it is killed")
@@ -254,14 +291,29 @@ def main(argv=None) -> int:
         print("error: --threads must be at least 1", file=sys.stderr)
         return 2
     try:
-        return args.fn(args)
+        rc = args.fn(args)
+        if rc == 130:
+            _exit_interrupted()
+        return rc
     except USER_ERRORS as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"error: {msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        _exit_interrupted()
+
+
+def _exit_interrupted():
+    """Exit 130 now that everything is flushed and closed.
+
+    Skips interpreter finalisation: a SIGINT that landed in xgboost's native training threads can
+    otherwise still kill the process there (exit -2) after the tuner has handled it.
+    """
+    import os
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(130)
 
 
 if __name__ == "__main__":

@@ -32,8 +32,9 @@ class LogContents:
         return [r for r in self.records if r["workload"]["key"] == key and r["target"] == target]
 
 
-def make_record(workload, target, steps, result, code_hash: str, policy: str, seed: int) -> dict:
-    return {
+def make_record(workload, target, steps, result, code_hash: str, policy: str, seed: int,
+                decisions: dict | None = None, replayed_from: str | None = None) -> dict:
+    rec = {
         "format": FORMAT,
         "tool": f"tuner {__version__}",
         "workload": workload.to_json(),
@@ -49,6 +50,11 @@ def make_record(workload, target, steps, result, code_hash: str, policy: str, se
         "policy": policy,
         "seed": seed,
     }
+    if decisions is not None:
+        rec["decisions"] = decisions
+    if replayed_from is not None:
+        rec["replayed_from"] = replayed_from   # costs copied from that log, not measured now
+    return rec
 
 
 def append(path: str | os.PathLike, records: list) -> None:

@@ -20,6 +20,7 @@ class Candidate:
     func_name: str
     openmp: bool
     code_hash: str
+    decisions: dict | None = None   # the point in the search space the steps came from, if known
 
 
 def code_hash(source: str, func_name: str) -> str:
@@ -39,17 +40,20 @@ class Task:
     def name(self) -> str:
         return self.workload.name or self.workload.spec
 
-    def candidate(self, steps: list, func_name: str | None = None) -> Candidate:
+    def candidate(self, steps: list, func_name: str | None = None, decisions: dict | None = None) -> Candidate:
         """Replay `steps`, lower and generate C. Raises ScheduleError on an illegal schedule."""
         if func_name is None:
             self._counter += 1
             func_name = f"k{self._counter}"
         sch = self.space.schedule(steps)
         src, omp = generate_c(lower(sch, func_name), self.target.lanes, self.target.threads)
-        return Candidate(steps, src, func_name, omp, code_hash(src, func_name))
+        return Candidate(steps, src, func_name, omp, code_hash(src, func_name), decisions)
+
+    def from_decisions(self, decisions: dict) -> Candidate:
+        return self.candidate(self.space.steps(decisions), decisions=decisions)
 
     def default_candidate(self) -> Candidate:
-        return self.candidate(self.space.steps(self.space.default()))
+        return self.from_decisions(self.space.default())
 
     @cached_property
     def data(self) -> tuple:

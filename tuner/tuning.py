@@ -1,6 +1,14 @@
-"""The tuning loop of one operator: propose, build, check, time, record; resumable."""
+"""Tuning sessions: propose, build, check, time, record, for one or many tasks; resumable.
+
+A session tunes a set of workloads (identical ones merged, weights summed) under one global
+trial budget. Each round the task scheduler picks a task, its search policy proposes a batch, the
+batch is built (one compiler call per core) and measured (or, in replay mode, looked up in a
+log), and every result is appended to the log as it arrives. What the log already holds counts
+against the budget and is never measured again; Ctrl-C stops with every finished record on disk.
+"""
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -9,9 +17,11 @@ from tqdm import tqdm
 
 from . import records
 from .measure.builder import build_batch
+from .measure.replay import ReplayRunner
 from .measure.result import COMPILE_ERROR, OK, MeasureResult
 from .measure.runner import RunConfig, Runner
 from .search import make_policy
+from .search.scheduler import SCHEDULERS, TaskProgress
 from .target import Target, parse_target
 from .task import Candidate, Task
 from .te.workloads import Workload, resolve
@@ -19,16 +29,20 @@ from .te.workloads import Workload, resolve
 
 @dataclass
 class TuneSummary:
+    """One task of a session."""
     workload: Workload
     target: Target
     log: str
+    weight: float = 1.0
     trials: int = 0              # records of this task in the log, old and new
-    new: int = 0                 # measured in this call
+    new: int = 0                 # measured in this session
     errors: dict = field(default_factory=dict)
+    first_error: dict = field(default_factory=dict)
     best: dict | None = None
     seconds: float = 0.0
     interrupted: bool = False
     skipped_lines: int = 0
+    retired: str = ""
 
     @property
     def best_latency(self) -> float:
@@ -42,75 +56,186 @@ class TuneSummary:
     def candidates_per_minute(self) -> float:
         return 60.0 * self.new / self.seconds if self.seconds else 0.0
 
+    @property
+    def all_failed(self) -> bool:
+        return self.trials > 0 and self.errors.get(OK, 0) == 0
+
+
+@dataclass
+class Session:
+    tasks: list
+    log: str
+    seconds: float = 0.0
+    build_s: float = 0.0
+    run_s: float = 0.0
+    search_s: float = 0.0        # proposing: sampling, features, training, prediction
+    interrupted: bool = False
+
+    @property
+    def trials(self) -> int:
+        return sum(t.trials for t in self.tasks)
+
+    @property
+    def new(self) -> int:
+        return sum(t.new for t in self.tasks)
+
+    @property
+    def search_overhead(self) -> float:
+        return self.search_s / self.seconds if self.seconds else 0.0
+
 
 def default_log(workload: Workload) -> str:
     return str(Path("logs") / f"{(workload.name or workload.op).replace('/', '_')}.{workload.layout}.jsonl")
 
 
-def tune_op(workload: str | Workload, layout: str | None = None, target: str | Target = "cpu", trials: int = 64,
-            log: str | None = None, time_limit: float | None = None, policy: str = "random", seed: int = 0,
-            batch_size: int = 32, threads: int | None = None, run_config: RunConfig | None = None,
-            progress: bool = True, runner: Runner | None = None, policy_obj=None) -> TuneSummary:
-    """Tune one workload until `trials` records exist for it in `log` (or `time_limit` passes).
+def _merge(workloads: list) -> list:
+    """[(Workload, weight)] with identical workloads merged and their weights summed."""
+    merged: dict = {}
+    for item in workloads:
+        wl, w = item if isinstance(item, tuple) else (item, 1.0)
+        if wl.key in merged:
+            merged[wl.key] = (merged[wl.key][0], merged[wl.key][1] + w)
+        else:
+            merged[wl.key] = (wl, w)
+    return list(merged.values())
 
-    Resumes from the log: what it holds counts against the budget and is never measured again.
-    Ctrl-C stops after the current candidate with every finished record already on disk.
+
+def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: str | None = None,
+         time_limit: float | None = None, policy: str = "random", seed: int = 0, batch_size: int = 32,
+         threads: int | None = None, run_config: RunConfig | None = None, progress: bool = True,
+         runner=None, replay: str | None = None, cost_model_from: list | None = None,
+         scheduler: str = "gradient", early_stopping: int | None = None, policy_obj=None,
+         start_from_default: bool = True) -> Session:
+    """Tune `workloads` (Workloads or (Workload, weight) pairs) until `trials` records exist for them.
+
+    start_from_default: measure each task's default schedule first (off to compare pure search).
     """
-    wl = workload if isinstance(workload, Workload) else resolve(workload, layout)
     tgt = parse_target(target, threads)
-    log = log or default_log(wl)
-    task = Task(wl, tgt)
+    pairs = _merge(workloads)
+    log = log or default_log(pairs[0][0])
     contents = records.load(log, warn=False)
-    previous = contents.for_task(wl.key, str(tgt))
-    seen = {r.get("code_hash") for r in previous}
-    summary = TuneSummary(wl, tgt, log, trials=len(previous), skipped_lines=contents.skipped)
-    for r in previous:
-        summary.errors[r["error"]] = summary.errors.get(r["error"], 0) + 1
-    summary.best = records.best(contents, wl.key, str(tgt))
-    search = policy_obj or make_policy(policy, task, seed + len(previous))
+    shared = None
+    if policy == "evolutionary" and policy_obj is None:
+        from .search.evolutionary import SharedModel
+        from .cost_model.model import XGBModel
+        shared = SharedModel(XGBModel("pack-sum", seed))
+        for other in cost_model_from or ():
+            shared.add_records(records.load(other, warn=False).records)
+    states, progress_rows = [], []
+    for wl, weight in pairs:
+        task = Task(wl, tgt)
+        previous = contents.for_task(wl.key, str(tgt))
+        s = TuneSummary(wl, tgt, log, weight, trials=len(previous), skipped_lines=contents.skipped)
+        for r in previous:
+            _count(s, r["error"], r.get("message", ""))
+        s.best = records.best(contents, wl.key, str(tgt))
+        pol = policy_obj if policy_obj is not None else make_policy(policy, task, seed + len(previous), shared)
+        if previous and hasattr(pol, "observe"):
+            pol.observe(previous)
+        states.append(_TaskState(task, pol, {r.get("code_hash") for r in previous}, s, bool(previous)))
+        row = TaskProgress(task.name, weight, wl.flops, f"{wl.op}/{wl.layout}")
+        if previous:
+            row.history.append(s.best_latency)
+            row.rounds = 1
+        progress_rows.append(row)
+    sched = SCHEDULERS[scheduler](progress_rows, early_stopping=early_stopping)
+    session = Session([st.summary for st in states], log)
     own_runner = runner is None
-    runner = runner or Runner(tgt, run_config)
-    inputs, reference = task.data
-    runner.set_data(wl.key, inputs, reference)
+    if runner is None:
+        runner = ReplayRunner(replay) if replay else Runner(tgt, run_config)
     start = time.perf_counter()
-    bar = tqdm(total=trials, initial=min(summary.trials, trials), disable=not progress, unit="trial",
-               desc=f"{task.name} [{wl.layout}]", dynamic_ncols=True)
-    _show(bar, summary, start)
+    bar = tqdm(total=trials, initial=min(session.trials, trials), disable=not progress, unit="trial",
+               desc=states[0].task.name if len(states) == 1 else f"{len(states)} tasks", dynamic_ncols=True)
+    _show(bar, session, start)
     try:
-        while summary.trials < trials:
+        while session.trials < trials:
             if time_limit is not None and time.perf_counter() - start >= time_limit:
                 break
-            n = min(batch_size, trials - summary.trials)
-            batch = search.propose(n, seen, first=not previous and summary.new == 0)
-            if not batch:
-                bar.write(f"{task.name}: the search space has no unmeasured candidates left")
+            k, why = sched.next()
+            if k is None:
+                bar.write(f"stopping early: {why}")
                 break
-            for cand, result in _measure(batch, tgt, runner):
-                rec = records.make_record(wl, tgt, cand.steps, result, cand.code_hash, search.name, search.seed)
+            st = states[k]
+            if len(states) > 1:
+                bar.write(f"next: {st.task.workload.label} {st.task.workload.spec} — {why}")
+            n = min(batch_size, trials - session.trials)
+            t0 = time.perf_counter()
+            batch = st.policy.propose(n, st.seen, first=start_from_default and not st.started)
+            session.search_s += time.perf_counter() - t0
+            st.started = True
+            if not batch:
+                progress_rows[k].retired = st.summary.retired = "no unmeasured candidates left in its space"
+                bar.write(f"{st.task.name}: {st.summary.retired}")
+                continue
+            ok_in_batch = False
+            for cand, result in _measure(st.task, batch, runner):
+                rec = records.make_record(st.task.workload, tgt, cand.steps, result, cand.code_hash,
+                                          getattr(st.policy, "name", "custom"), getattr(st.policy, "seed", seed),
+                                          cand.decisions, replay)
                 records.append(log, [rec])
-                summary.trials += 1
-                summary.new += 1
-                summary.errors[result.error] = summary.errors.get(result.error, 0) + 1
-                if result.ok and (summary.best is None or result.latency < summary.best_latency):
-                    summary.best = rec
-                if hasattr(search, "update"):
-                    search.update(cand, result)
+                s = st.summary
+                s.trials += 1
+                s.new += 1
+                session.build_s += result.build_s
+                session.run_s += result.run_s
+                _count(s, result.error, result.message)
+                ok_in_batch |= result.ok
+                if result.ok and (s.best is None or result.latency < s.best_latency):
+                    s.best = rec
+                if hasattr(st.policy, "update"):
+                    t0 = time.perf_counter()
+                    st.policy.update(cand, result)
+                    session.search_s += time.perf_counter() - t0
                 bar.update(1)
-                _show(bar, summary, start)
+                _show(bar, session, start)
             runner.release()
+            sched.record_round(k, st.summary.best_latency, failures_only=not ok_in_batch)
+            if progress_rows[k].retired:
+                st.summary.retired = progress_rows[k].retired
+                bar.write(f"{st.task.workload.label}: retired ({st.summary.retired})")
     except KeyboardInterrupt:
-        summary.interrupted = True
+        session.interrupted = True
     finally:
-        summary.seconds = time.perf_counter() - start
+        session.seconds = time.perf_counter() - start
+        for s in session.tasks:
+            s.seconds, s.interrupted = session.seconds, session.interrupted
         bar.close()
         if own_runner:
             runner.close()
-    return summary
+    return session
 
 
-def _measure(batch: list, target: Target, runner: Runner):
+@dataclass
+class _TaskState:
+    task: Task
+    policy: object
+    seen: set
+    summary: TuneSummary
+    started: bool
+
+
+def _count(s: TuneSummary, error: str, message: str) -> None:
+    s.errors[error] = s.errors.get(error, 0) + 1
+    if error != OK:
+        s.first_error.setdefault(error, message)
+
+
+def tune_op(workload: str | Workload, layout: str | None = None, target: str | Target = "cpu", trials: int = 64,
+            log: str | None = None, **kwargs) -> TuneSummary:
+    """Tune one workload until `trials` records exist for it in `log`; see `tune` for the options."""
+    wl = workload if isinstance(workload, Workload) else resolve(workload, layout)
+    return tune([wl], target=target, trials=trials, log=log or default_log(wl), **kwargs).tasks[0]
+
+
+def _measure(task: Task, batch: list, runner):
     """Build the batch (one compiler call per core), then check and time each candidate."""
-    built = build_batch([(c.func_name, c.source) for c in batch], target, openmp=any(c.openmp for c in batch))
+    if isinstance(runner, ReplayRunner):
+        for cand in batch:
+            yield cand, runner.lookup(task, cand)
+        return
+    runner.set_data(task.workload.key, *task.data)
+    built = build_batch([(c.func_name, c.source) for c in batch], task.target,
+                        openmp=any(c.openmp for c in batch))
     for cand, b in zip(batch, built):
         if b.error is not None:
             yield cand, MeasureResult(COMPILE_ERROR, b.error, build_s=b.seconds)
@@ -125,20 +250,24 @@ def measure_candidates(task: Task, batch: list, runner: Runner | None = None) ->
     own = runner is None
     runner = runner or Runner(task.target)
     try:
-        runner.set_data(task.workload.key, *task.data)
-        return [r for _, r in _measure(batch, task.target, runner)]
+        return [r for _, r in _measure(task, batch, runner)]
     finally:
         if own:
             runner.close()
 
 
-def _show(bar, s: TuneSummary, start: float):
-    ok = s.errors.get(OK, 0)
-    failed = sum(v for k, v in s.errors.items() if k != OK)
+def _show(bar, session: Session, start: float):
+    ok = sum(t.errors.get(OK, 0) for t in session.tasks)
+    failed = sum(v for t in session.tasks for k, v in t.errors.items() if k != OK)
     elapsed = time.perf_counter() - start
-    rate = 60.0 * s.new / elapsed if elapsed > 0 else 0.0
-    best = f"{s.best_latency * 1e3:.3f} ms {s.best_gflops:.1f} GFLOPS" if s.best else "-"
+    rate = 60.0 * session.new / elapsed if elapsed > 0 else 0.0
+    if len(session.tasks) == 1:
+        s = session.tasks[0]
+        best = f"{s.best_latency * 1e3:.3f} ms {s.best_gflops:.1f} GFLOPS" if s.best else "-"
+    else:
+        total = sum(t.weight * t.best_latency for t in session.tasks)
+        best = f"weighted total {total * 1e3:.3f} ms" if math.isfinite(total) else "-"
     bar.set_postfix_str(f"valid {ok} failed {failed} best {best} {rate:.0f} cand/min", refresh=False)
 
 
-__all__ = ["tune_op", "TuneSummary", "measure_candidates", "Candidate", "default_log"]
+__all__ = ["tune", "tune_op", "TuneSummary", "Session", "measure_candidates", "Candidate", "default_log"]

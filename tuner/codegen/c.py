@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from ..te.expr import (Add, And, Call, Cast, Cmp, Const, Div, Expr, FloorDiv, FloorMod, Load, Max, Min, Mul,
-                       Select, Sub, Var, bounds, coefficient, free_vars, simplify, substitute, walk)
+                       Select, Sub, Var, bounds, coefficient, free_vars, simplify, substitute)
 from ..schedule import ir
 from ..schedule.lower import c_name
 

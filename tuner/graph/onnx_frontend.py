@@ -76,7 +76,7 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model") ->
         if inp.name in env:
             continue
         dims = []
-        for k, d in enumerate(inp.type.tensor_type.shape.dim):
+        for _k, d in enumerate(inp.type.tensor_type.shape.dim):
             if d.HasField("dim_value") and d.dim_value > 0:
                 dims.append(d.dim_value)
             else:

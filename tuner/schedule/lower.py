@@ -126,7 +126,7 @@ class Lowerer:
                 and any(isinstance(n, Load) and n.buffer == name for n in _walk_body(self.bodies[s.name]))]
 
     def _check_attachments(self):
-        for (target, axis), stages in self.attached.items():
+        for (target, _axis), stages in self.attached.items():
             for st in stages:
                 readers = self._readers(st.name)
                 if [r.name for r in readers] != [target]:

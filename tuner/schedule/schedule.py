@@ -17,11 +17,9 @@ way in any process. An illegal step raises ScheduleError naming the step and the
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 
-from ..te.expr import Load, Reduce, walk
-from ..te.tensor import ComputeOp, PlaceholderOp, Tensor, compute, topo_order
+from ..te.tensor import ComputeOp, Tensor, compute, topo_order
 
 ANNOTATIONS = ("parallel", "vectorize", "unroll")
 
@@ -80,13 +78,6 @@ class Schedule:
 
     def shape_of(self, name: str) -> tuple:
         return self.tensors[name].shape
-
-    def readers(self, name: str) -> list:
-        """Stages whose op reads tensor `name` directly."""
-        return [s for s in self.stages if any(isinstance(n, Load) and n.buffer == name for n in walk(s.op.body))]
-
-    def copy(self) -> "Schedule":
-        return copy.deepcopy(self)
 
     # ------------------------------------------------------------ replay
     def apply(self, step: list) -> None:
@@ -203,14 +194,6 @@ class Schedule:
         self.stages.insert(idx, local_stage)
 
 
-def tensor_reads(expr) -> set:
-    return {n.buffer for n in walk(expr) if isinstance(n, Load)}
-
-
-def is_reduction_body(expr) -> bool:
-    return isinstance(expr, Reduce)
-
-
 def replay(inputs: list, output: Tensor, steps: list) -> Schedule:
     sch = Schedule(inputs, output)
     for step in steps:
@@ -218,4 +201,4 @@ def replay(inputs: list, output: Tensor, steps: list) -> Schedule:
     return sch
 
 
-__all__ = ["Schedule", "Stage", "ScheduleError", "replay", "ANNOTATIONS", "PlaceholderOp"]
+__all__ = ["Schedule", "Stage", "ScheduleError", "replay", "ANNOTATIONS"]

@@ -28,9 +28,8 @@ class RandomSearch:
         attempts = 0
         while len(out) < n and attempts < 50 * n + 200:
             attempts += 1
-            steps = self.task.space.steps(self.task.space.sample(self.rng))
             try:
-                cand = self.task.candidate(steps)
+                cand = self.task.from_decisions(self.task.space.sample(self.rng))
             except ScheduleError:
                 continue
             if cand.code_hash in seen:

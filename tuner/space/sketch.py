@@ -78,11 +78,11 @@ class SearchSpace:
         return s3_last // lanes if lanes else s3_last
 
     def _valid(self, tile: list) -> bool:
-        acc = self._vectors(tile[-1][2])
-        size = 1
-        for s1, s2, s3 in tile[:-1]:
+        acc = self._vectors(tile[-1][2])   # accumulator vectors of the register tile
+        size = 1                            # floats in the local tile
+        for _, _, s3 in tile[:-1]:
             acc *= s3
-        for s1, s2, s3 in tile:
+        for _, s2, s3 in tile:
             size *= s2 * s3
         return acc <= MAX_ACCUMULATORS and size <= MAX_TILE_FLOATS
 

@@ -1,0 +1,114 @@
+"""Trials to quality: search policies compared on real measurements, several seeds each.
+
+For every workload, policy and seed a fresh tune runs (single thread, no default schedule seeded
+in, so the policies' own search is compared) and its best-so-far GFLOPS per trial is kept. The
+table reports, per workload: the best any run found, the trials each policy needs to reach 90% and
+95% of it (median over seeds), the ratio evolutionary / random, GFLOPS after 64 and 512 trials,
+search overhead (time outside build and run) and candidates per minute. JSON goes to
+bench/results/; the per-run logs stay under --log-dir for bench/cost_model.py.
+
+    python -m bench.search --trials 256 --seeds 3
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from tuner import records
+from tuner.te.workloads import resolve
+from tuner.tuning import tune
+
+DEFAULT_WORKLOADS = "r50.s1.conv3x3,r50.s1.conv1x1c,r50.s4.conv3x3,dense.2048x1000"
+
+
+def curve(log: str, wl) -> list:
+    best, out = float("inf"), []
+    for r in records.load(log, warn=False).records:
+        if r["workload"]["key"] != wl.key:
+            continue
+        best = min(best, records.latency(r))
+        out.append(wl.flops / best / 1e9 if best < float("inf") else 0.0)
+    return out
+
+
+def trials_to(c: list, level: float):
+    return next((k + 1 for k, g in enumerate(c) if g >= level), None)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workloads", default=DEFAULT_WORKLOADS)
+    ap.add_argument("--policies", default="random,evolutionary,optuna:tpe")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--trials", type=int, default=256)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--layout", default="NCHW16c")
+    ap.add_argument("--log-dir", default="logs/bench/search")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    policies = args.policies.split(",")
+    Path(args.log_dir).mkdir(parents=True, exist_ok=True)
+    runs = []
+    for name in args.workloads.split(","):
+        wl = resolve(name, args.layout if resolve(name).op == "conv2d" else None)
+        for policy in policies:
+            for seed in range(args.seeds):
+                log = str(Path(args.log_dir) / f"{name}.{policy.replace(':', '-')}.s{seed}.jsonl")
+                t0 = time.perf_counter()
+                s = tune([wl], threads=1, trials=args.trials, log=log, policy=policy, seed=seed,
+                         batch_size=args.batch_size, progress=False, start_from_default=False)
+                c = curve(log, wl)
+                runs.append({"workload": name, "policy": policy, "seed": seed, "curve": c, "log": log,
+                             "new_trials": s.new, "seconds": time.perf_counter() - t0,
+                             "search_overhead": s.search_overhead if s.new else None,
+                             "candidates_per_minute": 60 * s.new / s.seconds if s.new and s.seconds else None})
+                print(f"{name:<18} {policy:<13} seed {seed}: best {max(c, default=0):6.1f} GFLOPS "
+                      f"after {len(c)} trials" + (f"; overhead {100 * s.search_overhead:.1f}%" if s.new else ""),
+                      flush=True)
+    rows = []
+    for name in args.workloads.split(","):
+        sel = [r for r in runs if r["workload"] == name]
+        best = max(max(r["curve"], default=0) for r in sel)
+        for policy in policies:
+            pr = [r for r in sel if r["policy"] == policy]
+            row = {"workload": name, "policy": policy, "best_overall_gflops": best}
+            for frac in (0.9, 0.95):
+                hits = [trials_to(r["curve"], frac * best) for r in pr]
+                reached = [h for h in hits if h is not None]
+                row[f"trials_to_{int(frac * 100)}"] = statistics.median(reached) if len(reached) == len(hits) else None
+                row[f"reached_{int(frac * 100)}"] = f"{len(reached)}/{len(hits)}"
+            for t in (64, 256, 512):
+                vals = [r["curve"][t - 1] for r in pr if len(r["curve"]) >= t]
+                row[f"gflops_at_{t}"] = statistics.median(vals) if vals else None
+            ov = [r["search_overhead"] for r in pr if r["search_overhead"] is not None]
+            row["search_overhead"] = statistics.median(ov) if ov else None
+            cpm = [r["candidates_per_minute"] for r in pr if r["candidates_per_minute"]]
+            row["candidates_per_minute"] = statistics.median(cpm) if cpm else None
+            rows.append(row)
+        rnd = next((r for r in rows if r["workload"] == name and r["policy"] == "random"), None)
+        evo = next((r for r in rows if r["workload"] == name and r["policy"] == "evolutionary"), None)
+        if rnd and evo and rnd["trials_to_95"] and evo["trials_to_95"]:
+            evo["ratio_trials_to_95_vs_random"] = evo["trials_to_95"] / rnd["trials_to_95"]
+    print()
+    head = ["workload", "policy", "best", "to90%", "to95%", "@64", "@256", "@512", "overhead", "cand/min"]
+    print("  ".join(f"{h:>10}" for h in head))
+    for r in rows:
+        def f(v, fmt="{:.1f}"):
+            return fmt.format(v) if v is not None else "-"
+        print("  ".join(f"{x:>10}" for x in [r["workload"][:10], r["policy"][:10], f(r["best_overall_gflops"]),
+                                            f(r["trials_to_90"], "{:.0f}") + f"({r['reached_90']})",
+                                            f(r["trials_to_95"], "{:.0f}") + f"({r['reached_95']})",
+                                            f(r["gflops_at_64"]), f(r["gflops_at_256"]), f(r["gflops_at_512"]),
+                                            f(r["search_overhead"] and 100 * r["search_overhead"], "{:.1f}%"),
+                                            f(r["candidates_per_minute"], "{:.0f}")]))
+    out = Path(args.out or f"bench/results/search-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"args": vars(args), "rows": rows, "runs": runs}, indent=1))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+"""Learned search: policies in replay mode, the task scheduler, features and the cost model."""
+import math
+import random
+
+import numpy as np
+import pytest
+
+from tuner import records
+from tuner.cost_model.features import extract, feature_names, num_features
+from tuner.cost_model.model import RandomModel, XGBModel, normalised_throughput
+from tuner.measure.runner import RunConfig
+from tuner.schedule.lower import lower
+from tuner.search.scheduler import GradientScheduler, RoundRobinScheduler, TaskProgress
+from tuner.task import Task
+from tuner.te.layouts import CONV_LAYOUTS
+from tuner.te.workloads import make
+from tuner.tuning import tune
+
+from conftest import TARGET1
+
+SMALL = make("conv2d", dict(C=8, H=6, W=6, K=8, R=3, S=3, pad=1), "NCHW8c")
+OTHER = make("conv2d", dict(C=8, H=4, W=4, K=16, R=1, S=1), "NCHW8c")
+FAST = RunConfig(timeout=5.0, repeat=1, min_repeat_ms=0.5)
+POLICIES = ["random", "evolutionary", "optuna:tpe", "optuna:cmaes"]
+
+
+@pytest.fixture(scope="module")
+def measured_log(tmp_path_factory):
+    """A real log of 48 measured random schedules of SMALL and 24 of OTHER: the replay source."""
+    log = tmp_path_factory.mktemp("replay") / "measured.jsonl"
+    tune([SMALL], target=TARGET1, trials=48, log=str(log), policy="random", run_config=FAST, progress=False,
+         batch_size=16)
+    tune([OTHER], target=TARGET1, trials=24, log=str(log), policy="random", run_config=FAST, progress=False,
+         batch_size=12)
+    return log
+
+
+def _replay(measured_log, out, policy, trials, seed=0, workloads=(SMALL,), **kw):
+    return tune(list(workloads), target=TARGET1, trials=trials, log=str(out), policy=policy, seed=seed,
+                replay=str(measured_log), progress=False, batch_size=8, **kw)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_policy_respects_budget_never_remeasures_and_resumes(measured_log, tmp_path, policy):
+    out = tmp_path / "replayed.jsonl"
+    s = _replay(measured_log, out, policy, 12)
+    assert s.trials == 12 and len(records.load(out).records) == 12
+    s = _replay(measured_log, out, policy, 28)                  # resume: continues where the log ends
+    recs = records.load(out).records
+    assert s.tasks[0].new == 16 and len(recs) == 28
+    hashes = [r["code_hash"] for r in recs]
+    assert len(set(hashes)) == len(hashes)                      # nothing proposed twice, across the resume
+    assert all(r["replayed_from"] == str(measured_log) for r in recs)
+    assert any(r["error"] == "OK" for r in recs)
+    assert {r["error"] for r in recs} <= {"OK", "NOT_IN_LOG", "WRONG_ANSWER", "COMPILE_ERROR"}
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_same_seed_same_sequence(measured_log, tmp_path, policy):
+    a = tmp_path / "a.jsonl"
+    b = tmp_path / "b.jsonl"
+    _replay(measured_log, a, policy, 20, seed=3)
+    _replay(measured_log, b, policy, 20, seed=3)
+    seq = [[r["code_hash"] for r in records.load(p).records] for p in (a, b)]
+    assert seq[0] == seq[1]
+
+
+def test_replayed_costs_are_the_logged_ones(measured_log, tmp_path):
+    out = tmp_path / "r.jsonl"
+    _replay(measured_log, out, "random", 16)
+    logged = {r["code_hash"]: r["costs"] for r in records.load(measured_log).records}
+    for r in records.load(out).records:
+        if r["error"] != "NOT_IN_LOG":
+            assert r["costs"] == logged[r["code_hash"]]
+
+
+def test_all_failing_task_is_reported_and_the_others_go_on(measured_log, tmp_path):
+    """OTHER's every candidate fails here (its log entries are rewritten as wrong answers)."""
+    broken = tmp_path / "broken.jsonl"
+    recs = records.load(measured_log).records
+    for r in recs:
+        if r["workload"]["key"] == OTHER.key:
+            r.update(error="WRONG_ANSWER", costs=[], message="injected failure")
+    records.append(broken, recs)
+    s = tune([SMALL, OTHER], target=TARGET1, trials=40, log=str(tmp_path / "out.jsonl"), policy="random",
+             replay=str(broken), progress=False, batch_size=8)
+    small, other = s.tasks
+    assert other.all_failed and "every candidate failed" in other.retired
+    assert small.errors.get("OK", 0) > 0 and small.trials > other.trials
+    assert s.trials == 40
+
+
+# ---------------------------------------------------------------- scheduler
+
+def _simulate(sched_cls, tasks, rounds, improve):
+    sched = sched_cls(tasks)
+    picks = []
+    for _ in range(rounds):
+        k, why = sched.next()
+        picks.append(k)
+        t = tasks[k]
+        best = improve(k, t.rounds)
+        sched.record_round(k, best, failures_only=False)
+    return picks
+
+
+def test_gradient_scheduler_spends_more_on_weight_and_headroom():
+    # same op and layout, same FLOPs and the same improvement curve; only the weight differs
+    tasks = [TaskProgress("light", 1, 1e9, "conv"), TaskProgress("heavy", 4, 1e9, "conv")]
+    picks = _simulate(GradientScheduler, tasks, 30, lambda k, r: 0.01 * (1 + 1 / (r + 1)))
+    assert picks.count(1) > picks.count(0) >= 1
+    # equal weight; task 0 is already at the FLOP rate of its similar task, task 1 far below it
+    tasks = [TaskProgress("done", 1, 1e9, "conv"), TaskProgress("headroom", 1, 1e9, "conv")]
+    picks = _simulate(GradientScheduler, tasks, 30, lambda k, r: 0.01 if k == 0 else 0.04 * (1 + 1 / (r + 1)))
+    assert picks.count(1) > picks.count(0)
+
+
+def test_round_robin_and_early_stopping():
+    tasks = [TaskProgress(f"t{i}", 1, 1e9, "conv") for i in range(3)]
+    assert _simulate(RoundRobinScheduler, tasks, 9, lambda k, r: 0.01) == [0, 1, 2] * 3
+    tasks = [TaskProgress("flat", 1, 1e9, "conv"), TaskProgress("improving", 1, 1e9, "conv")]
+    sched = GradientScheduler(tasks, early_stopping=2)
+    for _ in range(12):
+        k, _ = sched.next()
+        if k is None:
+            break
+        sched.record_round(k, 0.01 if k == 0 else 0.02 / (tasks[k].rounds + 1), failures_only=False)
+    assert tasks[0].retired.startswith("no improvement") and not tasks[1].retired
+
+
+def test_identical_workloads_are_one_task(measured_log, tmp_path):
+    s = tune([(SMALL, 2), (make("conv2d", SMALL.p, "NCHW8c"), 3)], target=TARGET1, trials=8,
+             log=str(tmp_path / "o.jsonl"), policy="random", replay=str(measured_log), progress=False)
+    assert len(s.tasks) == 1 and s.tasks[0].weight == 5
+
+
+# ---------------------------------------------------------------- features and model
+
+def _all_op_workloads():
+    out = [make("dense", dict(N=2, C=24, K=32, bias=1), "OI16o"), make("dense", dict(C=16, K=8), "OI")]
+    shape = dict(C=16, H=8, W=8)
+    for lay in CONV_LAYOUTS:
+        out += [make("conv2d", dict(shape, K=16, R=3, S=3, pad=1, bias=1, residual=1, relu=1), lay),
+                make("conv2d", dict(shape, K=16, R=3, S=3, stride=2, pad=1, groups=16), lay),
+                make("maxpool", dict(shape, R=3, S=3, stride=2, pad=1), lay),
+                make("avgpool", dict(shape, R=3, S=3, pad=1), lay), make("globalavgpool", shape, lay),
+                make("relu", shape, lay), make("sigmoid", shape, lay), make("add", shape, lay),
+                make("layout_transform", dict(shape, dst="NHWC" if lay != "NHWC" else "NCHW"), lay)]
+    return out
+
+
+def test_features_have_fixed_length_and_no_nan_on_every_operator():
+    names = feature_names()
+    assert len(names) == num_features() == len(set(names))
+    rng = random.Random(0)
+    for wl in _all_op_workloads():
+        task = Task(wl, TARGET1)
+        for dec in [task.space.default()] + [task.space.sample(rng) for _ in range(3)]:
+            f = extract(lower(task.space.schedule(task.space.steps(dec))), wl.flops)
+            assert f.ndim == 2 and f.shape[1] == num_features(), wl.label
+            assert np.isfinite(f).all(), wl.label
+
+
+def _dataset(n=60, seed=0):
+    task = Task(SMALL, TARGET1)
+    rng = random.Random(seed)
+    feats = [extract(lower(task.space.schedule(task.space.steps(task.space.sample(rng)))), SMALL.flops)
+             for _ in range(n)]
+    # a synthetic target that the features determine (so there is something to learn)
+    y = np.asarray([1.0 / (1.0 + abs(f[:, 11].max() - 4.0)) for f in feats], np.float32)
+    return feats, y
+
+
+@pytest.mark.parametrize("objective", ["pack-sum", "rank"])
+def test_model_save_load_predicts_the_same(tmp_path, objective):
+    feats, y = _dataset()
+    m = XGBModel(objective, seed=1, rounds=20)
+    m.fit(feats, y, ["t"] * len(feats))
+    path = tmp_path / f"{objective}.xgb"
+    m.save(str(path))
+    m2 = XGBModel.load(str(path))
+    np.testing.assert_allclose(m.predict(feats), m2.predict(feats), rtol=1e-6)
+    assert m2.objective == objective and m2.trained_on == len(feats)
+
+
+def test_model_learns_a_ranking_better_than_random():
+    feats, y = _dataset(120, seed=1)
+    train, test = slice(0, 80), slice(80, 120)
+    m = XGBModel("pack-sum", seed=0, rounds=40)
+    m.fit(feats[train], y[train], ["t"] * 80)
+    from tuner.cost_model.metrics import pairwise_accuracy
+    acc = pairwise_accuracy(m.predict(feats[test]), y[test])
+    rnd = pairwise_accuracy(RandomModel(0).predict(feats[test]), y[test])
+    assert acc > 0.75 and acc > rnd
+
+
+def test_normalised_throughput():
+    y = normalised_throughput([2.0, 1.0, math.inf, 4.0], ["a", "a", "a", "b"])
+    np.testing.assert_allclose(y, [0.5, 1.0, 0.0, 1.0])

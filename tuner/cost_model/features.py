@@ -1,0 +1,236 @@
+"""Ansor-style features: one fixed-length vector per store statement of a lowered loop nest.
+
+For every store we look at the loops around it (extents, annotations) and at each buffer it
+touches (how many bytes, how many distinct bytes and cache lines, the stride in the innermost
+loop, and reuse: the innermost loop the access does not move with, how far apart the reuses
+are and how many there are). Counts are per whole kernel (multiplied by the loop trip count) and
+log2(1 + x)-scaled so that the model sees orders of magnitude. `feature_names()` documents every
+column; a candidate is a matrix with one row per store (the model sums per-row predictions).
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+
+from ..schedule import ir
+from ..te.expr import (Add, And, Call, Cmp, Const, Div, Expr, FloorDiv, FloorMod, Load, Max, Min, Mul, Select, Sub,
+                       Var, free_vars, linear, walk)
+
+MAX_BUFFERS = 5
+CURVE_POINTS = 10
+LINE_BYTES = 64
+
+_STMT = ["float_addsub", "float_mul", "float_div", "float_maxmin", "float_select_cmp", "float_math", "int_ops",
+         "trip_count", "num_loops", "innermost_extent", "outer_extent",
+         "vec_len", "vec_depth", "num_vec_loops", "unroll_prod", "num_unroll_loops", "auto_unroll_max",
+         "parallel_extent", "num_parallel_loops", "guarded", "is_reduction_update", "is_init", "alloc_floats",
+         "num_allocs", "workload_flops"]
+_BUF = ["is_read", "is_write", "is_local", "bytes", "unique_bytes", "lines", "stride_inner", "is_contiguous",
+        "reuse_loop_carried", "reuse_distance_iters", "reuse_distance_bytes", "reuse_count", "bytes_per_iter"]
+
+
+@lru_cache(maxsize=1)
+def feature_names() -> tuple:
+    names = [f"stmt.{n}" for n in _STMT]
+    for b in range(MAX_BUFFERS):
+        names += [f"buf{b}.{n}" for n in _BUF]
+    names += [f"intensity.{k}" for k in range(CURVE_POINTS)]
+    return tuple(names)
+
+
+def num_features() -> int:
+    return len(feature_names())
+
+
+def _log(x: float) -> float:
+    return math.log2(1.0 + max(0.0, float(x)))
+
+
+_FLOAT_OPS = {Add: "addsub", Sub: "addsub", Mul: "mul", Div: "div", Max: "maxmin", Min: "maxmin"}
+
+
+def _op_counts(e: Expr, counts: dict) -> bool:
+    """Count e's operations into `counts` in one pass; returns whether e is float-valued."""
+    t = type(e)
+    if t is Const:
+        return not e.is_int
+    if t is Var:
+        return False
+    if t is Load:
+        for i in e.indices:
+            _op_counts(i, counts)
+        return True
+    if t is Call:
+        for a in e.args:
+            _op_counts(a, counts)
+        counts["float"]["math"] += 1
+        return True
+    if t in (Select, Cmp, And):
+        kids = (e.cond, e.then, e.other) if t is Select else (e.a, e.b)
+        flt = [_op_counts(k, counts) for k in kids]
+        counts["float"]["select_cmp"] += 1
+        return any(flt[1:]) if t is Select else False
+    if t in (FloorDiv, FloorMod):
+        _op_counts(e.a, counts)
+        _op_counts(e.b, counts)
+        counts["int"]["div"] += 1
+        return False
+    if t in _FLOAT_OPS:
+        flt = _op_counts(e.a, counts) | _op_counts(e.b, counts) or t is Div
+        kind = _FLOAT_OPS[t]
+        counts["float" if flt else "int"][kind if flt or kind != "div" else "div"] += 1
+        return flt
+    if hasattr(e, "value"):          # Cast
+        _op_counts(e.value, counts)
+        return True
+    return False
+
+
+class _Extractor:
+    def __init__(self, func: ir.Func, flops: float):
+        self.func = func
+        self.flops = flops
+        self.rows: list = []
+
+    def run(self) -> np.ndarray:
+        self._visit(self.func.body, [], [], 0)
+        if not self.rows:
+            return np.zeros((1, num_features()), np.float32)
+        return np.asarray(self.rows, np.float32)
+
+    def _visit(self, s, loops: list, allocs: list, guarded: int):
+        if isinstance(s, ir.Seq):
+            for x in s.stmts:
+                self._visit(x, loops, allocs, guarded)
+        elif isinstance(s, ir.For):
+            self._visit(s.body, loops + [s], allocs, guarded)
+        elif isinstance(s, ir.IfThen):
+            self._visit(s.body, loops, allocs, guarded + 1)
+        elif isinstance(s, ir.Allocate):
+            size = int(np.prod(s.shape))
+            self._visit(s.body, loops, allocs + [size], guarded)
+        elif isinstance(s, ir.Store):
+            self.rows.append(self._store(s, loops, allocs, guarded))
+
+    def _offset(self, buffer: str, indices: tuple):
+        """Flat element offset as a linear form ({term: coef}, const), or None if not affine.
+
+        No simplification: index expressions are affine in the loop vars (div/mod of fused or
+        re-laid axes stay opaque terms), which is all the stride and reuse features need.
+        """
+        shape = self.func.buffers[buffer].shape
+        terms, const, stride = {}, 0, 1
+        for idx, ext in zip(reversed(indices), reversed(shape)):
+            lin = linear(idx)
+            if lin is None:
+                return None
+            for t, c in lin[0].items():
+                terms[t] = terms.get(t, 0) + c * stride
+            const += lin[1] * stride
+            stride *= ext
+        return {t: c for t, c in terms.items() if c}, const
+
+    def _store(self, s: ir.Store, loops: list, allocs: list, guarded: int) -> list:
+        ranges = {lp.var: (0, lp.extent - 1) for lp in loops}
+        trip = float(np.prod([lp.extent for lp in loops])) if loops else 1.0
+        counts = {"float": dict.fromkeys(("addsub", "mul", "div", "maxmin", "select_cmp", "math"), 0),
+                  "int": dict.fromkeys(("addsub", "mul", "div", "maxmin"), 0)}
+        _op_counts(s.value, counts)       # includes the index arithmetic of its loads
+        for i in s.indices:
+            _op_counts(i, counts)
+        loads = [n for n in walk(s.value) if isinstance(n, Load)]
+        is_update = any(ld.buffer == s.buffer and ld.indices == s.indices for ld in loads)
+        vec = [k for k, lp in enumerate(loops) if lp.kind == "vectorize"]
+        unrolled = [lp for lp in loops if lp.kind == "unroll"]
+        par = [lp for lp in loops if lp.kind == "parallel"]
+        row = [
+            _log(counts["float"]["addsub"] * trip), _log(counts["float"]["mul"] * trip),
+            _log(counts["float"]["div"] * trip), _log(counts["float"]["maxmin"] * trip),
+            _log(counts["float"]["select_cmp"] * trip), _log(counts["float"]["math"] * trip),
+            _log(sum(counts["int"].values()) * trip), _log(trip), len(loops),
+            _log(loops[-1].extent if loops else 1), _log(loops[0].extent if loops else 1),
+            _log(loops[vec[-1]].extent if vec else 0), (len(loops) - 1 - vec[-1]) if vec else 0, len(vec),
+            _log(float(np.prod([lp.extent for lp in unrolled])) if unrolled else 0), len(unrolled),
+            _log(max((lp.auto_unroll for lp in loops), default=0)),
+            _log(par[0].extent if par else 0), len(par), guarded, float(is_update),
+            float(not loads and isinstance(s.value, Const)), _log(sum(allocs)), len(allocs), _log(self.flops),
+        ]
+        accesses = {}
+        for ld in loads:
+            acc = accesses.setdefault((ld.buffer, ld.indices), {"read": 0, "write": 0})
+            acc["read"] = 1
+        accesses.setdefault((s.buffer, s.indices), {"read": 0, "write": 0})["write"] = 1
+        feats, access_deps = [], []
+        for (buf, idx), kind in accesses.items():
+            strides, deps = self._strides(buf, idx, loops, ranges)
+            access_deps.append(deps)
+            feats.append(self._buffer(buf, kind, loops, strides, trip))
+        feats.sort(key=lambda f: -f[3])
+        for f in feats[:MAX_BUFFERS]:
+            row += f
+        row += [0.0] * (len(_BUF) * (MAX_BUFFERS - min(len(feats), MAX_BUFFERS)))
+        row += self._intensity_curve(loops, counts, access_deps)
+        return row
+
+    def _strides(self, buf, idx, loops, ranges):
+        """Element stride of the access in each enclosing loop (None: not affine), and its loop vars."""
+        lin = self._offset(buf, idx)
+        deps = set().union(*(free_vars(t) for t in lin[0])) if lin is not None else \
+            set().union(*(free_vars(i) for i in idx))
+        strides = []
+        for lp in loops:
+            if lp.var not in deps:
+                strides.append(0)
+            elif lin is None:
+                strides.append(None)
+            else:
+                coef = lin[0].get(Var(lp.var))
+                nonlinear = any(lp.var in free_vars(t) for t in lin[0] if not isinstance(t, Var))
+                strides.append(None if nonlinear or coef is None else coef)
+        return strides, deps
+
+    def _buffer(self, buf, kind, loops, strides, trip) -> list:
+        size = int(np.prod(self.func.buffers[buf].shape))
+        unique = min(size, int(np.prod([lp.extent for lp, st in zip(loops, strides) if st != 0]) or 1))
+        inner = strides[-1] if loops else 0
+        contiguous = inner in (0, 1) if inner is not None else False
+        elem_per_line = LINE_BYTES // 4 if contiguous else 1
+        lines = max(1, unique // elem_per_line)
+        reuse_k = next((k for k in range(len(loops) - 1, -1, -1) if strides[k] == 0), None)
+        if reuse_k is None:
+            carried, dist_iter, dist_bytes, count = 0.0, 0.0, 0.0, 0.0
+        else:
+            inside = loops[reuse_k + 1:]
+            dist_iter = float(np.prod([lp.extent for lp in inside])) if inside else 1.0
+            dist_bytes = 4.0 * min(size, float(np.prod([lp.extent for lp, st in zip(loops[reuse_k + 1:],
+                                                                                    strides[reuse_k + 1:])
+                                                        if st != 0]) if inside else 1.0))
+            carried, count = 1.0, float(loops[reuse_k].extent)
+        scope = self.func.buffers[buf].scope
+        return [float(kind["read"]), float(kind["write"]), float(scope == "local"), _log(4 * trip), _log(4 * unique),
+                _log(lines), _log(abs(inner)) if inner is not None else 10.0, float(contiguous), carried,
+                _log(dist_iter), _log(dist_bytes), _log(count), 4.0 * (kind["read"] + kind["write"])]
+
+    def _intensity_curve(self, loops, counts, access_deps) -> list:
+        """Float ops over distinct bytes touched, for the nest below each loop level (innermost first)."""
+        flops_per = float(sum(counts["float"].values())) or 1.0
+        points = []
+        for level in range(len(loops), -1, -1):
+            inner = loops[level:]
+            iters = float(np.prod([lp.extent for lp in inner])) if inner else 1.0
+            touched = 0.0
+            for deps in access_deps:
+                touched += 4.0 * float(np.prod([lp.extent for lp in inner if lp.var in deps]) if inner else 1.0)
+            points.append(flops_per * iters / max(touched, 4.0))
+        points = (points + [points[-1]] * CURVE_POINTS)[:CURVE_POINTS]
+        return [_log(p) for p in points]
+
+
+def extract(func: ir.Func, flops: float = 0.0) -> np.ndarray:
+    """(statements x num_features()) float32 matrix for one lowered kernel."""
+    return _Extractor(func, flops).run()
+
+
+__all__ = ["extract", "feature_names", "num_features"]

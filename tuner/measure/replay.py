@@ -1,0 +1,38 @@
+"""Replay mode: costs come from an existing log instead of the hardware.
+
+Candidates are matched by workload, target and code hash, so any policy that proposes code the
+log measured gets the logged result; anything else gets a NOT_IN_LOG result that policies skip.
+This is how search strategies are compared deterministically and tested without measuring.
+"""
+from __future__ import annotations
+
+from .. import records
+from .result import NOT_IN_LOG, MeasureResult
+
+
+class ReplayRunner:
+    def __init__(self, log: str):
+        self.path = str(log)
+        contents = records.load(log, warn=False)
+        if not contents.records:
+            raise FileNotFoundError(f"replay log {log} has no records")
+        self._by_code = {(r["workload"]["key"], r["target"], r.get("code_hash")): r for r in contents.records}
+
+    def lookup(self, task, cand) -> MeasureResult:
+        rec = self._by_code.get((task.workload.key, str(task.target), cand.code_hash))
+        if rec is None:
+            return MeasureResult(NOT_IN_LOG, f"code {cand.code_hash} of {task.name} was never measured in {self.path}")
+        return MeasureResult(rec["error"], rec.get("message", ""), list(rec["costs"]), rec.get("build_s", 0.0),
+                             rec.get("run_s", 0.0))
+
+    def known(self, task) -> int:
+        return sum(1 for k in self._by_code if k[0] == task.workload.key and k[1] == str(task.target))
+
+    def set_data(self, *args):
+        pass
+
+    def release(self):
+        pass
+
+    def close(self):
+        pass

@@ -1,0 +1,182 @@
+"""Evolutionary search guided by a cost model (Ansor's policy, scaled for a Python tuner).
+
+Each round: a population of the best measured points plus fresh samples is mutated for a few
+generations; the cost model scores every new point and the best survive. The batch measured is
+the top predicted points not measured before (by code hash), with a fraction eps picked at random
+so that the model also sees what it does not yet believe in. The model is retrained on every
+measurement of the session (and on the log it resumed from).
+"""
+from __future__ import annotations
+
+import json
+import random
+import time
+
+import numpy as np
+
+from .. import records
+from ..cost_model.dataset import FeatureCache, from_records
+from ..cost_model.model import XGBModel, normalised_throughput
+from ..schedule.schedule import ScheduleError
+from ..space.mutation import mutate
+
+
+def _key(dec: dict) -> str:
+    return json.dumps(dec, sort_keys=True)
+
+
+class EvolutionarySearch:
+    name = "evolutionary"
+
+    def __init__(self, task, seed: int = 0, model=None, population: int = 64, generations: int = 3,
+                 eps: float = 0.1, warmup: int | None = None, shared=None):
+        self.task = task
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.shared = shared or SharedModel(model or XGBModel("pack-sum", seed))
+        self.population = population
+        self.generations = generations
+        self.eps = eps
+        self.warmup = warmup
+        self.measured: list = []            # (decisions, code_hash, latency)
+        self.overhead_s = 0.0                # time spent sampling, featurising, training, predicting
+
+    # ------------------------------------------------------------ learning
+    def observe(self, recs: list) -> None:
+        """Take what a log already holds for this task (resume)."""
+        self.shared.add_records(recs)
+        for r in recs:
+            if r.get("decisions") is not None:
+                self.measured.append((r["decisions"], r.get("code_hash"), records.latency(r)))
+
+    def update(self, cand, result) -> None:
+        if result.error == "NOT_IN_LOG":
+            return
+        self.shared.add(self.task, cand, result.latency)
+        if cand.decisions is not None:
+            self.measured.append((cand.decisions, cand.code_hash, result.latency))
+
+    # ------------------------------------------------------------ proposing
+    def propose(self, n: int, seen: set, first: bool = False) -> list:
+        start = time.perf_counter()
+        out = []
+        if first:
+            cand = self.task.default_candidate()
+            if cand.code_hash not in seen:
+                seen.add(cand.code_hash)
+                out.append(cand)
+        warm = self.warmup if self.warmup is not None else n
+        if len(self.measured) < warm or not self.shared.ready:
+            out += self._random(n - len(out), seen)
+        else:
+            self.shared.train_if_stale()
+            scored = self._evolve()
+            n_random = int(round(self.eps * (n - len(out))))
+            for dec, _ in scored:
+                if len(out) >= n - n_random:
+                    break
+                cand = self._candidate(dec)
+                if cand is not None and cand.code_hash not in seen:
+                    seen.add(cand.code_hash)
+                    out.append(cand)
+            out += self._random(n - len(out), seen)
+        self.overhead_s += time.perf_counter() - start
+        return out
+
+    def _candidate(self, dec):
+        try:
+            return self.task.from_decisions(dec)
+        except ScheduleError:
+            return None
+
+    def _random(self, n: int, seen: set) -> list:
+        out, attempts = [], 0
+        while len(out) < n and attempts < 50 * n + 100:
+            attempts += 1
+            cand = self._candidate(self.task.space.sample(self.rng))
+            if cand is not None and cand.code_hash not in seen:
+                seen.add(cand.code_hash)
+                out.append(cand)
+        return out
+
+    def _evolve(self) -> list:
+        """[(decisions, predicted score)] best first, from mutating the best measured points."""
+        space = self.task.space
+        best = sorted((m for m in self.measured if np.isfinite(m[2])), key=lambda m: m[2])
+        pop = [m[0] for m in best[: self.population // 2]]
+        while len(pop) < self.population:
+            pop.append(space.sample(self.rng))
+        scores: dict = {}
+        measured_keys = {_key(m[0]) for m in self.measured}
+
+        def score(decs: list):
+            new = [d for d in decs if _key(d) not in scores]
+            if new:
+                preds = self.shared.predict(self.task, new)
+                for d, p in zip(new, preds):
+                    scores[_key(d)] = (d, float(p))
+
+        score(pop)
+        for _ in range(self.generations):
+            children = []
+            for parent in pop:
+                child = mutate(space, parent, self.rng)
+                if child is not None:
+                    children.append(child)
+            score(children)
+            ranked = sorted(scores.values(), key=lambda dp: -dp[1])
+            pop = [d for d, _ in ranked[: self.population]]
+        return [(d, s) for d, s in sorted(scores.values(), key=lambda dp: -dp[1]) if _key(d) not in measured_keys]
+
+
+class SharedModel:
+    """One cost model shared by the tasks of a tuning session, retrained when data arrives."""
+
+    def __init__(self, model, min_records: int = 8):
+        self.model = model
+        self.cache = FeatureCache()
+        self.feats: list = []
+        self.lats: list = []
+        self.groups: list = []
+        self.min_records = min_records
+        self._trained_at = -1
+        self.train_s = 0.0
+        self._by_decision: dict = {}    # features of proposed points, across rounds
+
+    @property
+    def ready(self) -> bool:
+        return len(self.feats) >= self.min_records or self._trained_at > 0
+
+    def add(self, task, cand, latency: float):
+        self.feats.append(self.cache.of(task, cand.steps, cand.code_hash))
+        self.lats.append(latency)
+        self.groups.append(task.workload.key)
+
+    def add_records(self, recs: list):
+        """Logged records: those this task resumes from, or other tasks' (transfer)."""
+        feats, lats, groups = from_records(recs, self.cache)
+        self.feats += feats
+        self.lats += lats
+        self.groups += groups
+
+    def train_if_stale(self):
+        if len(self.feats) == self._trained_at:
+            return
+        t = time.perf_counter()
+        self.model.fit(self.feats, normalised_throughput(self.lats, self.groups), self.groups)
+        self.train_s += time.perf_counter() - t
+        self._trained_at = len(self.feats)
+
+    def predict(self, task, decisions: list) -> np.ndarray:
+        feats = []
+        for d in decisions:
+            key = (task.workload.key, _key(d))
+            if key not in self._by_decision:
+                try:
+                    self._by_decision[key] = self.cache.of(task, task.space.steps(d))
+                except ScheduleError:
+                    self._by_decision[key] = None
+            feats.append(self._by_decision[key])
+        ok = [f for f in feats if f is not None]
+        preds = iter(self.model.predict(ok)) if ok else iter(())
+        return np.asarray([next(preds) if f is not None else -np.inf for f in feats])

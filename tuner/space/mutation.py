@@ -1,0 +1,76 @@
+"""Mutations of a point in the search space (its decisions), used by evolutionary search.
+
+Each mutation changes one decision and keeps the point legal: a tile mutation moves a prime
+factor of an axis from one tiling level to another (the product stays the axis extent); the
+others pick a different reduce split, auto-unroll depth or pad placement.
+"""
+from __future__ import annotations
+
+import copy
+import random
+
+from .sketch import UNROLL_CHOICES, SearchSpace, divisors
+
+# how often each kind of mutation is tried: tiling matters most
+WEIGHTS = {"tile": 0.6, "reduce": 0.15, "unroll": 0.15, "pad": 0.1}
+
+
+def _prime_factors(n: int) -> list:
+    out, p = [], 2
+    while p * p <= n:
+        while n % p == 0:
+            out.append(p)
+            n //= p
+        p += 1
+    if n > 1:
+        out.append(n)
+    return out
+
+
+def mutate(space: SearchSpace, dec: dict, rng: random.Random, attempts: int = 20):
+    """A legal neighbour of `dec`, or None if none was found."""
+    if space.kind == "injective":
+        new = dict(dec)
+        if rng.random() < 0.5 and len(space._last_options) > 1:
+            new["vec"] = rng.choice([v for v in space._last_options if v != dec["vec"]])
+        else:
+            new["unroll"] = 1 - dec["unroll"]
+        return new if new != dec else None
+    kinds = [k for k in WEIGHTS if k != "pad" or space.pads]
+    kinds = [k for k in kinds if k != "reduce" or space.reduce_axes]
+    for _ in range(attempts):
+        kind = rng.choices(kinds, weights=[WEIGHTS[k] for k in kinds])[0]
+        new = copy.deepcopy(dec)
+        if kind == "tile":
+            d = rng.randrange(len(new["tile"]))
+            extent = space.out_shape[d]
+            levels = [extent // (new["tile"][d][0] * new["tile"][d][1] * new["tile"][d][2])] + list(new["tile"][d])
+            src = rng.choice([k for k in range(4) if levels[k] > 1] or [0])
+            if levels[src] == 1:
+                continue
+            p = rng.choice(_prime_factors(levels[src]))
+            dst = rng.choice([k for k in range(4) if k != src])
+            levels[src] //= p
+            levels[dst] *= p
+            new["tile"][d] = levels[1:]
+            last = d == len(new["tile"]) - 1
+            if last and levels[3] not in space._last_options:
+                continue
+            if not last and levels[3] > 32:
+                continue
+            if not space._valid(new["tile"]):
+                continue
+        elif kind == "reduce":
+            j = rng.randrange(len(space.reduce_axes))
+            options = [x for x in divisors(space.reduce_axes[j][1]) if x != new["reduce"][j]]
+            if not options:
+                continue
+            new["reduce"][j] = rng.choice(options)
+        elif kind == "unroll":
+            new["unroll"] = rng.choice([u for u in UNROLL_CHOICES if u != new["unroll"]])
+        else:
+            p = rng.choice(space.pads)
+            new["pad"][p] = "root" if new["pad"][p] == "inline" else "inline"
+        if new != dec:
+            return new
+    return None
