@@ -15,7 +15,6 @@ import json
 import time
 from pathlib import Path
 
-import numpy as np
 
 from tuner import records
 from tuner.cost_model.dataset import FeatureCache, from_records

@@ -26,7 +26,10 @@ _STMT = ["float_addsub", "float_mul", "float_div", "float_maxmin", "float_select
          "trip_count", "num_loops", "innermost_extent", "outer_extent",
          "vec_len", "vec_depth", "num_vec_loops", "unroll_prod", "num_unroll_loops", "auto_unroll_max",
          "parallel_extent", "num_parallel_loops", "guarded", "is_reduction_update", "is_init", "alloc_floats",
-         "num_allocs", "workload_flops"]
+         "num_allocs", "workload_flops",
+         # the register tile of a reduction: loops inside the innermost reduction loop
+         "acc_per_reduce_step", "loops_inside_reduce", "inner_reduce_extent", "inner_reduce_unrolled",
+         "reduce_loops", "reduce_trip", "loads_per_step", "tile_footprint_bytes"]
 _BUF = ["is_read", "is_write", "is_local", "bytes", "unique_bytes", "lines", "stride_inner", "is_contiguous",
         "reuse_loop_carried", "reuse_distance_iters", "reuse_distance_bytes", "reuse_count", "bytes_per_iter"]
 
@@ -157,6 +160,7 @@ class _Extractor:
             _log(par[0].extent if par else 0), len(par), guarded, float(is_update),
             float(not loads and isinstance(s.value, Const)), _log(sum(allocs)), len(allocs), _log(self.flops),
         ]
+        row += self._reduction_features(s, loops, loads, is_update)
         accesses = {}
         for ld in loads:
             acc = accesses.setdefault((ld.buffer, ld.indices), {"read": 0, "write": 0})
@@ -173,6 +177,28 @@ class _Extractor:
         row += [0.0] * (len(_BUF) * (MAX_BUFFERS - min(len(feats), MAX_BUFFERS)))
         row += self._intensity_curve(loops, counts, access_deps)
         return row
+
+    def _reduction_features(self, s, loops, loads, is_update) -> list:
+        """How the work inside the innermost reduction loop is shaped (zeros for plain stores)."""
+        if not is_update or not loops:
+            return [0.0] * 8
+        out_vars = set().union(*(free_vars(i) for i in s.indices)) if s.indices else set()
+        red = [k for k, lp in enumerate(loops) if lp.var not in out_vars]
+        if not red:
+            return [0.0] * 8
+        inner_k, outer_k = red[-1], red[0]
+        inside = loops[inner_k + 1:]
+        acc = float(np.prod([lp.extent for lp in inside])) if inside else 1.0
+        unrolled = loops[inner_k].kind == "unroll" or any(
+            lp.auto_unroll and lp.auto_unroll >= float(np.prod([x.extent for x in loops[j:]]))
+            for j, lp in enumerate(loops[: inner_k + 1]))
+        per_step = len({(ld.buffer, ld.indices) for ld in loads})
+        tile = 0.0
+        for ld in loads:
+            deps = set().union(*(free_vars(i) for i in ld.indices)) if ld.indices else set()
+            tile += 4.0 * float(np.prod([lp.extent for lp in loops[outer_k:] if lp.var in deps]) or 1.0)
+        return [_log(acc), len(inside), _log(loops[inner_k].extent), float(unrolled), len(red),
+                _log(float(np.prod([loops[k].extent for k in red]))), _log(per_step * acc), _log(tile)]
 
     def _strides(self, buf, idx, loops, ranges):
         """Element stride of the access in each enclosing loop (None: not affine), and its loop vars."""
