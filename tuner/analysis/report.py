@@ -68,6 +68,7 @@ class Report:
             ax.set_title(f"{t.name} [{t.layout}]", fontsize=9)
             ax.set_xlabel("trial")
             ax.set_ylabel("best GFLOPS so far")
+            ax.set_ylim(bottom=0)
             ax.grid(alpha=0.3)
         for ax in list(axes.flat)[len(self.tasks):]:
             ax.axis("off")

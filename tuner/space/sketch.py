@@ -115,14 +115,21 @@ class SearchSpace:
         last = [d for d in self._last_options if d <= self.target.lanes]
         tile = [[1, 1, 1] for _ in shape]
         others = [d for d in range(len(shape) - 1) if shape[d] > 1]
-        row = max(others, key=lambda d: (shape[d], d)) if others else None
-        if row is None:
-            tile[-1][2] = max(d for d in self._last_options if d <= 4 * self.target.lanes) \
-                if any(d <= 4 * self.target.lanes for d in self._last_options) else 1
+        if not others:
+            wide = [d for d in self._last_options if d <= 4 * self.target.lanes]
+            tile[-1][2] = max(wide) if wide else 1
         else:
             tile[-1][2] = max(last) if last else 1
-            vecs = self._vectors(tile[-1][2])
-            tile[row][2] = max(d for d in divisors(shape[row]) if d * vecs <= 24)
+            acc = self._vectors(tile[-1][2])
+            # register tile along the axis next to the vector axis (the output row, as in the
+            # classic NCHW[x]c schedule), then widen along the largest other axis until enough
+            # independent accumulators hide the FMA latency
+            row = len(shape) - 2 if shape[-2] > 1 else max(others, key=lambda d: (shape[d], d))
+            for d in [row] + sorted((d for d in others if d != row), key=lambda d: -shape[d]):
+                if acc >= 12:
+                    break
+                tile[d][2] = max(x for x in divisors(shape[d]) if x * acc <= 24)
+                acc *= tile[d][2]
         return {"pad": {p: "root" for p in self.pads}, "tile": tile,
                 "reduce": [1 for _ in self.reduce_axes], "unroll": 64}
 
