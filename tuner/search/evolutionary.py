@@ -19,6 +19,7 @@ from ..cost_model.dataset import FeatureCache, from_records
 from ..cost_model.model import XGBModel, normalised_throughput
 from ..schedule.schedule import ScheduleError
 from ..space.mutation import mutate
+from .random_search import RandomSearch
 
 
 def _key(dec: dict) -> str:
@@ -33,6 +34,7 @@ class EvolutionarySearch:
         self.task = task
         self.seed = seed
         self.rng = random.Random(seed)
+        self.random = RandomSearch(task, seed)     # the default first, the warm-up and the eps share
         self.shared = shared or SharedModel(model or XGBModel("pack-sum", seed))
         self.population = population
         self.generations = generations
@@ -59,15 +61,10 @@ class EvolutionarySearch:
     # ------------------------------------------------------------ proposing
     def propose(self, n: int, seen: set, first: bool = False) -> list:
         start = time.perf_counter()
-        out = []
-        if first:
-            cand = self.task.default_candidate()
-            if cand.code_hash not in seen:
-                seen.add(cand.code_hash)
-                out.append(cand)
+        out = self.random.propose(1, seen, first=True) if first else []   # the default schedule
         warm = self.warmup if self.warmup is not None else n
         if len(self.measured) < warm or not self.shared.ready:
-            out += self._random(n - len(out), seen)
+            out += self.random.propose(n - len(out), seen)
         else:
             self.shared.train_if_stale()
             scored = self._evolve()
@@ -79,7 +76,7 @@ class EvolutionarySearch:
                 if cand is not None and cand.code_hash not in seen:
                     seen.add(cand.code_hash)
                     out.append(cand)
-            out += self._random(n - len(out), seen)
+            out += self.random.propose(n - len(out), seen)
         self.overhead_s += time.perf_counter() - start
         return out
 
@@ -88,16 +85,6 @@ class EvolutionarySearch:
             return self.task.from_decisions(dec)
         except ScheduleError:
             return None
-
-    def _random(self, n: int, seen: set) -> list:
-        out, attempts = [], 0
-        while len(out) < n and attempts < 50 * n + 100:
-            attempts += 1
-            cand = self._candidate(self.task.space.sample(self.rng))
-            if cand is not None and cand.code_hash not in seen:
-                seen.add(cand.code_hash)
-                out.append(cand)
-        return out
 
     def _evolve(self) -> list:
         """[(decisions, predicted score)] best first, from mutating the best measured points."""

@@ -25,6 +25,8 @@ class RandomSearch:
             if cand.code_hash not in seen:
                 seen.add(cand.code_hash)
                 out.append(cand)
+            if n <= 1:
+                return out
         attempts = 0
         while len(out) < n and attempts < 50 * n + 200:
             attempts += 1
