@@ -74,11 +74,11 @@ def time_python(fn, repeat: int = 5, min_ms: float = 50.0) -> float:
     return statistics.median(costs)
 
 
-def bench_one(name, layout, threads, trials, log, rounds, progress):
+def bench_one(name, layout, threads, trials, log, rounds, progress, policy="random"):
     import torch
     torch.set_num_threads(threads)
     wl = resolve(name, layout if resolve(name).op == "conv2d" else None)
-    s = tune_op(wl, threads=threads, trials=trials, log=log, progress=progress)
+    s = tune_op(wl, threads=threads, trials=trials, log=log, progress=progress, policy=policy)
     kernel = build_op(wl, threads=threads, log=log, use_shipped=False, quiet=True)
     arrays = wl.random_inputs(seed=1)
     np.testing.assert_allclose(kernel(*arrays), wl.reference(arrays), rtol=2e-3, atol=2e-3)
@@ -118,6 +118,7 @@ def main(argv=None):
     ap.add_argument("--trials", type=int, default=256)
     ap.add_argument("--threads", default="1,2", help="thread counts; the first is the headline")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
+    ap.add_argument("--search", default="random", help="search policy for the tuning (the issue's figure: random)")
     ap.add_argument("--log-dir", default="logs/bench")
     ap.add_argument("--out", default=None)
     ap.add_argument("--no-progress", action="store_true")
@@ -131,7 +132,7 @@ def main(argv=None):
         peaks[t] = peak_gflops(target, t)
         log = str(Path(args.log_dir) / f"ops.{args.layout}.t{t}.jsonl")
         for name in names:
-            row = bench_one(name, args.layout, t, args.trials, log, args.rounds, not args.no_progress)
+            row = bench_one(name, args.layout, t, args.trials, log, args.rounds, not args.no_progress, args.search)
             row["fraction_of_peak"] = row["tuner_gflops"] / peaks[t]
             rows.append(row)
             print(_fmt_row(row), flush=True)

@@ -25,9 +25,6 @@ class ReplayRunner:
         return MeasureResult(rec["error"], rec.get("message", ""), list(rec["costs"]), rec.get("build_s", 0.0),
                              rec.get("run_s", 0.0))
 
-    def known(self, task) -> int:
-        return sum(1 for k in self._by_code if k[0] == task.workload.key and k[1] == str(task.target))
-
     def set_data(self, *args):
         pass
 

@@ -41,7 +41,6 @@ class EvolutionarySearch:
         self.eps = eps
         self.warmup = warmup
         self.measured: list = []            # (decisions, code_hash, latency)
-        self.overhead_s = 0.0                # time spent sampling, featurising, training, predicting
 
     # ------------------------------------------------------------ learning
     def observe(self, recs: list) -> None:
@@ -60,7 +59,6 @@ class EvolutionarySearch:
 
     # ------------------------------------------------------------ proposing
     def propose(self, n: int, seen: set, first: bool = False) -> list:
-        start = time.perf_counter()
         out = self.random.propose(1, seen, first=True) if first else []   # the default schedule
         warm = self.warmup if self.warmup is not None else n
         if len(self.measured) < warm or not self.shared.ready:
@@ -77,7 +75,6 @@ class EvolutionarySearch:
                     seen.add(cand.code_hash)
                     out.append(cand)
             out += self.random.propose(n - len(out), seen)
-        self.overhead_s += time.perf_counter() - start
         return out
 
     def _candidate(self, dec):
