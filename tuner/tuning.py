@@ -164,7 +164,8 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
             session.search_s += time.perf_counter() - t0
             st.started = True
             if not batch:
-                progress_rows[k].retired = st.summary.retired = "no unmeasured candidates left in its space"
+                progress_rows[k].retired = st.summary.retired = \
+                    f"{getattr(st.policy, 'name', 'the policy')} found no unmeasured candidate (space exhausted or search converged)"
                 bar.write(f"{st.task.name}: {st.summary.retired}")
                 continue
             ok_in_batch = False
