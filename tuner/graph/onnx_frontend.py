@@ -136,7 +136,7 @@ def _scalar_value(data, what: str, node) -> float:
     return float(arr[0])
 
 
-def _pads(a: dict, in_hw, kernel, strides, dilations, node) -> list:
+def _pads(a: dict, in_hw, kernel, strides, dilations) -> list:
     auto = a.get("auto_pad", "NOTSET")
     if auto in ("NOTSET", ""):
         p = a.get("pads", [0, 0, 0, 0])
@@ -169,7 +169,7 @@ def _convert(b: GraphBuilder, node, ins, a: dict, opset: int) -> list:
             raise OnnxImportError(f"node {name!r} (Conv): only 2-D convolutions are supported")
         k = a.get("kernel_shape", list(w.shape[2:]))
         strides, dil = a.get("strides", [1, 1]), a.get("dilations", [1, 1])
-        pads = _pads(a, x.shape[2:], k, strides, dil, node)
+        pads = _pads(a, x.shape[2:], k, strides, dil)
         y = b.add("conv2d", [x, ins[1]], {"strides": strides, "pads": pads, "dilations": dil,
                                           "groups": a.get("group", 1), "layout": "NCHW", "kernel_layout": "OIHW"}, name)
         if len(ins) > 2 and ins[2] is not None:
@@ -221,7 +221,7 @@ def _convert(b: GraphBuilder, node, ins, a: dict, opset: int) -> list:
         strides = a.get("strides", [1, 1])
         if any(d != 1 for d in a.get("dilations", [1, 1])):
             raise OnnxImportError(f"node {name!r} ({op}): dilated pooling is not supported")
-        pads = _pads(a, x.shape[2:], k, strides, [1, 1], node)
+        pads = _pads(a, x.shape[2:], k, strides, [1, 1])
         if a.get("ceil_mode", 0):
             for size, kk, s, lo, hi in zip(x.shape[2:], k, strides, pads[:2], pads[2:]):
                 if (size + lo + hi - kk) % s:
