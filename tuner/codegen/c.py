@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from ..te.expr import (Add, And, Call, Cast, Cmp, Const, Div, Expr, FloorDiv, FloorMod, Load, Max, Min, Mul,
-                       Select, Sub, Var, bounds, coefficient, free_vars, simplify, substitute)
+                       Select, Sub, Var, bounds, free_vars, from_linear, linear, simplify, substitute)
 from ..schedule import ir
 from ..schedule.lower import c_name
 
@@ -230,9 +230,10 @@ class CGen:
                         raise NotVectorizable("condition depends on the lane")
                 idx = tuple(substitute(i, {s.var: value_of_var}) for i in st.indices)
                 off = self.offset(st.buffer, idx, extra)
-                if coefficient(off, lane, self._bounds(extra)) != 1:
+                stride, base0 = _lane_form(off, lane)
+                if stride != 1:
                     raise NotVectorizable("store is not contiguous")
-                base = self.expr(simplify(substitute(off, {lane: Const(0)}), self._bounds()))
+                base = self.expr(base0)
                 val = substitute(st.value, {s.var: value_of_var})
                 code, is_vec = self.vexpr(val, lane, lanes, extra)
                 if not is_vec:
@@ -264,11 +265,10 @@ class CGen:
         vt = f"f32x{lanes}"
         if isinstance(e, Load):
             off = self.offset(e.buffer, e.indices, extra)
-            coef = coefficient(off, lane, self._bounds(extra))
+            coef, base = _lane_form(off, lane)
             if coef == 0:
                 return f"{c_name(e.buffer)}[{self.expr(off)}]", False
             if coef == 1:
-                base = simplify(substitute(off, {lane: Const(0)}), self._bounds())
                 return f"(*({vt}*)&{c_name(e.buffer)}[{self.expr(base)}])", True
             elems = [f"{c_name(e.buffer)}[{self.expr(simplify(substitute(off, {lane: Const(j)}), self._bounds()))}]"
                      for j in range(lanes)]
@@ -294,6 +294,18 @@ class CGen:
             b = b if bv else f"(({vt}){{0}} + ({b}))"
             return f"({self.expr(e.cond)} ? {a} : {b})", True
         raise NotVectorizable(f"{type(e).__name__} depends on the lane")
+
+
+def _lane_form(off: Expr, lane: str):
+    """(stride of the already simplified offset `off` in `lane`, offset at lane 0) or (None, None)."""
+    ln = linear(off)
+    if ln is None:
+        return None, None
+    lane_var = Var(lane)
+    coef = ln[0].get(lane_var, 0)
+    if any(lane in free_vars(t) for t in ln[0] if t != lane_var):
+        return None, None
+    return coef, from_linear({t: c for t, c in ln[0].items() if t != lane_var}, ln[1])
 
 
 def _straight_stores(s: ir.Stmt, conds=()) -> list:

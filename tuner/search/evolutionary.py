@@ -29,7 +29,7 @@ def _key(dec: dict) -> str:
 class EvolutionarySearch:
     name = "evolutionary"
 
-    def __init__(self, task, seed: int = 0, model=None, population: int = 64, generations: int = 3,
+    def __init__(self, task, seed: int = 0, model=None, population: int = 48, generations: int = 2,
                  eps: float = 0.1, warmup: int | None = None, shared=None):
         self.task = task
         self.seed = seed
@@ -132,7 +132,8 @@ class SharedModel:
         return len(self.feats) >= self.min_records or self._trained_at > 0
 
     def add(self, task, cand, latency: float):
-        self.feats.append(self.cache.of(task, cand.steps, cand.code_hash))
+        known = self._by_decision.get((task.workload.key, _key(cand.decisions))) if cand.decisions else None
+        self.feats.append(known if known is not None else self.cache.of(task, cand.steps, cand.code_hash))
         self.lats.append(latency)
         self.groups.append(task.workload.key)
 
