@@ -29,6 +29,9 @@ class OptunaSearch:
                 "random": lambda: optuna.samplers.RandomSampler(seed=seed)}[sampler]()
         self.study = optuna.create_study(direction="maximize", sampler=made)
         self.pending: dict = {}
+        self.values: dict = {}          # code hash -> GFLOPS told, for re-proposed code
+        from .random_search import RandomSearch
+        self.random = RandomSearch(task, seed)   # when the sampler only re-proposes measured code
         space = task.space
         self.space = space
         if space.kind == "tiled":
@@ -78,6 +81,8 @@ class OptunaSearch:
             dists = {k: optuna.distributions.IntDistribution(0, self._upper(k)) for k in params}
             self.study.add_trial(optuna.trial.create_trial(params=params, distributions=dists,
                                                            value=self._value_of_record(r)))
+            if r.get("code_hash"):
+                self.values[r["code_hash"]] = self._value_of_record(r)
 
     def _upper(self, name: str) -> int:
         sp = self.space
@@ -116,7 +121,14 @@ class OptunaSearch:
                 self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 continue
             if cand.code_hash in seen:
-                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                # measured before: tell the sampler what it measured (no new measurement)
+                if cand.code_hash in self.values:
+                    self.study.tell(trial, self.values[cand.code_hash])
+                else:
+                    self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                if attempts > 4 * n + 16:       # converged: fill the batch at random instead of spinning
+                    out += self.random.propose(n - len(out), seen)
+                    break
                 continue
             seen.add(cand.code_hash)
             self.pending[cand.code_hash] = trial
@@ -132,4 +144,5 @@ class OptunaSearch:
             self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
             return
         gflops = self.task.workload.flops / result.latency / 1e9 if result.ok else 0.0
+        self.values[cand.code_hash] = gflops
         self.study.tell(trial, gflops)
