@@ -112,7 +112,7 @@ class _Extractor:
         elif isinstance(s, ir.IfThen):
             self._visit(s.body, loops, allocs, guarded + 1)
         elif isinstance(s, ir.Allocate):
-            size = int(np.prod(s.shape))
+            size = math.prod(s.shape)
             self._visit(s.body, loops, allocs + [size], guarded)
         elif isinstance(s, ir.Store):
             self.rows.append(self._store(s, loops, allocs, guarded))
@@ -137,7 +137,7 @@ class _Extractor:
 
     def _store(self, s: ir.Store, loops: list, allocs: list, guarded: int) -> list:
         ranges = {lp.var: (0, lp.extent - 1) for lp in loops}
-        trip = float(np.prod([lp.extent for lp in loops])) if loops else 1.0
+        trip = float(math.prod([lp.extent for lp in loops])) if loops else 1.0
         counts = {"float": dict.fromkeys(("addsub", "mul", "div", "maxmin", "select_cmp", "math"), 0),
                   "int": dict.fromkeys(("addsub", "mul", "div", "maxmin"), 0)}
         _op_counts(s.value, counts)       # includes the index arithmetic of its loads
@@ -155,7 +155,7 @@ class _Extractor:
             _log(sum(counts["int"].values()) * trip), _log(trip), len(loops),
             _log(loops[-1].extent if loops else 1), _log(loops[0].extent if loops else 1),
             _log(loops[vec[-1]].extent if vec else 0), (len(loops) - 1 - vec[-1]) if vec else 0, len(vec),
-            _log(float(np.prod([lp.extent for lp in unrolled])) if unrolled else 0), len(unrolled),
+            _log(float(math.prod([lp.extent for lp in unrolled])) if unrolled else 0), len(unrolled),
             _log(max((lp.auto_unroll for lp in loops), default=0)),
             _log(par[0].extent if par else 0), len(par), guarded, float(is_update),
             float(not loads and isinstance(s.value, Const)), _log(sum(allocs)), len(allocs), _log(self.flops),
@@ -188,17 +188,17 @@ class _Extractor:
             return [0.0] * 8
         inner_k, outer_k = red[-1], red[0]
         inside = loops[inner_k + 1:]
-        acc = float(np.prod([lp.extent for lp in inside])) if inside else 1.0
+        acc = float(math.prod([lp.extent for lp in inside])) if inside else 1.0
         unrolled = loops[inner_k].kind == "unroll" or any(
-            lp.auto_unroll and lp.auto_unroll >= float(np.prod([x.extent for x in loops[j:]]))
+            lp.auto_unroll and lp.auto_unroll >= float(math.prod([x.extent for x in loops[j:]]))
             for j, lp in enumerate(loops[: inner_k + 1]))
         per_step = len({(ld.buffer, ld.indices) for ld in loads})
         tile = 0.0
         for ld in loads:
             deps = set().union(*(free_vars(i) for i in ld.indices)) if ld.indices else set()
-            tile += 4.0 * float(np.prod([lp.extent for lp in loops[outer_k:] if lp.var in deps]) or 1.0)
+            tile += 4.0 * float(math.prod([lp.extent for lp in loops[outer_k:] if lp.var in deps]) or 1.0)
         return [_log(acc), len(inside), _log(loops[inner_k].extent), float(unrolled), len(red),
-                _log(float(np.prod([loops[k].extent for k in red]))), _log(per_step * acc), _log(tile)]
+                _log(float(math.prod([loops[k].extent for k in red]))), _log(per_step * acc), _log(tile)]
 
     def _strides(self, buf, idx, loops, ranges):
         """Element stride of the access in each enclosing loop (None: not affine), and its loop vars."""
@@ -218,8 +218,8 @@ class _Extractor:
         return strides, deps
 
     def _buffer(self, buf, kind, loops, strides, trip) -> list:
-        size = int(np.prod(self.func.buffers[buf].shape))
-        unique = min(size, int(np.prod([lp.extent for lp, st in zip(loops, strides) if st != 0]) or 1))
+        size = math.prod(self.func.buffers[buf].shape)
+        unique = min(size, int(math.prod([lp.extent for lp, st in zip(loops, strides) if st != 0]) or 1))
         inner = strides[-1] if loops else 0
         contiguous = inner in (0, 1) if inner is not None else False
         elem_per_line = LINE_BYTES // 4 if contiguous else 1
@@ -229,8 +229,8 @@ class _Extractor:
             carried, dist_iter, dist_bytes, count = 0.0, 0.0, 0.0, 0.0
         else:
             inside = loops[reuse_k + 1:]
-            dist_iter = float(np.prod([lp.extent for lp in inside])) if inside else 1.0
-            dist_bytes = 4.0 * min(size, float(np.prod([lp.extent for lp, st in zip(loops[reuse_k + 1:],
+            dist_iter = float(math.prod([lp.extent for lp in inside])) if inside else 1.0
+            dist_bytes = 4.0 * min(size, float(math.prod([lp.extent for lp, st in zip(loops[reuse_k + 1:],
                                                                                     strides[reuse_k + 1:])
                                                         if st != 0]) if inside else 1.0))
             carried, count = 1.0, float(loops[reuse_k].extent)
@@ -245,10 +245,10 @@ class _Extractor:
         points = []
         for level in range(len(loops), -1, -1):
             inner = loops[level:]
-            iters = float(np.prod([lp.extent for lp in inner])) if inner else 1.0
+            iters = float(math.prod([lp.extent for lp in inner])) if inner else 1.0
             touched = 0.0
             for deps in access_deps:
-                touched += 4.0 * float(np.prod([lp.extent for lp in inner if lp.var in deps]) if inner else 1.0)
+                touched += 4.0 * float(math.prod([lp.extent for lp in inner if lp.var in deps]) if inner else 1.0)
             points.append(flops_per * iters / max(touched, 4.0))
         points = (points + [points[-1]] * CURVE_POINTS)[:CURVE_POINTS]
         return [_log(p) for p in points]
