@@ -4,23 +4,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from tuner.measure.builder import build_batch
-from tuner.measure.library import ffi, open_library
+from tuner.measure.library import open_library, pointer_array
 from tuner.measure.worker import check_output
 from tuner.target import parse_target
 from tuner.task import Task
 
 TARGET1 = parse_target("cpu", threads=1)
-_ffi = ffi()
 
 
 def run_kernel(lib_path: str, index: int, arrays: list, out_shape: tuple) -> np.ndarray:
     lib = open_library(lib_path)
     out = np.full(out_shape, np.nan, np.float32)
     keep = [np.ascontiguousarray(a, dtype=np.float32) for a in arrays] + [out]
-    ptrs = _ffi.new("float*[]", len(keep))
-    for k, a in enumerate(keep):
-        ptrs[k] = _ffi.cast("float*", _ffi.from_buffer(a))
-    assert lib.tuner_run(index, ptrs) == 0
+    assert lib.tuner_run(index, pointer_array(keep)) == 0
     return out
 
 

@@ -5,6 +5,7 @@ import numpy as np
 
 from . import records
 from .measure.builder import build_batch
+from .measure.library import ffi, open_library, pointer_array
 from .target import Target, parse_target
 from .task import Task
 from .te.workloads import Workload, resolve
@@ -14,8 +15,6 @@ class Kernel:
     """A compiled operator that runs on NumPy arrays in the workload's layout."""
 
     def __init__(self, task: Task, steps: list, record: dict | None, source_log: str | None):
-        from .measure.library import ffi, open_library
-
         self.workload = task.workload
         self.target = task.target
         self.steps = steps
@@ -27,7 +26,6 @@ class Kernel:
         built = build_batch([(cand.func_name, cand.source)], self.target, openmp=cand.openmp, jobs=1)[0]
         if built.error:
             raise RuntimeError(f"could not compile {self.workload.label}: {built.error}")
-        self._ffi = ffi()
         self._lib = open_library(built.lib)
         self._index = built.index
         ins, out = task.space.inputs, task.space.output
@@ -52,23 +50,16 @@ class Kernel:
             out = np.empty(self.output_shape, np.float32)
         elif out.shape != self.output_shape or out.dtype != np.float32 or not out.flags.c_contiguous:
             raise ValueError(f"out must be a C-contiguous float32 array of shape {self.output_shape}")
-        ptrs = self._ffi.new("float*[]", len(args) + 1)
-        for k, a in enumerate(args + [out]):
-            ptrs[k] = self._ffi.cast("float*", self._ffi.from_buffer(a))
-        rc = self._lib.tuner_run(self._index, ptrs)
+        rc = self._lib.tuner_run(self._index, pointer_array(args + [out]))
         if rc:
             raise RuntimeError(f"{self.workload.label} kernel failed with code {rc}")
         return out
 
     def time(self, *arrays: np.ndarray, repeat: int = 5, min_repeat_ms: float = 50.0) -> list:
         """Seconds per call over `repeat` repeats, timed in C."""
-        ptrs = self._ffi.new("float*[]", len(arrays) + 1)
-        out = np.empty(self.output_shape, np.float32)
-        keep = [np.ascontiguousarray(a, dtype=np.float32) for a in arrays] + [out]
-        for k, a in enumerate(keep):
-            ptrs[k] = self._ffi.cast("float*", self._ffi.from_buffer(a))
-        costs = self._ffi.new("double[]", repeat)
-        rc = self._lib.tuner_time(self._index, ptrs, 0, repeat, min_repeat_ms, 0, costs)
+        keep = [np.ascontiguousarray(a, dtype=np.float32) for a in arrays] + [np.empty(self.output_shape, np.float32)]
+        costs = ffi().new("double[]", repeat)
+        rc = self._lib.tuner_time(self._index, pointer_array(keep), 0, repeat, min_repeat_ms, 0, costs)
         if rc:
             raise RuntimeError(f"{self.workload.label} kernel failed with code {rc}")
         return list(costs)

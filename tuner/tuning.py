@@ -16,9 +16,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from . import records
-from .measure.builder import build_batch
 from .measure.replay import ReplayRunner
-from .measure.result import COMPILE_ERROR, OK, MeasureResult
+from .measure.result import OK
 from .measure.runner import RunConfig, Runner
 from .search import make_policy
 from .search.scheduler import SCHEDULERS, TaskProgress
@@ -66,8 +65,6 @@ class Session:
     tasks: list
     log: str
     seconds: float = 0.0
-    build_s: float = 0.0
-    run_s: float = 0.0
     search_s: float = 0.0        # proposing: sampling, features, training, prediction
     interrupted: bool = False
 
@@ -169,7 +166,7 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
                 bar.write(f"{st.task.name}: {st.summary.retired}")
                 continue
             ok_in_batch = False
-            for cand, result in _measure(st.task, batch, runner):
+            for cand, result in runner.measure(st.task, batch):
                 rec = records.make_record(st.task.workload, tgt, cand.steps, result, cand.code_hash,
                                           getattr(st.policy, "name", "custom"), getattr(st.policy, "seed", seed),
                                           cand.decisions, replay)
@@ -177,8 +174,6 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
                 s = st.summary
                 s.trials += 1
                 s.new += 1
-                session.build_s += result.build_s
-                session.run_s += result.run_s
                 _count(s, result.error, result.message)
                 ok_in_batch |= result.ok
                 if result.ok and (s.best is None or result.latency < s.best_latency):
@@ -189,7 +184,6 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
                     session.search_s += time.perf_counter() - t0
                 bar.update(1)
                 _show(bar, session, start)
-            runner.release()
             sched.record_round(k, st.summary.best_latency, failures_only=not ok_in_batch)
             if progress_rows[k].retired:
                 st.summary.retired = progress_rows[k].retired
@@ -228,35 +222,6 @@ def tune_op(workload: str | Workload, layout: str | None = None, target: str | T
     return tune([wl], target=target, trials=trials, log=log or default_log(wl), **kwargs).tasks[0]
 
 
-def _measure(task: Task, batch: list, runner):
-    """Build the batch (one compiler call per core), then check and time each candidate."""
-    if isinstance(runner, ReplayRunner):
-        for cand in batch:
-            yield cand, runner.lookup(task, cand)
-        return
-    runner.set_data(task.workload.key, *task.data)
-    built = build_batch([(c.func_name, c.source) for c in batch], task.target,
-                        openmp=any(c.openmp for c in batch))
-    for cand, b in zip(batch, built):
-        if b.error is not None:
-            yield cand, MeasureResult(COMPILE_ERROR, b.error, build_s=b.seconds)
-            continue
-        result = runner.run(b.lib, b.index)
-        result.build_s = b.seconds
-        yield cand, result
-
-
-def measure_candidates(task: Task, batch: list, runner: Runner | None = None) -> list:
-    """Measure prepared candidates without a log (used by tests and benchmarks)."""
-    own = runner is None
-    runner = runner or Runner(task.target)
-    try:
-        return [r for _, r in _measure(task, batch, runner)]
-    finally:
-        if own:
-            runner.close()
-
-
 def _show(bar, session: Session, start: float):
     ok = sum(t.errors.get(OK, 0) for t in session.tasks)
     failed = sum(v for t in session.tasks for k, v in t.errors.items() if k != OK)
@@ -271,4 +236,4 @@ def _show(bar, session: Session, start: float):
     bar.set_postfix_str(f"valid {ok} failed {failed} best {best} {rate:.0f} cand/min", refresh=False)
 
 
-__all__ = ["tune", "tune_op", "TuneSummary", "Session", "measure_candidates", "Candidate", "default_log"]
+__all__ = ["tune", "tune_op", "TuneSummary", "Session", "Candidate", "default_log"]

@@ -1,5 +1,7 @@
-"""Training data for cost models: features of logged or proposed schedules, cached by code hash."""
+"""Training data for cost models: features of logged or proposed schedules, cached per schedule."""
 from __future__ import annotations
+
+import json
 
 import numpy as np
 
@@ -12,18 +14,18 @@ from .features import extract
 
 
 class FeatureCache:
-    """Features per code hash: a schedule is lowered and featurised once per process."""
+    """Features per (task, step list): a schedule is lowered and featurised once per process,
+    whether it was proposed, measured or read from a log."""
 
     def __init__(self):
         self._cache: dict = {}
         self._tasks: dict = {}
 
-    def of(self, task, steps: list, code_hash: str | None = None) -> np.ndarray:
-        if code_hash is not None and code_hash in self._cache:
-            return self._cache[code_hash]
-        f = extract(lower(task.space.schedule(steps)), task.workload.flops)
-        if code_hash is not None:
-            self._cache[code_hash] = f
+    def of(self, task, steps: list) -> np.ndarray:
+        key = (task.workload.key, str(task.target), json.dumps(steps))
+        f = self._cache.get(key)
+        if f is None:
+            f = self._cache[key] = extract(lower(task.space.schedule(steps)), task.workload.flops)
         return f
 
     def task_for(self, rec: dict):
@@ -45,7 +47,7 @@ def from_records(recs: list, cache: FeatureCache | None = None) -> tuple:
             continue
         try:
             task = cache.task_for(rec)
-            f = cache.of(task, rec["steps"], rec.get("code_hash"))
+            f = cache.of(task, rec["steps"])
         except (ScheduleError, WorkloadError, TargetError, KeyError, ValueError):
             continue
         feats.append(f)

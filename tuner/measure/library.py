@@ -37,6 +37,15 @@ def ffi() -> FFI:
     return f
 
 
+def pointer_array(arrays: list):
+    """The `float**` a kernel takes, over C-contiguous float32 arrays that the caller keeps alive."""
+    f = ffi()
+    ptrs = f.new("float*[]", len(arrays))
+    for k, a in enumerate(arrays):
+        ptrs[k] = f.cast("float*", f.from_buffer(a))
+    return ptrs
+
+
 def open_library(path: str):
     """dlopen a library built by the builder; returns the cffi library object."""
     _pin_openmp_runtime()

@@ -18,18 +18,16 @@ class ReplayRunner:
             raise FileNotFoundError(f"replay log {log} has no records")
         self._by_code = {(r["workload"]["key"], r["target"], r.get("code_hash")): r for r in contents.records}
 
-    def lookup(self, task, cand) -> MeasureResult:
-        rec = self._by_code.get((task.workload.key, str(task.target), cand.code_hash))
-        if rec is None:
-            return MeasureResult(NOT_IN_LOG, f"code {cand.code_hash} of {task.name} was never measured in {self.path}")
-        return MeasureResult(rec["error"], rec.get("message", ""), list(rec["costs"]), rec.get("build_s", 0.0),
-                             rec.get("run_s", 0.0))
-
-    def set_data(self, *args):
-        pass
-
-    def release(self):
-        pass
+    def measure(self, task, batch: list):
+        """Yield (candidate, result) with the logged result of the same code, as Runner.measure does."""
+        for cand in batch:
+            rec = self._by_code.get((task.workload.key, str(task.target), cand.code_hash))
+            if rec is None:
+                yield cand, MeasureResult(NOT_IN_LOG, f"code {cand.code_hash} of {task.name} was never measured "
+                                          f"in {self.path}")
+            else:
+                yield cand, MeasureResult(rec["error"], rec.get("message", ""), list(rec["costs"]),
+                                          rec.get("build_s", 0.0), rec.get("run_s", 0.0))
 
     def close(self):
         pass

@@ -1,4 +1,4 @@
-"""Runs built candidates in a worker process with a timeout, one result per candidate."""
+"""Measures candidates: builds a batch, then checks and times each kernel in a worker process."""
 from __future__ import annotations
 
 import os
@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from ..target import Target
 from . import worker
-from .result import OK, RUNTIME_ERROR, TIMEOUT, MeasureResult
+from .builder import build_batch
+from .result import COMPILE_ERROR, OK, RUNTIME_ERROR, TIMEOUT, MeasureResult
 
 
 @dataclass
@@ -22,30 +23,6 @@ class RunConfig:
     flush: bool = False          # flush caches before each (single-call) repeat
     rtol: float = 1e-3
     atol: float = 1e-4           # scaled by the largest reference magnitude
-
-
-class _Channel:
-    """Pickled messages over the worker's stdin (to it) and stdout (from it)."""
-
-    def __init__(self, proc):
-        from multiprocessing.connection import Connection
-        self._tx = Connection(os.dup(proc.stdin.fileno()), readable=False)
-        self._rx = Connection(os.dup(proc.stdout.fileno()), writable=False)
-        proc.stdin.close()
-        proc.stdout.close()
-
-    def send(self, obj):
-        self._tx.send(obj)
-
-    def recv(self):
-        return self._rx.recv()
-
-    def poll(self, timeout):
-        return self._rx.poll(timeout)
-
-    def close(self):
-        self._tx.close()
-        self._rx.close()
 
 
 class Runner:
@@ -70,7 +47,9 @@ class Runner:
         proc = subprocess.Popen([sys.executable, "-m", worker.__name__], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, env=env, start_new_session=True)
         self._proc = proc
-        self._conn = _Channel(proc)
+        self._conn = worker.Channel(proc.stdout.fileno(), proc.stdin.fileno())
+        proc.stdin.close()
+        proc.stdout.close()
         self._data_id = None
 
     def _alive(self) -> bool:
@@ -103,7 +82,7 @@ class Runner:
     def __exit__(self, *exc):
         self.close()
 
-    def set_data(self, key: str, inputs: list, reference):
+    def _set_data(self, key: str, inputs: list, reference):
         """Inputs and expected output for the next candidates (sent once per worker)."""
         if self._data is None or self._data[0] != key:
             self._data = (key, inputs, reference)
@@ -119,6 +98,20 @@ class Runner:
             self._data_id = self._data[0]
 
     # ------------------------------------------------------------ measuring
+    def measure(self, task, batch: list):
+        """Build the batch (one compiler call per core), then yield (candidate, result) as each is timed."""
+        self._set_data(task.workload.key, *task.data)
+        built = build_batch([(c.func_name, c.source) for c in batch], task.target,
+                            openmp=any(c.openmp for c in batch))
+        for cand, b in zip(batch, built):
+            if b.error is not None:
+                yield cand, MeasureResult(COMPILE_ERROR, b.error, build_s=b.seconds)
+                continue
+            result = self.run(b.lib, b.index)
+            result.build_s = b.seconds
+            yield cand, result
+        self._release()
+
     def run(self, lib: str, index: int) -> MeasureResult:
         """Check and time kernel `index` of library `lib`."""
         cfg = self.config
@@ -143,7 +136,7 @@ class Runner:
                                  run_s=time.perf_counter() - start)
         return MeasureResult(kind, message, costs if kind == OK else [], run_s=run_s)
 
-    def release(self):
+    def _release(self):
         """Unload the libraries the worker holds (between batches)."""
         if self._alive():
             self._conn.send(("release",))

@@ -5,10 +5,11 @@ down; the parent records the error and starts a new one.
 """
 from __future__ import annotations
 
+import os
 import time
+from multiprocessing.connection import Connection
 
 import numpy as np
-
 
 
 def check_output(out: np.ndarray, ref: np.ndarray, rtol: float, atol: float):
@@ -23,21 +24,30 @@ def check_output(out: np.ndarray, ref: np.ndarray, rtol: float, atol: float):
             f"{list(map(int, idx))}: expected {ref[idx]:.6g}, got {out[idx]:.6g}")
 
 
-class _Duplex:
-    """Send on one pipe, receive on another: the worker's channel over its stdin/stdout."""
+class Channel:
+    """Pickled messages received on one pipe and sent on another: both ends of the worker's
+    stdin/stdout (the file descriptors are duplicated, so the originals can be closed)."""
 
-    def __init__(self, rx, tx):
-        self.rx, self.tx = rx, tx
-
-    def recv(self):
-        return self.rx.recv()
+    def __init__(self, rx_fd: int, tx_fd: int):
+        self._rx = Connection(os.dup(rx_fd), writable=False)
+        self._tx = Connection(os.dup(tx_fd), readable=False)
 
     def send(self, obj):
-        self.tx.send(obj)
+        self._tx.send(obj)
+
+    def recv(self):
+        return self._rx.recv()
+
+    def poll(self, timeout):
+        return self._rx.poll(timeout)
+
+    def close(self):
+        self._tx.close()
+        self._rx.close()
 
 
 def main(conn) -> None:
-    from .library import ffi as get_ffi, open_library
+    from .library import ffi as get_ffi, open_library, pointer_array
 
     ffi = get_ffi()
     libs: dict = {}
@@ -55,9 +65,7 @@ def main(conn) -> None:
             arrays = [np.ascontiguousarray(a, dtype=np.float32) for a in msg[1]]
             ref = msg[2]
             out = np.empty(ref.shape, np.float32)
-            args = ffi.new("float*[]", len(arrays) + 1)
-            for k, a in enumerate(arrays + [out]):
-                args[k] = ffi.cast("float*", ffi.from_buffer(a))
+            args = pointer_array(arrays + [out])
             conn.send(("ready",))
         elif kind == "release":
             for path in list(libs):
@@ -88,10 +96,6 @@ def main(conn) -> None:
 
 
 if __name__ == "__main__":
-    import os
-    from multiprocessing.connection import Connection
-
-    rx = Connection(os.dup(0), writable=False)
-    tx = Connection(os.dup(1), readable=False)
+    channel = Channel(0, 1)
     os.dup2(2, 1)  # anything a kernel prints goes to stderr, never into the channel
-    main(_Duplex(rx, tx))
+    main(channel)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 
 import numpy as np
 
@@ -59,7 +58,7 @@ class EvolutionarySearch:
 
     # ------------------------------------------------------------ proposing
     def propose(self, n: int, seen: set, first: bool = False) -> list:
-        out = self.random.propose(1, seen, first=True) if first else []   # the default schedule
+        out = self.random.default_if_new(seen) if first else []
         warm = self.warmup if self.warmup is not None else n
         if len(self.measured) < warm or not self.shared.ready:
             out += self.random.propose(n - len(out), seen)
@@ -124,16 +123,13 @@ class SharedModel:
         self.groups: list = []
         self.min_records = min_records
         self._trained_at = -1
-        self.train_s = 0.0
-        self._by_decision: dict = {}    # features of proposed points, across rounds
 
     @property
     def ready(self) -> bool:
         return len(self.feats) >= self.min_records or self._trained_at > 0
 
     def add(self, task, cand, latency: float):
-        known = self._by_decision.get((task.workload.key, _key(cand.decisions))) if cand.decisions else None
-        self.feats.append(known if known is not None else self.cache.of(task, cand.steps, cand.code_hash))
+        self.feats.append(self.cache.of(task, cand.steps))     # usually cached when it was scored
         self.lats.append(latency)
         self.groups.append(task.workload.key)
 
@@ -147,21 +143,16 @@ class SharedModel:
     def train_if_stale(self):
         if len(self.feats) == self._trained_at:
             return
-        t = time.perf_counter()
         self.model.fit(self.feats, normalised_throughput(self.lats, self.groups), self.groups)
-        self.train_s += time.perf_counter() - t
         self._trained_at = len(self.feats)
 
     def predict(self, task, decisions: list) -> np.ndarray:
         feats = []
         for d in decisions:
-            key = (task.workload.key, _key(d))
-            if key not in self._by_decision:
-                try:
-                    self._by_decision[key] = self.cache.of(task, task.space.steps(d))
-                except ScheduleError:
-                    self._by_decision[key] = None
-            feats.append(self._by_decision[key])
+            try:
+                feats.append(self.cache.of(task, task.space.steps(d)))
+            except ScheduleError:
+                feats.append(None)
         ok = [f for f in feats if f is not None]
         preds = iter(self.model.predict(ok)) if ok else iter(())
         return np.asarray([next(preds) if f is not None else -np.inf for f in feats])

@@ -14,19 +14,20 @@ class RandomSearch:
         self.seed = seed
         self.rng = random.Random(seed)
 
+    def default_if_new(self, seen: set) -> list:
+        """[the default schedule] unless its code was measured already."""
+        cand = self.task.default_candidate()
+        if cand.code_hash in seen:
+            return []
+        seen.add(cand.code_hash)
+        return [cand]
+
     def propose(self, n: int, seen: set, first: bool = False) -> list:
         """Up to `n` new candidates whose code hash is not in `seen` (which it extends).
 
         On the first round the default schedule goes first, so every tune has a baseline.
         """
-        out = []
-        if first:
-            cand = self.task.default_candidate()
-            if cand.code_hash not in seen:
-                seen.add(cand.code_hash)
-                out.append(cand)
-            if n <= 1:
-                return out
+        out = self.default_if_new(seen) if first else []
         attempts = 0
         while len(out) < n and attempts < 50 * n + 200:
             attempts += 1
