@@ -179,9 +179,8 @@ def evaluate(node: Node, args: list) -> np.ndarray:
         w = args[1]
         kl = a.get("kernel_layout", kernel_layout(lay))
         w_oihw = w if kl == "OIHW" else L.conv_weight_to_oihw(w, "NHWC" if kl == "HWIO" else "NCHW16c")
-        y = te_ops.conv2d_ref(_to_nchw(x, lay), w_oihw, a["strides"][0], tuple(a["pads"]), a["dilations"][0],
-                              a["groups"]) if a["strides"][0] == a["strides"][1] and a["dilations"][0] == a["dilations"][1] \
-            else _conv_general(_to_nchw(x, lay), w_oihw, a)
+        y = te_ops.conv2d_ref(_to_nchw(x, lay), w_oihw, tuple(a["strides"]), tuple(a["pads"]),
+                              tuple(a["dilations"]), a["groups"])
         return _from_nchw(y, lay).astype(np.float32)
     if op == "dense":
         return (x.astype(np.float64) @ args[1].astype(np.float64).T).astype(np.float32)
@@ -236,24 +235,3 @@ def evaluate(node: Node, args: list) -> np.ndarray:
     if op == "layout_transform":
         return _from_nchw(_to_nchw(x, a["src"]), a["dst"]).astype(x.dtype)
     raise GraphError(f"no evaluator for op {op!r}")
-
-
-def _conv_general(x, w, a):
-    """Convolution with different strides/dilations per axis (rare; direct loops)."""
-    x = te_ops.pad_ref(x.astype(np.float64), (2, 3), tuple(a["pads"]))
-    n, c, h, wd = x.shape
-    k, cg, r, s = w.shape
-    sh, sw = a["strides"]
-    dh, dw = a["dilations"]
-    oh = (h - dh * (r - 1) - 1) // sh + 1
-    ow = (wd - dw * (s - 1) - 1) // sw + 1
-    g = a["groups"]
-    kg = k // g
-    y = np.zeros((n, k, oh, ow))
-    for gi in range(g):
-        xs = x[:, gi * cg:(gi + 1) * cg]
-        for i in range(r):
-            for j in range(s):
-                patch = xs[:, :, i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw]
-                y[:, gi * kg:(gi + 1) * kg] += np.einsum("nchw,kc->nkhw", patch, w[gi * kg:(gi + 1) * kg, :, i, j])
-    return y

@@ -106,16 +106,18 @@ def _hw_dims(layout: str) -> tuple:
     return (1, 2) if layout == "NHWC" else (2, 3)
 
 
-def conv2d_ref(x: np.ndarray, w: np.ndarray, stride: int, pads: tuple, dilation: int = 1,
-               groups: int = 1) -> np.ndarray:
-    """NCHW x OIHW convolution in float64 through sliding windows and tensordot."""
+def conv2d_ref(x: np.ndarray, w: np.ndarray, stride, pads: tuple, dilation=1, groups: int = 1) -> np.ndarray:
+    """NCHW x OIHW convolution in float64 through sliding windows and tensordot.
+
+    stride and dilation are one number or an (h, w) pair.
+    """
+    sh, sw = (stride, stride) if isinstance(stride, int) else stride
+    dh, dw = (dilation, dilation) if isinstance(dilation, int) else dilation
     x = pad_ref(x.astype(np.float64), (2, 3), pads)
     w = w.astype(np.float64)
-    n, c, h, wd = x.shape
     k, cg, r, s = w.shape
-    eff_r, eff_s = dilation * (r - 1) + 1, dilation * (s - 1) + 1
-    win = np.lib.stride_tricks.sliding_window_view(x, (eff_r, eff_s), axis=(2, 3))
-    win = win[:, :, ::stride, ::stride, ::dilation, ::dilation]  # n c oh ow r s
+    win = np.lib.stride_tricks.sliding_window_view(x, (dh * (r - 1) + 1, dw * (s - 1) + 1), axis=(2, 3))
+    win = win[:, :, ::sh, ::sw, ::dh, ::dw]  # n c oh ow r s
     kg = k // groups
     outs = []
     for g in range(groups):

@@ -12,7 +12,6 @@ inverse pair disappears), and transforming the same value twice reuses the first
 """
 from __future__ import annotations
 
-import numpy as np
 
 from ...te import layouts as L
 from ..ir import Graph, GraphBuilder
@@ -55,16 +54,11 @@ class _Converter:
         if data.ndim > 4:
             return c
         full = data.reshape((1,) * (4 - data.ndim) + data.shape)
-        if lay == "NHWC":
-            return self.b.const(np.ascontiguousarray(full.transpose(0, 2, 3, 1)), f"{c.name}_{lay}")
-        n, ch, h, w = full.shape
-        blk = act.shape[4]
-        if ch == 1:
-            return self.b.const(full.reshape(n, 1, h, w, 1), f"{c.name}_{lay}")
-        if ch % blk:
-            return None
-        return self.b.const(np.ascontiguousarray(full.reshape(n, ch // blk, blk, h, w).transpose(0, 1, 3, 4, 2)),
-                            f"{c.name}_{lay}")
+        ch = full.shape[1]
+        blk = act.shape[4] if lay != "NHWC" else 0
+        if blk and ch != 1 and ch % blk:
+            return None                     # cannot follow the activation's channel blocks
+        return self.b.const(L.act_from_nchw(full, lay, 1 if ch == 1 else blk or None), f"{c.name}_{lay}")
 
 
 def _conv_weight(b, w, lay: str, groups: int, channels: int):
@@ -116,13 +110,12 @@ def convert(graph: Graph, desired: str) -> Graph:
             out = b.add("concat", vals, attrs, n.name)
         else:
             # layout-sensitive or unknown: give it NCHW, as the original graph had
-            vals = [cv.to(v, "NCHW") if (v.layout and len(v.shape) >= 4 and not v.is_const) else v for v in ins]
+            vals = [cv.to(v, "NCHW") for v in ins]
             if n.op in ("conv2d",) + AGNOSTIC_POOLS:
                 attrs["layout"] = "NCHW"
             out = b.add(n.op, vals, attrs, n.name)
         mapping[id(n.output)] = out
-    outputs = [cv.to(mapping.get(id(v), v), "NCHW") if mapping.get(id(v), v).layout else mapping.get(id(v), v)
-               for v in graph.outputs]
+    outputs = [cv.to(mapping.get(id(v), v), "NCHW") for v in graph.outputs]
     return b.finish(outputs, graph.meta)
 
 

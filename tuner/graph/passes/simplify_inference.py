@@ -11,21 +11,17 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Graph, rebuild
+from ...te.ops import channel_bias_shape
 from ..ops import nchw_dims
 from .base import register
 
 
 def _channel_shape(x, channels: int):
     """Shape that broadcasts a per-channel vector against activation x (in x's layout)."""
-    lay = x.layout or "NCHW"
     if len(x.shape) == 2:
         return (channels,)
-    if lay == "NCHW":
-        return (channels, 1, 1)
-    if lay == "NHWC":
-        return (channels,)
-    b = x.shape[4]
-    return (channels // b, 1, 1, b)
+    lay = x.layout or "NCHW"
+    return channel_bias_shape(lay, channels, x.shape[4] if len(x.shape) == 5 else 0)
 
 
 def _per_channel(const, out):
