@@ -23,7 +23,7 @@ os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # both OpenMP runtimes in this
 
 import numpy as np  # noqa: E402
 
-from tuner import records  # noqa: E402
+from tuner.analysis.report import task_report  # noqa: E402
 from tuner.build import build_op  # noqa: E402
 from tuner.target import parse_target  # noqa: E402
 from tuner.te.layouts import act_to_nchw, conv_weight_to_oihw, dense_weight_to_oi  # noqa: E402
@@ -90,8 +90,7 @@ def bench_one(name, layout, threads, trials, log, rounds, progress, policy="rand
             theirs[f].append(time_python(fn, repeat=3, min_ms=30))
     tfmt = min(theirs, key=lambda f: statistics.median(theirs[f]))   # PyTorch in its faster format
     t_ours, t_torch = statistics.median(ours), statistics.median(theirs[tfmt])
-    all_recs = records.load(log, warn=False).for_task(wl.key, str(s.target))
-    first_best = _trial_of_best(all_recs)
+    first_best = task_report(log, wl.key, str(s.target)).best_trial
     return {
         "workload": name, "spec": wl.spec, "layout": wl.layout, "threads": threads, "trials": s.trials,
         "gflop": wl.flops / 1e9, "tuner_ms": t_ours * 1e3, "torch_ms": t_torch * 1e3, "torch_format": tfmt,
@@ -100,15 +99,6 @@ def bench_one(name, layout, threads, trials, log, rounds, progress, policy="rand
         "tune_seconds_this_run": s.seconds, "candidates_per_minute": s.candidates_per_minute if s.new else None,
         "new_trials": s.new, "rounds": rounds, "target": str(s.target),
     }
-
-
-def _trial_of_best(recs):
-    best, at = math.inf, 0
-    for k, r in enumerate(recs, 1):
-        lat = records.latency(r)
-        if lat < best:
-            best, at = lat, k
-    return at
 
 
 def main(argv=None):

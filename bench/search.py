@@ -17,7 +17,8 @@ import statistics
 import time
 from pathlib import Path
 
-from tuner import records
+from tuner.analysis.report import task_report
+from tuner.target import parse_target
 from tuner.te.workloads import resolve
 from tuner.tuning import tune
 
@@ -25,13 +26,9 @@ DEFAULT_WORKLOADS = "r50.s1.conv3x3,r50.s1.conv1x1c,r50.s4.conv3x3,dense.2048x10
 
 
 def curve(log: str, wl) -> list:
-    best, out = float("inf"), []
-    for r in records.load(log, warn=False).records:
-        if r["workload"]["key"] != wl.key:
-            continue
-        best = min(best, records.latency(r))
-        out.append(wl.flops / best / 1e9 if best < float("inf") else 0.0)
-    return out
+    """Best-so-far GFLOPS after each trial of `wl` (1 thread) in `log`."""
+    rep = task_report(log, wl.key, str(parse_target("cpu", 1)))
+    return rep.curve if rep else []
 
 
 def trials_to(c: list, level: float):

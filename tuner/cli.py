@@ -29,6 +29,13 @@ def _cmd_workloads(args) -> int:
     return 0
 
 
+def _require_logs(*paths, flag: str = "") -> None:
+    """A one-line error (exit 2) for a log path that does not exist."""
+    for path in paths:
+        if path is not None and not Path(path).exists():
+            raise FileNotFoundError(f"no log at {path}" + (f" (from {flag})" if flag else ""))
+
+
 def split_workloads(text: str) -> list:
     """'a,b,conv2d:C=8,H=4,...,c' -> names and specs (a key=value item continues the spec before it)."""
     out: list = []
@@ -52,11 +59,8 @@ def _cmd_tune(args) -> int:
     if not names:
         raise WorkloadError("give --workload NAME|SPEC or --workloads A,B,C (see `tuner workloads`)")
     wls = [resolve(n, args.layout) for n in names]
-    for path in args.cost_model_from or ():
-        if not Path(path).exists():
-            raise FileNotFoundError(f"no log at {path} (from --cost-model-from)")
-    if args.replay and not Path(args.replay).exists():
-        raise FileNotFoundError(f"no log at {args.replay} (from --replay)")
+    _require_logs(*(args.cost_model_from or ()), flag="--cost-model-from")
+    _require_logs(args.replay, flag="--replay")
     cfg = RunConfig(timeout=args.timeout, repeat=args.repeat, min_repeat_ms=args.min_repeat_ms)
     session = tune(wls, target=args.target, threads=args.threads, trials=args.trials, log=args.log,
                    time_limit=args.time_limit, policy=args.search, seed=args.seed, batch_size=args.batch_size,
@@ -83,8 +87,7 @@ def _cmd_tune(args) -> int:
 
 def _cmd_analyze(args) -> int:
     from .analysis.report import analyze
-    if not Path(args.log).exists():
-        raise FileNotFoundError(f"no log at {args.log}")
+    _require_logs(args.log)
     rep = analyze(args.log)
     if not rep.tasks:
         print(f"{args.log}: no records" + (f" ({rep.skipped} malformed lines skipped)" if rep.skipped else ""))
@@ -103,8 +106,7 @@ def _cmd_show(args) -> int:
     from .te.workloads import resolve
     wl = resolve(args.workload, args.layout)
     tgt = parse_target(args.target, args.threads)
-    if not Path(args.log).exists():
-        raise FileNotFoundError(f"no log at {args.log}")
+    _require_logs(args.log)
     rec = records.best(args.log, wl.key, str(tgt))
     if rec is None:
         targets = sorted({r["target"] for r in records.load(args.log, warn=False).records
@@ -128,9 +130,7 @@ def _cmd_show(args) -> int:
 
 def _cmd_distill(args) -> int:
     from .analysis.distill import distill
-    for log in args.logs:
-        if not Path(log).exists():
-            raise FileNotFoundError(f"no log at {log}")
+    _require_logs(*args.logs)
     n = distill(args.logs, args.output)
     print(f"{args.output}: best records of {n} workload/target pair(s)")
     return 0

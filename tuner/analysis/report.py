@@ -6,7 +6,7 @@ from pathlib import Path
 
 from .. import records
 from ..measure.result import OK
-from ..te.workloads import WorkloadError, make, parse_spec
+from ..te.workloads import WorkloadError, parse_spec
 
 
 @dataclass
@@ -34,6 +34,7 @@ class Report:
     path: str
     tasks: list
     skipped: int
+    keys: list = field(default_factory=list)   # (workload key, target) of each task
 
     def table(self) -> str:
         head = ["workload", "layout", "target", "trials", "valid", "errors", "best ms", "GFLOPS", "best at"]
@@ -106,7 +107,13 @@ def analyze(path: str) -> Report:
             t.errors[rec["error"]] = t.errors.get(rec["error"], 0) + 1
             t.first_message.setdefault(rec["error"], rec.get("message", ""))
         t.curve.append(t.flops / t.best_latency / 1e9 if t.valid else 0.0)
-    return Report(path, list(tasks.values()), contents.skipped)
+    return Report(path, list(tasks.values()), contents.skipped, list(tasks))
 
 
-__all__ = ["analyze", "Report", "TaskReport", "make"]
+def task_report(path: str, key: str, target: str):
+    """The report of one workload on one target in a log, or None."""
+    rep = analyze(path)
+    return next((t for t, k in zip(rep.tasks, rep.keys) if k == (key, target)), None)
+
+
+__all__ = ["analyze", "task_report", "Report", "TaskReport"]

@@ -165,12 +165,7 @@ class CGen:
         return b
 
     def offset(self, buffer: str, indices: tuple, extra_ranges: dict | None = None) -> Expr:
-        shape = self.func.buffers[buffer].shape
-        off, stride = Const(0), 1
-        for idx, ext in zip(reversed(indices), reversed(shape)):
-            off = idx * Const(stride) + off
-            stride *= ext
-        return simplify(off, self._bounds(extra_ranges))
+        return simplify(ir.flat_index(indices, self.func.buffers[buffer].shape), self._bounds(extra_ranges))
 
     def lvalue(self, buffer: str, indices: tuple) -> str:
         return f"{c_name(buffer)}[{self.expr(self.offset(buffer, indices))}]"

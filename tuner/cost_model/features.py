@@ -123,17 +123,7 @@ class _Extractor:
         No simplification: index expressions are affine in the loop vars (div/mod of fused or
         re-laid axes stay opaque terms), which is all the stride and reuse features need.
         """
-        shape = self.func.buffers[buffer].shape
-        terms, const, stride = {}, 0, 1
-        for idx, ext in zip(reversed(indices), reversed(shape)):
-            lin = linear(idx)
-            if lin is None:
-                return None
-            for t, c in lin[0].items():
-                terms[t] = terms.get(t, 0) + c * stride
-            const += lin[1] * stride
-            stride *= ext
-        return {t: c for t, c in terms.items() if c}, const
+        return linear(ir.flat_index(indices, self.func.buffers[buffer].shape))
 
     def _store(self, s: ir.Store, loops: list, allocs: list, guarded: int) -> list:
         ranges = {lp.var: (0, lp.extent - 1) for lp in loops}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..te.expr import Expr
+from ..te.expr import Const, Expr
 
 
 class Stmt:
@@ -59,6 +59,15 @@ class Func:
     temps: list           # global temporaries
     body: Stmt
     buffers: dict = field(default_factory=dict)  # every buffer by name, for flattening
+
+
+def flat_index(indices: tuple, shape: tuple) -> Expr:
+    """Row-major element offset of a multi-dimensional index into a buffer of `shape` (unsimplified)."""
+    off, stride = Const(0), 1
+    for idx, ext in zip(reversed(indices), reversed(shape)):
+        off = idx * Const(stride) + off
+        stride *= ext
+    return off
 
 
 def seq(stmts: list) -> Stmt:

@@ -384,12 +384,12 @@ class Lowerer:
         return transform(e, fn)
 
 
-def _guard(stmt, guards, root_val, global_val):
+def _guard(stmt, guards, axis_val, global_val):
     """Wrap `stmt` in the conditions that keep a non-divisible split or overrunning tile in bounds."""
     conds = []
     for g in guards:
-        if isinstance(g[0], str):       # split guard: (root axis, extent)
-            conds.append(Cmp("<", root_val[g[0]], Const(g[1])))
+        if isinstance(g[0], str):       # split guard: (split axis, its extent)
+            conds.append(Cmp("<", axis_val[g[0]], Const(g[1])))
         else:                           # region guard: (dim, tensor extent)
             d, limit = g
             names = list(global_val)

@@ -38,7 +38,7 @@ class OptunaSearch:
             self.triples = []
             for d, e in enumerate(space.out_shape):
                 last = d == len(space.out_shape) - 1
-                s3_options = space._last_options if last else [x for x in divisors(e) if x <= MAX_ACCUMULATORS]
+                s3_options = space.last_options if last else [x for x in divisors(e) if x <= MAX_ACCUMULATORS]
                 opts = [[s1, s2, s3] for s3 in s3_options for s2 in divisors(e // s3) for s1 in divisors(e // (s3 * s2))]
                 self.triples.append(sorted(opts, key=lambda t: (t[2], t[1], t[0])))
 
@@ -46,7 +46,7 @@ class OptunaSearch:
     def _decisions(self, trial) -> dict:
         sp = self.space
         if sp.kind == "injective":
-            return {"vec": sp._last_options[trial.suggest_int("vec", 0, len(sp._last_options) - 1)],
+            return {"vec": sp.last_options[trial.suggest_int("vec", 0, len(sp.last_options) - 1)],
                     "unroll": trial.suggest_int("unroll", 0, 1)}
         return {
             "pad": {p: ("inline", "root")[trial.suggest_int(f"pad.{p}", 0, 1)] for p in sp.pads},
@@ -59,7 +59,7 @@ class OptunaSearch:
         """The trial parameters that give `dec` (to enqueue the default or add logged points)."""
         sp = self.space
         if sp.kind == "injective":
-            return {"vec": sp._last_options.index(dec["vec"]), "unroll": dec["unroll"]}
+            return {"vec": sp.last_options.index(dec["vec"]), "unroll": dec["unroll"]}
         p = {f"pad.{k}": ("inline", "root").index(v) for k, v in dec["pad"].items()}
         p.update({f"tile.{d}": opts.index(list(dec["tile"][d])) for d, opts in enumerate(self.triples)})
         p.update({f"reduce.{r}": divisors(e).index(dec["reduce"][j]) for j, (r, e) in enumerate(sp.reduce_axes)})
@@ -87,7 +87,7 @@ class OptunaSearch:
     def _upper(self, name: str) -> int:
         sp = self.space
         if name == "vec":
-            return len(sp._last_options) - 1
+            return len(sp.last_options) - 1
         if name.startswith("pad.") or name == "unroll" and sp.kind == "injective":
             return 1
         if name.startswith("tile."):
@@ -112,7 +112,7 @@ class OptunaSearch:
             attempts += 1
             trial = self.study.ask()
             dec = self._decisions(trial)
-            if self.space.kind == "tiled" and not self.space._valid(dec["tile"]):
+            if self.space.kind == "tiled" and not self.space.valid_tile(dec["tile"]):
                 self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 continue
             try:

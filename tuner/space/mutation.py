@@ -31,8 +31,8 @@ def mutate(space: SearchSpace, dec: dict, rng: random.Random, attempts: int = 20
     """A legal neighbour of `dec`, or None if none was found."""
     if space.kind == "injective":
         new = dict(dec)
-        if rng.random() < 0.5 and len(space._last_options) > 1:
-            new["vec"] = rng.choice([v for v in space._last_options if v != dec["vec"]])
+        if rng.random() < 0.5 and len(space.last_options) > 1:
+            new["vec"] = rng.choice([v for v in space.last_options if v != dec["vec"]])
         else:
             new["unroll"] = 1 - dec["unroll"]
         return new if new != dec else None
@@ -54,11 +54,11 @@ def mutate(space: SearchSpace, dec: dict, rng: random.Random, attempts: int = 20
             levels[dst] *= p
             new["tile"][d] = levels[1:]
             last = d == len(new["tile"]) - 1
-            if last and levels[3] not in space._last_options:
+            if last and levels[3] not in space.last_options:
                 continue
             if not last and levels[3] > 32:
                 continue
-            if not space._valid(new["tile"]):
+            if not space.valid_tile(new["tile"]):
                 continue
         elif kind == "reduce":
             j = rng.randrange(len(space.reduce_axes))

@@ -68,7 +68,8 @@ class SearchSpace:
 
     # ------------------------------------------------------------ per-axis options
     @cached_property
-    def _last_options(self) -> list:
+    def last_options(self) -> list:
+        """Register-tile lengths of the innermost output axis: vector multiples when it has any."""
         e = self.out_shape[-1]
         vec = [d for d in divisors(e) if d % 4 == 0 and d <= 4 * self.target.lanes]
         return vec or [d for d in divisors(e) if d <= 16]
@@ -77,7 +78,8 @@ class SearchSpace:
         lanes = next((w for w in (16, 8, 4) if w <= self.target.lanes and s3_last % w == 0), 0)
         return s3_last // lanes if lanes else s3_last
 
-    def _valid(self, tile: list) -> bool:
+    def valid_tile(self, tile: list) -> bool:
+        """Whether a tiling fits the registers and the stack (mutations and Optuna propose others)."""
         acc = self._vectors(tile[-1][2])   # accumulator vectors of the register tile
         size = 1                            # floats in the local tile
         for _, _, s3 in tile[:-1]:
@@ -89,16 +91,16 @@ class SearchSpace:
     # ------------------------------------------------------------ sampling
     def sample(self, rng: random.Random) -> dict:
         if self.kind == "injective":
-            return {"vec": rng.choice(self._last_options), "unroll": rng.choice((0, 1))}
+            return {"vec": rng.choice(self.last_options), "unroll": rng.choice((0, 1))}
         for _ in range(1000):
             tile = []
             for d, e in enumerate(self.out_shape):
-                s3 = rng.choice(self._last_options if d == len(self.out_shape) - 1
+                s3 = rng.choice(self.last_options if d == len(self.out_shape) - 1
                                 else [x for x in divisors(e) if x <= MAX_ACCUMULATORS])
                 s2 = rng.choice(divisors(e // s3))
                 s1 = rng.choice(divisors(e // (s3 * s2)))
                 tile.append([s1, s2, s3])
-            if self._valid(tile):
+            if self.valid_tile(tile):
                 break
         return {
             "pad": {p: rng.choice(("inline", "root")) for p in self.pads},
@@ -110,13 +112,13 @@ class SearchSpace:
     def default(self) -> dict:
         """A reasonable untuned point: a vector-wide, register-sized tile, no cache blocking."""
         if self.kind == "injective":
-            return {"vec": max(self._last_options), "unroll": 0}
+            return {"vec": max(self.last_options), "unroll": 0}
         shape = self.out_shape
-        last = [d for d in self._last_options if d <= self.target.lanes]
+        last = [d for d in self.last_options if d <= self.target.lanes]
         tile = [[1, 1, 1] for _ in shape]
         others = [d for d in range(len(shape) - 1) if shape[d] > 1]
         if not others:
-            wide = [d for d in self._last_options if d <= 4 * self.target.lanes]
+            wide = [d for d in self.last_options if d <= 4 * self.target.lanes]
             tile[-1][2] = max(wide) if wide else 1
         else:
             tile[-1][2] = max(last) if last else 1
