@@ -32,39 +32,19 @@ class OptunaSearch:
         self.values: dict = {}          # code hash -> GFLOPS told, for re-proposed code
         from .random_search import RandomSearch
         self.random = RandomSearch(task, seed)   # when the sampler only re-proposes measured code
-        space = task.space
-        self.space = space
-        if space.kind == "tiled":
-            self.triples = []
-            for d, e in enumerate(space.out_shape):
-                last = d == len(space.out_shape) - 1
-                s3_options = space.last_options if last else [x for x in divisors(e) if x <= MAX_ACCUMULATORS]
-                opts = [[s1, s2, s3] for s3 in s3_options for s2 in divisors(e // s3) for s1 in divisors(e // (s3 * s2))]
-                self.triples.append(sorted(opts, key=lambda t: (t[2], t[1], t[0])))
+        self.space = task.space
+        self.table = _parameter_table(task.space)   # [(parameter name, path into decisions, options)]
 
     # ------------------------------------------------------------ parametrisation
     def _decisions(self, trial) -> dict:
-        sp = self.space
-        if sp.kind == "injective":
-            return {"vec": sp.last_options[trial.suggest_int("vec", 0, len(sp.last_options) - 1)],
-                    "unroll": trial.suggest_int("unroll", 0, 1)}
-        return {
-            "pad": {p: ("inline", "root")[trial.suggest_int(f"pad.{p}", 0, 1)] for p in sp.pads},
-            "tile": [list(opts[trial.suggest_int(f"tile.{d}", 0, len(opts) - 1)]) for d, opts in enumerate(self.triples)],
-            "reduce": [divisors(e)[trial.suggest_int(f"reduce.{r}", 0, len(divisors(e)) - 1)] for r, e in sp.reduce_axes],
-            "unroll": UNROLL_CHOICES[trial.suggest_int("unroll", 0, len(UNROLL_CHOICES) - 1)],
-        }
+        dec = self.space.default()                   # the right shape; every value is overwritten
+        for name, path, opts in self.table:
+            _set(dec, path, opts[trial.suggest_int(name, 0, len(opts) - 1)])
+        return dec
 
     def _params(self, dec: dict) -> dict:
         """The trial parameters that give `dec` (to enqueue the default or add logged points)."""
-        sp = self.space
-        if sp.kind == "injective":
-            return {"vec": sp.last_options.index(dec["vec"]), "unroll": dec["unroll"]}
-        p = {f"pad.{k}": ("inline", "root").index(v) for k, v in dec["pad"].items()}
-        p.update({f"tile.{d}": opts.index(list(dec["tile"][d])) for d, opts in enumerate(self.triples)})
-        p.update({f"reduce.{r}": divisors(e).index(dec["reduce"][j]) for j, (r, e) in enumerate(sp.reduce_axes)})
-        p["unroll"] = UNROLL_CHOICES.index(dec["unroll"])
-        return p
+        return {name: opts.index(_get(dec, path)) for name, path, opts in self.table}
 
     # ------------------------------------------------------------ policy interface
     def observe(self, recs: list) -> None:
@@ -78,24 +58,11 @@ class OptunaSearch:
                 params = self._params(dec)
             except (ValueError, KeyError, IndexError):
                 continue
-            dists = {k: optuna.distributions.IntDistribution(0, self._upper(k)) for k in params}
+            dists = {name: optuna.distributions.IntDistribution(0, len(opts) - 1) for name, _, opts in self.table}
             self.study.add_trial(optuna.trial.create_trial(params=params, distributions=dists,
                                                            value=self._value_of_record(r)))
             if r.get("code_hash"):
                 self.values[r["code_hash"]] = self._value_of_record(r)
-
-    def _upper(self, name: str) -> int:
-        sp = self.space
-        if name == "vec":
-            return len(sp.last_options) - 1
-        if name.startswith("pad.") or name == "unroll" and sp.kind == "injective":
-            return 1
-        if name.startswith("tile."):
-            return len(self.triples[int(name.split(".")[1])]) - 1
-        if name.startswith("reduce."):
-            r = name.split(".", 1)[1]
-            return len(divisors(dict(sp.reduce_axes)[r])) - 1
-        return len(UNROLL_CHOICES) - 1
 
     def _value_of_record(self, r: dict) -> float:
         from .. import records
@@ -146,3 +113,34 @@ class OptunaSearch:
         gflops = self.task.workload.flops / result.latency / 1e9 if result.ok else 0.0
         self.values[cand.code_hash] = gflops
         self.study.tell(trial, gflops)
+
+
+def _parameter_table(space) -> list:
+    """The space as integer parameters: (name, path into the decisions, options in a stable order).
+
+    Tile options are every legal (S1, S2, S3) triple of an axis, sorted so that neighbouring
+    indices are similar tilings (CMA-ES treats the index as ordinal).
+    """
+    if space.kind == "injective":
+        return [("vec", ("vec",), list(space.last_options)), ("unroll", ("unroll",), [0, 1])]
+    rows = [(f"pad.{p}", ("pad", p), ["inline", "root"]) for p in space.pads]
+    for d, e in enumerate(space.out_shape):
+        last = d == len(space.out_shape) - 1
+        s3_options = space.last_options if last else [x for x in divisors(e) if x <= MAX_ACCUMULATORS]
+        opts = [[s1, s2, s3] for s3 in s3_options for s2 in divisors(e // s3) for s1 in divisors(e // (s3 * s2))]
+        rows.append((f"tile.{d}", ("tile", d), sorted(opts, key=lambda t: (t[2], t[1], t[0]))))
+    rows += [(f"reduce.{r}", ("reduce", j), divisors(e)) for j, (r, e) in enumerate(space.reduce_axes)]
+    rows.append(("unroll", ("unroll",), list(UNROLL_CHOICES)))
+    return rows
+
+
+def _get(dec: dict, path: tuple):
+    v = dec[path[0]]
+    return list(v[path[1]]) if path[0] == "tile" else v[path[1]] if len(path) > 1 else v
+
+
+def _set(dec: dict, path: tuple, value) -> None:
+    if len(path) == 1:
+        dec[path[0]] = value
+    else:
+        dec[path[0]][path[1]] = list(value) if path[0] == "tile" else value
