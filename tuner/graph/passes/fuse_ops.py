@@ -1,12 +1,12 @@
 """FuseOps: operator fusion by post-dominator tree, as TVM's FuseOps.
 
 Each node gets the post-dominator of its outputs (the least common ancestor of its consumers in
-the post-dominator tree) and the combined pattern of the edges on the way there. Three phases:
+the post-dominator tree) and the combined pattern of the edges on the way there. Two phases:
   0: an out-elemwise-fusable op (conv2d, dense, pool) takes its post-dominator when the path
      to it is elemwise and every op on it is at most broadcast (the epilogue: bias, residual, relu);
   1: elemwise/broadcast ops fuse into an injective or reducing post-dominator; injective ops fuse
      along all-injective paths;
-  2: injective ops fuse into intermediate tuples (none in this IR, kept for the shape of the algorithm).
+TVM's third phase fuses injective ops into intermediate tuples; this IR has no tuples, so it is left out.
 A group never grows past `max_depth` nodes. The graph itself is unchanged; the groups are
 recorded in graph.meta["fused_groups"] as lists of node indices.
 """
@@ -113,33 +113,26 @@ def fuse(graph: Graph, max_depth: int = MAX_FUSE_DEPTH) -> list:
         pat = PATTERN.get(n.op, OPAQUE)
         groups.append(_Group(pat, anchor=k if pat == OUT_EWISE_FUSABLE else None))
 
-    def check_path(src: int, sink: int, fcond) -> bool:
-        visited: set = set()
-
-        def walk(k: int) -> bool:
+    def path(src: int, sink: int) -> list:
+        """src and every node on a path from it to its post-dominator `sink` (included), preorder."""
+        order, visited, stack = [], set(), [src]
+        while stack:
+            k = stack.pop()
             if k in visited:
-                return True
+                continue
             visited.add(k)
-            if not fcond(groups[k].root().pattern, k == sink):
-                return False
-            if k == sink:
-                return True
-            return all(walk(c) for c, _ in outs[k])
-        return all(walk(c) for c, _ in outs[src])
+            order.append(k)
+            if k != sink:
+                stack.extend(c for c, _ in reversed(outs[k]))
+        return order
+
+    def check_path(src: int, sink: int, fcond) -> bool:
+        return all(fcond(groups[k].root().pattern, k == sink) for k in path(src, sink) if k != src)
 
     def count_with(src: int, sink: int) -> int:
         """Size of the group that fusing src..sink would make."""
-        visited: set = set()
-
-        def walk(k: int):
-            if k in visited:
-                return
-            visited.add(k)
-            if k != sink:
-                for c, _ in outs[k]:
-                    walk(c)
-        walk(src)
-        return sum(g.num_nodes for g in {id(groups[k].root()): groups[k].root() for k in visited}.values())
+        roots = {id(groups[k].root()): groups[k].root() for k in path(src, sink)}
+        return sum(g.num_nodes for g in roots.values())
 
     def merge(child: _Group, parent: _Group):
         child, parent = child.root(), parent.root()
@@ -152,20 +145,10 @@ def fuse(graph: Graph, max_depth: int = MAX_FUSE_DEPTH) -> list:
             parent.pattern = max(parent.pattern, child.pattern)
 
     def commit(src: int, sink: int):
-        target = groups[sink]
-        visited: set = set()
+        for k in path(src, sink):
+            merge(groups[k], groups[sink])
 
-        def walk(k: int):
-            if k in visited:
-                return
-            visited.add(k)
-            merge(groups[k], target)
-            if k != sink:
-                for c, _ in outs[k]:
-                    walk(c)
-        walk(src)
-
-    for phase in range(3):
+    for phase in range(2):
         for k in range(len(graph.nodes)):
             own = groups[k].pattern          # this node's own group, as in TVM (not its root's)
             if own == OPAQUE:
@@ -174,8 +157,6 @@ def fuse(graph: Graph, max_depth: int = MAX_FUSE_DEPTH) -> list:
             if dom.parent is None:
                 continue
             sink = dom.parent.index
-            if phase == 2:
-                continue  # no tuples in this IR: nothing to fuse into intermediate tuples
             if groups[sink].root() is groups[k].root():
                 continue
             if count_with(k, sink) > max_depth:
