@@ -40,7 +40,7 @@ def _epilogue_flags(graph: Graph, anchor: int, nodes: list):
         if k == anchor:
             continue
         n = graph.nodes[k]
-        if cur not in [v for v in n.inputs]:
+        if cur not in n.inputs:
             return None, f"{n.op} does not consume the running result"
         other = [v for v in n.inputs if v is not cur]
         if n.op == "add" and other and other[0].is_const:

@@ -60,10 +60,7 @@ def _scale_weight(node, w, a):
 @register("SimplifyInference", 0)
 def simplify_inference(graph: Graph, ctx) -> Graph:
     """Fold BatchNorm and constant scales into conv/dense weights and biases."""
-    uses = {}
-    for n in graph.nodes:
-        for v in n.inputs:
-            uses[id(v)] = uses.get(id(v), 0) + 1
+    uses = {k: len(ns) for k, ns in graph.consumers().items()}
     for v in graph.outputs:
         uses[id(v)] = uses.get(id(v), 0) + 1
     new_uses: dict = {}   # uses of the rebuilt values, carried over from the values they replace
