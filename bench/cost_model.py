@@ -1,9 +1,14 @@
 """Cost-model quality from existing logs (no new measurements).
 
-For each workload: train on the first K of its records (K = 64, 128, 256), test on the rest:
-pairwise ranking accuracy, top-5 recall and TenSet's top-1 / top-5 scores (best latency over the
-latency of the model's best pick among its top k), for both XGBoost objectives and a random model.
-Transfer: train only on the other workloads' records and test on all of this one's.
+For each workload (1-thread records of random search, so the test set is an unbiased sample):
+  * in-task: train on the first K of its records (K = 64, 128, 256), test on the rest;
+  * transfer: train only on the other workloads' records, test on all of this one's after the first K;
+  * transfer + K: the other workloads' records and this one's first K trained together;
+  * pre-trained + fine-tune K: what `tuner tune` does by default: a model trained on the other
+    workloads, plus a few trees fitted to this one's first K records.
+Metrics: pairwise ranking accuracy, top-5 recall and TenSet's top-1 / top-5 scores (best latency
+over the latency of the model's best pick among its top k), for both XGBoost objectives and a
+random model. "Other workloads" are every workload in the logs but the one tested.
 
     python -m bench.cost_model --logs 'logs/bench/search/*.random.*.jsonl' --logs logs/bench/ops.NCHW16c.t1.jsonl
 """
@@ -43,7 +48,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     paths = sorted({p for pat in args.logs for p in glob.glob(pat)})
     recs = [r for p in paths for r in records.load(p, warn=False).records
-            if r["error"] != "NOT_IN_LOG" and r.get("policy") == "random"]
+            if r["error"] != "NOT_IN_LOG" and r.get("policy") == "random" and "-threads=1" in r["target"]]
     cache = FeatureCache()
     t0 = time.perf_counter()
     feats, lats, groups = from_records(recs, cache)
@@ -59,33 +64,58 @@ def main(argv=None):
     def subset(idx):
         return [feats[i] for i in idx], [lats[i] for i in idx], [groups[i] for i in idx]
 
+    def add(target, train, test, mname, metrics):
+        rows.append({"workload": target, "train": train, "test": test, "model": mname, **metrics})
+
     for target in args.workloads.split(","):
         idx = by_name.get(target, [])
         if not idx:
             print(f"{target}: no records in the logs")
             continue
+        others = [i for n, ii in by_name.items() if n != target for i in ii]
+        pretrained = {}
+        if others:        # one model per objective trained on the other workloads, reused below
+            f_o, l_o, g_o = subset(others)
+            for obj in ("pack-sum", "rank"):
+                pretrained[obj] = XGBModel(obj, 0)
+                pretrained[obj].fit(f_o, normalised_throughput(l_o, g_o), g_o)
         for k in (int(s) for s in args.sizes.split(",")):
             if len(idx) - k < 32:
                 continue
+            test = subset(idx[k:])
             for mname, make in models.items():
-                m = evaluate(make(), subset(idx[:k]), subset(idx[k:]))
-                rows.append({"workload": target, "train": f"first {k}", "test": len(idx) - k, "model": mname, **m})
-        others = [i for n, ii in by_name.items() if n != target for i in ii]
-        if others:
-            for mname, make in models.items():
-                m = evaluate(make(), subset(others), subset(idx))
-                rows.append({"workload": target, "train": f"transfer ({len(others)} others)", "test": len(idx),
-                             "model": mname, **m})
-    head = f"{'workload':<18} {'train':<22} {'test':>5} {'model':<13} {'pairwise':>8} {'top5rec':>7} {'top1':>6} {'top5':>6}"
+                add(target, f"first {k}", len(idx) - k, mname, evaluate(make(), subset(idx[:k]), test))
+            for obj, base in pretrained.items():
+                mname = f"xgb {obj}"
+                add(target, f"transfer ({len(others)} others)", len(idx) - k, mname, evaluate(
+                    _Frozen(base), subset(idx[:k]), test))
+                add(target, f"others + first {k}", len(idx) - k, mname,
+                    evaluate(XGBModel(obj, 0), subset(others + idx[:k]), test))
+                add(target, f"pre-trained + fine-tune {k}", len(idx) - k, mname,
+                    evaluate(base.as_base(), subset(idx[:k]), test))
+    head = f"{'workload':<18} {'train':<28} {'test':>5} {'model':<13} {'pairwise':>8} {'top5rec':>7} {'top1':>6} {'top5':>6}"
     print(head)
     for r in rows:
-        print(f"{r['workload']:<18} {r['train']:<22} {r['test']:>5} {r['model']:<13} {r['pairwise_accuracy']:>8.3f} "
+        print(f"{r['workload']:<18} {r['train']:<28} {r['test']:>5} {r['model']:<13} {r['pairwise_accuracy']:>8.3f} "
               f"{r['top5_recall']:>7.2f} {r['top1_score']:>6.3f} {r['top5_score']:>6.3f}")
     out = Path(args.out or f"bench/results/cost_model-{time.strftime('%Y%m%d-%H%M%S')}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": vars(args), "logs": paths, "rows": rows}, indent=1))
     print(f"wrote {out}")
     return rows
+
+
+class _Frozen:
+    """A trained model that ignores fit(): transfer alone, with nothing of the tested workload."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def fit(self, *_):
+        pass
+
+    def predict(self, feats):
+        return self.model.predict(feats)
 
 
 if __name__ == "__main__":

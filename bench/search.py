@@ -7,17 +7,26 @@ table reports, per workload: the best any run found, the trials each policy need
 search overhead (time outside build and run) and candidates per minute. JSON goes to
 bench/results/; the per-run logs stay under --log-dir for bench/cost_model.py.
 
+Evolutionary search never sees the shipped pre-trained cost model here (it was trained on these
+very workloads). With --pretrain-logs it starts from a model trained on those logs with the
+benchmarked workload left out (leave-one-out transfer, logged as `evolutionary-pt`); without, it
+starts from scratch.
+
     python -m bench.search --trials 256 --seeds 3
+    python -m bench.search --pretrain-logs 'logs/bench/ops.*.jsonl' --pretrain-logs 'logs/bench/search/*.jsonl'
 """
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import statistics
 import time
 from pathlib import Path
 
 from tuner.analysis.report import task_report
+from tuner.cost_model.dataset import FeatureCache
+from tuner.cost_model.pretrain import pretrain
 from tuner.target import parse_target
 from tuner.te.workloads import resolve
 from tuner.tuning import tune
@@ -29,6 +38,17 @@ def curve(log: str, wl) -> list:
     """Best-so-far GFLOPS after each trial of `wl` (1 thread) in `log`."""
     rep = task_report(log, wl.key, str(parse_target("cpu", 1)))
     return rep.curve if rep else []
+
+
+def leave_one_out_model(name: str, logs: list, log_dir: str, cache: FeatureCache) -> str:
+    """A cost model trained on `logs` without workload `name` (built once, kept in log_dir)."""
+    path = Path(log_dir) / f"pretrained-minus-{name}.ubj"
+    if not path.exists():
+        model, summary = pretrain(logs, {name}, progress=False, cache=cache)
+        model.save(str(path), about=summary)
+        print(f"{name}: leave-one-out model from {summary['records']} records of "
+              f"{len(summary['workloads'])} other workloads", flush=True)
+    return str(path)
 
 
 def trials_to(c: list, level: float):
@@ -45,20 +65,30 @@ def main(argv=None):
     ap.add_argument("--layout", default="NCHW16c")
     ap.add_argument("--log-dir", default="logs/bench/search")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--pretrain-logs", action="append", default=[],
+                    help="logs (globs) for leave-one-out pre-trained cost models of evolutionary search")
     args = ap.parse_args(argv)
     policies = args.policies.split(",")
     Path(args.log_dir).mkdir(parents=True, exist_ok=True)
+    pretrain_logs = sorted({p for pat in args.pretrain_logs for p in glob.glob(pat)})   # before new logs appear
+    cache = FeatureCache()
     runs = []
     for name in args.workloads.split(","):
         wl = resolve(name, args.layout if resolve(name).op == "conv2d" else None)
         for policy in policies:
+            label, transfer = policy.replace(":", "-"), None
+            if policy == "evolutionary":
+                transfer = [leave_one_out_model(name, pretrain_logs, args.log_dir, cache)] if pretrain_logs \
+                    else ["none"]
+                label += "-pt" if pretrain_logs else ""
             for seed in range(args.seeds):
-                log = str(Path(args.log_dir) / f"{name}.{policy.replace(':', '-')}.s{seed}.jsonl")
+                log = str(Path(args.log_dir) / f"{name}.{label}.s{seed}.jsonl")
                 t0 = time.perf_counter()
                 s = tune([wl], threads=1, trials=args.trials, log=log, policy=policy, seed=seed,
-                         batch_size=args.batch_size, progress=False, start_from_default=False)
+                         batch_size=args.batch_size, progress=False, start_from_default=False,
+                         cost_model_from=transfer)
                 c = curve(log, wl)
-                runs.append({"workload": name, "policy": policy, "seed": seed, "curve": c, "log": log,
+                runs.append({"workload": name, "policy": policy, "variant": label, "seed": seed, "curve": c, "log": log,
                              "new_trials": s.new, "seconds": time.perf_counter() - t0,
                              "search_overhead": s.search_overhead if s.new else None,
                              "candidates_per_minute": 60 * s.new / s.seconds if s.new and s.seconds else None})

@@ -197,3 +197,72 @@ def test_model_learns_a_ranking_better_than_random():
 def test_normalised_throughput():
     y = normalised_throughput([2.0, 1.0, math.inf, 4.0], ["a", "a", "a", "b"])
     np.testing.assert_allclose(y, [0.5, 1.0, 0.0, 1.0])
+
+
+# ---------------------------------------------------------------- transfer (pre-trained models)
+
+def test_pretrained_model_is_fine_tuned_without_changing_the_saved_one(tmp_path):
+    feats, y = _dataset(80, seed=2)
+    base = XGBModel("pack-sum", seed=0, rounds=20)
+    base.fit(feats[:60], y[:60], ["t"] * 60)
+    path = tmp_path / "base.ubj"
+    base.save(str(path), about={"records": 60, "workloads": ["small"]})
+    m = XGBModel.pretrained_from(str(path))
+    assert m.pretrained and m.base_info["records"] == 60
+    m.fit(feats[:1], y[:1], ["t"])                   # too little to fine-tune: predicts as the saved model
+    np.testing.assert_allclose(m.predict(feats[60:]), base.predict(feats[60:]), rtol=1e-6)
+    m.fit(feats[60:], y[60:], ["u"] * 20)
+    assert m.booster.num_boosted_rounds() == base.booster.num_boosted_rounds() + 30
+    assert not np.allclose(m.predict(feats[60:]), base.predict(feats[60:]))
+    np.testing.assert_allclose(XGBModel.load(str(path)).predict(feats[60:]), base.predict(feats[60:]), rtol=1e-6)
+
+
+def test_model_trained_on_other_features_is_refused(tmp_path):
+    import json
+    feats, y = _dataset(20)
+    m = XGBModel("pack-sum", rounds=5)
+    m.fit(feats, y, ["t"] * 20)
+    path = tmp_path / "old.ubj"
+    m.save(str(path))
+    meta = json.loads((tmp_path / "old.ubj.meta.json").read_text())
+    meta["features"] = "0000000000000000"
+    (tmp_path / "old.ubj.meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="tuner pretrain"):
+        XGBModel.load(str(path))
+    with pytest.raises(FileNotFoundError, match="no cost model"):
+        XGBModel.load(str(tmp_path / "missing.ubj"))
+
+
+def test_shipped_pretrained_model_loads_with_these_features():
+    """A feature change without retraining the shipped model fails here, not in a user's search."""
+    from tuner.cost_model.pretrain import shipped_model
+    from tuner.target import parse_target
+    path = shipped_model(parse_target("cpu -isa=avx512 -threads=1"))
+    assert path is not None, "tuner/cost_model/pretrained/cpu-avx512.ubj is missing"
+    m = XGBModel.pretrained_from(str(path))
+    feats, _ = _dataset(8)
+    assert np.isfinite(m.predict(feats)).all() and m.base_info["records"] > 1000
+
+
+def test_pretrain_leaves_out_excluded_workloads_and_tune_starts_from_it(measured_log, tmp_path, capsys):
+    from tuner.cli import main
+    from tuner.cost_model.pretrain import pretrain
+    model, summary = pretrain([measured_log], exclude={SMALL.key}, progress=False)
+    assert summary["workloads"] == [OTHER.spec] and summary["records"] == 24
+    with pytest.raises(ValueError, match="left out"):
+        pretrain([measured_log], exclude={SMALL.key, OTHER.key}, progress=False)
+    path = tmp_path / "other.ubj"
+    assert main(["pretrain", str(measured_log), "-o", str(path), "--exclude", SMALL.key, "--no-progress"]) == 0
+    assert "trained on 24 records of 1 workloads" in capsys.readouterr().out
+    out = tmp_path / "from-pretrained.jsonl"
+    s = _replay(measured_log, out, "evolutionary", 16, cost_model_from=[str(path)])
+    assert s.trials == 16 and "pre-trained on 24 records" in capsys.readouterr().out
+    recs = records.load(out).records
+    assert len({r["code_hash"] for r in recs}) == 16 and any(r["error"] == "OK" for r in recs)
+
+
+def test_int_and_float_constants_are_different_expressions():
+    from tuner.te.expr import Add, Const, Var, linear
+    assert Const(1) != Const(1.0) and Const(1) == Const(1)
+    assert linear(Add(Var("i"), Const(1))) == ({Var("i"): 1}, 1)
+    assert linear(Add(Var("i"), Const(1.0))) is None         # the memo of the int form must not answer

@@ -59,7 +59,7 @@ def _cmd_tune(args) -> int:
     if not names:
         raise WorkloadError("give --workload NAME|SPEC or --workloads A,B,C (see `tuner workloads`)")
     wls = [resolve(n, args.layout) for n in names]
-    _require_logs(*(args.cost_model_from or ()), flag="--cost-model-from")
+    _require_logs(*(p for p in args.cost_model_from or () if p.lower() != "none"), flag="--cost-model-from")
     _require_logs(args.replay, flag="--replay")
     cfg = RunConfig(timeout=args.timeout, repeat=args.repeat, min_repeat_ms=args.min_repeat_ms)
     session = tune(wls, target=args.target, threads=args.threads, trials=args.trials, log=args.log,
@@ -197,6 +197,21 @@ def _cmd_export_onnx(args) -> int:
     return 0
 
 
+def _cmd_pretrain(args) -> int:
+    import time
+    from .cost_model.pretrain import pretrain
+    _require_logs(*args.logs)
+    exclude = set(split_workloads(args.exclude or ""))
+    t0 = time.perf_counter()
+    model, summary = pretrain(args.logs, exclude, args.objective, progress=not args.no_progress)
+    model.save(args.output, about=summary)
+    print(f"trained on {summary['records']} records of {len(summary['workloads'])} workloads "
+          f"({summary['groups']} workload/target groups) in {time.perf_counter() - t0:.1f} s"
+          + (f"; left out: {', '.join(summary['excluded'])}" if summary["excluded"] else ""))
+    print(f"model: {args.output} (+ .meta.json); use it with `tuner tune ... --cost-model-from {args.output}`")
+    return 0
+
+
 def _cmd_passes(args) -> int:
     from .graph.passes import DEFAULT_PIPELINE, REGISTRY
     print(f"{'pass':<24} {'opt level':>9}  what it does")
@@ -226,8 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--log", help="JSONL log to append to and resume from (default logs/<workload>.<layout>.jsonl)")
     t.add_argument("--search", default="evolutionary",
                    help="evolutionary (cost-model guided), random, optuna:tpe, optuna:cmaes or optuna:random")
-    t.add_argument("--cost-model-from", action="append", metavar="LOG",
-                   help="train the cost model on this earlier log first (transfer); repeatable")
+    t.add_argument("--cost-model-from", action="append", metavar="LOG|MODEL|none",
+                   help="transfer: a log (*.jsonl) to train on with this session's records (repeatable), or a "
+                        "model saved by `tuner pretrain` to fine-tune; default: the shipped pre-trained model "
+                        "of the target's ISA; 'none': start from scratch")
     t.add_argument("--replay", metavar="LOG", help="no hardware: take costs from this log (search experiments)")
     t.add_argument("--scheduler", default="gradient", choices=["gradient", "round-robin"],
                    help="how rounds are shared between workloads")
@@ -259,6 +276,14 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("logs", nargs="+")
     d.add_argument("-o", "--output", required=True, help="database to write (merged with what it holds)")
     d.set_defaults(fn=_cmd_distill)
+
+    pt = sub.add_parser("pretrain", help="train a cost model on logs, to start searches from (transfer)")
+    pt.add_argument("logs", nargs="+")
+    pt.add_argument("-o", "--output", required=True, help="model file to write (plus OUTPUT.meta.json)")
+    pt.add_argument("--exclude", help="comma-separated workload names or keys to leave out (to evaluate on them)")
+    pt.add_argument("--objective", default="pack-sum", choices=["pack-sum", "rank"])
+    pt.add_argument("--no-progress", action="store_true")
+    pt.set_defaults(fn=_cmd_pretrain)
 
     sub.add_parser("models", help="list the built-in models").set_defaults(fn=_cmd_models)
 

@@ -1,8 +1,11 @@
 """A task: one workload on one target, and the way from a step list to C code."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -35,6 +38,20 @@ class Task:
         self.target = target
         self.space = SearchSpace(workload, target)
         self._counter = 0
+        self._lowered: OrderedDict = OrderedDict()
+
+    LOWERED_MEMO = 4096
+
+    def lowered(self, steps: list):
+        """The loop nest of a step list, memoised: the cost model scores a schedule and codegen
+        then prints the same one. Raises ScheduleError on an illegal schedule."""
+        key = json.dumps(steps)
+        func = self._lowered.get(key)
+        if func is None:
+            func = self._lowered[key] = lower(self.space.schedule(steps))
+            if len(self._lowered) > self.LOWERED_MEMO:
+                self._lowered.popitem(last=False)
+        return func
 
     @property
     def name(self) -> str:
@@ -45,8 +62,8 @@ class Task:
         if func_name is None:
             self._counter += 1
             func_name = f"k{self._counter}"
-        sch = self.space.schedule(steps)
-        src, omp = generate_c(lower(sch, func_name), self.target.lanes, self.target.threads)
+        func = dataclasses.replace(self.lowered(steps), name=func_name)
+        src, omp = generate_c(func, self.target.lanes, self.target.threads)
         return Candidate(steps, src, func_name, omp, code_hash(src, func_name), decisions)
 
     def from_decisions(self, decisions: dict) -> Candidate:

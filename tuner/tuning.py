@@ -113,11 +113,7 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
     contents = records.load(log, warn=False)
     shared = None
     if policy == "evolutionary" and policy_obj is None:
-        from .search.evolutionary import SharedModel
-        from .cost_model.model import XGBModel
-        shared = SharedModel(XGBModel("pack-sum", seed))
-        for other in cost_model_from or ():
-            shared.add_records(records.load(other, warn=False).records)
+        shared = _shared_model(tgt, seed, cost_model_from)
     states, progress_rows = [], []
     for wl, weight in pairs:
         task = Task(wl, tgt)
@@ -143,6 +139,8 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
     start = time.perf_counter()
     bar = tqdm(total=trials, initial=min(session.trials, trials), disable=not progress, unit="trial",
                desc=states[0].task.name if len(states) == 1 else f"{len(states)} tasks", dynamic_ncols=True)
+    if shared is not None:
+        bar.write(f"cost model: {shared.describe()}")
     _show(bar, session, start)
     try:
         while session.trials < trials:
@@ -198,6 +196,30 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
         if own_runner:
             runner.close()
     return session
+
+
+def _shared_model(tgt: Target, seed: int, cost_model_from: list | None):
+    """The session's cost model. cost_model_from: None for the shipped pre-trained model of the
+    target's ISA (if any), ["none"] for none, else logs (*.jsonl, trained on together with the
+    session's records) and at most one saved model (fine-tuned)."""
+    from .cost_model.model import XGBModel
+    from .cost_model.pretrain import shipped_model
+    from .search.evolutionary import SharedModel
+    sources = list(cost_model_from) if cost_model_from is not None else None
+    if sources is None:
+        shipped = shipped_model(tgt)
+        sources = [str(shipped)] if shipped else []
+    sources = [p for p in sources if str(p).lower() != "none"]
+    logs = [p for p in sources if str(p).endswith(".jsonl")]
+    models = [p for p in sources if not str(p).endswith(".jsonl")]
+    if len(models) > 1:
+        raise ValueError(f"--cost-model-from names {len(models)} saved models ({', '.join(models)}); "
+                         "fine-tuning starts from one")
+    shared = SharedModel(XGBModel.pretrained_from(models[0]) if models else XGBModel("pack-sum", seed))
+    for other in logs:
+        shared.add_records(records.load(other, warn=False).records)
+    shared.transfer_logs = logs
+    return shared
 
 
 @dataclass

@@ -165,13 +165,19 @@ class CGen:
         return b
 
     def offset(self, buffer: str, indices: tuple, extra_ranges: dict | None = None) -> Expr:
-        return simplify(ir.flat_index(indices, self.func.buffers[buffer].shape), self._bounds(extra_ranges))
+        ranges = self._bounds(extra_ranges)
+        shape = self.func.buffers[buffer].shape
+        # the simplified flat offset is the collected sum of the simplified indices (the same
+        # expression simplify(flat_index(...)) gives, without simplifying a tree of every dimension)
+        ln = ir.flat_linear(tuple(simplify(i, ranges) for i in indices), shape)
+        if ln is None:
+            return simplify(ir.flat_index(indices, shape), ranges)
+        return from_linear(*ln)
 
     def lvalue(self, buffer: str, indices: tuple) -> str:
         return f"{c_name(buffer)}[{self.expr(self.offset(buffer, indices))}]"
 
     def expr(self, e: Expr) -> str:
-        b = self._bounds()
         if isinstance(e, Const):
             return c_float(e.value) if not e.is_int else str(e.value)
         if isinstance(e, Var):
@@ -182,7 +188,7 @@ class CGen:
             op = {Add: "+", Sub: "-", Mul: "*", Div: "/"}[type(e)]
             return f"({self.expr(e.a)} {op} {self.expr(e.b)})"
         if isinstance(e, (FloorDiv, FloorMod)):
-            nb = bounds(e.a, b)
+            nb = bounds(e.a, self._bounds())
             if nb is not None and nb[0] >= 0 and isinstance(e.b, Const) and e.b.value > 0:
                 return f"({self.expr(e.a)} {'/' if isinstance(e, FloorDiv) else '%'} {self.expr(e.b)})"
             fn = "tuner_floordiv" if isinstance(e, FloorDiv) else "tuner_floormod"

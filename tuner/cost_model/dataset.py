@@ -6,7 +6,6 @@ import json
 import numpy as np
 
 from .. import records
-from ..schedule.lower import lower
 from ..schedule.schedule import ScheduleError
 from ..target import TargetError, parse_target
 from ..te.workloads import WorkloadError, parse_spec
@@ -25,7 +24,7 @@ class FeatureCache:
         key = (task.workload.key, str(task.target), json.dumps(steps))
         f = self._cache.get(key)
         if f is None:
-            f = self._cache[key] = extract(lower(task.space.schedule(steps)), task.workload.flops)
+            f = self._cache[key] = extract(task.lowered(steps), task.workload.flops)
         return f
 
     def task_for(self, rec: dict):
@@ -38,11 +37,20 @@ class FeatureCache:
         return self._tasks[key]
 
 
-def from_records(recs: list, cache: FeatureCache | None = None) -> tuple:
-    """(features, latencies, task keys) of records whose schedules still lower (others are skipped)."""
+def group_of(workload_key: str, target: str) -> str:
+    """Normalisation group of a record: latencies compare only within one workload on one target."""
+    return f"{workload_key}|{target}"
+
+
+def from_records(recs: list, cache: FeatureCache | None = None, progress=None) -> tuple:
+    """(features, latencies, groups) of records whose schedules still lower (others are skipped).
+
+    progress: an optional callable told after each record (a progress bar's update)."""
     cache = cache or FeatureCache()
     feats, lats, groups = [], [], []
     for rec in recs:
+        if progress is not None:
+            progress()
         if rec["error"] == "NOT_IN_LOG":
             continue
         try:
@@ -52,5 +60,5 @@ def from_records(recs: list, cache: FeatureCache | None = None) -> tuple:
             continue
         feats.append(f)
         lats.append(records.latency(rec))
-        groups.append(rec["workload"]["key"])
+        groups.append(group_of(rec["workload"]["key"], rec["target"]))
     return feats, lats, groups

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..schedule import ir
 from ..te.expr import (Add, And, Call, Cmp, Const, Div, Expr, FloorDiv, FloorMod, Load, Max, Min, Mul, Select, Sub,
-                       Var, free_vars, linear, walk)
+                       Var, free_vars, walk)
 
 MAX_BUFFERS = 5
 CURVE_POINTS = 10
@@ -45,6 +45,16 @@ def feature_names() -> tuple:
 
 def num_features() -> int:
     return len(feature_names())
+
+
+FEATURES_VERSION = 1   # bump when a feature's meaning changes without its name changing
+
+
+@lru_cache(maxsize=1)
+def fingerprint() -> str:
+    """Identifies the feature set: a saved model is only valid for the features it was trained on."""
+    import hashlib
+    return hashlib.sha256(repr((FEATURES_VERSION, feature_names())).encode()).hexdigest()[:16]
 
 
 def _log(x: float) -> float:
@@ -123,7 +133,7 @@ class _Extractor:
         No simplification: index expressions are affine in the loop vars (div/mod of fused or
         re-laid axes stay opaque terms), which is all the stride and reuse features need.
         """
-        return linear(ir.flat_index(indices, self.func.buffers[buffer].shape))
+        return ir.flat_linear(indices, self.func.buffers[buffer].shape)
 
     def _store(self, s: ir.Store, loops: list, allocs: list, guarded: int) -> list:
         ranges = {lp.var: (0, lp.extent - 1) for lp in loops}
@@ -195,6 +205,7 @@ class _Extractor:
         lin = self._offset(buf, idx)
         deps = set().union(*(free_vars(t) for t in lin[0])) if lin is not None else \
             set().union(*(free_vars(i) for i in idx))
+        opaque = set().union(*(free_vars(t) for t in lin[0] if not isinstance(t, Var))) if lin is not None else set()
         strides = []
         for lp in loops:
             if lp.var not in deps:
@@ -203,8 +214,7 @@ class _Extractor:
                 strides.append(None)
             else:
                 coef = lin[0].get(Var(lp.var))
-                nonlinear = any(lp.var in free_vars(t) for t in lin[0] if not isinstance(t, Var))
-                strides.append(None if nonlinear or coef is None else coef)
+                strides.append(None if lp.var in opaque or coef is None else coef)
         return strides, deps
 
     def _buffer(self, buf, kind, loops, strides, trip) -> list:
@@ -249,4 +259,4 @@ def extract(func: ir.Func, flops: float = 0.0) -> np.ndarray:
     return _Extractor(func, flops).run()
 
 
-__all__ = ["extract", "feature_names", "num_features"]
+__all__ = ["extract", "feature_names", "fingerprint", "num_features"]

@@ -4,9 +4,16 @@ Labels are per-task normalised throughputs: best latency of the task / latency o
 (1 for the best, towards 0 for slow ones, 0 for failures), so tasks of different sizes share one
 model. Two objectives:
   * "pack-sum" (Ansor): every store statement of a candidate is a row; the candidate's score is
-    the sum of its rows' predictions, fitted to the label by squared error;
+    the sum of its rows' predictions, fitted by squared error to the log of the label. The log
+    makes the model order the slow majority too (random schedules are mostly at 10-50% of the
+    best), which raised held-out pairwise accuracy over fitting the label itself
+    (bench/cost_model.py);
   * "rank": one row per candidate (its statements' features summed), XGBoost's rank:pairwise with
     one query group per task.
+
+A model can start from a pre-trained one (transfer, as TenSet): `fit` then adds a few shallow
+trees for this session's measurements to a copy of the pre-trained booster, which is cheap enough
+to redo every round and keeps what the other tasks taught.
 """
 from __future__ import annotations
 
@@ -16,10 +23,14 @@ from pathlib import Path
 
 import numpy as np
 
+from .features import fingerprint
+
 # xgboost's OpenMP threads must not spin while a kernel is being timed in the other process
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 OBJECTIVES = ("pack-sum", "rank")
+LABEL_FLOOR = 1e-3      # failures (label 0) are fitted as 1/1000 of the best
+FINETUNE_ROUNDS = 30     # trees added to a pre-trained booster per fit
 
 
 class RandomModel:
@@ -41,7 +52,7 @@ class RandomModel:
 class XGBModel:
     name = "xgboost"
 
-    def __init__(self, objective: str = "pack-sum", seed: int = 0, rounds: int = 150, nthread: int | None = None):
+    def __init__(self, objective: str = "pack-sum", seed: int = 0, rounds: int = 300, nthread: int | None = None):
         if objective not in OBJECTIVES:
             raise ValueError(f"unknown objective {objective!r}: use one of {', '.join(OBJECTIVES)}")
         self.objective = objective
@@ -49,11 +60,34 @@ class XGBModel:
         self.rounds = rounds
         self.nthread = nthread or max(1, os.cpu_count() or 1)
         self.booster = None
+        self.base = None               # a pre-trained booster that fit() fine-tunes
+        self.base_info: dict = {}
+        self.meta: dict = {}
         self.trained_on = 0
-        # shallow trees, small steps: measured best on held-out ResNet-50 logs (bench/cost_model.py)
-        self.params = {"max_depth": 4, "eta": 0.1, "gamma": 0.003, "min_child_weight": 2, "subsample": 1.0,
-                       "lambda": 1.0, "alpha": 0.0, "nthread": self.nthread, "seed": seed, "verbosity": 0,
-                       "tree_method": "hist"}
+        # measured best on held-out ResNet-50 logs (bench/cost_model.py): depth 6 x 300 rounds
+        # beat depth 4 x 150 and sub-sampling did not help
+        self.params = {"max_depth": 6, "eta": 0.1, "min_child_weight": 1, "lambda": 1.0, "nthread": self.nthread,
+                       "seed": seed, "verbosity": 0, "tree_method": "hist"}
+
+    @property
+    def pretrained(self) -> bool:
+        return self.base is not None
+
+    def as_base(self) -> "XGBModel":
+        """A new model that predicts as this one until fit() fine-tunes it (this one stays as it is)."""
+        if self.booster is None:
+            raise ValueError("a model must be trained before others start from it")
+        m = XGBModel(self.objective, self.seed, self.rounds, self.nthread)
+        m.base = m.booster = self.booster
+        m.base_info = dict(self.meta, records=self.meta.get("records", self.trained_on))
+        return m
+
+    @classmethod
+    def pretrained_from(cls, path: str) -> "XGBModel":
+        """A model that starts from the one saved at `path` (by `tuner pretrain`) and fine-tunes it."""
+        m = cls.load(path).as_base()
+        m.base_info["path"] = str(path)
+        return m
 
     # ------------------------------------------------------------ training
     def fit(self, feats: list, labels, groups) -> None:
@@ -61,19 +95,25 @@ class XGBModel:
         import xgboost as xgb
         labels = np.asarray(labels, np.float32)
         if len(feats) < 2:
+            self.booster = self.base
             return
+        # fine-tuning a pre-trained booster: a few shallow trees on top of a copy of it
+        rounds, params, start = self.rounds, dict(self.params), None
+        if self.base is not None:
+            rounds, params["max_depth"], start = FINETUNE_ROUNDS, 4, self.base.copy()
         if self.objective == "pack-sum":
             rows = np.concatenate(feats)
             owner = np.repeat(np.arange(len(feats)), [len(f) for f in feats])
             dtrain = xgb.DMatrix(rows, label=np.zeros(len(rows), np.float32))
+            target = np.log(np.maximum(labels, LABEL_FLOOR))
 
             def pack_sum_square_error(preds, _):
                 sums = np.bincount(owner, weights=preds, minlength=len(feats))
-                grad_c = 2.0 * (sums - labels) * np.maximum(labels, 0.1)   # weight good candidates more
+                grad_c = 2.0 * (sums - target)
                 return grad_c[owner].astype(np.float32), np.full(len(rows), 2.0, np.float32)
 
-            params = dict(self.params, base_score=0.0, disable_default_eval_metric=1)
-            self.booster = xgb.train(params, dtrain, self.rounds, obj=pack_sum_square_error)
+            params.update(base_score=0.0, disable_default_eval_metric=1)
+            self.booster = xgb.train(params, dtrain, rounds, obj=pack_sum_square_error, xgb_model=start)
         else:
             x = np.stack([f.sum(axis=0) for f in feats])
             order = np.argsort(np.asarray([str(g) for g in groups]), kind="stable")
@@ -83,7 +123,7 @@ class XGBModel:
             # rank:pairwise wants integer relevance; 1000 levels of normalised throughput
             dtrain = xgb.DMatrix(x, label=np.round(y * 999))
             dtrain.set_group(sizes)
-            self.booster = xgb.train(dict(self.params, objective="rank:pairwise"), dtrain, self.rounds)
+            self.booster = xgb.train(dict(params, objective="rank:pairwise"), dtrain, rounds, xgb_model=start)
         self.trained_on = len(feats)
 
     # ------------------------------------------------------------ prediction
@@ -99,24 +139,33 @@ class XGBModel:
         return self.booster.predict(xgb.DMatrix(np.stack([f.sum(axis=0) for f in feats])))
 
     # ------------------------------------------------------------ persistence
-    def save(self, path: str) -> None:
+    def save(self, path: str, about: dict | None = None) -> None:
+        """Write the booster and a .meta.json beside it (`about`: what it was trained on, for people)."""
         if self.booster is None:
             raise ValueError("nothing to save: the model has not been trained")
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         self.booster.save_model(str(path))
-        meta = {"objective": self.objective, "seed": self.seed, "rounds": self.rounds, "trained_on": self.trained_on}
-        Path(str(path) + ".meta.json").write_text(json.dumps(meta))
+        meta = {"objective": self.objective, "seed": self.seed, "rounds": self.rounds, "trained_on": self.trained_on,
+                "features": fingerprint(), **(about or {})}
+        Path(str(path) + ".meta.json").write_text(json.dumps(meta, indent=1))
 
     @classmethod
     def load(cls, path: str) -> "XGBModel":
         import xgboost as xgb
-        meta = json.loads(Path(str(path) + ".meta.json").read_text())
+        meta_path = Path(str(path) + ".meta.json")
+        if not Path(path).exists() or not meta_path.exists():
+            raise FileNotFoundError(f"no cost model at {path} (a saved model is the file and its .meta.json)")
+        meta = json.loads(meta_path.read_text())
+        if meta.get("features") != fingerprint():
+            raise ValueError(f"cost model {path} was trained on another feature set than this version of tuner "
+                             "extracts; train it again with `tuner pretrain`")
         m = cls(meta["objective"], meta["seed"], meta["rounds"])
         m.booster = xgb.Booster()
         m.booster.load_model(str(path))
         m.booster.set_param({"nthread": m.nthread})
         m.trained_on = meta["trained_on"]
+        m.meta = meta
         return m
 
 

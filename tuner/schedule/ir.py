@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..te.expr import Const, Expr
+from ..te.expr import Const, Expr, linear
 
 
 class Stmt:
@@ -68,6 +68,22 @@ def flat_index(indices: tuple, shape: tuple) -> Expr:
         off = idx * Const(stride) + off
         stride *= ext
     return off
+
+
+def flat_linear(indices: tuple, shape: tuple):
+    """linear() of flat_index(indices, shape), from the indices' own linear forms (no big tree to
+    walk); None where an index is not an integer expression."""
+    terms: dict = {}
+    const, stride = 0, 1
+    for idx, ext in zip(reversed(indices), reversed(shape)):
+        ln = linear(idx)
+        if ln is None:
+            return None
+        for t, c in ln[0].items():
+            terms[t] = terms.get(t, 0) + c * stride
+        const += ln[1] * stride
+        stride *= ext
+    return {t: c for t, c in terms.items() if c != 0}, const
 
 
 def seq(stmts: list) -> Stmt:

@@ -14,7 +14,7 @@ import random
 import numpy as np
 
 from .. import records
-from ..cost_model.dataset import FeatureCache, from_records
+from ..cost_model.dataset import FeatureCache, from_records, group_of
 from ..cost_model.model import XGBModel, normalised_throughput
 from ..schedule.schedule import ScheduleError
 from ..space.mutation import mutate
@@ -59,7 +59,8 @@ class EvolutionarySearch:
     # ------------------------------------------------------------ proposing
     def propose(self, n: int, seen: set, first: bool = False) -> list:
         out = self.random.default_if_new(seen) if first else []
-        warm = self.warmup if self.warmup is not None else n
+        # a pre-trained model ranks from the start; a fresh one first sees a random batch
+        warm = self.warmup if self.warmup is not None else 0 if self.shared.model.pretrained else n
         if len(self.measured) < warm or not self.shared.ready:
             out += self.random.propose(n - len(out), seen)
         else:
@@ -123,15 +124,28 @@ class SharedModel:
         self.groups: list = []
         self.min_records = min_records
         self._trained_at = -1
+        self.transfer_logs: list = []
 
     @property
     def ready(self) -> bool:
-        return len(self.feats) >= self.min_records or self._trained_at > 0
+        return self.model.pretrained or len(self.feats) >= self.min_records or self._trained_at > 0
+
+    def describe(self) -> str:
+        m = self.model
+        if getattr(m, "pretrained", False):
+            info = m.base_info
+            what = f"pre-trained on {info.get('records', '?')} records of {len(info.get('workloads', [])) or '?'} " \
+                   f"workloads ({info['path']}), fine-tuned on this session's measurements"
+        else:
+            what = f"{m.name} trained on this session's measurements"
+        if self.transfer_logs:
+            what += f" and {len(self.feats)} records of {len(self.transfer_logs)} earlier log(s)"
+        return what
 
     def add(self, task, cand, latency: float):
         self.feats.append(self.cache.of(task, cand.steps))     # usually cached when it was scored
         self.lats.append(latency)
-        self.groups.append(task.workload.key)
+        self.groups.append(group_of(task.workload.key, str(task.target)))
 
     def add_records(self, recs: list):
         """Logged records: those this task resumes from, or other tasks' (transfer)."""

@@ -33,13 +33,21 @@ class Expr:
     def __ge__(self, o): return Cmp("<=", as_expr(o), self)
 
 
-@dataclass(frozen=True, eq=True)
+@dataclass(frozen=True, eq=False)
 class Const(Expr):
     value: Number
 
     @property
     def is_int(self) -> bool:
         return isinstance(self.value, int)
+
+    # 1 and 1.0 are different constants (an index and a float): equal values of another type
+    # must not meet in a dict of expressions (the memo of `linear`, the simplifier's terms)
+    def __eq__(self, other):
+        return type(other) is Const and type(self.value) is type(other.value) and self.value == other.value
+
+    def __hash__(self):
+        return hash((type(self.value), self.value))
 
 
 @dataclass(frozen=True, eq=True)
@@ -145,6 +153,29 @@ class Reduce(Expr):
     init: Expr
 
 
+def _cache_hash(cls):
+    """Nodes are immutable trees that are hashed again and again (memo keys, term dicts): hash each once."""
+    structural = cls.__hash__
+
+    def __hash__(self):
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = structural(self)
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __getstate__(self):        # a cached hash is only valid in the process that computed it
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+    cls.__hash__ = __hash__
+    cls.__getstate__ = __getstate__
+    return cls
+
+
+for _cls in (Const, Var, Add, Sub, Mul, Div, FloorDiv, FloorMod, Min, Max, Cmp, And, Select, Call, Cast, Load, Reduce):
+    _cache_hash(_cls)
+
+
 def as_expr(x) -> Expr:
     if isinstance(x, Expr):
         return x
@@ -238,12 +269,29 @@ def free_vars(e: Expr) -> set:
 
 # ---------------------------------------------------------------- affine analysis
 
+_LINEAR_MEMO: dict = {}
+
+
 def linear(e: Expr):
     """Split `e` into ({term: coef}, const) where terms are non-constant sub-expressions.
 
     Vars are terms; anything non-affine (a div, a load, a product of two vars) is one opaque
-    term. Returns None for float-valued expressions.
+    term. Returns None for float-valued expressions. Memoised: the simplifier asks again for
+    every node on the way up a tree, and lowering, codegen and features ask about the same
+    indices. Callers must not mutate the returned dict.
     """
+    try:
+        return _LINEAR_MEMO[e]
+    except KeyError:
+        pass
+    out = _linear(e)
+    if len(_LINEAR_MEMO) > 500_000:
+        _LINEAR_MEMO.clear()
+    _LINEAR_MEMO[e] = out
+    return out
+
+
+def _linear(e: Expr):
     if isinstance(e, Const):
         return ({}, e.value) if e.is_int else None
     if isinstance(e, Add) or isinstance(e, Sub):

@@ -1,0 +1,49 @@
+"""Pre-trained cost models: trained on many tasks' logs, shipped, and fine-tuned in a session.
+
+A model trained on other tasks' measurements already orders a new task's candidates well
+(bench/cost_model.py, "transfer"), so a search that starts from one skips its random warm-up.
+`schedules/` ships the best schedules; `tuner/cost_model/pretrained/` ships one model per ISA,
+trained on this project's benchmark logs by `tuner pretrain`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import records
+from .dataset import FeatureCache, from_records
+from .model import XGBModel, normalised_throughput
+
+PRETRAINED_DIR = Path(__file__).parent / "pretrained"
+
+
+def shipped_model(target) -> Path | None:
+    """The shipped pre-trained model for the target's ISA, if there is one."""
+    path = PRETRAINED_DIR / f"cpu-{target.isa}.ubj"
+    return path if path.exists() else None
+
+
+def pretrain(logs: list, exclude: set = frozenset(), objective: str = "pack-sum", seed: int = 0,
+             progress: bool = True, cache: FeatureCache | None = None) -> tuple:
+    """Train a model on every measured record of `logs` except those of workloads named or keyed in
+    `exclude` (to evaluate transfer to them honestly). Returns (model, summary dict).
+
+    cache: features already computed (several models trained from the same logs)."""
+    from tqdm import tqdm
+    recs, skipped = [], 0
+    for path in logs:
+        contents = records.load(path, warn=False)
+        skipped += contents.skipped
+        recs += [r for r in contents.records if r["error"] != "NOT_IN_LOG"
+                 and r["workload"]["key"] not in exclude and r["workload"].get("name") not in exclude]
+    if not recs:
+        raise ValueError(f"no measured records to train on in {', '.join(map(str, logs))}"
+                         + (f" once {', '.join(sorted(exclude))} are left out" if exclude else ""))
+    with tqdm(total=len(recs), desc="features", unit="rec", disable=not progress, dynamic_ncols=True) as bar:
+        feats, lats, groups = from_records(recs, cache or FeatureCache(), progress=bar.update)
+    model = XGBModel(objective, seed)
+    model.fit(feats, normalised_throughput(lats, groups), groups)
+    names = sorted({r["workload"].get("name") or r["workload"]["spec"] for r in recs})
+    summary = {"records": len(feats), "groups": len(set(groups)), "workloads": names,
+               "targets": sorted({r["target"] for r in recs}), "logs": [str(p) for p in logs],
+               "excluded": sorted(exclude), "skipped_lines": skipped}
+    return model, summary
