@@ -91,9 +91,11 @@ def main(argv=None):
                 runs.append({"workload": name, "policy": policy, "variant": label, "seed": seed, "curve": c, "log": log,
                              "new_trials": s.new, "seconds": time.perf_counter() - t0,
                              "search_overhead": s.search_overhead if s.new else None,
+                             "codegen_fraction": s.codegen_fraction if s.new else None,
                              "candidates_per_minute": 60 * s.new / s.seconds if s.new and s.seconds else None})
                 print(f"{name:<18} {policy:<13} seed {seed}: best {max(c, default=0):6.1f} GFLOPS "
-                      f"after {len(c)} trials" + (f"; overhead {100 * s.search_overhead:.1f}%" if s.new else ""),
+                      f"after {len(c)} trials" + (f"; overhead {100 * s.search_overhead:.1f}% "
+                                                  f"(+{100 * s.codegen_fraction:.1f}% C generation)" if s.new else ""),
                       flush=True)
     rows = []
     for name in args.workloads.split(","):
@@ -112,6 +114,8 @@ def main(argv=None):
                 row[f"gflops_at_{t}"] = statistics.median(vals) if vals else None
             ov = [r["search_overhead"] for r in pr if r["search_overhead"] is not None]
             row["search_overhead"] = statistics.median(ov) if ov else None
+            cg = [r["codegen_fraction"] for r in pr if r.get("codegen_fraction") is not None]
+            row["codegen_fraction"] = statistics.median(cg) if cg else None
             cpm = [r["candidates_per_minute"] for r in pr if r["candidates_per_minute"]]
             row["candidates_per_minute"] = statistics.median(cpm) if cpm else None
             rows.append(row)

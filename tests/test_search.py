@@ -7,7 +7,7 @@ import pytest
 
 from tuner import records
 from tuner.cost_model.features import extract, feature_names, num_features
-from tuner.cost_model.model import RandomModel, XGBModel, normalised_throughput
+from tuner.cost_model.model import FINETUNE_ROUNDS, RandomModel, XGBModel, normalised_throughput
 from tuner.measure.runner import RunConfig
 from tuner.schedule.lower import lower
 from tuner.search.scheduler import GradientScheduler, RoundRobinScheduler, TaskProgress
@@ -212,7 +212,7 @@ def test_pretrained_model_is_fine_tuned_without_changing_the_saved_one(tmp_path)
     m.fit(feats[:1], y[:1], ["t"])                   # too little to fine-tune: predicts as the saved model
     np.testing.assert_allclose(m.predict(feats[60:]), base.predict(feats[60:]), rtol=1e-6)
     m.fit(feats[60:], y[60:], ["u"] * 20)
-    assert m.booster.num_boosted_rounds() == base.booster.num_boosted_rounds() + 30
+    assert m.booster.num_boosted_rounds() == base.booster.num_boosted_rounds() + FINETUNE_ROUNDS
     assert not np.allclose(m.predict(feats[60:]), base.predict(feats[60:]))
     np.testing.assert_allclose(XGBModel.load(str(path)).predict(feats[60:]), base.predict(feats[60:]), rtol=1e-6)
 

@@ -77,7 +77,7 @@ def _cmd_tune(args) -> int:
             print(f"  every candidate failed; first {kind}: {msg.strip().splitlines()[0][:200] if msg.strip() else ''}")
     rate = 60.0 * session.new / session.seconds if session.seconds else 0.0
     print(f"{session.new} new measurements in {session.seconds:.1f} s ({rate:.0f} candidates/min; "
-          f"search overhead {100 * session.search_overhead:.1f}%)")
+          f"search overhead {100 * session.search_overhead:.1f}%, C generation {100 * session.codegen_fraction:.1f}%)")
     print(f"log: {session.log}")
     if session.interrupted:
         print("interrupted: every finished measurement is in the log; run the same command again to resume")

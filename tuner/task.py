@@ -5,6 +5,7 @@ import dataclasses
 import hashlib
 import json
 import re
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
@@ -39,6 +40,7 @@ class Task:
         self.space = SearchSpace(workload, target)
         self._counter = 0
         self._lowered: OrderedDict = OrderedDict()
+        self.codegen_s = 0.0        # time spent turning step lists into C (the tuning loop reports it)
 
     LOWERED_MEMO = 4096
 
@@ -62,8 +64,12 @@ class Task:
         if func_name is None:
             self._counter += 1
             func_name = f"k{self._counter}"
-        func = dataclasses.replace(self.lowered(steps), name=func_name)
-        src, omp = generate_c(func, self.target.lanes, self.target.threads)
+        start = time.perf_counter()
+        try:
+            func = dataclasses.replace(self.lowered(steps), name=func_name)
+            src, omp = generate_c(func, self.target.lanes, self.target.threads)
+        finally:
+            self.codegen_s += time.perf_counter() - start
         return Candidate(steps, src, func_name, omp, code_hash(src, func_name), decisions)
 
     def from_decisions(self, decisions: dict) -> Candidate:

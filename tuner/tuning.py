@@ -66,6 +66,7 @@ class Session:
     log: str
     seconds: float = 0.0
     search_s: float = 0.0        # proposing: sampling, features, training, prediction
+    codegen_s: float = 0.0       # lowering and C generation of the proposed candidates (part of building)
     interrupted: bool = False
 
     @property
@@ -78,7 +79,12 @@ class Session:
 
     @property
     def search_overhead(self) -> float:
+        """Fraction of the wall time spent outside building and running candidates."""
         return self.search_s / self.seconds if self.seconds else 0.0
+
+    @property
+    def codegen_fraction(self) -> float:
+        return self.codegen_s / self.seconds if self.seconds else 0.0
 
 
 def default_log(workload: Workload) -> str:
@@ -154,9 +160,11 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
             if len(states) > 1:
                 bar.write(f"next: {st.task.workload.label} {st.task.workload.spec} — {why}")
             n = min(batch_size, trials - session.trials)
-            t0 = time.perf_counter()
+            t0, cg0 = time.perf_counter(), st.task.codegen_s
             batch = st.policy.propose(n, st.seen, first=start_from_default and not st.started)
-            session.search_s += time.perf_counter() - t0
+            codegen = st.task.codegen_s - cg0
+            session.search_s += time.perf_counter() - t0 - codegen
+            session.codegen_s += codegen
             st.started = True
             if not batch:
                 progress_rows[k].retired = st.summary.retired = \

@@ -28,8 +28,9 @@ def _key(dec: dict) -> str:
 class EvolutionarySearch:
     name = "evolutionary"
 
-    def __init__(self, task, seed: int = 0, model=None, population: int = 48, generations: int = 2,
-                 eps: float = 0.1, warmup: int | None = None, shared=None):
+    def __init__(self, task, seed: int = 0, model=None, population: int = 32, generations: int = 2,
+                 eps: float = 0.1, warmup: int | None = None, shared=None, first_pool: int = 256,
+                 first_batches: int = 8):
         self.task = task
         self.seed = seed
         self.rng = random.Random(seed)
@@ -39,7 +40,10 @@ class EvolutionarySearch:
         self.generations = generations
         self.eps = eps
         self.warmup = warmup
+        self.first_pool = first_pool          # points a pre-trained model ranks before anything is measured
+        self.first_batches = first_batches    # early batches this small, so fine-tuning starts sooner
         self.measured: list = []            # (decisions, code_hash, latency)
+        self.proposed = 0
 
     # ------------------------------------------------------------ learning
     def observe(self, recs: list) -> None:
@@ -59,8 +63,13 @@ class EvolutionarySearch:
     # ------------------------------------------------------------ proposing
     def propose(self, n: int, seen: set, first: bool = False) -> list:
         out = self.random.default_if_new(seen) if first else []
-        # a pre-trained model ranks from the start; a fresh one first sees a random batch
-        warm = self.warmup if self.warmup is not None else 0 if self.shared.model.pretrained else n
+        # a pre-trained model ranks from the start; a fresh one first sees a random batch. With a
+        # pre-trained model the first batches are small (8, 8, 16, then n): each is followed by
+        # fine-tuning and by mutating what it found, which is what finds the last few percent
+        pretrained = self.shared.model.pretrained
+        warm = self.warmup if self.warmup is not None else 0 if pretrained else n
+        if pretrained and self.first_batches:
+            n = min(n, max(self.first_batches, len(self.measured), self.proposed))
         if len(self.measured) < warm or not self.shared.ready:
             out += self.random.propose(n - len(out), seen)
         else:
@@ -75,6 +84,7 @@ class EvolutionarySearch:
                     seen.add(cand.code_hash)
                     out.append(cand)
             out += self.random.propose(n - len(out), seen)
+        self.proposed += len(out)
         return out
 
     def _candidate(self, dec):
@@ -88,7 +98,8 @@ class EvolutionarySearch:
         space = self.task.space
         best = sorted((m for m in self.measured if np.isfinite(m[2])), key=lambda m: m[2])
         pop = [m[0] for m in best[: self.population // 2]]
-        while len(pop) < self.population:
+        fresh = self.population if best or not self.shared.model.pretrained else max(self.population, self.first_pool)
+        while len(pop) < fresh:
             pop.append(space.sample(self.rng))
         scores: dict = {}
         measured_keys = {_key(m[0]) for m in self.measured}
@@ -101,6 +112,8 @@ class EvolutionarySearch:
                     scores[_key(d)] = (d, float(p))
 
         score(pop)
+        pop = [d for d, _ in sorted(scores.values(), key=lambda dp: -dp[1])[: self.population]] \
+            if len(pop) > self.population else pop
         for _ in range(self.generations):
             children = []
             for parent in pop:

@@ -207,6 +207,13 @@ def select(cond, then, other) -> Expr:
 
 
 def children(e: Expr) -> tuple:
+    get = _CHILDREN.get(type(e))
+    if get is not None:
+        return get(e)
+    return _children_slow(e)
+
+
+def _children_slow(e: Expr) -> tuple:
     if isinstance(e, (Const, Var)):
         return ()
     if isinstance(e, (Call,)):
@@ -220,6 +227,21 @@ def children(e: Expr) -> tuple:
     if isinstance(e, Reduce):
         return (e.source, e.init)
     return (e.a, e.b)
+
+
+def _pair(e):
+    return (e.a, e.b)
+
+
+def _leaf(e):
+    return ()
+
+
+# children by exact node type: tree walks are the hot loop of lowering, codegen and features
+_CHILDREN = {Const: _leaf, Var: _leaf, Call: lambda e: e.args, Load: lambda e: e.indices,
+             Cast: lambda e: (e.value,), Select: lambda e: (e.cond, e.then, e.other),
+             Reduce: lambda e: (e.source, e.init),
+             **{t: _pair for t in (Add, Sub, Mul, Div, FloorDiv, FloorMod, Min, Max, Cmp, And)}}
 
 
 def rebuild(e: Expr, new_children: tuple) -> Expr:
@@ -258,13 +280,35 @@ def substitute(e: Expr, mapping: Mapping[str, Expr]) -> Expr:
 
 
 def walk(e: Expr):
-    yield e
-    for k in children(e):
-        yield from walk(k)
+    """Every node of `e`, parents before children (an explicit stack: deep trees, no recursion)."""
+    stack = [e]
+    while stack:
+        n = stack.pop()
+        yield n
+        kids = children(n)
+        if kids:
+            stack.extend(reversed(kids))
 
 
-def free_vars(e: Expr) -> set:
-    return {n.name for n in walk(e) if isinstance(n, Var)}
+_FREE_VARS_MEMO: dict = {}
+
+
+def free_vars(e: Expr) -> frozenset:
+    """Names of the variables in `e` (memoised: features and codegen ask about the same indices)."""
+    try:
+        return _FREE_VARS_MEMO[e]
+    except KeyError:
+        pass
+    if isinstance(e, Var):
+        out = frozenset((e.name,))
+    elif isinstance(e, Const):
+        out = frozenset()
+    else:
+        out = frozenset().union(*(free_vars(k) for k in children(e)))
+    if len(_FREE_VARS_MEMO) > 500_000:
+        _FREE_VARS_MEMO.clear()
+    _FREE_VARS_MEMO[e] = out
+    return out
 
 
 # ---------------------------------------------------------------- affine analysis
