@@ -31,7 +31,10 @@ _STMT = ["float_addsub", "float_mul", "float_div", "float_maxmin", "float_select
          "acc_per_reduce_step", "loops_inside_reduce", "inner_reduce_extent", "inner_reduce_unrolled",
          "reduce_loops", "reduce_trip", "loads_per_step", "tile_footprint_bytes"]
 _BUF = ["is_read", "is_write", "is_local", "bytes", "unique_bytes", "lines", "stride_inner", "is_contiguous",
-        "reuse_loop_carried", "reuse_distance_iters", "reuse_distance_bytes", "reuse_count", "bytes_per_iter"]
+        "reuse_loop_carried", "reuse_distance_iters", "reuse_distance_bytes", "reuse_count", "bytes_per_iter",
+        # the innermost loop that really steps (not vectorised, not unrolled): how far each of its
+        # iterations jumps in this buffer and how far one pass of it reaches (prefetch, TLB)
+        "stride_stepping", "span_stepping_bytes"]
 
 
 @lru_cache(maxsize=1)
@@ -235,9 +238,17 @@ class _Extractor:
                                                         if st != 0]) if inside else 1.0))
             carried, count = 1.0, float(loops[reuse_k].extent)
         scope = self.func.buffers[buf].scope
+        step_k = next((k for k in range(len(loops) - 1, -1, -1) if loops[k].kind in ("serial", "parallel")), None)
+        step = strides[step_k] if step_k is not None else 0
+        if step is None:
+            stride_step, span_step = 10.0, 20.0
+        else:
+            stride_step = _log(abs(step))
+            span_step = _log(4 * abs(step) * loops[step_k].extent) if step_k is not None else 0.0
         return [float(kind["read"]), float(kind["write"]), float(scope == "local"), _log(4 * trip), _log(4 * unique),
                 _log(lines), _log(abs(inner)) if inner is not None else 10.0, float(contiguous), carried,
-                _log(dist_iter), _log(dist_bytes), _log(count), 4.0 * (kind["read"] + kind["write"])]
+                _log(dist_iter), _log(dist_bytes), _log(count), 4.0 * (kind["read"] + kind["write"]),
+                stride_step, span_step]
 
     def _intensity_curve(self, loops, counts, access_deps) -> list:
         """Float ops over distinct bytes touched, for the nest below each loop level (innermost first)."""

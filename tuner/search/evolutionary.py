@@ -25,6 +25,11 @@ def _key(dec: dict) -> str:
     return json.dumps(dec, sort_keys=True)
 
 
+def _structure(dec: dict) -> str:
+    """The decisions that change the loop nest's structure rather than its numbers."""
+    return json.dumps(dec.get("pad", {}), sort_keys=True)
+
+
 class EvolutionarySearch:
     name = "evolutionary"
 
@@ -76,7 +81,16 @@ class EvolutionarySearch:
             self.shared.train_if_stale()
             scored = self._evolve()
             n_random = int(round(self.eps * (n - len(out))))
+            take = n - n_random - len(out)
+            # every structure (pad placement: a different loop nest, like Ansor's sketches) gets at
+            # least half an equal share of the batch, so a basin the model ranks second is still
+            # refined; without it a search could spend hundreds of trials in the wrong one
+            groups: dict = {}
             for dec, _ in scored:
+                groups.setdefault(_structure(dec), []).append(dec)
+            share = take // (2 * len(groups)) if len(groups) > 1 else 0
+            order = [d for g in groups.values() for d in g[:share]] + [d for d, _ in scored]
+            for dec in order:
                 if len(out) >= n - n_random:
                     break
                 cand = self._candidate(dec)
@@ -97,7 +111,13 @@ class EvolutionarySearch:
         """[(decisions, predicted score)] best first, from mutating the best measured points."""
         space = self.task.space
         best = sorted((m for m in self.measured if np.isfinite(m[2])), key=lambda m: m[2])
-        pop = [m[0] for m in best[: self.population // 2]]
+        # parents: the best measured points of every structure, then the best overall
+        by_structure: dict = {}
+        for m in best:
+            by_structure.setdefault(_structure(m[0]), []).append(m[0])
+        each = self.population // (4 * len(by_structure)) if len(by_structure) > 1 else 0
+        pop = [d for g in by_structure.values() for d in g[:each]]
+        pop += [m[0] for m in best if m[0] not in pop][: max(0, self.population // 2 - len(pop))]
         fresh = self.population if best or not self.shared.model.pretrained else max(self.population, self.first_pool)
         while len(pop) < fresh:
             pop.append(space.sample(self.rng))
