@@ -266,3 +266,24 @@ def test_int_and_float_constants_are_different_expressions():
     assert Const(1) != Const(1.0) and Const(1) == Const(1)
     assert linear(Add(Var("i"), Const(1))) == ({Var("i"): 1}, 1)
     assert linear(Add(Var("i"), Const(1.0))) is None         # the memo of the int form must not answer
+
+
+def test_evolutionary_batch_keeps_the_structure_the_model_ranks_second():
+    """A model that always prefers pads computed at root still gets inlined-pad schedules measured."""
+    from tuner.search.evolutionary import EvolutionarySearch, SharedModel
+
+    class PrefersRootPads:          # a root pad is one more store statement: more rows, higher score
+        name, pretrained, trained_on = "stub", True, 0
+
+        def fit(self, *args):
+            pass
+
+        def predict(self, feats):
+            return np.asarray([float(len(f)) for f in feats])
+
+    task = Task(SMALL, TARGET1)
+    search = EvolutionarySearch(task, seed=0, shared=SharedModel(PrefersRootPads()), first_batches=0)
+    batch = search.propose(16, set())
+    pads = [c.decisions["pad"]["conv_pad"] for c in batch if c.decisions and "pad" in c.decisions]
+    model_picked = len(batch) - round(search.eps * 16)
+    assert pads.count("inline") >= model_picked // 4 and pads.count("root") > pads.count("inline")
