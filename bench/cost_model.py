@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import time
-from pathlib import Path
 
 
+from bench.results_file import write_results
 from tuner import records
 from tuner.cost_model.dataset import FeatureCache, from_records
 from tuner.cost_model.metrics import pairwise_accuracy, top_k_recall, top_k_score
@@ -98,10 +97,7 @@ def main(argv=None):
     for r in rows:
         print(f"{r['workload']:<18} {r['train']:<28} {r['test']:>5} {r['model']:<13} {r['pairwise_accuracy']:>8.3f} "
               f"{r['top5_recall']:>7.2f} {r['top1_score']:>6.3f} {r['top5_score']:>6.3f}")
-    out = Path(args.out or f"bench/results/cost_model-{time.strftime('%Y%m%d-%H%M%S')}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "logs": paths, "rows": rows}, indent=1))
-    print(f"wrote {out}")
+    write_results("cost_model", args.out, {"args": vars(args), "logs": paths, "rows": rows})
     return rows
 
 

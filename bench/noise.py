@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import random
-import time
-from pathlib import Path
 
 import numpy as np
 
+from bench.results_file import write_results
 from tuner import records
 from tuner.cost_model.dataset import FeatureCache
 from tuner.cost_model.metrics import pairwise_accuracy
@@ -56,10 +54,7 @@ def main(argv=None):
             rows.append(row)
             print(f"{name:<18} {target:<38} {row['schedules']:>4} schedules: pairs ordered alike "
                   f"{row['pairwise_agreement']:.3f}, median change {100 * row['median_abs_change']:.1f}%", flush=True)
-    out = Path(args.out or f"bench/results/noise-{time.strftime('%Y%m%d-%H%M%S')}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "logs": paths, "rows": rows}, indent=1))
-    print(f"wrote {out}")
+    write_results("noise", args.out, {"args": vars(args), "logs": paths, "rows": rows})
 
 
 if __name__ == "__main__":

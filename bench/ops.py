@@ -11,7 +11,6 @@ channels_last, picked per workload). Prints a table; writes JSON under bench/res
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -23,6 +22,7 @@ os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # both OpenMP runtimes in this
 
 import numpy as np  # noqa: E402
 
+from bench.results_file import write_results
 from tuner.analysis.report import task_report  # noqa: E402
 from tuner.build import build_op  # noqa: E402
 from tuner.target import parse_target  # noqa: E402
@@ -141,13 +141,10 @@ def main(argv=None):
         g = s["geomean_ratio_vs_torch_r50_convs"]
         print(f"{t} thread(s): peak {s['peak_gflops']:.1f} GFLOPS; geomean tuner/PyTorch speed "
               f"over ResNet-50 convs {g:.3f}x" if g else f"{t} thread(s): peak {s['peak_gflops']:.1f} GFLOPS")
-    out = Path(args.out or f"bench/results/ops-{time.strftime('%Y%m%d-%H%M%S')}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
+    write_results("ops", args.out, {
         "machine": {"cpu": platform.processor() or platform.machine(), "target": str(target),
                     "cores": target.cores},
-        "args": vars(args), "summary": summary, "rows": rows}, indent=1))
-    print(f"wrote {out}")
+        "args": vars(args), "summary": summary, "rows": rows})
 
 
 def _geomean(xs):

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import statistics
 import time
 from pathlib import Path
 
+from bench.results_file import write_results
 from tuner.analysis.report import task_report
 from tuner.cost_model.dataset import FeatureCache
 from tuner.cost_model.pretrain import pretrain
@@ -135,10 +135,7 @@ def main(argv=None):
                                             f(r["gflops_at_64"]), f(r["gflops_at_256"]), f(r["gflops_at_512"]),
                                             f(r["search_overhead"] and 100 * r["search_overhead"], "{:.1f}%"),
                                             f(r["candidates_per_minute"], "{:.0f}")]))
-    out = Path(args.out or f"bench/results/search-{time.strftime('%Y%m%d-%H%M%S')}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "rows": rows, "runs": runs}, indent=1))
-    print(f"wrote {out}")
+    write_results("search", args.out, {"args": vars(args), "rows": rows, "runs": runs})
 
 
 if __name__ == "__main__":
