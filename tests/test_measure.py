@@ -53,3 +53,26 @@ def test_broken_candidates_are_recorded_and_tuning_continues(tmp_path):
     assert good_after, "measurements after the hang must still succeed"
     assert s.trials == len(recs) >= 8
     assert s.best is not None and s.best["error"] == "OK"
+
+
+def test_single_thread_measurements_stay_on_one_core_with_aligned_buffers():
+    import os
+
+    import numpy as np
+
+    from tuner.measure.library import aligned_copy, aligned_empty
+    from tuner.measure.runner import Runner, measurement_cpu
+    from tuner.target import parse_target
+
+    one, two = parse_target("cpu", threads=1), parse_target("cpu", threads=2)
+    assert measurement_cpu(one, RunConfig()) in os.sched_getaffinity(0)
+    assert measurement_cpu(two, RunConfig()) is None and measurement_cpu(one, RunConfig(pin=False)) is None
+    with Runner(one) as runner:
+        runner._start()
+        allowed = open(f"/proc/{runner._proc.pid}/status").read().split("Cpus_allowed_list:")[1].split()[0]
+        assert allowed == str(measurement_cpu(one, RunConfig()))
+    for shape in [(3,), (5, 7), (1, 16, 3, 3, 16)]:
+        a = np.random.default_rng(0).random(shape, dtype=np.float32)
+        b = aligned_copy(a)
+        assert b.ctypes.data % 64 == 0 and aligned_empty(shape).ctypes.data % 64 == 0
+        np.testing.assert_array_equal(a, b)

@@ -6,6 +6,7 @@ import ctypes.util
 import os
 from functools import lru_cache
 
+import numpy as np
 from cffi import FFI
 
 CDEF = """
@@ -35,6 +36,29 @@ def ffi() -> FFI:
     f = FFI()
     f.cdef(CDEF)
     return f
+
+
+ALIGN_BYTES = 64
+
+
+def aligned_empty(shape) -> np.ndarray:
+    """A float32 array whose data starts on a 64-byte boundary.
+
+    NumPy only promises 16 bytes, and a kernel's 64-byte vector loads that straddle cache lines
+    run up to 40% slower: the same kernel timed in two processes differed that much (bench/noise.py
+    and the first batch of a session). Inputs and outputs are aligned the way compilers' runtimes
+    (and PyTorch's allocator) align them, so a timing depends on the schedule alone.
+    """
+    n = int(np.prod(shape, dtype=np.int64))
+    buf = np.empty(n + ALIGN_BYTES // 4, np.float32)
+    start = (-buf.ctypes.data % ALIGN_BYTES) // 4
+    return buf[start: start + n].reshape(shape)
+
+
+def aligned_copy(a) -> np.ndarray:
+    out = aligned_empty(np.shape(a))
+    out[...] = a
+    return out
 
 
 def pointer_array(arrays: list):

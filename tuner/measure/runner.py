@@ -23,6 +23,19 @@ class RunConfig:
     flush: bool = False          # flush caches before each (single-call) repeat
     rtol: float = 1e-3
     atol: float = 1e-4           # scaled by the largest reference magnitude
+    pin: bool = True             # single-thread targets: keep the measurement process on one core
+
+
+def measurement_cpu(target: Target, config: RunConfig) -> int | None:
+    """The core a single-thread target's kernels are timed on, or None to let the OS place them.
+
+    On a shared (virtual) machine the cores are not alike: one kernel timed 70 GFLOPS on one core
+    and 114 on the other of this project's machine in the same minute, so a measurement process
+    that migrates between cores mixes the two speeds into one session's ranking.
+    """
+    if not config.pin or target.threads != 1 or not hasattr(os, "sched_getaffinity"):
+        return None
+    return max(os.sched_getaffinity(0))
 
 
 class Runner:
@@ -46,6 +59,9 @@ class Runner:
                    OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
         proc = subprocess.Popen([sys.executable, "-m", worker.__name__], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, env=env, start_new_session=True)
+        cpu = measurement_cpu(self.target, self.config)
+        if cpu is not None:
+            os.sched_setaffinity(proc.pid, {cpu})
         self._proc = proc
         self._conn = worker.Channel(proc.stdout.fileno(), proc.stdin.fileno())
         proc.stdin.close()

@@ -47,7 +47,7 @@ class Channel:
 
 
 def main(conn) -> None:
-    from .library import ffi as get_ffi, open_library, pointer_array
+    from .library import aligned_copy, aligned_empty, ffi as get_ffi, open_library, pointer_array
 
     ffi = get_ffi()
     libs: dict = {}
@@ -62,9 +62,9 @@ def main(conn) -> None:
         if kind == "stop":
             return
         if kind == "setup":
-            arrays = [np.ascontiguousarray(a, dtype=np.float32) for a in msg[1]]
+            arrays = [aligned_copy(np.asarray(a, dtype=np.float32)) for a in msg[1]]
             ref = msg[2]
-            out = np.empty(ref.shape, np.float32)
+            out = aligned_empty(ref.shape)
             args = pointer_array(arrays + [out])
             conn.send(("ready",))
         elif kind == "release":
