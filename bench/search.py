@@ -3,7 +3,8 @@
 For every workload, policy and seed a fresh tune runs (single thread, no default schedule seeded
 in, so the policies' own search is compared) and its best-so-far GFLOPS per trial is kept. The
 table reports, per workload: the best any run found, the trials each policy needs to reach 90% and
-95% of it (median over seeds), the ratio evolutionary / random, GFLOPS after 64 and 512 trials,
+95% of it (median over seeds; a seed that never got there counts as more than the budget), the
+ratio evolutionary / random, GFLOPS after 64 and 512 trials,
 search overhead (time outside build and run) and candidates per minute. JSON goes to
 bench/results/; the per-run logs stay under --log-dir for bench/cost_model.py.
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import math
 import statistics
 import time
 from pathlib import Path
@@ -49,6 +51,10 @@ def leave_one_out_model(name: str, logs: list, log_dir: str, cache: FeatureCache
         print(f"{name}: leave-one-out model from {summary['records']} records of "
               f"{len(summary['workloads'])} other workloads", flush=True)
     return str(path)
+
+
+def _trials(v, budget: int) -> str:
+    return "-" if v is None else f">{budget}" if math.isinf(v) else f"{v:.0f}"
 
 
 def trials_to(c: list, level: float):
@@ -107,7 +113,10 @@ def main(argv=None):
             for frac in (0.9, 0.95):
                 hits = [trials_to(r["curve"], frac * best) for r in pr]
                 reached = [h for h in hits if h is not None]
-                row[f"trials_to_{int(frac * 100)}"] = statistics.median(reached) if len(reached) == len(hits) else None
+                # a seed that never got there took more than its budget: the median still exists
+                # while at least half the seeds got there (inf otherwise)
+                row[f"trials_to_{int(frac * 100)}"] = statistics.median(
+                    [h if h is not None else math.inf for h in hits]) if hits else None
                 row[f"reached_{int(frac * 100)}"] = f"{len(reached)}/{len(hits)}"
             for t in (64, 256, 512):
                 vals = [r["curve"][t - 1] for r in pr if len(r["curve"]) >= t]
@@ -121,8 +130,8 @@ def main(argv=None):
             rows.append(row)
         rnd = next((r for r in rows if r["workload"] == name and r["policy"] == "random"), None)
         evo = next((r for r in rows if r["workload"] == name and r["policy"] == "evolutionary"), None)
-        if rnd and evo and rnd["trials_to_95"] and evo["trials_to_95"]:
-            evo["ratio_trials_to_95_vs_random"] = evo["trials_to_95"] / rnd["trials_to_95"]
+        if rnd and evo and rnd["trials_to_95"] and evo["trials_to_95"] is not None:
+            evo["ratio_trials_to_95_vs_random"] = evo["trials_to_95"] / rnd["trials_to_95"]   # 0 if random never
     print()
     head = ["workload", "policy", "best", "to90%", "to95%", "@64", "@256", "@512", "overhead", "cand/min"]
     print("  ".join(f"{h:>10}" for h in head))
@@ -130,8 +139,8 @@ def main(argv=None):
         def f(v, fmt="{:.1f}"):
             return fmt.format(v) if v is not None else "-"
         print("  ".join(f"{x:>10}" for x in [r["workload"][:10], r["policy"][:10], f(r["best_overall_gflops"]),
-                                            f(r["trials_to_90"], "{:.0f}") + f"({r['reached_90']})",
-                                            f(r["trials_to_95"], "{:.0f}") + f"({r['reached_95']})",
+                                            _trials(r["trials_to_90"], args.trials) + f"({r['reached_90']})",
+                                            _trials(r["trials_to_95"], args.trials) + f"({r['reached_95']})",
                                             f(r["gflops_at_64"]), f(r["gflops_at_256"]), f(r["gflops_at_512"]),
                                             f(r["search_overhead"] and 100 * r["search_overhead"], "{:.1f}%"),
                                             f(r["candidates_per_minute"], "{:.0f}")]))
