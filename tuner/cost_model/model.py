@@ -30,7 +30,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 OBJECTIVES = ("pack-sum", "rank")
 LABEL_FLOOR = 1e-3      # failures (label 0) are fitted as 1/1000 of the best
-FINETUNE_ROUNDS = 20     # trees added to a pre-trained booster per fit (10-30 rank held-out records alike)
+FINETUNE_ROUNDS = 10     # trees added to a pre-trained booster per fit (10-30 rank held-out records alike)
 
 
 class RandomModel:
