@@ -9,6 +9,8 @@ against the budget and is never measured again; Ctrl-C stops with every finished
 from __future__ import annotations
 
 import math
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,8 +150,11 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
     if shared is not None:
         bar.write(f"cost model: {shared.describe()}")
     _show(bar, session, start)
+    stop = _CtrlC()
     try:
         while session.trials < trials:
+            if stop.requested:
+                raise KeyboardInterrupt
             if time_limit is not None and time.perf_counter() - start >= time_limit:
                 break
             k, why = sched.next()
@@ -190,6 +195,8 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
                     session.search_s += time.perf_counter() - t0
                 bar.update(1)
                 _show(bar, session, start)
+                if stop.requested:
+                    raise KeyboardInterrupt
             sched.record_round(k, st.summary.best_latency, failures_only=not ok_in_batch)
             if progress_rows[k].retired:
                 st.summary.retired = progress_rows[k].retired
@@ -197,6 +204,7 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
     except KeyboardInterrupt:
         session.interrupted = True
     finally:
+        stop.restore()
         session.seconds = time.perf_counter() - start
         for s in session.tasks:
             s.seconds, s.interrupted = session.seconds, session.interrupted
@@ -228,6 +236,28 @@ def _shared_model(tgt: Target, seed: int, cost_model_from: list | None):
         shared.add_records(records.load(other, warn=False).records)
     shared.transfer_logs = logs
     return shared
+
+
+class _CtrlC:
+    """The first Ctrl-C asks the loop to stop after the measurement in hand; a second one stops at
+    once. A KeyboardInterrupt raised wherever the signal lands can be lost: inside a finaliser
+    (xgboost frees boosters in __del__, every round) Python reports it and carries on."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def restore(self):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
 
 
 @dataclass
