@@ -234,7 +234,7 @@ def _shared_model(tgt: Target, seed: int, cost_model_from: list | None):
     shared = SharedModel(XGBModel.pretrained_from(models[0]) if models else XGBModel("pack-sum", seed))
     for other in logs:
         shared.add_records(records.load(other, warn=False).records)
-    shared.transfer_logs = logs
+    shared.transfer_logs, shared.transfer_records = logs, len(shared.feats)
     return shared
 
 

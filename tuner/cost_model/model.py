@@ -37,6 +37,7 @@ class RandomModel:
     """Scores at random: what a learned model must beat."""
 
     name = "random"
+    pretrained = False
 
     def __init__(self, seed: int = 0):
         self.rng = np.random.default_rng(seed)
@@ -95,7 +96,8 @@ class XGBModel:
         import xgboost as xgb
         labels = np.asarray(labels, np.float32)
         if len(feats) < 2:
-            self.booster = self.base
+            if self.base is not None:
+                self.booster = self.base
             return
         # fine-tuning a pre-trained booster: a few shallow trees on top of a copy of it
         rounds, params, start = self.rounds, dict(self.params), None

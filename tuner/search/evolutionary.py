@@ -157,7 +157,8 @@ class SharedModel:
         self.groups: list = []
         self.min_records = min_records
         self._trained_at = -1
-        self.transfer_logs: list = []
+        self.transfer_logs: list = []      # other tasks' logs trained on with the session's records
+        self.transfer_records = 0
 
     @property
     def ready(self) -> bool:
@@ -165,14 +166,14 @@ class SharedModel:
 
     def describe(self) -> str:
         m = self.model
-        if getattr(m, "pretrained", False):
+        if m.pretrained:
             info = m.base_info
             what = f"pre-trained on {info.get('records', '?')} records of {len(info.get('workloads', [])) or '?'} " \
                    f"workloads ({info['path']}), fine-tuned on this session's measurements"
         else:
             what = f"{m.name} trained on this session's measurements"
         if self.transfer_logs:
-            what += f" and {len(self.feats)} records of {len(self.transfer_logs)} earlier log(s)"
+            what += f" and {self.transfer_records} records of {len(self.transfer_logs)} earlier log(s)"
         return what
 
     def add(self, task, cand, latency: float):
