@@ -18,14 +18,11 @@ import argparse
 import glob
 import time
 
-
-from bench.results_file import write_results
+from bench.common import SEARCH_WORKLOADS, write_results
 from tuner import records
 from tuner.cost_model.dataset import FeatureCache, from_records
 from tuner.cost_model.metrics import pairwise_accuracy, top_k_recall, top_k_score
 from tuner.cost_model.model import RandomModel, XGBModel, normalised_throughput
-
-TARGETS = "r50.s1.conv3x3,r50.s1.conv1x1c,r50.s4.conv3x3,dense.2048x1000"
 
 
 def evaluate(model, train, test) -> dict:
@@ -41,7 +38,7 @@ def evaluate(model, train, test) -> dict:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--logs", action="append", required=True, help="log paths or globs (repeatable)")
-    ap.add_argument("--workloads", default=TARGETS)
+    ap.add_argument("--workloads", default=SEARCH_WORKLOADS)
     ap.add_argument("--sizes", default="64,128,256")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)

@@ -15,19 +15,17 @@ import random
 
 import numpy as np
 
-from bench.results_file import write_results
+from bench.common import SEARCH_WORKLOADS, write_results
 from tuner import records
 from tuner.cost_model.dataset import FeatureCache
 from tuner.cost_model.metrics import pairwise_accuracy
 from tuner.measure.runner import Runner
 
-TARGETS = "r50.s1.conv3x3,r50.s1.conv1x1c,r50.s4.conv3x3,dense.2048x1000"
-
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--logs", action="append", required=True, help="log paths or globs (repeatable)")
-    ap.add_argument("--workloads", default=TARGETS)
+    ap.add_argument("--workloads", default=SEARCH_WORKLOADS)
     ap.add_argument("--per-workload", type=int, default=60)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None)

@@ -22,7 +22,7 @@ os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # both OpenMP runtimes in this
 
 import numpy as np  # noqa: E402
 
-from bench.results_file import write_results
+from bench.common import write_results  # noqa: E402
 from tuner.analysis.report import task_report  # noqa: E402
 from tuner.build import build_op  # noqa: E402
 from tuner.target import parse_target  # noqa: E402

@@ -25,15 +25,13 @@ import statistics
 import time
 from pathlib import Path
 
-from bench.results_file import write_results
+from bench.common import SEARCH_WORKLOADS, write_results
 from tuner.analysis.report import task_report
 from tuner.cost_model.dataset import FeatureCache
 from tuner.cost_model.pretrain import pretrain
 from tuner.target import parse_target
 from tuner.te.workloads import resolve
 from tuner.tuning import tune
-
-DEFAULT_WORKLOADS = "r50.s1.conv3x3,r50.s1.conv1x1c,r50.s4.conv3x3,dense.2048x1000"
 
 
 def curve(log: str, wl) -> list:
@@ -63,7 +61,7 @@ def trials_to(c: list, level: float):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workloads", default=DEFAULT_WORKLOADS)
+    ap.add_argument("--workloads", default=SEARCH_WORKLOADS)
     ap.add_argument("--policies", default="random,evolutionary,optuna:tpe")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--trials", type=int, default=256)

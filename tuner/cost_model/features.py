@@ -239,12 +239,13 @@ class _Extractor:
             carried, count = 1.0, float(loops[reuse_k].extent)
         scope = self.func.buffers[buf].scope
         step_k = next((k for k in range(len(loops) - 1, -1, -1) if loops[k].kind in ("serial", "parallel")), None)
-        step = strides[step_k] if step_k is not None else 0
-        if step is None:
+        if step_k is None:                       # nothing steps: the whole nest is one iteration
+            stride_step, span_step = 0.0, 0.0
+        elif strides[step_k] is None:            # not affine: as far as it gets
             stride_step, span_step = 10.0, 20.0
         else:
-            stride_step = _log(abs(step))
-            span_step = _log(4 * abs(step) * loops[step_k].extent) if step_k is not None else 0.0
+            stride_step = _log(abs(strides[step_k]))
+            span_step = _log(4 * abs(strides[step_k]) * loops[step_k].extent)
         return [float(kind["read"]), float(kind["write"]), float(scope == "local"), _log(4 * trip), _log(4 * unique),
                 _log(lines), _log(abs(inner)) if inner is not None else 10.0, float(contiguous), carried,
                 _log(dist_iter), _log(dist_bytes), _log(count), 4.0 * (kind["read"] + kind["write"]),

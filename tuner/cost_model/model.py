@@ -99,10 +99,11 @@ class XGBModel:
             if self.base is not None:
                 self.booster = self.base
             return
-        # fine-tuning a pre-trained booster: a few shallow trees on top of a copy of it
+        # fine-tuning a pre-trained booster: a few shallow trees on top of it (xgb.train copies
+        # the booster it continues, so the base stays as it is)
         rounds, params, start = self.rounds, dict(self.params), None
         if self.base is not None:
-            rounds, params["max_depth"], start = FINETUNE_ROUNDS, 4, self.base.copy()
+            rounds, params["max_depth"], start = FINETUNE_ROUNDS, 4, self.base
         if self.objective == "pack-sum":
             rows = np.concatenate(feats)
             owner = np.repeat(np.arange(len(feats)), [len(f) for f in feats])

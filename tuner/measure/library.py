@@ -44,10 +44,9 @@ ALIGN_BYTES = 64
 def aligned_empty(shape) -> np.ndarray:
     """A float32 array whose data starts on a 64-byte boundary.
 
-    NumPy only promises 16 bytes, and a kernel's 64-byte vector loads that straddle cache lines
-    run up to 40% slower: the same kernel timed in two processes differed that much (bench/noise.py
-    and the first batch of a session). Inputs and outputs are aligned the way compilers' runtimes
-    (and PyTorch's allocator) align them, so a timing depends on the schedule alone.
+    NumPy only promises 16 bytes, so where a kernel's 64-byte vector loads straddle cache lines
+    would depend on where the allocator happened to put a buffer in that process. Kernels are
+    timed on buffers aligned as PyTorch's allocator and compilers' runtimes align them.
     """
     n = int(np.prod(shape, dtype=np.int64))
     buf = np.empty(n + ALIGN_BYTES // 4, np.float32)

@@ -7,6 +7,7 @@ regions of two reads with the same symbolic base.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable, Mapping, Union
 
 Number = Union[int, float]
@@ -207,26 +208,7 @@ def select(cond, then, other) -> Expr:
 
 
 def children(e: Expr) -> tuple:
-    get = _CHILDREN.get(type(e))
-    if get is not None:
-        return get(e)
-    return _children_slow(e)
-
-
-def _children_slow(e: Expr) -> tuple:
-    if isinstance(e, (Const, Var)):
-        return ()
-    if isinstance(e, (Call,)):
-        return e.args
-    if isinstance(e, Load):
-        return e.indices
-    if isinstance(e, Cast):
-        return (e.value,)
-    if isinstance(e, Select):
-        return (e.cond, e.then, e.other)
-    if isinstance(e, Reduce):
-        return (e.source, e.init)
-    return (e.a, e.b)
+    return _CHILDREN[type(e)](e)
 
 
 def _pair(e):
@@ -290,32 +272,20 @@ def walk(e: Expr):
             stack.extend(reversed(kids))
 
 
-_FREE_VARS_MEMO: dict = {}
+MEMO_SIZE = 1 << 19      # expressions remembered by the memoised analyses below
 
 
+@lru_cache(maxsize=MEMO_SIZE)
 def free_vars(e: Expr) -> frozenset:
     """Names of the variables in `e` (memoised: features and codegen ask about the same indices)."""
-    try:
-        return _FREE_VARS_MEMO[e]
-    except KeyError:
-        pass
     if isinstance(e, Var):
-        out = frozenset((e.name,))
-    elif isinstance(e, Const):
-        out = frozenset()
-    else:
-        out = frozenset().union(*(free_vars(k) for k in children(e)))
-    if len(_FREE_VARS_MEMO) > 500_000:
-        _FREE_VARS_MEMO.clear()
-    _FREE_VARS_MEMO[e] = out
-    return out
+        return frozenset((e.name,))
+    return frozenset().union(*(free_vars(k) for k in children(e)))
 
 
 # ---------------------------------------------------------------- affine analysis
 
-_LINEAR_MEMO: dict = {}
-
-
+@lru_cache(maxsize=MEMO_SIZE)
 def linear(e: Expr):
     """Split `e` into ({term: coef}, const) where terms are non-constant sub-expressions.
 
@@ -324,18 +294,6 @@ def linear(e: Expr):
     every node on the way up a tree, and lowering, codegen and features ask about the same
     indices. Callers must not mutate the returned dict.
     """
-    try:
-        return _LINEAR_MEMO[e]
-    except KeyError:
-        pass
-    out = _linear(e)
-    if len(_LINEAR_MEMO) > 500_000:
-        _LINEAR_MEMO.clear()
-    _LINEAR_MEMO[e] = out
-    return out
-
-
-def _linear(e: Expr):
     if isinstance(e, Const):
         return ({}, e.value) if e.is_int else None
     if isinstance(e, Add) or isinstance(e, Sub):

@@ -1,9 +1,12 @@
-"""Where benchmark results go: one JSON file per run under bench/results/."""
+"""What the benchmark scripts share: the workloads the learned search is judged on, and where results go."""
 from __future__ import annotations
 
 import json
 import time
 from pathlib import Path
+
+# issue 3's four: ResNet-50's 3x3 convs at 56x56 and 7x7, a 1x1 conv and the 2048->1000 dense layer
+SEARCH_WORKLOADS = "r50.s1.conv3x3,r50.s1.conv1x1c,r50.s4.conv3x3,dense.2048x1000"
 
 
 def write_results(kind: str, out: str | None, payload: dict) -> Path:
