@@ -79,28 +79,29 @@ def main(argv=None):
     runs = []
     for name in args.workloads.split(","):
         wl = resolve(name, args.layout if resolve(name).op == "conv2d" else None)
-        for policy in policies:
+        # seeds outside, policies inside: the policies compared take turns, so a busy spell of the
+        # machine falls on all of them rather than on one policy's block of runs
+        for seed, policy in ((sd, pol) for sd in range(args.seeds) for pol in policies):
             label, transfer = policy.replace(":", "-"), None
             if policy == "evolutionary":
                 transfer = [leave_one_out_model(name, pretrain_logs, args.log_dir, cache)] if pretrain_logs \
                     else ["none"]
                 label += "-pt" if pretrain_logs else ""
-            for seed in range(args.seeds):
-                log = str(Path(args.log_dir) / f"{name}.{label}.s{seed}.jsonl")
-                t0 = time.perf_counter()
-                s = tune([wl], threads=1, trials=args.trials, log=log, policy=policy, seed=seed,
-                         batch_size=args.batch_size, progress=False, start_from_default=False,
-                         cost_model_from=transfer)
-                c = curve(log, wl)
-                runs.append({"workload": name, "policy": policy, "variant": label, "seed": seed, "curve": c, "log": log,
-                             "new_trials": s.new, "seconds": time.perf_counter() - t0,
-                             "search_overhead": s.search_overhead if s.new else None,
-                             "codegen_fraction": s.codegen_fraction if s.new else None,
-                             "candidates_per_minute": 60 * s.new / s.seconds if s.new and s.seconds else None})
-                print(f"{name:<18} {policy:<13} seed {seed}: best {max(c, default=0):6.1f} GFLOPS "
-                      f"after {len(c)} trials" + (f"; overhead {100 * s.search_overhead:.1f}% "
-                                                  f"(+{100 * s.codegen_fraction:.1f}% C generation)" if s.new else ""),
-                      flush=True)
+            log = str(Path(args.log_dir) / f"{name}.{label}.s{seed}.jsonl")
+            t0 = time.perf_counter()
+            s = tune([wl], threads=1, trials=args.trials, log=log, policy=policy, seed=seed,
+                     batch_size=args.batch_size, progress=False, start_from_default=False,
+                     cost_model_from=transfer)
+            c = curve(log, wl)
+            runs.append({"workload": name, "policy": policy, "variant": label, "seed": seed, "curve": c, "log": log,
+                         "new_trials": s.new, "seconds": time.perf_counter() - t0,
+                         "search_overhead": s.search_overhead if s.new else None,
+                         "codegen_fraction": s.codegen_fraction if s.new else None,
+                         "candidates_per_minute": 60 * s.new / s.seconds if s.new and s.seconds else None})
+            print(f"{name:<18} {policy:<13} seed {seed}: best {max(c, default=0):6.1f} GFLOPS "
+                  f"after {len(c)} trials" + (f"; overhead {100 * s.search_overhead:.1f}% "
+                                              f"(+{100 * s.codegen_fraction:.1f}% C generation)" if s.new else ""),
+                  flush=True)
     rows = []
     for name in args.workloads.split(","):
         sel = [r for r in runs if r["workload"] == name]

@@ -34,7 +34,7 @@ class EvolutionarySearch:
     name = "evolutionary"
 
     def __init__(self, task, seed: int = 0, model=None, population: int = 32, generations: int = 2,
-                 eps: float = 0.1, warmup: int | None = None, shared=None, first_pool: int = 128,
+                 eps: float = 0.1, warmup: int | None = None, shared=None, first_pool: int = 256,
                  first_batches: int = 8):
         self.task = task
         self.seed = seed
