@@ -287,3 +287,28 @@ def test_evolutionary_batch_keeps_the_structure_the_model_ranks_second():
     pads = [c.decisions["pad"]["conv_pad"] for c in batch if c.decisions and "pad" in c.decisions]
     model_picked = len(batch) - round(search.eps * 16)
     assert pads.count("inline") >= model_picked // 4 and pads.count("root") > pads.count("inline")
+
+
+def test_feature_pool_computes_what_the_search_would_and_marks_illegal_schedules():
+    """Worker processes featurise a share of the candidates; the numbers must be the caller's own."""
+    from tuner.cost_model.dataset import FeatureCache
+    from tuner.cost_model.parallel import FeaturePool
+
+    task, other = Task(SMALL, TARGET1), Task(SMALL, TARGET1)
+    rng = random.Random(1)
+    steps = [task.space.steps(task.space.sample(rng)) for _ in range(40)]
+    broken = [["split", "no_such_stage", "x", [2]]]
+    pool = FeaturePool([task], workers=1)
+    try:
+        assert pool.pool is not None
+        got = FeatureCache().of_many(task, steps[:30] + [broken] + steps[30:] + [None], pool)   # broken: a worker's
+        again = FeatureCache().of_many(other, steps[:3], pool)       # a task the workers do not hold
+    finally:
+        pool.close()
+    want = [extract(lower(task.space.schedule(s)), SMALL.flops) for s in steps]
+    assert got[30] is None and got[-1] is None and len(got) == 42
+    for g, w in zip(got[:30] + got[31:41], want):
+        np.testing.assert_array_equal(g, w)
+    for g, w in zip(again, want[:3]):
+        np.testing.assert_array_equal(g, w)
+    assert pool.pool is None

@@ -140,6 +140,9 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
             row.rounds = 1
         progress_rows.append(row)
     sched = SCHEDULERS[scheduler](progress_rows, early_stopping=early_stopping)
+    if shared is not None and shared.pool is None:
+        from .cost_model.parallel import FeaturePool
+        shared.pool = FeaturePool([st.task for st in states])
     session = Session([st.summary for st in states], log)
     own_runner = runner is None
     if runner is None:
@@ -211,6 +214,9 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
         bar.close()
         if own_runner:
             runner.close()
+        if shared is not None and shared.pool is not None:
+            shared.pool.close()
+            shared.pool = None
     return session
 
 

@@ -27,6 +27,24 @@ class FeatureCache:
             f = self._cache[key] = extract(task.lowered(steps), task.workload.flops)
         return f
 
+    def of_many(self, task, steps_list: list, pool=None) -> list:
+        """Features of each step list (None where it is None or does not lower); those not cached
+        yet are shared out to `pool` (a FeaturePool) when there is one."""
+        keys = [None if s is None else (task.workload.key, str(task.target), json.dumps(s)) for s in steps_list]
+        todo = {k: s for k, s in zip(keys, steps_list) if k is not None and k not in self._cache}
+        if todo:
+            def local(steps):
+                try:
+                    return extract(task.lowered(steps), task.workload.flops)
+                except ScheduleError:
+                    return None
+            new = pool.map(task, list(todo.values()), local) if pool is not None else \
+                [local(s) for s in todo.values()]
+            for k, f in zip(todo, new):
+                if f is not None:
+                    self._cache[k] = f
+        return [None if k is None else self._cache.get(k) for k in keys]
+
     def task_for(self, rec: dict):
         """The Task a record belongs to (rebuilt from its spec, layout and target)."""
         from ..task import Task

@@ -159,6 +159,7 @@ class SharedModel:
         self._trained_at = -1
         self.transfer_logs: list = []      # other tasks' logs trained on with the session's records
         self.transfer_records = 0
+        self.pool = None                   # a FeaturePool the tuning loop lends for the session
 
     @property
     def ready(self) -> bool:
@@ -195,12 +196,13 @@ class SharedModel:
         self._trained_at = len(self.feats)
 
     def predict(self, task, decisions: list) -> np.ndarray:
-        feats = []
+        steps = []
         for d in decisions:
             try:
-                feats.append(self.cache.of(task, task.space.steps(d)))
+                steps.append(task.space.steps(d))
             except ScheduleError:
-                feats.append(None)
+                steps.append(None)
+        feats = self.cache.of_many(task, steps, self.pool)
         ok = [f for f in feats if f is not None]
         preds = iter(self.model.predict(ok)) if ok else iter(())
         return np.asarray([next(preds) if f is not None else -np.inf for f in feats])

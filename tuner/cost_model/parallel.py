@@ -1,0 +1,81 @@
+"""Features computed by worker processes as well as the search's own.
+
+Lowering a schedule and extracting its features is pure Python, most of a search round's own
+time, and while the search ranks candidates nothing is built or timed: the other cores are idle.
+Workers are forked once per tuning session, so they hold the session's tasks without pickling them.
+"""
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import os
+import signal
+import sys
+
+from ..schedule.schedule import ScheduleError
+from .features import extract
+
+_TASKS: dict = {}              # filled before the fork; the workers inherit it
+_NEXT_KEY = itertools.count()
+
+
+def _ignore_sigint():
+    signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C is the tuning loop's to handle
+
+
+def _featurise(job):
+    key, steps_list = job
+    task = _TASKS[key]
+    out = []
+    for steps in steps_list:
+        try:
+            out.append(extract(task.lowered(steps), task.workload.flops))
+        except ScheduleError:
+            out.append(None)
+    return out
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:           # not Linux
+        return os.cpu_count() or 1
+
+
+class FeaturePool:
+    """Splits a list of schedules between the caller and `workers` forked processes."""
+
+    MIN_SHARE = 8      # schedules per share below which a round trip to a worker is not worth it
+
+    def __init__(self, tasks: list, workers: int | None = None):
+        self.keys = {}
+        for task in tasks:
+            key = next(_NEXT_KEY)
+            _TASKS[key] = task
+            self.keys[id(task)] = key
+        if workers is None:
+            workers = usable_cpus() - 1
+        # fork is what lets workers share the tasks; it is safe on Linux only
+        self.workers = workers if sys.platform.startswith("linux") else 0
+        self.pool = multiprocessing.get_context("fork").Pool(self.workers, initializer=_ignore_sigint) \
+            if self.workers > 0 else None
+
+    def map(self, task, steps_list: list, local) -> list:
+        """[features or None] for each step list; `local(steps)` featurises the caller's share."""
+        key = self.keys.get(id(task))
+        shares = min(self.workers + 1, len(steps_list) // self.MIN_SHARE)
+        if self.pool is None or key is None or shares < 2:
+            return [local(s) for s in steps_list]
+        size = -(-len(steps_list) // shares)
+        chunks = [steps_list[i:i + size] for i in range(0, len(steps_list), size)]
+        pending = self.pool.map_async(_featurise, [(key, c) for c in chunks[1:]])
+        mine = [local(s) for s in chunks[0]]
+        return mine + [f for part in pending.get() for f in part]
+
+    def close(self):
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+            self.pool = None
+        for key in self.keys.values():
+            _TASKS.pop(key, None)
