@@ -20,8 +20,12 @@ class FeatureCache:
         self._cache: dict = {}
         self._tasks: dict = {}
 
+    @staticmethod
+    def _key(task, steps: list) -> tuple:
+        return task.workload.key, str(task.target), json.dumps(steps)
+
     def of(self, task, steps: list) -> np.ndarray:
-        key = (task.workload.key, str(task.target), json.dumps(steps))
+        key = self._key(task, steps)
         f = self._cache.get(key)
         if f is None:
             f = self._cache[key] = extract(task.lowered(steps), task.workload.flops)
@@ -30,7 +34,7 @@ class FeatureCache:
     def of_many(self, task, steps_list: list, pool=None) -> list:
         """Features of each step list (None where it is None or does not lower); those not cached
         yet are shared out to `pool` (a FeaturePool) when there is one."""
-        keys = [None if s is None else (task.workload.key, str(task.target), json.dumps(s)) for s in steps_list]
+        keys = [None if s is None else self._key(task, s) for s in steps_list]
         todo = {k: s for k, s in zip(keys, steps_list) if k is not None and k not in self._cache}
         if todo:
             def local(steps):

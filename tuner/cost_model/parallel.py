@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
-import os
 import signal
 import sys
 
 from ..schedule.schedule import ScheduleError
+from ..target import host_cores
 from .features import extract
 
 _TASKS: dict = {}              # filled before the fork; the workers inherit it
@@ -35,13 +35,6 @@ def _featurise(job):
     return out
 
 
-def usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:           # not Linux
-        return os.cpu_count() or 1
-
-
 class FeaturePool:
     """Splits a list of schedules between the caller and `workers` forked processes."""
 
@@ -54,7 +47,7 @@ class FeaturePool:
             _TASKS[key] = task
             self.keys[id(task)] = key
         if workers is None:
-            workers = usable_cpus() - 1
+            workers = host_cores() - 1
         # fork is what lets workers share the tasks; it is safe on Linux only
         self.workers = workers if sys.platform.startswith("linux") else 0
         self.pool = multiprocessing.get_context("fork").Pool(self.workers, initializer=_ignore_sigint) \
