@@ -12,6 +12,14 @@ from ..te.workloads import WorkloadError, parse_spec
 from .features import extract
 
 
+def features_or_none(task, steps: list):
+    """Features of one step list, or None if it does not lower (what a search skips)."""
+    try:
+        return extract(task.lowered(steps), task.workload.flops)
+    except ScheduleError:
+        return None
+
+
 class FeatureCache:
     """Features per (task, step list): a schedule is lowered and featurised once per process,
     whether it was proposed, measured or read from a log."""
@@ -37,13 +45,8 @@ class FeatureCache:
         keys = [None if s is None else self._key(task, s) for s in steps_list]
         todo = {k: s for k, s in zip(keys, steps_list) if k is not None and k not in self._cache}
         if todo:
-            def local(steps):
-                try:
-                    return extract(task.lowered(steps), task.workload.flops)
-                except ScheduleError:
-                    return None
-            new = pool.map(task, list(todo.values()), local) if pool is not None else \
-                [local(s) for s in todo.values()]
+            new = pool.map(task, list(todo.values())) if pool is not None else \
+                [features_or_none(task, s) for s in todo.values()]
             for k, f in zip(todo, new):
                 if f is not None:
                     self._cache[k] = f

@@ -11,9 +11,8 @@ import multiprocessing
 import signal
 import sys
 
-from ..schedule.schedule import ScheduleError
 from ..target import host_cores
-from .features import extract
+from .dataset import features_or_none
 
 _TASKS: dict = {}              # filled before the fork; the workers inherit it
 _NEXT_KEY = itertools.count()
@@ -26,13 +25,7 @@ def _ignore_sigint():
 def _featurise(job):
     key, steps_list = job
     task = _TASKS[key]
-    out = []
-    for steps in steps_list:
-        try:
-            out.append(extract(task.lowered(steps), task.workload.flops))
-        except ScheduleError:
-            out.append(None)
-    return out
+    return [features_or_none(task, steps) for steps in steps_list]
 
 
 class FeaturePool:
@@ -53,16 +46,16 @@ class FeaturePool:
         self.pool = multiprocessing.get_context("fork").Pool(self.workers, initializer=_ignore_sigint) \
             if self.workers > 0 else None
 
-    def map(self, task, steps_list: list, local) -> list:
-        """[features or None] for each step list; `local(steps)` featurises the caller's share."""
+    def map(self, task, steps_list: list) -> list:
+        """[features or None] for each step list; the caller featurises the first share itself."""
         key = self.keys.get(id(task))
         shares = min(self.workers + 1, len(steps_list) // self.MIN_SHARE)
         if self.pool is None or key is None or shares < 2:
-            return [local(s) for s in steps_list]
+            return [features_or_none(task, s) for s in steps_list]
         size = -(-len(steps_list) // shares)
         chunks = [steps_list[i:i + size] for i in range(0, len(steps_list), size)]
         pending = self.pool.map_async(_featurise, [(key, c) for c in chunks[1:]])
-        mine = [local(s) for s in chunks[0]]
+        mine = [features_or_none(task, s) for s in chunks[0]]
         return mine + [f for part in pending.get() for f in part]
 
     def close(self):

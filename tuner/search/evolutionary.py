@@ -30,6 +30,14 @@ def _structure(dec: dict) -> str:
     return json.dumps(dec.get("pad", {}), sort_keys=True)
 
 
+def _by_structure(decs) -> dict:
+    """Decisions grouped by structure, each group in the order given."""
+    groups: dict = {}
+    for dec in decs:
+        groups.setdefault(_structure(dec), []).append(dec)
+    return groups
+
+
 class EvolutionarySearch:
     name = "evolutionary"
 
@@ -85,9 +93,7 @@ class EvolutionarySearch:
             # every structure (pad placement: a different loop nest, like Ansor's sketches) gets at
             # least half an equal share of the batch, so a basin the model ranks second is still
             # refined; without it a search could spend hundreds of trials in the wrong one
-            groups: dict = {}
-            for dec, _ in scored:
-                groups.setdefault(_structure(dec), []).append(dec)
+            groups = _by_structure(d for d, _ in scored)
             share = take // (2 * len(groups)) if len(groups) > 1 else 0
             order = [d for g in groups.values() for d in g[:share]] + [d for d, _ in scored]
             for dec in order:
@@ -112,9 +118,7 @@ class EvolutionarySearch:
         space = self.task.space
         best = sorted((m for m in self.measured if np.isfinite(m[2])), key=lambda m: m[2])
         # parents: the best measured points of every structure, then the best overall
-        by_structure: dict = {}
-        for m in best:
-            by_structure.setdefault(_structure(m[0]), []).append(m[0])
+        by_structure = _by_structure(m[0] for m in best)
         each = self.population // (4 * len(by_structure)) if len(by_structure) > 1 else 0
         pop = [d for g in by_structure.values() for d in g[:each]]
         pop += [m[0] for m in best if m[0] not in pop][: max(0, self.population // 2 - len(pop))]
