@@ -48,7 +48,10 @@ def main(argv=None):
     cache = FeatureCache()
     t0 = time.perf_counter()
     feats, lats, groups = from_records(recs, cache)
-    names = [r["workload"].get("name") or r["workload"]["spec"] for r in recs]
+    # from the groups, which line up with the features (records that no longer lower are skipped)
+    keys = [g.split("|")[0] for g in groups]
+    name_of = {r["workload"]["key"]: r["workload"].get("name") or r["workload"]["spec"] for r in recs}
+    names = [name_of[k] for k in keys]
     print(f"{len(feats)} random-search records from {len(paths)} logs featurised in {time.perf_counter() - t0:.1f} s")
     by_name: dict = {}
     for k, n in enumerate(names):
@@ -68,12 +71,14 @@ def main(argv=None):
         if not idx:
             print(f"{target}: no records in the logs")
             continue
-        others = [i for n, ii in by_name.items() if n != target for i in ii]
+        # by key: another model's layer of the same shape is the same task, not another one
+        same = {keys[i] for i in idx}
+        others = [i for i in range(len(feats)) if keys[i] not in same]
         pretrained = {}
         if others:        # one model per objective trained on the other workloads, reused below
             f_o, l_o, g_o = subset(others)
             for obj in ("pack-sum", "rank"):
-                pretrained[obj] = XGBModel(obj, 0)
+                pretrained[obj] = XGBModel.for_corpus(obj, 0)     # as `tuner pretrain` trains one
                 pretrained[obj].fit(f_o, normalised_throughput(l_o, g_o), g_o)
         for k in (int(s) for s in args.sizes.split(",")):
             if len(idx) - k < 32:
@@ -86,7 +91,7 @@ def main(argv=None):
                 add(target, f"transfer ({len(others)} others)", len(idx) - k, mname, evaluate(
                     _Frozen(base), subset(idx[:k]), test))
                 add(target, f"others + first {k}", len(idx) - k, mname,
-                    evaluate(XGBModel(obj, 0), subset(others + idx[:k]), test))
+                    evaluate(XGBModel.for_corpus(obj, 0), subset(others + idx[:k]), test))
                 add(target, f"pre-trained + fine-tune {k}", len(idx) - k, mname,
                     evaluate(base.as_base(), subset(idx[:k]), test))
     head = f"{'workload':<18} {'train':<28} {'test':>5} {'model':<13} {'pairwise':>8} {'top5rec':>7} {'top1':>6} {'top5':>6}"

@@ -40,11 +40,13 @@ def curve(log: str, wl) -> list:
     return rep.curve if rep else []
 
 
-def leave_one_out_model(name: str, logs: list, log_dir: str, cache: FeatureCache) -> str:
-    """A cost model trained on `logs` without workload `name` (built once, kept in log_dir)."""
+def leave_one_out_model(wl, logs: list, log_dir: str, cache: FeatureCache) -> str:
+    """A cost model trained on `logs` without workload `wl` (built once, kept in log_dir). It is left
+    out by name and by key: another model's layer of the same shape is the same task."""
+    name = wl.name
     path = Path(log_dir) / f"pretrained-minus-{name}.ubj"
     if not path.exists():
-        model, summary = pretrain(logs, {name}, progress=False, cache=cache)
+        model, summary = pretrain(logs, {name, wl.key}, progress=False, cache=cache)
         model.save(str(path), about=summary)
         print(f"{name}: leave-one-out model from {summary['records']} records of "
               f"{len(summary['workloads'])} other workloads", flush=True)
@@ -84,7 +86,7 @@ def main(argv=None):
         for seed, policy in ((sd, pol) for sd in range(args.seeds) for pol in policies):
             label, transfer = policy.replace(":", "-"), None
             if policy == "evolutionary":
-                transfer = [leave_one_out_model(name, pretrain_logs, args.log_dir, cache)] if pretrain_logs \
+                transfer = [leave_one_out_model(wl, pretrain_logs, args.log_dir, cache)] if pretrain_logs \
                     else ["none"]
                 label += "-pt" if pretrain_logs else ""
             log = str(Path(args.log_dir) / f"{name}.{label}.s{seed}.jsonl")

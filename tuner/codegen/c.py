@@ -144,7 +144,7 @@ class CGen:
         elif s.kind == "parallel" and self.threads > 1 and not self.in_parallel:
             self.emit(d, f"#pragma omp parallel for num_threads({self.threads})")
             self.uses_openmp = True
-        elif s.kind == "unroll" or (self.unroll_budget and _steps(s) <= self.unroll_budget):
+        elif s.kind == "unroll" or (self.unroll_budget and nest_steps(s) <= self.unroll_budget):
             self.emit(d, f"#pragma GCC unroll {s.extent}")
         v = c_name(s.var)
         self.emit(d, f"for (int {v} = 0; {v} < {s.extent}; ++{v}) {{")
@@ -323,13 +323,15 @@ def _straight_stores(s: ir.Stmt, conds=()) -> list:
     raise NotVectorizable(f"body has a {type(s).__name__}")
 
 
-def _steps(s: ir.Stmt) -> int:
+def nest_steps(s: ir.Stmt) -> int:
+    """Statement executions in a loop nest: the C generator unrolls a nest that has at most its
+    auto_unroll_max_step (the cost model's features must see the same loops unrolled)."""
     if isinstance(s, ir.For):
-        return s.extent * _steps(s.body)
+        return s.extent * nest_steps(s.body)
     if isinstance(s, ir.Seq):
-        return sum(_steps(x) for x in s.stmts)
+        return sum(nest_steps(x) for x in s.stmts)
     if isinstance(s, (ir.IfThen, ir.Allocate)):
-        return _steps(s.body)
+        return nest_steps(s.body)
     return 1
 
 

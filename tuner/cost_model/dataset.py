@@ -15,7 +15,7 @@ from .features import extract
 def features_or_none(task, steps: list):
     """Features of one step list, or None if it does not lower (what a search skips)."""
     try:
-        return extract(task.lowered(steps), task.workload.flops)
+        return extract(task.lowered(steps), task.workload.flops, task.target.lanes)
     except ScheduleError:
         return None
 
@@ -36,7 +36,7 @@ class FeatureCache:
         key = self._key(task, steps)
         f = self._cache.get(key)
         if f is None:
-            f = self._cache[key] = extract(task.lowered(steps), task.workload.flops)
+            f = self._cache[key] = extract(task.lowered(steps), task.workload.flops, task.target.lanes)
         return f
 
     def of_many(self, task, steps_list: list, pool=None) -> list:

@@ -9,11 +9,13 @@ column; a candidate is a matrix with one row per store (the model sums per-row p
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from functools import lru_cache
 
 import numpy as np
 
+from ..codegen.c import is_float, nest_steps
 from ..schedule import ir
 from ..te.expr import (Add, And, Call, Cmp, Const, Div, Expr, FloorDiv, FloorMod, Load, Max, Min, Mul, Select, Sub,
                        Var, free_vars, walk)
@@ -29,7 +31,10 @@ _STMT = ["float_addsub", "float_mul", "float_div", "float_maxmin", "float_select
          "num_allocs", "workload_flops",
          # the register tile of a reduction: loops inside the innermost reduction loop
          "acc_per_reduce_step", "loops_inside_reduce", "inner_reduce_extent", "inner_reduce_unrolled",
-         "reduce_loops", "reduce_trip", "loads_per_step", "tile_footprint_bytes"]
+         "reduce_loops", "reduce_trip", "loads_per_step", "tile_footprint_bytes",
+         # what the C generator makes of the vectorised loop: register width used, how many
+         # registers per step (chunks), and loads it must gather lane by lane
+         "vec_lanes_emitted", "vec_chunks", "vec_gathers"]
 _BUF = ["is_read", "is_write", "is_local", "bytes", "unique_bytes", "lines", "stride_inner", "is_contiguous",
         "reuse_loop_carried", "reuse_distance_iters", "reuse_distance_bytes", "reuse_count", "bytes_per_iter",
         # the innermost loop that really steps (not vectorised, not unrolled): how far each of its
@@ -104,31 +109,48 @@ def _op_counts(e: Expr, counts: dict) -> bool:
     return False
 
 
+def _lane_vectorisable(e: Expr, var: str) -> bool:
+    """Whether the C generator can evaluate `e` for all lanes of loop `var` at once (its vexpr)."""
+    if var not in free_vars(e) or isinstance(e, Load):
+        return True
+    if not is_float(e):
+        return False
+    if isinstance(e, (Add, Sub, Mul, Div, Max, Min)):
+        return _lane_vectorisable(e.a, var) and _lane_vectorisable(e.b, var)
+    if isinstance(e, Select) and var not in free_vars(e.cond):
+        return _lane_vectorisable(e.then, var) and _lane_vectorisable(e.other, var)
+    return False
+
+
 class _Extractor:
-    def __init__(self, func: ir.Func, flops: float):
+    def __init__(self, func: ir.Func, flops: float, max_lanes: int):
         self.func = func
         self.flops = flops
+        self.max_lanes = max_lanes
         self.rows: list = []
 
     def run(self) -> np.ndarray:
-        self._visit(self.func.body, [], [], 0)
+        self._visit(self.func.body, [], [], (), 0)
         if not self.rows:
             return np.zeros((1, num_features()), np.float32)
         return np.asarray(self.rows, np.float32)
 
-    def _visit(self, s, loops: list, allocs: list, guarded: int):
+    def _visit(self, s, loops: list, allocs: list, guards: tuple, budget: int):
         if isinstance(s, ir.Seq):
             for x in s.stmts:
-                self._visit(x, loops, allocs, guarded)
+                self._visit(x, loops, allocs, guards, budget)
         elif isinstance(s, ir.For):
-            self._visit(s.body, loops + [s], allocs, guarded)
+            budget = max(budget, s.auto_unroll)
+            if s.kind == "serial" and budget and nest_steps(s) <= budget:
+                s = dataclasses.replace(s, kind="unroll")     # what the C generator unrolls
+            self._visit(s.body, loops + [s], allocs, guards, budget)
         elif isinstance(s, ir.IfThen):
-            self._visit(s.body, loops, allocs, guarded + 1)
+            self._visit(s.body, loops, allocs, guards + (s.cond,), budget)
         elif isinstance(s, ir.Allocate):
             size = math.prod(s.shape)
-            self._visit(s.body, loops, allocs + [size], guarded)
+            self._visit(s.body, loops, allocs + [size], guards, budget)
         elif isinstance(s, ir.Store):
-            self.rows.append(self._store(s, loops, allocs, guarded))
+            self.rows.append(self._store(s, loops, allocs, guards))
 
     def _offset(self, buffer: str, indices: tuple):
         """Flat element offset as a linear form ({term: coef}, const), or None if not affine.
@@ -138,7 +160,8 @@ class _Extractor:
         """
         return ir.flat_linear(indices, self.func.buffers[buffer].shape)
 
-    def _store(self, s: ir.Store, loops: list, allocs: list, guarded: int) -> list:
+    def _store(self, s: ir.Store, loops: list, allocs: list, guards: tuple) -> list:
+        guarded = len(guards)
         ranges = {lp.var: (0, lp.extent - 1) for lp in loops}
         trip = float(math.prod([lp.extent for lp in loops])) if loops else 1.0
         counts = {"float": dict.fromkeys(("addsub", "mul", "div", "maxmin", "select_cmp", "math"), 0),
@@ -169,17 +192,36 @@ class _Extractor:
             acc = accesses.setdefault((ld.buffer, ld.indices), {"read": 0, "write": 0})
             acc["read"] = 1
         accesses.setdefault((s.buffer, s.indices), {"read": 0, "write": 0})["write"] = 1
-        feats, access_deps = [], []
+        feats, access_deps, lane_strides = [], [], []
         for (buf, idx), kind in accesses.items():
             strides, deps = self._strides(buf, idx, loops, ranges)
             access_deps.append(deps)
+            lane_strides.append((kind["write"], strides[vec[-1]] if vec else 0))
             feats.append(self._buffer(buf, kind, loops, strides, trip))
+        row += self._vector_features(s, loops, vec, guards, lane_strides)
         feats.sort(key=lambda f: -f[3])
         for f in feats[:MAX_BUFFERS]:
             row += f
         row += [0.0] * (len(_BUF) * (MAX_BUFFERS - min(len(feats), MAX_BUFFERS)))
         row += self._intensity_curve(loops, counts, access_deps)
         return row
+
+    def _vector_features(self, s, loops, vec, guards, lane_strides) -> list:
+        """Mirrors the C generator: only an innermost vector loop whose extent is a multiple of 4,
+        whose store is contiguous, whose guards do not depend on the lane and whose value has only
+        float arithmetic in the lane becomes vector code (else it falls back to `omp simd`)."""
+        if not vec or vec[-1] != len(loops) - 1:
+            return [0.0, 0.0, 0.0]
+        var = loops[-1].var
+        if any(var in free_vars(g) for g in guards) or not _lane_vectorisable(s.value, var):
+            return [0.0, 0.0, 0.0]
+        extent = loops[vec[-1]].extent
+        lanes = next((w for w in (16, 8, 4) if w <= self.max_lanes and extent % w == 0), 0)
+        # a None stride (div/mod of a packed layout) is usually contiguous within a register
+        if not lanes or any(write and st not in (1, None) for write, st in lane_strides):
+            return [0.0, 0.0, 0.0]
+        gathers = sum(1 for write, st in lane_strides if not write and st not in (0, 1, None))
+        return [float(lanes), _log(extent // lanes), float(gathers)]
 
     def _reduction_features(self, s, loops, loads, is_update) -> list:
         """How the work inside the innermost reduction loop is shaped (zeros for plain stores)."""
@@ -266,9 +308,10 @@ class _Extractor:
         return [_log(p) for p in points]
 
 
-def extract(func: ir.Func, flops: float = 0.0) -> np.ndarray:
-    """(statements x num_features()) float32 matrix for one lowered kernel."""
-    return _Extractor(func, flops).run()
+def extract(func: ir.Func, flops: float = 0.0, max_lanes: int = 16) -> np.ndarray:
+    """(statements x num_features()) float32 matrix for one lowered kernel; `max_lanes` is the
+    target's float32 vector width (Target.lanes)."""
+    return _Extractor(func, flops, max_lanes).run()
 
 
 __all__ = ["extract", "feature_names", "fingerprint", "num_features"]

@@ -40,7 +40,7 @@ def pretrain(logs: list, exclude: set = frozenset(), objective: str = "pack-sum"
                          + (f" once {', '.join(sorted(exclude))} are left out" if exclude else ""))
     with tqdm(total=len(recs), desc="features", unit="rec", disable=not progress, dynamic_ncols=True) as bar:
         feats, lats, groups = from_records(recs, cache or FeatureCache(), progress=bar.update)
-    model = XGBModel(objective, seed)
+    model = XGBModel.for_corpus(objective, seed)
     model.fit(feats, normalised_throughput(lats, groups), groups)
     names = sorted({r["workload"].get("name") or r["workload"]["spec"] for r in recs})
     summary = {"records": len(feats), "groups": len(set(groups)), "workloads": names,
