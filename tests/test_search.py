@@ -336,3 +336,22 @@ def test_feature_pool_computes_what_the_search_would_and_marks_illegal_schedules
     for g, w in zip(again, want[:3]):
         np.testing.assert_array_equal(g, w)
     assert pool.pool is None
+
+
+def test_feature_pool_does_not_outlive_a_runner_that_fails_to_start(monkeypatch, tmp_path):
+    import multiprocessing
+
+    import tuner.tuning
+
+    def broken_runner(*_):
+        raise RuntimeError("no runner today")
+
+    from tuner.cost_model import parallel
+
+    before, held = set(multiprocessing.active_children()), set(parallel._TASKS)
+    monkeypatch.setattr(tuner.tuning, "Runner", broken_runner)
+    with pytest.raises(RuntimeError, match="no runner today"):
+        tune([SMALL], target=TARGET1, trials=4, log=str(tmp_path / "x.jsonl"), policy="evolutionary",
+             progress=False, cost_model_from=["none"])
+    # closed: its workers are gone and it no longer holds the session's tasks
+    assert set(multiprocessing.active_children()) <= before and set(parallel._TASKS) == held

@@ -145,11 +145,19 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
         shared.pool = FeaturePool([st.task for st in states])
     session = Session([st.summary for st in states], log)
     own_runner = runner is None
-    if runner is None:
-        runner = ReplayRunner(replay) if replay else Runner(tgt, run_config)
+    try:        # the pool is forked before these start threads and processes; it must not outlive them
+        if runner is None:
+            runner = ReplayRunner(replay) if replay else Runner(tgt, run_config)
+        bar = tqdm(total=trials, initial=min(session.trials, trials), disable=not progress, unit="trial",
+                   desc=states[0].task.name if len(states) == 1 else f"{len(states)} tasks", dynamic_ncols=True)
+    except BaseException:
+        if own_runner and runner is not None:
+            runner.close()
+        if shared is not None and shared.pool is not None:
+            shared.pool.close()
+            shared.pool = None
+        raise
     start = time.perf_counter()
-    bar = tqdm(total=trials, initial=min(session.trials, trials), disable=not progress, unit="trial",
-               desc=states[0].task.name if len(states) == 1 else f"{len(states)} tasks", dynamic_ncols=True)
     if shared is not None:
         bar.write(f"cost model: {shared.describe()}")
     _show(bar, session, start)
