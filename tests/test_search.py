@@ -236,8 +236,24 @@ def test_pretrained_model_is_fine_tuned_without_changing_the_saved_one(tmp_path)
     m.fit(feats[:1], y[:1], ["t"])                   # too little to fine-tune: predicts as the saved model
     np.testing.assert_allclose(m.predict(feats[60:]), base.predict(feats[60:]), rtol=1e-6)
     m.fit(feats[60:], y[60:], ["u"] * 20)
-    assert m.booster.num_boosted_rounds() == base.booster.num_boosted_rounds() + FINETUNE_ROUNDS
+    assert m.residual.num_boosted_rounds() == FINETUNE_ROUNDS
+    assert m.booster.num_boosted_rounds() == base.booster.num_boosted_rounds()
     assert not np.allclose(m.predict(feats[60:]), base.predict(feats[60:]))
+    # the session's trees on the base's cached scores are the trees continued training would add
+    import xgboost as xgb
+    rows = np.concatenate(feats[60:])
+    owner = np.repeat(np.arange(20), [len(f) for f in feats[60:]])
+    target = np.log(np.maximum(y[60:], 1e-3))
+
+    def obj(preds, _):
+        g = 2.0 * (np.bincount(owner, weights=preds, minlength=20) - target)
+        return g[owner].astype(np.float32), np.full(len(rows), 2.0, np.float32)
+    continued = xgb.train(dict(m.params, max_depth=4, base_score=0.0, disable_default_eval_metric=1),
+                          xgb.DMatrix(rows), FINETUNE_ROUNDS, obj=obj, xgb_model=base.booster)
+    want = np.bincount(owner, weights=continued.predict(xgb.DMatrix(rows)), minlength=20)
+    np.testing.assert_allclose(m.predict(feats[60:]), want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="fine-tuned"):
+        m.save(str(tmp_path / "session.ubj"))
     np.testing.assert_allclose(XGBModel.load(str(path)).predict(feats[60:]), base.predict(feats[60:]), rtol=1e-6)
 
 

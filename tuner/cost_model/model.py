@@ -11,9 +11,11 @@ model. Two objectives:
   * "rank": one row per candidate (its statements' features summed), XGBoost's rank:pairwise with
     one query group per task.
 
-A model can start from a pre-trained one (transfer, as TenSet): `fit` then adds a few shallow
-trees for this session's measurements to a copy of the pre-trained booster, which is cheap enough
-to redo every round and keeps what the other tasks taught.
+A model can start from a pre-trained one (transfer, as TenSet): `fit` then fits a few shallow
+trees to what the pre-trained booster gets wrong on this session's measurements, which is cheap
+enough to redo every round and keeps what the other tasks taught. With pack-sum the pre-trained
+booster's score of a candidate never changes, so it is computed once per candidate and the
+session's trees are a separate small booster added to it (the pre-trained one is large).
 """
 from __future__ import annotations
 
@@ -63,6 +65,8 @@ class XGBModel:
         self.nthread = nthread or max(1, os.cpu_count() or 1)
         self.booster = None
         self.base = None               # a pre-trained booster that fit() fine-tunes
+        self.residual = None           # pack-sum: the session's trees, added to the base's scores
+        self._base_scores: dict = {}   # candidate (hash of its features) -> the base booster's score
         self.base_info: dict = {}
         self.meta: dict = {}
         self.trained_on = 0
@@ -87,6 +91,8 @@ class XGBModel:
         """A new model that predicts as this one until fit() fine-tunes it (this one stays as it is)."""
         if self.booster is None:
             raise ValueError("a model must be trained before others start from it")
+        if self.residual is not None:
+            raise ValueError("a fine-tuned model's session trees are not a base; start from its pre-trained model")
         m = XGBModel(self.objective, self.seed, self.rounds, self.nthread)
         m.base = m.booster = self.booster
         m.base_info = dict(self.meta, records=self.meta.get("records", self.trained_on))
@@ -106,10 +112,9 @@ class XGBModel:
         labels = np.asarray(labels, np.float32)
         if len(feats) < 2:
             if self.base is not None:
-                self.booster = self.base
+                self.booster, self.residual = self.base, None
             return
-        # fine-tuning a pre-trained booster: a few shallow trees on top of it (xgb.train copies
-        # the booster it continues, so the base stays as it is)
+        # fine-tuning a pre-trained booster: a few shallow trees on top of it
         rounds, params, start = self.rounds, dict(self.params), None
         if self.base is not None:
             rounds, params["max_depth"], start = FINETUNE_ROUNDS, 4, self.base
@@ -118,14 +123,21 @@ class XGBModel:
             owner = np.repeat(np.arange(len(feats)), [len(f) for f in feats])
             dtrain = xgb.DMatrix(rows, label=np.zeros(len(rows), np.float32))
             target = np.log(np.maximum(labels, LABEL_FLOOR))
+            # boosting from the base's scores is boosting on top of the base (same trees as
+            # continuing its training) without copying the large booster every round
+            offset = self._scores_of_base(feats) if start is not None else np.zeros(len(feats))
 
             def pack_sum_square_error(preds, _):
-                sums = np.bincount(owner, weights=preds, minlength=len(feats))
+                sums = offset + np.bincount(owner, weights=preds, minlength=len(feats))
                 grad_c = 2.0 * (sums - target)
                 return grad_c[owner].astype(np.float32), np.full(len(rows), 2.0, np.float32)
 
             params.update(base_score=0.0, disable_default_eval_metric=1)
-            self.booster = xgb.train(params, dtrain, rounds, obj=pack_sum_square_error, xgb_model=start)
+            trained = xgb.train(params, dtrain, rounds, obj=pack_sum_square_error)
+            if start is None:
+                self.booster = trained
+            else:
+                self.booster, self.residual = self.base, trained
         else:
             x = np.stack([f.sum(axis=0) for f in feats])
             order = np.argsort(np.asarray([str(g) for g in groups]), kind="stable")
@@ -144,17 +156,32 @@ class XGBModel:
             return np.zeros(len(feats))
         import xgboost as xgb
         if self.objective == "pack-sum":
-            rows = np.concatenate(feats)
-            owner = np.repeat(np.arange(len(feats)), [len(f) for f in feats])
-            preds = self.booster.predict(xgb.DMatrix(rows))
-            return np.bincount(owner, weights=preds, minlength=len(feats))
+            if self.base is None:
+                return _pack_sum(self.booster, feats)
+            scores = self._scores_of_base(feats)
+            return scores if self.residual is None else scores + _pack_sum(self.residual, feats)
         return self.booster.predict(xgb.DMatrix(np.stack([f.sum(axis=0) for f in feats])))
+
+    BASE_SCORES_KEPT = 200_000     # about 10 MB; a session rarely scores more candidates
+
+    def _scores_of_base(self, feats: list) -> np.ndarray:
+        """The pre-trained booster's scores, each candidate's computed once per session."""
+        keys = [hash(f.tobytes()) ^ f.shape[0] for f in feats]
+        todo = [k for k, key in enumerate(keys) if key not in self._base_scores]
+        if todo:
+            if len(self._base_scores) + len(todo) > self.BASE_SCORES_KEPT:
+                self._base_scores.clear()
+            new = _pack_sum(self.base, [feats[k] for k in todo])
+            self._base_scores.update((keys[k], v) for k, v in zip(todo, new))
+        return np.fromiter((self._base_scores[key] for key in keys), float, len(keys))
 
     # ------------------------------------------------------------ persistence
     def save(self, path: str, about: dict | None = None) -> None:
         """Write the booster and a .meta.json beside it (`about`: what it was trained on, for people)."""
         if self.booster is None:
             raise ValueError("nothing to save: the model has not been trained")
+        if self.residual is not None:
+            raise ValueError("a fine-tuned model is session state; save the model it was pre-trained as")
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         self.booster.save_model(str(path))
@@ -179,6 +206,14 @@ class XGBModel:
         m.trained_on = meta["trained_on"]
         m.meta = meta
         return m
+
+
+def _pack_sum(booster, feats: list) -> np.ndarray:
+    """A candidate's score: the sum of its statements' predictions."""
+    import xgboost as xgb
+    rows = np.concatenate(feats)
+    owner = np.repeat(np.arange(len(feats)), [len(f) for f in feats])
+    return np.bincount(owner, weights=booster.predict(xgb.DMatrix(rows)), minlength=len(feats))
 
 
 def normalised_throughput(latencies: list, groups: list) -> np.ndarray:
