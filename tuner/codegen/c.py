@@ -211,7 +211,7 @@ class CGen:
 
     # ------------------------------------------------------------ vectorisation
     def vector_loop(self, s: ir.For, d: int) -> list:
-        lanes = next((w for w in (16, 8, 4) if w <= self.max_lanes and s.extent % w == 0), 0)
+        lanes = vector_lanes(s.extent, self.max_lanes)
         if not lanes:
             raise NotVectorizable("extent not a multiple of 4")
         stores = _straight_stores(s.body)
@@ -321,6 +321,11 @@ def _straight_stores(s: ir.Stmt, conds=()) -> list:
     if isinstance(s, ir.IfThen):
         return _straight_stores(s.body, tuple(conds) + (s.cond,))
     raise NotVectorizable(f"body has a {type(s).__name__}")
+
+
+def vector_lanes(extent: int, max_lanes: int) -> int:
+    """The register width a vector loop of `extent` is written with (0: it cannot be)."""
+    return next((w for w in (16, 8, 4) if w <= max_lanes and extent % w == 0), 0)
 
 
 def nest_steps(s: ir.Stmt) -> int:

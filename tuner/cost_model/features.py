@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..codegen.c import is_float, nest_steps
+from ..codegen.c import is_float, nest_steps, vector_lanes
 from ..schedule import ir
 from ..te.expr import (Add, And, Call, Cmp, Const, Div, Expr, FloorDiv, FloorMod, Load, Max, Min, Mul, Select, Sub,
                        Var, free_vars, walk)
@@ -215,8 +215,8 @@ class _Extractor:
         var = loops[-1].var
         if any(var in free_vars(g) for g in guards) or not _lane_vectorisable(s.value, var):
             return [0.0, 0.0, 0.0]
-        extent = loops[vec[-1]].extent
-        lanes = next((w for w in (16, 8, 4) if w <= self.max_lanes and extent % w == 0), 0)
+        extent = loops[-1].extent
+        lanes = vector_lanes(extent, self.max_lanes)
         # a None stride (div/mod of a packed layout) is usually contiguous within a register
         if not lanes or any(write and st not in (1, None) for write, st in lane_strides):
             return [0.0, 0.0, 0.0]

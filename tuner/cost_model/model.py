@@ -162,7 +162,7 @@ class XGBModel:
             return scores if self.residual is None else scores + _pack_sum(self.residual, feats)
         return self.booster.predict(xgb.DMatrix(np.stack([f.sum(axis=0) for f in feats])))
 
-    BASE_SCORES_KEPT = 200_000     # about 10 MB; a session rarely scores more candidates
+    BASE_SCORES_KEPT = 200_000     # about 20 MB of dict; a session rarely scores more candidates
 
     def _scores_of_base(self, feats: list) -> np.ndarray:
         """The pre-trained booster's scores, each candidate's computed once per session."""
