@@ -14,7 +14,7 @@ import argparse
 import time
 from pathlib import Path
 
-from bench.common import SEARCH_WORKLOADS
+from bench.common import SEARCH_WORKLOADS, bench_workload
 from tuner.te.workloads import BUILTIN, resolve
 from tuner.tuning import tune
 
@@ -46,7 +46,7 @@ def main(argv=None):
         ap.error("no workloads: give --workload, --resnet50 or --mobilenet-pointwise")
     Path(args.log_dir).mkdir(parents=True, exist_ok=True)
     for name in names:
-        wl = resolve(name, args.layout if resolve(name).op == "conv2d" else None)
+        wl = bench_workload(name, args.layout)
         label = wl.name or f"{wl.op}.{wl.key}"
         log = str(Path(args.log_dir) / f"{label}.random.s0.jsonl")
         t0 = time.perf_counter()

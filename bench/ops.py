@@ -22,12 +22,12 @@ os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # both OpenMP runtimes in this
 
 import numpy as np  # noqa: E402
 
-from bench.common import write_results  # noqa: E402
+from bench.common import bench_workload, write_results  # noqa: E402
 from tuner.analysis.report import task_report  # noqa: E402
 from tuner.build import build_op  # noqa: E402
 from tuner.target import parse_target  # noqa: E402
 from tuner.te.layouts import act_to_nchw, conv_weight_to_oihw, dense_weight_to_oi  # noqa: E402
-from tuner.te.workloads import BUILTIN, resolve  # noqa: E402
+from tuner.te.workloads import BUILTIN  # noqa: E402
 from tuner.tuning import tune_op  # noqa: E402
 
 from .peak import peak_gflops  # noqa: E402
@@ -77,7 +77,7 @@ def time_python(fn, repeat: int = 5, min_ms: float = 50.0) -> float:
 def bench_one(name, layout, threads, trials, log, rounds, progress, policy="random"):
     import torch
     torch.set_num_threads(threads)
-    wl = resolve(name, layout if resolve(name).op == "conv2d" else None)
+    wl = bench_workload(name, layout)
     s = tune_op(wl, threads=threads, trials=trials, log=log, progress=progress, policy=policy)
     kernel = build_op(wl, threads=threads, log=log, use_shipped=False, quiet=True)
     arrays = wl.random_inputs(seed=1)

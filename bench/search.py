@@ -25,12 +25,11 @@ import statistics
 import time
 from pathlib import Path
 
-from bench.common import SEARCH_WORKLOADS, write_results
+from bench.common import SEARCH_WORKLOADS, bench_workload, write_results
 from tuner.analysis.report import task_report
 from tuner.cost_model.dataset import FeatureCache
 from tuner.cost_model.pretrain import pretrain
 from tuner.target import parse_target
-from tuner.te.workloads import resolve
 from tuner.tuning import tune
 
 
@@ -80,7 +79,7 @@ def main(argv=None):
     cache = FeatureCache()
     runs = []
     for name in args.workloads.split(","):
-        wl = resolve(name, args.layout if resolve(name).op == "conv2d" else None)
+        wl = bench_workload(name, args.layout)
         # seeds outside, policies inside: the policies compared take turns, so a busy spell of the
         # machine falls on all of them rather than on one policy's block of runs
         for seed, policy in ((sd, pol) for sd in range(args.seeds) for pol in policies):

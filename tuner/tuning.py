@@ -145,24 +145,17 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
         shared.pool = FeaturePool([st.task for st in states])
     session = Session([st.summary for st in states], log)
     own_runner = runner is None
-    try:        # the pool is forked before these start threads and processes; it must not outlive them
+    bar, stop, start = None, None, time.perf_counter()
+    try:        # one cleanup below, also when the runner or the bar fails to start (the pool is up)
         if runner is None:
             runner = ReplayRunner(replay) if replay else Runner(tgt, run_config)
         bar = tqdm(total=trials, initial=min(session.trials, trials), disable=not progress, unit="trial",
                    desc=states[0].task.name if len(states) == 1 else f"{len(states)} tasks", dynamic_ncols=True)
-    except BaseException:
-        if own_runner and runner is not None:
-            runner.close()
-        if shared is not None and shared.pool is not None:
-            shared.pool.close()
-            shared.pool = None
-        raise
-    start = time.perf_counter()
-    if shared is not None:
-        bar.write(f"cost model: {shared.describe()}")
-    _show(bar, session, start)
-    stop = _CtrlC()
-    try:
+        start = time.perf_counter()
+        if shared is not None:
+            bar.write(f"cost model: {shared.describe()}")
+        _show(bar, session, start)
+        stop = _CtrlC()
         while session.trials < trials:
             if stop.requested:
                 raise KeyboardInterrupt
@@ -215,12 +208,14 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
     except KeyboardInterrupt:
         session.interrupted = True
     finally:
-        stop.restore()
+        if stop is not None:
+            stop.restore()
         session.seconds = time.perf_counter() - start
         for s in session.tasks:
             s.seconds, s.interrupted = session.seconds, session.interrupted
-        bar.close()
-        if own_runner:
+        if bar is not None:
+            bar.close()
+        if own_runner and runner is not None:
             runner.close()
         if shared is not None and shared.pool is not None:
             shared.pool.close()
