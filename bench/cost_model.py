@@ -44,13 +44,13 @@ def main(argv=None):
     args = ap.parse_args(argv)
     paths = sorted({p for pat in args.logs for p in glob.glob(pat)})
     recs = [r for p in paths for r in records.load(p, warn=False).records
-            if r["error"] != "NOT_IN_LOG" and r.get("policy") == "random" and "-threads=1" in r["target"]]
+            if r.error != "NOT_IN_LOG" and r.policy == "random" and "-threads=1" in r.target]
     cache = FeatureCache()
     t0 = time.perf_counter()
     feats, lats, groups = from_records(recs, cache)
     # from the groups, which line up with the features (records that no longer lower are skipped)
     keys = [g.split("|")[0] for g in groups]
-    name_of = {r["workload"]["key"]: r["workload"].get("name") or r["workload"]["spec"] for r in recs}
+    name_of = {r.workload.key: r.workload.title for r in recs}
     names = [name_of[k] for k in keys]
     print(f"{len(feats)} random-search records from {len(paths)} logs featurised in {time.perf_counter() - t0:.1f} s")
     by_name: dict = {}

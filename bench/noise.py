@@ -31,20 +31,20 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     paths = sorted({p for pat in args.logs for p in glob.glob(pat)})
-    recs = [r for p in paths for r in records.load(p, warn=False).records if r["error"] == "OK"]
+    recs = [r for p in paths for r in records.load(p, warn=False).records if r.ok]
     cache, rng, rows = FeatureCache(), random.Random(args.seed), []
     for name in args.workloads.split(","):
-        mine = [r for r in recs if r["workload"].get("name") == name]
+        mine = [r for r in recs if r.workload.name == name]
         by_target: dict = {}
         for r in mine:
-            by_target.setdefault(r["target"], []).append(r)
+            by_target.setdefault(r.target, []).append(r)
         for target, group in sorted(by_target.items()):
             sample = rng.sample(group, min(args.per_workload, len(group)))
             task = cache.task_for(sample[0])
-            batch = [task.candidate(r["steps"]) for r in sample]
+            batch = [task.candidate(r.steps) for r in sample]
             with Runner(task.target) as runner:
                 new = np.asarray([res.latency for _, res in runner.measure(task, batch)])
-            old = np.asarray([records.latency(r) for r in sample])
+            old = np.asarray([r.latency for r in sample])
             ok = np.isfinite(new)
             row = {"workload": name, "target": target, "schedules": int(ok.sum()),
                    "pairwise_agreement": pairwise_accuracy(-new[ok], -old[ok]),

@@ -10,12 +10,14 @@ from conftest import TARGET1
 
 SMALL = make("conv2d", dict(C=8, H=6, W=6, K=8, R=3, S=3, pad=1), "NCHW8c")
 FAST = RunConfig(timeout=3.0, repeat=1, min_repeat_ms=0.5)
+OUT_SIZE = SMALL.reference(SMALL.random_inputs(seed=0)).size
 
 BAD_SOURCES = {
     "compile": "int {name}(float** restrict args) {{ return this is not C; }}\n",
     "crash": "int {name}(float** restrict args) {{ args[2][1L << 40] = 1.0f; return 0; }}\n",
     "hang": "int {name}(float** restrict args) {{ volatile int spin = 1; while (spin) {{}} return 0; }}\n",
-    "wrong": "int {name}(float** restrict args) {{ for (int i = 0; i < 512; ++i) args[2][i] = 0.5f; return 0; }}\n",
+    # writes every output element, and none beyond: a wrong answer, never a crash by memory layout
+    "wrong": "int {name}(float** restrict args) {{ for (int i = 0; i < {size}; ++i) args[2][i] = 0.5f; return 0; }}\n",
 }
 
 
@@ -31,7 +33,7 @@ class InjectingSearch(RandomSearch):
         bad = []
         for kind, template in BAD_SOURCES.items():
             fname = f"bad_{kind}"
-            src = template.format(name=fname)
+            src = template.format(name=fname, size=OUT_SIZE)
             bad.append(Candidate([["bad", kind]], src, fname, False, code_hash(src, fname)))
         mixed = good[:1] + bad[:2] + good[1:2] + bad[2:] + good[2:]
         return mixed[:max(n, len(bad) + 2)]
@@ -44,15 +46,15 @@ def test_broken_candidates_are_recorded_and_tuning_continues(tmp_path):
     s = tune_op(SMALL, target=TARGET1, trials=8, log=str(log), run_config=FAST, progress=False,
                 batch_size=8, policy_obj=policy)
     recs = records.load(log).records
-    kinds = {r["steps"][0][1]: r for r in recs if r["steps"] and r["steps"][0][0] == "bad"}
-    assert kinds["compile"]["error"] == "COMPILE_ERROR" and "error" in kinds["compile"]["message"]
-    assert kinds["crash"]["error"] == "RUNTIME_ERROR" and "SIGSEGV" in kinds["crash"]["message"]
-    assert kinds["hang"]["error"] == "TIMEOUT"
-    assert kinds["wrong"]["error"] == "WRONG_ANSWER" and "differ" in kinds["wrong"]["message"]
-    good_after = [r for r in recs[recs.index(kinds["hang"]) + 1:] if r["error"] == "OK"]
+    kinds = {r.steps[0][1]: r for r in recs if r.steps and r.steps[0][0] == "bad"}
+    assert kinds["compile"].error == "COMPILE_ERROR" and "error" in kinds["compile"].message
+    assert kinds["crash"].error == "RUNTIME_ERROR" and "SIGSEGV" in kinds["crash"].message
+    assert kinds["hang"].error == "TIMEOUT"
+    assert kinds["wrong"].error == "WRONG_ANSWER" and "differ" in kinds["wrong"].message
+    good_after = [r for r in recs[recs.index(kinds["hang"]) + 1:] if r.ok]
     assert good_after, "measurements after the hang must still succeed"
     assert s.trials == len(recs) >= 8
-    assert s.best is not None and s.best["error"] == "OK"
+    assert s.best is not None and s.best.ok
 
 
 def test_single_thread_measurements_stay_on_one_core_with_aligned_buffers():
@@ -61,16 +63,21 @@ def test_single_thread_measurements_stay_on_one_core_with_aligned_buffers():
     import numpy as np
 
     from tuner.measure.library import aligned_copy, aligned_empty
-    from tuner.measure.runner import Runner, measurement_cpu
+    from tuner.measure.runner import Runner
     from tuner.target import parse_target
 
     one, two = parse_target("cpu", threads=1), parse_target("cpu", threads=2)
-    assert measurement_cpu(one, RunConfig()) in os.sched_getaffinity(0)
-    assert measurement_cpu(two, RunConfig()) is None and measurement_cpu(one, RunConfig(pin=False)) is None
-    with Runner(one) as runner:
-        runner._start()
+    with Runner(one) as runner, Runner(one) as other, Runner(two) as multi, Runner(one, RunConfig(pin=False)) as free:
+        for r in (runner, other, multi, free):
+            r._start()
         allowed = open(f"/proc/{runner._proc.pid}/status").read().split("Cpus_allowed_list:")[1].split()[0]
-        assert allowed == str(measurement_cpu(one, RunConfig()))
+        assert runner.cpu in os.sched_getaffinity(0) and allowed == str(runner.cpu)
+        # a second measuring process never shares the first one's core (unpinned if none is left)
+        assert other.cpu != runner.cpu and (other.cpu is not None or len(os.sched_getaffinity(0)) == 1)
+        assert multi.cpu is None and free.cpu is None
+    with Runner(one) as again:              # closing released the claim
+        again._start()
+        assert again.cpu == max(os.sched_getaffinity(0))
     for shape in [(3,), (5, 7), (1, 16, 3, 3, 16)]:
         a = np.random.default_rng(0).random(shape, dtype=np.float32)
         b = aligned_copy(a)

@@ -1,4 +1,5 @@
 """Learned search: policies in replay mode, the task scheduler, features and the cost model."""
+import dataclasses
 import math
 import random
 
@@ -8,6 +9,7 @@ import pytest
 from tuner import records
 from tuner.cost_model.features import extract, feature_names, num_features
 from tuner.cost_model.model import FINETUNE_ROUNDS, RandomModel, XGBModel, normalised_throughput
+from tuner.errors import UserError
 from tuner.measure.runner import RunConfig
 from tuner.schedule.lower import lower
 from tuner.search.scheduler import GradientScheduler, RoundRobinScheduler, TaskProgress
@@ -48,11 +50,11 @@ def test_policy_respects_budget_never_remeasures_and_resumes(measured_log, tmp_p
     s = _replay(measured_log, out, policy, 28)                  # resume: continues where the log ends
     recs = records.load(out).records
     assert s.tasks[0].new == 16 and len(recs) == 28
-    hashes = [r["code_hash"] for r in recs]
+    hashes = [r.code_hash for r in recs]
     assert len(set(hashes)) == len(hashes)                      # nothing proposed twice, across the resume
-    assert all(r["replayed_from"] == str(measured_log) for r in recs)
-    assert any(r["error"] == "OK" for r in recs)
-    assert {r["error"] for r in recs} <= {"OK", "NOT_IN_LOG", "WRONG_ANSWER", "COMPILE_ERROR"}
+    assert all(r.replayed_from == str(measured_log) for r in recs)
+    assert any(r.ok for r in recs)
+    assert {r.error for r in recs} <= {"OK", "NOT_IN_LOG", "WRONG_ANSWER", "COMPILE_ERROR"}
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -61,26 +63,26 @@ def test_same_seed_same_sequence(measured_log, tmp_path, policy):
     b = tmp_path / "b.jsonl"
     _replay(measured_log, a, policy, 20, seed=3)
     _replay(measured_log, b, policy, 20, seed=3)
-    seq = [[r["code_hash"] for r in records.load(p).records] for p in (a, b)]
+    seq = [[r.code_hash for r in records.load(p).records] for p in (a, b)]
     assert seq[0] == seq[1]
 
 
 def test_replayed_costs_are_the_logged_ones(measured_log, tmp_path):
     out = tmp_path / "r.jsonl"
     _replay(measured_log, out, "random", 16)
-    logged = {r["code_hash"]: r["costs"] for r in records.load(measured_log).records}
-    for r in records.load(out).records:
-        if r["error"] != "NOT_IN_LOG":
-            assert r["costs"] == logged[r["code_hash"]]
+    logged = {r.code_hash: r.costs for r in records.load(measured_log).records}
+    replayed = [r for r in records.load(out).records if r.error != "NOT_IN_LOG"]
+    assert replayed
+    for r in replayed:
+        assert r.costs == logged[r.code_hash]
 
 
 def test_all_failing_task_is_reported_and_the_others_go_on(measured_log, tmp_path):
     """OTHER's every candidate fails here (its log entries are rewritten as wrong answers)."""
     broken = tmp_path / "broken.jsonl"
     recs = records.load(measured_log).records
-    for r in recs:
-        if r["workload"]["key"] == OTHER.key:
-            r.update(error="WRONG_ANSWER", costs=[], message="injected failure")
+    recs = [dataclasses.replace(r, error="WRONG_ANSWER", costs=(), message="injected failure")
+            if r.workload.key == OTHER.key else r for r in recs]
     records.append(broken, recs)
     s = tune([SMALL, OTHER], target=TARGET1, trials=40, log=str(tmp_path / "out.jsonl"), policy="random",
              replay=str(broken), progress=False, batch_size=8)
@@ -269,7 +271,7 @@ def test_model_trained_on_other_features_is_refused(tmp_path):
     (tmp_path / "old.ubj.meta.json").write_text(json.dumps(meta))
     with pytest.raises(ValueError, match="tuner pretrain"):
         XGBModel.load(str(path))
-    with pytest.raises(FileNotFoundError, match="no cost model"):
+    with pytest.raises(UserError, match="no cost model"):
         XGBModel.load(str(tmp_path / "missing.ubj"))
 
 
@@ -298,7 +300,7 @@ def test_pretrain_leaves_out_excluded_workloads_and_tune_starts_from_it(measured
     s = _replay(measured_log, out, "evolutionary", 16, cost_model_from=[str(path)])
     assert s.trials == 16 and "pre-trained on 24 records" in capsys.readouterr().out
     recs = records.load(out).records
-    assert len({r["code_hash"] for r in recs}) == 16 and any(r["error"] == "OK" for r in recs)
+    assert len({r.code_hash for r in recs}) == 16 and any(r.ok for r in recs)
 
 
 def test_int_and_float_constants_are_different_expressions():

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import records
+from .errors import UserError
 from .measure.builder import build_batch
 from .measure.library import ffi, open_library, pointer_array
 from .target import Target, parse_target
@@ -38,18 +39,18 @@ class Kernel:
 
     def __call__(self, *arrays: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         if len(arrays) != len(self.input_shapes):
-            raise ValueError(f"{self.workload.label} takes {len(self.input_shapes)} arrays "
+            raise UserError(f"{self.workload.label} takes {len(self.input_shapes)} arrays "
                              f"with shapes {self.input_shapes}, got {len(arrays)}")
         args = []
         for k, (a, shape) in enumerate(zip(arrays, self.input_shapes)):
             a = np.ascontiguousarray(a, dtype=np.float32)
             if a.shape != shape:
-                raise ValueError(f"argument {k} of {self.workload.label} must have shape {shape}, got {a.shape}")
+                raise UserError(f"argument {k} of {self.workload.label} must have shape {shape}, got {a.shape}")
             args.append(a)
         if out is None:
             out = np.empty(self.output_shape, np.float32)
         elif out.shape != self.output_shape or out.dtype != np.float32 or not out.flags.c_contiguous:
-            raise ValueError(f"out must be a C-contiguous float32 array of shape {self.output_shape}")
+            raise UserError(f"out must be a C-contiguous float32 array of shape {self.output_shape}")
         rc = self._lib.tuner_run(self._index, pointer_array(args + [out]))
         if rc:
             raise RuntimeError(f"{self.workload.label} kernel failed with code {rc}")
@@ -74,5 +75,5 @@ def build_op(workload: str | Workload, layout: str | None = None, target: str | 
     task = Task(wl, tgt)
     logs = [log] + ([records.shipped_database(tgt)] if use_shipped else [])
     rec, where = records.apply_best(logs, wl, str(tgt), quiet=quiet)
-    steps = rec["steps"] if rec else task.space.steps(task.space.default())
+    steps = rec.steps if rec else task.space.steps(task.space.default())
     return Kernel(task, steps, rec, where)

@@ -7,12 +7,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from .schedule.schedule import ScheduleError
-from .target import TargetError
-from .te.layouts import LayoutError
-from .te.workloads import WorkloadError
-
-USER_ERRORS = (WorkloadError, LayoutError, TargetError, ScheduleError, FileNotFoundError, ValueError, KeyError)
+from .errors import INTERNAL_ERROR_EXIT, TunerError, UserError
 
 
 def _cmd_workloads(args) -> int:
@@ -30,10 +25,11 @@ def _cmd_workloads(args) -> int:
 
 
 def _require_logs(*paths, flag: str = "") -> None:
-    """A one-line error (exit 2) for a log path that does not exist."""
+    """A one-line error (exit 2) for a log path that does not exist or is not a regular file."""
+    from .records import check_readable
     for path in paths:
-        if path is not None and not Path(path).exists():
-            raise FileNotFoundError(f"no log at {path}" + (f" (from {flag})" if flag else ""))
+        if path is not None:
+            check_readable(path, flag)
 
 
 def split_workloads(text: str) -> list:
@@ -57,10 +53,11 @@ def _cmd_tune(args) -> int:
     if args.workload:
         names.insert(0, args.workload)
     if not names:
-        raise WorkloadError("give --workload NAME|SPEC or --workloads A,B,C (see `tuner workloads`)")
+        raise UserError("give --workload NAME|SPEC or --workloads A,B,C (see `tuner workloads`)")
     wls = [resolve(n, args.layout) for n in names]
     _require_logs(*(p for p in args.cost_model_from or () if p.lower() != "none"), flag="--cost-model-from")
     _require_logs(args.replay, flag="--replay")
+    _check_tune_options(args)
     cfg = RunConfig(timeout=args.timeout, repeat=args.repeat, min_repeat_ms=args.min_repeat_ms)
     session = tune(wls, target=args.target, threads=args.threads, trials=args.trials, log=args.log,
                    time_limit=args.time_limit, policy=args.search, seed=args.seed, batch_size=args.batch_size,
@@ -80,9 +77,29 @@ def _cmd_tune(args) -> int:
           f"search overhead {100 * session.search_overhead:.1f}%, C generation {100 * session.codegen_fraction:.1f}%)")
     print(f"log: {session.log}")
     if session.interrupted:
-        print("interrupted: every finished measurement is in the log; run the same command again to resume")
-        return 130
+        how = "terminated (SIGTERM)" if session.stopped_by == "SIGTERM" else "interrupted"
+        print(f"{how}: every finished measurement is in the log; run the same command again to resume")
+        return 143 if session.stopped_by == "SIGTERM" else 130
     return 0
+
+
+# (flag, attribute, the least value it may take, whether that value itself is allowed)
+TUNE_LIMITS = [("--trials", "trials", 0, True), ("--batch-size", "batch_size", 1, True),
+               ("--timeout", "timeout", 0, False), ("--repeat", "repeat", 1, True),
+               ("--min-repeat-ms", "min_repeat_ms", 0, True), ("--time-limit", "time_limit", 0, False),
+               ("--early-stopping", "early_stopping", 1, True)]
+
+
+def _check_tune_options(args) -> None:
+    """Options that would spend the budget on results that mean nothing are refused up front."""
+    import math
+    for flag, attr, least, inclusive in TUNE_LIMITS:
+        v = getattr(args, attr)
+        if v is None:
+            continue
+        if not math.isfinite(v) or v < least or (v == least and not inclusive):
+            bound = f"at least {least}" if inclusive else f"more than {least}"
+            raise UserError(f"{flag} must be {bound}, got {v}")
 
 
 def _cmd_analyze(args) -> int:
@@ -109,20 +126,19 @@ def _cmd_show(args) -> int:
     _require_logs(args.log)
     rec = records.best(args.log, wl.key, str(tgt))
     if rec is None:
-        targets = sorted({r["target"] for r in records.load(args.log, warn=False).records
-                          if r["workload"]["key"] == wl.key})
+        targets = sorted({r.target for r in records.load(args.log, warn=False).records if r.workload.key == wl.key})
         hint = f" (it has records for targets: {'; '.join(targets)})" if targets else ""
         print(f"{args.log} has no valid record for {wl.label} on '{tgt}'{hint}")
         return 1
-    lat = records.latency(rec)
+    lat = rec.latency
     print(f"{wl.label} on '{tgt}': {lat * 1e3:.4f} ms, {wl.flops / lat / 1e9:.1f} GFLOPS "
-          f"(policy {rec.get('policy')}, {rec.get('timestamp')})")
+          f"(policy {rec.policy}, {rec.timestamp})")
     print("steps:")
-    for step in rec["steps"]:
+    for step in rec.steps:
         print("  " + json.dumps(step))
     if args.code:
-        cand = Task(wl, tgt).candidate(rec["steps"], func_name="kernel")
-        same = "matches" if cand.code_hash == rec.get("code_hash") else "DIFFERS from"
+        cand = Task(wl, tgt).candidate(rec.steps, func_name="kernel")
+        same = "matches" if cand.code_hash == rec.code_hash else "DIFFERS from"
         print(f"\nC source (regenerated; {same} the logged code hash):\n")
         print(cand.source)
     return 0
@@ -189,6 +205,7 @@ def _cmd_inspect(args) -> int:
 
 def _cmd_export_onnx(args) -> int:
     import onnx
+
     from .graph.models import load_model
     from .graph.onnx_frontend import to_onnx
     model = to_onnx(load_model(args.model), opset=args.opset)
@@ -199,6 +216,7 @@ def _cmd_export_onnx(args) -> int:
 
 def _cmd_pretrain(args) -> int:
     import time
+
     from .cost_model.pretrain import pretrain
     _require_logs(*args.logs)
     exclude = set(split_workloads(args.exclude or ""))
@@ -317,20 +335,43 @@ def main(argv=None) -> int:
         return 2
     try:
         rc = args.fn(args)
-        if rc == 130:
-            _exit_interrupted()
+        if rc in (130, 143):
+            _exit_interrupted(rc)
         return rc
-    except USER_ERRORS as e:
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"error: {msg}", file=sys.stderr)
-        return 2
+    except TunerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        _exit_interrupted()
+        _exit_interrupted(130)
+    except Exception as e:  # a bug in tuner, not the user's input: say so, keep the traceback
+        report = _crash_report(argv, e)
+        print(f"internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}\n"
+              f"  this is a bug in tuner, not a problem with your input; the traceback is in {report}\n"
+              "  please report it with that file", file=sys.stderr)
+        return INTERNAL_ERROR_EXIT
 
 
-def _exit_interrupted():
-    """Exit 130 now that everything is flushed and closed.
+def _crash_report(argv, exc) -> str:
+    """Write the traceback, the command and the versions to a file; return its path."""
+    import datetime
+    import platform
+    import tempfile
+    import traceback
+
+    from . import __version__
+    text = (f"tuner {__version__}, Python {platform.python_version()}, {platform.platform()}\n"
+            f"command: tuner {' '.join(sys.argv[1:] if argv is None else argv)}\n"
+            f"time: {datetime.datetime.now().isoformat(timespec='seconds')}\n\n"
+            + "".join(traceback.format_exception(exc)))
+    fd, path = tempfile.mkstemp(prefix="tuner-crash-", suffix=".txt")
+    with open(fd, "w") as f:
+        f.write(text)
+    return path
+
+
+def _exit_interrupted(code: int = 130):
+    """Exit 130 (Ctrl-C) or 143 (SIGTERM) now that everything is flushed and closed.
 
     Skips interpreter finalisation: a SIGINT that landed in xgboost's native training threads can
     otherwise still kill the process there (exit -2) after the tuner has handled it.
@@ -338,7 +379,7 @@ def _exit_interrupted():
     import os
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(130)
+    os._exit(code)
 
 
 if __name__ == "__main__":

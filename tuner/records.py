@@ -3,134 +3,368 @@
 A record holds everything needed to rebuild and re-judge a measurement later: the workload
 (key and description), the target string, the schedule steps, the repeat costs, the error kind
 and message, build/run times, when, by which tool version, policy and seed.
+
+Every line read becomes a `Record` through one parser (`Record.from_json`) that checks every
+field's type and that costs are positive finite numbers; a line that fails is skipped and counted
+with its reason, so one bad line (hand-edited, from another tool, hostile) cannot break a command.
+Whether a record's steps still produce its code is checked where a record is *used* as the best
+one (`best`, `apply_best`, `distill`, `analyze`): the fastest record that does not replay is
+passed over for the next.
 """
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import json
+import math
 import os
 import warnings
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from filelock import FileLock
 
 from . import __version__
-from .measure.result import ERROR_KINDS, OK
+from .errors import SetupError, UserError
+from .measure.result import ERROR_KINDS, NOT_IN_LOG, OK
 
 FORMAT = 1
-REQUIRED = ("workload", "target", "steps", "costs", "error")
+MAX_LINE = 1 << 20          # a record is a few KB; a longer line is damage, skipped without reading it whole
+
+
+class RecordError(ValueError):
+    """Why a logged line is not a usable record."""
+
+
+@dataclass(frozen=True)
+class WorkloadRef:
+    """The workload a record measured, as logged (rebuilt into a Workload by parse_spec)."""
+    key: str
+    spec: str
+    layout: str
+    name: str = ""
+    dtype: str = "float32"
+
+    @property
+    def title(self) -> str:
+        return self.name or self.spec
+
+    def to_json(self) -> dict:
+        return {"key": self.key, "name": self.name, "spec": self.spec, "layout": self.layout, "dtype": self.dtype}
+
+
+@dataclass(frozen=True)
+class Record:
+    workload: WorkloadRef
+    target: str
+    steps: list
+    costs: tuple             # seconds per call, one per repeat
+    error: str
+    code_hash: str | None = None
+    message: str = ""
+    build_s: float = 0.0
+    run_s: float = 0.0
+    timestamp: str = ""
+    tool: str = ""
+    policy: str = ""
+    seed: int | None = None
+    decisions: dict | None = None
+    replayed_from: str | None = None    # costs copied from that log, not measured now
+    format: int = FORMAT
+
+    @property
+    def ok(self) -> bool:
+        return self.error == OK and bool(self.costs)
+
+    @property
+    def latency(self) -> float:
+        """Median repeat cost in seconds; inf for failed records."""
+        if not self.ok:
+            return float("inf")
+        c = sorted(self.costs)
+        return c[len(c) // 2]
+
+    @property
+    def task_key(self) -> tuple:
+        return self.workload.key, self.target
+
+    def to_json(self) -> dict:
+        d = {"format": self.format, "tool": self.tool, "workload": self.workload.to_json(), "target": self.target,
+             "steps": self.steps, "code_hash": self.code_hash, "costs": list(self.costs), "error": self.error,
+             "message": self.message, "build_s": self.build_s, "run_s": self.run_s, "timestamp": self.timestamp,
+             "policy": self.policy, "seed": self.seed}
+        if self.decisions is not None:
+            d["decisions"] = self.decisions
+        if self.replayed_from is not None:
+            d["replayed_from"] = self.replayed_from
+        return d
+
+    @classmethod
+    def from_json(cls, obj) -> "Record":
+        """The one parser of logged records; raises RecordError naming the first bad field."""
+        if not isinstance(obj, dict):
+            raise RecordError("not a JSON object")
+        w = obj.get("workload")
+        if not isinstance(w, dict):
+            raise RecordError("workload is not an object")
+        for k in ("key", "spec", "layout"):
+            _want(isinstance(w.get(k), str) and w[k], f"workload.{k} is not a non-empty string")
+        for k in ("name", "dtype"):
+            _want(isinstance(w.get(k, ""), str), f"workload.{k} is not a string")
+        _want(isinstance(obj.get("target"), str) and obj["target"], "target is not a non-empty string")
+        steps = obj.get("steps")
+        _want(isinstance(steps, list) and all(isinstance(s, list) and s and isinstance(s[0], str) for s in steps),
+              "steps is not a list of [primitive, ...] lists")
+        costs = obj.get("costs")
+        _want(isinstance(costs, list) and all(_positive(c) for c in costs),
+              "costs is not a list of positive finite numbers")
+        error = obj.get("error")
+        _want(error in ERROR_KINDS, f"error is not one of {', '.join(ERROR_KINDS)}")
+        _want(error != OK or costs, "an OK record has no costs")
+        for k in ("message", "timestamp", "tool", "policy"):
+            _want(isinstance(obj.get(k, ""), str), f"{k} is not a string")
+        for k in ("build_s", "run_s"):
+            v = obj.get(k, 0.0)
+            _want(_number(v) and math.isfinite(v) and v >= 0, f"{k} is not a non-negative number")
+        _want(obj.get("code_hash") is None or isinstance(obj["code_hash"], str), "code_hash is not a string")
+        _want(obj.get("seed") is None or _integer(obj["seed"]), "seed is not an integer")
+        _want(obj.get("decisions") is None or isinstance(obj["decisions"], dict), "decisions is not an object")
+        _want(obj.get("replayed_from") is None or isinstance(obj["replayed_from"], str),
+              "replayed_from is not a string")
+        _want(_integer(obj.get("format", FORMAT)), "format is not an integer")
+        return cls(WorkloadRef(w["key"], w["spec"], w["layout"], w.get("name", ""), w.get("dtype", "float32")),
+                   obj["target"], steps, tuple(float(c) for c in costs), error, obj.get("code_hash"),
+                   obj.get("message", ""), float(obj.get("build_s", 0.0)), float(obj.get("run_s", 0.0)),
+                   obj.get("timestamp", ""), obj.get("tool", ""), obj.get("policy", ""), obj.get("seed"),
+                   obj.get("decisions"), obj.get("replayed_from"), obj.get("format", FORMAT))
+
+
+def _want(cond, reason: str) -> None:
+    if not cond:
+        raise RecordError(reason)
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _integer(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _positive(v) -> bool:
+    return _number(v) and math.isfinite(v) and v > 0
 
 
 @dataclass
 class LogContents:
-    records: list
-    skipped: int          # malformed or truncated lines
+    records: list            # [Record]
+    skipped: int             # lines that are not records (malformed, truncated, invalid)
     path: str
+    reasons: Counter = field(default_factory=Counter)   # why lines were skipped
 
     def for_task(self, key: str, target: str) -> list:
-        return [r for r in self.records if r["workload"]["key"] == key and r["target"] == target]
+        return [r for r in self.records if r.workload.key == key and r.target == target]
+
+    def skipped_summary(self) -> str:
+        """'3 line(s) skipped (2 not JSON, 1 costs is not ...)', or '' when none were."""
+        if not self.skipped:
+            return ""
+        why = ", ".join(f"{n} {reason}" for reason, n in self.reasons.most_common())
+        return f"{self.skipped} line(s) of {self.path} skipped ({why})"
 
 
 def make_record(workload, target, steps, result, code_hash: str, policy: str, seed: int,
-                decisions: dict | None = None, replayed_from: str | None = None) -> dict:
-    rec = {
-        "format": FORMAT,
-        "tool": f"tuner {__version__}",
-        "workload": workload.to_json(),
-        "target": str(target),
-        "steps": steps,
-        "code_hash": code_hash,
-        "costs": [float(c) for c in result.costs],
-        "error": result.error,
-        "message": result.message,
-        "build_s": round(result.build_s, 6),
-        "run_s": round(result.run_s, 6),
-        "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "policy": policy,
-        "seed": seed,
-    }
-    if decisions is not None:
-        rec["decisions"] = decisions
-    if replayed_from is not None:
-        rec["replayed_from"] = replayed_from   # costs copied from that log, not measured now
-    return rec
+                decisions: dict | None = None, replayed_from: str | None = None) -> Record:
+    return Record(WorkloadRef(**workload.to_json()), str(target), steps, tuple(float(c) for c in result.costs),
+                  result.error, code_hash, result.message, round(result.build_s, 6), round(result.run_s, 6),
+                  _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), f"tuner {__version__}",
+                  policy, seed, decisions, replayed_from)
 
 
-def append(path: str | os.PathLike, records: list) -> None:
-    """Append whole lines under a lock, flushed and synced, so no reader sees half a record."""
-    if not records:
+# ------------------------------------------------------------ paths
+
+def check_readable(path, flag: str = "") -> None:
+    """A log given to read must exist and be a regular file (not a directory, a pipe or /dev/full)."""
+    where = f" (from {flag})" if flag else ""
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"no log at {path}{where}")
+    if not p.is_file():
+        raise UserError(f"{path}{where} is not a regular file; give the path of a .jsonl log")
+
+
+def check_writable(path) -> None:
+    """A log to append to: a regular file or nothing yet, in a directory we may write (and its lock)."""
+    p = Path(path)
+    if p.exists() and not p.is_file():
+        raise UserError(f"log {path} is not a regular file (a directory or a device?); give a .jsonl file path")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create the directory of log {path}: {e.strerror}; choose another --log") from None
+    if not os.access(p.parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise UserError(f"cannot write log {path}: permission denied; choose a --log you can write")
+
+
+# ------------------------------------------------------------ who tunes what
+
+class TaskClaims:
+    """The tasks of a log that this process is tuning, so that no other tuner measures them too.
+
+    Two tuners on one workload and log would measure every candidate twice (the same seed proposes
+    the same code), so each (workload key, target) is claimed by a one-byte POSIX lock at an offset
+    of `<log>.tuners` given by its hash. Tuners of different workloads share a log freely; the
+    kernel drops the locks of a process that dies, so a killed tuner never leaves a stale claim.
+    """
+
+    def __init__(self, log, tasks: list):
+        """tasks: [(workload key, target, label)]. Raises UserError if another process holds one."""
+        import fcntl
+        import hashlib
+        self._file = open(str(log) + ".tuners", "ab")
+        for key, target, label in tasks:
+            offset = int(hashlib.sha256(f"{key}|{target}".encode()).hexdigest()[:8], 16)
+            try:
+                fcntl.lockf(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, offset)
+            except OSError:
+                self.release()
+                raise UserError(f"another tuner is already tuning {label} on '{target}' into {log}; wait for it "
+                                "to finish (this command then resumes from its records) or give this one "
+                                "another --log") from None
+
+    def release(self):
+        if self._file is not None:
+            self._file.close()        # closing drops every lock this process holds on the file
+            self._file = None
+
+
+# ------------------------------------------------------------ writing
+
+def append(path: str | os.PathLike, recs: list) -> None:
+    """Append whole lines under a lock, flushed and synced, so no reader sees half a record.
+
+    A write that fails (disk full, file size limit) is undone to the last whole line and raised as
+    a SetupError: the log keeps every record that was already in it and gains no torn line.
+    """
+    if not recs:
         return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
+    text = "".join(json.dumps(r.to_json() if isinstance(r, Record) else r, separators=(",", ":")) + "\n"
+                   for r in recs).encode()
     with FileLock(str(path) + ".lock"):
-        _repair_tail(path)
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        with open(path, "ab") as f:
+            size = f.seek(0, os.SEEK_END)
+            try:
+                if size and _last_byte(path) != b"\n":
+                    text = b"\n" + text     # an earlier writer died mid-line: start ours on its own
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            except OSError as e:
+                _undo(f, size)
+                if e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.EIO):
+                    raise SetupError(f"cannot append to log {path}: {e.strerror}; every record before this "
+                                     "one is in the log (free space and run the same command to resume)") from None
+                raise
 
 
-def _repair_tail(path: Path) -> None:
-    """If an earlier writer died mid-line, end that line so our record starts on its own."""
+def _last_byte(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1)
+
+
+def _undo(f, size: int) -> None:
+    """Cut a failed append back to where it started (truncating needs no free space)."""
     try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            if f.tell() == 0:
-                return
-            f.seek(-1, os.SEEK_END)
-            last = f.read(1)
-    except FileNotFoundError:
-        return
-    if last != b"\n":
-        with open(path, "a", encoding="utf-8") as f:
-            f.write("\n")
+        f.truncate(size)
+    except OSError:
+        pass
+    try:
+        f.close()
+    except OSError:      # the buffered bytes that did not fit are dropped, not written
+        pass
 
 
-def _valid(rec) -> bool:
-    return (isinstance(rec, dict) and all(k in rec for k in REQUIRED) and isinstance(rec["workload"], dict)
-            and "key" in rec["workload"] and isinstance(rec["steps"], list) and isinstance(rec["costs"], list)
-            and rec["error"] in ERROR_KINDS)
+# ------------------------------------------------------------ reading
+
+def _lines(f):
+    """Lines of at most MAX_LINE bytes; a longer one yields None (and is not held in memory)."""
+    while True:
+        line = f.readline(MAX_LINE + 1)
+        if not line:
+            return
+        if len(line) > MAX_LINE and not line.endswith(b"\n"):
+            while True:                         # skip the rest of the oversized line
+                rest = f.readline(MAX_LINE)
+                if not rest or rest.endswith(b"\n"):
+                    break
+            yield None
+        else:
+            yield line
 
 
 def load(path: str | os.PathLike, warn: bool = True) -> LogContents:
-    """All well-formed records of a log; malformed lines are skipped and counted."""
+    """All valid records of a log; other lines are skipped and counted with their reasons."""
     path = Path(path)
-    records, skipped = [], 0
+    recs, reasons = [], Counter()
     if not path.exists():
         return LogContents([], 0, str(path))
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
+    check_readable(path)
+    with open(path, "rb") as f:
+        for line in _lines(f):
+            if line is None:
+                reasons[f"longer than {MAX_LINE} bytes"] += 1
+                continue
             if not line.strip():
                 continue
             try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                skipped += 1
-                continue
-            if _valid(rec):
-                records.append(rec)
-            else:
-                skipped += 1
-    if skipped and warn:
-        warnings.warn(f"{path}: skipped {skipped} malformed line(s)", stacklevel=2)
-    return LogContents(records, skipped, str(path))
+                recs.append(Record.from_json(json.loads(line)))
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+                reasons["not JSON"] += 1
+            except RecordError as e:
+                reasons[str(e)] += 1
+    contents = LogContents(recs, sum(reasons.values()), str(path), reasons)
+    if contents.skipped and warn:
+        warnings.warn(contents.skipped_summary(), stacklevel=2)
+    return contents
 
 
-def latency(rec: dict) -> float:
-    """Median repeat cost of a record in seconds; inf for failed ones."""
-    if rec["error"] != OK or not rec["costs"]:
-        return float("inf")
-    c = sorted(rec["costs"])
-    return c[len(c) // 2]
+# ------------------------------------------------------------ best records
+
+def replays(rec: Record) -> bool:
+    """Whether a record's steps still replay onto its workload and give the code it logged."""
+    from .schedule.schedule import ScheduleError
+    from .target import parse_target
+    from .task import Task
+    from .te.workloads import parse_spec
+    try:
+        wl = parse_spec(rec.workload.spec, rec.workload.layout)
+        if wl.key != rec.workload.key:
+            return False
+        cand = Task(wl, parse_target(rec.target, check_host=False)).candidate(rec.steps, func_name="kernel")
+    except (ScheduleError, UserError, RecursionError, OverflowError, MemoryError):
+        return False
+    return rec.code_hash is None or cand.code_hash == rec.code_hash
+
+
+def ranked(recs) -> list:
+    """Successful records, fastest first."""
+    return sorted((r for r in recs if r.ok), key=lambda r: r.latency)
+
+
+def first_that_replays(recs):
+    """The fastest record that replays (junk steps with a tiny cost are passed over), or None."""
+    return next((r for r in ranked(recs) if replays(r)), None)
 
 
 def best(log: str | os.PathLike | LogContents, key: str, target: str):
-    """The fastest successful record of a workload on a target, or None."""
+    """The fastest successful record of a workload on a target that still replays, or None."""
     contents = log if isinstance(log, LogContents) else load(log)
-    ok = [r for r in contents.for_task(key, target) if r["error"] == OK and r["costs"]]
-    return min(ok, key=latency) if ok else None
+    return first_that_replays(contents.for_task(key, target))
 
 
 def apply_best(logs: list, workload, target: str, quiet: bool = False):
@@ -152,6 +386,16 @@ def apply_best(logs: list, workload, target: str, quiet: bool = False):
     return None, None
 
 
+def latency(rec: Record | None) -> float:
+    return rec.latency if rec is not None else float("inf")
+
+
+def measured(recs) -> list:
+    """Records that hold a measurement (replay misses are not measurements)."""
+    return [r for r in recs if r.error != NOT_IN_LOG]
+
+
 def shipped_database(target) -> Path:
     """schedules/<backend>.jsonl: the best records shipped with tuner."""
     return Path(__file__).resolve().parent.parent / "schedules" / f"{str(target).split()[0]}.jsonl"
+

@@ -10,10 +10,12 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 
+from .errors import UserError
+
 ISAS = {"avx512": (16, "x86-64-v4"), "avx2": (8, "x86-64-v3"), "sse": (4, "x86-64-v2")}
 
 
-class TargetError(ValueError):
+class TargetError(UserError):
     pass
 
 
@@ -61,8 +63,10 @@ def host_cores() -> int:
         return os.cpu_count() or 1
 
 
-def parse_target(text: str | Target = "cpu", threads: int | None = None) -> Target:
-    """Parse `cpu [-isa=avx512|avx2|sse] [-cores=N] [-threads=N]`; `threads` overrides."""
+def parse_target(text: str | Target = "cpu", threads: int | None = None, check_host: bool = True) -> Target:
+    """Parse `cpu [-isa=avx512|avx2|sse] [-cores=N] [-threads=N]`; `threads` overrides.
+
+    check_host=False reads a logged target of another machine (to re-lower its records, not run them)."""
     if isinstance(text, Target):
         return text if threads is None else Target(text.kind, text.isa, text.cores, threads)
     parts = text.split()
@@ -81,7 +85,7 @@ def parse_target(text: str | Target = "cpu", threads: int | None = None) -> Targ
     isa = opts.get("isa", host_isa())
     if isa not in ISAS:
         raise TargetError(f"unknown ISA {isa!r}: use one of {', '.join(ISAS)}")
-    if ISAS[isa][0] > ISAS[host_isa()][0]:
+    if check_host and ISAS[isa][0] > ISAS[host_isa()][0]:
         raise TargetError(f"this host supports {host_isa()}, not {isa}; kernels for it could not run here")
     try:
         cores = int(opts.get("cores", host_cores()))

@@ -18,6 +18,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from . import records
+from .errors import UserError
 from .measure.replay import ReplayRunner
 from .measure.result import OK
 from .measure.runner import RunConfig, Runner
@@ -47,7 +48,7 @@ class TuneSummary:
 
     @property
     def best_latency(self) -> float:
-        return records.latency(self.best) if self.best else float("inf")
+        return records.latency(self.best)
 
     @property
     def best_gflops(self) -> float:
@@ -70,6 +71,7 @@ class Session:
     search_s: float = 0.0        # proposing: sampling, features, training, prediction
     codegen_s: float = 0.0       # lowering and C generation of the proposed candidates (part of building)
     interrupted: bool = False
+    stopped_by: str = ""         # SIGINT or SIGTERM when interrupted
 
     @property
     def trials(self) -> int:
@@ -118,6 +120,17 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
     tgt = parse_target(target, threads)
     pairs = _merge(workloads)
     log = log or default_log(pairs[0][0])
+    records.check_writable(log)
+    claims = records.TaskClaims(log, [(wl.key, str(tgt), wl.label) for wl, _ in pairs])
+    try:
+        return _tune(pairs, tgt, trials, log, time_limit, policy, seed, batch_size, run_config, progress, runner,
+                     replay, cost_model_from, scheduler, early_stopping, policy_obj, start_from_default)
+    finally:
+        claims.release()
+
+
+def _tune(pairs, tgt, trials, log, time_limit, policy, seed, batch_size, run_config, progress, runner, replay,
+          cost_model_from, scheduler, early_stopping, policy_obj, start_from_default) -> Session:
     contents = records.load(log, warn=False)
     shared = None
     if policy == "evolutionary" and policy_obj is None:
@@ -128,12 +141,12 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
         previous = contents.for_task(wl.key, str(tgt))
         s = TuneSummary(wl, tgt, log, weight, trials=len(previous), skipped_lines=contents.skipped)
         for r in previous:
-            _count(s, r["error"], r.get("message", ""))
+            _count(s, r.error, r.message)
         s.best = records.best(contents, wl.key, str(tgt))
         pol = policy_obj if policy_obj is not None else make_policy(policy, task, seed + len(previous), shared)
         if previous and hasattr(pol, "observe"):
             pol.observe(previous)
-        states.append(_TaskState(task, pol, {r.get("code_hash") for r in previous}, s, bool(previous)))
+        states.append(_TaskState(task, pol, {r.code_hash for r in previous}, s, bool(previous)))
         row = TaskProgress(task.name, weight, wl.flops, f"{wl.op}/{wl.layout}")
         if previous:
             row.history.append(s.best_latency)
@@ -155,7 +168,7 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
         if shared is not None:
             bar.write(f"cost model: {shared.describe()}")
         _show(bar, session, start)
-        stop = _CtrlC()
+        stop = _StopSignals()
         while session.trials < trials:
             if stop.requested:
                 raise KeyboardInterrupt
@@ -207,6 +220,7 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
                 bar.write(f"{st.task.workload.label}: retired ({st.summary.retired})")
     except KeyboardInterrupt:
         session.interrupted = True
+        session.stopped_by = signal.Signals(stop.signum or signal.SIGINT).name if stop else "SIGINT"
     finally:
         if stop is not None:
             stop.restore()
@@ -238,7 +252,7 @@ def _shared_model(tgt: Target, seed: int, cost_model_from: list | None):
     logs = [p for p in sources if str(p).endswith(".jsonl")]
     models = [p for p in sources if not str(p).endswith(".jsonl")]
     if len(models) > 1:
-        raise ValueError(f"--cost-model-from names {len(models)} saved models ({', '.join(models)}); "
+        raise UserError(f"--cost-model-from names {len(models)} saved models ({', '.join(models)}); "
                          "fine-tuning starts from one")
     shared = SharedModel(XGBModel.pretrained_from(models[0]) if models else XGBModel("pack-sum", seed))
     for other in logs:
@@ -247,26 +261,33 @@ def _shared_model(tgt: Target, seed: int, cost_model_from: list | None):
     return shared
 
 
-class _CtrlC:
-    """The first Ctrl-C asks the loop to stop after the measurement in hand; a second one stops at
-    once. A KeyboardInterrupt raised wherever the signal lands can be lost: inside a finaliser
-    (xgboost frees boosters in __del__, every round) Python reports it and carries on."""
+class _StopSignals:
+    """The first Ctrl-C (SIGINT) or SIGTERM asks the loop to stop after the measurement in hand; a
+    second one stops at once. A KeyboardInterrupt raised wherever the signal lands can be lost:
+    inside a finaliser (xgboost frees boosters in __del__, every round) Python reports it and
+    carries on, so the handler only sets a flag that the loop reads."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self):
-        self.requested = False
-        self._previous = None
+        self.signum = None
+        self._previous = {}
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
 
     def _handle(self, signum, frame):
         if self.requested:
             raise KeyboardInterrupt
-        self.requested = True
+        self.signum = signum
 
     def restore(self):
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
+        for s, previous in self._previous.items():
+            signal.signal(s, previous)
+        self._previous = {}
 
 
 @dataclass

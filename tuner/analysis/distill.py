@@ -8,16 +8,12 @@ from .. import records
 
 def distill(logs: list, out: str) -> int:
     """Write the best record of every (workload, target) in `logs` and in `out` itself to `out`."""
-    best: dict = {}
+    by_task: dict = {}
     for path in list(logs) + [out]:
         for rec in records.load(path, warn=False).records:
-            if rec["error"] != "OK":
-                continue
-            key = (rec["workload"]["key"], rec["target"])
-            if key not in best or records.latency(rec) < records.latency(best[key]):
-                best[key] = rec
-    ordered = sorted(best.values(), key=lambda r: (r["target"], r["workload"].get("name") or r["workload"]["spec"],
-                                                   r["workload"]["layout"]))
+            by_task.setdefault(rec.task_key, []).append(rec)
+    best = [b for b in (records.first_that_replays(recs) for recs in by_task.values()) if b is not None]
+    ordered = sorted(best, key=lambda r: (r.target, r.workload.title, r.workload.layout))
     tmp = f"{out}.tmp"
     if os.path.exists(tmp):
         os.remove(tmp)

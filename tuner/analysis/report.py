@@ -1,11 +1,11 @@
 """What a tuning log says: per-task tables and best-so-far curves."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import records
-from ..measure.result import OK
 from ..te.workloads import WorkloadError, parse_spec
 
 
@@ -26,7 +26,7 @@ class TaskReport:
 
     @property
     def best_gflops(self) -> float:
-        return self.flops / self.best_latency / 1e9 if self.valid else 0.0
+        return self.flops / self.best_latency / 1e9 if math.isfinite(self.best_latency) else 0.0
 
 
 @dataclass
@@ -35,15 +35,17 @@ class Report:
     tasks: list
     skipped: int
     keys: list = field(default_factory=list)   # (workload key, target) of each task
+    skipped_why: str = ""
 
     def table(self) -> str:
         head = ["workload", "layout", "target", "trials", "valid", "errors", "best ms", "GFLOPS", "best at"]
         rows = []
         for t in self.tasks:
             errs = ", ".join(f"{k} {v}" for k, v in sorted(t.errors.items())) or "-"
+            found = math.isfinite(t.best_latency)
             rows.append([t.name, t.layout, t.target, str(t.trials), str(t.valid), errs,
-                         f"{t.best_latency * 1e3:.4f}" if t.valid else "-",
-                         f"{t.best_gflops:.1f}" if t.valid else "-", str(t.best_trial) if t.valid else "-"])
+                         f"{t.best_latency * 1e3:.4f}" if found else "-",
+                         f"{t.best_gflops:.1f}" if found else "-", str(t.best_trial) if found else "-"])
         widths = [max(len(r[k]) for r in [head] + rows) for k in range(len(head))]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in [head] + rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
@@ -52,7 +54,7 @@ class Report:
                 first = msg.strip().splitlines()[0] if msg.strip() else ""
                 lines.append(f"{t.name}: first {kind}: {first[:160]}")
         if self.skipped:
-            lines.append(f"skipped {self.skipped} malformed line(s) in {self.path}")
+            lines.append(self.skipped_why)
         return "\n".join(lines)
 
     def plot(self, out: str) -> str:
@@ -80,34 +82,39 @@ class Report:
         return out
 
 
-def _flops(wl_json: dict) -> float:
+def _flops(w) -> float:
     try:
-        return parse_spec(wl_json["spec"], wl_json["layout"]).flops
-    except (WorkloadError, KeyError, ValueError):
+        return parse_spec(w.spec, w.layout).flops
+    except WorkloadError:
         return float("nan")
 
 
 def analyze(path: str) -> Report:
+    """Per task: trials, errors, the best-so-far curve and the best record that still replays (a
+    record whose steps do not give its logged code is passed over, however fast it claims to be)."""
     contents = records.load(path, warn=False)
-    tasks: dict = {}
+    by_task: dict = {}
     for rec in contents.records:
-        w = rec["workload"]
-        key = (w["key"], rec["target"])
-        t = tasks.get(key)
-        if t is None:
-            t = tasks[key] = TaskReport(w.get("name") or w.get("spec", w["key"]), w.get("spec", ""),
-                                        w.get("layout", ""), rec["target"], _flops(w))
-        t.trials += 1
-        if rec["error"] == OK:
-            t.valid += 1
-            lat = records.latency(rec)
-            if lat < t.best_latency:
-                t.best_latency, t.best_trial = lat, t.trials
-        else:
-            t.errors[rec["error"]] = t.errors.get(rec["error"], 0) + 1
-            t.first_message.setdefault(rec["error"], rec.get("message", ""))
-        t.curve.append(t.flops / t.best_latency / 1e9 if t.valid else 0.0)
-    return Report(path, list(tasks.values()), contents.skipped, list(tasks))
+        by_task.setdefault(rec.task_key, []).append(rec)
+    tasks = []
+    for recs in by_task.values():
+        w = recs[0].workload
+        t = TaskReport(w.title, w.spec, w.layout, recs[0].target, _flops(w))
+        best = records.first_that_replays(recs)
+        best_so_far = float("inf")
+        for rec in recs:
+            t.trials += 1
+            if rec.ok:
+                t.valid += 1
+                if rec.latency < best_so_far and rec.latency >= records.latency(best):
+                    best_so_far = rec.latency
+                    t.best_latency, t.best_trial = best_so_far, t.trials
+            else:
+                t.errors[rec.error] = t.errors.get(rec.error, 0) + 1
+                t.first_message.setdefault(rec.error, rec.message)
+            t.curve.append(t.flops / best_so_far / 1e9 if math.isfinite(best_so_far) else 0.0)
+        tasks.append(t)
+    return Report(path, tasks, contents.skipped, list(by_task), contents.skipped_summary())
 
 
 def task_report(path: str, key: str, target: str):

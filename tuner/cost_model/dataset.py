@@ -5,7 +5,6 @@ import json
 
 import numpy as np
 
-from .. import records
 from ..schedule.schedule import ScheduleError
 from ..target import TargetError, parse_target
 from ..te.workloads import WorkloadError, parse_spec
@@ -55,10 +54,10 @@ class FeatureCache:
     def task_for(self, rec: dict):
         """The Task a record belongs to (rebuilt from its spec, layout and target)."""
         from ..task import Task
-        key = (rec["workload"]["key"], rec["target"])
+        key = rec.task_key
         if key not in self._tasks:
-            w = rec["workload"]
-            self._tasks[key] = Task(parse_spec(w["spec"], w["layout"]), parse_target(rec["target"]))
+            w = rec.workload
+            self._tasks[key] = Task(parse_spec(w.spec, w.layout), parse_target(rec.target, check_host=False))
         return self._tasks[key]
 
 
@@ -76,14 +75,14 @@ def from_records(recs: list, cache: FeatureCache | None = None, progress=None) -
     for rec in recs:
         if progress is not None:
             progress()
-        if rec["error"] == "NOT_IN_LOG":
+        if rec.error == "NOT_IN_LOG":
             continue
         try:
             task = cache.task_for(rec)
-            f = cache.of(task, rec["steps"])
+            f = cache.of(task, rec.steps)
         except (ScheduleError, WorkloadError, TargetError, KeyError, ValueError):
             continue
         feats.append(f)
-        lats.append(records.latency(rec))
-        groups.append(group_of(rec["workload"]["key"], rec["target"]))
+        lats.append(rec.latency)
+        groups.append(group_of(*rec.task_key))
     return feats, lats, groups

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import UserError
 from .features import fingerprint
 
 # xgboost's OpenMP threads must not spin while a kernel is being timed in the other process
@@ -58,7 +59,7 @@ class XGBModel:
     def __init__(self, objective: str = "pack-sum", seed: int = 0, rounds: int = 300, nthread: int | None = None,
                  max_depth: int = 6):
         if objective not in OBJECTIVES:
-            raise ValueError(f"unknown objective {objective!r}: use one of {', '.join(OBJECTIVES)}")
+            raise UserError(f"unknown objective {objective!r}: use one of {', '.join(OBJECTIVES)}")
         self.objective = objective
         self.seed = seed
         self.rounds = rounds
@@ -194,10 +195,10 @@ class XGBModel:
         import xgboost as xgb
         meta_path = Path(str(path) + ".meta.json")
         if not Path(path).exists() or not meta_path.exists():
-            raise FileNotFoundError(f"no cost model at {path} (a saved model is the file and its .meta.json)")
+            raise UserError(f"no cost model at {path} (a saved model is the file and its .meta.json)")
         meta = json.loads(meta_path.read_text())
         if meta.get("features") != fingerprint():
-            raise ValueError(f"cost model {path} was trained on another feature set than this version of tuner "
+            raise UserError(f"cost model {path} was trained on another feature set than this version of tuner "
                              "extracts; train it again with `tuner pretrain`")
         m = cls(meta["objective"], meta["seed"], meta["rounds"])
         m.booster = xgb.Booster()
@@ -233,4 +234,4 @@ def make_model(name: str, seed: int = 0):
         return XGBModel("rank", seed)
     if name == "random":
         return RandomModel(seed)
-    raise ValueError(f"unknown cost model {name!r}: use xgb (pack-sum), rank or random")
+    raise UserError(f"unknown cost model {name!r}: use xgb (pack-sum), rank or random")

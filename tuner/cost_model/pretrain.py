@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import records
+from ..errors import UserError
 from .dataset import FeatureCache, from_records
 from .model import XGBModel, normalised_throughput
 
@@ -33,17 +34,17 @@ def pretrain(logs: list, exclude: set = frozenset(), objective: str = "pack-sum"
     for path in logs:
         contents = records.load(path, warn=False)
         skipped += contents.skipped
-        recs += [r for r in contents.records if r["error"] != "NOT_IN_LOG"
-                 and r["workload"]["key"] not in exclude and r["workload"].get("name") not in exclude]
+        recs += [r for r in records.measured(contents.records)
+                 if r.workload.key not in exclude and r.workload.name not in exclude]
     if not recs:
-        raise ValueError(f"no measured records to train on in {', '.join(map(str, logs))}"
+        raise UserError(f"no measured records to train on in {', '.join(map(str, logs))}"
                          + (f" once {', '.join(sorted(exclude))} are left out" if exclude else ""))
     with tqdm(total=len(recs), desc="features", unit="rec", disable=not progress, dynamic_ncols=True) as bar:
         feats, lats, groups = from_records(recs, cache or FeatureCache(), progress=bar.update)
     model = XGBModel.for_corpus(objective, seed)
     model.fit(feats, normalised_throughput(lats, groups), groups)
-    names = sorted({r["workload"].get("name") or r["workload"]["spec"] for r in recs})
+    names = sorted({r.workload.title for r in recs})
     summary = {"records": len(feats), "groups": len(set(groups)), "workloads": names,
-               "targets": sorted({r["target"] for r in recs}), "logs": [str(p) for p in logs],
+               "targets": sorted({r.target for r in recs}), "logs": [str(p) for p in logs],
                "excluded": sorted(exclude), "skipped_lines": skipped}
     return model, summary

@@ -10,8 +10,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import UserError
 
-class GraphError(ValueError):
+
+class GraphError(UserError):
     pass
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import UserError
 from .ir import Graph, GraphBuilder
 
 
@@ -126,5 +127,5 @@ MODELS = {
 
 def load_model(name: str) -> Graph:
     if name not in MODELS:
-        raise KeyError(f"unknown model {name!r}; built-in models are {', '.join(MODELS)}")
+        raise UserError(f"unknown model {name!r}; built-in models are {', '.join(MODELS)}")
     return MODELS[name]()

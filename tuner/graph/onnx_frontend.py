@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import UserError
 from .ir import Graph, GraphBuilder, GraphError
 
 SUPPORTED = ("Add", "AveragePool", "BatchNormalization", "Clip", "Concat", "Constant", "Conv", "Div", "Dropout",
@@ -16,7 +17,7 @@ SUPPORTED = ("Add", "AveragePool", "BatchNormalization", "Clip", "Concat", "Cons
 OPSETS = range(11, 22)
 
 
-class OnnxImportError(ValueError):
+class OnnxImportError(UserError):
     pass
 
 

@@ -2,8 +2,13 @@
 
 Each library exports `tuner_count`, `tuner_run(i, args)` and `tuner_time(i, ...)`, a timing
 loop in C, so a runner never times a tiny call from a Python loop. Libraries are cached by a
-hash of source + flags + compiler, named by that hash, and written atomically. When a batch fails
-to compile it is bisected so that one bad candidate only costs itself.
+hash of source + flags + compiler and of their own bytes (library.library_name), built inside the
+cache directory (so the final rename never crosses file systems) and renamed into place
+atomically. The cache directory is private to the user (0700) and refused when someone else owns
+it or may write to it. When a batch fails to compile it is bisected so that one bad candidate only
+costs itself; when a single candidate fails, a trivial file is compiled the same way, and if that
+fails too the machine is at fault (no space, no compiler), which stops the tune (SetupError)
+instead of being recorded against every candidate.
 """
 from __future__ import annotations
 
@@ -19,7 +24,9 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..codegen.c import PRELUDE
+from ..errors import SetupError
 from ..target import Target
+from .library import library_name, verified
 
 HARNESS = r"""
 #include <time.h>
@@ -66,10 +73,36 @@ class BuildResult:
     seconds: float
 
 
-def cache_dir() -> Path:
-    d = Path(os.environ.get("TUNER_CACHE_DIR", Path.home() / ".cache" / "tuner")) / "kernels"
-    d.mkdir(parents=True, exist_ok=True)
+def cache_root() -> Path:
+    return Path(os.environ.get("TUNER_CACHE_DIR") or Path.home() / ".cache" / "tuner")
+
+
+def cache_dir(name: str = "kernels") -> Path:
+    """A private subdirectory of the cache (created 0700); refused unless it is the user's own."""
+    root = cache_root()
+    d = root / name
+    for p in (root, d):
+        private_dir(p)
     return d
+
+
+def private_dir(p: Path) -> None:
+    fix = "set TUNER_CACHE_DIR to a directory of your own"
+    try:
+        p.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = p.stat()
+    except (FileExistsError, NotADirectoryError):
+        raise SetupError(f"kernel cache {p} is not a directory; {fix}") from None
+    except OSError as e:
+        raise SetupError(f"kernel cache {p} cannot be created: {e.strerror}; {fix}") from None
+    if st.st_uid != os.geteuid():
+        raise SetupError(f"kernel cache {p} belongs to another user (uid {st.st_uid}); libraries in it would run "
+                         f"in this process; {fix}")
+    if st.st_mode & 0o022:
+        raise SetupError(f"kernel cache {p} may be written by other users (mode {oct(st.st_mode & 0o777)}); "
+                         f"run `chmod go-w {p}` or {fix}")
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise SetupError(f"kernel cache {p} is not writable; {fix}")
 
 
 @lru_cache(maxsize=1)
@@ -77,9 +110,9 @@ def compiler() -> tuple:
     cc = os.environ.get("CC", "gcc")
     path = shutil.which(cc)
     if not path:
-        raise RuntimeError(f"C compiler {cc!r} not found: install gcc or set CC")
-    version = subprocess.run([path, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
-    return path, version
+        raise SetupError(f"C compiler {cc!r} not found: install gcc or set CC")
+    out = subprocess.run([path, "--version"], capture_output=True, text=True)
+    return path, ((out.stdout or out.stderr).splitlines() or ["unknown version"])[0]
 
 
 def library_source(functions: list) -> str:
@@ -90,22 +123,49 @@ def library_source(functions: list) -> str:
 
 
 def compile_library(source: str, flags: list) -> tuple:
-    """(path of the cached .so, None) or (None, compiler message)."""
+    """(path of the cached .so, None) or (None, compiler message); SetupError when the machine fails."""
     cc, version = compiler()
     digest = hashlib.sha256("\0".join([source, " ".join(flags), version]).encode()).hexdigest()[:24]
-    out = cache_dir() / f"{digest}.so"
-    if out.exists():
-        return str(out), None
-    with tempfile.TemporaryDirectory(prefix="tuner-build-") as tmp:
-        c_file = Path(tmp) / f"{digest}.c"
-        c_file.write_text(source)
-        tmp_so = Path(tmp) / f"{digest}.so"
-        cmd = [cc, *flags, "-fPIC", "-shared", "-o", str(tmp_so), str(c_file), "-lm"]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            return None, _trim(proc.stderr or proc.stdout)
-        os.replace(tmp_so, out)
+    d = cache_dir()
+    for cached in sorted(d.glob(f"{digest}-*.so")):
+        if verified(cached):
+            return str(cached), None
+        cached.unlink(missing_ok=True)         # planted, truncated or empty: rebuilt below
+    try:
+        with tempfile.TemporaryDirectory(prefix=".build-", dir=d) as tmp:
+            c_file = Path(tmp) / f"{digest}.c"
+            c_file.write_text(source)
+            tmp_so = Path(tmp) / f"{digest}.so"
+            proc = subprocess.run([cc, *flags, "-fPIC", "-shared", "-o", str(tmp_so), str(c_file), "-lm"],
+                                  capture_output=True, text=True)
+            if proc.returncode != 0:
+                _check_compiler_works(cc, flags, Path(tmp))
+                return None, _trim(proc.stderr or proc.stdout)
+            out = d / library_name(digest, tmp_so.read_bytes())
+            os.replace(tmp_so, out)
+    except OSError as e:
+        raise SetupError(f"cannot build kernels in {d}: {e.strerror or e}; free space there or set "
+                         "TUNER_CACHE_DIR to another directory") from None
     return str(out), None
+
+
+CANARY = "int tuner_canary(void) { return 0; }\n"
+
+
+def _check_compiler_works(cc: str, flags: list, tmp: Path) -> None:
+    """A candidate failed to compile: is it the candidate, or would anything fail (disk full, a
+    broken compiler)? The latter raises SetupError, so it is never recorded against the candidate."""
+    c_file = tmp / "canary.c"
+    try:
+        c_file.write_text(CANARY)
+        proc = subprocess.run([cc, *flags, "-fPIC", "-shared", "-o", str(tmp / "canary.so"), str(c_file)],
+                              capture_output=True, text=True)
+    except OSError as e:
+        raise SetupError(f"cannot compile: {e.strerror or e}") from None
+    if proc.returncode != 0:
+        raise SetupError("the C compiler fails on an empty file too, so the machine is at fault, not the "
+                         f"candidate: {_trim(proc.stderr or proc.stdout, 300)} (check free space in "
+                         f"{tempfile.gettempdir()} and {tmp.parent}, and the compiler)")
 
 
 def _trim(msg: str, limit: int = 2000) -> str:

@@ -1,13 +1,22 @@
-"""Loading built kernel libraries (cffi, ABI mode) safely."""
+"""Loading built kernel libraries (cffi, ABI mode) safely.
+
+A library's file name ends in a hash of its own bytes (`<source hash>-<content hash>.so`), and
+nothing is loaded whose bytes do not match that name: a planted, replaced, truncated or empty file
+in the cache is never dlopened (its constructors would run in our process), it is rebuilt.
+"""
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import hashlib
 import os
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 from cffi import FFI
+
+from ..errors import SetupError
 
 CDEF = """
 int tuner_count(void);
@@ -69,7 +78,37 @@ def pointer_array(arrays: list):
     return ptrs
 
 
+CONTENT_HASH_CHARS = 16
+
+
+def content_hash(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:CONTENT_HASH_CHARS]
+
+
+def library_name(source_digest: str, data: bytes) -> str:
+    """The cache file name of a built library: what it was built from, then what it holds."""
+    return f"{source_digest}-{content_hash(data)}.so"
+
+
+def verified(path) -> bool:
+    """Whether the file's bytes are the ones its name promises."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError:
+        return False
+    stem = Path(path).stem
+    return bool(data) and "-" in stem and stem.rsplit("-", 1)[1] == content_hash(data)
+
+
+class LibraryError(SetupError):
+    """A kernel library changed on disk after it was built."""
+
+
 def open_library(path: str):
-    """dlopen a library built by the builder; returns the cffi library object."""
+    """dlopen a library built by the builder, after checking its bytes against its name."""
+    if not verified(path):
+        raise LibraryError(f"kernel library {path} does not match the content hash in its name (changed or "
+                           "truncated after it was built); refusing to load it. Remove it, and check who else "
+                           "writes to the kernel cache (TUNER_CACHE_DIR)")
     _pin_openmp_runtime()
     return ffi().dlopen(path)

@@ -7,6 +7,7 @@ This is how search strategies are compared deterministically and tested without 
 from __future__ import annotations
 
 from .. import records
+from ..errors import UserError
 from .result import NOT_IN_LOG, MeasureResult
 
 
@@ -15,8 +16,8 @@ class ReplayRunner:
         self.path = str(log)
         contents = records.load(log, warn=False)
         if not contents.records:
-            raise FileNotFoundError(f"replay log {log} has no records")
-        self._by_code = {(r["workload"]["key"], r["target"], r.get("code_hash")): r for r in contents.records}
+            raise UserError(f"replay log {log} has no records")
+        self._by_code = {(*r.task_key, r.code_hash): r for r in contents.records}
 
     def measure(self, task, batch: list):
         """Yield (candidate, result) with the logged result of the same code, as Runner.measure does."""
@@ -26,8 +27,7 @@ class ReplayRunner:
                 yield cand, MeasureResult(NOT_IN_LOG, f"code {cand.code_hash} of {task.name} was never measured "
                                           f"in {self.path}")
             else:
-                yield cand, MeasureResult(rec["error"], rec.get("message", ""), list(rec["costs"]),
-                                          rec.get("build_s", 0.0), rec.get("run_s", 0.0))
+                yield cand, MeasureResult(rec.error, rec.message, list(rec.costs), rec.build_s, rec.run_s)
 
     def close(self):
         pass

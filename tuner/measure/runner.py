@@ -1,13 +1,16 @@
 """Measures candidates: builds a batch, then checks and times each kernel in a worker process."""
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 
+from ..errors import SetupError
 from ..target import Target
 from . import worker
 from .builder import build_batch
@@ -26,16 +29,39 @@ class RunConfig:
     pin: bool = True             # single-thread targets: keep the measurement process on one core
 
 
-def measurement_cpu(target: Target, config: RunConfig) -> int | None:
-    """The core a single-thread target's kernels are timed on, or None to let the OS place them.
+class CoreClaim:
+    """The core a single-thread target's kernels are timed on, held by this process alone.
 
     On a shared (virtual) machine the cores are not alike: one kernel timed 70 GFLOPS on one core
     and 114 on the other of this project's machine in the same minute, so a measurement process
-    that migrates between cores mixes the two speeds into one session's ranking.
+    that migrates between cores mixes the two speeds into one session's ranking. Two tuners pinned
+    to one core time each other (one code 2.46x apart), so each core is claimed with a lock file in
+    the cache (released by the kernel if the tuner dies); when every core is claimed, the process
+    is not pinned and a warning says the timings will interfere.
     """
-    if not config.pin or target.threads != 1 or not hasattr(os, "sched_getaffinity"):
-        return None
-    return max(os.sched_getaffinity(0))
+
+    def __init__(self, target: Target, config: RunConfig):
+        self.cpu, self._file = None, None
+        if not config.pin or target.threads != 1 or not hasattr(os, "sched_getaffinity"):
+            return
+        from .builder import cache_dir
+        d = cache_dir("cpus")
+        for cpu in sorted(os.sched_getaffinity(0), reverse=True):
+            f = open(d / f"cpu{cpu}.lock", "a")
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                f.close()
+                continue
+            self.cpu, self._file = cpu, f
+            return
+        warnings.warn("every core this process may use is already timing another tuner's kernels; "
+                      "measurements will not be pinned and will disturb each other", stacklevel=3)
+
+    def release(self):
+        if self._file is not None:
+            self._file.close()
+        self.cpu, self._file = None, None
 
 
 class Runner:
@@ -48,6 +74,7 @@ class Runner:
         self._conn = None
         self._data_id = None
         self._data = None
+        self._core = None      # the core claimed for this runner's measurements (first start)
 
     # ------------------------------------------------------------ process lifecycle
     def _start(self):
@@ -56,12 +83,13 @@ class Runner:
         # The kernels' OpenMP gets the target's threads and spins only briefly, so it does not
         # starve the tuner's own OpenMP (xgboost) on a small machine; NumPy's BLAS stays single.
         env = dict(os.environ, OMP_NUM_THREADS=str(self.target.threads), GOMP_SPINCOUNT="10000",
-                   OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+                   OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", TUNER_PARENT_PID=str(os.getpid()))
         proc = subprocess.Popen([sys.executable, "-m", worker.__name__], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, env=env, start_new_session=True)
-        cpu = measurement_cpu(self.target, self.config)
-        if cpu is not None:
-            os.sched_setaffinity(proc.pid, {cpu})
+        if self._core is None:
+            self._core = CoreClaim(self.target, self.config)
+        if self._core.cpu is not None:
+            os.sched_setaffinity(proc.pid, {self._core.cpu})
         self._proc = proc
         self._conn = worker.Channel(proc.stdout.fileno(), proc.stdin.fileno())
         proc.stdin.close()
@@ -91,6 +119,14 @@ class Runner:
             except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
                 pass
         self._kill()
+        if self._core is not None:
+            self._core.release()
+            self._core = None
+
+    @property
+    def cpu(self) -> int | None:
+        """The core measurements are pinned to (None: not pinned, or not started yet)."""
+        return self._core.cpu if self._core is not None else None
 
     def __enter__(self):
         return self
@@ -108,9 +144,16 @@ class Runner:
             self._kill()
             self._start()
         if self._data_id != self._data[0]:
-            self._conn.send(("setup", self._data[1], self._data[2]))
-            if not self._conn.poll(120) or self._conn.recv()[0] != "ready":
-                raise RuntimeError("measurement process did not start")
+            try:
+                self._conn.send(("setup", self._data[1], self._data[2]))
+                ready = self._conn.poll(120) and self._conn.recv()[0] == "ready"
+            except (EOFError, OSError):
+                ready = False
+            if not ready:
+                code = self._proc.poll()
+                self._kill()
+                raise SetupError(f"the measurement process did not start (exit code {code}); run "
+                                 f"`{sys.executable} -m {worker.__name__}` to see why")
             self._data_id = self._data[0]
 
     # ------------------------------------------------------------ measuring
@@ -129,7 +172,19 @@ class Runner:
         self._release()
 
     def run(self, lib: str, index: int) -> MeasureResult:
-        """Check and time kernel `index` of library `lib`."""
+        """Check and time kernel `index` of library `lib`.
+
+        A candidate that takes the measurement process down is tried once more in a fresh one: a
+        process killed from outside (the OOM killer, a user's kill) must not be recorded as the
+        candidate's crash. Crashing twice is the candidate's own doing."""
+        result, crashed = self._attempt(lib, index)
+        if crashed:
+            result, crashed = self._attempt(lib, index)
+            if crashed:
+                result.message += " (twice, each in a fresh process)"
+        return result
+
+    def _attempt(self, lib: str, index: int) -> tuple:
         cfg = self.config
         self._ensure_ready()
         start = time.perf_counter()
@@ -139,7 +194,7 @@ class Runner:
             if not self._conn.poll(cfg.timeout):
                 self._kill()
                 return MeasureResult(TIMEOUT, f"no result within {cfg.timeout:g} s (hung or far too slow); "
-                                     "the measurement process was restarted", run_s=time.perf_counter() - start)
+                                     "the measurement process was restarted", run_s=time.perf_counter() - start), False
             kind, message, costs, run_s = self._conn.recv()
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
             try:
@@ -149,8 +204,10 @@ class Runner:
             self._kill()
             how = f"signal {signal.Signals(-code).name}" if code and code < 0 else f"exit code {code}"
             return MeasureResult(RUNTIME_ERROR, f"kernel crashed the measurement process ({how})",
-                                 run_s=time.perf_counter() - start)
-        return MeasureResult(kind, message, costs if kind == OK else [], run_s=run_s)
+                                 run_s=time.perf_counter() - start), True
+        if kind == "SETUP":
+            raise SetupError(message)
+        return MeasureResult(kind, message, costs if kind == OK else [], run_s=run_s), False
 
     def _release(self):
         """Unload the libraries the worker holds (between batches)."""

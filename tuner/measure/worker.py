@@ -1,11 +1,16 @@
 """The measurement process: loads built libraries, checks each kernel, then times it in C.
 
 It runs apart from the tuner so that a kernel that crashes or hangs takes only this process
-down; the parent records the error and starts a new one.
+down; the parent records the error and starts a new one. It never outlives the tuner: the kernel
+delivers SIGKILL when the parent dies (Linux), and a watchdog thread (which runs while a kernel
+spins, since cffi calls release the GIL) exits as soon as the process has been re-parented.
 """
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
+import threading
 import time
 from multiprocessing.connection import Connection
 
@@ -46,8 +51,32 @@ class Channel:
         self._rx.close()
 
 
+def die_with_parent(parent: int) -> None:
+    """Exit when `parent` is gone, even while a kernel hangs in C."""
+    try:
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass                          # not Linux: the watchdog below does it alone
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        os._exit(0)
+    if os.getppid() != parent:        # the parent died before we got here
+        os._exit(0)
+    threading.Thread(target=watch, daemon=True, name="parent-watchdog").start()
+
+
 def main(conn) -> None:
-    from .library import aligned_copy, aligned_empty, ffi as get_ffi, open_library, pointer_array
+    from .library import (
+        LibraryError,
+        aligned_copy,
+        aligned_empty,
+        open_library,
+        pointer_array,
+    )
+    from .library import ffi as get_ffi
 
     ffi = get_ffi()
     libs: dict = {}
@@ -76,7 +105,11 @@ def main(conn) -> None:
             start = time.perf_counter()
             lib = libs.get(path)
             if lib is None:
-                lib = libs[path] = open_library(path)
+                try:
+                    lib = libs[path] = open_library(path)
+                except LibraryError as e:
+                    conn.send(("SETUP", str(e), [], 0.0))
+                    continue
             out.fill(np.nan)
             rc = lib.tuner_run(index, args)
             if rc:
@@ -96,6 +129,11 @@ def main(conn) -> None:
 
 
 if __name__ == "__main__":
+    die_with_parent(int(os.environ.get("TUNER_PARENT_PID", os.getppid())))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)     # the tuner decides when we stop
     channel = Channel(0, 1)
     os.dup2(2, 1)  # anything a kernel prints goes to stderr, never into the channel
-    main(channel)
+    try:
+        main(channel)
+    except (BrokenPipeError, EOFError, ConnectionResetError):
+        pass                                         # the tuner went away: nothing to report to

@@ -1,4 +1,5 @@
 """Search policies: they propose schedules to measure and learn from what was measured."""
+from ..errors import UserError
 from .random_search import RandomSearch
 
 POLICY_NAMES = ("random", "evolutionary", "optuna:tpe", "optuna:cmaes", "optuna:random")
@@ -14,4 +15,4 @@ def make_policy(name: str, task, seed: int, shared_model=None):
         from .optuna_search import OptunaSearch
         _, _, sampler = name.partition(":")
         return OptunaSearch(task, seed, sampler or "tpe")
-    raise ValueError(f"unknown search policy {name!r}: choose one of {', '.join(POLICY_NAMES)}")
+    raise UserError(f"unknown search policy {name!r}: choose one of {', '.join(POLICY_NAMES)}")

@@ -13,7 +13,6 @@ import random
 
 import numpy as np
 
-from .. import records
 from ..cost_model.dataset import FeatureCache, from_records, group_of
 from ..cost_model.model import XGBModel, normalised_throughput
 from ..schedule.schedule import ScheduleError
@@ -63,8 +62,8 @@ class EvolutionarySearch:
         """Take what a log already holds for this task (resume)."""
         self.shared.add_records(recs)
         for r in recs:
-            if r.get("decisions") is not None:
-                self.measured.append((r["decisions"], r.get("code_hash"), records.latency(r)))
+            if r.decisions is not None:
+                self.measured.append((r.decisions, r.code_hash, r.latency))
 
     def update(self, cand, result) -> None:
         if result.error == "NOT_IN_LOG":

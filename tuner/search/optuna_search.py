@@ -8,6 +8,7 @@ is told as failed without being measured; measured GFLOPS are told back to the s
 """
 from __future__ import annotations
 
+from ..errors import UserError
 from ..schedule.schedule import ScheduleError
 from ..space.sketch import MAX_ACCUMULATORS, UNROLL_CHOICES, divisors
 
@@ -19,7 +20,7 @@ class OptunaSearch:
         import optuna
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         if sampler not in SAMPLERS:
-            raise ValueError(f"unknown Optuna sampler {sampler!r}: use one of {', '.join(SAMPLERS)}")
+            raise UserError(f"unknown Optuna sampler {sampler!r}: use one of {', '.join(SAMPLERS)}")
         self.name = f"optuna:{sampler}"
         self.task = task
         self.seed = seed
@@ -51,8 +52,8 @@ class OptunaSearch:
         """Tell the study what the log already holds (resume)."""
         import optuna
         for r in recs:
-            dec = r.get("decisions")
-            if dec is None or r["error"] == "NOT_IN_LOG":
+            dec = r.decisions
+            if dec is None or r.error == "NOT_IN_LOG":
                 continue
             try:
                 params = self._params(dec)
@@ -61,12 +62,11 @@ class OptunaSearch:
             dists = {name: optuna.distributions.IntDistribution(0, len(opts) - 1) for name, _, opts in self.table}
             self.study.add_trial(optuna.trial.create_trial(params=params, distributions=dists,
                                                            value=self._value_of_record(r)))
-            if r.get("code_hash"):
-                self.values[r["code_hash"]] = self._value_of_record(r)
+            if r.code_hash:
+                self.values[r.code_hash] = self._value_of_record(r)
 
     def _value_of_record(self, r: dict) -> float:
-        from .. import records
-        lat = records.latency(r)
+        lat = r.latency
         return self.task.workload.flops / lat / 1e9 if lat != float("inf") else 0.0
 
     def propose(self, n: int, seen: set, first: bool = False) -> list:

@@ -9,12 +9,14 @@ import re
 
 import numpy as np
 
+from ..errors import UserError
+
 CONV_LAYOUTS = ("NCHW", "NHWC", "NCHW8c", "NCHW16c")
 _BLOCKED = re.compile(r"^NCHW(\d+)c$")
 _DENSE_PACKED = re.compile(r"^OI(\d+)o$")
 
 
-class LayoutError(ValueError):
+class LayoutError(UserError):
     pass
 
 

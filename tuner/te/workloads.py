@@ -13,6 +13,7 @@ from functools import cached_property
 
 import numpy as np
 
+from ..errors import UserError
 from . import layouts as L
 from . import ops
 from .tensor import Tensor, placeholder
@@ -41,7 +42,7 @@ _REQUIRED = {
 _SPEC_ORDER = ("N", "C", "H", "W", "K", "R", "S", "stride", "pad", "dilation", "groups", "bias", "residual", "relu")
 
 
-class WorkloadError(ValueError):
+class WorkloadError(UserError):
     pass
 
 

@@ -1,4 +1,5 @@
 """Graph passes; importing this package registers them all."""
+from ...errors import UserError
 from . import convert_layout, extract_tasks, fuse_ops, simple, simplify_inference  # noqa: F401
 from .base import REGISTRY, Pass, PassContext, PassTiming, PrintIR, Sequential
 
@@ -9,7 +10,7 @@ DEFAULT_PIPELINE = ("InferType", "SimplifyInference", "FoldConstant", "Eliminate
 
 def get(name: str) -> Pass:
     if name not in REGISTRY:
-        raise KeyError(f"unknown pass {name!r}; passes are {', '.join(sorted(REGISTRY))}")
+        raise UserError(f"unknown pass {name!r}; passes are {', '.join(sorted(REGISTRY))}")
     return REGISTRY[name]
 
 

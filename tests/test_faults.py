@@ -1,0 +1,361 @@
+"""Hostile input and broken environments: every bad thing is a clear one-line error or a skipped,
+counted line, never a traceback, a poisoned result or a lost record (bench/faults.py runs the slow
+cases many times)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tuner import records
+from tuner.analysis.distill import distill
+from tuner.analysis.report import analyze
+from tuner.build import build_op
+from tuner.te.workloads import make
+
+from conftest import TARGET1
+
+SMALL = make("conv2d", dict(C=8, H=6, W=6, K=8, R=3, S=3, pad=1), "NCHW8c")
+SPEC = "conv2d:N=1,C=8,H=6,W=6,K=8,R=3,S=3,stride=1,pad=1"
+
+
+def tuner(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True, **kw)
+
+
+def _valid_record(seed=0, cost=1e-4) -> dict:
+    """A record of SMALL's default schedule as the tuner writes it (not measured: costs given)."""
+    from tuner.measure.result import MeasureResult
+    from tuner.task import Task
+    cand = Task(SMALL, TARGET1).default_candidate()
+    rec = records.make_record(SMALL, TARGET1, cand.steps, MeasureResult("OK", "", [cost]), cand.code_hash,
+                              "random", seed)
+    return rec.to_json()
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=8),
+                    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=5), kids, max_size=3),
+                    max_leaves=8)
+FIELDS = ["workload", "target", "steps", "costs", "error", "code_hash", "message", "build_s", "run_s", "seed",
+          "decisions", "policy", "format", "replayed_from"]
+
+
+@st.composite
+def hostile(draw):
+    rec = _VALID.copy()
+    rec["workload"] = dict(rec["workload"])
+    for _ in range(draw(st.integers(1, 3))):
+        where = draw(st.sampled_from(FIELDS + ["workload.key", "workload.spec", "workload.layout", "costs.0"]))
+        value = draw(JSON | st.sampled_from([[None], ["1e-12"], [0.0], [-1.0], [float("inf")], "OK", {}, []]))
+        if where.startswith("workload."):
+            if isinstance(rec["workload"], dict):
+                rec["workload"][where.split(".")[1]] = value
+        elif where == "costs.0":
+            rec["costs"] = [value]
+        else:
+            rec[where] = value
+    return rec
+
+
+_VALID = _valid_record()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(hostile(), min_size=1, max_size=4))
+def test_hostile_records_are_skipped_or_read_never_a_traceback(tmp_path, recs):
+    log = tmp_path / "hostile.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in [_VALID] + recs))
+    contents = records.load(log, warn=False)
+    assert len(contents.records) + contents.skipped == 1 + len(recs)
+    for r in contents.records:          # whatever was read is typed as a record says
+        assert isinstance(r.workload.key, str) and isinstance(r.steps, list)
+        assert all(isinstance(c, float) and 0 < c < float("inf") for c in r.costs)
+    rep = analyze(str(log))
+    assert rep.tasks and all(t.best_gflops < 1e6 for t in rep.tasks)
+    best = records.best(contents, SMALL.key, str(TARGET1))
+    assert best is not None and records.replays(best)
+
+
+def test_a_junk_record_with_a_tiny_cost_is_passed_over_everywhere(tmp_path):
+    """The fastest record's steps do not replay: apply-best, distill and analyze take the next one."""
+    good = _valid_record(cost=1e-4)
+    junk = dict(good, steps=[["split", "nope", "x", [1]]], costs=[1e-12])
+    log = tmp_path / "log.jsonl"
+    log.write_text(json.dumps(junk) + "\n" + json.dumps(good) + "\n")
+    k = build_op(SMALL, target=TARGET1, log=str(log), use_shipped=False)
+    assert k.tuned and k.steps == good["steps"]
+    out = tmp_path / "db.jsonl"
+    assert distill([str(log)], str(out)) == 1
+    assert [r.steps for r in records.load(out).records] == [good["steps"]]
+    (t,) = analyze(str(log)).tasks
+    assert t.best_latency == 1e-4 and t.best_trial == 2
+    show = tuner("show", "--log", str(log), "--workload", SPEC, "--layout", "NCHW8c", "--threads", "1")
+    assert show.returncode == 0 and "0.1000 ms" in show.stdout, show.stderr
+
+
+def test_lines_that_are_not_records_are_counted_with_their_reason(tmp_path):
+    log = tmp_path / "log.jsonl"
+    huge = "x" * (records.MAX_LINE + 10)
+    log.write_text("\n".join([json.dumps(_VALID), "{not json", json.dumps(dict(_VALID, costs=[0.0])),
+                              huge, json.dumps(dict(_VALID, workload="conv")), json.dumps(_VALID)]) + "\n")
+    c = records.load(log, warn=False)
+    assert len(c.records) == 2 and c.skipped == 4
+    assert c.reasons == {"not JSON": 1, "costs is not a list of positive finite numbers": 1,
+                         f"longer than {records.MAX_LINE} bytes": 1, "workload is not an object": 1}
+
+
+def test_a_failed_append_leaves_no_torn_line_and_says_why(tmp_path, monkeypatch):
+    import errno
+    import os
+    log = tmp_path / "log.jsonl"
+    rec = records.Record.from_json(_VALID)
+    records.append(log, [rec])
+    before = log.read_bytes()
+    real_fsync = os.fsync
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(records.SetupError, match="No space left on device"):
+        records.append(log, [rec, rec])
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert log.read_bytes() == before
+
+
+@pytest.mark.parametrize("args, message", [
+    (["tune", "--workload", SPEC, "--timeout", "0"], "--timeout must be more than 0"),
+    (["tune", "--workload", SPEC, "--repeat", "-1"], "--repeat must be at least 1"),
+    (["tune", "--workload", SPEC, "--batch-size", "0"], "--batch-size must be at least 1"),
+    (["tune", "--workload", SPEC, "--time-limit", "nan"], "--time-limit must be more than 0"),
+    (["analyze", "/dev/full"], "is not a regular file"),
+    (["analyze", "/tmp"], "is not a regular file"),
+    (["tune", "--workload", SPEC, "--log", "/tmp"], "is not a regular file"),
+    (["tune", "--workload", SPEC, "--log", "/proc/tuner/log.jsonl"], "choose another --log"),
+])
+def test_bad_options_and_log_paths_are_refused_before_any_work(args, message):
+    out = tuner(*args, timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert message in out.stderr and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_an_internal_bug_is_not_dressed_as_a_user_error(tmp_path):
+    script = ("import sys, tuner.cli as c\n"
+              "def boom(args): raise KeyError('internal')\n"
+              "p = c.build_parser(); c.build_parser = lambda: p\n"
+              "p._subparsers._group_actions[0].choices['workloads'].set_defaults(fn=boom)\n"
+              "sys.exit(c.main(['workloads']))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env={
+        **__import__("os").environ, "TMPDIR": str(tmp_path)})
+    assert out.returncode == 70, out.stderr
+    assert "internal error: KeyError" in out.stderr and "bug in tuner" in out.stderr
+    report = next(tmp_path.glob("tuner-crash-*.txt"))
+    assert "Traceback" in report.read_text() and "boom" in report.read_text()
+
+
+# ---------------------------------------------------------------- the kernel cache
+
+PLANTED = r"""
+#include <stdio.h>
+#include <stdlib.h>
+__attribute__((constructor)) static void planted(void) { FILE* f = fopen(getenv("PLANT_MARK"), "w"); if (f) fclose(f); }
+int tuner_count(void) { return 0; }
+"""
+
+
+def _cached(tmp_cache):
+    return sorted((tmp_cache / "kernels").glob("*.so"))
+
+
+def test_planted_truncated_and_empty_libraries_are_rebuilt_never_loaded(tmp_cache, tmp_path, monkeypatch):
+    import numpy as np
+    mark = tmp_path / "planted-ran"
+    monkeypatch.setenv("PLANT_MARK", str(mark))
+    wl = SMALL
+    build_op(wl, target=TARGET1, use_shipped=False, quiet=True)
+    (lib,) = _cached(tmp_cache)
+    other = tmp_path / "planted.c"
+    other.write_text(PLANTED)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / "planted.so"), str(other)], check=True)
+
+    def replace(data: bytes):         # a new file under the cached name (not the mapped one rewritten)
+        lib.unlink()
+        lib.write_bytes(data)
+    for damage in (lambda: replace((tmp_path / "planted.so").read_bytes()),   # another library
+                   lambda: replace(lib.read_bytes()[:1000]),                   # truncated
+                   lambda: replace(b"")):                                      # empty
+        good = lib.read_bytes()
+        damage()
+        k = build_op(wl, target=TARGET1, use_shipped=False, quiet=True)
+        x = wl.random_inputs(seed=1)
+        np.testing.assert_allclose(k(*x), wl.reference(x), rtol=1e-4, atol=1e-4)
+        assert not mark.exists(), "a planted library's constructor ran"
+        assert [p.read_bytes() for p in _cached(tmp_cache)] == [good]
+        lib = _cached(tmp_cache)[0]
+
+
+def test_the_cache_is_private_and_a_foreign_or_open_one_is_refused(tmp_path, monkeypatch):
+    import os
+
+    from tuner.errors import SetupError
+    from tuner.measure.builder import cache_dir
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "mine"))
+    d = cache_dir()
+    assert d.stat().st_mode & 0o777 == 0o700 and d.parent.stat().st_mode & 0o777 == 0o700
+    open_dir = tmp_path / "open"
+    open_dir.mkdir(mode=0o777)
+    open_dir.chmod(0o777)
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(open_dir))
+    with pytest.raises(SetupError, match="may be written by other users"):
+        cache_dir()
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "file"))
+    with pytest.raises(SetupError, match="is not a directory"):
+        cache_dir()
+    if os.geteuid() == 0:             # root can chown a directory to show a foreign owner
+        foreign = tmp_path / "foreign"
+        foreign.mkdir(mode=0o700)
+        os.chown(foreign, 12345, 12345)
+        monkeypatch.setenv("TUNER_CACHE_DIR", str(foreign))
+        with pytest.raises(SetupError, match="belongs to another user"):
+            cache_dir()
+
+
+def test_a_temp_dir_on_another_file_system_still_builds(tmp_cache, monkeypatch, tmp_path):
+    """/dev/shm is a tmpfs: before, the final rename crossed file systems (EXDEV) on every compile."""
+    import os
+    import tempfile
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_cache.parent).st_dev:
+        pytest.skip("needs /dev/shm on another file system than the test's temp directory")
+    tmp = tempfile.mkdtemp(dir=shm)
+    monkeypatch.setenv("TMPDIR", tmp)
+    monkeypatch.setattr(tempfile, "tempdir", tmp)
+    k = build_op(SMALL, target=TARGET1, use_shipped=False, quiet=True)
+    assert k.code_hash
+
+
+def test_a_machine_that_cannot_compile_stops_the_tune_and_records_nothing(tmp_cache, tmp_path):
+    """A compiler that fails on everything is the machine's fault: exit 3, no COMPILE_ERROR records."""
+    import os
+    fake = tmp_path / "cc"
+    fake.write_text("#!/bin/sh\necho 'fatal error: cannot write: No space left on device' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    log = tmp_path / "log.jsonl"
+    out = tuner("tune", "--workload", SPEC, "--threads", "1", "--trials", "4", "--log", str(log), "--no-progress",
+                env={**os.environ, "CC": str(fake), "TUNER_CACHE_DIR": str(tmp_cache)}, timeout=120)
+    assert out.returncode == 3, out.stderr
+    assert "No space left on device" in out.stderr and "Traceback" not in out.stderr
+    assert not log.exists() or not records.load(log).records
+
+
+# ---------------------------------------------------------------- signals, orphans, two tuners
+
+HANG_SCRIPT = r"""
+import sys
+from tuner.measure.runner import RunConfig
+from tuner.search.random_search import RandomSearch
+from tuner.task import Candidate, Task, code_hash
+from tuner.te.workloads import make
+from tuner.tuning import tune
+from tuner.target import parse_target
+
+
+class Hang(RandomSearch):
+    name = "hang"
+    def propose(self, n, seen, first=False):
+        src = "int hang(float** restrict a) { volatile int s = 1; while (s) {} return 0; }\n"
+        return [Candidate([["hang"]], src, "hang", False, code_hash(src, "hang"))]
+
+wl = make("conv2d", dict(C=8, H=6, W=6, K=8, R=3, S=3, pad=1), "NCHW8c")
+t = parse_target("cpu", threads=1)
+tune([wl], target=t, trials=1, log=sys.argv[1], run_config=RunConfig(timeout=120), progress=False,
+     policy_obj=Hang(Task(wl, t)))
+"""
+
+
+def _workers_of(pid: int) -> list:
+    import os
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                cmd = open(f"/proc/{d}/cmdline").read()
+                env = open(f"/proc/{d}/environ", "rb").read()
+            except OSError:
+                continue
+            if "tuner.measure.worker" in cmd and f"TUNER_PARENT_PID={pid}".encode() in env:
+                out.append(int(d))
+    return out
+
+
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
+def test_a_hung_kernel_never_outlives_the_tuner(tmp_path, tmp_cache, sig):
+    import os
+    import signal
+    import time
+    proc = subprocess.Popen([sys.executable, "-c", HANG_SCRIPT, str(tmp_path / "log.jsonl")],
+                            stderr=subprocess.PIPE, text=True)
+    deadline, workers = time.time() + 60, []
+    while time.time() < deadline and not workers:
+        time.sleep(0.1)
+        workers = _workers_of(proc.pid)
+    assert workers, "the measurement process never started"
+    time.sleep(0.5)                                   # the worker is now spinning in the hung kernel
+    proc.send_signal(getattr(signal, sig))
+    if sig == "SIGTERM":                              # asks for a stop after the candidate in hand ...
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)              # ... and a second one stops at once
+    proc.wait(timeout=30)
+    deadline = time.time() + 10
+    while time.time() < deadline and any(os.path.exists(f"/proc/{w}") for w in workers):
+        time.sleep(0.1)
+    alive = [w for w in workers if os.path.exists(f"/proc/{w}") and open(f"/proc/{w}/stat").read().split()[2] != "Z"]
+    assert not alive, f"measurement process(es) {alive} outlived the tuner"
+    assert "BrokenPipe" not in proc.stderr.read()
+
+
+def test_sigterm_stops_the_tune_as_cleanly_as_ctrl_c(tmp_path, tmp_cache):
+    import signal
+    import time
+    log = tmp_path / "term.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "tune", "--workload", SPEC, "--threads", "1",
+                             "--trials", "400", "--batch-size", "4", "--log", str(log), "--no-progress", "--repeat",
+                             "1", "--min-repeat-ms", "0.5", "--search", "random"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 4):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, (out, err)
+    assert "terminated (SIGTERM)" in out and "Traceback" not in err
+    lines = log.read_text().splitlines()
+    assert len(lines) >= 4 and all(records.Record.from_json(json.loads(line)) for line in lines)
+
+
+def test_a_second_tuner_on_the_same_workload_and_log_is_refused(tmp_path, tmp_cache):
+    import time
+    log = tmp_path / "shared.jsonl"
+    cmd = [sys.executable, "-m", "tuner.cli", "tune", "--workload", SPEC, "--threads", "1", "--trials", "400",
+           "--batch-size", "4", "--log", str(log), "--no-progress", "--repeat", "1", "--min-repeat-ms", "0.5",
+           "--search", "random"]
+    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not log.exists():
+            time.sleep(0.05)
+        second = tuner(*cmd[3:], timeout=60)
+        assert second.returncode == 2 and "another tuner is already tuning" in second.stderr, second.stderr
+        other = tuner(*cmd[3:cmd.index(SPEC)], "conv2d:N=1,C=8,H=4,W=4,K=8,R=1,S=1,stride=1,pad=0",
+                      *cmd[cmd.index(SPEC) + 1:cmd.index("400")], "6", *cmd[cmd.index("400") + 1:], timeout=120)
+        assert other.returncode == 0, other.stderr           # another workload may share the log
+    finally:
+        first.terminate()
+        first.communicate(timeout=60)
+    recs = records.load(log).records
+    hashes = [(r.workload.key, r.code_hash) for r in recs]
+    assert len(recs) > 6 and len(set(hashes)) == len(hashes)

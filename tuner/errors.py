@@ -1,0 +1,28 @@
+"""The three kinds of failure a user can meet, told apart so that each gets the right answer.
+
+- `UserError`: the input is wrong (a spec, a layout, a flag, a file). One line that names the
+  input and what to do; exit code 2.
+- `SetupError`: the machine is not fit to go on (no compiler, disk full, a cache directory that
+  is unwritable or not the user's own). One line; exit code 3. Never recorded against a candidate:
+  a tune stops with every finished record on disk, and the same command resumes.
+- anything else is a bug in tuner: the command line prints a short crash report and the path of
+  a file holding the traceback, and exits 70, so that a bug never looks like the user's fault.
+"""
+from __future__ import annotations
+
+
+class TunerError(Exception):
+    exit_code = 2
+
+
+class UserError(TunerError, ValueError):
+    """Bad input: a one-line message that names the input and what to do."""
+    exit_code = 2
+
+
+class SetupError(TunerError, RuntimeError):
+    """The environment failed (not a candidate, not the input): stop and say what to fix."""
+    exit_code = 3
+
+
+INTERNAL_ERROR_EXIT = 70     # EX_SOFTWARE: a bug in tuner
