@@ -1,6 +1,8 @@
 """Shared helpers: build schedules in batches and run them in-process against NumPy."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from tuner.measure.builder import build_batch
@@ -8,8 +10,15 @@ from tuner.measure.library import open_library, pointer_array
 from tuner.measure.worker import check_output
 from tuner.target import parse_target
 from tuner.task import Task
+from tuner.te.workloads import make
 
 TARGET1 = parse_target("cpu", threads=1)
+
+# the checked-in log that policies are tested against in replay mode (tests/data/make_replay_log.py)
+REPLAY_LOG = Path(__file__).parent / "data" / "replay.jsonl"
+REPLAY_TARGET = "cpu -isa=avx2 -cores=2 -threads=1"
+REPLAY_WORKLOADS = [(make("conv2d", dict(C=8, H=6, W=6, K=8, R=3, S=3, pad=1), "NCHW8c"), 48),
+                    (make("conv2d", dict(C=8, H=4, W=4, K=16, R=1, S=1), "NCHW8c"), 24)]
 
 
 def run_kernel(lib_path: str, index: int, arrays: list, out_shape: tuple) -> np.ndarray:

@@ -257,8 +257,9 @@ def test_a_machine_that_cannot_compile_stops_the_tune_and_records_nothing(tmp_ca
 HANG_SCRIPT = r"""
 import sys
 from tuner.measure.runner import RunConfig
+from tuner.search import PolicyFactory
 from tuner.search.random_search import RandomSearch
-from tuner.task import Candidate, Task, code_hash
+from tuner.task import Candidate, code_hash
 from tuner.te.workloads import make
 from tuner.tuning import tune
 from tuner.target import parse_target
@@ -273,7 +274,7 @@ class Hang(RandomSearch):
 wl = make("conv2d", dict(C=8, H=6, W=6, K=8, R=3, S=3, pad=1), "NCHW8c")
 t = parse_target("cpu", threads=1)
 tune([wl], target=t, trials=1, log=sys.argv[1], run_config=RunConfig(timeout=120), progress=False,
-     policy_obj=Hang(Task(wl, t)))
+     policy=PolicyFactory("hang", Hang))
 """
 
 
@@ -359,3 +360,70 @@ def test_a_second_tuner_on_the_same_workload_and_log_is_refused(tmp_path, tmp_ca
     recs = records.load(log).records
     hashes = [(r.workload.key, r.code_hash) for r in recs]
     assert len(recs) > 6 and len(set(hashes)) == len(hashes)
+
+
+# ---------------------------------------------------------------- hostile specs and ONNX files
+
+INTS = st.integers(-3, 9) | st.sampled_from([0, 10**6, 10**20])
+
+
+@settings(max_examples=120, deadline=None)
+@given(op=st.sampled_from(["conv2d", "dense", "maxpool", "avgpool", "globalavgpool"]),
+       params=st.dictionaries(st.sampled_from(["N", "C", "H", "W", "K", "R", "S", "stride", "pad", "dilation",
+                                                "groups", "bias", "relu", "zz"]), INTS, max_size=12),
+       layout=st.sampled_from([None, "NCHW", "NHWC", "NCHW8c", "NCHW0c", "NCHW999c", "OI", "OI16o", "OI0o", "x"]))
+def test_hostile_specs_are_a_workload_or_a_user_error(op, params, layout):
+    from tuner.errors import UserError
+    from tuner.te.workloads import resolve
+    spec = f"{op}:" + ",".join(f"{k}={v}" for k, v in params.items())
+    try:
+        wl = resolve(spec, layout)
+    except UserError as e:
+        assert str(e) and "\n" not in str(e)
+        return
+    assert wl.flops >= 0
+
+
+def _onnx_model(path, attrs: dict, pool_attrs: dict, weight_hw=(3, 3)):
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    w = numpy_helper.from_array(np.ones((4, 2, *weight_hw), np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], "conv", **attrs),
+             helper.make_node("Relu", ["c"], ["r"], "relu"),
+             helper.make_node("MaxPool", ["r"], ["y"], "pool", **pool_attrs)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+PAIRS = st.lists(st.integers(-1, 4), min_size=1, max_size=5)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(conv=st.fixed_dictionaries({}, optional={"strides": PAIRS, "dilations": PAIRS, "pads": PAIRS,
+                                                "kernel_shape": PAIRS, "group": st.integers(-1, 3)}),
+       pool=st.fixed_dictionaries({"kernel_shape": PAIRS}, optional={"strides": PAIRS, "pads": PAIRS}))
+def test_hostile_onnx_attributes_import_or_give_a_user_error(tmp_path, conv, pool):
+    from tuner.errors import UserError
+    from tuner.graph import load
+    from tuner.graph.passes import optimize
+    path = tmp_path / "m.onnx"
+    _onnx_model(path, conv, pool)
+    try:
+        optimize(load(str(path)), layout="NCHW8c")
+    except UserError as e:
+        assert str(e) and "\n" not in str(e)
+
+
+@pytest.mark.parametrize("conv, pool, message", [
+    ({"strides": [0, 0]}, {"kernel_shape": [2, 2]}, "strides must be two positive integers"),
+    ({}, {"kernel_shape": [2, 2], "strides": [0, 0]}, "strides must be two positive integers"),
+    ({"kernel_shape": [5, 5]}, {"kernel_shape": [2, 2]}, "disagrees with the weight"),
+    ({"pads": [-1, 0, 0, 0]}, {"kernel_shape": [2, 2]}, "pads must be four non-negative integers"),
+])
+def test_bad_onnx_attributes_are_named(tmp_path, conv, pool, message):
+    path = tmp_path / "m.onnx"
+    _onnx_model(path, conv, pool)
+    out = tuner("inspect", str(path), timeout=60)
+    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr

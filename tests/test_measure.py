@@ -1,6 +1,7 @@
 """Bad candidates become recorded errors and the tune goes on."""
 from tuner import records
 from tuner.measure.runner import RunConfig
+from tuner.search import PolicyFactory
 from tuner.search.random_search import RandomSearch
 from tuner.task import Candidate, code_hash
 from tuner.te.workloads import make
@@ -41,10 +42,8 @@ class InjectingSearch(RandomSearch):
 
 def test_broken_candidates_are_recorded_and_tuning_continues(tmp_path):
     log = tmp_path / "log.jsonl"
-    from tuner.task import Task
-    policy = InjectingSearch(Task(SMALL, TARGET1), seed=0)
     s = tune_op(SMALL, target=TARGET1, trials=8, log=str(log), run_config=FAST, progress=False,
-                batch_size=8, policy_obj=policy)
+                batch_size=8, policy=PolicyFactory("injecting", InjectingSearch))
     recs = records.load(log).records
     kinds = {r.steps[0][1]: r for r in recs if r.steps and r.steps[0][0] == "bad"}
     assert kinds["compile"].error == "COMPILE_ERROR" and "error" in kinds["compile"].message

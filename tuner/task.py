@@ -11,10 +11,25 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from .codegen.c import generate_c
+from .errors import UserError
 from .schedule.lower import lower
 from .space.sketch import SearchSpace
 from .target import Target
-from .te.workloads import Workload
+from .te.workloads import Workload, tensor_bytes
+
+MEMORY_COPIES = 3      # tensors held at once: here (inputs, reference) and in the worker (copies, output)
+
+
+def available_memory() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes (None where there is no such file)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 @dataclass
@@ -80,6 +95,15 @@ class Task:
 
     @cached_property
     def data(self) -> tuple:
-        """(random inputs, reference output): the correctness check every candidate faces."""
+        """(random inputs, reference output): the correctness check every candidate faces.
+
+        Refused with a clear message when this process and the measurement process together
+        (inputs and reference here, their aligned copies and the output there) would not fit in
+        the memory the machine has free."""
+        need = MEMORY_COPIES * tensor_bytes(self.workload)
+        free = available_memory()
+        if free is not None and need > free:
+            raise UserError(f"{self.workload.label} needs about {need / 2**30:.1f} GiB to check and time its "
+                            f"kernels, and this machine has {free / 2**30:.1f} GiB free; tune a smaller shape")
         inputs = self.workload.random_inputs(seed=0)
         return inputs, self.workload.reference(inputs)

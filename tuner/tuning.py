@@ -8,6 +8,7 @@ against the budget and is never measured again; Ctrl-C stops with every finished
 """
 from __future__ import annotations
 
+import _thread
 import math
 import signal
 import threading
@@ -18,11 +19,10 @@ from pathlib import Path
 from tqdm import tqdm
 
 from . import records
-from .errors import UserError
 from .measure.replay import ReplayRunner
 from .measure.result import OK
 from .measure.runner import RunConfig, Runner
-from .search import make_policy
+from .search import PolicyFactory, policy_factory
 from .search.scheduler import SCHEDULERS, TaskProgress
 from .target import Target, parse_target
 from .task import Candidate, Task
@@ -108,13 +108,15 @@ def _merge(workloads: list) -> list:
 
 
 def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: str | None = None,
-         time_limit: float | None = None, policy: str = "random", seed: int = 0, batch_size: int = 32,
-         threads: int | None = None, run_config: RunConfig | None = None, progress: bool = True,
-         runner=None, replay: str | None = None, cost_model_from: list | None = None,
-         scheduler: str = "gradient", early_stopping: int | None = None, policy_obj=None,
+         time_limit: float | None = None, policy: str | PolicyFactory = "random", seed: int = 0,
+         batch_size: int = 32, threads: int | None = None, run_config: RunConfig | None = None,
+         progress: bool = True, runner=None, replay: str | None = None, cost_model_from: list | None = None,
+         scheduler: str = "gradient", early_stopping: int | None = None,
          start_from_default: bool = True) -> Session:
     """Tune `workloads` (Workloads or (Workload, weight) pairs) until `trials` records exist for them.
 
+    policy: a name (see tuner.search.POLICIES) or a PolicyFactory. runner: anything with
+    `measure(task, batch)` and `close()` (default: this host, or `replay` LOG).
     start_from_default: measure each task's default schedule first (off to compare pure search).
     """
     tgt = parse_target(target, threads)
@@ -123,142 +125,125 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
     records.check_writable(log)
     claims = records.TaskClaims(log, [(wl.key, str(tgt), wl.label) for wl, _ in pairs])
     try:
-        return _tune(pairs, tgt, trials, log, time_limit, policy, seed, batch_size, run_config, progress, runner,
-                     replay, cost_model_from, scheduler, early_stopping, policy_obj, start_from_default)
+        factory = policy_factory(policy, tgt, seed, cost_model_from)
+        loop = _Loop(pairs, tgt, log, factory, seed, SCHEDULERS[scheduler], early_stopping)
+        return loop.run(trials, time_limit, batch_size, start_from_default, progress, replay,
+                        runner, run_config or RunConfig())
     finally:
         claims.release()
 
 
-def _tune(pairs, tgt, trials, log, time_limit, policy, seed, batch_size, run_config, progress, runner, replay,
-          cost_model_from, scheduler, early_stopping, policy_obj, start_from_default) -> Session:
-    contents = records.load(log, warn=False)
-    shared = None
-    if policy == "evolutionary" and policy_obj is None:
-        shared = _shared_model(tgt, seed, cost_model_from)
-    states, progress_rows = [], []
-    for wl, weight in pairs:
-        task = Task(wl, tgt)
-        previous = contents.for_task(wl.key, str(tgt))
-        s = TuneSummary(wl, tgt, log, weight, trials=len(previous), skipped_lines=contents.skipped)
-        for r in previous:
-            _count(s, r.error, r.message)
-        s.best = records.best(contents, wl.key, str(tgt))
-        pol = policy_obj if policy_obj is not None else make_policy(policy, task, seed + len(previous), shared)
-        if previous and hasattr(pol, "observe"):
+class _Loop:
+    """One session: propose -> build and measure -> record, round after round, as the scheduler picks."""
+
+    def __init__(self, pairs, tgt, log, factory, seed, scheduler_cls, early_stopping):
+        self.tgt, self.log, self.factory = tgt, log, factory
+        contents = records.load(log, warn=False)
+        self.states, rows = [], []
+        for wl, weight in pairs:
+            task = Task(wl, tgt)
+            previous = contents.for_task(wl.key, str(tgt))
+            s = TuneSummary(wl, tgt, log, weight, trials=len(previous), skipped_lines=contents.skipped)
+            for r in previous:
+                _count(s, r.error, r.message)
+            s.best = records.first_that_replays(previous)
+            pol = factory.make(task, seed + len(previous))
             pol.observe(previous)
-        states.append(_TaskState(task, pol, {r.code_hash for r in previous}, s, bool(previous)))
-        row = TaskProgress(task.name, weight, wl.flops, f"{wl.op}/{wl.layout}")
-        if previous:
-            row.history.append(s.best_latency)
-            row.rounds = 1
-        progress_rows.append(row)
-    sched = SCHEDULERS[scheduler](progress_rows, early_stopping=early_stopping)
-    if shared is not None and shared.pool is None:
-        from .cost_model.parallel import FeaturePool
-        shared.pool = FeaturePool([st.task for st in states])
-    session = Session([st.summary for st in states], log)
-    own_runner = runner is None
-    bar, stop, start = None, None, time.perf_counter()
-    try:        # one cleanup below, also when the runner or the bar fails to start (the pool is up)
-        if runner is None:
-            runner = ReplayRunner(replay) if replay else Runner(tgt, run_config)
-        bar = tqdm(total=trials, initial=min(session.trials, trials), disable=not progress, unit="trial",
-                   desc=states[0].task.name if len(states) == 1 else f"{len(states)} tasks", dynamic_ncols=True)
-        start = time.perf_counter()
-        if shared is not None:
-            bar.write(f"cost model: {shared.describe()}")
-        _show(bar, session, start)
-        stop = _StopSignals()
-        while session.trials < trials:
-            if stop.requested:
-                raise KeyboardInterrupt
-            if time_limit is not None and time.perf_counter() - start >= time_limit:
-                break
-            k, why = sched.next()
-            if k is None:
-                bar.write(f"stopping early: {why}")
-                break
-            st = states[k]
-            if len(states) > 1:
-                bar.write(f"next: {st.task.workload.label} {st.task.workload.spec} — {why}")
-            n = min(batch_size, trials - session.trials)
-            t0, cg0 = time.perf_counter(), st.task.codegen_s
-            batch = st.policy.propose(n, st.seen, first=start_from_default and not st.started)
-            codegen = st.task.codegen_s - cg0
-            session.search_s += time.perf_counter() - t0 - codegen
-            session.codegen_s += codegen
-            st.started = True
-            if not batch:
-                progress_rows[k].retired = st.summary.retired = \
-                    f"{getattr(st.policy, 'name', 'the policy')} found no unmeasured candidate (space exhausted or search converged)"
-                bar.write(f"{st.task.name}: {st.summary.retired}")
-                continue
-            ok_in_batch = False
-            for cand, result in runner.measure(st.task, batch):
-                rec = records.make_record(st.task.workload, tgt, cand.steps, result, cand.code_hash,
-                                          getattr(st.policy, "name", "custom"), getattr(st.policy, "seed", seed),
-                                          cand.decisions, replay)
-                records.append(log, [rec])
-                s = st.summary
-                s.trials += 1
-                s.new += 1
-                _count(s, result.error, result.message)
-                ok_in_batch |= result.ok
-                if result.ok and (s.best is None or result.latency < s.best_latency):
-                    s.best = rec
-                if hasattr(st.policy, "update"):
-                    t0 = time.perf_counter()
-                    st.policy.update(cand, result)
-                    session.search_s += time.perf_counter() - t0
-                bar.update(1)
-                _show(bar, session, start)
+            self.states.append(_TaskState(task, pol, {r.code_hash for r in previous}, s, bool(previous)))
+            row = TaskProgress(task.name, weight, wl.flops, f"{wl.op}/{wl.layout}")
+            if previous:
+                row.history.append(s.best_latency)
+                row.rounds = 1
+            rows.append(row)
+        self.rows = rows
+        self.sched = scheduler_cls(rows, early_stopping=early_stopping)
+        self.session = Session([st.summary for st in self.states], log)
+
+    def run(self, trials, time_limit, batch_size, start_from_default, progress, replay, runner, run_config) -> Session:
+        session, own_runner = self.session, runner is None
+        bar, stop, start = None, None, time.perf_counter()
+        try:        # one cleanup below, also when the runner or the bar fails to start
+            stop = _StopSignals(grace=run_config.timeout + 5.0)
+            self.factory.start([st.task for st in self.states])
+            if runner is None:
+                runner = ReplayRunner(replay) if replay else Runner(self.tgt, run_config)
+            bar = tqdm(total=trials, initial=min(session.trials, trials), disable=not progress, unit="trial",
+                       desc=self.states[0].task.name if len(self.states) == 1 else f"{len(self.states)} tasks",
+                       dynamic_ncols=True)
+            start = time.perf_counter()
+            if self.factory.describe():
+                bar.write(self.factory.describe())
+            _show(bar, session, start)
+            while session.trials < trials:
                 if stop.requested:
                     raise KeyboardInterrupt
-            sched.record_round(k, st.summary.best_latency, failures_only=not ok_in_batch)
-            if progress_rows[k].retired:
-                st.summary.retired = progress_rows[k].retired
-                bar.write(f"{st.task.workload.label}: retired ({st.summary.retired})")
-    except KeyboardInterrupt:
-        session.interrupted = True
-        session.stopped_by = signal.Signals(stop.signum or signal.SIGINT).name if stop else "SIGINT"
-    finally:
-        if stop is not None:
-            stop.restore()
-        session.seconds = time.perf_counter() - start
-        for s in session.tasks:
-            s.seconds, s.interrupted = session.seconds, session.interrupted
-        if bar is not None:
-            bar.close()
-        if own_runner and runner is not None:
-            runner.close()
-        if shared is not None and shared.pool is not None:
-            shared.pool.close()
-            shared.pool = None
-    return session
+                if time_limit is not None and time.perf_counter() - start >= time_limit:
+                    break
+                k, why = self.sched.next()
+                if k is None:
+                    bar.write(f"stopping early: {why}")
+                    break
+                st = self.states[k]
+                if len(self.states) > 1:
+                    bar.write(f"next: {st.task.workload.label} {st.task.workload.spec} — {why}")
+                batch = self._propose(st, min(batch_size, trials - session.trials), start_from_default)
+                if not batch:
+                    self.rows[k].retired = st.summary.retired = \
+                        f"{st.policy.name} found no unmeasured candidate (space exhausted or search converged)"
+                    bar.write(f"{st.task.name}: {st.summary.retired}")
+                    continue
+                ok_in_batch = False
+                for cand, result in runner.measure(st.task, batch):
+                    ok_in_batch |= self._record(st, cand, result, replay)
+                    bar.update(1)
+                    _show(bar, session, start)
+                    if stop.requested:
+                        raise KeyboardInterrupt
+                self.sched.record_round(k, st.summary.best_latency, failures_only=not ok_in_batch)
+                if self.rows[k].retired:
+                    st.summary.retired = self.rows[k].retired
+                    bar.write(f"{st.task.workload.label}: retired ({st.summary.retired})")
+        except KeyboardInterrupt:
+            session.interrupted = True
+            session.stopped_by = signal.Signals(stop.signum or signal.SIGINT).name if stop else "SIGINT"
+        finally:
+            if stop is not None:
+                stop.restore()
+            session.seconds = time.perf_counter() - start
+            for s in session.tasks:
+                s.seconds, s.interrupted = session.seconds, session.interrupted
+            if bar is not None:
+                bar.close()
+            if own_runner and runner is not None:
+                runner.close()
+            self.factory.close()
+        return session
 
+    def _propose(self, st, n: int, start_from_default: bool) -> list:
+        """The policy's next batch; its time counts as search overhead, C generation as building."""
+        t0, cg0 = time.perf_counter(), st.task.codegen_s
+        batch = st.policy.propose(n, st.seen, first=start_from_default and not st.started)
+        codegen = st.task.codegen_s - cg0
+        self.session.search_s += time.perf_counter() - t0 - codegen
+        self.session.codegen_s += codegen
+        st.started = True
+        return batch
 
-def _shared_model(tgt: Target, seed: int, cost_model_from: list | None):
-    """The session's cost model. cost_model_from: None for the shipped pre-trained model of the
-    target's ISA (if any), ["none"] for none, else logs (*.jsonl, trained on together with the
-    session's records) and at most one saved model (fine-tuned)."""
-    from .cost_model.model import XGBModel
-    from .cost_model.pretrain import shipped_model
-    from .search.evolutionary import SharedModel
-    sources = list(cost_model_from) if cost_model_from is not None else None
-    if sources is None:
-        shipped = shipped_model(tgt)
-        sources = [str(shipped)] if shipped else []
-    sources = [p for p in sources if str(p).lower() != "none"]
-    logs = [p for p in sources if str(p).endswith(".jsonl")]
-    models = [p for p in sources if not str(p).endswith(".jsonl")]
-    if len(models) > 1:
-        raise UserError(f"--cost-model-from names {len(models)} saved models ({', '.join(models)}); "
-                         "fine-tuning starts from one")
-    shared = SharedModel(XGBModel.pretrained_from(models[0]) if models else XGBModel("pack-sum", seed))
-    for other in logs:
-        shared.add_records(records.load(other, warn=False).records)
-    shared.transfer_logs, shared.transfer_records = logs, len(shared.feats)
-    return shared
+    def _record(self, st, cand, result, replay) -> bool:
+        """Append one result to the log, count it, tell the policy; True if it measured OK."""
+        rec = records.make_record(st.task.workload, self.tgt, cand.steps, result, cand.code_hash,
+                                  st.policy.name, st.policy.seed, cand.decisions, replay)
+        records.append(self.log, [rec])
+        s = st.summary
+        s.trials += 1
+        s.new += 1
+        _count(s, result.error, result.message)
+        if result.ok and (s.best is None or result.latency < s.best_latency):
+            s.best = rec
+        t0 = time.perf_counter()
+        st.policy.update(cand, result)
+        self.session.search_s += time.perf_counter() - t0
+        return result.ok
 
 
 class _StopSignals:
@@ -269,8 +254,12 @@ class _StopSignals:
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self):
+    def __init__(self, grace: float):
+        """grace: seconds after the first signal before the loop is interrupted wherever it is (a
+        long proposal or reference computation does not reach the loop's check soon enough)."""
         self.signum = None
+        self.grace = grace
+        self._timer = None
         self._previous = {}
         if threading.current_thread() is threading.main_thread():
             self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
@@ -283,8 +272,13 @@ class _StopSignals:
         if self.requested:
             raise KeyboardInterrupt
         self.signum = signum
+        self._timer = threading.Timer(self.grace, _thread.interrupt_main)
+        self._timer.daemon = True
+        self._timer.start()
 
     def restore(self):
+        if self._timer is not None:
+            self._timer.cancel()
         for s, previous in self._previous.items():
             signal.signal(s, previous)
         self._previous = {}

@@ -137,10 +137,33 @@ def _scalar_value(data, what: str, node) -> float:
     return float(arr[0])
 
 
-def _pads(a: dict, in_hw, kernel, strides, dilations) -> list:
+def _window(node, a: dict, kernel=None) -> tuple:
+    """(kernel_shape, strides, dilations) of a 2-D Conv or pooling node, each two positive integers;
+    a kernel_shape that disagrees with the weight (`kernel`) is refused rather than ignored."""
+    name, op = node.name or node.output[0], node.op_type
+    given = a.get("kernel_shape", kernel)
+    if given is None:
+        raise OnnxImportError(f"node {name!r} ({op}): kernel_shape is missing")
+    out = []
+    for attr, v in (("kernel_shape", given), ("strides", a.get("strides", [1, 1])),
+                    ("dilations", a.get("dilations", [1, 1]))):
+        v = list(v) if isinstance(v, (list, tuple)) else v
+        if not isinstance(v, list) or len(v) != 2 or not all(isinstance(x, int) and x >= 1 for x in v):
+            raise OnnxImportError(f"node {name!r} ({op}): {attr} must be two positive integers, got {v}")
+        out.append(v)
+    if kernel is not None and out[0] != list(kernel):
+        raise OnnxImportError(f"node {name!r} ({op}): kernel_shape {out[0]} disagrees with the weight's "
+                              f"spatial shape {list(kernel)}")
+    return tuple(out)
+
+
+def _pads(a: dict, in_hw, kernel, strides, dilations, node=None) -> list:
     auto = a.get("auto_pad", "NOTSET")
     if auto in ("NOTSET", ""):
         p = a.get("pads", [0, 0, 0, 0])
+        if not isinstance(p, (list, tuple)) or len(p) != 4 or not all(isinstance(x, int) and x >= 0 for x in p):
+            where = f"node {node.name or node.output[0]!r} ({node.op_type}): " if node is not None else ""
+            raise OnnxImportError(f"{where}pads must be four non-negative integers, got {p}")
         return [p[0], p[1], p[2], p[3]]
     if auto == "VALID":
         return [0, 0, 0, 0]
@@ -168,9 +191,8 @@ def _convert(b: GraphBuilder, node, ins, a: dict, opset: int) -> list:
         w = _const(ins[1], "the weight", node)
         if len(w.shape) != 4:
             raise OnnxImportError(f"node {name!r} (Conv): only 2-D convolutions are supported")
-        k = a.get("kernel_shape", list(w.shape[2:]))
-        strides, dil = a.get("strides", [1, 1]), a.get("dilations", [1, 1])
-        pads = _pads(a, x.shape[2:], k, strides, dil)
+        k, strides, dil = _window(node, a, list(w.shape[2:]))
+        pads = _pads(a, x.shape[2:], k, strides, dil, node)
         y = b.add("conv2d", [x, ins[1]], {"strides": strides, "pads": pads, "dilations": dil,
                                           "groups": a.get("group", 1), "layout": "NCHW", "kernel_layout": "OIHW"}, name)
         if len(ins) > 2 and ins[2] is not None:
@@ -218,11 +240,10 @@ def _convert(b: GraphBuilder, node, ins, a: dict, opset: int) -> list:
     if op in ("MaxPool", "AveragePool"):
         if len(x.shape) != 4:
             raise OnnxImportError(f"node {name!r} ({op}): only 2-D pooling is supported")
-        k = a["kernel_shape"]
-        strides = a.get("strides", [1, 1])
-        if any(d != 1 for d in a.get("dilations", [1, 1])):
+        k, strides, dil = _window(node, a)
+        if any(d != 1 for d in dil):
             raise OnnxImportError(f"node {name!r} ({op}): dilated pooling is not supported")
-        pads = _pads(a, x.shape[2:], k, strides, [1, 1])
+        pads = _pads(a, x.shape[2:], k, strides, [1, 1], node)
         if a.get("ceil_mode", 0):
             for size, kk, s, lo, hi in zip(x.shape[2:], k, strides, pads[:2], pads[2:]):
                 if (size + lo + hi - kk) % s:

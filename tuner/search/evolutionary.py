@@ -13,10 +13,13 @@ import random
 
 import numpy as np
 
+from .. import records
 from ..cost_model.dataset import FeatureCache, from_records, group_of
 from ..cost_model.model import XGBModel, normalised_throughput
 from ..schedule.schedule import ScheduleError
 from ..space.mutation import mutate
+from ..errors import UserError
+from . import Policy
 from .random_search import RandomSearch
 
 
@@ -37,7 +40,7 @@ def _by_structure(decs) -> dict:
     return groups
 
 
-class EvolutionarySearch:
+class EvolutionarySearch(Policy):
     name = "evolutionary"
 
     def __init__(self, task, seed: int = 0, model=None, population: int = 32, generations: int = 2,
@@ -209,3 +212,25 @@ class SharedModel:
         ok = [f for f in feats if f is not None]
         preds = iter(self.model.predict(ok)) if ok else iter(())
         return np.asarray([next(preds) if f is not None else -np.inf for f in feats])
+
+
+def shared_model(tgt, seed: int, cost_model_from: list | None) -> "SharedModel":
+    """The session's cost model. cost_model_from: None for the shipped pre-trained model of the
+    target's ISA (if any), ["none"] for none, else logs (*.jsonl, trained on together with the
+    session's records) and at most one saved model (fine-tuned)."""
+    from ..cost_model.pretrain import shipped_model
+    sources = list(cost_model_from) if cost_model_from is not None else None
+    if sources is None:
+        shipped = shipped_model(tgt)
+        sources = [str(shipped)] if shipped else []
+    sources = [p for p in sources if str(p).lower() != "none"]
+    logs = [p for p in sources if str(p).endswith(".jsonl")]
+    models = [p for p in sources if not str(p).endswith(".jsonl")]
+    if len(models) > 1:
+        raise UserError(f"--cost-model-from names {len(models)} saved models ({', '.join(models)}); "
+                         "fine-tuning starts from one")
+    shared = SharedModel(XGBModel.pretrained_from(models[0]) if models else XGBModel("pack-sum", seed))
+    for other in logs:
+        shared.add_records(records.load(other, warn=False).records)
+    shared.transfer_logs, shared.transfer_records = logs, len(shared.feats)
+    return shared

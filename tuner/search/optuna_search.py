@@ -9,13 +9,14 @@ is told as failed without being measured; measured GFLOPS are told back to the s
 from __future__ import annotations
 
 from ..errors import UserError
+from . import Policy
 from ..schedule.schedule import ScheduleError
 from ..space.sketch import MAX_ACCUMULATORS, UNROLL_CHOICES, divisors
 
 SAMPLERS = ("tpe", "cmaes", "random")
 
 
-class OptunaSearch:
+class OptunaSearch(Policy):
     def __init__(self, task, seed: int = 0, sampler: str = "tpe"):
         import optuna
         optuna.logging.set_verbosity(optuna.logging.WARNING)

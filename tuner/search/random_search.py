@@ -4,9 +4,10 @@ from __future__ import annotations
 import random
 
 from ..schedule.schedule import ScheduleError
+from . import Policy
 
 
-class RandomSearch:
+class RandomSearch(Policy):
     name = "random"
 
     def __init__(self, task, seed: int = 0):

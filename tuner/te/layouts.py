@@ -20,14 +20,28 @@ class LayoutError(UserError):
     pass
 
 
+MAX_BLOCK = 256
+
+
+def _block(layout: str, m) -> int:
+    b = int(m.group(1))
+    if not 1 <= b <= MAX_BLOCK:
+        raise LayoutError(f"block size {b} in layout {layout!r} must be between 1 and {MAX_BLOCK} "
+                          "(e.g. NCHW8c, NCHW16c, OI16o)")
+    return b
+
+
 def block_of(layout: str) -> int:
     """The channel block of NCHW[x]c, 0 for unblocked layouts."""
     m = _BLOCKED.match(layout)
-    return int(m.group(1)) if m else 0
+    return _block(layout, m) if m else 0
 
 
 def check_activation_layout(layout: str) -> None:
-    if layout in ("NCHW", "NHWC") or _BLOCKED.match(layout):
+    if layout in ("NCHW", "NHWC"):
+        return
+    if _BLOCKED.match(layout):
+        block_of(layout)
         return
     raise LayoutError(f"unknown layout {layout!r}: use one of {', '.join(CONV_LAYOUTS)}")
 
@@ -39,7 +53,7 @@ def dense_block(layout: str) -> int:
     if not m:
         raise LayoutError(f"unknown dense layout {layout!r}: use OI (weight [K, C]) or OI16o "
                           "(weight packed [K/16, C, 16])")
-    return int(m.group(1))
+    return _block(layout, m)
 
 
 def fit_block(channels: int, block: int) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -47,14 +48,12 @@ class WorkloadError(UserError):
 
 
 def _pads(p) -> tuple:
-    if isinstance(p, int):
-        return (p, p, p, p)
-    p = tuple(int(v) for v in p)
-    if len(p) == 2:
-        return (p[0], p[1], p[0], p[1])
-    if len(p) == 4:
-        return p
-    raise WorkloadError(f"pad must be one number, 'h.w' or 'top.left.bottom.right', got {p}")
+    t = (p,) if isinstance(p, int) else tuple(p)
+    if len(t) not in (1, 2, 4) or not all(isinstance(v, int) and not isinstance(v, bool) for v in t):
+        raise WorkloadError(f"pad must be one number, 'h.w' or 'top.left.bottom.right', got {p}")
+    if min(t) < 0:
+        raise WorkloadError(f"pad must not be negative, got {'.'.join(map(str, t))}")
+    return t * 4 if len(t) == 1 else t * 2 if len(t) == 2 else t
 
 
 @dataclass(frozen=True)
@@ -305,6 +304,20 @@ def _validate(wl: Workload) -> None:
             raise WorkloadError(f"conv2d: kernel {p['R']}x{p['S']} does not fit input {p['H']}x{p['W']}")
     if wl.op in ("maxpool", "avgpool") and min(wl._pool_out()) < 1:
         raise WorkloadError(f"{wl.op}: window {p['R']}x{p['S']} does not fit input {p['H']}x{p['W']}")
+    inputs, output = wl.build()
+    for t in inputs + [output]:
+        if math.prod(t.shape) >= MAX_ELEMENTS:
+            raise WorkloadError(f"{wl.op}: tensor {t.name} of shape {'x'.join(map(str, t.shape))} has 2^31 or "
+                                "more elements; generated kernels index tensors with 32-bit offsets")
+
+
+MAX_ELEMENTS = 1 << 31      # per tensor: the generated C indexes with int
+
+
+def tensor_bytes(wl: Workload) -> int:
+    """Bytes of every input and the output of a workload (float32)."""
+    inputs, output = wl.build()
+    return 4 * sum(math.prod(t.shape) for t in inputs + [output])
 
 
 def example_spec(op: str) -> str:
