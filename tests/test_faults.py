@@ -108,21 +108,28 @@ def test_lines_that_are_not_records_are_counted_with_their_reason(tmp_path):
 
 
 def test_a_failed_append_leaves_no_torn_line_and_says_why(tmp_path, monkeypatch):
+    """The disk fills halfway through a record: the half that was written is cut off again."""
     import errno
     import os
     log = tmp_path / "log.jsonl"
     rec = records.Record.from_json(_VALID)
     records.append(log, [rec])
     before = log.read_bytes()
-    real_fsync = os.fsync
+    real_write = os.write
+    calls = []
 
-    def full(fd):
+    def half_then_full(fd, data):
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_write(fd, bytes(data[: len(data) // 2]))
         raise OSError(errno.ENOSPC, "No space left on device")
-    monkeypatch.setattr(os, "fsync", full)
+    monkeypatch.setattr(os, "write", half_then_full)
     with pytest.raises(records.SetupError, match="No space left on device"):
         records.append(log, [rec, rec])
-    monkeypatch.setattr(os, "fsync", real_fsync)
-    assert log.read_bytes() == before
+    monkeypatch.setattr(os, "write", real_write)
+    assert len(calls) == 2 and log.read_bytes() == before
+    records.append(log, [rec])
+    assert len(records.load(log).records) == 2
 
 
 @pytest.mark.parametrize("args, message", [

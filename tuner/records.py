@@ -245,8 +245,9 @@ class TaskClaims:
 def append(path: str | os.PathLike, recs: list) -> None:
     """Append whole lines under a lock, flushed and synced, so no reader sees half a record.
 
-    A write that fails (disk full, file size limit) is undone to the last whole line and raised as
-    a SetupError: the log keeps every record that was already in it and gains no torn line.
+    A write that fails (disk full, file size limit) is cut back to where it started and raised as
+    a SetupError: the log keeps every record that was already in it and gains no torn line. The
+    file is written unbuffered, so nothing is left in a buffer to be flushed after the cut.
     """
     if not recs:
         return
@@ -255,38 +256,24 @@ def append(path: str | os.PathLike, recs: list) -> None:
     text = "".join(json.dumps(r.to_json() if isinstance(r, Record) else r, separators=(",", ":")) + "\n"
                    for r in recs).encode()
     with FileLock(str(path) + ".lock"):
-        with open(path, "ab") as f:
-            size = f.seek(0, os.SEEK_END)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            size = os.lseek(fd, 0, os.SEEK_END)
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                text = b"\n" + text      # an earlier writer died mid-line: start ours on its own
             try:
-                if size and _last_byte(path) != b"\n":
-                    text = b"\n" + text     # an earlier writer died mid-line: start ours on its own
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
+                view = memoryview(text)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
             except OSError as e:
-                _undo(f, size)
+                os.ftruncate(fd, size)    # truncating needs no free space
                 if e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.EIO):
                     raise SetupError(f"cannot append to log {path}: {e.strerror}; every record before this "
                                      "one is in the log (free space and run the same command to resume)") from None
                 raise
-
-
-def _last_byte(path: Path) -> bytes:
-    with open(path, "rb") as f:
-        f.seek(-1, os.SEEK_END)
-        return f.read(1)
-
-
-def _undo(f, size: int) -> None:
-    """Cut a failed append back to where it started (truncating needs no free space)."""
-    try:
-        f.truncate(size)
-    except OSError:
-        pass
-    try:
-        f.close()
-    except OSError:      # the buffered bytes that did not fit are dropped, not written
-        pass
+        finally:
+            os.close(fd)
 
 
 # ------------------------------------------------------------ reading

@@ -140,21 +140,25 @@ class Runner:
             self._data = (key, inputs, reference)
 
     def _ensure_ready(self):
-        if not self._alive():
-            self._kill()
-            self._start()
-        if self._data_id != self._data[0]:
+        """A live measurement process holding the current data; a process that dies while being set
+        up (killed from outside) is replaced twice before the machine is blamed."""
+        for _ in range(3):
+            if not self._alive():
+                self._kill()
+                self._start()
+            if self._data_id == self._data[0]:
+                return
             try:
                 self._conn.send(("setup", self._data[1], self._data[2]))
-                ready = self._conn.poll(120) and self._conn.recv()[0] == "ready"
+                if self._conn.poll(120) and self._conn.recv()[0] == "ready":
+                    self._data_id = self._data[0]
+                    return
             except (EOFError, OSError):
-                ready = False
-            if not ready:
-                code = self._proc.poll()
-                self._kill()
-                raise SetupError(f"the measurement process did not start (exit code {code}); run "
-                                 f"`{sys.executable} -m {worker.__name__}` to see why")
-            self._data_id = self._data[0]
+                pass
+            code = self._proc.poll()
+            self._kill()
+        raise SetupError(f"the measurement process did not start (exit code {code}); run "
+                         f"`{sys.executable} -m {worker.__name__}` to see why")
 
     # ------------------------------------------------------------ measuring
     def measure(self, task, batch: list):
@@ -212,6 +216,9 @@ class Runner:
     def _release(self):
         """Unload the libraries the worker holds (between batches)."""
         if self._alive():
-            self._conn.send(("release",))
-            if self._conn.poll(30):
-                self._conn.recv()
+            try:
+                self._conn.send(("release",))
+                if self._conn.poll(30):
+                    self._conn.recv()
+            except (EOFError, OSError):      # it died meanwhile: the next candidate starts a fresh one
+                self._kill()
