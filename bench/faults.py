@@ -232,8 +232,7 @@ def case_two_workloads(work: Path, env, args) -> Row:
 
 def _small_fs(work: Path, size_kb: int):
     """A size-limited file system: a tmpfs where we may mount one, else None."""
-    mnt = work / f"fs{size_kb}"
-    mnt.mkdir()
+    mnt = Path(tempfile.mkdtemp(prefix=f"fs{size_kb}k-", dir=work))
     ok = os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(mnt)],
                                               capture_output=True).returncode == 0
     return mnt if ok else None
@@ -444,9 +443,14 @@ def case_hostile_specs(work: Path, env, args) -> Row:
     row, rng = Row("hostile specs"), random.Random(args.seed)
     keys = ["N", "C", "H", "W", "K", "R", "S", "stride", "pad", "dilation", "groups", "bias", "relu", "zz"]
     vals = ["-1", "0", "1", "3", "8", "1.2", "1.1.1", "-1.0", "x", "", "99999999999999999999", "100000", "1e3"]
+    valid = {"conv2d": dict(C=8, H=8, W=8, K=8, R=3, S=3), "dense": dict(C=16, K=16), "maxpool": dict(
+        C=8, H=8, W=8, R=2, S=2), "avgpool": dict(C=8, H=8, W=8, R=2, S=2), "globalavgpool": dict(C=8, H=4, W=4)}
     for _ in range(args.hostile_specs):
         op = rng.choice(["conv2d", "dense", "maxpool", "avgpool", "globalavgpool", "nope", ""])
-        spec = f"{op}:" + ",".join(f"{rng.choice(keys)}={rng.choice(vals)}" for _ in range(rng.randint(0, 9)))
+        params = {k: str(v) for k, v in valid.get(op, {}).items()} if rng.random() < 0.6 else {}
+        for _ in range(rng.randint(0, 3 if params else 9)):     # a valid spec with a few values changed
+            params[rng.choice(keys)] = rng.choice(vals)
+        spec = f"{op}:" + ",".join(f"{k}={v}" for k, v in params.items())
         layout = rng.choice([None, "NCHW", "NHWC", "NCHW8c", "NCHW0c", "NCHW999c", "OI", "OI16o", "OI0o", "bad"])
         row.runs += 1
         signal.alarm(10)
@@ -486,9 +490,13 @@ def case_hostile_onnx(work: Path, env, args) -> Row:
     row, rng = Row("hostile ONNX attributes"), random.Random(args.seed)
 
     def ints():
+        if rng.random() < 0.6:                                   # mostly sensible, sometimes not
+            return [rng.choice([1, 2]) for _ in range(2)]
         return [rng.choice([-1, 0, 1, 2, 3, 7]) for _ in range(rng.choice([1, 2, 2, 2, 4, 5]))]
     for k in range(args.hostile_onnx):
-        conv = {a: ints() for a in ("strides", "dilations", "pads", "kernel_shape") if rng.random() < 0.4}
+        conv = {a: ints() for a in ("strides", "dilations", "kernel_shape") if rng.random() < 0.4}
+        if rng.random() < 0.4:
+            conv["pads"] = ints() * 2 if rng.random() < 0.7 else ints()
         if rng.random() < 0.3:
             conv["group"] = rng.choice([-1, 0, 1, 2, 3])
         pool = {"kernel_shape": ints(), **{a: ints() for a in ("strides", "pads") if rng.random() < 0.4}}

@@ -434,3 +434,27 @@ def test_bad_onnx_attributes_are_named(tmp_path, conv, pool, message):
     _onnx_model(path, conv, pool)
     out = tuner("inspect", str(path), timeout=60)
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("policy", ["random", "evolutionary", "optuna:tpe"])
+def test_every_policy_resumes_from_a_log_with_junk_records(tmp_path, policy):
+    """Junk decisions, steps that do not replay and tiny costs in the log a tune resumes from."""
+    from tuner.target import TargetError, parse_target
+    from tuner.tuning import tune
+
+    from conftest import REPLAY_LOG, REPLAY_TARGET, REPLAY_WORKLOADS
+    try:
+        parse_target(REPLAY_TARGET)
+    except TargetError:
+        pytest.skip(f"this host cannot read back {REPLAY_TARGET}")
+    wl = REPLAY_WORKLOADS[0][0]
+    good = [json.loads(line) for line in REPLAY_LOG.read_text().splitlines()[:12]]
+    junk = [dict(good[0], decisions={"tile": 3, "pad": "x"}, code_hash="a1"),
+            dict(good[1], decisions={"tile": [[1, 2, 3]] * 9, "reduce": [0], "unroll": -1}, code_hash="a2"),
+            dict(good[2], steps=[["split", "nope", "x", [1]]], costs=[1e-12], code_hash="a3"),
+            dict(good[3], decisions=[], code_hash="a4")]
+    log = tmp_path / "resume.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in good + junk))
+    s = tune([wl], target=REPLAY_TARGET, trials=len(good) + 3 + 8, log=str(log), policy=policy,
+             replay=str(REPLAY_LOG), progress=False, batch_size=4, cost_model_from=["none"])
+    assert s.tasks[0].new == 8 and s.tasks[0].best.costs != (1e-12,)

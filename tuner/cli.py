@@ -7,7 +7,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from .errors import INTERNAL_ERROR_EXIT, TunerError, UserError
+from .errors import INTERNAL_ERROR_EXIT, TunerError, UserError, check_bound
 
 
 def _cmd_workloads(args) -> int:
@@ -83,23 +83,16 @@ def _cmd_tune(args) -> int:
     return 0
 
 
-# (flag, attribute, the least value it may take, whether that value itself is allowed)
+# (flag, attribute, the least value it may take, whether that value itself is allowed); the
+# measurement options are checked by RunConfig itself
 TUNE_LIMITS = [("--trials", "trials", 0, True), ("--batch-size", "batch_size", 1, True),
-               ("--timeout", "timeout", 0, False), ("--repeat", "repeat", 1, True),
-               ("--min-repeat-ms", "min_repeat_ms", 0, True), ("--time-limit", "time_limit", 0, False),
-               ("--early-stopping", "early_stopping", 1, True)]
+               ("--time-limit", "time_limit", 0, False), ("--early-stopping", "early_stopping", 1, True)]
 
 
 def _check_tune_options(args) -> None:
     """Options that would spend the budget on results that mean nothing are refused up front."""
-    import math
     for flag, attr, least, inclusive in TUNE_LIMITS:
-        v = getattr(args, attr)
-        if v is None:
-            continue
-        if not math.isfinite(v) or v < least or (v == least and not inclusive):
-            bound = f"at least {least}" if inclusive else f"more than {least}"
-            raise UserError(f"{flag} must be {bound}, got {v}")
+        check_bound(flag, getattr(args, attr), least, inclusive)
 
 
 def _cmd_analyze(args) -> int:

@@ -26,3 +26,12 @@ class SetupError(TunerError, RuntimeError):
 
 
 INTERNAL_ERROR_EXIT = 70     # EX_SOFTWARE: a bug in tuner
+
+
+def check_bound(flag: str, value, least: float, inclusive: bool = True) -> None:
+    """Refuse an option below its least value (or at it, when that is excluded), or not finite."""
+    import math
+    if value is None:
+        return
+    if not math.isfinite(value) or value < least or (value == least and not inclusive):
+        raise UserError(f"{flag} must be {'at least' if inclusive else 'more than'} {least}, got {value}")

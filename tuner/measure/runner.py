@@ -10,7 +10,7 @@ import time
 import warnings
 from dataclasses import dataclass
 
-from ..errors import SetupError
+from ..errors import SetupError, check_bound
 from ..target import Target
 from . import worker
 from .builder import build_batch
@@ -27,6 +27,12 @@ class RunConfig:
     rtol: float = 1e-3
     atol: float = 1e-4           # scaled by the largest reference magnitude
     pin: bool = True             # single-thread targets: keep the measurement process on one core
+
+    def __post_init__(self):
+        """A timeout of 0 would record every candidate as TIMEOUT, -1 repeats as RUNTIME_ERROR: refused."""
+        for name, least, inclusive in (("timeout", 0, False), ("repeat", 1, True), ("number", 0, True),
+                                       ("min_repeat_ms", 0, True), ("rtol", 0, True), ("atol", 0, True)):
+            check_bound(f"--{name.replace('_', '-')}", getattr(self, name), least, inclusive)
 
 
 class CoreClaim:

@@ -65,8 +65,16 @@ class EvolutionarySearch(Policy):
         """Take what a log already holds for this task (resume)."""
         self.shared.add_records(recs)
         for r in recs:
-            if r.decisions is not None:
+            if r.decisions is not None and self._gives(r.decisions, r.steps):
                 self.measured.append((r.decisions, r.code_hash, r.latency))
+
+    def _gives(self, decisions: dict, steps: list) -> bool:
+        """Whether logged decisions are a point of this space that gives the logged steps (a parent
+        to mutate), rather than a hand-edited or foreign dict."""
+        try:
+            return self.task.space.steps(decisions) == steps
+        except (ScheduleError, KeyError, IndexError, TypeError, ValueError):
+            return False
 
     def update(self, cand, result) -> None:
         if result.error == "NOT_IN_LOG":

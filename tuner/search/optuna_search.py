@@ -58,7 +58,7 @@ class OptunaSearch(Policy):
                 continue
             try:
                 params = self._params(dec)
-            except (ValueError, KeyError, IndexError):
+            except (ValueError, KeyError, IndexError, TypeError):   # decisions of another space
                 continue
             dists = {name: optuna.distributions.IntDistribution(0, len(opts) - 1) for name, _, opts in self.table}
             self.study.add_trial(optuna.trial.create_trial(params=params, distributions=dists,
