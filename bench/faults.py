@@ -90,7 +90,7 @@ def _torn(lines: list) -> int:
 
 
 def _dups(lines: list) -> int:
-    seen = Counter((json.loads(line)["workload"]["key"], json.loads(line)["code_hash"])
+    seen = Counter(json.dumps([json.loads(line)["workload"].get("key"), json.loads(line).get("code_hash")])
                    for line in lines if whole(line))
     return sum(n - 1 for n in seen.values() if n > 1)
 
@@ -114,9 +114,10 @@ def worker_pids(parent: int) -> list:
         try:
             cmd = Path(f"/proc/{d}/cmdline").read_bytes()
             env = Path(f"/proc/{d}/environ").read_bytes()
-        except OSError:
+            ppid = int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
             continue
-        if b"tuner.measure.worker" in cmd and f"TUNER_PARENT_PID={parent}\0".encode() in env:
+        if b"tuner.measure.worker" in cmd and (ppid == parent or f"TUNER_PARENT_PID={parent}\0".encode() in env):
             out.append(int(d))
     return out
 
@@ -369,7 +370,12 @@ def case_hung(work: Path, env, args) -> Row:
         if sig == signal.SIGTERM:
             time.sleep(0.5)
             proc.send_signal(sig)
-        _, err = proc.communicate(timeout=60)
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+            row.notes.append(f"{sig.name} twice did not stop the tuner within 60 s")
         row.runs += 1
         row.exit_codes[str(proc.returncode)] += 1
         row.tracebacks += "BrokenPipe" in err or (sig == signal.SIGKILL and traceback_in(err))
