@@ -154,6 +154,16 @@ def finish(row: Row, log: Path, trials: int, env) -> None:
         row.notes.append(f"resume stopped at {n} of {trials}: {done.stderr.strip()[-200:]}")
 
 
+def wait_for(proc, row: Row, failure: str) -> str:
+    """A signalled process's stderr; killed (and the failure noted) if it is still running after 60 s."""
+    try:
+        return proc.communicate(timeout=60)[1]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        row.notes.append(failure)
+        return proc.communicate()[1]
+
+
 def interrupt(row: Row, log: Path, env, sig, delay: float, trials: int = 100_000) -> None:
     """Start a tune, send `sig` after `delay` seconds (while it builds, measures or appends)."""
     before = lines_of(log)
@@ -162,12 +172,7 @@ def interrupt(row: Row, log: Path, env, sig, delay: float, trials: int = 100_000
     time.sleep(delay)
     pids = worker_pids(proc.pid)
     proc.send_signal(sig)
-    try:
-        _, err = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        _, err = proc.communicate()
-        row.notes.append(f"{signal.Signals(sig).name} did not stop the tune within 60 s")
+    err = wait_for(proc, row, f"{signal.Signals(sig).name} did not stop the tune within 60 s")
     pids += worker_pids(proc.pid)
     row.runs += 1
     row.exit_codes[str(proc.returncode)] += 1
@@ -370,12 +375,7 @@ def case_hung(work: Path, env, args) -> Row:
         if sig == signal.SIGTERM:
             time.sleep(0.5)
             proc.send_signal(sig)
-        try:
-            _, err = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _, err = proc.communicate()
-            row.notes.append(f"{sig.name} twice did not stop the tuner within 60 s")
+        err = wait_for(proc, row, f"{sig.name} twice did not stop the tuner within 60 s")
         row.runs += 1
         row.exit_codes[str(proc.returncode)] += 1
         row.tracebacks += "BrokenPipe" in err or (sig == signal.SIGKILL and traceback_in(err))
