@@ -458,3 +458,14 @@ def test_every_policy_resumes_from_a_log_with_junk_records(tmp_path, policy):
     s = tune([wl], target=REPLAY_TARGET, trials=len(good) + 3 + 8, log=str(log), policy=policy,
              replay=str(REPLAY_LOG), progress=False, batch_size=4, cost_model_from=["none"])
     assert s.tasks[0].new == 8 and s.tasks[0].best.costs != (1e-12,)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["export-onnx", "tiny", "-o", "/proc/tuner/x.onnx"], "cannot create"),
+    (["analyze", "LOG", "--plot", "/proc/tuner/x.png"], "cannot create"),
+    (["pretrain", "LOG", "-o", "/tmp"], "is a directory"),
+])
+def test_bad_output_paths_are_one_line_errors(args, message):
+    from conftest import REPLAY_LOG
+    out = tuner(*[str(REPLAY_LOG) if a == "LOG" else a for a in args], timeout=120)
+    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
