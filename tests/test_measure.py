@@ -71,12 +71,14 @@ def test_single_thread_measurements_stay_on_one_core_with_aligned_buffers():
             r._start()
         allowed = open(f"/proc/{runner._proc.pid}/status").read().split("Cpus_allowed_list:")[1].split()[0]
         assert runner.cpu in os.sched_getaffinity(0) and allowed == str(runner.cpu)
-        # a second measuring process never shares the first one's core (unpinned if none is left)
-        assert other.cpu != runner.cpu and (other.cpu is not None or len(os.sched_getaffinity(0)) == 1)
+        # a second measuring process never shares the first one's core (unpinned if none is left;
+        # claims are machine-wide, so another tuner running on this machine may hold a core too)
+        assert other.cpu is None or other.cpu != runner.cpu
         assert multi.cpu is None and free.cpu is None
+        first = runner.cpu
     with Runner(one) as again:              # closing released the claim
         again._start()
-        assert again.cpu == max(os.sched_getaffinity(0))
+        assert again.cpu == first
     for shape in [(3,), (5, 7), (1, 16, 3, 3, 16)]:
         a = np.random.default_rng(0).random(shape, dtype=np.float32)
         b = aligned_copy(a)

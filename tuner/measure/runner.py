@@ -6,9 +6,11 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import SetupError, check_bound
 from ..target import Target
@@ -41,33 +43,46 @@ class CoreClaim:
     On a shared (virtual) machine the cores are not alike: one kernel timed 70 GFLOPS on one core
     and 114 on the other of this project's machine in the same minute, so a measurement process
     that migrates between cores mixes the two speeds into one session's ranking. Two tuners pinned
-    to one core time each other (one code 2.46x apart), so each core is claimed with a lock file in
-    the cache (released by the kernel if the tuner dies); when every core is claimed, the process
-    is not pinned and a warning says the timings will interfere.
+    to one core time each other (one code 2.46x apart), so each core is claimed with a lock on a
+    file in a machine-wide directory (whatever the users' caches; the kernel drops the lock of a
+    tuner that dies); when every core is claimed, the process is not pinned and a warning says
+    the timings will interfere.
     """
 
+    DIR = Path("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()) / "tuner-core-claims"
+
     def __init__(self, target: Target, config: RunConfig):
-        self.cpu, self._file = None, None
+        self.cpu, self._fd = None, None
         if not config.pin or target.threads != 1 or not hasattr(os, "sched_getaffinity"):
             return
-        from .builder import cache_dir
-        d = cache_dir("cpus")
         for cpu in sorted(os.sched_getaffinity(0), reverse=True):
-            f = open(d / f"cpu{cpu}.lock", "a")
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                f.close()
-                continue
-            self.cpu, self._file = cpu, f
-            return
+            fd = self._lock(cpu)
+            if fd is not None:
+                self.cpu, self._fd = cpu, fd
+                return
         warnings.warn("every core this process may use is already timing another tuner's kernels; "
                       "measurements will not be pinned and will disturb each other", stacklevel=3)
 
+    def _lock(self, cpu: int) -> int | None:
+        """An fd holding the claim on `cpu`, or None if another process holds it (or it cannot be had)."""
+        try:
+            self.DIR.mkdir(mode=0o1777, exist_ok=True)        # shared by every user, like /tmp
+            if self.DIR.stat().st_uid == os.geteuid():
+                os.chmod(self.DIR, 0o1777)
+            fd = os.open(self.DIR / f"cpu{cpu}.lock", os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)     # a read-only fd can hold it: no one writes
+        except OSError:
+            os.close(fd)
+            return None
+        return fd
+
     def release(self):
-        if self._file is not None:
-            self._file.close()
-        self.cpu, self._file = None, None
+        if self._fd is not None:
+            os.close(self._fd)
+        self.cpu, self._fd = None, None
 
 
 class Runner:
