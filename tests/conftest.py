@@ -48,6 +48,17 @@ def check_schedules(cases: list, target=TARGET1) -> None:
     assert not failures, "\n\n".join(failures)
 
 
+def start_tune(cmd: list, log, min_lines: int):
+    """A `tuner tune` process (cmd) that has written at least `min_lines` lines to `log` (or 120 s passed)."""
+    import subprocess
+    import time
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and (not log.exists() or len(log.read_text().splitlines()) < min_lines):
+        time.sleep(0.05)
+    return proc
+
+
 @pytest.fixture
 def tmp_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))

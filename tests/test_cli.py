@@ -52,15 +52,13 @@ def test_bad_input_is_one_line_and_exit_code_2(args, message):
 def test_ctrl_c_keeps_the_log_intact_and_the_same_command_resumes(tmp_path):
     import json
     import signal
-    import time
+
+    from conftest import start_tune
     log = tmp_path / "int.jsonl"
     cmd = [sys.executable, "-m", "tuner.cli", "tune", "--workload", SMALL, "--layout", "NCHW8c", "--threads", "1",
            "--trials", "400", "--batch-size", "4", "--log", str(log), "--no-progress", "--repeat", "1",
            "--min-repeat-ms", "0.5"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while time.time() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 6):
-        time.sleep(0.05)
+    proc = start_tune(cmd, log, 6)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, (out, err)

@@ -16,7 +16,7 @@ from tuner.analysis.report import analyze
 from tuner.build import build_op
 from tuner.te.workloads import make
 
-from conftest import TARGET1
+from conftest import TARGET1, start_tune
 
 SMALL = make("conv2d", dict(C=8, H=6, W=6, K=8, R=3, S=3, pad=1), "NCHW8c")
 SPEC = "conv2d:N=1,C=8,H=6,W=6,K=8,R=3,S=3,stride=1,pad=1"
@@ -328,15 +328,10 @@ def test_a_hung_kernel_never_outlives_the_tuner(tmp_path, tmp_cache, sig):
 
 def test_sigterm_stops_the_tune_as_cleanly_as_ctrl_c(tmp_path, tmp_cache):
     import signal
-    import time
     log = tmp_path / "term.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "tuner.cli", "tune", "--workload", SPEC, "--threads", "1",
-                             "--trials", "400", "--batch-size", "4", "--log", str(log), "--no-progress", "--repeat",
-                             "1", "--min-repeat-ms", "0.5", "--search", "random"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while time.time() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 4):
-        time.sleep(0.05)
+    proc = start_tune([sys.executable, "-m", "tuner.cli", "tune", "--workload", SPEC, "--threads", "1", "--trials",
+                       "400", "--batch-size", "4", "--log", str(log), "--no-progress", "--repeat", "1",
+                       "--min-repeat-ms", "0.5", "--search", "random"], log, 4)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, (out, err)

@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import warnings
 from pathlib import Path
 
-from .errors import INTERNAL_ERROR_EXIT, TunerError, UserError, check_bound
+from .errors import INTERNAL_ERROR_EXIT, TunerError, UserError, check_bound, check_output_path
 
 
 def _cmd_workloads(args) -> int:
@@ -31,19 +30,6 @@ def _require_logs(*paths, flag: str = "") -> None:
     for path in paths:
         if path is not None:
             check_readable(path, flag)
-
-
-def _check_output(path, flag: str) -> None:
-    """A file to write: not a directory, in a directory that exists (made if need be) and is writable."""
-    p = Path(path)
-    if p.is_dir():
-        raise UserError(f"{flag} {path} is a directory; give a file path")
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"{flag} {path}: cannot create {p.parent} ({e.strerror})") from None
-    if not os.access(p.parent, os.W_OK):
-        raise UserError(f"{flag} {path}: {p.parent} is not writable")
 
 
 def split_workloads(text: str) -> list:
@@ -119,7 +105,7 @@ def _cmd_analyze(args) -> int:
     print(rep.table())
     if not args.no_plot:
         out = args.plot or str(Path(args.log).with_suffix(".png"))
-        _check_output(out, "--plot")
+        check_output_path(out, "--plot")
         print(f"plot: {rep.plot(out)}")
     return 0
 
@@ -155,7 +141,7 @@ def _cmd_show(args) -> int:
 def _cmd_distill(args) -> int:
     from .analysis.distill import distill
     _require_logs(*args.logs)
-    _check_output(args.output, "-o")
+    check_output_path(args.output, "-o")
     n = distill(args.logs, args.output)
     print(f"{args.output}: best records of {n} workload/target pair(s)")
     return 0
@@ -218,7 +204,7 @@ def _cmd_export_onnx(args) -> int:
     from .graph.models import load_model
     from .graph.onnx_frontend import to_onnx
     model = to_onnx(load_model(args.model), opset=args.opset)
-    _check_output(args.output, "-o")
+    check_output_path(args.output, "-o")
     onnx.save(model, args.output)
     print(f"wrote {args.output} ({Path(args.output).stat().st_size / 1e6:.1f} MB, opset {args.opset})")
     return 0
@@ -229,7 +215,7 @@ def _cmd_pretrain(args) -> int:
 
     from .cost_model.pretrain import pretrain
     _require_logs(*args.logs)
-    _check_output(args.output, "-o")
+    check_output_path(args.output, "-o")
     exclude = set(split_workloads(args.exclude or ""))
     t0 = time.perf_counter()
     model, summary = pretrain(args.logs, exclude, args.objective, progress=not args.no_progress)

@@ -28,6 +28,22 @@ class SetupError(TunerError, RuntimeError):
 INTERNAL_ERROR_EXIT = 70     # EX_SOFTWARE: a bug in tuner
 
 
+def check_output_path(path, flag: str) -> None:
+    """A file to write or append to: a regular file or nothing yet, in a directory that exists (made
+    if need be) and that we may write."""
+    import os
+    from pathlib import Path
+    p = Path(path)
+    if p.exists() and not p.is_file():
+        raise UserError(f"{flag} {path} is not a regular file (it is a directory or a device); give a file path")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create {p.parent} for {flag} {path} ({e.strerror}); choose another {flag}") from None
+    if not os.access(p.parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise UserError(f"cannot write {flag} {path}: permission denied; choose another {flag}")
+
+
 def check_bound(flag: str, value, least: float, inclusive: bool = True) -> None:
     """Refuse an option below its least value (or at it, when that is excluded), or not finite."""
     import math

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import errno
+import fcntl
+import hashlib
 import json
 import math
 import os
@@ -27,7 +29,7 @@ from filelock import FileLock
 
 from . import __version__
 from .errors import SetupError, UserError
-from .measure.result import ERROR_KINDS, NOT_IN_LOG, OK
+from .measure.result import ERROR_KINDS, NOT_IN_LOG, OK, median_cost
 
 FORMAT = 1
 MAX_LINE = 1 << 20          # a record is a few KB; a longer line is damage, skipped without reading it whole
@@ -80,10 +82,7 @@ class Record:
     @property
     def latency(self) -> float:
         """Median repeat cost in seconds; inf for failed records."""
-        if not self.ok:
-            return float("inf")
-        c = sorted(self.costs)
-        return c[len(c) // 2]
+        return median_cost(self.costs) if self.ok else float("inf")
 
     @property
     def task_key(self) -> tuple:
@@ -160,9 +159,12 @@ def _positive(v) -> bool:
 @dataclass
 class LogContents:
     records: list            # [Record]
-    skipped: int             # lines that are not records (malformed, truncated, invalid)
     path: str
-    reasons: Counter = field(default_factory=Counter)   # why lines were skipped
+    reasons: Counter = field(default_factory=Counter)   # why lines that are not records were skipped
+
+    @property
+    def skipped(self) -> int:
+        return sum(self.reasons.values())
 
     def for_task(self, key: str, target: str) -> list:
         return [r for r in self.records if r.workload.key == key and r.target == target]
@@ -195,19 +197,6 @@ def check_readable(path, flag: str = "") -> None:
         raise UserError(f"{path}{where} is not a regular file; give the path of a .jsonl log")
 
 
-def check_writable(path) -> None:
-    """A log to append to: a regular file or nothing yet, in a directory we may write (and its lock)."""
-    p = Path(path)
-    if p.exists() and not p.is_file():
-        raise UserError(f"log {path} is not a regular file (a directory or a device?); give a .jsonl file path")
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"cannot create the directory of log {path}: {e.strerror}; choose another --log") from None
-    if not os.access(p.parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        raise UserError(f"cannot write log {path}: permission denied; choose a --log you can write")
-
-
 # ------------------------------------------------------------ who tunes what
 
 class TaskClaims:
@@ -221,8 +210,6 @@ class TaskClaims:
 
     def __init__(self, log, tasks: list):
         """tasks: [(workload key, target, label)]. Raises UserError if another process holds one."""
-        import fcntl
-        import hashlib
         self._file = open(str(log) + ".tuners", "ab")
         for key, target, label in tasks:
             offset = int(hashlib.sha256(f"{key}|{target}".encode()).hexdigest()[:8], 16)
@@ -253,8 +240,7 @@ def append(path: str | os.PathLike, recs: list) -> None:
         return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = "".join(json.dumps(r.to_json() if isinstance(r, Record) else r, separators=(",", ":")) + "\n"
-                   for r in recs).encode()
+    text = "".join(json.dumps(r.to_json(), separators=(",", ":")) + "\n" for r in recs).encode()
     with FileLock(str(path) + ".lock"):
         fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
@@ -299,7 +285,7 @@ def load(path: str | os.PathLike, warn: bool = True) -> LogContents:
     path = Path(path)
     recs, reasons = [], Counter()
     if not path.exists():
-        return LogContents([], 0, str(path))
+        return LogContents([], str(path))
     check_readable(path)
     with open(path, "rb") as f:
         for line in _lines(f):
@@ -314,7 +300,7 @@ def load(path: str | os.PathLike, warn: bool = True) -> LogContents:
                 reasons["not JSON"] += 1
             except RecordError as e:
                 reasons[str(e)] += 1
-    contents = LogContents(recs, sum(reasons.values()), str(path), reasons)
+    contents = LogContents(recs, str(path), reasons)
     if contents.skipped and warn:
         warnings.warn(contents.skipped_summary(), stacklevel=2)
     return contents
@@ -338,14 +324,9 @@ def replays(rec: Record) -> bool:
     return rec.code_hash is None or cand.code_hash == rec.code_hash
 
 
-def ranked(recs) -> list:
-    """Successful records, fastest first."""
-    return sorted((r for r in recs if r.ok), key=lambda r: r.latency)
-
-
 def first_that_replays(recs):
     """The fastest record that replays (junk steps with a tiny cost are passed over), or None."""
-    return next((r for r in ranked(recs) if replays(r)), None)
+    return next((r for r in sorted((r for r in recs if r.ok), key=lambda r: r.latency) if replays(r)), None)
 
 
 def best(log: str | os.PathLike | LogContents, key: str, target: str):

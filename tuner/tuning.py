@@ -19,6 +19,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from . import records
+from .errors import check_output_path
 from .measure.replay import ReplayRunner
 from .measure.result import OK
 from .measure.runner import RunConfig, Runner
@@ -122,7 +123,7 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
     tgt = parse_target(target, threads)
     pairs = _merge(workloads)
     log = log or default_log(pairs[0][0])
-    records.check_writable(log)
+    check_output_path(log, "--log")
     claims = records.TaskClaims(log, [(wl.key, str(tgt), wl.label) for wl, _ in pairs])
     try:
         factory = policy_factory(policy, tgt, seed, cost_model_from)
@@ -139,7 +140,7 @@ class _Loop:
     def __init__(self, pairs, tgt, log, factory, seed, scheduler_cls, early_stopping):
         self.tgt, self.log, self.factory = tgt, log, factory
         contents = records.load(log, warn=False)
-        self.states, rows = [], []
+        self.states, self.rows = [], []
         for wl, weight in pairs:
             task = Task(wl, tgt)
             previous = contents.for_task(wl.key, str(tgt))
@@ -154,9 +155,8 @@ class _Loop:
             if previous:
                 row.history.append(s.best_latency)
                 row.rounds = 1
-            rows.append(row)
-        self.rows = rows
-        self.sched = scheduler_cls(rows, early_stopping=early_stopping)
+            self.rows.append(row)
+        self.sched = scheduler_cls(self.rows, early_stopping=early_stopping)
         self.session = Session([st.summary for st in self.states], log)
 
     def run(self, trials, time_limit, batch_size, start_from_default, progress, replay, runner, run_config) -> Session:

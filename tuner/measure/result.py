@@ -12,6 +12,14 @@ NOT_IN_LOG = "NOT_IN_LOG"      # replay mode: the candidate was never measured i
 ERROR_KINDS = (OK, COMPILE_ERROR, RUNTIME_ERROR, TIMEOUT, WRONG_ANSWER, NOT_IN_LOG)
 
 
+def median_cost(costs) -> float:
+    """The latency a measurement stands for: the median of its repeat costs (inf when there are none)."""
+    if not costs:
+        return float("inf")
+    c = sorted(costs)
+    return c[len(c) // 2]
+
+
 @dataclass
 class MeasureResult:
     error: str
@@ -27,7 +35,4 @@ class MeasureResult:
     @property
     def latency(self) -> float:
         """Median repeat cost in seconds (inf for failures)."""
-        if not self.ok or not self.costs:
-            return float("inf")
-        c = sorted(self.costs)
-        return c[len(c) // 2]
+        return median_cost(self.costs) if self.ok else float("inf")

@@ -69,14 +69,7 @@ def die_with_parent(parent: int) -> None:
 
 
 def main(conn) -> None:
-    from .library import (
-        LibraryError,
-        aligned_copy,
-        aligned_empty,
-        open_library,
-        pointer_array,
-    )
-    from .library import ffi as get_ffi
+    from .library import LibraryError, aligned_copy, aligned_empty, ffi as get_ffi, open_library, pointer_array
 
     ffi = get_ffi()
     libs: dict = {}
