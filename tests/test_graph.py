@@ -81,10 +81,13 @@ def test_task_keys_match_the_kernel_side():
     assert expected.key in keys
 
 
-def test_mobilenet_relu6_groups_are_flagged_not_tunable():
+def test_mobilenet_relu6_groups_are_tasks_with_a_clip_epilogue():
     out = optimize(load_model("mobilenet_v2"), layout="NCHW16c")
-    flagged = [t for t in out.meta["tasks"] if not t.tunable and "clip" in t.summary]
-    assert flagged and all("clip is not in the kernel library" in t.reason for t in flagged)
+    clipped = [t for t in out.meta["tasks"] if "clip" in t.summary]
+    assert clipped and all(t.tunable and t.workload.p["act"] == "clip" for t in clipped)
+    assert all(t.workload.p["lo"] == 0.0 and t.workload.p["hi"] == 6.0 for t in clipped)
+    # every anchor group of MobileNetV2 is a task now (35 convs end in ReLU6)
+    assert sum(t.weight for t in clipped) == 35
 
 
 def test_cse_dce_and_fold_constant():

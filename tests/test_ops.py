@@ -53,3 +53,13 @@ def test_pooling_and_elementwise(layout):
 def test_layout_transform(src):
     check_schedules([(make("layout_transform", dict(C=32, H=5, W=6, dst=dst), src), None)
                      for dst in CONV_LAYOUTS if dst != src])
+
+
+@pytest.mark.parametrize("act", ["clip", "sigmoid", "hard_sigmoid", "hard_swish"])
+def test_activation_epilogues(act):
+    extra = {"clip": dict(lo=-0.5, hi=0.75), "hard_sigmoid": dict(alpha=0.25, beta=0.4)}.get(act, {})
+    check_schedules([
+        (make("conv2d", dict(C=16, H=6, W=6, K=16, R=3, S=3, pad=1, bias=1, act=act, **extra), "NCHW16c"), None),
+        (make("conv2d", dict(C=16, H=6, W=6, K=16, R=3, S=3, pad=1, groups=16, bias=1, residual=1, act=act,
+                             **extra), "NCHW8c"), None),
+        (make("dense", dict(N=2, C=20, K=32, bias=1, act=act, **extra), "OI16o"), None)])

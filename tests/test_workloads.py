@@ -48,10 +48,22 @@ def test_builtin_set():
     ("conv2d", "expected op:key=value"),
     ("conv2d:C=6,H=5,W=5,K=6,R=3,S=3,groups=4", "must divide"),
     ("conv2d:C=8,H=2,W=2,K=8,R=3,S=3", "does not fit"),
+    ("conv2d:C=8,H=4,W=4,K=8,R=3,S=3,act=gelu", "not an epilogue activation"),
+    ("conv2d:C=8,H=4,W=4,K=8,R=3,S=3,relu=1,act=clip", "two activations"),
+    ("conv2d:C=8,H=4,W=4,K=8,R=3,S=3,act=sigmoid,lo=1", "does not take lo"),
+    ("conv2d:C=8,H=4,W=4,K=8,R=3,S=3,act=clip,hi=x", "is not a number"),
 ])
 def test_bad_specs_explain_themselves(spec, message):
     with pytest.raises(WorkloadError, match=message):
         parse_spec(spec)
+
+
+def test_an_activation_epilogue_leaves_other_keys_alone():
+    plain = make("conv2d", dict(C=8, H=4, W=4, K=8, R=3, S=3))
+    assert "act" not in plain.p and parse_spec(plain.spec).key == plain.key
+    relu6 = parse_spec("conv2d:C=8,H=4,W=4,K=8,R=3,S=3,act=clip,lo=0,hi=6")
+    assert relu6.key == parse_spec(relu6.spec).key == make("conv2d", dict(C=8, H=4, W=4, K=8, R=3, S=3, act="clip")).key
+    assert relu6.key != plain.key
 
 
 def test_bad_layout_and_unknown_name():

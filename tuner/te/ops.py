@@ -232,18 +232,15 @@ def pool2d_ref(x: np.ndarray, kind: str, kernel: tuple, stride: int, pads: tuple
 # ------------------------------------------------------------------ elementwise and broadcast
 
 def relu(x: Tensor, name: str = "relu") -> Tensor:
-    return compute(x.shape, lambda *i: max_expr(x[i], Const(0.0)), name, tag="elemwise", inputs=[x],
-                   axis_names=[f"{name}_i{k}" for k in range(x.ndim)])
+    return activation(x, "relu", name=name)
 
 
 def clip(x: Tensor, lo: float, hi: float, name: str = "clip") -> Tensor:
-    return compute(x.shape, lambda *i: min_expr(max_expr(x[i], Const(float(lo))), Const(float(hi))), name,
-                   tag="elemwise", inputs=[x], axis_names=[f"{name}_i{k}" for k in range(x.ndim)])
+    return activation(x, "clip", {"lo": lo, "hi": hi}, name=name)
 
 
 def sigmoid(x: Tensor, name: str = "sigmoid") -> Tensor:
-    return compute(x.shape, lambda *i: Const(1.0) / (Const(1.0) + Call("exp", (Const(-1.0) * x[i],))), name,
-                   tag="elemwise", inputs=[x], axis_names=[f"{name}_i{k}" for k in range(x.ndim)])
+    return activation(x, "sigmoid", name=name)
 
 
 def add(a: Tensor, b: Tensor, name: str = "add") -> Tensor:
@@ -310,3 +307,173 @@ def layout_transform(x: Tensor, src: str, dst: str, name: str = "layout_transfor
     db = fit_block(c_, block_of(dst))
     return compute((n_, c_ // db, h_, w_, db), lambda n, cc, h, w, cb: read(n, cc * db + cb, h, w), name,
                    inputs=[x], axis_names=["n", "cc", "h", "w", "cb"])
+
+
+# ------------------------------------------------------------------ activations: one table, TE and NumPy side by side
+
+def _clamp(e, lo: float, hi: float):
+    return min_expr(max_expr(e, Const(float(lo))), Const(float(hi)))
+
+
+# name -> (parameters with defaults, TE element formula, NumPy formula on float64)
+ACTIVATIONS = {
+    "relu": ({}, lambda e, p: max_expr(e, Const(0.0)), lambda x, p: np.maximum(x, 0.0)),
+    "clip": ({"lo": 0.0, "hi": 6.0}, lambda e, p: _clamp(e, p["lo"], p["hi"]),
+             lambda x, p: np.clip(x, p["lo"], p["hi"])),
+    "sigmoid": ({}, lambda e, p: Const(1.0) / (Const(1.0) + Call("exp", (Const(-1.0) * e,))),
+                lambda x, p: 1.0 / (1.0 + np.exp(-x))),
+    "hard_sigmoid": ({"alpha": 0.2, "beta": 0.5}, lambda e, p: _clamp(Const(float(p["alpha"])) * e
+                                                                      + Const(float(p["beta"])), 0.0, 1.0),
+                     lambda x, p: np.clip(p["alpha"] * x + p["beta"], 0.0, 1.0)),
+    "hard_swish": ({}, lambda e, p: e * _clamp(e * Const(1.0 / 6.0) + Const(0.5), 0.0, 1.0),
+                   lambda x, p: x * np.clip(x / 6.0 + 0.5, 0.0, 1.0)),
+}
+
+
+def activation(x: Tensor, kind: str, params: dict | None = None, name: str | None = None) -> Tensor:
+    _, fn, _ = ACTIVATIONS[kind]
+    p = {**ACTIVATIONS[kind][0], **(params or {})}
+    name = name or kind
+    return compute(x.shape, lambda *i: fn(x[i], p), name, tag="elemwise", inputs=[x],
+                   axis_names=[f"{name}_i{k}" for k in range(x.ndim)])
+
+
+def activation_ref(x: np.ndarray, kind: str, params: dict | None = None) -> np.ndarray:
+    p = {**ACTIVATIONS[kind][0], **(params or {})}
+    return ACTIVATIONS[kind][2](x.astype(np.float64), p)
+
+
+# ------------------------------------------------------------------ general broadcast and data movement
+
+BINARY_FNS = {"add": (lambda u, v: u + v, np.add), "sub": (lambda u, v: u - v, np.subtract),
+              "mul": (lambda u, v: u * v, np.multiply), "div": (lambda u, v: u / v, np.divide)}
+
+
+def broadcast_binary(kind: str, a: Tensor, b: Tensor, name: str | None = None) -> Tensor:
+    """NumPy broadcasting of two tensors in either direction (trailing dims aligned)."""
+    fn = BINARY_FNS[kind][0]
+    shape = tuple(np.broadcast_shapes(a.shape, b.shape))
+    nd = len(shape)
+
+    def index(t: Tensor, i):
+        off = nd - t.ndim
+        return tuple(0 if t.shape[k] == 1 and shape[off + k] != 1 else i[off + k] for k in range(t.ndim))
+
+    name = name or kind
+    tag = "elemwise" if a.shape == b.shape == shape else "broadcast"
+    return compute(shape, lambda *i: fn(a[index(a, i)], b[index(b, i)]), name, tag=tag, inputs=[a, b],
+                   axis_names=[f"{name}_i{k}" for k in range(nd)])
+
+
+def _unflatten(flat, shape: tuple) -> tuple:
+    idx = []
+    for k in range(len(shape) - 1, -1, -1):
+        idx.append(flat % shape[k] if k else flat)
+        flat = flat // shape[k]
+    return tuple(reversed(idx))
+
+
+def reshape(x: Tensor, shape: tuple, name: str = "reshape") -> Tensor:
+    """Row-major reshape: element i of the output is element i of the input."""
+    shape = tuple(int(d) for d in shape)
+
+    def f(*i):
+        flat = Const(0)
+        for idx, ext in zip(i, shape):
+            flat = flat * Const(ext) + idx
+        return x[_unflatten(flat, x.shape)]
+
+    return compute(shape, f, name, inputs=[x], axis_names=[f"{name}_i{k}" for k in range(len(shape))])
+
+
+def transpose(x: Tensor, perm: tuple, name: str = "transpose") -> Tensor:
+    shape = tuple(x.shape[p] for p in perm)
+
+    def f(*i):
+        src = [None] * len(perm)
+        for k, p in enumerate(perm):
+            src[p] = i[k]
+        return x[tuple(src)]
+
+    return compute(shape, f, name, inputs=[x], axis_names=[f"{name}_i{k}" for k in range(len(shape))])
+
+
+def concat(xs: list, axis: int, name: str = "concat") -> Tensor:
+    shape = list(xs[0].shape)
+    shape[axis] = sum(t.shape[axis] for t in xs)
+
+    def f(*i):
+        starts, s = [], 0
+        for t in xs:
+            starts.append(s)
+            s += t.shape[axis]
+        value = None
+        for t, start in reversed(list(zip(xs, starts))):
+            src = list(i)
+            src[axis] = i[axis] - start
+            load = t[tuple(src)]
+            value = load if value is None else select(i[axis] < start + t.shape[axis], load, value)
+        return value
+
+    return compute(shape, f, name, inputs=list(xs), axis_names=[f"{name}_i{k}" for k in range(len(shape))])
+
+
+def pad_nd(x: Tensor, pads: list, value: float = 0.0, name: str = "pad") -> Tensor:
+    """ONNX-style constant pad: pads = [begin_0, ..., begin_n-1, end_0, ..., end_n-1]."""
+    nd = x.ndim
+    shape = [d + pads[k] + pads[k + nd] for k, d in enumerate(x.shape)]
+
+    def f(*i):
+        src = tuple(i[k] - pads[k] for k in range(nd))
+        conds = [c for k in range(nd) if pads[k] or pads[k + nd]
+                 for c in (i[k] >= pads[k], i[k] < pads[k] + x.shape[k])]
+        return select(all_of(*conds), x[src], Const(float(value))) if conds else x[src]
+
+    return compute(shape, f, name, tag="pad", inputs=[x], axis_names=[f"{name}_i{k}" for k in range(nd)])
+
+
+def reduce_mean(x: Tensor, axes: list, keepdims: bool, name: str = "mean") -> Tensor:
+    axes = sorted(a % x.ndim for a in axes)
+    raxes = [reduce_axis(x.shape[a], f"{name}_r{a}") for a in axes]
+    kept = [k for k in range(x.ndim) if k not in axes]
+    shape = [1 if k in axes else x.shape[k] for k in range(x.ndim)] if keepdims else [x.shape[k] for k in kept]
+    count = float(np.prod([x.shape[a] for a in axes]))
+
+    def f(*i):
+        src, pos = [], 0
+        for k in range(x.ndim):
+            if k in axes:
+                src.append(raxes[axes.index(k)].var)
+                if keepdims:
+                    pos += 1
+            else:
+                src.append(i[pos])
+                pos += 1
+        return sum_reduce(x[tuple(src)], raxes)
+
+    acc = compute(shape, f, f"{name}_sum", tag="reduction", inputs=[x],
+                  axis_names=[f"{name}_s{k}" for k in range(len(shape))])
+    return compute(shape, lambda *i: acc[i] * Const(1.0 / count), name, tag="elemwise", inputs=[acc],
+                   axis_names=[f"{name}_i{k}" for k in range(len(shape))])
+
+
+def softmax(x: Tensor, axis: int, name: str = "softmax") -> Tensor:
+    nd = x.ndim
+    red_shape = [1 if k == axis else d for k, d in enumerate(x.shape)]
+
+    def over(r):
+        return lambda *i: tuple(r.var if k == axis else i[k] for k in range(nd))
+
+    r1, r2 = reduce_axis(x.shape[axis], f"{name}_r1"), reduce_axis(x.shape[axis], f"{name}_r2")
+    mx = compute(red_shape, lambda *i: max_reduce(x[over(r1)(*i)], [r1]), f"{name}_max", tag="reduction",
+                 inputs=[x], axis_names=[f"{name}_m{k}" for k in range(nd)])
+
+    def keep(i):
+        return tuple(Const(0) if k == axis else i[k] for k in range(nd))
+
+    e = compute(x.shape, lambda *i: Call("exp", (x[i] - mx[keep(i)],)), f"{name}_exp", tag="elemwise",
+                inputs=[x, mx], axis_names=[f"{name}_e{k}" for k in range(nd)])
+    s = compute(red_shape, lambda *i: sum_reduce(e[over(r2)(*i)], [r2]), f"{name}_sum", tag="reduction",
+                inputs=[e], axis_names=[f"{name}_s{k}" for k in range(nd)])
+    return compute(x.shape, lambda *i: e[i] / s[keep(i)], name, tag="elemwise", inputs=[e, s],
+                   axis_names=[f"{name}_i{k}" for k in range(nd)])

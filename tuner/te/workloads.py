@@ -40,6 +40,12 @@ _REQUIRED = {
 }
 
 
+# An anchor's activation epilogue other than relu: act=<name> with that activation's parameters
+# (ops.ACTIVATIONS). Absent unless set, so the keys of workloads without one never changed.
+EPILOGUE_ACTS = ("clip", "sigmoid", "hard_sigmoid", "hard_swish")
+_ACT_OPS = ("conv2d", "dense")
+_FLOAT_PARAMS = {"lo", "hi", "alpha", "beta"}
+
 _SPEC_ORDER = ("N", "C", "H", "W", "K", "R", "S", "stride", "pad", "dilation", "groups", "bias", "residual", "relu")
 
 
@@ -196,6 +202,8 @@ class Workload:
             out = ops.add(out, res, name="residual_add")
         if p.get("relu"):
             out = ops.relu(out)
+        if p.get("act"):
+            out = ops.activation(out, p["act"], p, name=p["act"])
         return inputs, out
 
     # ------------------------------------------------------------ data and reference
@@ -220,29 +228,21 @@ class Workload:
             y = L.act_from_nchw(y, lay, ob or None)
             if p["residual"]:
                 y = y + rest.pop(0)
-            if p["relu"]:
-                y = np.maximum(y, 0)
-            return y.astype(np.float32)
+            return self._act_ref(y).astype(np.float32)
         if self.op == "dense":
             w = L.dense_weight_to_oi(arrays[1], ob)
             y = ops.dense_ref(arrays[0], w)
             if p["bias"]:
                 y = y + arrays[2]
-            if p["relu"]:
-                y = np.maximum(y, 0)
-            return y.astype(np.float32)
+            return self._act_ref(y).astype(np.float32)
         x = L.act_to_nchw(arrays[0], lay).astype(np.float64)
         if self.op in ("maxpool", "avgpool"):
             y = ops.pool2d_ref(x, self.op[:3], (p["R"], p["S"]), p["stride"], _pads(p["pad"]),
                                bool(p.get("count_include_pad", 0)))
         elif self.op == "globalavgpool":
             y = x.mean(axis=(2, 3), keepdims=True)
-        elif self.op == "relu":
-            y = np.maximum(x, 0)
-        elif self.op == "sigmoid":
-            y = 1.0 / (1.0 + np.exp(-x))
-        elif self.op == "clip":
-            y = np.clip(x, p["lo"], p["hi"])
+        elif self.op in ("relu", "sigmoid", "clip"):
+            y = ops.activation_ref(x, self.op, p)
         elif self.op == "add":
             y = x + L.act_to_nchw(arrays[1], lay)
         elif self.op == "layout_transform":
@@ -250,6 +250,14 @@ class Workload:
         else:
             raise WorkloadError(f"no reference for op {self.op!r}")
         return L.act_from_nchw(y, lay, ib or None).astype(np.float32)
+
+    def _act_ref(self, y: np.ndarray) -> np.ndarray:
+        p = self.p
+        if p["relu"]:
+            y = ops.activation_ref(y, "relu")
+        if p.get("act"):
+            y = ops.activation_ref(y, p["act"], p)
+        return y
 
 
 # ---------------------------------------------------------------- construction and parsing
@@ -262,10 +270,28 @@ def make(op: str, params: dict, layout: str | None = None, name: str = "") -> Wo
     missing = [k for k in _REQUIRED[op] if k not in full]
     if missing:
         raise WorkloadError(f"{op} needs {', '.join(missing)} (e.g. {example_spec(op)})")
-    unknown = set(full) - set(_DEFAULTS[op]) - set(_REQUIRED[op])
+    takes = set(_DEFAULTS[op]) | set(_REQUIRED[op])
+    if op in _ACT_OPS:
+        takes.add("act")
+        act = full.get("act") or ""
+        if act:
+            if act not in EPILOGUE_ACTS:
+                raise WorkloadError(f"{op}: act={act!r} is not an epilogue activation; use one of "
+                                    f"{', '.join(EPILOGUE_ACTS)} (or relu=1)")
+            if full.get("relu"):
+                raise WorkloadError(f"{op}: relu=1 and act={act} are two activations; give one")
+            act_params = ops.ACTIVATIONS[act][0]
+            takes |= set(act_params)
+            full = {**act_params, **full}
+        else:
+            full.pop("act", None)
+    for k in _FLOAT_PARAMS & set(full):
+        if isinstance(full[k], int) and not isinstance(full[k], bool):
+            full[k] = float(full[k])         # one spelling per value, so one key
+    unknown = set(full) - takes
     if unknown:
         raise WorkloadError(f"{op} does not take {', '.join(sorted(unknown))}; it takes "
-                            f"{', '.join(sorted(set(_DEFAULTS[op]) | set(_REQUIRED[op])))}")
+                            f"{', '.join(sorted(takes))}")
     if "pad" in full:
         t = _pads(full["pad"])
         full["pad"] = t[0] if len(set(t)) == 1 else t
@@ -290,6 +316,8 @@ def _validate(wl: Workload) -> None:
     for k, v in p.items():
         if k in _INT_PARAMS and (not isinstance(v, int) or v < 0):
             raise WorkloadError(f"{wl.op}: {k} must be a non-negative integer, got {v!r}")
+        if k in _FLOAT_PARAMS and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+            raise WorkloadError(f"{wl.op}: {k} must be a finite number, got {v!r}")
     for k in ("N", "C", "H", "W", "K", "R", "S", "stride", "dilation", "groups"):
         if k in p and p[k] < 1:
             raise WorkloadError(f"{wl.op}: {k} must be at least 1, got {p[k]}")
@@ -349,13 +377,13 @@ def parse_spec(spec: str, layout: str | None = None) -> Workload:
 
 
 def _parse_value(k: str, v: str, spec: str):
-    if k == "dst":
+    if k in ("dst", "act"):
         return v
     try:
         if k == "pad":
             parts = [int(x) for x in v.split(".")]
             return parts[0] if len(parts) == 1 else tuple(parts)
-        if k in ("lo", "hi"):
+        if k in _FLOAT_PARAMS:
             return float(v)
         return int(v)
     except ValueError:

@@ -30,10 +30,16 @@ def group_summary(graph: Graph, nodes: list) -> str:
     return " + ".join(graph.nodes[k].op for k in nodes)
 
 
+# graph activation op -> (workload act name, {workload param: node attribute})
+_ACTS = {"clip": ("clip", {"lo": "min", "hi": "max"}), "sigmoid": ("sigmoid", {}),
+         "hard_sigmoid": ("hard_sigmoid", {"alpha": "alpha", "beta": "beta"}), "hard_swish": ("hard_swish", {})}
+
+
 def _epilogue_flags(graph: Graph, anchor: int, nodes: list):
-    """(bias, residual, relu) when the epilogue is [add const][add activation][relu] in that order."""
+    """Workload epilogue parameters when the epilogue is [add const][add activation][activation] in that
+    order (bias, residual, then relu or one of the epilogue activations), else (None, why)."""
     flags = {"bias": 0, "residual": 0, "relu": 0}
-    order = ["bias", "residual", "relu"]
+    order = ["bias", "residual", "act"]
     pos = 0
     cur = graph.nodes[anchor].output
     for k in nodes:
@@ -47,13 +53,21 @@ def _epilogue_flags(graph: Graph, anchor: int, nodes: list):
             kind = "bias"
         elif n.op == "add" and other and tuple(other[0].shape) == tuple(cur.shape):
             kind = "residual"
-        elif n.op == "relu":
-            kind = "relu"
+        elif n.op == "relu" or n.op in _ACTS:
+            kind = "act"
         else:
-            return None, f"epilogue op {n.op} is not in the kernel library yet (bias add, residual add, relu are)"
-        if order.index(kind) < pos or flags[kind]:
-            return None, f"epilogue order {group_summary(graph, nodes)} is not bias, residual, relu"
-        flags[kind] = 1
+            return None, (f"epilogue op {n.op} is not in the kernel library yet (bias add, residual add, relu, "
+                          f"{', '.join(_ACTS)} are)")
+        if order.index(kind) < pos or (kind == "act" and (flags["relu"] or "act" in flags)) or flags.get(kind):
+            return None, f"epilogue order {group_summary(graph, nodes)} is not bias, residual, activation"
+        if n.op == "relu":
+            flags["relu"] = 1
+        elif kind == "act":
+            name, params = _ACTS[n.op]
+            flags["act"] = name
+            flags.update({p: n.attrs[attr] for p, attr in params.items() if attr in n.attrs})
+        else:
+            flags[kind] = 1
         pos = order.index(kind)
         cur = n.output
     return flags, ""
@@ -88,8 +102,8 @@ def workload_of(graph: Graph, group) -> tuple:
                 return None, why
             if flags["residual"]:
                 return None, "dense with a residual add is not in the kernel library yet"
-            return make("dense", dict(N=x.shape[0], C=x.shape[1], K=n.inputs[1].shape[0], bias=flags["bias"],
-                                      relu=flags["relu"]), "OI16o"), ""
+            del flags["residual"]
+            return make("dense", dict(N=x.shape[0], C=x.shape[1], K=n.inputs[1].shape[0], **flags), "OI16o"), ""
         if len(group.nodes) > 1:
             return None, f"{group_summary(graph, group.nodes)}: a fused epilogue on {n.op} is not in the kernel library yet"
         lay = a.get("layout", "NCHW")
