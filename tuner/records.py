@@ -23,6 +23,7 @@ import os
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 from filelock import FileLock
@@ -169,12 +170,33 @@ class LogContents:
     def for_task(self, key: str, target: str) -> list:
         return [r for r in self.records if r.workload.key == key and r.target == target]
 
+    def applicable(self, key: str, target: str) -> list:
+        """Records of a workload that apply on `target`: same backend, ISA and thread count
+        (see code_target; the core count of the host that measured them does not matter)."""
+        want = code_target(target)
+        return [r for r in self.records if r.workload.key == key and code_target(r.target) == want]
+
     def skipped_summary(self) -> str:
         """'3 line(s) skipped (2 not JSON, 1 costs is not ...)', or '' when none were."""
         if not self.skipped:
             return ""
         why = ", ".join(f"{n} {reason}" for reason, n in self.reasons.most_common())
         return f"{self.skipped} line(s) of {self.path} skipped ({why})"
+
+
+@lru_cache(maxsize=256)
+def code_target(target: str) -> tuple | None:
+    """(backend, ISA, threads) of a target string: what decides a record's code and how it was timed.
+
+    The core count is left out on purpose: it does not change the generated code (the thread count
+    is compiled in, the ISA picks the vectors), so a record measured with `-cores=2 -threads=1`
+    applies on a 16-core host running 1 thread. None for a target this version cannot read."""
+    from .target import parse_target
+    try:
+        t = parse_target(target, check_host=False)
+    except UserError:
+        return None
+    return t.kind, t.isa, t.threads
 
 
 def make_record(workload, target, steps, result, code_hash: str, policy: str, seed: int,

@@ -104,11 +104,12 @@ class LibraryError(SetupError):
     """A kernel library changed on disk after it was built."""
 
 
-def open_library(path: str):
-    """dlopen a library built by the builder, after checking its bytes against its name."""
+def open_library(path: str, lib_ffi: FFI | None = None):
+    """dlopen a library built by the builder, after checking its bytes against its name (with
+    `lib_ffi`'s declarations; the kernel harness's by default)."""
     if not verified(path):
         raise LibraryError(f"kernel library {path} does not match the content hash in its name (changed or "
                            "truncated after it was built); refusing to load it. Remove it, and check who else "
                            "writes to the kernel cache (TUNER_CACHE_DIR)")
     _pin_openmp_runtime()
-    return ffi().dlopen(path)
+    return (lib_ffi or ffi()).dlopen(path)

@@ -34,15 +34,18 @@ def divisors(n: int) -> list:
 
 
 class SearchSpace:
-    def __init__(self, workload: Workload, target: Target):
+    def __init__(self, workload: Workload | None, target: Target, dag: tuple | None = None):
+        """The space of `workload`'s compute DAG, or of `dag` = (inputs, output) when given (a fused
+        group that no workload describes, compiled by `tuner compile`)."""
         self.workload = workload
         self.target = target
-        self.inputs, self.output = workload.build()
+        self.inputs, self.output = dag or workload.build()
         sch = Schedule(self.inputs, self.output)
         stages = sch.stages
         reductions = [s for s in stages if s.op.is_reduction]
         if len(reductions) > 1:
-            raise ValueError(f"{workload.label}: more than one reduction stage is not supported yet")
+            raise ValueError(f"{workload.label if workload else self.output.name}: more than one reduction stage "
+                             "is not supported yet")
         self.anchor = reductions[0].name if reductions else None
         self.pads = [s.name for s in stages if s.op.tag == "pad"]
         out = sch.output_name

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...te.workloads import Workload, WorkloadError, make
+from ...te.workloads import EPILOGUE_ACTS, Workload, WorkloadError, make
 from ..ir import Graph
-from ..ops import nchw_dims
+from ..ops import act_params, nchw_dims
 from .base import register
 
 
@@ -30,11 +30,6 @@ def group_summary(graph: Graph, nodes: list) -> str:
     return " + ".join(graph.nodes[k].op for k in nodes)
 
 
-# graph activation op -> (workload act name, {workload param: node attribute})
-_ACTS = {"clip": ("clip", {"lo": "min", "hi": "max"}), "sigmoid": ("sigmoid", {}),
-         "hard_sigmoid": ("hard_sigmoid", {"alpha": "alpha", "beta": "beta"}), "hard_swish": ("hard_swish", {})}
-
-
 def _epilogue_flags(graph: Graph, anchor: int, nodes: list):
     """Workload epilogue parameters when the epilogue is [add const][add activation][activation] in that
     order (bias, residual, then relu or one of the epilogue activations), else (None, why)."""
@@ -53,19 +48,18 @@ def _epilogue_flags(graph: Graph, anchor: int, nodes: list):
             kind = "bias"
         elif n.op == "add" and other and tuple(other[0].shape) == tuple(cur.shape):
             kind = "residual"
-        elif n.op == "relu" or n.op in _ACTS:
+        elif n.op in EPILOGUE_ACTS or n.op == "relu":
             kind = "act"
         else:
             return None, (f"epilogue op {n.op} is not in the kernel library yet (bias add, residual add, relu, "
-                          f"{', '.join(_ACTS)} are)")
+                          f"{', '.join(EPILOGUE_ACTS)} are)")
         if order.index(kind) < pos or (kind == "act" and (flags["relu"] or "act" in flags)) or flags.get(kind):
             return None, f"epilogue order {group_summary(graph, nodes)} is not bias, residual, activation"
         if n.op == "relu":
             flags["relu"] = 1
         elif kind == "act":
-            name, params = _ACTS[n.op]
-            flags["act"] = name
-            flags.update({p: n.attrs[attr] for p, attr in params.items() if attr in n.attrs})
+            flags["act"] = n.op
+            flags.update(act_params(n))
         else:
             flags[kind] = 1
         pos = order.index(kind)

@@ -186,7 +186,8 @@ def fuse(graph: Graph, max_depth: int = MAX_FUSE_DEPTH) -> list:
     for members in by_root.values():
         root = groups[members[0]].root()
         result.append(FusedGroup(sorted(members), root.anchor, root.pattern))
-    result.sort(key=lambda fg: fg.nodes[0])
+    result.sort(key=lambda fg: fg.nodes[-1])     # by output node: a topological order of the groups
+    # (by first node is not: a residual block's group starts before the shortcut group it consumes)
     return result
 
 

@@ -1,0 +1,409 @@
+"""`tuner compile`: a model and tuning logs -> one shared library, one weights file, one arena plan.
+
+Every fused group of the optimised graph becomes one kernel call (a step):
+  * a group that is a task (an anchor with its epilogue: `ExtractTasks`' workload) gets the best
+    record of the given logs, then of the shipped database (`schedules/`), else the default
+    schedule of its search space: apply-best, loud about misses;
+  * every other group (layout transforms, flatten, concat, softmax, broadcast chains, ...) gets a
+    tensor expression built node by node from the operator registry (`graph.ops.OPS`) and the
+    default schedule of the same search space (producers inlined, inner loop vectorised, outer
+    loops parallel); a DAG that space cannot schedule is computed stage by stage.
+Kernels with equal code are compiled once and shared. The steps run in graph order from a
+generated C entry point over one arena (runtime.memory); weights are laid out in their kernels'
+layouts at compile time and stored in one binary file.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .. import records
+from ..codegen.c import PRELUDE, generate_c
+from ..errors import UserError
+from ..graph import Graph, load
+from ..graph.ops import Unsupported, flops, to_te
+from ..graph.passes import optimize
+from ..graph.passes.extract_tasks import group_summary, workload_of
+from ..measure.builder import compile_library
+from ..schedule.lower import lower
+from ..schedule.schedule import ScheduleError, replay
+from ..space.sketch import SearchSpace
+from ..target import Target, parse_target
+from ..task import Task, code_hash
+from ..te import layouts as L
+from ..te.tensor import placeholder
+from .memory import Lifetime, align, peak_live_bytes, plan
+
+DEFAULT_LAYOUT = "NCHW16c"
+
+# where a step's schedule came from (besides a log path)
+SHIPPED, DEFAULT, GENERIC = "shipped", "default", "generic"
+
+
+@dataclass
+class Arg:
+    """Where a kernel argument lives: a graph input or output (by position), or a byte offset
+    in the arena or in the weights."""
+    kind: str            # input | output | arena | weight
+    where: int
+
+
+@dataclass
+class Step:
+    index: int
+    summary: str         # "conv2d + add + relu"
+    node: str            # the anchor's (or first node's) name, for people
+    func: str            # C function of its kernel (shared between steps with equal code)
+    args: list           # Args: inputs, then the output
+    workload: str        # the task's label, or the group's output type for generic groups
+    workload_key: str | None
+    anchor: bool         # a tunable task (counted by --strict and the untuned warning)
+    source: str          # log path | shipped | default | generic
+    expected_s: float | None   # the latency the record promises
+    flops: float
+    code_hash: str
+    steps: list = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["args"] = [[a.kind, a.where] for a in self.args]
+        return d
+
+    @staticmethod
+    def from_json(d: dict) -> "Step":
+        d = dict(d)
+        d["args"] = [Arg(k, w) for k, w in d["args"]]
+        return Step(**d)
+
+
+@dataclass
+class Kernel:
+    func: str
+    source: str
+    openmp: bool
+    code_hash: str
+
+
+class UntunedError(UserError):
+    """--strict and some anchor task has no record."""
+
+
+def _check_layout(layout: str) -> str:
+    L.check_activation_layout(layout)
+    return layout
+
+
+def graph_digest(graph: Graph) -> str:
+    """A hash of a graph: operators, attributes, shapes and constant bytes, in order."""
+    h = hashlib.sha256()
+    names: dict = {}
+    for v in graph.inputs:
+        names[id(v)] = f"in{len(names)}"
+        h.update(f"input {v.shape} {v.dtype}".encode())
+    for n in graph.nodes:
+        ins = []
+        for v in n.inputs:
+            if v.is_const:
+                h.update(np.ascontiguousarray(v.data).tobytes())
+                ins.append(f"const{v.data.shape}{v.data.dtype}")
+            else:
+                ins.append(names.get(id(v), "?"))
+        names[id(n.output)] = f"v{len(names)}"
+        h.update(json.dumps([n.op, sorted((k, str(a)) for k, a in n.attrs.items()), ins]).encode())
+    h.update(json.dumps([names.get(id(v), "?") for v in graph.outputs]).encode())
+    return h.hexdigest()[:20]
+
+
+class _Weights:
+    """Constants packed into one 64-byte aligned blob, each stored once."""
+
+    def __init__(self):
+        self.chunks: list = []
+        self.size = 0
+        self.offsets: dict = {}
+
+    def add(self, key, data: np.ndarray) -> int:
+        if key in self.offsets:
+            return self.offsets[key]
+        data = np.ascontiguousarray(data, dtype=np.float32)
+        off = self.size
+        self.chunks.append((off, data.tobytes()))
+        self.size = align(off + data.nbytes)
+        self.offsets[key] = off
+        return off
+
+    def blob(self) -> bytes:
+        out = bytearray(self.size)
+        for off, b in self.chunks:
+            out[off:off + len(b)] = b
+        return bytes(out)
+
+
+def _group_io(graph: Graph, nodes: list, uses: dict, outputs: set):
+    """(input values in order of first use, the output value) of a fused group."""
+    inside = {id(graph.nodes[k].output) for k in nodes}
+    ins, seen = [], set()
+    for k in nodes:
+        for v in graph.nodes[k].inputs:
+            if id(v) not in inside and id(v) not in seen:
+                seen.add(id(v))
+                ins.append(v)
+    group_nodes = {id(graph.nodes[k]) for k in nodes}
+    outs = [graph.nodes[k].output for k in nodes
+            if id(graph.nodes[k].output) in outputs
+            or any(id(c) not in group_nodes for c in uses.get(id(graph.nodes[k].output), []))]
+    if len(outs) != 1:
+        raise AssertionError(f"fused group {group_summary(graph, nodes)} has {len(outs)} outputs; FuseOps "
+                             "must give every group exactly one")
+    return ins, outs[0]
+
+
+def _task_binding(graph: Graph, group, wl, ins_wl: list) -> list:
+    """The graph values (or arrays to store as weights) behind each argument of a task's kernel."""
+    anchor = graph.nodes[group.anchor]
+    binding = dict(zip(("data", "weight"), anchor.inputs))
+    cur = anchor.output
+    for k in group.nodes:
+        n = graph.nodes[k]
+        if k == group.anchor or n.op != "add":
+            cur = n.output if k != group.anchor else cur
+            continue
+        other = next(v for v in n.inputs if v is not cur)
+        binding["bias" if other.is_const else "residual"] = other
+        cur = n.output
+    out = []
+    for t in ins_wl:
+        v = binding[t.name]
+        if t.name == "weight" and wl.op == "dense" and wl.blocks[1]:
+            out.append(L.dense_weight_from_oi(v.data, wl.blocks[1]))      # packed now, once
+            continue
+        if int(np.prod(v.shape)) != int(np.prod(t.shape)) or (t.name == "weight" and tuple(v.shape) != t.shape):
+            raise AssertionError(f"{wl.label}: argument {t.name} {list(t.shape)} bound to {v.name} {list(v.shape)}")
+        out.append(v)
+    return out
+
+
+def _generic_dag(graph: Graph, nodes: list, ins: list, out_value):
+    """(placeholders, output tensor) of a group built from the operator registry."""
+    tensors, phs = {}, []
+    for k, v in enumerate(ins):
+        t = placeholder(v.shape, f"in{k}")
+        tensors[id(v)] = t
+        phs.append(t)
+    for j, k in enumerate(nodes):
+        n = graph.nodes[k]
+        tensors[id(n.output)] = to_te(n, [tensors[id(v)] for v in n.inputs], f"s{j}_{n.op}")
+    return phs, tensors[id(out_value)]
+
+
+def _generic_kernel(dag: tuple, target: Target, func: str):
+    """(steps, C source, uses OpenMP) of a generic group: the default point of its search space,
+    else every stage computed whole, one after the other (always legal)."""
+    tries = [[]]
+    try:
+        space = SearchSpace(None, target, dag)
+        tries.insert(0, space.steps(space.default()))
+    except (ValueError, ScheduleError):
+        pass                     # more than one reduction (softmax): stage by stage
+    last_error = None
+    for steps in tries:
+        try:
+            fn = lower(replay(dag[0], dag[1], steps))
+        except (ScheduleError, ValueError) as e:
+            last_error = e
+            continue
+        src, omp = generate_c(dataclasses.replace(fn, name=func), target.lanes, target.threads)
+        return steps, src, omp
+    raise AssertionError(f"no schedule lowers for {dag[1].name}: {last_error}")
+
+
+def compile_model(model, log=None, target: str | Target = "cpu", threads: int | None = None,
+                  layout: str | None = None, input_shapes: dict | None = None, strict: bool = False,
+                  use_shipped: bool = True, progress=None):
+    """Compile a built-in model, an ONNX file or a Graph with the best schedules of `log` (a path or
+    a list of paths). Returns a runtime.model.CompiledModel."""
+    from .model import CompiledModel
+    t0 = time.perf_counter()
+    say = progress or (lambda msg: None)
+    tgt = parse_target(target, threads)
+    layout = _check_layout(layout or DEFAULT_LAYOUT)
+    graph = model if isinstance(model, Graph) else load(str(model), input_shapes)
+    source_name = graph.name if isinstance(model, Graph) else str(model)
+    logs = [log] if isinstance(log, (str, Path)) else list(log or [])
+    for p in logs:
+        if not Path(p).exists():
+            raise UserError(f"log {p} does not exist; give the log `tuner tune --log` wrote")
+    contents = [(str(p), records.load(p)) for p in logs]
+    if use_shipped:
+        shipped = records.shipped_database(tgt)
+        if shipped.exists():
+            contents.append((SHIPPED, records.load(shipped, warn=False)))
+    g = optimize(graph, layout=layout)
+    say(f"optimised {graph.name}: {len(graph.nodes)} nodes -> {len(g.nodes)}, "
+        f"{len(g.meta['fused_groups'])} fused groups")
+
+    uses = g.consumers()
+    outputs = {id(v) for v in g.outputs}
+    in_index = {id(v): k for k, v in enumerate(g.inputs)}
+    out_index: dict = {}
+    for k, v in enumerate(g.outputs):
+        if id(v) in out_index or id(v) in in_index or v.is_const:
+            raise Unsupported(f"graph output {k} ({v.name}) is a graph input, a constant or another output; "
+                              "tuner compile needs every output computed by a kernel of its own")
+        out_index[id(v)] = k
+
+    weights = _Weights()
+    kernels: dict = {}               # code hash -> Kernel
+    steps: list = []
+    lifetimes: dict = {}             # value id -> [first, last, nbytes, name]
+    step_args: list = []             # per step: [(value or array)]
+    chosen: dict = {}                # workload key -> (record, where)
+    for gi, grp in enumerate(g.meta["fused_groups"]):
+        ins, out_v = _group_io(g, grp.nodes, uses, outputs)
+        anchor_node = g.nodes[grp.anchor] if grp.anchor is not None else g.nodes[grp.nodes[0]]
+        wl, _why = workload_of(g, grp)
+        gflops = sum(flops(g.nodes[k]) for k in grp.nodes)
+        func = f"kernel{len(kernels)}"
+        if wl is not None:
+            task = Task(wl, tgt)
+            if wl.key not in chosen:
+                chosen[wl.key] = next(((rec, where) for where, c in contents
+                                       if (rec := records.first_that_replays(c.applicable(wl.key, str(tgt))))),
+                                      (None, DEFAULT))
+            rec, where = chosen[wl.key]
+            sched = rec.steps if rec is not None else task.space.steps(task.space.default())
+            cand = task.candidate(sched, func_name=func)
+            if rec is not None and rec.code_hash and cand.code_hash != rec.code_hash:
+                raise AssertionError(f"{wl.label}: the record's steps give other code than it logged")
+            src, omp, chash = cand.source, cand.openmp, cand.code_hash
+            args = _task_binding(g, grp, wl, task.space.inputs)
+            label, key, expected = wl.label, wl.key, (rec.latency if rec is not None else None)
+        else:
+            dag = _generic_dag(g, grp.nodes, ins, out_v)
+            sched, src, omp = _generic_kernel(dag, tgt, func)
+            chash = code_hash(src, func)
+            args, where = list(ins), GENERIC
+            label, key, expected = f"{group_summary(g, grp.nodes)} -> {out_v.type_str()}", None, None
+        kern = kernels.get(chash)
+        if kern is None:
+            kern = kernels[chash] = Kernel(func, src, omp, chash)
+        steps.append(Step(gi, group_summary(g, grp.nodes), anchor_node.name, kern.func, [], label, key,
+                          wl is not None, where, expected, gflops, chash, sched))
+        step_args.append(args + [out_v])
+        for v in args + [out_v]:
+            if isinstance(v, np.ndarray) or v.is_const or id(v) in in_index or id(v) in out_index:
+                continue
+            life = lifetimes.setdefault(id(v), [gi, gi, 4 * int(np.prod(v.shape)), v.name])
+            life[1] = max(life[1], gi)
+        say(f"[{gi + 1}/{len(g.meta['fused_groups'])}] {steps[-1].summary}: {where}")
+
+    offsets, arena_bytes = plan([Lifetime(f"{k}", n, a, b) for k, (a, b, n, _) in lifetimes.items()])
+    for st, args in zip(steps, step_args):
+        for v in args:
+            if isinstance(v, np.ndarray):
+                st.args.append(Arg("weight", weights.add(("packed", st.index, len(st.args)), v)))
+            elif v.is_const:
+                if v.data.dtype != np.float32:
+                    raise Unsupported(f"constant {v.name} is {v.data.dtype}; kernels take float32 tensors")
+                st.args.append(Arg("weight", weights.add(id(v), v.data)))
+            elif id(v) in in_index:
+                st.args.append(Arg("input", in_index[id(v)]))
+            elif id(v) in out_index:
+                st.args.append(Arg("output", out_index[id(v)]))
+            else:
+                st.args.append(Arg("arena", offsets[str(id(v))]))
+
+    untuned = [s for s in steps if s.anchor and s.source == DEFAULT]
+    if strict and untuned:
+        names = sorted({s.workload for s in untuned})
+        raise UntunedError(f"--strict: {len(names)} task(s) have no record in {', '.join(logs) or 'any log'} or the "
+                           f"shipped database for '{tgt}': {'; '.join(names[:5])}"
+                           f"{' ...' if len(names) > 5 else ''}; tune them (tuner tune) or leave out --strict")
+    source = executor_source(list(kernels.values()), steps)
+    say(f"building {len(kernels)} kernels for {len(steps)} steps")
+    flags = list(tgt.cflags) + (["-fopenmp"] if any(k.openmp for k in kernels.values()) else [])
+    lib, err = compile_library(source, flags)
+    if lib is None:
+        raise AssertionError(f"the generated model library does not compile: {err}")
+    meta = {
+        "format": 1,
+        "tool": f"tuner {records.__version__}",
+        "model": source_name,
+        "model_hash": graph_digest(graph),
+        "target": str(tgt),
+        "layout": layout,
+        "logs": [str(p) for p in logs],
+        "inputs": [{"name": v.name, "shape": list(v.shape), "dtype": v.dtype} for v in g.inputs],
+        "outputs": [{"name": v.name, "shape": list(v.shape), "dtype": v.dtype} for v in g.outputs],
+        "arena_bytes": arena_bytes,
+        "intermediate_bytes": sum(align(n) for _, _, n, _ in lifetimes.values()),
+        "peak_live_bytes": peak_live_bytes([Lifetime(str(k), n, a, b) for k, (a, b, n, _) in lifetimes.items()]),
+        "weights_bytes": weights.size,
+        "kernels": len(kernels),
+        "compile_s": round(time.perf_counter() - t0, 3),
+        "steps": [s.to_json() for s in steps],
+    }
+    return CompiledModel(meta, lib, source, weights.blob())
+
+
+# ---------------------------------------------------------------- the generated executor
+
+EXECUTOR = r"""
+#include <time.h>
+typedef struct { float** inputs; float** outputs; char* arena; char* weights; } tuner_ctx;
+%(steps)s
+typedef int (*tuner_step_fn)(const tuner_ctx*);
+static const tuner_step_fn tuner_steps[] = { %(table)s };
+int tuner_model_steps(void) { return %(count)d; }
+int tuner_model_run(float** inputs, float** outputs, char* arena, char* weights) {
+  tuner_ctx c = { inputs, outputs, arena, weights };
+  for (int i = 0; i < %(count)d; ++i) { int rc = tuner_steps[i](&c); if (rc) return 1000 + i; }
+  return 0;
+}
+static double tuner_now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+static int tuner_call(int step, const tuner_ctx* c) {
+  if (step >= 0) return tuner_steps[step](c);
+  for (int i = 0; i < %(count)d; ++i) { int rc = tuner_steps[i](c); if (rc) return rc; }
+  return 0;
+}
+/* seconds per call of one step (step >= 0) or of the whole model (step < 0): one warm-up call,
+   then `repeat` repeats of enough calls to last min_repeat_ms */
+int tuner_model_time(int step, float** inputs, float** outputs, char* arena, char* weights, int repeat,
+                     double min_repeat_ms, double* costs) {
+  tuner_ctx c = { inputs, outputs, arena, weights };
+  double t0 = tuner_now();
+  int rc = tuner_call(step, &c);
+  if (rc) return rc;
+  double once = tuner_now() - t0;
+  int number = 1;
+  if (once > 0 && once * 1e3 < min_repeat_ms) number = (int)(min_repeat_ms / (once * 1e3)) + 1;
+  for (int r = 0; r < repeat; ++r) {
+    double s = tuner_now();
+    for (int k = 0; k < number; ++k) rc |= tuner_call(step, &c);
+    costs[r] = (tuner_now() - s) / number;
+  }
+  return rc;
+}
+"""
+
+_ARG_C = {"input": "c->inputs[%d]", "output": "c->outputs[%d]", "arena": "(float*)(c->arena + %d)",
+          "weight": "(float*)(c->weights + %d)"}
+
+
+def executor_source(kernels: list, steps: list) -> str:
+    parts = []
+    for s in steps:
+        args = ", ".join(_ARG_C[a.kind] % a.where for a in s.args)
+        parts.append(f"/* step {s.index}: {s.summary} */\n"
+                     f"static int step{s.index}(const tuner_ctx* c) {{ float* a[] = {{ {args} }}; "
+                     f"return {s.func}(a); }}")
+    return (PRELUDE + "\n".join(k.source for k in kernels)
+            + EXECUTOR % {"steps": "\n".join(parts), "table": ", ".join(f"step{s.index}" for s in steps),
+                          "count": len(steps)})
+
