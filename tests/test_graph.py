@@ -149,6 +149,7 @@ def test_exported_models_import_and_match_onnxruntime(tmp_path, name):
     onnx.save(to_onnx(g), path)
     imported = load_onnx(path)
     x = np.random.default_rng(2).standard_normal(g.inputs[0].shape).astype(np.float32)
+    np.testing.assert_allclose(interp.run(g, x)[0], _ort(path, x), rtol=1e-4, atol=1e-4)   # the export itself
     ours = interp.run(imported, x)[0]
     np.testing.assert_allclose(ours, _ort(path, x), rtol=1e-4, atol=1e-5 * max(1, float(np.abs(ours).max())))
     _close(interp.run(optimize(imported, layout="NCHW16c"), x)[0], ours)

@@ -18,3 +18,15 @@ def analyze(*args, **kwargs):
     """Summarise a tuning log; see tuner.analysis.report.analyze."""
     from .analysis.report import analyze as _analyze
     return _analyze(*args, **kwargs)
+
+
+def compile(*args, **kwargs):
+    """Compile a whole model with the best schedules of its logs; see tuner.runtime.compiler.compile_model."""
+    from .runtime import compile_model
+    return compile_model(*args, **kwargs)
+
+
+def load(path):
+    """Load a compiled model saved by CompiledModel.save or `tuner compile -o`."""
+    from .runtime import load as _load
+    return _load(path)

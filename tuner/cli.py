@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -198,6 +199,68 @@ def _cmd_inspect(args) -> int:
     return 0
 
 
+def _compile_args(args) -> dict:
+    from .graph import parse_input_shapes
+    return dict(log=args.log or [], target=args.target, threads=args.threads, layout=args.layout,
+                input_shapes=parse_input_shapes(args.input_shape), use_shipped=not args.no_shipped)
+
+
+def _cmd_compile(args) -> int:
+    from .runtime import compile_model
+    check_output_path(os.path.join(args.output, "model.json"), "-o")
+    _require_logs(*(args.log or []), flag="--log")
+    say = (lambda msg: print(msg, file=sys.stderr)) if args.verbose else None
+    m = compile_model(args.model, strict=args.strict, progress=say, **_compile_args(args))
+    m.save(args.output)
+    print(m.report())
+    print(f"wrote {args.output} (run it: tuner run {args.output} --random)")
+    return 0
+
+
+def _cmd_run(args) -> int:
+    import numpy as np
+
+    from .runtime import load as load_model
+    m = load_model(args.model)
+    if args.random or not args.input:
+        if not args.random:
+            raise UserError("give --input NAME=FILE.npy for each input, or --random")
+        inputs = m.random_inputs(args.seed)
+    else:
+        named = {}
+        for item in args.input:
+            name, eq, path = item.partition("=")
+            if not eq or not name or not path:
+                raise UserError(f"cannot read --input {item!r}: expected NAME=FILE.npy")
+            _require_logs(path, flag="--input")
+            try:
+                named[name] = np.load(path, allow_pickle=False)
+            except (ValueError, OSError) as e:
+                raise UserError(f"--input {path} is not a NumPy .npy file: {e}") from None
+        inputs = m._inputs([], named)
+    outs = m.run(*inputs)
+    for spec, y in zip(m.outputs, outs):
+        print(f"{spec['name']}: {'x'.join(map(str, y.shape))} float32, min {y.min():.4g} max {y.max():.4g} "
+              f"mean {y.mean():.4g}" + (f", argmax {int(y.reshape(len(y), -1)[0].argmax())}" if y.ndim == 2 else ""))
+    if args.output:
+        check_output_path(args.output, "-o")
+        if len(outs) == 1 and not args.output.endswith(".npz"):
+            np.save(args.output, outs[0])
+        else:
+            np.savez(args.output, **{s["name"]: y for s, y in zip(m.outputs, outs)})
+        print(f"wrote {args.output}")
+    return 0
+
+
+def _cmd_bench(args) -> int:
+    from .runtime.bench import bench_model
+    threads = [int(t) for t in args.threads.split(",")] if args.threads else None
+    peers = [p.strip() for p in (args.compare or "").split(",") if p.strip()]
+    bench_model(args.model, threads=threads, peers=peers, rounds=args.rounds, logs=args.log or [],
+                json_out=args.json)
+    return 0
+
+
 def _cmd_export_onnx(args) -> int:
     import onnx
 
@@ -312,6 +375,36 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--timing", action="store_true", help="time each pass")
     i.add_argument("--input-shape", action="append", help="NAME=1x3x224x224 for inputs with dynamic dims")
     i.set_defaults(fn=_cmd_inspect)
+
+    c = sub.add_parser("compile", help="compile a model with its best schedules into one library (+ weights)")
+    c.add_argument("model", help="built-in model name (see `tuner models`) or an .onnx file")
+    c.add_argument("-o", "--output", required=True, help="directory to write the compiled model to")
+    c.add_argument("--log", action="append", help="tuning log to take schedules from (repeatable; first wins)")
+    c.add_argument("--target", default="cpu", help="'cpu' (this host) or e.g. 'cpu -isa=avx2 -threads=1'")
+    c.add_argument("--threads", type=int, help="kernel threads (default: all cores); compiled in")
+    c.add_argument("--layout", help="activation layout of convolutions: NCHW, NHWC, NCHW8c, NCHW16c (default)")
+    c.add_argument("--input-shape", action="append", help="NAME=1x3x224x224 for inputs with dynamic dims")
+    c.add_argument("--strict", action="store_true", help="fail when any task has no tuning record")
+    c.add_argument("--no-shipped", action="store_true", help="do not fall back on the shipped schedules/")
+    c.add_argument("-v", "--verbose", action="store_true", help="say what each step does")
+    c.set_defaults(fn=_cmd_compile)
+
+    r = sub.add_parser("run", help="run a compiled model on inputs from .npy files (or random ones)")
+    r.add_argument("model", help="directory written by `tuner compile -o`")
+    r.add_argument("--input", action="append", help="NAME=FILE.npy, one per model input")
+    r.add_argument("--random", action="store_true", help="feed random inputs in [-1, 1)")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("-o", "--output", help="write the output to FILE.npy (several outputs: FILE.npz)")
+    r.set_defaults(fn=_cmd_run)
+
+    bn = sub.add_parser("bench", help="latency of a compiled model against ONNX Runtime / PyTorch, interleaved")
+    bn.add_argument("model", help="a compiled model directory, a built-in model name or an .onnx file")
+    bn.add_argument("--compare", default="onnxruntime", help="peers: onnxruntime, torch (comma-separated, or '')")
+    bn.add_argument("--threads", help="thread counts, e.g. 1,2 (default: the compiled model's)")
+    bn.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
+    bn.add_argument("--log", action="append", help="tuning logs, when the model is compiled here")
+    bn.add_argument("--json", help="also write the results to this JSON file")
+    bn.set_defaults(fn=_cmd_bench)
 
     e = sub.add_parser("export-onnx", help="write a built-in model as an ONNX file")
     e.add_argument("model")

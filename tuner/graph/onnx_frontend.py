@@ -312,9 +312,11 @@ def to_onnx(graph: Graph, opset: int = 18):
     from onnx import TensorProto, helper
     names: dict = {}
     inits, nodes = [], []
+    alive: list = []          # values named by id() stay alive, so no id is reused for another value
 
     def ref(v):
         if id(v) not in names:
+            alive.append(v)
             names[id(v)] = v.name
             if v.is_const:
                 inits.append(numpy_helper.from_array(np.asarray(v.data), v.name))
@@ -358,6 +360,19 @@ def to_onnx(graph: Graph, opset: int = 18):
             nodes.append(helper.make_node("GlobalAveragePool", ins, [out], n.name))
         elif n.op == "flatten":
             nodes.append(helper.make_node("Flatten", ins, [out], n.name, axis=a["axis"]))
+        elif n.op == "concat":
+            nodes.append(helper.make_node("Concat", ins, [out], n.name, axis=a["axis"]))
+        elif n.op in ("sigmoid", "hard_swish", "softmax"):
+            kw = {"axis": a["axis"]} if n.op == "softmax" else {}
+            nodes.append(helper.make_node({"sigmoid": "Sigmoid", "hard_swish": "HardSwish", "softmax": "Softmax"}[n.op],
+                                          ins, [out], n.name, **kw))
+        elif n.op == "hard_sigmoid":
+            nodes.append(helper.make_node("HardSigmoid", ins, [out], n.name, alpha=a.get("alpha", 0.2),
+                                          beta=a.get("beta", 0.5)))
+        elif n.op == "avg_pool2d":
+            nodes.append(helper.make_node("AveragePool", ins, [out], n.name, kernel_shape=a["kernel"],
+                                          strides=a["strides"], pads=a["pads"],
+                                          count_include_pad=a.get("count_include_pad", 0)))
         else:
             raise OnnxImportError(f"export of op {n.op} is not supported")
         names[id(n.output)] = out

@@ -1,0 +1,240 @@
+"""tuner compile / run: whole models against ONNX Runtime, the memory plan, apply-best, artifacts, errors."""
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from tuner import records
+from tuner.graph.ir import GraphBuilder
+from tuner.graph.models import _Net, mobilenet_v2, resnet, tiny
+from tuner.runtime import compile_model, load
+from tuner.runtime.memory import Lifetime, peak_live_bytes, plan
+
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+from tuner.runtime.peers import onnxruntime_runner  # noqa: E402
+
+from test_graph import _torch_style_model  # noqa: E402
+
+
+def assert_matches_onnxruntime(m, graph, onnx_path=None, seed=0):
+    x = m.random_inputs(seed)
+    ours = m.run(*x)
+    ref = onnxruntime_runner(graph, 1, onnx_path)(x)
+    assert len(ours) == len(ref) > 0
+    for a, b in zip(ours, ref):
+        assert a.shape == b.shape
+        assert np.abs(a - b).max() <= 1e-4 * max(np.ptp(b), 1e-3), np.abs(a - b).max()
+    return ours
+
+
+# ---------------------------------------------------------------- models against ONNX Runtime
+
+@pytest.mark.parametrize("make", [lambda: resnet(18, image=32), lambda: resnet(50, image=32),
+                                  lambda: mobilenet_v2(image=32)], ids=["resnet18", "resnet50", "mobilenet_v2"])
+def test_builtin_models_match_onnxruntime(tmp_cache, make):
+    g = make()
+    m = compile_model(g, threads=1)
+    assert_matches_onnxruntime(m, g)
+    assert m.meta["kernels"] < len(m.steps)              # equal kernels are built once and shared
+    assert m.arena_bytes < m.meta["intermediate_bytes"]   # tensors that never live together share memory
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC", "NCHW8c"])
+def test_other_layouts_and_two_threads(tmp_cache, layout):
+    g = tiny()
+    assert_matches_onnxruntime(compile_model(g, threads=2, layout=layout), g)
+
+
+def _inception_like():
+    net = _Net("inception", 1)
+    x = net.b.input("input", (2, 8, 10, 10), layout="NCHW")             # batch 2
+    x = net.relu(net.bn(net.conv(x, 8, 16, 3), 16))
+    a = net.relu(net.bn(net.conv(x, 16, 8, 1), 8))
+    b = net.relu(net.bn(net.conv(net.relu(net.bn(net.conv(x, 16, 4, 1), 4)), 4, 8, 3), 8))
+    c = net.b.add("max_pool2d", [x], {"kernel": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1], "layout": "NCHW"},
+                  "pool")
+    c = net.relu(net.bn(net.conv(c, 16, 8, 1), 8))
+    y = net.b.add("concat", [a, b, c], {"axis": 1}, "cat")             # branches joined on channels
+    return net.b.finish([net.head(y, 24, 10)])
+
+
+def _squeeze_excitation():
+    net = _Net("se", 2)
+    x = net.b.input("input", (1, 3, 12, 12), layout="NCHW")
+    x = net.relu(net.bn(net.conv(x, 3, 32, 3, 2), 32))
+    s = net.b.add("global_avg_pool2d", [x], {"layout": "NCHW"}, "squeeze")
+    s = net.relu(net.conv(s, 32, 8, 1))
+    s = net.b.add("sigmoid", [net.conv(s, 8, 32, 1)], {}, "gate")
+    x = net.b.add("mul", [x, s], {}, "excite")                          # per-channel scale
+    x = net.b.add("hard_swish", [net.bn(net.conv(x, 32, 16, 1), 16)], {}, "hswish")
+    return net.b.finish([net.head(x, 16, 5)])
+
+
+@pytest.mark.parametrize("make", [_inception_like, _squeeze_excitation], ids=["inception", "squeeze_excitation"])
+def test_branchy_models_match_onnxruntime(tmp_cache, make):
+    g = make()
+    assert_matches_onnxruntime(compile_model(g, threads=1), g)
+
+
+def test_an_onnx_file_with_many_operators_matches_onnxruntime(tmp_cache, tmp_path):
+    path = str(_torch_style_model(tmp_path / "torchish.onnx"))     # clip, hard_swish, concat, pad, softmax, ...
+    from tuner.graph import load as load_graph
+    m = compile_model(path, threads=1)
+    assert_matches_onnxruntime(m, load_graph(path), path)
+    assert any(s.source == "generic" and "softmax" in s.summary for s in m.steps)
+
+
+def test_a_torch_exported_model_matches_onnxruntime(tmp_cache, tmp_path):
+    torch = pytest.importorskip("torch", reason="torch is not installed (the [bench] extra)")
+    pytest.importorskip("onnxscript", reason="torch.onnx.export needs onnxscript")
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU6(),
+                              torch.nn.Conv2d(16, 16, 3, padding=1, groups=16), torch.nn.Hardswish(),
+                              torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 4)).eval()
+    path = str(tmp_path / "torch.onnx")
+    torch.onnx.export(net, (torch.randn(1, 3, 8, 8),), path, input_names=["input"], dynamo=False)
+    from tuner.graph import load as load_graph
+    m = compile_model(path, threads=1)
+    ours = assert_matches_onnxruntime(m, load_graph(path), path)
+    x = m.random_inputs(0)[0]
+    with torch.no_grad():
+        np.testing.assert_allclose(ours[0], net(torch.from_numpy(x)).numpy(), atol=1e-4)
+
+
+# ---------------------------------------------------------------- every schedule is right in context
+
+def test_random_legal_schedules_give_the_default_output(tmp_cache):
+    """apply-best applies what it is given, and any legal schedule of any task is correct next to its
+    neighbours' layouts: random points of every task's space give the default schedules' output."""
+    g = mobilenet_v2(image=32)
+    x = None
+    base = compile_model(g, threads=1)
+    x = base.random_inputs(4)
+    want = base.run(*x)[0]
+    for seed in range(2):
+        rng = random.Random(seed)
+        m = compile_model(g, threads=1, choose=lambda task: task.space.steps(task.space.sample(rng)))
+        chosen = [s for s in m.steps if s.source == "chosen"]
+        assert len(chosen) == sum(s.anchor for s in m.steps) > 30
+        got = m.run(*x)[0]
+        assert np.abs(got - want).max() <= 1e-4 * np.ptp(want)
+
+
+# ---------------------------------------------------------------- the memory plan
+
+lifetimes = st.lists(st.tuples(st.integers(1, 5000), st.integers(0, 30), st.integers(0, 6)), min_size=1, max_size=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(lifetimes)
+def test_tensors_alive_together_never_share_memory(items):
+    ts = [Lifetime(f"t{k}", n, a, a + d) for k, (n, a, d) in enumerate(items)]
+    offsets, size = plan(ts)
+    assert set(offsets) == {t.name for t in ts}
+    for i, t in enumerate(ts):
+        assert offsets[t.name] % 64 == 0 and offsets[t.name] + t.nbytes <= size
+        for u in ts[i + 1:]:
+            if t.first <= u.last and u.first <= t.last:
+                a0, b0 = offsets[t.name], offsets[u.name]
+                assert a0 + t.nbytes <= b0 or b0 + u.nbytes <= a0, (t, u)
+    assert size >= peak_live_bytes(ts)
+
+
+# ---------------------------------------------------------------- apply-best, reports, --strict
+
+def _record_for(task, target: str, cost: float):
+    steps = task.space.steps(task.space.default())
+    cand = task.candidate(steps, func_name="kernel")
+    from tuner.measure.result import MeasureResult
+    return records.make_record(task.workload, target, steps, MeasureResult("OK", costs=[cost] * 3), cand.code_hash,
+                               "test", 0)
+
+
+def test_a_record_applies_on_any_core_count_with_the_same_isa_and_threads(tmp_cache, tmp_path):
+    from tuner.graph.passes import optimize
+    from tuner.target import host_isa, parse_target
+    from tuner.task import Task
+    g = tiny()
+    tasks = [t for t in optimize(g, layout="NCHW16c").meta["tasks"] if t.tunable]
+    log = tmp_path / "tiny.jsonl"
+    here = parse_target("cpu -cores=7 -threads=1")
+    recs = [_record_for(Task(t.workload, here), f"cpu -isa={host_isa()} -cores=2 -threads=1", 1e-5) for t in tasks]
+    recs.append(_record_for(Task(tasks[0].workload, here), f"cpu -isa={host_isa()} -cores=2 -threads=2", 1e-9))
+    records.append(log, recs)
+    m = compile_model(g, log=str(log), target="cpu -cores=7 -threads=1", use_shipped=False)
+    anchors = [s for s in m.steps if s.anchor]
+    assert anchors and all(s.source == str(log) and s.expected_s == pytest.approx(1e-5) for s in anchors)
+    assert "warning" not in m.report()
+    assert_matches_onnxruntime(m, g)
+    two = compile_model(g, log=str(log), threads=2, use_shipped=False)       # the 2-thread record: one task only
+    assert sum(s.source == str(log) for s in two.steps) == sum(s.workload == tasks[0].workload.label
+                                                                for s in two.steps)
+
+
+def test_untuned_tasks_are_named_in_one_warning_and_strict_fails(tmp_cache):
+    from tuner.runtime.compiler import UntunedError
+    m = compile_model(tiny(), threads=1, use_shipped=False)
+    report = m.report()
+    assert report.count("warning:") == 1 and "7 task(s)" in report and "99.9% of the model's FLOPs" in report
+    with pytest.raises(UntunedError, match="--strict: 7 task"):
+        compile_model(tiny(), threads=1, use_shipped=False, strict=True)
+
+
+# ---------------------------------------------------------------- the artifact
+
+def test_save_load_run_and_input_checks(tmp_cache, tmp_path, monkeypatch):
+    g = tiny()
+    m = compile_model(g, threads=1)
+    x = m.random_inputs(1)
+    want = m.run(*x)[0]
+    m.save(tmp_path / "art")
+    m2 = load(tmp_path / "art")
+    np.testing.assert_array_equal(m2.run(input=x[0])[0], want)
+    meta = json.loads((tmp_path / "art" / "model.json").read_text())
+    assert meta["model_hash"] and meta["target"].startswith("cpu -isa=") and meta["tool"].startswith("tuner ")
+    from tuner.errors import UserError
+    with pytest.raises(UserError, match="inputs are input; unknown: image; missing: input"):
+        m2.run(image=x[0])
+    with pytest.raises(UserError, match="must have shape 1x3x16x16, got 1x3x8x8"):
+        m2.run(x[0][:, :, :8, :8])
+    with pytest.raises(UserError, match="must be float32, got float64"):
+        m2.run(x[0].astype(np.float64))
+    monkeypatch.setattr("tuner.runtime.model.host_isa", lambda: "sse")
+    with pytest.raises(UserError, match="compiled for .* this host supports sse"):
+        load(tmp_path / "art")
+
+
+def _cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True, env=env)
+
+
+def test_cli_compile_run_and_errors(tmp_path):
+    import os
+    env = dict(os.environ, TUNER_CACHE_DIR=str(tmp_path / "cache"))
+    art = tmp_path / "tiny"
+    p = _cli("compile", "tiny", "--threads", "1", "-o", str(art), env=env)
+    assert p.returncode == 0, p.stderr
+    assert "shipped" in p.stdout or "default" in p.stdout
+    p = _cli("run", str(art), "--random", "-o", str(tmp_path / "y.npy"), env=env)
+    assert p.returncode == 0 and "fc_bias: 1x10" in p.stdout
+    assert np.load(tmp_path / "y.npy").shape == (1, 10)
+    np.save(tmp_path / "bad.npy", np.zeros((1, 3, 4, 4), np.float32))
+    p = _cli("run", str(art), "--input", f"input={tmp_path / 'bad.npy'}", env=env)
+    assert p.returncode == 2 and "must have shape 1x3x16x16" in p.stderr and "Traceback" not in p.stderr
+    p = _cli("run", str(tmp_path), "--random", env=env)
+    assert p.returncode == 2 and "is not a compiled model" in p.stderr
+    # an operator the kernel library cannot run is named with its node
+    b = GraphBuilder("odd")
+    x = b.input("x", (1, 4, 6, 6), layout="NCHW")
+    y = b.add("max_pool2d", [x], {"kernel": [2, 2], "strides": [1, 2], "pads": [0, 0, 0, 0], "layout": "NCHW"},
+              "oddpool")
+    onnx.save(__import__("tuner.graph.onnx_frontend", fromlist=["to_onnx"]).to_onnx(b.finish([y])),
+              tmp_path / "odd.onnx")
+    p = _cli("compile", str(tmp_path / "odd.onnx"), "-o", str(tmp_path / "odd"), env=env)
+    assert p.returncode == 2 and "max_pool2d node 'oddpool': different strides per axis" in p.stderr, p.stderr

@@ -1,0 +1,119 @@
+"""`tuner bench`: a compiled model against its peers on the same input, interleaved, per thread count.
+
+Reports per thread count: median latency of each runner (tuner through `CompiledModel.run`, so
+Python's one call per inference is included, as it is for ONNX Runtime's `run`), the ratio to ONNX
+Runtime, the model's GFLOPS, the executor overhead (the whole model timed in C minus the sum of
+its steps each timed alone in C), the arena size and compile time, and the largest error against
+ONNX Runtime relative to the output's range.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import UserError, check_output_path
+from ..graph import load as load_graph
+from .compiler import compile_model
+from .model import META, load
+from .peers import interleaved, onnxruntime_runner, torch_runner
+
+PEERS = ("onnxruntime", "torch")
+
+
+def _model_for(model: str, threads: int, logs: list, cache: dict):
+    """(CompiledModel, graph, ONNX path or None) for `model` (artifact dir, built-in name or .onnx)."""
+    d = Path(model)
+    if (d / META).is_file():
+        m = cache.get(("dir", threads))
+        if m is None:
+            art = load(d)
+            art_threads = int(art.target.split("-threads=")[1].split()[0])
+            if art_threads == threads:
+                m = art
+            else:           # the thread count is compiled in: compile the same model again for this one
+                m = compile_model(art.meta["model"], log=art.meta["logs"] or logs, threads=threads,
+                                  layout=art.meta["layout"])
+            cache[("dir", threads)] = m
+        source = m.meta["model"]
+    else:
+        m = compile_model(model, log=logs, threads=threads)
+        source = model
+    onnx_path = source if source.endswith(".onnx") else None
+    return m, load_graph(source), onnx_path
+
+
+def executor_overhead(m, inputs, repeat: int = 3) -> tuple:
+    """(whole model in C, sum of the steps each timed alone in C), seconds (medians)."""
+    whole = statistics.median(m.time(inputs, -1, repeat, 200.0))
+    parts = sum(statistics.median(m.time(inputs, s.index, repeat, 20.0)) for s in m.steps)
+    return whole, parts
+
+
+def bench_model(model: str, threads: list | None = None, peers: list = PEERS, rounds: int = 5, logs: list = (),
+                json_out: str | None = None, quiet: bool = False) -> dict:
+    unknown = [p for p in peers if p not in PEERS]
+    if unknown:
+        raise UserError(f"unknown peer(s) {', '.join(unknown)}: choose from {', '.join(PEERS)}")
+    if json_out:
+        check_output_path(json_out, "--json")
+    say = (lambda msg: None) if quiet else print
+    cache: dict = {}
+    if threads is None:
+        d = Path(model)
+        if not (d / META).is_file():
+            raise UserError("give --threads (e.g. 1,2) when the model is not a compiled directory")
+        threads = [int(load(d).target.split("-threads=")[1].split()[0])]
+    results = {"model": model, "rows": []}
+    for t in threads:
+        m, graph, onnx_path = _model_for(model, t, list(logs), cache)
+        inputs = m.random_inputs(seed=1)
+        runners = {"tuner": lambda ins, m=m: m.run(*ins)}
+        if "onnxruntime" in peers:
+            runners["onnxruntime"] = onnxruntime_runner(graph, t, onnx_path)
+        if "torch" in peers:
+            runners["torch NCHW"] = torch_runner(graph, t, channels_last=False)
+            runners["torch channels_last"] = torch_runner(graph, t, channels_last=True)
+        err = None
+        if "onnxruntime" in runners:
+            ours, ref = m.run(*inputs), runners["onnxruntime"](inputs)
+            err = max(float(np.abs(a - b).max() / (np.ptp(b) or 1.0)) for a, b in zip(ours, ref))
+        times = interleaved(runners, inputs, rounds, progress=None if quiet else (lambda s: say(f"  {t} thread(s) {s}")))
+        med = {k: statistics.median(v) for k, v in times.items()}
+        if "torch NCHW" in med:
+            best = min(("torch NCHW", "torch channels_last"), key=lambda k: med[k])
+            med["torch"] = med[best]
+            times["torch"] = times[best]
+        whole, parts = executor_overhead(m, inputs)
+        gflop = sum(s.flops for s in m.steps) / 1e9
+        row = {"threads": t, "median_s": med, "rounds_s": times, "gflops": gflop / med["tuner"],
+               "model_gflop": gflop, "c_whole_s": whole, "c_steps_sum_s": parts,
+               "executor_overhead": (whole - parts) / whole, "arena_bytes": m.arena_bytes,
+               "intermediate_bytes": m.meta["intermediate_bytes"], "compile_s": m.meta["compile_s"],
+               "max_rel_error_vs_onnxruntime": err, "target": m.target}
+        results["rows"].append(row)
+    say(format_table(results))
+    if json_out:
+        Path(json_out).write_text(json.dumps(results, indent=1))
+        say(f"wrote {json_out}")
+    return results
+
+
+def format_table(results: dict) -> str:
+    lines = [f"{'threads':>7} {'runner':<20} {'median ms':>10} {'vs ORT':>7} {'GFLOPS':>7}"]
+    for row in results["rows"]:
+        ort = row["median_s"].get("onnxruntime")
+        for name, s in row["median_s"].items():
+            if name in ("torch NCHW", "torch channels_last") and "torch" in row["median_s"]:
+                continue
+            ratio = f"{s / ort:.2f}x" if ort else "-"
+            lines.append(f"{row['threads']:>7} {name:<20} {s * 1e3:>10.2f} {ratio:>7} {row['model_gflop'] / s:>7.1f}")
+        err = row["max_rel_error_vs_onnxruntime"]
+        lines.append(f"{'':>7} executor overhead {100 * row['executor_overhead']:.2f}% "
+                     f"(model in C {row['c_whole_s'] * 1e3:.2f} ms, steps alone {row['c_steps_sum_s'] * 1e3:.2f} ms); "
+                     f"arena {row['arena_bytes'] / 2**20:.1f} MiB of {row['intermediate_bytes'] / 2**20:.1f} MiB; "
+                     f"compiled in {row['compile_s']:.1f} s"
+                     + (f"; max error vs ORT {err:.1e} of the output range" if err is not None else ""))
+    return "\n".join(lines)
