@@ -45,11 +45,10 @@ def _model_for(model: str, threads: int, logs: list, cache: dict):
     return m, load_graph(source), onnx_path
 
 
-def executor_overhead(m, inputs, repeat: int = 3) -> tuple:
-    """(whole model in C, sum of the steps each timed alone in C), seconds (medians)."""
+def step_times(m, inputs, repeat: int = 3) -> tuple:
+    """(whole model in C, [each step timed alone in C]), seconds (medians)."""
     whole = statistics.median(m.time(inputs, -1, repeat, 200.0))
-    parts = sum(statistics.median(m.time(inputs, s.index, repeat, 20.0)) for s in m.steps)
-    return whole, parts
+    return whole, [statistics.median(m.time(inputs, s.index, repeat, 20.0)) for s in m.steps]
 
 
 def bench_model(model: str, threads: list | None = None, peers: list = PEERS, rounds: int = 5, logs: list = (),
@@ -86,13 +85,18 @@ def bench_model(model: str, threads: list | None = None, peers: list = PEERS, ro
             best = min(("torch NCHW", "torch channels_last"), key=lambda k: med[k])
             med["torch"] = med[best]
             times["torch"] = times[best]
-        whole, parts = executor_overhead(m, inputs)
+        whole, each = step_times(m, inputs)
+        parts = sum(each)
+        slowest = sorted(zip(m.steps, each), key=lambda se: -se[1])[:8]
         gflop = sum(s.flops for s in m.steps) / 1e9
         row = {"threads": t, "median_s": med, "rounds_s": times, "gflops": gflop / med["tuner"],
                "model_gflop": gflop, "c_whole_s": whole, "c_steps_sum_s": parts,
                "executor_overhead": (whole - parts) / whole, "arena_bytes": m.arena_bytes,
                "intermediate_bytes": m.meta["intermediate_bytes"], "compile_s": m.meta["compile_s"],
-               "max_rel_error_vs_onnxruntime": err, "target": m.target}
+               "max_rel_error_vs_onnxruntime": err, "target": m.target,
+               "slowest_steps": [{"index": st.index, "summary": st.summary, "workload": st.workload,
+                                  "source": st.source, "seconds": sec, "gflops": st.flops / sec / 1e9,
+                                  "share": sec / parts} for st, sec in slowest]}
         results["rows"].append(row)
     say(format_table(results))
     if json_out:
