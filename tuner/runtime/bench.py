@@ -30,8 +30,7 @@ def _model_for(model: str, threads: int, logs: list, cache: dict):
         m = cache.get(("dir", threads))
         if m is None:
             art = load(d)
-            art_threads = int(art.target.split("-threads=")[1].split()[0])
-            if art_threads == threads:
+            if art.threads == threads:
                 m = art
             else:           # the thread count is compiled in: compile the same model again for this one
                 m = compile_model(art.meta["model"], log=art.meta["logs"] or logs, threads=threads,
@@ -64,7 +63,7 @@ def bench_model(model: str, threads: list | None = None, peers: list = PEERS, ro
         d = Path(model)
         if not (d / META).is_file():
             raise UserError("give --threads (e.g. 1,2) when the model is not a compiled directory")
-        threads = [int(load(d).target.split("-threads=")[1].split()[0])]
+        threads = [load(d).threads]
     results = {"model": model, "rows": []}
     for t in threads:
         m, graph, onnx_path = _model_for(model, t, list(logs), cache)

@@ -19,7 +19,7 @@ from cffi import FFI
 from .. import __version__
 from ..errors import UserError, check_output_path
 from ..measure.library import aligned_empty, content_hash, open_library
-from ..target import ISAS, host_isa
+from ..target import ISAS, host_isa, parse_target
 from .compiler import DEFAULT, GENERIC, SHIPPED, Step
 
 META = "model.json"
@@ -58,7 +58,6 @@ class CompiledModel:
         self._lib = open_library(lib_path, _ffi())
         self._weights = _aligned_bytes(len(weights))
         self._weights.view(np.uint8)[:len(weights)] = np.frombuffer(weights, np.uint8)
-        self._weights_bytes = weights
         self._arena = _aligned_bytes(meta["arena_bytes"])
         self.steps = [Step.from_json(s) for s in meta["steps"]]
 
@@ -74,6 +73,10 @@ class CompiledModel:
     @property
     def target(self) -> str:
         return self.meta["target"]
+
+    @property
+    def threads(self) -> int:
+        return parse_target(self.target, check_host=False).threads
 
     @property
     def arena_bytes(self) -> int:
@@ -157,7 +160,7 @@ class CompiledModel:
                 old.unlink()
         shutil.copyfile(self._lib_path, d / lib_name)
         (d / "model.c").write_text(self.source)
-        (d / WEIGHTS).write_bytes(self._weights_bytes)
+        (d / WEIGHTS).write_bytes(self._weights.view(np.uint8)[:self.meta["weights_bytes"]].tobytes())
         meta = dict(self.meta, library=lib_name)
         tmp = d / (META + ".tmp")
         tmp.write_text(json.dumps(meta, indent=1))
@@ -213,10 +216,10 @@ def load(path: str | os.PathLike) -> CompiledModel:
     try:
         meta = json.loads(meta_path.read_text())
         lib = d / meta["library"]
-        isa = meta["target"].split("-isa=")[1].split()[0]
-    except (ValueError, KeyError, IndexError) as e:
+        isa = parse_target(meta["target"], check_host=False).isa
+    except (ValueError, KeyError, TypeError, UserError) as e:
         raise ArtifactError(f"{meta_path} is damaged ({e}); compile the model again") from None
-    if isa not in ISAS or ISAS[isa][0] > ISAS[host_isa()][0]:
+    if ISAS[isa][0] > ISAS[host_isa()][0]:
         raise ArtifactError(f"{d} was compiled for {isa} and this host supports {host_isa()}: its kernels cannot "
                             f"run here; compile the model on this host (tuner compile {meta.get('model', 'MODEL')})")
     if meta.get("format") != 1:
