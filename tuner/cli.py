@@ -199,18 +199,15 @@ def _cmd_inspect(args) -> int:
     return 0
 
 
-def _compile_args(args) -> dict:
-    from .graph import parse_input_shapes
-    return dict(log=args.log or [], target=args.target, threads=args.threads, layout=args.layout,
-                input_shapes=parse_input_shapes(args.input_shape), use_shipped=not args.no_shipped)
-
-
 def _cmd_compile(args) -> int:
+    from .graph import parse_input_shapes
     from .runtime import compile_model
     check_output_path(os.path.join(args.output, "model.json"), "-o")
     _require_logs(*(args.log or []), flag="--log")
     say = (lambda msg: print(msg, file=sys.stderr)) if args.verbose else None
-    m = compile_model(args.model, strict=args.strict, progress=say, **_compile_args(args))
+    m = compile_model(args.model, log=args.log or [], target=args.target, threads=args.threads, layout=args.layout,
+                      input_shapes=parse_input_shapes(args.input_shape), use_shipped=not args.no_shipped,
+                      strict=args.strict, progress=say)
     m.save(args.output)
     print(m.report())
     print(f"wrote {args.output} (run it: tuner run {args.output} --random)")
@@ -222,10 +219,10 @@ def _cmd_run(args) -> int:
 
     from .runtime import load as load_model
     m = load_model(args.model)
-    if args.random or not args.input:
-        if not args.random:
-            raise UserError("give --input NAME=FILE.npy for each input, or --random")
-        inputs = m.random_inputs(args.seed)
+    if args.random:
+        outs = m.run(*m.random_inputs(args.seed))
+    elif not args.input:
+        raise UserError("give --input NAME=FILE.npy for each input, or --random")
     else:
         named = {}
         for item in args.input:
@@ -237,8 +234,7 @@ def _cmd_run(args) -> int:
                 named[name] = np.load(path, allow_pickle=False)
             except (ValueError, OSError) as e:
                 raise UserError(f"--input {path} is not a NumPy .npy file: {e}") from None
-        inputs = m._inputs([], named)
-    outs = m.run(*inputs)
+        outs = m.run(**named)
     for spec, y in zip(m.outputs, outs):
         print(f"{spec['name']}: {'x'.join(map(str, y.shape))} float32, min {y.min():.4g} max {y.max():.4g} "
               f"mean {y.mean():.4g}" + (f", argmax {int(y.reshape(len(y), -1)[0].argmax())}" if y.ndim == 2 else ""))

@@ -168,6 +168,7 @@ class LogContents:
         return sum(self.reasons.values())
 
     def for_task(self, key: str, target: str) -> list:
+        """Records of a workload measured on exactly `target` (what a tune resumes from)."""
         return [r for r in self.records if r.workload.key == key and r.target == target]
 
     def applicable(self, key: str, target: str) -> list:
@@ -352,9 +353,10 @@ def first_that_replays(recs):
 
 
 def best(log: str | os.PathLike | LogContents, key: str, target: str):
-    """The fastest successful record of a workload on a target that still replays, or None."""
+    """The fastest successful record of a workload that applies on `target` (LogContents.applicable)
+    and still replays, or None: the apply-best rule of build_op and tuner compile alike."""
     contents = log if isinstance(log, LogContents) else load(log)
-    return first_that_replays(contents.for_task(key, target))
+    return first_that_replays(contents.applicable(key, target))
 
 
 def apply_best(logs: list, workload, target: str, quiet: bool = False):

@@ -28,38 +28,47 @@ from ..errors import SetupError
 from ..target import Target
 from .library import library_name, verified
 
-HARNESS = r"""
+# The one timing rule in C, for kernels (HARNESS) and compiled models (runtime.compiler):
+# warm up once, pick `number` so that one repeat lasts at least min_repeat_ms (number <= 0), then
+# time `repeat` repeats; costs[r] is seconds per call. With flush, each repeat is one cold call.
+# TUNER_TIME_LOOP(call) is the body of a function taking those parameters, `call` an expression
+# that runs the thing once and gives its return code.
+TIMING = r"""
 #include <time.h>
-typedef int (*tuner_fn)(float**);
-static const tuner_fn tuner_table[] = { %(table)s };
-int tuner_count(void) { return %(count)d; }
-int tuner_run(int i, float** args) { return tuner_table[i](args); }
 static double tuner_now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
 static void tuner_flush(void) {
   static char* junk = 0; const size_t n = 64u << 20;
   if (!junk) junk = (char*)malloc(n);
   if (junk) for (size_t k = 0; k < n; k += 64) junk[k] += 1;
 }
-/* Warm up once, pick `number` so that one repeat lasts at least min_repeat_ms, then time
-   `repeat` repeats; costs[r] is seconds per call. With flush, each repeat is one cold call. */
+#define TUNER_TIME_LOOP(call) do { \
+  double t0 = tuner_now(); \
+  int rc = (call); \
+  if (rc) return rc; \
+  double once = tuner_now() - t0; \
+  if (flush) number = 1; \
+  else if (number <= 0) { \
+    number = 1; \
+    if (once > 0 && once * 1e3 < min_repeat_ms) number = (int)(min_repeat_ms / (once * 1e3)) + 1; \
+  } \
+  for (int r = 0; r < repeat; ++r) { \
+    if (flush) tuner_flush(); \
+    double s = tuner_now(); \
+    for (int k = 0; k < number; ++k) rc |= (call); \
+    costs[r] = (tuner_now() - s) / number; \
+  } \
+  return rc; \
+} while (0)
+"""
+
+HARNESS = TIMING + r"""
+typedef int (*tuner_fn)(float**);
+static const tuner_fn tuner_table[] = { %(table)s };
+int tuner_count(void) { return %(count)d; }
+int tuner_run(int i, float** args) { return tuner_table[i](args); }
 int tuner_time(int i, float** args, int number, int repeat, double min_repeat_ms, int flush, double* costs) {
   tuner_fn f = tuner_table[i];
-  double t0 = tuner_now();
-  int rc = f(args);
-  if (rc) return rc;
-  double once = tuner_now() - t0;
-  if (flush) number = 1;
-  else if (number <= 0) {
-    number = 1;
-    if (once > 0 && once * 1e3 < min_repeat_ms) number = (int)(min_repeat_ms / (once * 1e3)) + 1;
-  }
-  for (int r = 0; r < repeat; ++r) {
-    if (flush) tuner_flush();
-    double s = tuner_now();
-    for (int k = 0; k < number; ++k) rc |= f(args);
-    costs[r] = (tuner_now() - s) / number;
-  }
-  return rc;
+  TUNER_TIME_LOOP(f(args));
 }
 """
 

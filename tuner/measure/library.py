@@ -69,10 +69,11 @@ def aligned_copy(a) -> np.ndarray:
     return out
 
 
-def pointer_array(arrays: list):
-    """The `float**` a kernel takes, over C-contiguous float32 arrays that the caller keeps alive."""
-    f = ffi()
-    ptrs = f.new("float*[]", len(arrays))
+def pointer_array(arrays: list, lib_ffi: FFI | None = None):
+    """The `float**` a kernel (or a compiled model, with its `lib_ffi`) takes, over C-contiguous
+    float32 arrays that the caller keeps alive."""
+    f = lib_ffi or ffi()
+    ptrs = f.new("float*[]", max(1, len(arrays)))
     for k, a in enumerate(arrays):
         ptrs[k] = f.cast("float*", f.from_buffer(a))
     return ptrs

@@ -23,19 +23,13 @@ from .peers import interleaved, onnxruntime_runner, torch_runner
 PEERS = ("onnxruntime", "torch")
 
 
-def _model_for(model: str, threads: int, logs: list, cache: dict):
+def _model_for(model: str, threads: int, logs: list):
     """(CompiledModel, graph, ONNX path or None) for `model` (artifact dir, built-in name or .onnx)."""
     d = Path(model)
     if (d / META).is_file():
-        m = cache.get(("dir", threads))
-        if m is None:
-            art = load(d)
-            if art.threads == threads:
-                m = art
-            else:           # the thread count is compiled in: compile the same model again for this one
-                m = compile_model(art.meta["model"], log=art.meta["logs"] or logs, threads=threads,
-                                  layout=art.meta["layout"])
-            cache[("dir", threads)] = m
+        m = load(d)
+        if m.threads != threads:    # the thread count is compiled in: compile the same model again for this one
+            m = compile_model(m.meta["model"], log=m.meta["logs"] or logs, threads=threads, layout=m.meta["layout"])
         source = m.meta["model"]
     else:
         m = compile_model(model, log=logs, threads=threads)
@@ -58,7 +52,6 @@ def bench_model(model: str, threads: list | None = None, peers: list = PEERS, ro
     if json_out:
         check_output_path(json_out, "--json")
     say = (lambda msg: None) if quiet else print
-    cache: dict = {}
     if threads is None:
         d = Path(model)
         if not (d / META).is_file():
@@ -66,7 +59,7 @@ def bench_model(model: str, threads: list | None = None, peers: list = PEERS, ro
         threads = [load(d).threads]
     results = {"model": model, "rows": []}
     for t in threads:
-        m, graph, onnx_path = _model_for(model, t, list(logs), cache)
+        m, graph, onnx_path = _model_for(model, t, list(logs))
         inputs = m.random_inputs(seed=1)
         runners = {"tuner": lambda ins, m=m: m.run(*ins)}
         if "onnxruntime" in peers:

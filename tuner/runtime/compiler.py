@@ -23,14 +23,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import records
+from .. import __version__, records
 from ..codegen.c import PRELUDE, generate_c
 from ..errors import UserError
 from ..graph import Graph, load
 from ..graph.ops import Unsupported, flops, to_te
 from ..graph.passes import optimize
 from ..graph.passes.extract_tasks import group_summary, workload_of
-from ..measure.builder import compile_library
+from ..measure.builder import TIMING, compile_library
 from ..schedule.lower import lower
 from ..schedule.schedule import ScheduleError, replay
 from ..space.sketch import SearchSpace
@@ -62,13 +62,17 @@ class Step:
     func: str            # C function of its kernel (shared between steps with equal code)
     args: list           # Args: inputs, then the output
     workload: str        # the task's label, or the group's output type for generic groups
-    workload_key: str | None
-    anchor: bool         # a tunable task (counted by --strict and the untuned warning)
+    workload_key: str | None   # None for generic groups
     source: str          # log path | shipped | default | generic
     expected_s: float | None   # the latency the record promises
     flops: float
     code_hash: str
     steps: list = field(default_factory=list)
+
+    @property
+    def anchor(self) -> bool:
+        """A tunable task (counted by --strict and the untuned warning)."""
+        return self.workload_key is not None
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
@@ -92,11 +96,6 @@ class Kernel:
 
 class UntunedError(UserError):
     """--strict and some anchor task has no record."""
-
-
-def _check_layout(layout: str) -> str:
-    L.check_activation_layout(layout)
-    return layout
 
 
 def graph_digest(graph: Graph) -> str:
@@ -169,13 +168,10 @@ def _task_binding(graph: Graph, group, wl, ins_wl: list) -> list:
     anchor = graph.nodes[group.anchor]
     binding = dict(zip(("data", "weight"), anchor.inputs))
     cur = anchor.output
-    for k in group.nodes:
-        n = graph.nodes[k]
-        if k == group.anchor or n.op != "add":
-            cur = n.output if k != group.anchor else cur
-            continue
-        other = next(v for v in n.inputs if v is not cur)
-        binding["bias" if other.is_const else "residual"] = other
+    for n in (graph.nodes[k] for k in group.nodes if k != group.anchor):
+        if n.op == "add":
+            other = next(v for v in n.inputs if v is not cur)
+            binding["bias" if other.is_const else "residual"] = other
         cur = n.output
     out = []
     for t in ins_wl:
@@ -235,7 +231,8 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
     t0 = time.perf_counter()
     say = progress or (lambda msg: None)
     tgt = parse_target(target, threads)
-    layout = _check_layout(layout or DEFAULT_LAYOUT)
+    layout = layout or DEFAULT_LAYOUT
+    L.check_activation_layout(layout)
     graph = model if isinstance(model, Graph) else load(str(model), input_shapes)
     source_name = graph.name if isinstance(model, Graph) else str(model)
     logs = [log] if isinstance(log, (str, Path)) else list(log or [])
@@ -264,7 +261,7 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
     weights = _Weights()
     kernels: dict = {}               # code hash -> Kernel
     steps: list = []
-    lifetimes: dict = {}             # value id -> [first, last, nbytes, name]
+    lifetimes: dict = {}             # value id -> [first step, last step, bytes]
     step_args: list = []             # per step: [(value or array)]
     chosen: dict = {}                # workload key -> (record, where)
     for gi, grp in enumerate(g.meta["fused_groups"]):
@@ -277,8 +274,7 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
             task = Task(wl, tgt)
             if wl.key not in chosen:
                 chosen[wl.key] = next(((rec, where) for where, c in contents
-                                       if (rec := records.first_that_replays(c.applicable(wl.key, str(tgt))))),
-                                      (None, DEFAULT))
+                                       if (rec := records.best(c, wl.key, str(tgt)))), (None, DEFAULT))
             rec, where = chosen[wl.key]
             sched = rec.steps if rec is not None else task.space.steps(task.space.default())
             if choose is not None:
@@ -299,16 +295,17 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
         if kern is None:
             kern = kernels[chash] = Kernel(func, src, omp, chash)
         steps.append(Step(gi, group_summary(g, grp.nodes), anchor_node.name, kern.func, [], label, key,
-                          wl is not None, where, expected, gflops, chash, sched))
+                          where, expected, gflops, chash, sched))
         step_args.append(args + [out_v])
         for v in args + [out_v]:
             if isinstance(v, np.ndarray) or v.is_const or id(v) in in_index or id(v) in out_index:
                 continue
-            life = lifetimes.setdefault(id(v), [gi, gi, 4 * int(np.prod(v.shape)), v.name])
+            life = lifetimes.setdefault(id(v), [gi, gi, 4 * int(np.prod(v.shape))])
             life[1] = max(life[1], gi)
         say(f"[{gi + 1}/{len(g.meta['fused_groups'])}] {steps[-1].summary}: {where}")
 
-    offsets, arena_bytes = plan([Lifetime(f"{k}", n, a, b) for k, (a, b, n, _) in lifetimes.items()])
+    lives = [Lifetime(str(k), n, a, b) for k, (a, b, n) in lifetimes.items()]
+    offsets, arena_bytes = plan(lives)
     for st, args in zip(steps, step_args):
         for v in args:
             if isinstance(v, np.ndarray):
@@ -338,7 +335,7 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
         raise AssertionError(f"the generated model library does not compile: {err}")
     meta = {
         "format": 1,
-        "tool": f"tuner {records.__version__}",
+        "tool": f"tuner {__version__}",
         "model": source_name,
         "model_hash": graph_digest(graph),
         "target": str(tgt),
@@ -347,8 +344,8 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
         "inputs": [{"name": v.name, "shape": list(v.shape), "dtype": v.dtype} for v in g.inputs],
         "outputs": [{"name": v.name, "shape": list(v.shape), "dtype": v.dtype} for v in g.outputs],
         "arena_bytes": arena_bytes,
-        "intermediate_bytes": sum(align(n) for _, _, n, _ in lifetimes.values()),
-        "peak_live_bytes": peak_live_bytes([Lifetime(str(k), n, a, b) for k, (a, b, n, _) in lifetimes.items()]),
+        "intermediate_bytes": sum(align(t.nbytes) for t in lives),
+        "peak_live_bytes": peak_live_bytes(lives),
         "weights_bytes": weights.size,
         "kernels": len(kernels),
         "compile_s": round(time.perf_counter() - t0, 3),
@@ -360,7 +357,6 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
 # ---------------------------------------------------------------- the generated executor
 
 EXECUTOR = r"""
-#include <time.h>
 typedef struct { float** inputs; float** outputs; char* arena; char* weights; } tuner_ctx;
 %(steps)s
 typedef int (*tuner_step_fn)(const tuner_ctx*);
@@ -371,29 +367,18 @@ int tuner_model_run(float** inputs, float** outputs, char* arena, char* weights)
   for (int i = 0; i < %(count)d; ++i) { int rc = tuner_steps[i](&c); if (rc) return 1000 + i; }
   return 0;
 }
-static double tuner_now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
 static int tuner_call(int step, const tuner_ctx* c) {
   if (step >= 0) return tuner_steps[step](c);
   for (int i = 0; i < %(count)d; ++i) { int rc = tuner_steps[i](c); if (rc) return rc; }
   return 0;
 }
-/* seconds per call of one step (step >= 0) or of the whole model (step < 0): one warm-up call,
-   then `repeat` repeats of enough calls to last min_repeat_ms */
+/* seconds per call of one step (step >= 0) or of the whole model (step < 0), by the kernels'
+   timing rule (measure.builder.TIMING) */
 int tuner_model_time(int step, float** inputs, float** outputs, char* arena, char* weights, int repeat,
                      double min_repeat_ms, double* costs) {
   tuner_ctx c = { inputs, outputs, arena, weights };
-  double t0 = tuner_now();
-  int rc = tuner_call(step, &c);
-  if (rc) return rc;
-  double once = tuner_now() - t0;
-  int number = 1;
-  if (once > 0 && once * 1e3 < min_repeat_ms) number = (int)(min_repeat_ms / (once * 1e3)) + 1;
-  for (int r = 0; r < repeat; ++r) {
-    double s = tuner_now();
-    for (int k = 0; k < number; ++k) rc |= tuner_call(step, &c);
-    costs[r] = (tuner_now() - s) / number;
-  }
-  return rc;
+  int number = 0, flush = 0;
+  TUNER_TIME_LOOP(tuner_call(step, &c));
 }
 """
 
@@ -408,7 +393,7 @@ def executor_source(kernels: list, steps: list) -> str:
         parts.append(f"/* step {s.index}: {s.summary} */\n"
                      f"static int step{s.index}(const tuner_ctx* c) {{ float* a[] = {{ {args} }}; "
                      f"return {s.func}(a); }}")
-    return (PRELUDE + "\n".join(k.source for k in kernels)
+    return (PRELUDE + "\n".join(k.source for k in kernels) + TIMING
             + EXECUTOR % {"steps": "\n".join(parts), "table": ", ".join(f"step{s.index}" for s in steps),
                           "count": len(steps)})
 

@@ -18,7 +18,7 @@ from cffi import FFI
 
 from .. import __version__
 from ..errors import UserError, check_output_path
-from ..measure.library import aligned_empty, content_hash, open_library
+from ..measure.library import aligned_empty, content_hash, open_library, pointer_array
 from ..target import ISAS, host_isa, parse_target
 from .compiler import DEFAULT, GENERIC, SHIPPED, Step
 
@@ -110,16 +110,9 @@ class CompiledModel:
             out.append(np.ascontiguousarray(a))
         return out
 
-    def _pointers(self, arrays: list):
-        f = _ffi()
-        ptrs = f.new("float*[]", max(1, len(arrays)))
-        for k, a in enumerate(arrays):
-            ptrs[k] = f.cast("float*", f.from_buffer(a))
-        return ptrs
-
     def _call_args(self, inputs: list, outputs: list):
         f = _ffi()
-        return (self._pointers(inputs), self._pointers(outputs), f.cast("char*", f.from_buffer(self._arena)),
+        return (pointer_array(inputs, f), pointer_array(outputs, f), f.cast("char*", f.from_buffer(self._arena)),
                 f.cast("char*", f.from_buffer(self._weights)))
 
     def run(self, *args, **kwargs) -> list:
