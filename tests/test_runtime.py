@@ -227,6 +227,10 @@ def test_cli_compile_run_and_errors(tmp_path):
     np.save(tmp_path / "bad.npy", np.zeros((1, 3, 4, 4), np.float32))
     p = _cli("run", str(art), "--input", f"input={tmp_path / 'bad.npy'}", env=env)
     assert p.returncode == 2 and "must have shape 1x3x16x16" in p.stderr and "Traceback" not in p.stderr
+    p = _cli("bench", str(art), "--compare", "onnxruntime", "--threads", "1", "--rounds", "1", env=env)
+    assert p.returncode == 0 and "onnxruntime" in p.stdout and "executor overhead" in p.stdout, p.stderr
+    p = _cli("bench", str(art), "--threads", "1,x", env=env)
+    assert p.returncode == 2 and "--threads must be numbers" in p.stderr
     p = _cli("run", str(tmp_path), "--random", env=env)
     assert p.returncode == 2 and "is not a compiled model" in p.stderr
     # an operator the kernel library cannot run is named with its node

@@ -250,7 +250,12 @@ def _cmd_run(args) -> int:
 
 def _cmd_bench(args) -> int:
     from .runtime.bench import bench_model
-    threads = [int(t) for t in args.threads.split(",")] if args.threads else None
+    try:
+        threads = [int(t) for t in args.thread_counts.split(",")] if args.thread_counts else None
+    except ValueError:
+        raise UserError(f"--threads must be numbers separated by commas, e.g. 1,2; got {args.thread_counts!r}") from None
+    if threads is not None and min(threads) < 1:
+        raise UserError(f"--threads must be at least 1, got {args.thread_counts}")
     peers = [p.strip() for p in (args.compare or "").split(",") if p.strip()]
     bench_model(args.model, threads=threads, peers=peers, rounds=args.rounds, logs=args.log or [],
                 json_out=args.json)
@@ -396,7 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
     bn = sub.add_parser("bench", help="latency of a compiled model against ONNX Runtime / PyTorch, interleaved")
     bn.add_argument("model", help="a compiled model directory, a built-in model name or an .onnx file")
     bn.add_argument("--compare", default="onnxruntime", help="peers: onnxruntime, torch (comma-separated, or '')")
-    bn.add_argument("--threads", help="thread counts, e.g. 1,2 (default: the compiled model's)")
+    bn.add_argument("--threads", dest="thread_counts", help="thread counts, e.g. 1,2 (default: the compiled model's)")
     bn.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     bn.add_argument("--log", action="append", help="tuning logs, when the model is compiled here")
     bn.add_argument("--json", help="also write the results to this JSON file")
