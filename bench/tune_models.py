@@ -15,6 +15,7 @@ import argparse
 from tuner.graph import load
 from tuner.graph.passes import optimize
 from tuner.runtime.compiler import DEFAULT_LAYOUT
+from tuner.search.scheduler import SCHEDULERS
 from tuner.tuning import tune
 
 
@@ -38,11 +39,13 @@ def main(argv=None) -> int:
     ap.add_argument("--search", default="evolutionary")
     ap.add_argument("--time-limit", type=float)
     ap.add_argument("--batch-size", type=int, default=32, help="candidates per round of a task")
+    ap.add_argument("--scheduler", default="round-robin", choices=sorted(SCHEDULERS),
+                    help="round-robin: every task alike; gradient: where the weighted model latency falls fastest")
     args = ap.parse_args(argv)
     tasks = model_tasks([m.strip() for m in args.models.split(",") if m.strip()])
     print(f"{len(tasks)} tasks, {args.trials_per_task * len(tasks)} trials, {args.threads} thread(s)")
     session = tune(tasks, threads=args.threads, trials=args.trials_per_task * len(tasks), log=args.log,
-                   policy=args.search, time_limit=args.time_limit, scheduler="round-robin", progress=False,
+                   policy=args.search, time_limit=args.time_limit, scheduler=args.scheduler, progress=False,
                    batch_size=args.batch_size)
     for s in session.tasks:
         print(f"{s.workload.label}: {s.trials} trials, best {s.best_latency * 1e3:.4f} ms" if s.best

@@ -8,6 +8,7 @@ import pytest
 from tuner.graph import interp, load
 from tuner.graph.ir import GraphBuilder, GraphError
 from tuner.graph.models import MODELS, load_model, mobilenet_v2, resnet, tiny
+from tuner.graph.ops import BINARY, OPS
 from tuner.graph.passes import DEFAULT_PIPELINE, PassContext, PassTiming, PrintIR, get, optimize
 from tuner.graph.passes.convert_layout import data_path_transforms
 
@@ -302,3 +303,75 @@ def test_files_written_by_torch_onnx_export_import(tmp_path, dynamo):
     np.testing.assert_allclose(ours, m(x).detach().numpy(), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(ours, _ort(path, x.numpy()), rtol=1e-4, atol=1e-5)
     _close(interp.run(optimize(g, layout="NCHW16c"), x.numpy())[0], ours)
+
+
+# ---------------------------------------------------------------- one definition per operator
+
+def _one_op_graph(op: str):
+    """A small graph whose single non-trivial node is `op` (inputs NCHW 1x8x6x6, or 2-D for dense)."""
+    rng = np.random.default_rng(3)
+    b = GraphBuilder(op)
+    x = b.input("x", (1, 8, 6, 6), layout="NCHW")
+    c = lambda *shape: b.const(rng.uniform(0.5, 1.5, shape).astype(np.float32))   # noqa: E731
+    attrs = {
+        "conv2d": ([x, c(4, 8, 3, 3)], {"strides": [1, 1], "pads": [1, 0, 1, 2], "dilations": [1, 1], "groups": 1}),
+        "dense": None,
+        "batch_norm": ([x, c(8), c(8), c(8), c(8)], {"epsilon": 1e-3}),
+        "max_pool2d": ([x], {"kernel": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+        "avg_pool2d": ([x], {"kernel": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1], "count_include_pad": 0}),
+        "global_avg_pool2d": ([x], {}),
+        "flatten": ([x], {"axis": 1}),
+        "reshape": ([x], {"shape": [1, 8, 36]}),
+        "transpose": ([x], {"perm": [0, 2, 3, 1]}),
+        "concat": ([x, x], {"axis": 1}),
+        "clip": ([x], {"min": -0.5, "max": 0.5}),
+        "hard_sigmoid": ([x], {"alpha": 0.3, "beta": 0.4}),
+        "softmax": ([x], {"axis": 1}),
+    }
+    if op == "dense":
+        flat = b.add("flatten", [x], {"axis": 1})
+        y = b.add("add", [b.add("dense", [flat, c(10, 288)]), c(10)])      # exported as one Gemm
+    elif op in BINARY:
+        y = b.add(op, [x, c(8, 1, 1)])
+    elif op in attrs:
+        ins, a = attrs[op]
+        y = b.add(op, ins, a)
+    else:
+        y = b.add(op, [x])
+    return b.finish([y])
+
+
+EXPORTED = sorted(name for name, d in OPS.items() if d.onnx_out is not None)
+
+
+@pytest.mark.parametrize("op", EXPORTED)
+def test_every_exported_operator_round_trips_through_onnx_runtime(tmp_path, op):
+    """Each OpDef's exporter, ONNX Runtime and its importer agree with its NumPy evaluation."""
+    g = _one_op_graph(op)
+    path = tmp_path / f"{op}.onnx"
+    onnx.save(to_onnx(g), path)
+    x = np.random.default_rng(4).standard_normal((1, 8, 6, 6)).astype(np.float32)
+    ours = interp.run(g, x)[0]
+    np.testing.assert_allclose(ours, _ort(path, x), rtol=1e-4, atol=1e-5)
+    back = load_onnx(path)
+    assert op in {n.op for n in back.nodes}
+    np.testing.assert_allclose(interp.run(back, x)[0], ours, rtol=1e-5, atol=1e-6)
+
+
+def test_the_operator_registry_is_consistent():
+    from tuner.graph.onnx_frontend import IMPORTERS
+    from tuner.te.workloads import WORKLOADS
+    owners: dict = {}
+    for name, d in OPS.items():
+        for onnx_type in d.onnx_in:
+            owners.setdefault(onnx_type, []).append(name)
+        if d.task is not None:                   # an anchor: its workload exists and takes its parameters
+            assert d.workload in WORKLOADS, name
+        else:
+            assert d.workload == "", name
+    assert {t: o for t, o in owners.items() if len(o) > 1} == {}        # one importer per ONNX op type
+    assert set(owners) <= set(IMPORTERS)
+    assert {"Conv", "Gemm", "MatMul", "Relu", "Clip", "ReduceMean", "Softmax"} <= set(owners)
+    assert len(EXPORTED) >= 20
+    anchors = {d.workload for d in OPS.values() if d.workload}
+    assert anchors == {"conv2d", "dense", "maxpool", "avgpool", "globalavgpool"}

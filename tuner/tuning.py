@@ -185,7 +185,8 @@ class _Loop:
                     break
                 st = self.states[k]
                 if len(self.states) > 1:
-                    bar.write(f"next: {st.task.workload.label} {st.task.workload.spec} — {why}")
+                    wl = st.task.workload
+                    bar.write(f"next: {wl.label}{f' {wl.spec}' if wl.name else ''} — {why}")
                 batch = self._propose(st, min(batch_size, trials - session.trials), start_from_default)
                 if not batch:
                     self.rows[k].retired = st.summary.retired = \

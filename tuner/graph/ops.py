@@ -1,14 +1,18 @@
 """Graph operators: one definition per operator, in one registry.
 
-Each `OpDef` holds everything the graph side knows about an operator: its fusion pattern, shape
+Each `OpDef` holds everything `tuner` knows about an operator: its fusion pattern, shape
 inference, NumPy evaluation (the interpreter every pass is checked against, and the reference a
 compiled model is checked against), its tensor expression (what `tuner compile` generates a
-kernel from when no tuned workload covers the group) and its FLOPs. Adding an operator is adding
-one `OpDef` to OPS (and its tests); passes read the table, never an if-chain of op names.
+kernel from when no tuned workload covers the group), its FLOPs, its ONNX import (the ONNX op
+types it is read from) and export, and, for an anchor operator, the kernel-side workload it
+becomes as a tuning task (te.workloads.WORKLOADS holds that workload's spec parameters, compute,
+reference and FLOPs, built on the same te.ops functions). Adding an operator is adding one `OpDef`
+to OPS (and its tests); passes, the ONNX frontend and task extraction read the table, never an
+if-chain of op names.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -165,7 +169,7 @@ def _conv_te(node, ins, name):
 def _conv_flops(node):
     lay = node.attrs.get("layout", "NCHW")
     _, cg, r, s = _oihw_shape(node.inputs[1].shape, node.attrs.get("kernel_layout", kernel_layout(lay)))
-    return 2.0 * _elements(node) * cg * r * s
+    return te_ops.conv2d_flops(_elements(node), cg, r, s)
 
 
 # ---------------------------------------------------------------- dense and broadcast
@@ -184,9 +188,11 @@ def _binary_infer(node):
 
 def _binary_def(op: str) -> "OpDef":
     np_fn = te_ops.BINARY_FNS[op][1]
+    onnx_type = op.capitalize()          # Add, Sub, Mul, Div
     return OpDef(op, BROADCAST, _binary_infer,
                  lambda node, args: _f32(np_fn(args[0].astype(np.float64), args[1].astype(np.float64))),
-                 lambda node, ins, name: te_ops.broadcast_binary(op, ins[0], ins[1], name))
+                 lambda node, ins, name: te_ops.broadcast_binary(op, ins[0], ins[1], name),
+                 onnx_in={onnx_type: _onnx_plain(op)}, onnx_out=_export_as(onnx_type))
 
 
 # ---------------------------------------------------------------- activations (te.ops.ACTIVATIONS)
@@ -201,10 +207,19 @@ def act_params(node: Node) -> dict:
     return {p: float(node.attrs.get(attr, dflt)) for p, (attr, dflt) in _ACT_ATTRS.get(node.op, {}).items()}
 
 
+# activation -> its ONNX op type
+_ACT_ONNX = {"relu": "Relu", "clip": "Clip", "sigmoid": "Sigmoid", "hard_sigmoid": "HardSigmoid",
+             "hard_swish": "HardSwish"}
+
+
 def _act_def(op: str) -> "OpDef":
+    onnx_type = _ACT_ONNX[op]
     return OpDef(op, ELEMWISE, _same,
                  lambda node, args: _f32(te_ops.activation_ref(args[0], op, act_params(node))),
-                 lambda node, ins, name: te_ops.activation(ins[0], op, act_params(node), name))
+                 lambda node, ins, name: te_ops.activation(ins[0], op, act_params(node), name),
+                 onnx_in={onnx_type: _onnx_clip if op == "clip" else _onnx_act(op)},
+                 onnx_out=_export_clip if op == "clip" else _export_as(onnx_type, lambda n: {
+                     attr: n.attrs.get(attr, dflt) for attr, dflt in _ACT_ATTRS.get(op, {}).values()}))
 
 
 # ---------------------------------------------------------------- batch_norm
@@ -263,7 +278,7 @@ def _pool_te(node, ins, name):
 
 
 def _pool_flops(node):
-    return _elements(node) * node.attrs["kernel"][0] * node.attrs["kernel"][1]
+    return te_ops.window_flops(_elements(node), *node.attrs["kernel"])
 
 
 def _gap_infer(node):
@@ -275,7 +290,7 @@ def _gap_infer(node):
 
 def _gap_eval(node, args):
     lay = node.attrs.get("layout", "NCHW")
-    return _f32(_from_nchw(_to_nchw(args[0], lay).astype(np.float64).mean(axis=(2, 3), keepdims=True), lay))
+    return _f32(_from_nchw(te_ops.global_avg_pool_ref(_to_nchw(args[0], lay)), lay))
 
 
 # ---------------------------------------------------------------- data movement and reductions
@@ -349,6 +364,219 @@ def _lt_eval(node, args):
     return _from_nchw(_to_nchw(args[0], node.attrs["src"]), node.attrs["dst"]).astype(args[0].dtype)
 
 
+# ---------------------------------------------------------------- ONNX import
+#
+# An importer is (cx, inputs, attributes) -> [output Values]; cx (onnx_frontend.Importer) carries
+# the builder, the node's name and opset, and the checked readers of ONNX attributes whose errors
+# name the node.
+
+def _onnx_conv(cx, ins, a):
+    x = ins[0]
+    w = cx.const(ins[1], "the weight")
+    if len(w.shape) != 4:
+        raise cx.fail("only 2-D convolutions are supported")
+    k, strides, dil = cx.window(a, list(w.shape[2:]))
+    pads = cx.pads(a, x.shape[2:], k, strides, dil)
+    y = cx.add("conv2d", [x, ins[1]], {"strides": strides, "pads": pads, "dilations": dil,
+                                       "groups": a.get("group", 1), "layout": "NCHW", "kernel_layout": "OIHW"})
+    if len(ins) > 2 and ins[2] is not None:
+        bias = cx.const(ins[2], "the bias")
+        y = cx.add("add", [y, cx.constant(bias.reshape(-1, 1, 1), "_bias")], {}, "_bias_add")
+    return [y]
+
+
+def _onnx_gemm(cx, ins, a):
+    x = ins[0]
+    if a.get("transA", 0):
+        x = cx.add("transpose", [x], {"perm": [1, 0]}, "_transA")
+    w = cx.const(ins[1], "the weight (B)")
+    w = w if a.get("transB", 0) else w.T
+    y = cx.add("dense", [x, cx.constant(np.ascontiguousarray(w), "_w")], {})
+    alpha, beta = a.get("alpha", 1.0), a.get("beta", 1.0)
+    if alpha != 1.0:
+        y = cx.add("mul", [y, cx.constant(np.float32(alpha), "_alpha")], {}, "_alpha")
+    if len(ins) > 2 and ins[2] is not None:
+        c = ins[2] if beta == 1.0 or not ins[2].is_const else cx.constant(ins[2].data * beta, "_c")
+        y = cx.add("add", [y, c], {}, "_bias")
+    return [y]
+
+
+def _onnx_matmul(cx, ins, a):
+    x, w = ins[0], ins[1]
+    if w is None or not w.is_const or len(x.shape) != 2 or w.data.ndim != 2:
+        raise cx.fail("only 2-D activation x constant 2-D weight is supported")
+    return [cx.add("dense", [x, cx.constant(np.ascontiguousarray(w.data.T), "_w")], {})]
+
+
+def _onnx_clip(cx, ins, a):
+    lo, hi = a.get("min", -np.inf), a.get("max", np.inf)
+    if len(ins) > 1 and ins[1] is not None:
+        lo = cx.scalar(cx.const(ins[1], "min"), "min")
+    if len(ins) > 2 and ins[2] is not None:
+        hi = cx.scalar(cx.const(ins[2], "max"), "max")
+    return [cx.add("clip", ins[:1], {"min": float(lo), "max": float(hi)})]
+
+
+def _onnx_act(op: str):
+    """Importer of a one-input activation whose ONNX attributes are named as ours (_ACT_ATTRS)."""
+    def imp(cx, ins, a):
+        attrs = {attr: a.get(attr, dflt) for attr, dflt in _ACT_ATTRS.get(op, {}).values()}
+        return [cx.add(op, ins[:1], attrs)]
+    return imp
+
+
+def _onnx_bn(cx, ins, a):
+    for k, what in ((1, "scale"), (2, "bias"), (3, "mean"), (4, "var")):
+        cx.const(ins[k], what)
+    return [cx.add("batch_norm", ins[:5], {"epsilon": a.get("epsilon", 1e-5), "layout": "NCHW"})]
+
+
+def _onnx_pool(cx, ins, a):
+    x = ins[0]
+    if len(x.shape) != 4:
+        raise cx.fail("only 2-D pooling is supported")
+    k, strides, dil = cx.window(a)
+    if any(d != 1 for d in dil):
+        raise cx.fail("dilated pooling is not supported")
+    pads = cx.pads(a, x.shape[2:], k, strides, [1, 1])
+    if a.get("ceil_mode", 0):
+        for size, kk, st, lo, hi in zip(x.shape[2:], k, strides, pads[:2], pads[2:]):
+            if (size + lo + hi - kk) % st:
+                raise cx.fail("ceil_mode=1 changes the output size here; only ceil_mode=0 is supported")
+    attrs = {"kernel": list(k), "strides": list(strides), "pads": pads, "layout": "NCHW"}
+    if cx.op_type == "AveragePool":
+        attrs["count_include_pad"] = a.get("count_include_pad", 0)
+    return [cx.add("max_pool2d" if cx.op_type == "MaxPool" else "avg_pool2d", [x], attrs)]
+
+
+def _onnx_reduce_mean(cx, ins, a):
+    """ReduceMean over H and W of a 4-D tensor (how PyTorch writes global pooling) becomes
+    global_avg_pool2d, so that layout conversion can carry it; other axes stay a mean."""
+    x = ins[0]
+    axes = a.get("axes")
+    if axes is None and len(ins) > 1 and ins[1] is not None:
+        axes = [int(v) for v in cx.const(ins[1], "axes")]
+    axes = sorted(ax % len(x.shape) for ax in (axes if axes is not None else range(len(x.shape))))
+    keep = a.get("keepdims", 1)
+    if len(x.shape) == 4 and axes == [2, 3]:
+        y = cx.add("global_avg_pool2d", [x], {"layout": "NCHW"})
+        return [y if keep else cx.add("reshape", [y], {"shape": [x.shape[0], x.shape[1]]}, "_squeeze")]
+    return [cx.add("mean", [x], {"axes": axes, "keepdims": keep})]
+
+
+def _onnx_reshape(cx, ins, a):
+    x = ins[0]
+    out = [x.shape[k] if d == 0 and not a.get("allowzero", 0) else d
+           for k, d in enumerate(int(v) for v in cx.const(ins[1], "the shape"))]
+    if -1 in out:
+        known = int(np.prod([d for d in out if d != -1]))
+        out[out.index(-1)] = int(np.prod(x.shape)) // max(known, 1)
+    return [cx.add("reshape", [x], {"shape": out})]
+
+
+def _onnx_pad(cx, ins, a):
+    x = ins[0]
+    if a.get("mode", "constant") != "constant":
+        raise cx.fail("only mode=constant is supported")
+    pads = a.get("pads")
+    if pads is None:
+        pads = [int(v) for v in cx.const(ins[1], "pads")]
+    value = 0.0
+    if len(ins) > 2 and ins[2] is not None:
+        value = cx.scalar(cx.const(ins[2], "constant_value"), "constant_value")
+    if len(ins) > 3 and ins[3] is not None:
+        axes = [int(v) % len(x.shape) for v in cx.const(ins[3], "axes")]
+        full = [0] * (2 * len(x.shape))
+        for k, ax in enumerate(axes):
+            full[ax], full[ax + len(x.shape)] = pads[k], pads[k + len(axes)]
+        pads = full
+    return [cx.add("pad", [x], {"pads": pads, "value": value})]
+
+
+def _onnx_softmax(cx, ins, a):
+    x = ins[0]
+    axis = a.get("axis", -1 if cx.opset >= 13 else 1) % len(x.shape)
+    if cx.opset < 13 and axis != len(x.shape) - 1:
+        raise cx.fail(f"opset {cx.opset} softmax over a non-last axis is not supported")
+    return [cx.add("softmax", [x], {"axis": axis})]
+
+
+def _onnx_plain(op: str, attrs=lambda ins, a: {}):
+    """Importer of an ONNX op that maps to `op` on all its inputs with attributes `attrs(ins, a)`."""
+    return lambda cx, ins, a: [cx.add(op, ins, attrs(ins, a))]
+
+
+# ---------------------------------------------------------------- ONNX export
+#
+# An exporter is (ex, node, input names) -> None, emitting ONNX nodes through ex
+# (onnx_frontend.Exporter).
+
+def _export_dense(ex, n, ins):
+    """dense followed by its only consumer, an add of a 1-D constant, is one Gemm with a bias."""
+    users = ex.consumers(n.output)
+    if len(users) == 1 and users[0].op == "add" and users[0].inputs[1].is_const and users[0].inputs[1].data.ndim == 1:
+        ex.fold(users[0], n)
+        ins = ins + [ex.ref(users[0].inputs[1])]
+    ex.emit(n, "Gemm", ins, transB=1)
+
+
+def _export_clip(ex, n, ins):
+    ex.emit(n, "Clip", ins + [ex.scalar(f"{n.name}_min", n.attrs["min"]), ex.scalar(f"{n.name}_max", n.attrs["max"])])
+
+
+def _export_as(op_type: str, attrs=lambda n: {}):
+    """Exporter to one ONNX node of `op_type` with attributes `attrs(node)`."""
+    return lambda ex, n, ins: ex.emit(n, op_type, ins, **attrs(n))
+
+
+def _pool_attrs(n):
+    a = n.attrs
+    extra = {"count_include_pad": a.get("count_include_pad", 0)} if n.op == "avg_pool2d" else {}
+    return {"kernel_shape": a["kernel"], "strides": a["strides"], "pads": a["pads"], **extra}
+
+
+# ---------------------------------------------------------------- tuning tasks
+#
+# A task rule is node -> (workload parameters without the epilogue, workload layout); NoTask says
+# why a node of that operator cannot be a task. Epilogue flags are added by extract_tasks.
+
+class NoTask(Exception):
+    """This node has no kernel-side workload; the message says why."""
+
+
+def _pads_param(pads) -> object:
+    pads = tuple(pads)
+    return pads if len(set(pads)) > 1 else pads[0]
+
+
+def _conv_task(n):
+    a, lay = n.attrs, n.attrs.get("layout", "NCHW")
+    if a["strides"][0] != a["strides"][1] or a["dilations"][0] != a["dilations"][1]:
+        raise NoTask("conv2d with different strides or dilations per axis")
+    nn, c, h, w = nchw_dims(n.inputs[0].shape, lay)
+    k = nchw_dims(n.output.shape, lay)[1]
+    wshape = n.inputs[1].shape
+    r, s = (wshape[0], wshape[1]) if lay == "NHWC" else (wshape[2], wshape[3])
+    return dict(N=nn, C=c, H=h, W=w, K=k, R=r, S=s, stride=a["strides"][0], pad=_pads_param(a["pads"]),
+                dilation=a["dilations"][0], groups=a["groups"]), lay
+
+
+def _pool_task(n):
+    a, lay = n.attrs, n.attrs.get("layout", "NCHW")
+    if a["strides"][0] != a["strides"][1]:
+        raise NoTask(f"{n.op} with different strides per axis")
+    nn, c, h, w = nchw_dims(n.inputs[0].shape, lay)
+    extra = {"count_include_pad": int(a.get("count_include_pad", 0))} if n.op == "avg_pool2d" else {}
+    return dict(N=nn, C=c, H=h, W=w, R=a["kernel"][0], S=a["kernel"][1], stride=a["strides"][0],
+                pad=_pads_param(a["pads"]), **extra), lay
+
+
+def _gap_task(n):
+    lay = n.attrs.get("layout", "NCHW")
+    nn, c, h, w = nchw_dims(n.inputs[0].shape, lay)
+    return dict(N=nn, C=c, H=h, W=w), lay
+
+
 # ---------------------------------------------------------------- the registry
 
 @dataclass(frozen=True)
@@ -359,38 +587,63 @@ class OpDef:
     evaluate: Callable                # (node, NumPy args) -> array (float32 math in float64)
     te: Callable                      # (node, input Tensors in the node's layouts, stage name) -> output Tensor
     flops: Callable = _elements       # node -> float
+    onnx_in: dict = field(default_factory=dict)   # ONNX op type -> importer (cx, ins, attrs) -> [Value]
+    onnx_out: Callable | None = None  # exporter (ex, node, input names) -> None; None: not exported
+    workload: str = ""                # te.workloads.WORKLOADS entry this op anchors as a tuning task
+    task: Callable | None = None      # node -> (workload params, layout); raises NoTask
 
 
 _DEFS = [
-    OpDef("conv2d", OUT_EWISE_FUSABLE, _conv_infer, _conv_eval, _conv_te, _conv_flops),
+    OpDef("conv2d", OUT_EWISE_FUSABLE, _conv_infer, _conv_eval, _conv_te, _conv_flops, {"Conv": _onnx_conv},
+          _export_as("Conv", lambda n: {"kernel_shape": list(n.inputs[1].shape[2:]), "strides": n.attrs["strides"],
+                                        "pads": n.attrs["pads"], "dilations": n.attrs["dilations"],
+                                        "group": n.attrs["groups"]}),
+          "conv2d", _conv_task),
     OpDef("dense", OUT_EWISE_FUSABLE, _dense_infer, lambda n, args: _f32(te_ops.dense_ref(args[0], args[1])),
           lambda n, ins, name: te_ops.dense(ins[0], ins[1], 0, name),
-          lambda n: 2.0 * _elements(n) * n.inputs[0].shape[1]),
+          lambda n: te_ops.dense_flops(n.inputs[0].shape[0], n.inputs[0].shape[1], n.inputs[1].shape[0]),
+          {"Gemm": _onnx_gemm, "MatMul": _onnx_matmul}, _export_dense,
+          "dense", lambda n: (dict(N=n.inputs[0].shape[0], C=n.inputs[0].shape[1], K=n.inputs[1].shape[0]), "OI16o")),
     *(_binary_def(op) for op in te_ops.BINARY_FNS),
     *(_act_def(op) for op in te_ops.ACTIVATIONS),
-    OpDef("batch_norm", OPAQUE, _same, _bn_eval, _bn_te),
-    OpDef("max_pool2d", OUT_EWISE_FUSABLE, _pool_infer, _pool_eval, _pool_te, _pool_flops),
-    OpDef("avg_pool2d", OUT_EWISE_FUSABLE, _pool_infer, _pool_eval, _pool_te, _pool_flops),
+    OpDef("batch_norm", OPAQUE, _same, _bn_eval, _bn_te, onnx_in={"BatchNormalization": _onnx_bn},
+          onnx_out=_export_as("BatchNormalization", lambda n: {"epsilon": n.attrs["epsilon"]})),
+    OpDef("max_pool2d", OUT_EWISE_FUSABLE, _pool_infer, _pool_eval, _pool_te, _pool_flops, {"MaxPool": _onnx_pool},
+          _export_as("MaxPool", _pool_attrs), "maxpool", _pool_task),
+    OpDef("avg_pool2d", OUT_EWISE_FUSABLE, _pool_infer, _pool_eval, _pool_te, _pool_flops,
+          {"AveragePool": _onnx_pool}, _export_as("AveragePool", _pool_attrs), "avgpool", _pool_task),
     OpDef("global_avg_pool2d", OUT_EWISE_FUSABLE, _gap_infer, _gap_eval,
           lambda n, ins, name: te_ops.global_avg_pool(ins[0], n.attrs.get("layout", "NCHW"), name),
-          lambda n: float(np.prod(n.inputs[0].shape))),
+          lambda n: float(np.prod(n.inputs[0].shape)),
+          {"GlobalAveragePool": _onnx_plain("global_avg_pool2d", lambda ins, a: {"layout": "NCHW"})},
+          _export_as("GlobalAveragePool"), "globalavgpool", _gap_task),
     OpDef("flatten", INJECTIVE, _flatten_infer, lambda n, args: args[0].reshape(n.output.shape),
-          lambda n, ins, name: te_ops.reshape(ins[0], n.output.shape, name)),
+          lambda n, ins, name: te_ops.reshape(ins[0], n.output.shape, name),
+          onnx_in={"Flatten": _onnx_plain("flatten", lambda ins, a: {"axis": a.get("axis", 1) % max(1, len(ins[0].shape))})},
+          onnx_out=_export_as("Flatten", lambda n: {"axis": n.attrs["axis"]})),
     OpDef("reshape", INJECTIVE, _reshape_infer, lambda n, args: args[0].reshape(n.attrs["shape"]),
-          lambda n, ins, name: te_ops.reshape(ins[0], n.output.shape, name)),
+          lambda n, ins, name: te_ops.reshape(ins[0], n.output.shape, name), onnx_in={"Reshape": _onnx_reshape},
+          onnx_out=lambda ex, n, ins: ex.emit(n, "Reshape", ins + [ex.tensor(f"{n.name}_shape", n.attrs["shape"])])),
     OpDef("transpose", INJECTIVE,
           lambda n: (tuple(n.inputs[0].shape[p] for p in n.attrs["perm"]), n.inputs[0].dtype, ""),
           lambda n, args: np.ascontiguousarray(args[0].transpose(n.attrs["perm"])),
-          lambda n, ins, name: te_ops.transpose(ins[0], tuple(n.attrs["perm"]), name)),
+          lambda n, ins, name: te_ops.transpose(ins[0], tuple(n.attrs["perm"]), name),
+          onnx_in={"Transpose": _onnx_plain("transpose", lambda ins, a: {
+              "perm": a.get("perm", list(range(len(ins[0].shape)))[::-1])})},
+          onnx_out=_export_as("Transpose", lambda n: {"perm": n.attrs["perm"]})),
     OpDef("concat", INJECTIVE, _concat_infer, lambda n, args: np.concatenate(args, axis=n.attrs["axis"]),
-          lambda n, ins, name: te_ops.concat(ins, n.attrs["axis"], name)),
-    OpDef("pad", INJECTIVE, _pad_infer, _pad_eval, _pad_te),
+          lambda n, ins, name: te_ops.concat(ins, n.attrs["axis"], name),
+          onnx_in={"Concat": _onnx_plain("concat", lambda ins, a: {"axis": a["axis"] % len(ins[0].shape)})},
+          onnx_out=_export_as("Concat", lambda n: {"axis": n.attrs["axis"]})),
+    OpDef("pad", INJECTIVE, _pad_infer, _pad_eval, _pad_te, onnx_in={"Pad": _onnx_pad}),
     OpDef("layout_transform", INJECTIVE, _lt_infer, _lt_eval,
           lambda n, ins, name: te_ops.layout_transform(ins[0], n.attrs["src"], n.attrs["dst"], name)),
     OpDef("mean", COMM_REDUCE, _mean_infer, _mean_eval,
-          lambda n, ins, name: te_ops.reduce_mean(ins[0], n.attrs["axes"], bool(n.attrs.get("keepdims", 1)), name)),
+          lambda n, ins, name: te_ops.reduce_mean(ins[0], n.attrs["axes"], bool(n.attrs.get("keepdims", 1)), name),
+          onnx_in={"ReduceMean": _onnx_reduce_mean}),
     OpDef("softmax", OPAQUE, _same, _softmax_eval, lambda n, ins, name: te_ops.softmax(ins[0], n.attrs["axis"], name),
-          lambda n: 3.0 * _elements(n)),
+          lambda n: 3.0 * _elements(n), {"Softmax": _onnx_softmax},
+          _export_as("Softmax", lambda n: {"axis": n.attrs["axis"]})),
 ]
 OPS: dict = {d.name: d for d in _DEFS}
 

@@ -206,6 +206,25 @@ def global_avg_pool(data: Tensor, layout: str, name: str = "gap") -> Tensor:
                    axis_names=[f"{a}_" for a in _axis_names(layout)])
 
 
+def global_avg_pool_ref(x: np.ndarray) -> np.ndarray:
+    """NCHW in, (N, C, 1, 1) out."""
+    return x.astype(np.float64).mean(axis=(2, 3), keepdims=True)
+
+
+# FLOPs, one rule per operator kind (workloads and graph nodes both count with these)
+def conv2d_flops(out_elements: float, in_channels_per_group: int, r: int, s: int) -> float:
+    return 2.0 * out_elements * in_channels_per_group * r * s
+
+
+def window_flops(out_elements: float, r: int, s: int) -> float:
+    """Pooling: one operation per window element per output."""
+    return float(out_elements * r * s)
+
+
+def dense_flops(n: int, c: int, k: int) -> float:
+    return 2.0 * n * c * k
+
+
 def _axis_names(layout: str) -> list:
     if layout == "NCHW":
         return ["n", "c", "h", "w"]

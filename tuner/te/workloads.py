@@ -11,6 +11,7 @@ import json
 import math
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Callable
 
 import numpy as np
 
@@ -19,31 +20,12 @@ from . import layouts as L
 from . import ops
 from .tensor import Tensor, placeholder
 
-OPS = ("conv2d", "dense", "maxpool", "avgpool", "globalavgpool", "relu", "sigmoid", "clip", "add",
-       "layout_transform")
 _INT_PARAMS = {"N", "C", "H", "W", "K", "R", "S", "stride", "dilation", "groups", "bias", "relu",
                "residual", "count_include_pad"}
-_DEFAULTS = {
-    "conv2d": dict(N=1, stride=1, pad=0, dilation=1, groups=1, bias=0, relu=0, residual=0),
-    "dense": dict(N=1, bias=0, relu=0),
-    "maxpool": dict(N=1, stride=1, pad=0),
-    "avgpool": dict(N=1, stride=1, pad=0, count_include_pad=0),
-    "globalavgpool": dict(N=1),
-    "relu": dict(N=1), "sigmoid": dict(N=1), "add": dict(N=1), "clip": dict(N=1, lo=0.0, hi=6.0),
-    "layout_transform": dict(N=1),
-}
-_REQUIRED = {
-    "conv2d": ("C", "H", "W", "K", "R", "S"), "dense": ("C", "K"),
-    "maxpool": ("C", "H", "W", "R", "S"), "avgpool": ("C", "H", "W", "R", "S"),
-    "globalavgpool": ("C", "H", "W"), "relu": ("C", "H", "W"), "sigmoid": ("C", "H", "W"),
-    "clip": ("C", "H", "W"), "add": ("C", "H", "W"), "layout_transform": ("C", "H", "W", "dst"),
-}
-
 
 # An anchor's activation epilogue other than relu: act=<name> with that activation's parameters
 # (ops.ACTIVATIONS). Absent unless set, so the keys of workloads without one never changed.
 EPILOGUE_ACTS = ("clip", "sigmoid", "hard_sigmoid", "hard_swish")
-_ACT_OPS = ("conv2d", "dense")
 _FLOAT_PARAMS = {"lo", "hi", "alpha", "beta"}
 
 _SPEC_ORDER = ("N", "C", "H", "W", "K", "R", "S", "stride", "pad", "dilation", "groups", "bias", "residual", "relu")
@@ -88,8 +70,8 @@ class Workload:
             return ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
         p = self.p
         order = [k for k in _SPEC_ORDER if k in p] + sorted(k for k in p if k not in _SPEC_ORDER)
-        defaults = _DEFAULTS[self.op]
-        shown = [k for k in order if k in _REQUIRED[self.op] or k in ("N", "stride", "pad") or p[k] != defaults.get(k)]
+        d = WORKLOADS[self.op]
+        shown = [k for k in order if k in d.shown() or p[k] != d.defaults.get(k)]
         return f"{self.op}:" + ",".join(f"{k}={fmt(p[k])}" for k in shown)
 
     @property
@@ -121,90 +103,12 @@ class Workload:
 
     @property
     def flops(self) -> float:
-        p = self.p
-        if self.op == "conv2d":
-            out = self._conv_out()
-            return 2.0 * p["N"] * p["K"] * out[0] * out[1] * (p["C"] // p["groups"]) * p["R"] * p["S"]
-        if self.op == "dense":
-            return 2.0 * p["N"] * p["C"] * p["K"]
-        if self.op in ("maxpool", "avgpool"):
-            oh, ow = self._pool_out()
-            return float(p["N"] * p["C"] * oh * ow * p["R"] * p["S"])
-        return float(p["N"] * p["C"] * p["H"] * p["W"])
-
-    def _conv_out(self):
-        p = self.p
-        t, lft, b, r = _pads(p["pad"])
-        return (ops.conv_out_size(p["H"], p["R"], p["stride"], t, b, p["dilation"]),
-                ops.conv_out_size(p["W"], p["S"], p["stride"], lft, r, p["dilation"]))
-
-    def _pool_out(self):
-        p = self.p
-        t, lft, b, r = _pads(p["pad"])
-        return (ops.conv_out_size(p["H"], p["R"], p["stride"], t, b, 1),
-                ops.conv_out_size(p["W"], p["S"], p["stride"], lft, r, 1))
+        return WORKLOADS[self.op].flops(self)
 
     # ------------------------------------------------------------ compute DAG
     def build(self) -> tuple:
         """(input tensors in argument order, output tensor)."""
-        p, lay = self.p, self.layout
-        ib, ob = self.blocks
-        if self.op == "conv2d":
-            g = p["groups"]
-            data = placeholder(L.act_shape(lay, p["N"], p["C"], p["H"], p["W"], ib or None), "data")
-            if lay == "NCHW":
-                wshape = (p["K"], p["C"] // g, p["R"], p["S"])
-            elif lay == "NHWC":
-                wshape = (p["R"], p["S"], p["C"] // g, p["K"])
-            else:
-                wshape = ((p["K"] // ob, 1, p["R"], p["S"], 1, ob) if g > 1
-                          else (p["K"] // ob, p["C"] // ib, p["R"], p["S"], ib, ob))
-            weight = placeholder(wshape, "weight")
-            out = ops.conv2d(data, weight, lay, p["stride"], _pads(p["pad"]), p["dilation"], g)
-            return self._epilogue([data, weight], out, ob)
-        if self.op == "dense":
-            data = placeholder((p["N"], p["C"]), "data")
-            wshape = (p["K"] // ob, p["C"], ob) if ob else (p["K"], p["C"])
-            weight = placeholder(wshape, "weight")
-            out = ops.dense(data, weight, ob)
-            return self._epilogue([data, weight], out, 0)
-        data = placeholder(L.act_shape(lay, p["N"], p["C"], p["H"], p["W"], ib or None), "data")
-        if self.op in ("maxpool", "avgpool"):
-            out = ops.pool2d(data, lay, self.op[:3], (p["R"], p["S"]), p["stride"], _pads(p["pad"]),
-                             bool(p.get("count_include_pad", 0)), name=self.op)
-            return [data], out
-        if self.op == "globalavgpool":
-            return [data], ops.global_avg_pool(data, lay)
-        if self.op == "relu":
-            return [data], ops.relu(data)
-        if self.op == "sigmoid":
-            return [data], ops.sigmoid(data)
-        if self.op == "clip":
-            return [data], ops.clip(data, p["lo"], p["hi"])
-        if self.op == "add":
-            other = placeholder(data.shape, "other")
-            return [data, other], ops.add(data, other)
-        if self.op == "layout_transform":
-            return [data], ops.layout_transform(data, lay, p["dst"])
-        raise WorkloadError(f"no compute for op {self.op!r}")
-
-    def _epilogue(self, inputs: list, out: Tensor, ob: int):
-        p = self.p
-        k = p["K"]
-        if p.get("bias"):
-            shape = (k,) if self.op == "dense" else ops.channel_bias_shape(self.layout, k, ob)
-            bias = placeholder(shape, "bias")
-            inputs.append(bias)
-            out = ops.add(out, bias, name="bias_add")
-        if p.get("residual"):
-            res = placeholder(out.shape, "residual")
-            inputs.append(res)
-            out = ops.add(out, res, name="residual_add")
-        if p.get("relu"):
-            out = ops.relu(out)
-        if p.get("act"):
-            out = ops.activation(out, p["act"], p, name=p["act"])
-        return inputs, out
+        return WORKLOADS[self.op].build(self)
 
     # ------------------------------------------------------------ data and reference
     def random_inputs(self, seed: int = 0) -> list:
@@ -215,49 +119,218 @@ class Workload:
 
     def reference(self, arrays: list) -> np.ndarray:
         """The expected output (float32) for `arrays` given in this workload's layout."""
-        p, lay = self.p, self.layout
-        ib, ob = self.blocks
-        if self.op == "conv2d":
-            x = L.act_to_nchw(arrays[0], lay)
-            w = L.conv_weight_to_oihw(arrays[1], lay)
-            y = ops.conv2d_ref(x, w, p["stride"], _pads(p["pad"]), p["dilation"], p["groups"])
-            rest = arrays[2:]
-            if p["bias"]:
-                # every bias layout flattens to channel order: (K,1,1), (K,), (K/b,1,1,b)
-                y = y + rest.pop(0).reshape(-1)[None, :, None, None]
-            y = L.act_from_nchw(y, lay, ob or None)
-            if p["residual"]:
-                y = y + rest.pop(0)
-            return self._act_ref(y).astype(np.float32)
-        if self.op == "dense":
-            w = L.dense_weight_to_oi(arrays[1], ob)
-            y = ops.dense_ref(arrays[0], w)
-            if p["bias"]:
-                y = y + arrays[2]
-            return self._act_ref(y).astype(np.float32)
-        x = L.act_to_nchw(arrays[0], lay).astype(np.float64)
-        if self.op in ("maxpool", "avgpool"):
-            y = ops.pool2d_ref(x, self.op[:3], (p["R"], p["S"]), p["stride"], _pads(p["pad"]),
-                               bool(p.get("count_include_pad", 0)))
-        elif self.op == "globalavgpool":
-            y = x.mean(axis=(2, 3), keepdims=True)
-        elif self.op in ("relu", "sigmoid", "clip"):
-            y = ops.activation_ref(x, self.op, p)
-        elif self.op == "add":
-            y = x + L.act_to_nchw(arrays[1], lay)
-        elif self.op == "layout_transform":
-            return L.act_from_nchw(x, p["dst"]).astype(np.float32)
-        else:
-            raise WorkloadError(f"no reference for op {self.op!r}")
-        return L.act_from_nchw(y, lay, ib or None).astype(np.float32)
+        return WORKLOADS[self.op].reference(self, arrays).astype(np.float32)
 
-    def _act_ref(self, y: np.ndarray) -> np.ndarray:
-        p = self.p
-        if p["relu"]:
-            y = ops.activation_ref(y, "relu")
-        if p.get("act"):
-            y = ops.activation_ref(y, p["act"], p)
-        return y
+
+# ---------------------------------------------------------------- the workload operators
+#
+# One WorkloadDef per kernel-side operator: its parameters, compute DAG, NumPy reference and FLOPs.
+# The math of every reference and every FLOP count is the te.ops function the graph operator of the
+# same name uses too (graph.ops.OpDef.workload names its WorkloadDef), so no formula is written twice.
+
+def _window_out(p: dict, dilation: int = 1) -> tuple:
+    t, lft, b, r = _pads(p["pad"])
+    return (ops.conv_out_size(p["H"], p["R"], p["stride"], t, b, dilation),
+            ops.conv_out_size(p["W"], p["S"], p["stride"], lft, r, dilation))
+
+
+def _data(wl: Workload):
+    p = wl.p
+    return placeholder(L.act_shape(wl.layout, p["N"], p["C"], p["H"], p["W"], wl.blocks[0] or None), "data")
+
+
+def _nchw_in(wl: Workload, arrays: list) -> np.ndarray:
+    return L.act_to_nchw(arrays[0], wl.layout).astype(np.float64)
+
+
+def _nchw_out(wl: Workload, y: np.ndarray) -> np.ndarray:
+    return L.act_from_nchw(y, wl.layout, wl.blocks[0] or None)
+
+
+def _epilogue(wl: Workload, inputs: list, out: Tensor, ob: int):
+    """bias, residual, then relu or act=..., each an input and a stage when its parameter is set."""
+    p = wl.p
+    if p.get("bias"):
+        shape = (p["K"],) if wl.op == "dense" else ops.channel_bias_shape(wl.layout, p["K"], ob)
+        bias = placeholder(shape, "bias")
+        inputs.append(bias)
+        out = ops.add(out, bias, name="bias_add")
+    if p.get("residual"):
+        res = placeholder(out.shape, "residual")
+        inputs.append(res)
+        out = ops.add(out, res, name="residual_add")
+    if p.get("relu"):
+        out = ops.relu(out)
+    if p.get("act"):
+        out = ops.activation(out, p["act"], p, name=p["act"])
+    return inputs, out
+
+
+def _act_ref(p: dict, y: np.ndarray) -> np.ndarray:
+    if p.get("relu"):
+        y = ops.activation_ref(y, "relu")
+    if p.get("act"):
+        y = ops.activation_ref(y, p["act"], p)
+    return y
+
+
+def _conv_build(wl: Workload):
+    p, lay = wl.p, wl.layout
+    ib, ob = wl.blocks
+    g = p["groups"]
+    if lay == "NCHW":
+        wshape = (p["K"], p["C"] // g, p["R"], p["S"])
+    elif lay == "NHWC":
+        wshape = (p["R"], p["S"], p["C"] // g, p["K"])
+    else:
+        wshape = ((p["K"] // ob, 1, p["R"], p["S"], 1, ob) if g > 1
+                  else (p["K"] // ob, p["C"] // ib, p["R"], p["S"], ib, ob))
+    data, weight = _data(wl), placeholder(wshape, "weight")
+    out = ops.conv2d(data, weight, lay, p["stride"], _pads(p["pad"]), p["dilation"], g)
+    return _epilogue(wl, [data, weight], out, ob)
+
+
+def _conv_ref(wl: Workload, arrays: list):
+    p = wl.p
+    w = L.conv_weight_to_oihw(arrays[1], wl.layout)
+    y = ops.conv2d_ref(_nchw_in(wl, arrays), w, p["stride"], _pads(p["pad"]), p["dilation"], p["groups"])
+    rest = list(arrays[2:])
+    if p["bias"]:
+        # every bias layout flattens to channel order: (K,1,1), (K,), (K/b,1,1,b)
+        y = y + rest.pop(0).reshape(-1)[None, :, None, None]
+    y = L.act_from_nchw(y, wl.layout, wl.blocks[1] or None)
+    if p["residual"]:
+        y = y + rest.pop(0)
+    return _act_ref(p, y)
+
+
+def _conv_check(wl: Workload):
+    p = wl.p
+    g = p["groups"]
+    if p["C"] % g or p["K"] % g:
+        raise WorkloadError(f"conv2d: groups={g} must divide C={p['C']} and K={p['K']}")
+    if L.block_of(wl.layout) and g > 1 and not (g == p["C"] == p["K"]):
+        raise WorkloadError(f"conv2d in {wl.layout} supports groups=1 or depthwise (groups=C=K); "
+                            f"groups={g} needs layout NCHW or NHWC")
+    if min(_window_out(p, p["dilation"])) < 1:
+        raise WorkloadError(f"conv2d: kernel {p['R']}x{p['S']} does not fit input {p['H']}x{p['W']}")
+
+
+def _conv_flops(wl: Workload):
+    p = wl.p
+    oh, ow = _window_out(p, p["dilation"])
+    return ops.conv2d_flops(p["N"] * p["K"] * oh * ow, p["C"] // p["groups"], p["R"], p["S"])
+
+
+def _dense_build(wl: Workload):
+    p = wl.p
+    ob = wl.blocks[1]
+    data = placeholder((p["N"], p["C"]), "data")
+    weight = placeholder((p["K"] // ob, p["C"], ob) if ob else (p["K"], p["C"]), "weight")
+    return _epilogue(wl, [data, weight], ops.dense(data, weight, ob), 0)
+
+
+def _dense_ref(wl: Workload, arrays: list):
+    p = wl.p
+    y = ops.dense_ref(arrays[0], L.dense_weight_to_oi(arrays[1], wl.blocks[1]))
+    if p["bias"]:
+        y = y + arrays[2]
+    return _act_ref(p, y)
+
+
+def _pool_build(wl: Workload):
+    p, data = wl.p, _data(wl)
+    return [data], ops.pool2d(data, wl.layout, wl.op[:3], (p["R"], p["S"]), p["stride"], _pads(p["pad"]),
+                              bool(p.get("count_include_pad", 0)), name=wl.op)
+
+
+def _pool_ref(wl: Workload, arrays: list):
+    p = wl.p
+    return _nchw_out(wl, ops.pool2d_ref(_nchw_in(wl, arrays), wl.op[:3], (p["R"], p["S"]), p["stride"],
+                                        _pads(p["pad"]), bool(p.get("count_include_pad", 0))))
+
+
+def _pool_check(wl: Workload):
+    p = wl.p
+    if min(_window_out(p)) < 1:
+        raise WorkloadError(f"{wl.op}: window {p['R']}x{p['S']} does not fit input {p['H']}x{p['W']}")
+
+
+def _pool_flops(wl: Workload):
+    p = wl.p
+    oh, ow = _window_out(p)
+    return ops.window_flops(p["N"] * p["C"] * oh * ow, p["R"], p["S"])
+
+
+def _unary(te_fn):
+    """build for a one-input workload: te_fn(data placeholder, Workload) -> output."""
+    def build(wl: Workload):
+        data = _data(wl)
+        return [data], te_fn(data, wl)
+    return build
+
+
+def _act_def(op: str) -> "WorkloadDef":
+    return WorkloadDef(op, ("C", "H", "W"), dict(N=1, **ops.ACTIVATIONS[op][0]),
+                       _unary(lambda d, wl: ops.activation(d, op, wl.p)),
+                       lambda wl, a: _nchw_out(wl, ops.activation_ref(_nchw_in(wl, a), op, wl.p)))
+
+
+def _add_build(wl: Workload):
+    data = _data(wl)
+    other = placeholder(data.shape, "other")
+    return [data, other], ops.add(data, other)
+
+
+def _elements(wl: Workload) -> float:
+    p = wl.p
+    return float(p["N"] * p["C"] * p["H"] * p["W"])
+
+
+@dataclass(frozen=True)
+class WorkloadDef:
+    op: str
+    required: tuple                # parameters a spec must give
+    defaults: dict                 # parameters with their defaults
+    build: Callable                # Workload -> (input tensors, output tensor)
+    reference: Callable            # (Workload, arrays in its layout) -> output in its layout
+    flops: Callable = _elements    # Workload -> float
+    check: Callable | None = None  # Workload -> None, raising WorkloadError for shapes that do not fit
+    example: str = ""              # a spec to show in errors
+    epilogue: bool = False         # takes bias/residual/relu and act=... (EPILOGUE_ACTS)
+
+    def shown(self) -> set:
+        """Parameters a spec always shows (the rest only when not the default)."""
+        return set(self.required) | {"N", "stride", "pad"}
+
+
+WORKLOADS: dict = {d.op: d for d in [
+    WorkloadDef("conv2d", ("C", "H", "W", "K", "R", "S"),
+                dict(N=1, stride=1, pad=0, dilation=1, groups=1, bias=0, relu=0, residual=0),
+                _conv_build, _conv_ref, _conv_flops, _conv_check,
+                "conv2d:N=1,C=64,H=56,W=56,K=64,R=3,S=3,stride=1,pad=1", epilogue=True),
+    WorkloadDef("dense", ("C", "K"), dict(N=1, bias=0, relu=0), _dense_build, _dense_ref,
+                lambda wl: ops.dense_flops(wl.p["N"], wl.p["C"], wl.p["K"]), None,
+                "dense:N=1,C=2048,K=1000,bias=1", epilogue=True),
+    WorkloadDef("maxpool", ("C", "H", "W", "R", "S"), dict(N=1, stride=1, pad=0), _pool_build, _pool_ref,
+                _pool_flops, _pool_check, "maxpool:C=64,H=112,W=112,R=3,S=3,stride=2,pad=1"),
+    WorkloadDef("avgpool", ("C", "H", "W", "R", "S"), dict(N=1, stride=1, pad=0, count_include_pad=0),
+                _pool_build, _pool_ref, _pool_flops, _pool_check, "avgpool:C=64,H=56,W=56,R=3,S=3,stride=1,pad=1"),
+    WorkloadDef("globalavgpool", ("C", "H", "W"), dict(N=1),
+                _unary(lambda d, wl: ops.global_avg_pool(d, wl.layout)),
+                lambda wl, a: L.act_from_nchw(ops.global_avg_pool_ref(_nchw_in(wl, a)), wl.layout,
+                                              wl.blocks[0] or None),
+                example="globalavgpool:C=2048,H=7,W=7"),
+    *(_act_def(op) for op in ("relu", "sigmoid", "clip")),
+    WorkloadDef("add", ("C", "H", "W"), dict(N=1), _add_build,
+                lambda wl, a: _nchw_out(wl, ops.BINARY_FNS["add"][1](_nchw_in(wl, a),
+                                                                     _nchw_in(wl, a[1:])))),
+    WorkloadDef("layout_transform", ("C", "H", "W", "dst"), dict(N=1),
+                _unary(lambda d, wl: ops.layout_transform(d, wl.layout, wl.p["dst"])),
+                lambda wl, a: L.act_from_nchw(_nchw_in(wl, a), wl.p["dst"]),
+                example="layout_transform:C=64,H=56,W=56,dst=NCHW16c"),
+]}
+OPS = tuple(WORKLOADS)
 
 
 # ---------------------------------------------------------------- construction and parsing
@@ -265,13 +338,14 @@ class Workload:
 def make(op: str, params: dict, layout: str | None = None, name: str = "") -> Workload:
     if op not in OPS:
         raise WorkloadError(f"unknown operator {op!r}: choose one of {', '.join(OPS)}")
-    full = dict(_DEFAULTS[op])
+    d = WORKLOADS[op]
+    full = dict(d.defaults)
     full.update(params)
-    missing = [k for k in _REQUIRED[op] if k not in full]
+    missing = [k for k in d.required if k not in full]
     if missing:
         raise WorkloadError(f"{op} needs {', '.join(missing)} (e.g. {example_spec(op)})")
-    takes = set(_DEFAULTS[op]) | set(_REQUIRED[op])
-    if op in _ACT_OPS:
+    takes = set(d.defaults) | set(d.required)
+    if d.epilogue:
         takes.add("act")
         act = full.get("act") or ""
         if act:
@@ -321,17 +395,9 @@ def _validate(wl: Workload) -> None:
     for k in ("N", "C", "H", "W", "K", "R", "S", "stride", "dilation", "groups"):
         if k in p and p[k] < 1:
             raise WorkloadError(f"{wl.op}: {k} must be at least 1, got {p[k]}")
-    if wl.op == "conv2d":
-        g = p["groups"]
-        if p["C"] % g or p["K"] % g:
-            raise WorkloadError(f"conv2d: groups={g} must divide C={p['C']} and K={p['K']}")
-        if L.block_of(wl.layout) and g > 1 and not (g == p["C"] == p["K"]):
-            raise WorkloadError(f"conv2d in {wl.layout} supports groups=1 or depthwise (groups=C=K); "
-                                f"groups={g} needs layout NCHW or NHWC")
-        if min(wl._conv_out()) < 1:
-            raise WorkloadError(f"conv2d: kernel {p['R']}x{p['S']} does not fit input {p['H']}x{p['W']}")
-    if wl.op in ("maxpool", "avgpool") and min(wl._pool_out()) < 1:
-        raise WorkloadError(f"{wl.op}: window {p['R']}x{p['S']} does not fit input {p['H']}x{p['W']}")
+    check = WORKLOADS[wl.op].check
+    if check:
+        check(wl)
     inputs, output = wl.build()
     for t in inputs + [output]:
         if math.prod(t.shape) >= MAX_ELEMENTS:
@@ -349,14 +415,7 @@ def tensor_bytes(wl: Workload) -> int:
 
 
 def example_spec(op: str) -> str:
-    return {
-        "conv2d": "conv2d:N=1,C=64,H=56,W=56,K=64,R=3,S=3,stride=1,pad=1",
-        "dense": "dense:N=1,C=2048,K=1000,bias=1",
-        "maxpool": "maxpool:C=64,H=112,W=112,R=3,S=3,stride=2,pad=1",
-        "avgpool": "avgpool:C=64,H=56,W=56,R=3,S=3,stride=1,pad=1",
-        "globalavgpool": "globalavgpool:C=2048,H=7,W=7",
-        "layout_transform": "layout_transform:C=64,H=56,W=56,dst=NCHW16c",
-    }.get(op, f"{op}:C=64,H=56,W=56")
+    return WORKLOADS[op].example if op in WORKLOADS and WORKLOADS[op].example else f"{op}:C=64,H=56,W=56"
 
 
 def parse_spec(spec: str, layout: str | None = None) -> Workload:

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...te.workloads import EPILOGUE_ACTS, Workload, WorkloadError, make
+from ...te.workloads import EPILOGUE_ACTS, WORKLOADS, Workload, WorkloadError, make
 from ..ir import Graph
-from ..ops import act_params, nchw_dims
+from ..ops import OPS, NoTask, act_params
 from .base import register
 
 
@@ -68,54 +68,32 @@ def _epilogue_flags(graph: Graph, anchor: int, nodes: list):
 
 
 def workload_of(graph: Graph, group) -> tuple:
-    """(Workload or None, reason) for a fused group."""
+    """(Workload or None, reason) for a fused group: its anchor's task rule (OpDef.task) plus, for a
+    workload that takes one (WorkloadDef.epilogue), the fused epilogue as parameters."""
     if group.anchor is None:
         return None, "no anchor operator (an injective or elementwise group)"
     n = graph.nodes[group.anchor]
-    a = n.attrs
-    x = n.inputs[0]
+    d = OPS.get(n.op)
+    if d is None or d.task is None:
+        return None, f"{n.op} has no kernel-side workload yet"
+    wdef = WORKLOADS[d.workload]
     try:
-        if n.op == "conv2d":
-            if a["strides"][0] != a["strides"][1] or a["dilations"][0] != a["dilations"][1]:
-                return None, "conv2d with different strides or dilations per axis"
+        params, layout = d.task(n)
+        if wdef.epilogue:
             flags, why = _epilogue_flags(graph, group.anchor, group.nodes)
             if flags is None:
                 return None, why
-            lay = a.get("layout", "NCHW")
-            nn, c, h, w = nchw_dims(x.shape, lay)
-            k = nchw_dims(n.output.shape, lay)[1]
-            wshape = n.inputs[1].shape
-            r, s = (wshape[0], wshape[1]) if lay == "NHWC" else (wshape[2], wshape[3])
-            pads = tuple(a["pads"])
-            return make("conv2d", dict(N=nn, C=c, H=h, W=w, K=k, R=r, S=s, stride=a["strides"][0],
-                                       pad=pads if len(set(pads)) > 1 else pads[0], dilation=a["dilations"][0],
-                                       groups=a["groups"], **flags), lay), ""
-        if n.op == "dense":
-            flags, why = _epilogue_flags(graph, group.anchor, group.nodes)
-            if flags is None:
-                return None, why
-            if flags["residual"]:
-                return None, "dense with a residual add is not in the kernel library yet"
-            del flags["residual"]
-            return make("dense", dict(N=x.shape[0], C=x.shape[1], K=n.inputs[1].shape[0], **flags), "OI16o"), ""
-        if len(group.nodes) > 1:
+            missing = [k for k, v in flags.items() if v and k not in wdef.defaults and k in ("bias", "residual", "relu")]
+            if missing:
+                return None, f"{n.op} with a {missing[0]} epilogue is not in the kernel library yet"
+            params.update({k: v for k, v in flags.items() if k in wdef.defaults or k not in ("bias", "residual", "relu")})
+        elif len(group.nodes) > 1:
             return None, f"{group_summary(graph, group.nodes)}: a fused epilogue on {n.op} is not in the kernel library yet"
-        lay = a.get("layout", "NCHW")
-        nn, c, h, w = nchw_dims(x.shape, lay)
-        if n.op in ("max_pool2d", "avg_pool2d"):
-            if a["strides"][0] != a["strides"][1]:
-                return None, f"{n.op} with different strides per axis"
-            pads = tuple(a["pads"])
-            extra = {"count_include_pad": int(a.get("count_include_pad", 0))} if n.op == "avg_pool2d" else {}
-            return make(n.op.replace("_pool2d", "pool"), dict(N=nn, C=c, H=h, W=w, R=a["kernel"][0], S=a["kernel"][1],
-                                                               stride=a["strides"][0],
-                                                               pad=pads if len(set(pads)) > 1 else pads[0], **extra),
-                        lay), ""
-        if n.op == "global_avg_pool2d":
-            return make("globalavgpool", dict(N=nn, C=c, H=h, W=w), lay), ""
+        return make(d.workload, params, layout), ""
+    except NoTask as e:
+        return None, str(e)
     except WorkloadError as e:
         return None, str(e)
-    return None, f"{n.op} has no kernel-side workload yet"
 
 
 def extract(graph: Graph) -> list:
