@@ -3,8 +3,10 @@
 Reports per thread count: median latency of each runner (tuner through `CompiledModel.run`, so
 Python's one call per inference is included, as it is for ONNX Runtime's `run`), the ratio to ONNX
 Runtime, the model's GFLOPS, the executor overhead (the whole model timed in C minus the sum of
-its steps each timed alone in C), the arena size and compile time, and the largest error against
-ONNX Runtime relative to the output's range.
+its steps each timed alone in C), split into what the steps lose in context (cold caches: the sum
+of the steps timed where they run minus the sum timed alone) and what is spent outside any step
+(the whole model minus the steps in context: dispatch), the arena size and compile time, and the
+largest error against ONNX Runtime relative to the output's range.
 """
 from __future__ import annotations
 
@@ -38,10 +40,13 @@ def _model_for(model: str, threads: int, logs: list):
     return m, load_graph(source), onnx_path
 
 
-def step_times(m, inputs, repeat: int = 3) -> tuple:
-    """(whole model in C, [each step timed alone in C]), seconds (medians)."""
+def step_times(m, inputs, repeat: int = 3, runs: int = 20) -> tuple:
+    """(whole model in C, [each step timed alone in C], [each step timed in context]), seconds
+    (medians). Alone: one step repeated on warm data. In context: the model run whole, each step
+    timed where it runs (CompiledModel.profile)."""
     whole = statistics.median(m.time(inputs, -1, repeat, 200.0))
-    return whole, [statistics.median(m.time(inputs, s.index, repeat, 20.0)) for s in m.steps]
+    alone = [statistics.median(m.time(inputs, s.index, repeat, 20.0)) for s in m.steps]
+    return whole, alone, [float(v) for v in np.median(m.profile(inputs, runs), axis=0)]
 
 
 def bench_model(model: str, threads: list | None = None, peers: list = PEERS, rounds: int = 5, logs: list = (),
@@ -77,18 +82,19 @@ def bench_model(model: str, threads: list | None = None, peers: list = PEERS, ro
             best = min(("torch NCHW", "torch channels_last"), key=lambda k: med[k])
             med["torch"] = med[best]
             times["torch"] = times[best]
-        whole, each = step_times(m, inputs)
+        whole, each, in_context = step_times(m, inputs)
         parts = sum(each)
         slowest = sorted(zip(m.steps, each), key=lambda se: -se[1])[:8]
         gflop = sum(s.flops for s in m.steps) / 1e9
         row = {"threads": t, "median_s": med, "rounds_s": times, "gflops": gflop / med["tuner"],
                "model_gflop": gflop, "c_whole_s": whole, "c_steps_sum_s": parts,
-               "executor_overhead": (whole - parts) / whole, "arena_bytes": m.arena_bytes,
+               "executor_overhead": (whole - parts) / whole, "c_steps_in_context_s": sum(in_context),
+               "dispatch_overhead": (whole - sum(in_context)) / whole, "arena_bytes": m.arena_bytes,
                "intermediate_bytes": m.meta["intermediate_bytes"], "compile_s": m.meta["compile_s"],
                "max_rel_error_vs_onnxruntime": err, "target": m.target,
                "slowest_steps": [{"index": st.index, "summary": st.summary, "workload": st.workload,
-                                  "source": st.source, "seconds": sec, "gflops": st.flops / sec / 1e9,
-                                  "share": sec / parts} for st, sec in slowest]}
+                                  "source": st.source, "seconds": sec, "in_context_s": in_context[st.index],
+                                  "gflops": st.flops / sec / 1e9, "share": sec / parts} for st, sec in slowest]}
         results["rows"].append(row)
     say(format_table(results))
     if json_out:
@@ -108,7 +114,9 @@ def format_table(results: dict) -> str:
             lines.append(f"{row['threads']:>7} {name:<20} {s * 1e3:>10.2f} {ratio:>7} {row['model_gflop'] / s:>7.1f}")
         err = row["max_rel_error_vs_onnxruntime"]
         lines.append(f"{'':>7} executor overhead {100 * row['executor_overhead']:.2f}% "
-                     f"(model in C {row['c_whole_s'] * 1e3:.2f} ms, steps alone {row['c_steps_sum_s'] * 1e3:.2f} ms); "
+                     f"(model in C {row['c_whole_s'] * 1e3:.2f} ms, steps alone {row['c_steps_sum_s'] * 1e3:.2f} ms, "
+                     f"in context {row['c_steps_in_context_s'] * 1e3:.2f} ms: "
+                     f"{100 * row['dispatch_overhead']:.2f}% outside the steps); "
                      f"arena {row['arena_bytes'] / 2**20:.1f} MiB of {row['intermediate_bytes'] / 2**20:.1f} MiB; "
                      f"compiled in {row['compile_s']:.1f} s"
                      + (f"; max error vs ORT {err:.1e} of the output range" if err is not None else ""))

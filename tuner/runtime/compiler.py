@@ -380,6 +380,19 @@ int tuner_model_time(int step, float** inputs, float** outputs, char* arena, cha
   int number = 0, flush = 0;
   TUNER_TIME_LOOP(tuner_call(step, &c));
 }
+/* each step's seconds in context: the whole model run `runs` times after one warm-up run, every
+   step timed where it runs (its inputs as its producers left them); per_step[r * steps + i] */
+int tuner_model_profile(float** inputs, float** outputs, char* arena, char* weights, int runs, double* per_step) {
+  tuner_ctx c = { inputs, outputs, arena, weights };
+  int rc = tuner_call(-1, &c);
+  for (int r = 0; r < runs && !rc; ++r)
+    for (int i = 0; i < %(count)d && !rc; ++i) {
+      double s = tuner_now();
+      rc = tuner_steps[i](&c);
+      per_step[r * %(count)d + i] = tuner_now() - s;
+    }
+  return rc;
+}
 """
 
 _ARG_C = {"input": "c->inputs[%d]", "output": "c->outputs[%d]", "arena": "(float*)(c->arena + %d)",

@@ -30,6 +30,7 @@ int tuner_model_steps(void);
 int tuner_model_run(float** inputs, float** outputs, char* arena, char* weights);
 int tuner_model_time(int step, float** inputs, float** outputs, char* arena, char* weights, int repeat,
                      double min_repeat_ms, double* costs);
+int tuner_model_profile(float** inputs, float** outputs, char* arena, char* weights, int runs, double* per_step);
 """
 
 
@@ -139,6 +140,18 @@ class CompiledModel:
         if rc:
             raise RuntimeError(f"timing failed with code {rc}")
         return list(costs)
+
+    def profile(self, inputs: list | None = None, runs: int = 20) -> np.ndarray:
+        """Seconds of every step in context, shape (runs, steps): the model run whole `runs` times,
+        each step timed where it runs, so caches hold what its producers left (unlike `time(step=i)`,
+        which repeats one step on warm data)."""
+        inputs = self._inputs(inputs or self.random_inputs(), {})
+        outputs = [np.empty(s["shape"], np.dtype(s["dtype"])) for s in self.outputs]
+        per_step = _ffi().new("double[]", runs * len(self.steps))
+        rc = self._lib.tuner_model_profile(*self._call_args(inputs, outputs), runs, per_step)
+        if rc:
+            raise RuntimeError(f"profiling failed with code {rc}")
+        return np.frombuffer(_ffi().buffer(per_step), dtype=np.float64).reshape(runs, len(self.steps)).copy()
 
     # ------------------------------------------------------------ saving and loading
     def save(self, path: str | os.PathLike) -> Path:
