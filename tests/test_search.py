@@ -355,6 +355,35 @@ def test_feature_pool_computes_what_the_search_would_and_marks_illegal_schedules
     assert pool.pool is None
 
 
+def _hang(job):
+    import time
+    time.sleep(3600)
+
+
+def test_a_hung_feature_worker_costs_a_timeout_not_the_search(monkeypatch):
+    """A forked worker that never answers (a lock held at the fork) is given up on after TIMEOUT;
+    the caller featurises its share, and every later call too, with the same numbers."""
+    from tuner.cost_model import parallel
+
+    task = Task(SMALL, TARGET1)
+    rng = random.Random(2)
+    steps = [task.space.steps(task.space.sample(rng)) for _ in range(20)]
+    monkeypatch.setattr(parallel, "_featurise", _hang)        # what the forked worker will run
+    monkeypatch.setattr(parallel.FeaturePool, "TIMEOUT", 1.0)
+    pool = parallel.FeaturePool([task], workers=1)
+    try:
+        with pytest.warns(RuntimeWarning, match="feature workers gave no answer"):
+            got = pool.map(task, steps)
+        assert pool.pool is None
+        later = pool.map(task, steps[:16])
+    finally:
+        pool.close()
+    want = [extract(lower(task.space.schedule(s)), SMALL.flops) for s in steps]
+    assert len(got) == 20 and len(later) == 16
+    for g, w in zip(got + later, want + want[:16]):
+        np.testing.assert_array_equal(g, w)
+
+
 def test_feature_pool_does_not_outlive_a_runner_that_fails_to_start(monkeypatch, tmp_path):
     import multiprocessing
 

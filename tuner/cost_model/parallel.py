@@ -10,6 +10,7 @@ import itertools
 import multiprocessing
 import signal
 import sys
+import warnings
 
 from ..target import host_cores
 from .dataset import features_or_none
@@ -32,6 +33,7 @@ class FeaturePool:
     """Splits a list of schedules between the caller and `workers` forked processes."""
 
     MIN_SHARE = 8      # schedules per share below which a round trip to a worker is not worth it
+    TIMEOUT = 120.0    # seconds a share may take before the workers are given up on
 
     def __init__(self, tasks: list, workers: int | None = None):
         self.keys = {}
@@ -56,12 +58,24 @@ class FeaturePool:
         chunks = [steps_list[i:i + size] for i in range(0, len(steps_list), size)]
         pending = self.pool.map_async(_featurise, [(key, c) for c in chunks[1:]])
         mine = [features_or_none(task, s) for s in chunks[0]]
-        return mine + [f for part in pending.get() for f in part]
+        try:
+            theirs = pending.get(self.TIMEOUT)
+        except multiprocessing.TimeoutError:
+            # a forked worker can hang on a lock another thread held at the fork (seen once, a
+            # futex wait); the search must not: drop the workers and featurise here from now on
+            warnings.warn(f"feature workers gave no answer in {self.TIMEOUT:.0f} s; featurising in "
+                          "the tuning process from now on (slower, same results)", RuntimeWarning, stacklevel=2)
+            self._stop_workers()
+            theirs = [[features_or_none(task, s) for s in c] for c in chunks[1:]]
+        return mine + [f for part in theirs for f in part]
 
-    def close(self):
+    def _stop_workers(self):
         if self.pool is not None:
             self.pool.terminate()
             self.pool.join()
             self.pool = None
+
+    def close(self):
+        self._stop_workers()
         for key in self.keys.values():
             _TASKS.pop(key, None)
