@@ -6,7 +6,8 @@ Each model (batch 1, 224x224) is compiled with the shipped schedules (schedules/
 then timed in one run, interleaved round by round, at each thread count: the compiled model
 (`CompiledModel.run`), ONNX Runtime (default CPU provider, all graph optimisations, the same
 thread count) and PyTorch eager (best of NCHW and channels_last). Prints latency medians,
-ratios, GFLOPS and fraction of this machine's FP32 peak, executor overhead (the model timed in C
+ratios (of medians, and the median of each round's paired ratio), GFLOPS and fraction of this
+machine's FP32 peak, executor overhead (the model timed in C
 minus its steps each timed alone) and the part of it spent outside any step (the model minus its
 steps timed in context: dispatch), arena bytes, compile time, and the steps that take the time
 (alone and in context); writes JSON under bench/results/.
@@ -43,20 +44,23 @@ def main(argv=None) -> int:
             t = row["threads"]
             row["fraction_of_peak"] = row["gflops"] / peaks[t]
             med = row["median_s"]
-            summary.append((name, t, med["tuner"], med.get("onnxruntime"), med.get("torch"), row["gflops"],
-                            row["fraction_of_peak"], row["executor_overhead"], row["dispatch_overhead"], row["arena_bytes"],
-                            row["compile_s"]))
+            pr = row.get("vs_onnxruntime_paired") or {}
+            summary.append((name, t, med["tuner"], med.get("onnxruntime"), med.get("torch"), pr.get("median"),
+                            row["gflops"], row["fraction_of_peak"], row["executor_overhead"], row["dispatch_overhead"],
+                            row["arena_bytes"], row["compile_s"]))
             print(f"  {t} thread(s), slowest steps:")
             for s in row["slowest_steps"][:5]:
                 print(f"    {s['share'] * 100:5.1f}%  {s['seconds'] * 1e3:7.3f} ms (in context "
                       f"{s['in_context_s'] * 1e3:7.3f})  {s['gflops']:6.1f} GFLOPS "
                       f"({s['gflops'] / peaks[t]:.2f} of peak)  {s['source']:<8} {s['workload']}")
         out["models"][name] = res
-    print(f"\n{'model':<13} {'thr':>3} {'tuner ms':>9} {'ORT ms':>8} {'torch ms':>9} {'vs ORT':>7} {'vs torch':>8} "
+    print(f"\n{'model':<13} {'thr':>3} {'tuner ms':>9} {'ORT ms':>8} {'torch ms':>9} {'vs ORT':>7} {'paired':>7} "
+          f"{'vs torch':>8} "
           f"{'GFLOPS':>7} {'peak':>5} {'exec ovh':>8} {'dispatch':>8} {'arena MiB':>9} {'compile s':>9}")
-    for name, t, ours, ort, pt, gf, frac, ovh, disp, arena, cs in summary:
+    for name, t, ours, ort, pt, paired, gf, frac, ovh, disp, arena, cs in summary:
         print(f"{name:<13} {t:>3} {ours * 1e3:>9.2f} {(ort or 0) * 1e3:>8.2f} {(pt or 0) * 1e3:>9.2f} "
-              f"{(ours / ort if ort else 0):>6.2f}x {(ours / pt if pt else 0):>7.2f}x {gf:>7.1f} {frac:>5.2f} "
+              f"{(ours / ort if ort else 0):>6.2f}x {(paired or 0):>6.3f}x {(ours / pt if pt else 0):>7.2f}x "
+              f"{gf:>7.1f} {frac:>5.2f} "
               f"{100 * ovh:>7.2f}% {100 * disp:>7.2f}% {arena / 2**20:>9.1f} {cs:>9.1f}")
     write_results("models", args.out, out)
     return 0

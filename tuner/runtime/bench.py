@@ -86,7 +86,12 @@ def bench_model(model: str, threads: list | None = None, peers: list = PEERS, ro
         parts = sum(each)
         slowest = sorted(zip(m.steps, each), key=lambda se: -se[1])[:8]
         gflop = sum(s.flops for s in m.steps) / 1e9
+        # each round times the runners one after the other, so a round's ratio is a paired sample:
+        # on a shared machine whose speed drifts, its median is steadier than a ratio of medians
+        paired = [a / b for a, b in zip(times["tuner"], times["onnxruntime"])] if "onnxruntime" in times else []
         row = {"threads": t, "median_s": med, "rounds_s": times, "gflops": gflop / med["tuner"],
+               "vs_onnxruntime_paired": {"median": statistics.median(paired), "min": min(paired),
+                                         "max": max(paired)} if paired else None,
                "model_gflop": gflop, "c_whole_s": whole, "c_steps_sum_s": parts,
                "executor_overhead": (whole - parts) / whole, "c_steps_in_context_s": sum(in_context),
                "dispatch_overhead": (whole - sum(in_context)) / whole, "arena_bytes": m.arena_bytes,
@@ -113,6 +118,10 @@ def format_table(results: dict) -> str:
             ratio = f"{s / ort:.2f}x" if ort else "-"
             lines.append(f"{row['threads']:>7} {name:<20} {s * 1e3:>10.2f} {ratio:>7} {row['model_gflop'] / s:>7.1f}")
         err = row["max_rel_error_vs_onnxruntime"]
+        pr = row.get("vs_onnxruntime_paired")
+        if pr:
+            lines.append(f"{'':>7} tuner / ORT round by round: median {pr['median']:.3f}x "
+                         f"(rounds {pr['min']:.3f}-{pr['max']:.3f}x)")
         lines.append(f"{'':>7} executor overhead {100 * row['executor_overhead']:.2f}% "
                      f"(model in C {row['c_whole_s'] * 1e3:.2f} ms, steps alone {row['c_steps_sum_s'] * 1e3:.2f} ms, "
                      f"in context {row['c_steps_in_context_s'] * 1e3:.2f} ms: "
