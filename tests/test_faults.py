@@ -464,3 +464,40 @@ def test_bad_output_paths_are_one_line_errors(args, message):
     from conftest import REPLAY_LOG
     out = tuner(*[str(REPLAY_LOG) if a == "LOG" else a for a in args], timeout=120)
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_distill_remeasure_keeps_what_is_fast_now_not_the_lucky_record(tmp_path, monkeypatch):
+    """The fastest logged record of a task was a lucky measurement: re-timed with the runner-up,
+    interleaved, the runner-up is kept, as a new record of that measurement."""
+    import random as _random
+
+    from tuner.analysis import distill as distill_mod
+    from tuner.build import Kernel
+    from tuner.measure.result import MeasureResult
+    from tuner.task import Task
+
+    task = Task(SMALL, TARGET1)
+    rng = _random.Random(0)
+    other = next(s for s in (task.space.steps(task.space.sample(rng)) for _ in range(50))
+                 if task.candidate(s, "k").code_hash != task.default_candidate().code_hash)
+    cand = task.candidate(other, "k")
+    lucky = records.make_record(SMALL, TARGET1, cand.steps, MeasureResult("OK", "", [1e-6]), cand.code_hash, "random", 1)
+    steady = _valid_record(cost=2e-6)                      # the default schedule, logged slower
+    log = tmp_path / "log.jsonl"
+    records.append(log, [lucky])
+    with open(log, "a") as f:
+        f.write(json.dumps(steady) + "\n")
+    now = {cand.code_hash: 5e-6}                          # what each schedule takes "now"
+    monkeypatch.setattr(Kernel, "time", lambda self, *a, **kw: [now.get(self.code_hash, 3e-6)] * kw.get("repeat", 5))
+    lines = []
+    out = tmp_path / "db.jsonl"
+    assert distill([str(log)], str(out), remeasure_top=2, rounds=3, progress=lines.append) == 1
+    (kept,) = records.load(out).records
+    assert kept.steps == steady["steps"] and kept.policy == "remeasure" and kept.costs == (3e-6,) * 3
+    assert "best logged 0.001 ms, kept 0.003 ms now (rank 2 of 2)" in lines[0]
+    assert distill_mod._candidates(records.load(log).records, 5)[0].code_hash == cand.code_hash
+    monkeypatch.undo()                                     # and for real: one measurement per round
+    out2 = tmp_path / "db2.jsonl"
+    assert distill([str(log)], str(out2), remeasure_top=2, rounds=2) == 1
+    (real,) = records.load(out2).records
+    assert real.policy == "remeasure" and len(real.costs) == 2 and all(0 < c < 1 for c in real.costs)

@@ -143,7 +143,9 @@ def _cmd_distill(args) -> int:
     from .analysis.distill import distill
     _require_logs(*args.logs)
     check_output_path(args.output, "-o")
-    n = distill(args.logs, args.output)
+    if args.remeasure < 0 or args.rounds < 1:
+        raise UserError("--remeasure must be 0 or more and --rounds at least 1")
+    n = distill(args.logs, args.output, args.remeasure, args.rounds, progress=print if args.remeasure > 1 else None)
     print(f"{args.output}: best records of {n} workload/target pair(s)")
     return 0
 
@@ -354,6 +356,10 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("distill", help="keep the best record per workload and target (e.g. for schedules/)")
     d.add_argument("logs", nargs="+")
     d.add_argument("-o", "--output", required=True, help="database to write (merged with what it holds)")
+    d.add_argument("--remeasure", type=int, default=0, metavar="K",
+                   help="time the K fastest schedules of each task again on this host, interleaved, and keep the "
+                        "one with the lowest median (the fastest logged record is often a lucky measurement)")
+    d.add_argument("--rounds", type=int, default=5, help="rounds of --remeasure (default 5)")
     d.set_defaults(fn=_cmd_distill)
 
     pt = sub.add_parser("pretrain", help="train a cost model on logs, to start searches from (transfer)")
