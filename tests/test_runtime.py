@@ -196,8 +196,9 @@ def test_save_load_run_and_input_checks(tmp_cache, tmp_path, monkeypatch):
     m.save(tmp_path / "art")
     m2 = load(tmp_path / "art")
     np.testing.assert_array_equal(m2.run(input=x[0])[0], want)
-    prof = m2.profile(x, runs=3)                    # every step timed in context, every run
+    prof, runs = m2.profile(x, runs=3)              # every step timed in context, every run
     assert prof.shape == (3, len(m2.steps)) and (prof > 0).all() and np.isfinite(prof).all()
+    assert runs.shape == (3,) and (runs >= prof.sum(axis=1)).all()
     meta = json.loads((tmp_path / "art" / "model.json").read_text())
     assert meta["model_hash"] and meta["target"].startswith("cpu -isa=") and meta["tool"].startswith("tuner ")
     from tuner.errors import UserError

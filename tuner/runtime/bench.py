@@ -3,9 +3,10 @@
 Reports per thread count: median latency of each runner (tuner through `CompiledModel.run`, so
 Python's one call per inference is included, as it is for ONNX Runtime's `run`), the ratio to ONNX
 Runtime, the model's GFLOPS, the executor overhead (the whole model timed in C minus the sum of
-its steps each timed alone in C), split into what the steps lose in context (cold caches: the sum
-of the steps timed where they run minus the sum timed alone) and what is spent outside any step
-(the whole model minus the steps in context: dispatch), the arena size and compile time, and the
+its steps each timed alone in C), beside the steps timed in context (where they run in the whole
+model: what they lose to cold caches) and the dispatch overhead (the share of a run spent outside
+its steps, measured in the same runs; the other figures are taken minutes apart, so on a shared
+machine they move with its speed), the arena size and compile time, and the
 largest error against ONNX Runtime relative to the output's range.
 """
 from __future__ import annotations
@@ -40,13 +41,25 @@ def _model_for(model: str, threads: int, logs: list):
     return m, load_graph(source), onnx_path
 
 
-def step_times(m, inputs, repeat: int = 3, runs: int = 20) -> tuple:
-    """(whole model in C, [each step timed alone in C], [each step timed in context]), seconds
-    (medians). Alone: one step repeated on warm data. In context: the model run whole, each step
-    timed where it runs (CompiledModel.profile)."""
-    whole = statistics.median(m.time(inputs, -1, repeat, 200.0))
-    alone = [statistics.median(m.time(inputs, s.index, repeat, 20.0)) for s in m.steps]
-    return whole, alone, [float(v) for v in np.median(m.profile(inputs, runs), axis=0)]
+def step_times(m, inputs, rounds: int = 5, runs: int = 20) -> tuple:
+    """(whole model in C, [each step timed alone in C], [each step timed in context]) in seconds
+    (medians), and the dispatch overhead (the share of a run spent outside its steps, measured in
+    the same runs as the steps). Alone: one step repeated on warm data. In context: the model run
+    whole, each step timed where it runs (CompiledModel.profile). Every round times the whole model,
+    then each step alone, then a profile run, so that the three are compared over the same minutes
+    of a shared machine whose speed drifts."""
+    whole, alone, ctx, totals = [], [[] for _ in m.steps], [], []
+    for _ in range(rounds):
+        whole.append(m.time(inputs, -1, 1, 100.0)[0])
+        for s, a in zip(m.steps, alone):
+            a.append(m.time(inputs, s.index, 1, 10.0)[0])
+        steps, tot = m.profile(inputs, max(1, runs // rounds))
+        ctx.append(steps)
+        totals.append(tot)
+    steps, tot = np.concatenate(ctx), np.concatenate(totals)
+    dispatch = float(np.median((tot - steps.sum(axis=1)) / tot))
+    return (statistics.median(whole), [statistics.median(a) for a in alone],
+            [float(v) for v in np.median(steps, axis=0)], dispatch)
 
 
 def bench_model(model: str, threads: list | None = None, peers: list = PEERS, rounds: int = 5, logs: list = (),
@@ -82,7 +95,7 @@ def bench_model(model: str, threads: list | None = None, peers: list = PEERS, ro
             best = min(("torch NCHW", "torch channels_last"), key=lambda k: med[k])
             med["torch"] = med[best]
             times["torch"] = times[best]
-        whole, each, in_context = step_times(m, inputs)
+        whole, each, in_context, dispatch = step_times(m, inputs)
         parts = sum(each)
         slowest = sorted(zip(m.steps, each), key=lambda se: -se[1])[:8]
         gflop = sum(s.flops for s in m.steps) / 1e9
@@ -94,7 +107,7 @@ def bench_model(model: str, threads: list | None = None, peers: list = PEERS, ro
                                          "max": max(paired)} if paired else None,
                "model_gflop": gflop, "c_whole_s": whole, "c_steps_sum_s": parts,
                "executor_overhead": (whole - parts) / whole, "c_steps_in_context_s": sum(in_context),
-               "dispatch_overhead": (whole - sum(in_context)) / whole, "arena_bytes": m.arena_bytes,
+               "dispatch_overhead": dispatch, "arena_bytes": m.arena_bytes,
                "intermediate_bytes": m.meta["intermediate_bytes"], "compile_s": m.meta["compile_s"],
                "max_rel_error_vs_onnxruntime": err, "target": m.target,
                "slowest_steps": [{"index": st.index, "summary": st.summary, "workload": st.workload,
@@ -124,8 +137,8 @@ def format_table(results: dict) -> str:
                          f"(rounds {pr['min']:.3f}-{pr['max']:.3f}x)")
         lines.append(f"{'':>7} executor overhead {100 * row['executor_overhead']:.2f}% "
                      f"(model in C {row['c_whole_s'] * 1e3:.2f} ms, steps alone {row['c_steps_sum_s'] * 1e3:.2f} ms, "
-                     f"in context {row['c_steps_in_context_s'] * 1e3:.2f} ms: "
-                     f"{100 * row['dispatch_overhead']:.2f}% outside the steps); "
+                     f"in context {row['c_steps_in_context_s'] * 1e3:.2f} ms; "
+                     f"{100 * row['dispatch_overhead']:.2f}% of a run outside its steps); "
                      f"arena {row['arena_bytes'] / 2**20:.1f} MiB of {row['intermediate_bytes'] / 2**20:.1f} MiB; "
                      f"compiled in {row['compile_s']:.1f} s"
                      + (f"; max error vs ORT {err:.1e} of the output range" if err is not None else ""))

@@ -381,16 +381,21 @@ int tuner_model_time(int step, float** inputs, float** outputs, char* arena, cha
   TUNER_TIME_LOOP(tuner_call(step, &c));
 }
 /* each step's seconds in context: the whole model run `runs` times after one warm-up run, every
-   step timed where it runs (its inputs as its producers left them); per_step[r * steps + i] */
+   step timed where it runs (its inputs as its producers left them); per_step[r * (steps + 1) + i],
+   and the whole run r (steps and the dispatch between them) at per_step[r * (steps + 1) + steps] */
 int tuner_model_profile(float** inputs, float** outputs, char* arena, char* weights, int runs, double* per_step) {
   tuner_ctx c = { inputs, outputs, arena, weights };
   int rc = tuner_call(-1, &c);
-  for (int r = 0; r < runs && !rc; ++r)
+  for (int r = 0; r < runs && !rc; ++r) {
+    double* row = per_step + r * (%(count)d + 1);
+    double start = tuner_now();
     for (int i = 0; i < %(count)d && !rc; ++i) {
       double s = tuner_now();
       rc = tuner_steps[i](&c);
-      per_step[r * %(count)d + i] = tuner_now() - s;
+      row[i] = tuner_now() - s;
     }
+    row[%(count)d] = tuner_now() - start;
+  }
   return rc;
 }
 """

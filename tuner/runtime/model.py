@@ -141,17 +141,20 @@ class CompiledModel:
             raise RuntimeError(f"timing failed with code {rc}")
         return list(costs)
 
-    def profile(self, inputs: list | None = None, runs: int = 20) -> np.ndarray:
-        """Seconds of every step in context, shape (runs, steps): the model run whole `runs` times,
-        each step timed where it runs, so caches hold what its producers left (unlike `time(step=i)`,
-        which repeats one step on warm data)."""
+    def profile(self, inputs: list | None = None, runs: int = 20) -> tuple:
+        """(seconds of every step in context, shape (runs, steps); seconds of each whole run, shape
+        (runs,)): the model run whole `runs` times, each step timed where it runs, so caches hold
+        what its producers left (unlike `time(step=i)`, which repeats one step on warm data). A
+        run's time minus its steps' is the dispatch between them, measured in the same run."""
         inputs = self._inputs(inputs or self.random_inputs(), {})
         outputs = [np.empty(s["shape"], np.dtype(s["dtype"])) for s in self.outputs]
-        per_step = _ffi().new("double[]", runs * len(self.steps))
+        n = len(self.steps)
+        per_step = _ffi().new("double[]", runs * (n + 1))
         rc = self._lib.tuner_model_profile(*self._call_args(inputs, outputs), runs, per_step)
         if rc:
             raise RuntimeError(f"profiling failed with code {rc}")
-        return np.frombuffer(_ffi().buffer(per_step), dtype=np.float64).reshape(runs, len(self.steps)).copy()
+        table = np.frombuffer(_ffi().buffer(per_step), dtype=np.float64).reshape(runs, n + 1).copy()
+        return table[:, :n], table[:, n]
 
     # ------------------------------------------------------------ saving and loading
     def save(self, path: str | os.PathLike) -> Path:
