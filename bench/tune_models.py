@@ -2,7 +2,8 @@
 
     python -m bench.tune_models --models resnet50,mobilenet_v2,resnet18 --threads 1 \
         --trials-per-task 48 --log logs/models-t1.jsonl
-    tuner distill logs/models-t1.jsonl -o schedules/cpu.jsonl      # merge the best into the shipped file
+    tuner distill logs/models-t1.jsonl -o schedules/cpu.jsonl --remeasure 6   # re-time each task's 6
+                                                   # fastest, keep the best now, merge into the shipped file
 
 Tasks are extracted as `tuner compile` sees them (default layout NCHW16c, fused bias / residual /
 ReLU / ReLU6 epilogues); a task shared by several models is tuned once, weighted by how often it
