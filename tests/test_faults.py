@@ -471,7 +471,6 @@ def test_distill_remeasure_keeps_what_is_fast_now_not_the_lucky_record(tmp_path,
     interleaved, the runner-up is kept, as a new record of that measurement."""
     import random as _random
 
-    from tuner.analysis import distill as distill_mod
     from tuner.build import Kernel
     from tuner.measure.result import MeasureResult
     from tuner.task import Task
@@ -495,7 +494,7 @@ def test_distill_remeasure_keeps_what_is_fast_now_not_the_lucky_record(tmp_path,
     (kept,) = records.load(out).records
     assert kept.steps == steady["steps"] and kept.policy == "remeasure" and kept.costs == (3e-6,) * 3
     assert "best logged 0.001 ms, kept 0.003 ms now (rank 2 of 2)" in lines[0]
-    assert distill_mod._candidates(records.load(log).records, 5)[0].code_hash == cand.code_hash
+    assert records.fastest_that_replay(records.load(log).records, 5)[0].code_hash == cand.code_hash
     monkeypatch.undo()                                     # and for real: one measurement per round
     out2 = tmp_path / "db2.jsonl"
     assert distill([str(log)], str(out2), remeasure_top=2, rounds=2) == 1

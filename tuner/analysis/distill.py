@@ -18,19 +18,6 @@ import statistics
 from .. import __version__, records
 
 
-def _candidates(recs: list, k: int) -> list:
-    """The `k` fastest successful records with distinct code that still replay."""
-    out, seen = [], set()
-    for r in sorted((r for r in recs if r.ok), key=lambda r: r.latency):
-        if r.code_hash in seen or not records.replays(r):
-            continue
-        seen.add(r.code_hash)
-        out.append(r)
-        if len(out) == k:
-            break
-    return out
-
-
 def _runnable_here(target: str) -> bool:
     from ..target import host_cores, host_isa
     ct = records.code_target(target)
@@ -68,7 +55,7 @@ def distill(logs: list, out: str, remeasure_top: int = 0, rounds: int = 5, progr
     best = []
     for n, recs in enumerate(by_task.values(), 1):
         if remeasure_top > 1 and _runnable_here(recs[0].target):
-            cands = _candidates(recs, remeasure_top)
+            cands = records.fastest_that_replay(recs, remeasure_top)
             b = remeasure(cands, rounds) if len(cands) > 1 else (cands[0] if cands else None)
             if progress and b is not None:
                 was = cands[0].latency
