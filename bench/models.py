@@ -43,11 +43,7 @@ def main(argv=None) -> int:
         for row in res["rows"]:
             t = row["threads"]
             row["fraction_of_peak"] = row["gflops"] / peaks[t]
-            med = row["median_s"]
-            pr = row.get("vs_onnxruntime_paired") or {}
-            summary.append((name, t, med["tuner"], med.get("onnxruntime"), med.get("torch"), pr.get("median"),
-                            row["gflops"], row["fraction_of_peak"], row["executor_overhead"], row["dispatch_overhead"],
-                            row["arena_bytes"], row["compile_s"]))
+            summary.append((name, row))
             print(f"  {t} thread(s), slowest steps:")
             for s in row["slowest_steps"][:5]:
                 print(f"    {s['share'] * 100:5.1f}%  {s['seconds'] * 1e3:7.3f} ms (in context "
@@ -55,13 +51,15 @@ def main(argv=None) -> int:
                       f"({s['gflops'] / peaks[t]:.2f} of peak)  {s['source']:<8} {s['workload']}")
         out["models"][name] = res
     print(f"\n{'model':<13} {'thr':>3} {'tuner ms':>9} {'ORT ms':>8} {'torch ms':>9} {'vs ORT':>7} {'paired':>7} "
-          f"{'vs torch':>8} "
-          f"{'GFLOPS':>7} {'peak':>5} {'exec ovh':>8} {'dispatch':>8} {'arena MiB':>9} {'compile s':>9}")
-    for name, t, ours, ort, pt, paired, gf, frac, ovh, disp, arena, cs in summary:
-        print(f"{name:<13} {t:>3} {ours * 1e3:>9.2f} {(ort or 0) * 1e3:>8.2f} {(pt or 0) * 1e3:>9.2f} "
+          f"{'vs torch':>8} {'GFLOPS':>7} {'peak':>5} {'exec ovh':>8} {'dispatch':>8} {'arena MiB':>9} {'compile s':>9}")
+    for name, row in summary:
+        med = row["median_s"]
+        ours, ort, pt = med["tuner"], med.get("onnxruntime"), med.get("torch")
+        paired = (row.get("vs_onnxruntime_paired") or {}).get("median")
+        print(f"{name:<13} {row['threads']:>3} {ours * 1e3:>9.2f} {(ort or 0) * 1e3:>8.2f} {(pt or 0) * 1e3:>9.2f} "
               f"{(ours / ort if ort else 0):>6.2f}x {(paired or 0):>6.3f}x {(ours / pt if pt else 0):>7.2f}x "
-              f"{gf:>7.1f} {frac:>5.2f} "
-              f"{100 * ovh:>7.2f}% {100 * disp:>7.2f}% {arena / 2**20:>9.1f} {cs:>9.1f}")
+              f"{row['gflops']:>7.1f} {row['fraction_of_peak']:>5.2f} {100 * row['executor_overhead']:>7.2f}% "
+              f"{100 * row['dispatch_overhead']:>7.2f}% {row['arena_bytes'] / 2**20:>9.1f} {row['compile_s']:>9.1f}")
     write_results("models", args.out, out)
     return 0
 

@@ -197,29 +197,30 @@ def _binary_def(op: str) -> "OpDef":
 
 # ---------------------------------------------------------------- activations (te.ops.ACTIVATIONS)
 
-# activation parameter -> (node attribute, value when the attribute is absent), as ONNX defines them
-_ACT_ATTRS = {"clip": {"lo": ("min", -np.inf), "hi": ("max", np.inf)},
-              "hard_sigmoid": {"alpha": ("alpha", 0.2), "beta": ("beta", 0.5)}}
+# activation -> (its ONNX op type, {te.ops.ACTIVATIONS parameter: (node attribute, value when the
+# attribute is absent)}); node attributes are named and defaulted as ONNX's
+_ACTS = {"relu": ("Relu", {}), "sigmoid": ("Sigmoid", {}), "hard_swish": ("HardSwish", {}),
+         "clip": ("Clip", {"lo": ("min", -np.inf), "hi": ("max", np.inf)}),
+         "hard_sigmoid": ("HardSigmoid", {"alpha": ("alpha", 0.2), "beta": ("beta", 0.5)})}
+
+
+def _act_attrs(op: str, given: dict) -> dict:
+    """An activation's node attributes, from `given` (ONNX or node attributes) or their defaults."""
+    return {attr: given.get(attr, dflt) for attr, dflt in _ACTS[op][1].values()}
 
 
 def act_params(node: Node) -> dict:
     """The te.ops.ACTIVATIONS parameters of an activation node (clip's min/max are lo/hi there)."""
-    return {p: float(node.attrs.get(attr, dflt)) for p, (attr, dflt) in _ACT_ATTRS.get(node.op, {}).items()}
-
-
-# activation -> its ONNX op type
-_ACT_ONNX = {"relu": "Relu", "clip": "Clip", "sigmoid": "Sigmoid", "hard_sigmoid": "HardSigmoid",
-             "hard_swish": "HardSwish"}
+    return {p: float(node.attrs.get(attr, dflt)) for p, (attr, dflt) in _ACTS[node.op][1].items()}
 
 
 def _act_def(op: str) -> "OpDef":
-    onnx_type = _ACT_ONNX[op]
+    onnx_type = _ACTS[op][0]
     return OpDef(op, ELEMWISE, _same,
                  lambda node, args: _f32(te_ops.activation_ref(args[0], op, act_params(node))),
                  lambda node, ins, name: te_ops.activation(ins[0], op, act_params(node), name),
                  onnx_in={onnx_type: _onnx_clip if op == "clip" else _onnx_act(op)},
-                 onnx_out=_export_clip if op == "clip" else _export_as(onnx_type, lambda n: {
-                     attr: n.attrs.get(attr, dflt) for attr, dflt in _ACT_ATTRS.get(op, {}).values()}))
+                 onnx_out=_export_clip if op == "clip" else _export_as(onnx_type, lambda n: _act_attrs(op, n.attrs)))
 
 
 # ---------------------------------------------------------------- batch_norm
@@ -418,11 +419,8 @@ def _onnx_clip(cx, ins, a):
 
 
 def _onnx_act(op: str):
-    """Importer of a one-input activation whose ONNX attributes are named as ours (_ACT_ATTRS)."""
-    def imp(cx, ins, a):
-        attrs = {attr: a.get(attr, dflt) for attr, dflt in _ACT_ATTRS.get(op, {}).values()}
-        return [cx.add(op, ins[:1], attrs)]
-    return imp
+    """Importer of a one-input activation whose ONNX attributes are named as ours (_ACTS)."""
+    return lambda cx, ins, a: [cx.add(op, ins[:1], _act_attrs(op, a))]
 
 
 def _onnx_bn(cx, ins, a):

@@ -111,16 +111,18 @@ class CompiledModel:
             out.append(np.ascontiguousarray(a))
         return out
 
-    def _call_args(self, inputs: list, outputs: list):
+    def _call_args(self, inputs: list) -> tuple:
+        """(fresh output arrays, the executor's first four arguments for checked `inputs` and them);
+        the arrays must stay referenced while the call runs."""
         f = _ffi()
-        return (pointer_array(inputs, f), pointer_array(outputs, f), f.cast("char*", f.from_buffer(self._arena)),
-                f.cast("char*", f.from_buffer(self._weights)))
+        outputs = [np.empty(s["shape"], np.dtype(s["dtype"])) for s in self.outputs]
+        return outputs, (pointer_array(inputs, f), pointer_array(outputs, f),
+                         f.cast("char*", f.from_buffer(self._arena)), f.cast("char*", f.from_buffer(self._weights)))
 
     def run(self, *args, **kwargs) -> list:
         """The graph's outputs (a list of NumPy arrays) for its inputs, by position or by name."""
-        inputs = self._inputs(args, kwargs)
-        outputs = [np.empty(s["shape"], np.dtype(s["dtype"])) for s in self.outputs]
-        rc = self._lib.tuner_model_run(*self._call_args(inputs, outputs))
+        outputs, call = self._call_args(self._inputs(args, kwargs))
+        rc = self._lib.tuner_model_run(*call)
         if rc:
             step = self.steps[rc - 1000] if 1000 <= rc < 1000 + len(self.steps) else None
             raise RuntimeError(f"step {step.index} ({step.summary}) failed (out of memory for a temporary?)"
@@ -133,10 +135,9 @@ class CompiledModel:
 
     def time(self, inputs: list | None = None, step: int = -1, repeat: int = 5, min_repeat_ms: float = 100.0) -> list:
         """Seconds per call, `repeat` times, timed in C: of the whole model (step=-1) or of one step."""
-        inputs = self._inputs(inputs or self.random_inputs(), {})
-        outputs = [np.empty(s["shape"], np.dtype(s["dtype"])) for s in self.outputs]
+        outputs, call = self._call_args(self._inputs(inputs or self.random_inputs(), {}))
         costs = _ffi().new("double[]", repeat)
-        rc = self._lib.tuner_model_time(step, *self._call_args(inputs, outputs), repeat, min_repeat_ms, costs)
+        rc = self._lib.tuner_model_time(step, *call, repeat, min_repeat_ms, costs)
         if rc:
             raise RuntimeError(f"timing failed with code {rc}")
         return list(costs)
@@ -146,11 +147,10 @@ class CompiledModel:
         (runs,)): the model run whole `runs` times, each step timed where it runs, so caches hold
         what its producers left (unlike `time(step=i)`, which repeats one step on warm data). A
         run's time minus its steps' is the dispatch between them, measured in the same run."""
-        inputs = self._inputs(inputs or self.random_inputs(), {})
-        outputs = [np.empty(s["shape"], np.dtype(s["dtype"])) for s in self.outputs]
+        outputs, call = self._call_args(self._inputs(inputs or self.random_inputs(), {}))
         n = len(self.steps)
         per_step = _ffi().new("double[]", runs * (n + 1))
-        rc = self._lib.tuner_model_profile(*self._call_args(inputs, outputs), runs, per_step)
+        rc = self._lib.tuner_model_profile(*call, runs, per_step)
         if rc:
             raise RuntimeError(f"profiling failed with code {rc}")
         table = np.frombuffer(_ffi().buffer(per_step), dtype=np.float64).reshape(runs, n + 1).copy()

@@ -254,20 +254,8 @@ def relu(x: Tensor, name: str = "relu") -> Tensor:
     return activation(x, "relu", name=name)
 
 
-def clip(x: Tensor, lo: float, hi: float, name: str = "clip") -> Tensor:
-    return activation(x, "clip", {"lo": lo, "hi": hi}, name=name)
-
-
-def sigmoid(x: Tensor, name: str = "sigmoid") -> Tensor:
-    return activation(x, "sigmoid", name=name)
-
-
 def add(a: Tensor, b: Tensor, name: str = "add") -> Tensor:
     return _binary(a, b, lambda u, v: u + v, name)
-
-
-def mul(a: Tensor, b: Tensor, name: str = "mul") -> Tensor:
-    return _binary(a, b, lambda u, v: u * v, name)
 
 
 def _binary(a: Tensor, b: Tensor, fn, name: str) -> Tensor:

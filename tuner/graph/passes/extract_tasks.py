@@ -30,10 +30,13 @@ def group_summary(graph: Graph, nodes: list) -> str:
     return " + ".join(graph.nodes[k].op for k in nodes)
 
 
+_SWITCHES = ("bias", "residual", "relu")     # epilogue flags a workload takes as 0/1 parameters
+
+
 def _epilogue_flags(graph: Graph, anchor: int, nodes: list):
     """Workload epilogue parameters when the epilogue is [add const][add activation][activation] in that
     order (bias, residual, then relu or one of the epilogue activations), else (None, why)."""
-    flags = {"bias": 0, "residual": 0, "relu": 0}
+    flags = dict.fromkeys(_SWITCHES, 0)
     order = ["bias", "residual", "act"]
     pos = 0
     cur = graph.nodes[anchor].output
@@ -83,10 +86,10 @@ def workload_of(graph: Graph, group) -> tuple:
             flags, why = _epilogue_flags(graph, group.anchor, group.nodes)
             if flags is None:
                 return None, why
-            missing = [k for k, v in flags.items() if v and k not in wdef.defaults and k in ("bias", "residual", "relu")]
+            missing = [k for k in _SWITCHES if flags[k] and k not in wdef.defaults]
             if missing:
                 return None, f"{n.op} with a {missing[0]} epilogue is not in the kernel library yet"
-            params.update({k: v for k, v in flags.items() if k in wdef.defaults or k not in ("bias", "residual", "relu")})
+            params.update({k: v for k, v in flags.items() if k not in _SWITCHES or k in wdef.defaults})
         elif len(group.nodes) > 1:
             return None, f"{group_summary(graph, group.nodes)}: a fused epilogue on {n.op} is not in the kernel library yet"
         return make(d.workload, params, layout), ""
