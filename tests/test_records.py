@@ -108,3 +108,21 @@ def test_time_limit_stops_the_tune_early(tmp_path):
                 batch_size=2, time_limit=1.0)
     assert 0 < s.trials < 10_000 and s.seconds < 30
     assert len(records.load(log).records) == s.trials
+
+
+def test_layout_plans_share_the_log_with_records_and_the_newest_applicable_one_wins(tuned_log, tmp_path):
+    log = tmp_path / "model.jsonl"
+    log.write_text(tuned_log.read_text())
+    old = records.make_plan_record("m", "h1", "cpu -isa=avx2 -threads=1 -cores=8", {"conv1": "NHWC"}, 1e-3, True)
+    new = records.make_plan_record("m", "h1", "cpu -isa=avx2 -threads=1 -cores=2", {"conv1": "NCHW8c"}, 9e-4, False)
+    other = records.make_plan_record("m", "h1", "cpu -isa=avx2 -threads=2 -cores=2", {"conv1": "NCHW"}, 1e-3, True)
+    records.append(log, [old, new, other])
+    with log.open("a") as f:
+        f.write(json.dumps(dict(new.to_json(), layouts={"conv1": 3})) + "\n")        # damaged: skipped
+    c = records.load(log, warn=False)
+    assert len(c.records) == len(records.load(tuned_log, warn=False).records) > 0
+    assert c.plans == [old, new, other]
+    assert c.reasons == {"plan layouts is not an object of strings": 1}
+    assert c.plan("h1", "cpu -isa=avx2 -threads=1 -cores=4") == new       # any core count, same threads
+    assert c.plan("h1", "cpu -isa=avx2 -threads=2 -cores=4") == other
+    assert c.plan("h2", "cpu -isa=avx2 -threads=1 -cores=4") is None

@@ -140,6 +140,47 @@ class Record:
                    obj.get("decisions"), obj.get("replayed_from"), obj.get("format", FORMAT))
 
 
+@dataclass(frozen=True)
+class PlanRecord:
+    """A layout plan a model tune chose (graph.layout_plan): conv node name -> layout, for one
+    model (by its graph hash) and target, with the latency the solver estimated from the log."""
+    model: str
+    model_hash: str
+    target: str
+    layouts: dict
+    estimate_s: float
+    exact: bool = True
+    timestamp: str = ""
+    tool: str = ""
+    format: int = FORMAT
+    kind: str = "layout_plan"
+
+    def to_json(self) -> dict:
+        return {"format": self.format, "kind": self.kind, "tool": self.tool, "model": self.model,
+                "model_hash": self.model_hash, "target": self.target, "layouts": self.layouts,
+                "estimate_s": self.estimate_s, "exact": self.exact, "timestamp": self.timestamp}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "PlanRecord":
+        for k in ("model", "model_hash", "target"):
+            _want(isinstance(obj.get(k), str) and obj[k], f"plan {k} is not a non-empty string")
+        lays = obj.get("layouts")
+        _want(isinstance(lays, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in lays.items()),
+              "plan layouts is not an object of strings")
+        _want(_positive(obj.get("estimate_s")), "plan estimate_s is not a positive number")
+        _want(isinstance(obj.get("exact", True), bool), "plan exact is not a boolean")
+        for k in ("timestamp", "tool"):
+            _want(isinstance(obj.get(k, ""), str), f"{k} is not a string")
+        return cls(obj["model"], obj["model_hash"], obj["target"], dict(lays), float(obj["estimate_s"]),
+                   obj.get("exact", True), obj.get("timestamp", ""), obj.get("tool", ""), obj.get("format", FORMAT))
+
+
+def make_plan_record(model: str, model_hash: str, target: str, layouts: dict, estimate_s: float,
+                     exact: bool) -> PlanRecord:
+    now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return PlanRecord(model, model_hash, str(target), dict(layouts), estimate_s, exact, now, f"tuner {__version__}")
+
+
 def _want(cond, reason: str) -> None:
     if not cond:
         raise RecordError(reason)
@@ -162,6 +203,13 @@ class LogContents:
     records: list            # [Record]
     path: str
     reasons: Counter = field(default_factory=Counter)   # why lines that are not records were skipped
+    plans: list = field(default_factory=list)           # [PlanRecord], in log order
+
+    def plan(self, model_hash: str, target: str) -> "PlanRecord | None":
+        """The newest layout plan of a model that applies on `target` (same rule as applicable)."""
+        want = code_target(target)
+        return next((p for p in reversed(self.plans) if p.model_hash == model_hash and code_target(p.target) == want),
+                    None)
 
     @property
     def skipped(self) -> int:
@@ -306,7 +354,7 @@ def _lines(f):
 def load(path: str | os.PathLike, warn: bool = True) -> LogContents:
     """All valid records of a log; other lines are skipped and counted with their reasons."""
     path = Path(path)
-    recs, reasons = [], Counter()
+    recs, plans, reasons = [], [], Counter()
     if not path.exists():
         return LogContents([], str(path))
     check_readable(path)
@@ -318,12 +366,16 @@ def load(path: str | os.PathLike, warn: bool = True) -> LogContents:
             if not line.strip():
                 continue
             try:
-                recs.append(Record.from_json(json.loads(line)))
+                obj = json.loads(line)
+                if isinstance(obj, dict) and obj.get("kind") == "layout_plan":
+                    plans.append(PlanRecord.from_json(obj))
+                else:
+                    recs.append(Record.from_json(obj))
             except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
                 reasons["not JSON"] += 1
             except RecordError as e:
                 reasons[str(e)] += 1
-    contents = LogContents(recs, str(path), reasons)
+    contents = LogContents(recs, str(path), reasons, plans)
     if contents.skipped and warn:
         warnings.warn(contents.skipped_summary(), stacklevel=2)
     return contents

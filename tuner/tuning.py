@@ -113,12 +113,16 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
          batch_size: int = 32, threads: int | None = None, run_config: RunConfig | None = None,
          progress: bool = True, runner=None, replay: str | None = None, cost_model_from: list | None = None,
          scheduler: str = "gradient", early_stopping: int | None = None,
-         start_from_default: bool = True) -> Session:
+         start_from_default: bool = True, warmup_batch: int | None = None, on_round=None) -> Session:
     """Tune `workloads` (Workloads or (Workload, weight) pairs) until `trials` records exist for them.
 
     policy: a name (see tuner.search.POLICIES) or a PolicyFactory. runner: anything with
     `measure(task, batch)` and `close()` (default: this host, or `replay` LOG).
     start_from_default: measure each task's default schedule first (off to compare pure search).
+    warmup_batch: the size of each task's first batch (default batch_size); a model tune has
+    hundreds of tasks and gives each a short first look before the scheduler picks.
+    on_round: called with the session's TuneSummaries after every round; it returns (weights or
+    None, a status for the progress line or None); new weights steer the task scheduler.
     """
     tgt = parse_target(target, threads)
     pairs = _merge(workloads)
@@ -128,6 +132,7 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
     try:
         factory = policy_factory(policy, tgt, seed, cost_model_from)
         loop = _Loop(pairs, tgt, log, factory, seed, SCHEDULERS[scheduler], early_stopping)
+        loop.warmup_batch, loop.on_round = warmup_batch or batch_size, on_round
         return loop.run(trials, time_limit, batch_size, start_from_default, progress, replay,
                         runner, run_config or RunConfig())
     finally:
@@ -158,6 +163,14 @@ class _Loop:
             self.rows.append(row)
         self.sched = scheduler_cls(self.rows, early_stopping=early_stopping)
         self.session = Session([st.summary for st in self.states], log)
+        self.warmup_batch, self.on_round, self.status = None, None, None
+
+    def _after_round(self):
+        if self.on_round is None:
+            return
+        weights, self.status = self.on_round(self.session.tasks)
+        for row, st, w in zip(self.rows, self.states, weights or ()):
+            row.weight = st.summary.weight = w
 
     def run(self, trials, time_limit, batch_size, start_from_default, progress, replay, runner, run_config) -> Session:
         session, own_runner = self.session, runner is None
@@ -173,7 +186,8 @@ class _Loop:
             start = time.perf_counter()
             if self.factory.describe():
                 bar.write(self.factory.describe())
-            _show(bar, session, start)
+            self._after_round()
+            _show(bar, session, start, self.status)
             while session.trials < trials:
                 if stop.requested:
                     raise KeyboardInterrupt
@@ -187,7 +201,8 @@ class _Loop:
                 if len(self.states) > 1:
                     wl = st.task.workload
                     bar.write(f"next: {wl.label}{f' {wl.spec}' if wl.name else ''} — {why}")
-                batch = self._propose(st, min(batch_size, trials - session.trials), start_from_default)
+                size = batch_size if st.started or not self.warmup_batch else self.warmup_batch
+                batch = self._propose(st, min(size, trials - session.trials), start_from_default)
                 if not batch:
                     self.rows[k].retired = st.summary.retired = \
                         f"{st.policy.name} found no unmeasured candidate (space exhausted or search converged)"
@@ -197,10 +212,11 @@ class _Loop:
                 for cand, result in runner.measure(st.task, batch):
                     ok_in_batch |= self._record(st, cand, result, replay)
                     bar.update(1)
-                    _show(bar, session, start)
+                    _show(bar, session, start, self.status)
                     if stop.requested:
                         raise KeyboardInterrupt
                 self.sched.record_round(k, st.summary.best_latency, failures_only=not ok_in_batch)
+                self._after_round()
                 if self.rows[k].retired:
                     st.summary.retired = self.rows[k].retired
                     bar.write(f"{st.task.workload.label}: retired ({st.summary.retired})")
@@ -307,7 +323,7 @@ def tune_op(workload: str | Workload, layout: str | None = None, target: str | T
     return tune([wl], target=target, trials=trials, log=log or default_log(wl), **kwargs).tasks[0]
 
 
-def _show(bar, session: Session, start: float):
+def _show(bar, session: Session, start: float, status: str | None = None):
     ok = sum(t.errors.get(OK, 0) for t in session.tasks)
     failed = sum(v for t in session.tasks for k, v in t.errors.items() if k != OK)
     elapsed = time.perf_counter() - start
@@ -315,6 +331,8 @@ def _show(bar, session: Session, start: float):
     if len(session.tasks) == 1:
         s = session.tasks[0]
         best = f"{s.best_latency * 1e3:.3f} ms {s.best_gflops:.1f} GFLOPS" if s.best else "-"
+    elif status:
+        best = status
     else:
         total = sum(t.weight * t.best_latency for t in session.tasks)
         best = f"weighted total {total * 1e3:.3f} ms" if math.isfinite(total) else "-"

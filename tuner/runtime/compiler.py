@@ -221,9 +221,12 @@ def _generic_kernel(dag: tuple, target: Target, func: str):
 
 def compile_model(model, log=None, target: str | Target = "cpu", threads: int | None = None,
                   layout: str | None = None, input_shapes: dict | None = None, strict: bool = False,
-                  use_shipped: bool = True, progress=None, choose=None):
+                  use_shipped: bool = True, progress=None, choose=None, layout_plan: dict | None = None):
     """Compile a built-in model, an ONNX file or a Graph with the best schedules of `log` (a path or
     a list of paths). Returns a runtime.model.CompiledModel.
+
+    layout_plan: {conv node name: layout} for convolutions that run in another layout
+    than `layout` (graph.layout_plan: what the solver chose).
 
     choose: for tests, a function Task -> steps that replaces apply-best (its steps are reported
     as coming from 'chosen')."""
@@ -244,7 +247,16 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
         shipped = records.shipped_database(tgt)
         if shipped.exists():
             contents.append((SHIPPED, records.load(shipped, warn=False)))
-    g = optimize(graph, layout=layout)
+    model_hash = graph_digest(graph)
+    plan_from = "given" if layout_plan else None
+    if layout_plan is None:             # the newest plan a model tune logged for this model and target
+        for where, c in contents:
+            found = c.plan(model_hash, str(tgt))
+            if found is not None:
+                layout_plan, plan_from = found.layouts, where
+                say(f"layout plan from {where}: {plan_summary(found.layouts)}")
+                break
+    g = optimize(graph, layout=layout, layout_plan=layout_plan)
     say(f"optimised {graph.name}: {len(graph.nodes)} nodes -> {len(g.nodes)}, "
         f"{len(g.meta['fused_groups'])} fused groups")
 
@@ -337,9 +349,11 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
         "format": 1,
         "tool": f"tuner {__version__}",
         "model": source_name,
-        "model_hash": graph_digest(graph),
+        "model_hash": model_hash,
         "target": str(tgt),
         "layout": layout,
+        "layout_plan": dict(layout_plan or {}),
+        "layout_plan_from": plan_from,
         "logs": [str(p) for p in logs],
         "inputs": [{"name": v.name, "shape": list(v.shape), "dtype": v.dtype} for v in g.inputs],
         "outputs": [{"name": v.name, "shape": list(v.shape), "dtype": v.dtype} for v in g.outputs],
@@ -352,6 +366,14 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
         "steps": [s.to_json() for s in steps],
     }
     return CompiledModel(meta, lib, source, weights.blob())
+
+
+def plan_summary(layouts: dict) -> str:
+    """'30 convs NCHW16c, 3 NHWC'."""
+    counts: dict = {}
+    for lay in layouts.values():
+        counts[lay] = counts.get(lay, 0) + 1
+    return ", ".join(f"{n} {lay}" for lay, n in sorted(counts.items(), key=lambda kv: -kv[1])) + " (convs)"
 
 
 # ---------------------------------------------------------------- the generated executor

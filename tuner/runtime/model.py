@@ -20,7 +20,7 @@ from .. import __version__
 from ..errors import UserError, check_output_path
 from ..measure.library import aligned_empty, content_hash, open_library, pointer_array
 from ..target import ISAS, host_isa, parse_target
-from .compiler import DEFAULT, GENERIC, SHIPPED, Step
+from .compiler import DEFAULT, GENERIC, SHIPPED, Step, plan_summary
 
 META = "model.json"
 WEIGHTS = "weights.bin"
@@ -195,6 +195,9 @@ class CompiledModel:
         rows.append(f"arena {m['arena_bytes'] / 2**20:.2f} MiB for {m['intermediate_bytes'] / 2**20:.2f} MiB of "
                     f"intermediates (largest live set {m['peak_live_bytes'] / 2**20:.2f} MiB); "
                     f"weights {m['weights_bytes'] / 2**20:.1f} MiB")
+        if m.get("layout_plan"):
+            rows.append(f"layout plan ({m.get('layout_plan_from') or 'given'}): {plan_summary(m['layout_plan'])}; "
+                        f"the other convs run in {m['layout']}")
         if promised:
             rows.append(f"records promise {sum(promised) * 1e3:.2f} ms for the {len(promised)} tuned steps")
         warning = untuned_warning(self.steps)

@@ -14,11 +14,16 @@ def get(name: str) -> Pass:
     return REGISTRY[name]
 
 
-def optimize(graph, layout: str | None = None, passes=None, disabled=(), opt_level: int = 3, instruments=()):
-    """Run `passes` (default: the standard pipeline) under a PassContext."""
+def optimize(graph, layout: str | None = None, passes=None, disabled=(), opt_level: int = 3, instruments=(),
+             layout_plan: dict | None = None):
+    """Run `passes` (default: the standard pipeline) under a PassContext. layout_plan: {conv node
+    name: layout} for the convolutions that take another layout than `layout`."""
     names = list(passes) if passes else list(DEFAULT_PIPELINE)
     seq = Sequential([get(n) for n in names])
-    ctx = PassContext(opt_level, set(disabled), list(instruments), {"layout": layout} if layout else {})
+    options = {"layout": layout} if layout else {}
+    if layout_plan:
+        options["layout_plan"] = dict(layout_plan)
+    ctx = PassContext(opt_level, set(disabled), list(instruments), options)
     with ctx:
         return seq(graph, ctx)
 

@@ -1,10 +1,13 @@
 """ConvertLayout: run anchor operators in a desired layout with as few transforms as possible.
 
 Every activation value carries the layout its data is in. Walking the graph in order:
-  * conv2d takes the desired layout (NHWC, NCHW8c, NCHW16c); its input is transformed if needed
-    and its constant weight is re-laid out now, at compile time (no transform left on weights);
+  * conv2d takes its layout from the plan (option `layout_plan`: {conv node name: layout},
+    what the graph-level solver chose, see graph.layout_plan) or else the desired layout (NCHW,
+    NHWC, NCHW8c, NCHW16c); its input is transformed if needed and its constant weight is
+    re-laid out now, at compile time (no transform left on weights);
   * layout-agnostic ops carry their input's layout through: elementwise ops, broadcast ops (whose
-    constant operands are re-laid to match), pooling, batch_norm, concat on the channel axis;
+    constant operands are re-laid to match), pooling, batch_norm; a binary op and a channel concat
+    take their first full-shape input's layout and transform the other inputs to it;
   * every other op (flatten, reshape, transpose, pad, softmax, mean, dense) and the graph outputs
     get NCHW back.
 A transform of a value that is itself a transform back from the wanted layout is cancelled (the
@@ -74,8 +77,11 @@ def _conv_weight(b, w, lay: str, groups: int, channels: int):
     return b.const(L.conv_weight_from_oihw(data, lay, ib, ob), f"{w.name}_OIHW{ib}i{ob}o")
 
 
-def convert(graph: Graph, desired: str) -> Graph:
+def convert(graph: Graph, desired: str, plan: dict | None = None) -> Graph:
     L.check_activation_layout(desired)
+    plan = plan or {}
+    for lay in set(plan.values()):
+        L.check_activation_layout(lay)
     b = GraphBuilder(graph.name)
     cv = _Converter(b, desired)
     mapping: dict = {}
@@ -85,11 +91,12 @@ def convert(graph: Graph, desired: str) -> Graph:
         ins = [mapping.get(id(v), v) for v in n.inputs]
         attrs = dict(n.attrs)
         acts = [v for v in ins if not v.is_const and v.layout]
-        if n.op == "conv2d" and ins[1].is_const and len(ins) == 2 and _blockable(n, desired):
-            x = cv.to(ins[0], desired)
+        lay = plan.get(n.name, desired) if n.op == "conv2d" else desired
+        if n.op == "conv2d" and ins[1].is_const and len(ins) == 2 and lay != "NCHW" and _blockable(n, lay):
+            x = cv.to(ins[0], lay)
             c = nchw_dims(ins[0].shape, ins[0].layout or "NCHW")[1]
-            w = _conv_weight(b, ins[1], desired, attrs["groups"], c)
-            attrs.update(layout=desired, kernel_layout=kernel_layout(desired))
+            w = _conv_weight(b, ins[1], lay, attrs["groups"], c)
+            attrs.update(layout=lay, kernel_layout=kernel_layout(lay))
             out = b.add("conv2d", [x, w], attrs, n.name)
         elif n.op in UNARY:
             out = b.add(n.op, ins, attrs, n.name)
@@ -103,7 +110,7 @@ def convert(graph: Graph, desired: str) -> Graph:
         elif n.op in AGNOSTIC_POOLS and acts:
             attrs["layout"] = ins[0].layout
             out = b.add(n.op, ins, attrs, n.name)
-        elif n.op == "concat" and acts and len(acts) == len(ins) and attrs["axis"] == 1 and _same_block(acts):
+        elif n.op == "concat" and acts and len(acts) == len(ins) and attrs["axis"] == 1 and _joinable(acts):
             lay = acts[0].layout
             vals = [cv.to(v, lay) for v in ins]
             attrs["axis"] = 3 if lay == "NHWC" else 1
@@ -129,12 +136,17 @@ def _blockable(n, desired: str) -> bool:
     return n.attrs["groups"] == c == k
 
 
-def _same_block(acts) -> bool:
-    lays = {v.layout for v in acts}
-    if len(lays) != 1:
-        return False
+def _joinable(acts) -> bool:
+    """Whether a channel concat can run in its first input's layout, the others transformed to it:
+    always for NCHW and NHWC; for NCHW[x]c when the first input's block is x itself (not a smaller
+    fitted one) and every other input has that layout with the same block or channels that x divides."""
     lay = acts[0].layout
-    return not L.block_of(lay) or len({v.shape[4] for v in acts}) == 1
+    blk = L.block_of(lay)
+    if not blk:
+        return True
+    if acts[0].shape[4] != blk:
+        return all(v.layout == lay and v.shape[4] == acts[0].shape[4] for v in acts)
+    return all(v.shape[4] == blk if v.layout == lay else nchw_dims(v.shape, v.layout)[1] % blk == 0 for v in acts)
 
 
 def data_path_transforms(graph: Graph) -> int:
@@ -144,8 +156,10 @@ def data_path_transforms(graph: Graph) -> int:
 
 @register("ConvertLayout", 3, required=("InferType",))
 def convert_layout(graph: Graph, ctx) -> Graph:
-    """Run convolutions in ctx.options['layout'], carry it through agnostic ops, cancel inverse pairs."""
-    desired = ctx.options.get("layout")
-    if not desired or desired == "NCHW":
+    """Run convolutions in the layouts of ctx.options['layout_plan'] (else ctx.options['layout']),
+    carry them through agnostic ops, cancel inverse pairs."""
+    desired = ctx.options.get("layout") or "NCHW"
+    plan = ctx.options.get("layout_plan") or {}
+    if desired == "NCHW" and all(v == "NCHW" for v in plan.values()):
         return graph
-    return convert(graph, desired)
+    return convert(graph, desired, plan)

@@ -1,0 +1,122 @@
+"""Graph-level layout selection: the solver against brute force, and plans on real graphs."""
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings, strategies as st
+
+from tuner.graph.layout_plan import LayoutProblem, brute_force, solve
+
+LAYOUTS = ("NCHW", "NHWC", "NCHW8c", "NCHW16c")
+
+
+def _problem(draw, edges: list, n: int) -> LayoutProblem:
+    cost = st.floats(0.0, 10.0, allow_nan=False)
+    domains = {f"v{i}": tuple(draw(st.lists(st.sampled_from(LAYOUTS), min_size=1, max_size=4, unique=True)))
+               for i in range(n)}
+    unary = {v: {lay: draw(cost) for lay in d} for v, d in domains.items()}
+    pairs = {(f"v{a}", f"v{b}"): {(x, y): (0.0 if x == y else draw(cost))
+                                  for x in domains[f"v{a}"] for y in domains[f"v{b}"]} for a, b in edges}
+    return LayoutProblem(domains, unary, pairs)
+
+
+@st.composite
+def chains(draw):
+    n = draw(st.integers(1, 6))
+    return _problem(draw, [(i, i + 1) for i in range(n - 1)], n)
+
+
+@st.composite
+def residual_graphs(draw):
+    """Blocks of ResNet: x -> a -> b -> c, and x joins c's residual add (the edge x -> c);
+    downsampling blocks add a shortcut convolution d (x -> d -> c)."""
+    n, edges, x = 1, [], 0
+    for _ in range(draw(st.integers(1, 3))):
+        a, b, c = n, n + 1, n + 2
+        edges += [(x, a), (a, b), (b, c)]
+        n += 3
+        if draw(st.booleans()):
+            edges += [(x, n), (n, c)]
+            n += 1
+        else:
+            edges.append((x, c))
+        x = c
+    return _problem(draw, edges, n)
+
+
+@st.composite
+def branchy_graphs(draw):
+    """Random DAGs in graph order: each variable joins up to three earlier ones (inception-like)."""
+    n = draw(st.integers(2, 6))
+    edges = {(a, b) for b in range(1, n) for a in draw(st.lists(st.integers(0, b - 1), max_size=3))}
+    return _problem(draw, sorted(edges), n)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.one_of(chains(), residual_graphs(), branchy_graphs()))
+def test_the_plan_is_as_cheap_as_brute_force(problem):
+    plan, best = solve(problem), brute_force(problem)
+    assert plan.exact
+    assert math.isclose(plan.cost, best.cost, rel_tol=1e-9, abs_tol=1e-12)
+    assert math.isclose(problem.cost(plan.layouts), plan.cost, rel_tol=1e-9, abs_tol=1e-12)
+    assert set(plan.layouts) == set(problem.domains)
+    assert all(plan.layouts[v] in d for v, d in problem.domains.items())
+
+
+def _chain3(transform: float) -> LayoutProblem:
+    """a -> b -> c; b is faster in NHWC, a and c in NCHW16c."""
+    d = ("NHWC", "NCHW16c")
+    unary = {"a": {"NHWC": 2.0, "NCHW16c": 1.0}, "b": {"NHWC": 1.0, "NCHW16c": 1.5},
+             "c": {"NHWC": 2.0, "NCHW16c": 1.0}}
+    t = {("NHWC", "NCHW16c"): transform, ("NCHW16c", "NHWC"): transform}
+    return LayoutProblem({"a": d, "b": d, "c": d}, unary, {("a", "b"): t, ("b", "c"): t})
+
+
+def test_the_plan_follows_the_measured_transform_costs():
+    assert solve(_chain3(0.1)).layouts == {"a": "NCHW16c", "b": "NHWC", "c": "NCHW16c"}    # cheap transforms
+    assert solve(_chain3(0.5)).layouts == {"a": "NCHW16c", "b": "NCHW16c", "c": "NCHW16c"}  # dear ones
+
+
+def test_a_frontier_past_the_state_limit_is_cut_and_the_plan_says_so():
+    n = 8           # v0 joins every later one and they form a chain: frontier (v0, v_i), 16 states
+    domains = {f"v{i}": LAYOUTS for i in range(n)}
+    unary = {v: {lay: 1.0 + k for k, lay in enumerate(LAYOUTS)} for v in domains}
+    pairs = {("v0", f"v{i}"): {(a, b): 0.5 for a in LAYOUTS for b in LAYOUTS if a != b} for i in range(1, n)}
+    pairs.update({(f"v{i}", f"v{i + 1}"): pairs[("v0", "v1")] for i in range(1, n - 1)})
+    p = LayoutProblem(domains, unary, pairs)
+    cut, full = solve(p, max_states=8), solve(p)
+    assert not cut.exact and full.exact
+    assert cut.states <= 8 * len(LAYOUTS)
+    assert full.layouts == dict.fromkeys(domains, "NCHW") and cut.cost >= full.cost
+
+
+# ---------------------------------------------------------------- plans on real graphs
+
+import random  # noqa: E402
+
+import pytest  # noqa: E402
+
+from tuner.graph.layout_plan import model_layouts  # noqa: E402
+from tuner.graph.models import resnet, tiny  # noqa: E402
+
+pytest.importorskip("onnxruntime")
+from test_runtime import _inception_like, assert_matches_onnxruntime  # noqa: E402
+from tuner.runtime import compile_model  # noqa: E402
+
+
+@pytest.mark.parametrize("make", [tiny, _inception_like, lambda: resnet(18, image=32)],
+                         ids=["tiny", "inception", "resnet18"])
+def test_a_mixed_layout_plan_compiles_to_the_same_output_and_needs_only_the_spaces_tasks(tmp_cache, make):
+    g = make()
+    space = model_layouts(g)
+    rng = random.Random(0)
+    assert len(space.domains) >= 3 and any(len(d) > 2 for d in space.domains.values())
+    plan = {v: rng.choice(d) for v, d in space.domains.items()}
+    assert len(set(plan.values())) > 1
+    m = compile_model(g, threads=1, layout_plan=plan)
+    assert_matches_onnxruntime(m, g)
+    assert m.meta["layout_plan"] == plan
+    known = {wl.key for wl, _ in space.workloads()}
+    tasks = [s for s in m.steps if s.anchor]
+    assert tasks and all(s.workload_key in known for s in tasks if not s.workload.startswith("dense")), \
+        [s.workload for s in tasks if s.workload_key not in known]

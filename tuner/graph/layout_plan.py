@@ -1,0 +1,259 @@
+"""Graph-level layout selection: one layout per convolution, minimising kernel plus transform time.
+
+Each convolution of a model is a variable whose values are the layouts it can run in (NCHW, NHWC,
+NCHW[x]c for the blocks that divide its output channels). Its unary cost is the latency of its
+fused group's task in that layout, plus the tasks that inherit its layout (a pooling after it)
+and the transform back to NCHW where its output meets a layout-sensitive op or a graph output.
+A pairwise cost sits on every edge along which one convolution's layout meets another's: the
+data edge to the next convolution (through ReLUs, pools and the like) and the second operand of
+a residual add or concat, which ConvertLayout transforms to the first operand's layout. The cost
+of a plan is the sum of both; this is the model of TVM's graph tuner. It counts a value
+transformed for two consumers twice where ConvertLayout shares one transform, and leaves out the
+groups whose cost does not depend on a layout choice (they are the same under every plan).
+
+`solve` is exact by dynamic programming over a frontier: the variables are taken in graph order,
+a state is the layouts of the variables that still have an edge to a later one, and each state
+keeps its cheapest history. On a chain the frontier is one variable; on ResNet-style residual
+graphs two or three (the block input, the branch); on inception-style blocks one per open branch.
+When a frontier's table would exceed `max_states` rows, only the `max_states` cheapest are kept
+(a beam search) and the plan says it is not exact.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+
+from ..errors import UserError
+
+
+@dataclass
+class LayoutProblem:
+    """domains: variable -> candidate layouts, in graph order (dict order); unary: variable ->
+    {layout: seconds} (a layout without a cost cannot be chosen); pairs: (u, v) -> {(layout of u,
+    layout of v): seconds}, missing pairs cost nothing."""
+    domains: dict
+    unary: dict
+    pairs: dict = field(default_factory=dict)
+
+    def cost(self, layouts: dict) -> float:
+        """The cost of a full assignment."""
+        total = sum(self.unary[v].get(lay, math.inf) for v, lay in layouts.items())
+        return total + sum(t.get((layouts[u], layouts[v]), 0.0) for (u, v), t in self.pairs.items())
+
+
+@dataclass
+class Plan:
+    layouts: dict            # variable -> layout
+    cost: float              # seconds, by the problem's costs
+    exact: bool              # False when the beam dropped states
+    states: int              # the largest frontier table
+    seconds: float           # solver run time
+
+
+def solve(problem: LayoutProblem, max_states: int = 4096) -> Plan:
+    """The cheapest assignment (exact unless a frontier outgrew max_states, see the module doc)."""
+    t0 = time.perf_counter()
+    order = list(problem.domains)
+    pos = {v: i for i, v in enumerate(order)}
+    earlier: dict = {v: [] for v in order}      # v -> [(u, {(lay u, lay v): s})] with u before v
+    last = dict(pos)                            # the position of a variable's last neighbour
+    for (u, v), table in problem.pairs.items():
+        if u not in pos or v not in pos:
+            raise ValueError(f"pair ({u}, {v}) names a variable without a domain")
+        if pos[u] > pos[v]:
+            u, v, table = v, u, {(b, a): c for (a, b), c in table.items()}
+        earlier[v].append((u, table))
+        last[u] = max(last[u], pos[v])
+    frontier: list = []
+    states: dict = {(): (0.0, None)}            # frontier layouts -> (cost, (variable, layout, parent))
+    exact, widest = True, 1
+    for i, v in enumerate(order):
+        unary = problem.unary.get(v, {})
+        links = [(frontier.index(u), table) for u, table in earlier[v]]
+        grown = frontier + [v]
+        keep = [k for k, u in enumerate(grown) if last[u] > i]
+        nxt: dict = {}
+        for key, (cost, hist) in states.items():
+            for lay in problem.domains[v]:
+                c = cost + unary.get(lay, math.inf) + sum(t.get((key[k], lay), 0.0) for k, t in links)
+                if c == math.inf:
+                    continue
+                full = key + (lay,)
+                nk = tuple(full[k] for k in keep)
+                if nk not in nxt or c < nxt[nk][0]:
+                    nxt[nk] = (c, (v, lay, hist))
+        if not nxt:
+            raise UserError(f"no layout of {v} has a measured cost; tune its tasks first")
+        if len(nxt) > max_states:
+            exact = False
+            nxt = dict(sorted(nxt.items(), key=lambda kv: kv[1][0])[:max_states])
+        widest = max(widest, len(nxt))
+        frontier = [grown[k] for k in keep]
+        states = nxt
+    cost, hist = min(states.values(), key=lambda s: s[0])
+    layouts: dict = {}
+    while hist is not None:
+        v, lay, hist = hist
+        layouts[v] = lay
+    return Plan({v: layouts[v] for v in order}, cost, exact, widest, time.perf_counter() - t0)
+
+
+def brute_force(problem: LayoutProblem) -> Plan:
+    """Every assignment tried (for tests and tiny problems)."""
+    t0 = time.perf_counter()
+    order = list(problem.domains)
+    best, best_cost, n = None, math.inf, 0
+    for combo in itertools.product(*(problem.domains[v] for v in order)):
+        n += 1
+        layouts = dict(zip(order, combo))
+        c = problem.cost(layouts)
+        if c < best_cost:
+            best, best_cost = layouts, c
+    if best is None:
+        raise UserError("no assignment has a finite cost")
+    return Plan(best, best_cost, True, n, time.perf_counter() - t0)
+
+
+# ---------------------------------------------------------------- a model's layout problem
+
+PRE_LAYOUT = ("InferType", "SimplifyInference", "FoldConstant", "EliminateCommonSubexpr", "DeadCodeElimination")
+
+
+@dataclass
+class ModelLayouts:
+    """The layout choices of one model and the tasks whose latencies price them.
+
+    domains: conv node name -> candidate layouts (graph order); unary: name -> {layout: [Workload]}
+    (its fused group's task, the pooling tasks that inherit its layout, its transforms from and to
+    fixed NCHW boundaries); pairs: (u, v) -> {(layout u, layout v): [Workload]} (layout transforms)."""
+    graph_name: str
+    domains: dict
+    unary: dict
+    pairs: dict
+    fixed: list = field(default_factory=list)   # [Workload] of the groups no layout choice moves (one per group)
+
+    def workloads(self) -> list:
+        """[(Workload, occurrences over all candidate layouts)], each workload once."""
+        found: dict = {}
+        every = [wl for t in list(self.unary.values()) + list(self.pairs.values()) for wls in t.values()
+                 for wl in wls] + list(self.fixed)
+        for wl in every:
+            w, n = found.get(wl.key, (wl, 0))
+            found[wl.key] = (w, n + 1)
+        return list(found.values())
+
+    def fixed_cost(self, latency) -> float:
+        return sum(latency(wl) for wl in self.fixed)
+
+    def problem(self, latency) -> LayoutProblem:
+        """The LayoutProblem with latency(Workload) -> seconds (inf when unmeasured: that layout is out)."""
+        price = lambda wls: sum(latency(wl) for wl in wls)  # noqa: E731
+        return LayoutProblem(dict(self.domains),
+                             {v: {lay: price(w) for lay, w in t.items()} for v, t in self.unary.items()},
+                             {e: {k: price(w) for k, w in t.items()} for e, t in self.pairs.items()})
+
+
+def _conv_layouts(n, layouts) -> tuple:
+    """The candidate layouts of a conv node (in NCHW): NCHW always; NHWC; NCHW[x]c when x divides
+    its output channels (and its input channels for a depthwise conv); other grouped convs NCHW only."""
+    from ..te import layouts as L
+    k = n.inputs[1].shape[0]
+    c = n.inputs[0].shape[1]
+    groups = n.attrs.get("groups", 1)
+    out = []
+    for lay in layouts:
+        b = L.block_of(lay)
+        if lay == "NCHW" or (groups == 1 and (not b or k % b == 0)) or (groups == c == k and b and k % b == 0):
+            out.append(lay)
+    return tuple(dict.fromkeys(["NCHW"] + out)) if "NCHW" in layouts or not out else tuple(out)
+
+
+def model_layouts(graph, layouts=("NCHW", "NHWC", "NCHW8c", "NCHW16c")) -> ModelLayouts:
+    """The layout problem of `graph`: every conv with constant weights and a unique node name is a
+    variable over `layouts` (filtered per conv by _conv_layouts); the tasks come from compiling the
+    graph's passes once per layout, so they are the tasks `tuner compile` meets under any plan."""
+    from ..te.workloads import make
+    from .passes import optimize
+    from .passes.convert_layout import AGNOSTIC_POOLS
+    from .passes.extract_tasks import workload_of
+    from .ops import BINARY, UNARY
+    pre = optimize(graph, passes=PRE_LAYOUT)
+    names = [n.name for n in pre.nodes if n.op == "conv2d"]
+    domains = {n.name: _conv_layouts(n, layouts) for n in pre.nodes
+               if n.op == "conv2d" and n.inputs[1].is_const and len(n.inputs) == 2 and names.count(n.name) == 1}
+    # the tasks of each variable's group (and of the pools that carry its layout), per layout
+    group_task: dict = {}                # (node name, layout) -> Workload
+    base_groups: list = []               # anchor names of the task groups under the base layout
+    carried: set = set()                 # pools that take a variable's layout
+    base = "NCHW16c" if "NCHW16c" in layouts else layouts[0]
+    for lay in dict.fromkeys([base] + [lay for d in domains.values() for lay in d]):
+        g = optimize(graph, layout=lay)
+        for grp in g.meta["fused_groups"]:
+            if grp.anchor is None:
+                continue
+            node = g.nodes[grp.anchor]
+            wl, _ = workload_of(g, grp)
+            if wl is not None:
+                group_task[(node.name, lay)] = wl
+                if lay == base:
+                    base_groups.append(node.name)
+    for v, d in domains.items():      # a layout whose group is no task (an epilogue the library lacks) is out
+        domains[v] = tuple(lay for lay in d if (v, lay) in group_task) or ("NCHW",)
+    unary = {v: {lay: [group_task[(v, lay)]] if (v, lay) in group_task else [] for lay in d}
+             for v, d in domains.items()}
+    pairs: dict = {}
+
+    def transform(shape, src: str, dst: str):
+        n_, c, h, w = shape
+        return make("layout_transform", dict(N=n_, C=c, H=h, W=w, dst=dst), layout=src)
+
+    def edge(u, v, shape):
+        """The value of `shape` leaves u's layout for v's (None: fixed NCHW)."""
+        if u == v or (u is None and v is None):
+            return
+        if u is None or v is None:
+            var, into = (v, True) if u is None else (u, False)
+            for lay in domains[var]:
+                if lay != "NCHW":
+                    unary[var][lay].append(transform(shape, "NCHW", lay) if into else transform(shape, lay, "NCHW"))
+            return
+        t = pairs.setdefault((u, v), {})
+        for a in domains[u]:
+            for b in domains[v]:
+                if a != b:
+                    t.setdefault((a, b), []).append(transform(shape, a, b))
+
+    src: dict = {id(v): None for v in pre.inputs}         # value -> the variable whose layout it carries
+    acts = lambda n: [x for x in n.inputs if not x.is_const and len(x.shape) == 4]  # noqa: E731
+    for n in pre.nodes:
+        ins = acts(n)
+        if n.name in domains and n.op == "conv2d":
+            edge(src.get(id(n.inputs[0])), n.name, n.inputs[0].shape)
+            src[id(n.output)] = n.name
+        elif ins and (n.op in UNARY or n.op in AGNOSTIC_POOLS):
+            s = src.get(id(ins[0]))
+            src[id(n.output)] = s
+            if n.op in AGNOSTIC_POOLS and s is not None:
+                carried.add(n.name)
+                for lay in domains[s]:
+                    wl = group_task.get((n.name, lay))
+                    if wl is not None:
+                        unary[s][lay].append(wl)
+        elif ins and ((n.op in BINARY and len(n.output.shape) == 4) or (n.op == "concat" and n.attrs["axis"] == 1)):
+            ref = next((x for x in ins if tuple(x.shape) == tuple(n.output.shape)), ins[0]) \
+                if n.op in BINARY else ins[0]
+            for x in ins:
+                if x is not ref:
+                    edge(src.get(id(x)), src.get(id(ref)), x.shape)
+            src[id(n.output)] = src.get(id(ref))
+        else:
+            for x in ins:
+                edge(src.get(id(x)), None, x.shape)
+            src[id(n.output)] = None
+    for x in pre.outputs:
+        if len(x.shape) == 4:
+            edge(src.get(id(x)), None, x.shape)
+    fixed = [group_task[(a, base)] for a in base_groups if a not in domains and a not in carried]
+    return ModelLayouts(graph.name, domains, unary, pairs, fixed)

@@ -1,0 +1,127 @@
+"""`tuner tune MODEL`: every task of a model in every candidate layout, one budget, one layout plan.
+
+The model's layout problem (graph.layout_plan.model_layouts) names the tasks: each convolution's
+fused group in each layout it can take, the pools that follow it, the layout transforms that
+the choices can need, and the groups no choice moves (the classifier). All are tuned in one
+session under one trial budget (tuning.tune): each task first gets a short warm-up batch (the
+default schedule and the cost model's best guesses), then the gradient task scheduler spends the
+rest where the estimated model latency falls fastest.
+
+After every round the solver re-plans with the best latencies so far, and the plan steers the
+scheduler: a task the current plan uses weighs as often as the plan runs it; a task of a layout
+the plan does not pick keeps a tenth of its weight (soft pruning: a layout that measured clearly
+worse is rarely tuned further, but one that is close can still win a round). The estimated model
+latency on the progress line is the plan's cost plus the fixed groups. At the end the plan is
+appended to the log as a layout-plan line, which `tuner compile` applies.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from . import records
+from .errors import UserError
+from .graph import Graph, load
+from .graph.layout_plan import ModelLayouts, Plan, model_layouts, solve
+from .runtime.compiler import graph_digest, plan_summary
+from .target import parse_target
+from .te.layouts import CONV_LAYOUTS, check_activation_layout
+from .tuning import Session, tune
+
+OUT_OF_PLAN_WEIGHT = 0.1
+
+
+@dataclass
+class ModelTuneResult:
+    model: str
+    space: ModelLayouts
+    session: Session
+    plan: Plan | None            # None when some convolution has no measured layout yet
+    estimate_s: float            # plan cost plus the fixed groups (inf without a plan)
+    record: records.PlanRecord | None
+
+    def table(self) -> str:
+        """The tasks the plan uses (with occurrences, trials, best latency, share) and the plan."""
+        if self.plan is None:
+            return "no layout plan yet: some convolution has no measured layout (give more --trials)"
+        by_key = {s.workload.key: s for s in self.session.tasks}
+        used: dict = {}
+        for v, lay in self.plan.layouts.items():
+            for wl in self.space.unary[v][lay]:
+                used[wl.key] = used.get(wl.key, 0) + 1
+        for (u, v), t in self.space.pairs.items():
+            for wl in t.get((self.plan.layouts[u], self.plan.layouts[v]), []):
+                used[wl.key] = used.get(wl.key, 0) + 1
+        for wl in self.space.fixed:
+            used[wl.key] = used.get(wl.key, 0) + 1
+        rows = [f"{'task':<72} {'x':>3} {'trials':>6} {'best ms':>9} {'share':>6}"]
+        for key, n in sorted(used.items(), key=lambda kv: -kv[1] * by_key[kv[0]].best_latency):
+            s = by_key[key]
+            rows.append(f"{s.workload.label[:72]:<72} {n:>3} {s.trials:>6} {s.best_latency * 1e3:>9.3f} "
+                        f"{100 * n * s.best_latency / self.estimate_s:>5.1f}%")
+        rows.append(f"layout plan: {plan_summary(self.plan.layouts)}; solved in {self.plan.seconds * 1e3:.1f} ms"
+                    f"{'' if self.plan.exact else ' (beam search: not proven optimal)'}")
+        rows.append(f"estimated model latency {self.estimate_s * 1e3:.3f} ms (sum of the plan's tasks)")
+        return "\n".join(rows)
+
+
+def _latencies(session_tasks) -> dict:
+    return {s.workload.key: s.best_latency for s in session_tasks}
+
+
+def plan_model(space: ModelLayouts, best: dict) -> tuple:
+    """(Plan or None, estimated seconds) from {workload key: best latency} (inf: unmeasured)."""
+    lat = lambda wl: best.get(wl.key, math.inf)  # noqa: E731
+    problem = space.problem(lat)
+    if any(all(math.isinf(c) for c in problem.unary[v].values()) for v in problem.domains):
+        return None, math.inf
+    plan = solve(problem)
+    return plan, plan.cost + space.fixed_cost(lat)
+
+
+def _weights(space: ModelLayouts, plan: Plan, tasks) -> list:
+    """Per task: how often the plan runs it, or OUT_OF_PLAN_WEIGHT x its occurrences when it does not."""
+    in_plan: dict = {}
+    for v, lay in plan.layouts.items():
+        for wl in space.unary[v][lay]:
+            in_plan[wl.key] = in_plan.get(wl.key, 0) + 1
+    for (u, v), t in space.pairs.items():
+        for wl in t.get((plan.layouts[u], plan.layouts[v]), []):
+            in_plan[wl.key] = in_plan.get(wl.key, 0) + 1
+    for wl in space.fixed:
+        in_plan[wl.key] = in_plan.get(wl.key, 0) + 1
+    return [in_plan.get(s.workload.key) or OUT_OF_PLAN_WEIGHT * s.weight for s in tasks]
+
+
+def tune_model(model, trials: int, log: str | None = None, target: str = "cpu", threads: int | None = None,
+               layouts=CONV_LAYOUTS, input_shapes: dict | None = None, warmup_batch: int = 4,
+               batch_size: int = 16, policy: str = "evolutionary", **kwargs) -> ModelTuneResult:
+    """Tune a built-in model, an ONNX file or a Graph until `trials` records exist for its tasks in
+    `log`; append the layout plan to the log. Other options as tuning.tune."""
+    for lay in layouts:
+        check_activation_layout(lay)
+    graph = model if isinstance(model, Graph) else load(str(model), input_shapes)
+    name = graph.name if isinstance(model, Graph) else str(model)
+    tgt = parse_target(target, threads)
+    space = model_layouts(graph, tuple(layouts))
+    pairs = space.workloads()
+    if trials < len(pairs):
+        raise UserError(f"--trials {trials} is less than the {len(pairs)} tasks of {name} in layouts "
+                        f"{', '.join(layouts)}; give at least {len(pairs) * warmup_batch} trials (a first look at "
+                        f"each) or fewer --layouts")
+    log = log or f"logs/{name.replace('/', '_').removesuffix('.onnx')}.jsonl"
+
+    def on_round(tasks):
+        plan, est = plan_model(space, _latencies(tasks))
+        if plan is None:
+            return None, "estimate: - (first looks)"
+        return _weights(space, plan, tasks), f"estimated model {est * 1e3:.2f} ms ({plan_summary(plan.layouts)})"
+
+    session = tune(pairs, target=tgt, trials=trials, log=log, policy=policy, batch_size=batch_size,
+                   scheduler="gradient", warmup_batch=warmup_batch, on_round=on_round, **kwargs)
+    plan, est = plan_model(space, _latencies(session.tasks))
+    rec = None
+    if plan is not None:
+        rec = records.make_plan_record(name, graph_digest(graph), str(tgt), plan.layouts, est, plan.exact)
+        records.append(log, [rec])
+    return ModelTuneResult(name, space, session, plan, est, rec)
