@@ -120,3 +120,56 @@ def test_a_mixed_layout_plan_compiles_to_the_same_output_and_needs_only_the_spac
     tasks = [s for s in m.steps if s.anchor]
     assert tasks and all(s.workload_key in known for s in tasks if not s.workload.startswith("dense")), \
         [s.workload for s in tasks if s.workload_key not in known]
+
+
+# ---------------------------------------------------------------- a whole-model tune, replayed
+
+from conftest import MODEL_REPLAY, MODEL_REPLAY_LOG, REPLAY_TARGET  # noqa: E402
+from tuner import records  # noqa: E402
+from tuner.errors import UserError  # noqa: E402
+from tuner.model_tuning import OUT_OF_PLAN_WEIGHT, _weights, tune_model  # noqa: E402
+
+
+def _replayed(log, **kw):
+    return tune_model(target=REPLAY_TARGET, log=str(log), policy="random", replay=str(MODEL_REPLAY_LOG),
+                      progress=False, **dict(MODEL_REPLAY, **kw))
+
+
+def test_a_model_tune_replays_plans_resumes_and_compiles_with_its_plan(tmp_cache, tmp_path):
+    out = tmp_path / "tiny.jsonl"
+    res = _replayed(out)
+    c = records.load(out)
+    assert len(c.records) == MODEL_REPLAY["trials"] and all(r.replayed_from for r in c.records)
+    measured = {r.workload.key for r in c.records if r.ok}
+    assert measured == {wl.key for wl, _ in res.space.workloads()}        # every task got its first look
+    assert res.plan is not None and c.plans == [res.record]
+    best = {k: records.first_that_replays(c.for_task(k, REPLAY_TARGET)).latency for k in measured}
+    expect = solve(res.space.problem(lambda wl: best[wl.key]))
+    assert expect.layouts == res.plan.layouts and math.isclose(expect.cost, res.plan.cost)
+    assert math.isclose(res.estimate_s, expect.cost + sum(best[wl.key] for wl in res.space.fixed))
+    again = _replayed(out)                                                 # resume: nothing measured again
+    assert again.session.new == 0 and again.plan.layouts == res.plan.layouts
+    m = compile_model("tiny", log=str(out), target=REPLAY_TARGET)
+    assert m.meta["layout_plan"] == res.plan.layouts and m.meta["layout_plan_from"] == str(out)
+    assert "layout plan" in m.report()
+
+
+def test_a_model_budget_smaller_than_its_tasks_is_refused(tmp_path):
+    with pytest.raises(UserError, match="less than the 29 tasks of tiny"):
+        _replayed(tmp_path / "t.jsonl", trials=10)
+
+
+def test_tasks_outside_the_plan_weigh_a_tenth():
+    space = model_layouts(tiny(), ("NCHW", "NHWC"))
+    plan = solve(space.problem(lambda wl: 1.0 if wl.layout == "NHWC" or wl.op == "dense" else 2.0))
+    assert set(plan.layouts.values()) == {"NHWC"}
+
+    class T:
+        def __init__(self, wl, w):
+            self.workload, self.weight = wl, w
+    tasks = [T(wl, n) for wl, n in space.workloads()]
+    w = _weights(space, plan, tasks)
+    assert any(x == OUT_OF_PLAN_WEIGHT * t.weight for x, t in zip(w, tasks))
+    for x, t in zip(w, tasks):
+        if t.workload.op == "conv2d":
+            assert (x >= 1) == (t.workload.layout == "NHWC")

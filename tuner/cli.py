@@ -50,6 +50,9 @@ def _cmd_tune(args) -> int:
     from .measure.runner import RunConfig
     from .te.workloads import resolve
     from .tuning import tune
+    if args.model:
+        return _tune_model(args)
+    args.batch_size = args.batch_size or 32
     names = split_workloads(args.workloads or "")
     if args.workload:
         names.insert(0, args.workload)
@@ -77,6 +80,36 @@ def _cmd_tune(args) -> int:
     print(f"{session.new} new measurements in {session.seconds:.1f} s ({rate:.0f} candidates/min; "
           f"search overhead {100 * session.search_overhead:.1f}%, C generation {100 * session.codegen_fraction:.1f}%)")
     print(f"log: {session.log}")
+    if session.interrupted:
+        how = "terminated (SIGTERM)" if session.stopped_by == "SIGTERM" else "interrupted"
+        print(f"{how}: every finished measurement is in the log; run the same command again to resume")
+        return 143 if session.stopped_by == "SIGTERM" else 130
+    return 0
+
+
+def _tune_model(args) -> int:
+    from .measure.runner import RunConfig
+    from .graph import parse_input_shapes
+    from .model_tuning import tune_model
+    if args.workload or args.workloads or args.layout:
+        raise UserError("give a MODEL or --workload/--workloads (with --layout), not both")
+    args.batch_size = args.batch_size or 16
+    _require_logs(*(p for p in args.cost_model_from or () if p.lower() != "none"), flag="--cost-model-from")
+    _require_logs(args.replay, flag="--replay")
+    _check_tune_options(args)
+    layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
+    cfg = RunConfig(timeout=args.timeout, repeat=args.repeat, min_repeat_ms=args.min_repeat_ms)
+    res = tune_model(args.model, trials=args.trials, log=args.log, target=args.target, threads=args.threads,
+                     layouts=layouts, input_shapes=parse_input_shapes(args.input_shape),
+                     batch_size=args.batch_size, policy=args.search, time_limit=args.time_limit, seed=args.seed,
+                     run_config=cfg, progress=not args.no_progress, replay=args.replay,
+                     cost_model_from=args.cost_model_from, early_stopping=args.early_stopping)
+    session = res.session
+    print(res.table())
+    rate = 60.0 * session.new / session.seconds if session.seconds else 0.0
+    print(f"{len(session.tasks)} tasks, {session.trials} trials in the log ({session.new} new) in "
+          f"{session.seconds:.1f} s ({rate:.0f} candidates/min)")
+    print(f"log: {session.log}" + (" (layout plan appended; `tuner compile` applies it)" if res.record else ""))
     if session.interrupted:
         how = "terminated (SIGTERM)" if session.stopped_by == "SIGTERM" else "interrupted"
         print(f"{how}: every finished measurement is in the log; run the same command again to resume")
@@ -311,7 +344,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("workloads", help="list the built-in workloads with their FLOPs").set_defaults(fn=_cmd_workloads)
 
-    t = sub.add_parser("tune", help="search schedules for a workload and log every measurement")
+    t = sub.add_parser("tune", help="search schedules for a model or workloads and log every measurement")
+    t.add_argument("model", nargs="?", help="a built-in model (resnet50, mobilenet_v2, ...) or an .onnx file: "
+                   "every task in every candidate layout under one --trials budget, then a layout plan")
+    t.add_argument("--layouts", default="NCHW,NHWC,NCHW8c,NCHW16c",
+                   help="with MODEL: the conv layouts to choose from (comma-separated)")
+    t.add_argument("--input-shape", action="append", metavar="NAME=1x3x224x224",
+                   help="with an .onnx MODEL: fix an input's shape")
     t.add_argument("--workload", help="built-in name (see `tuner workloads`) or a spec")
     t.add_argument("--workloads", help="comma-separated workloads tuned together under one --trials budget")
     t.add_argument("--layout", help="NCHW, NHWC, NCHW8c, NCHW16c for conv (default NCHW16c); OI or OI16o for dense")
@@ -331,7 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how rounds are shared between workloads")
     t.add_argument("--early-stopping", type=int, help="retire a workload after this many rounds without improvement")
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--batch-size", type=int, default=32, help="candidates built per round")
+    t.add_argument("--batch-size", type=int, help="candidates built per round (default 32; 16 for a model)")
     t.add_argument("--timeout", type=float, default=10.0, help="seconds a candidate may run before it is killed")
     t.add_argument("--repeat", type=int, default=3, help="timed repeats per candidate")
     t.add_argument("--min-repeat-ms", type=float, default=10.0, help="minimum duration of one timed repeat")

@@ -42,8 +42,9 @@ class ModelTuneResult:
 
     def table(self) -> str:
         """The tasks the plan uses (with occurrences, trials, best latency, share) and the plan."""
-        if self.plan is None:
-            return "no layout plan yet: some convolution has no measured layout (give more --trials)"
+        if self.plan is None or not math.isfinite(self.estimate_s):
+            return ("no layout plan yet: some task has no valid measurement (run the same command with more "
+                    "--trials to resume)")
         by_key = {s.workload.key: s for s in self.session.tasks}
         used: dict = {}
         for v, lay in self.plan.layouts.items():
@@ -54,11 +55,11 @@ class ModelTuneResult:
                 used[wl.key] = used.get(wl.key, 0) + 1
         for wl in self.space.fixed:
             used[wl.key] = used.get(wl.key, 0) + 1
-        rows = [f"{'task':<72} {'x':>3} {'trials':>6} {'best ms':>9} {'share':>6}"]
+        rows = [f"{'x':>3} {'trials':>6} {'best ms':>9} {'share':>6}  task"]
         for key, n in sorted(used.items(), key=lambda kv: -kv[1] * by_key[kv[0]].best_latency):
             s = by_key[key]
-            rows.append(f"{s.workload.label[:72]:<72} {n:>3} {s.trials:>6} {s.best_latency * 1e3:>9.3f} "
-                        f"{100 * n * s.best_latency / self.estimate_s:>5.1f}%")
+            rows.append(f"{n:>3} {s.trials:>6} {s.best_latency * 1e3:>9.4f} "
+                        f"{100 * n * s.best_latency / self.estimate_s:>5.1f}%  {s.workload.label}")
         rows.append(f"layout plan: {plan_summary(self.plan.layouts)}; solved in {self.plan.seconds * 1e3:.1f} ms"
                     f"{'' if self.plan.exact else ' (beam search: not proven optimal)'}")
         rows.append(f"estimated model latency {self.estimate_s * 1e3:.3f} ms (sum of the plan's tasks)")
@@ -107,8 +108,9 @@ def tune_model(model, trials: int, log: str | None = None, target: str = "cpu", 
     pairs = space.workloads()
     if trials < len(pairs):
         raise UserError(f"--trials {trials} is less than the {len(pairs)} tasks of {name} in layouts "
-                        f"{', '.join(layouts)}; give at least {len(pairs) * warmup_batch} trials (a first look at "
-                        f"each) or fewer --layouts")
+                        f"{', '.join(layouts)}: give at least {len(pairs)} (one measurement each; "
+                        f"{len(pairs) * warmup_batch} or more to tune) or fewer --layouts")
+    warmup_batch = max(1, min(warmup_batch, trials // len(pairs)))     # every task gets its first look
     log = log or f"logs/{name.replace('/', '_').removesuffix('.onnx')}.jsonl"
 
     def on_round(tasks):
@@ -121,7 +123,7 @@ def tune_model(model, trials: int, log: str | None = None, target: str = "cpu", 
                    scheduler="gradient", warmup_batch=warmup_batch, on_round=on_round, **kwargs)
     plan, est = plan_model(space, _latencies(session.tasks))
     rec = None
-    if plan is not None:
+    if plan is not None and math.isfinite(est):
         rec = records.make_plan_record(name, graph_digest(graph), str(tgt), plan.layouts, est, plan.exact)
         records.append(log, [rec])
     return ModelTuneResult(name, space, session, plan, est, rec)
