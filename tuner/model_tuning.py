@@ -46,15 +46,7 @@ class ModelTuneResult:
             return ("no layout plan yet: some task has no valid measurement (run the same command with more "
                     "--trials to resume)")
         by_key = {s.workload.key: s for s in self.session.tasks}
-        used: dict = {}
-        for v, lay in self.plan.layouts.items():
-            for wl in self.space.unary[v][lay]:
-                used[wl.key] = used.get(wl.key, 0) + 1
-        for (u, v), t in self.space.pairs.items():
-            for wl in t.get((self.plan.layouts[u], self.plan.layouts[v]), []):
-                used[wl.key] = used.get(wl.key, 0) + 1
-        for wl in self.space.fixed:
-            used[wl.key] = used.get(wl.key, 0) + 1
+        used = plan_tasks(self.space, self.plan)
         rows = [f"{'x':>3} {'trials':>6} {'best ms':>9} {'share':>6}  task"]
         for key, n in sorted(used.items(), key=lambda kv: -kv[1] * by_key[kv[0]].best_latency):
             s = by_key[key]
@@ -80,17 +72,19 @@ def plan_model(space: ModelLayouts, best: dict) -> tuple:
     return plan, plan.cost + space.fixed_cost(lat)
 
 
+def plan_tasks(space: ModelLayouts, plan: Plan) -> dict:
+    """{workload key: how often the plan runs it} (as the solver counts: see graph.layout_plan)."""
+    used: dict = {}
+    chosen = [space.unary[v][lay] for v, lay in plan.layouts.items()]
+    chosen += [t.get((plan.layouts[u], plan.layouts[v]), []) for (u, v), t in space.pairs.items()]
+    for wl in (wl for wls in chosen + [space.fixed] for wl in wls):
+        used[wl.key] = used.get(wl.key, 0) + 1
+    return used
+
+
 def _weights(space: ModelLayouts, plan: Plan, tasks) -> list:
     """Per task: how often the plan runs it, or OUT_OF_PLAN_WEIGHT x its occurrences when it does not."""
-    in_plan: dict = {}
-    for v, lay in plan.layouts.items():
-        for wl in space.unary[v][lay]:
-            in_plan[wl.key] = in_plan.get(wl.key, 0) + 1
-    for (u, v), t in space.pairs.items():
-        for wl in t.get((plan.layouts[u], plan.layouts[v]), []):
-            in_plan[wl.key] = in_plan.get(wl.key, 0) + 1
-    for wl in space.fixed:
-        in_plan[wl.key] = in_plan.get(wl.key, 0) + 1
+    in_plan = plan_tasks(space, plan)
     return [in_plan.get(s.workload.key) or OUT_OF_PLAN_WEIGHT * s.weight for s in tasks]
 
 
