@@ -52,7 +52,7 @@ def _cmd_tune(args) -> int:
     from .tuning import tune
     if args.model:
         return _tune_model(args)
-    args.batch_size = args.batch_size or 32
+    args.batch_size = 32 if args.batch_size is None else args.batch_size
     names = split_workloads(args.workloads or "")
     if args.workload:
         names.insert(0, args.workload)
@@ -93,7 +93,7 @@ def _tune_model(args) -> int:
     from .model_tuning import tune_model
     if args.workload or args.workloads or args.layout:
         raise UserError("give a MODEL or --workload/--workloads (with --layout), not both")
-    args.batch_size = args.batch_size or 16
+    args.batch_size = 16 if args.batch_size is None else args.batch_size
     _require_logs(*(p for p in args.cost_model_from or () if p.lower() != "none"), flag="--cost-model-from")
     _require_logs(args.replay, flag="--replay")
     _check_tune_options(args)
