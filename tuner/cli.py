@@ -80,11 +80,7 @@ def _cmd_tune(args) -> int:
     print(f"{session.new} new measurements in {session.seconds:.1f} s ({rate:.0f} candidates/min; "
           f"search overhead {100 * session.search_overhead:.1f}%, C generation {100 * session.codegen_fraction:.1f}%)")
     print(f"log: {session.log}")
-    if session.interrupted:
-        how = "terminated (SIGTERM)" if session.stopped_by == "SIGTERM" else "interrupted"
-        print(f"{how}: every finished measurement is in the log; run the same command again to resume")
-        return 143 if session.stopped_by == "SIGTERM" else 130
-    return 0
+    return _session_end(session)
 
 
 def _tune_model(args) -> int:
@@ -110,6 +106,11 @@ def _tune_model(args) -> int:
     print(f"{len(session.tasks)} tasks, {session.trials} trials in the log ({session.new} new) in "
           f"{session.seconds:.1f} s ({rate:.0f} candidates/min)")
     print(f"log: {session.log}" + (" (layout plan appended; `tuner compile` applies it)" if res.record else ""))
+    return _session_end(session)
+
+
+def _session_end(session) -> int:
+    """The exit code of a tune: 0, or 130/143 after Ctrl-C/SIGTERM with a line on how to resume."""
     if session.interrupted:
         how = "terminated (SIGTERM)" if session.stopped_by == "SIGTERM" else "interrupted"
         print(f"{how}: every finished measurement is in the log; run the same command again to resume")
