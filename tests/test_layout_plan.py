@@ -173,3 +173,16 @@ def test_tasks_outside_the_plan_weigh_a_tenth():
     for x, t in zip(w, tasks):
         if t.workload.op == "conv2d":
             assert (x >= 1) == (t.workload.layout == "NHWC")
+
+
+def test_steering_weights_do_not_compound_over_rounds(tmp_path):
+    seen = []
+
+    def on_round(tasks):
+        seen.append([t.weight for t in tasks])
+        return [0.1 * t.weight for t in tasks], None
+    from tuner.tuning import tune
+    space = model_layouts(tiny(), ("NCHW", "NHWC"))
+    tune(space.workloads()[:3], target=REPLAY_TARGET, trials=6, log=str(tmp_path / "w.jsonl"), policy="random",
+         replay=str(MODEL_REPLAY_LOG), progress=False, batch_size=2, on_round=on_round)
+    assert len(seen) > 1 and all(w == seen[0] for w in seen)     # the occurrence counts, every round

@@ -122,7 +122,8 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
     warmup_batch: the size of each task's first batch (default batch_size); a model tune has
     hundreds of tasks and gives each a short first look before the scheduler picks.
     on_round: called with the session's TuneSummaries after every round; it returns (weights or
-    None, a status for the progress line or None); new weights steer the task scheduler.
+    None, a status for the progress line or None); new weights steer the task scheduler (the
+    summaries keep their occurrence counts as `weight`).
     """
     tgt = parse_target(target, threads)
     pairs = _merge(workloads)
@@ -169,8 +170,8 @@ class _Loop:
         if self.on_round is None:
             return
         weights, self.status = self.on_round(self.session.tasks)
-        for row, st, w in zip(self.rows, self.states, weights or ()):
-            row.weight = st.summary.weight = w
+        for row, w in zip(self.rows, weights or ()):
+            row.weight = w          # the scheduler's weight; TuneSummary.weight stays the occurrence count
 
     def run(self, trials, time_limit, batch_size, start_from_default, progress, replay, runner, run_config) -> Session:
         session, own_runner = self.session, runner is None
