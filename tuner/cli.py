@@ -47,7 +47,6 @@ def split_workloads(text: str) -> list:
 
 
 def _cmd_tune(args) -> int:
-    from .measure.runner import RunConfig
     from .te.workloads import resolve
     from .tuning import tune
     if args.model:
@@ -59,10 +58,7 @@ def _cmd_tune(args) -> int:
     if not names:
         raise UserError("give --workload NAME|SPEC or --workloads A,B,C (see `tuner workloads`)")
     wls = [resolve(n, args.layout) for n in names]
-    _require_logs(*(p for p in args.cost_model_from or () if p.lower() != "none"), flag="--cost-model-from")
-    _require_logs(args.replay, flag="--replay")
-    _check_tune_options(args)
-    cfg = RunConfig(timeout=args.timeout, repeat=args.repeat, min_repeat_ms=args.min_repeat_ms)
+    cfg = _tune_setup(args)
     session = tune(wls, target=args.target, threads=args.threads, trials=args.trials, log=args.log,
                    time_limit=args.time_limit, policy=args.search, seed=args.seed, batch_size=args.batch_size,
                    run_config=cfg, progress=not args.no_progress, replay=args.replay,
@@ -84,17 +80,13 @@ def _cmd_tune(args) -> int:
 
 
 def _tune_model(args) -> int:
-    from .measure.runner import RunConfig
     from .graph import parse_input_shapes
     from .model_tuning import tune_model
     if args.workload or args.workloads or args.layout:
         raise UserError("give a MODEL or --workload/--workloads (with --layout), not both")
     args.batch_size = 16 if args.batch_size is None else args.batch_size
-    _require_logs(*(p for p in args.cost_model_from or () if p.lower() != "none"), flag="--cost-model-from")
-    _require_logs(args.replay, flag="--replay")
-    _check_tune_options(args)
+    cfg = _tune_setup(args)
     layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
-    cfg = RunConfig(timeout=args.timeout, repeat=args.repeat, min_repeat_ms=args.min_repeat_ms)
     res = tune_model(args.model, trials=args.trials, log=args.log, target=args.target, threads=args.threads,
                      layouts=layouts, input_shapes=parse_input_shapes(args.input_shape),
                      batch_size=args.batch_size, policy=args.search, time_limit=args.time_limit, seed=args.seed,
@@ -107,6 +99,15 @@ def _tune_model(args) -> int:
           f"{session.seconds:.1f} s ({rate:.0f} candidates/min)")
     print(f"log: {session.log}" + (" (layout plan appended; `tuner compile` applies it)" if res.record else ""))
     return _session_end(session)
+
+
+def _tune_setup(args):
+    """Refuse missing logs and out-of-range options before any work; the RunConfig of the options."""
+    from .measure.runner import RunConfig
+    _require_logs(*(p for p in args.cost_model_from or () if p.lower() != "none"), flag="--cost-model-from")
+    _require_logs(args.replay, flag="--replay")
+    _check_tune_options(args)
+    return RunConfig(timeout=args.timeout, repeat=args.repeat, min_repeat_ms=args.min_repeat_ms)
 
 
 def _session_end(session) -> int:

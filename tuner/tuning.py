@@ -132,8 +132,8 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
     claims = records.TaskClaims(log, [(wl.key, str(tgt), wl.label) for wl, _ in pairs])
     try:
         factory = policy_factory(policy, tgt, seed, cost_model_from)
-        loop = _Loop(pairs, tgt, log, factory, seed, SCHEDULERS[scheduler], early_stopping)
-        loop.warmup_batch, loop.on_round = warmup_batch or batch_size, on_round
+        loop = _Loop(pairs, tgt, log, factory, seed, SCHEDULERS[scheduler], early_stopping,
+                     warmup_batch or batch_size, on_round)
         return loop.run(trials, time_limit, batch_size, start_from_default, progress, replay,
                         runner, run_config or RunConfig())
     finally:
@@ -143,7 +143,7 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
 class _Loop:
     """One session: propose -> build and measure -> record, round after round, as the scheduler picks."""
 
-    def __init__(self, pairs, tgt, log, factory, seed, scheduler_cls, early_stopping):
+    def __init__(self, pairs, tgt, log, factory, seed, scheduler_cls, early_stopping, warmup_batch, on_round):
         self.tgt, self.log, self.factory = tgt, log, factory
         contents = records.load(log, warn=False)
         self.states, self.rows = [], []
@@ -164,7 +164,7 @@ class _Loop:
             self.rows.append(row)
         self.sched = scheduler_cls(self.rows, early_stopping=early_stopping)
         self.session = Session([st.summary for st in self.states], log)
-        self.warmup_batch, self.on_round, self.status = None, None, None
+        self.warmup_batch, self.on_round, self.status = warmup_batch, on_round, None
 
     def _after_round(self):
         if self.on_round is None:
@@ -202,7 +202,7 @@ class _Loop:
                 if len(self.states) > 1:
                     wl = st.task.workload
                     bar.write(f"next: {wl.label}{f' {wl.spec}' if wl.name else ''} — {why}")
-                size = batch_size if st.started or not self.warmup_batch else self.warmup_batch
+                size = batch_size if st.started else self.warmup_batch
                 batch = self._propose(st, min(size, trials - session.trials), start_from_default)
                 if not batch:
                     self.rows[k].retired = st.summary.retired = \

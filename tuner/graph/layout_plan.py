@@ -156,8 +156,9 @@ class ModelLayouts:
 
 
 def _conv_layouts(n, layouts) -> tuple:
-    """The candidate layouts of a conv node (in NCHW): NCHW always; NHWC; NCHW[x]c when x divides
-    its output channels (and its input channels for a depthwise conv); other grouped convs NCHW only."""
+    """The candidate layouts of a conv node (in NCHW), NCHW first: of `layouts`, NCHW; NHWC and
+    NCHW[x]c where x divides the output channels for ordinary convs; NCHW[x]c for depthwise ones;
+    NCHW alone when none of these fits (other grouped convs)."""
     from ..te import layouts as L
     k = n.inputs[1].shape[0]
     c = n.inputs[0].shape[1]
@@ -167,7 +168,7 @@ def _conv_layouts(n, layouts) -> tuple:
         b = L.block_of(lay)
         if lay == "NCHW" or (groups == 1 and (not b or k % b == 0)) or (groups == c == k and b and k % b == 0):
             out.append(lay)
-    return tuple(dict.fromkeys(["NCHW"] + out)) if "NCHW" in layouts or not out else tuple(out)
+    return tuple(sorted(out, key=lambda lay: lay != "NCHW")) or ("NCHW",)
 
 
 def model_layouts(graph, layouts=("NCHW", "NHWC", "NCHW8c", "NCHW16c")) -> ModelLayouts:

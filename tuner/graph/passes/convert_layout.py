@@ -91,12 +91,12 @@ def convert(graph: Graph, desired: str, plan: dict | None = None) -> Graph:
         ins = [mapping.get(id(v), v) for v in n.inputs]
         attrs = dict(n.attrs)
         acts = [v for v in ins if not v.is_const and v.layout]
-        lay = plan.get(n.name, desired) if n.op == "conv2d" else desired
-        if n.op == "conv2d" and ins[1].is_const and len(ins) == 2 and lay != "NCHW" and _blockable(n, lay):
-            x = cv.to(ins[0], lay)
+        conv_lay = plan.get(n.name, desired) if n.op == "conv2d" else desired
+        if n.op == "conv2d" and ins[1].is_const and len(ins) == 2 and conv_lay != "NCHW" and _blockable(n, conv_lay):
+            x = cv.to(ins[0], conv_lay)
             c = nchw_dims(ins[0].shape, ins[0].layout or "NCHW")[1]
-            w = _conv_weight(b, ins[1], lay, attrs["groups"], c)
-            attrs.update(layout=lay, kernel_layout=kernel_layout(lay))
+            w = _conv_weight(b, ins[1], conv_lay, attrs["groups"], c)
+            attrs.update(layout=conv_lay, kernel_layout=kernel_layout(conv_lay))
             out = b.add("conv2d", [x, w], attrs, n.name)
         elif n.op in UNARY:
             out = b.add(n.op, ins, attrs, n.name)
