@@ -11,15 +11,92 @@ machine's FP32 peak, executor overhead (the model timed in C
 minus its steps each timed alone) and the part of it spent outside any step (the model minus its
 steps timed in context: dispatch), arena bytes, compile time, and the steps that take the time
 (alone and in context); writes JSON under bench/results/.
+
+With --tune N[,M...] it measures whole-model tuning instead (issue 13's figures): each model is
+tuned from an empty log with `tune_model` at 1 thread, N trials, once over every conv layout
+(the joint layout plan) and once with --single (NCHW16c) alone under the same budget; each result
+is compiled from its own log only (no shipped schedules), and all of them are timed in one
+interleaved run beside ONNX Runtime and PyTorch. Prints per model and budget: wall-clock tuning
+time, the estimate, the measured latency, the gap between them, the ratio to ONNX Runtime (paired
+per round, and of medians) and to PyTorch, the joint plan against the single layout, and the
+layout solver's run time. Logs go to logs/bench/tune/ (--resume keeps them).
 """
 from __future__ import annotations
 
 import argparse
+import statistics
+import time
+from pathlib import Path
 
 from bench.common import write_results
-from bench.peak import peak_gflops
+from tuner.graph import load as load_graph
+from tuner.measure.peak import peak_gflops
+from tuner.model_tuning import tune_model
+from tuner.runtime import compile_model
 from tuner.runtime.bench import bench_model
+from tuner.runtime.peers import interleaved, onnxruntime_runner, torch_runner
 from tuner.target import parse_target
+from tuner.te.layouts import CONV_LAYOUTS
+
+
+def tune_figures(args) -> int:
+    """Tune each model from empty logs (joint plan and --single layout), then time every result in one run."""
+    counts = [int(n) for n in args.tune.split(",")]
+    out = {"threads": 1, "single": args.single, "models": {}}
+    for name in [m.strip() for m in args.models.split(",") if m.strip()]:
+        graph = load_graph(name)
+        variants, runners = [], {}
+        for n in counts:
+            for kind, layouts in (("joint", tuple(CONV_LAYOUTS)), (args.single, (args.single,))):
+                log = Path(f"logs/bench/tune/{name}.{kind}.{n}.jsonl")
+                if not args.resume:
+                    log.unlink(missing_ok=True)
+                print(f"\n== {name}: {kind} ({', '.join(layouts)}), {n} trials -> {log}", flush=True)
+                t0 = time.perf_counter()
+                res = tune_model(name, trials=n, log=str(log), threads=1, layouts=layouts, progress=not args.quiet)
+                wall = time.perf_counter() - t0
+                print(res.table(), flush=True)
+                m = compile_model(name, log=str(log), threads=1, use_shipped=False)
+                label = f"tuner {kind} {n}"
+                runners[label] = lambda ins, m=m: m.run(*ins)
+                variants.append({"label": label, "kind": kind, "trials": n, "log": str(log), "tuning_s": wall,
+                                 "session_s": res.session.seconds, "estimate_s": res.estimate_s,
+                                 "tasks": len(res.session.tasks), "solver_s": res.plan.seconds if res.plan else None,
+                                 "solver_exact": res.plan.exact if res.plan else None,
+                                 "plan": dict(res.plan.layouts) if res.plan else None, "model": m})
+        runners["onnxruntime"] = onnxruntime_runner(graph, 1)
+        runners["torch NCHW"] = torch_runner(graph, 1, channels_last=False)
+        runners["torch channels_last"] = torch_runner(graph, 1, channels_last=True)
+        inputs = variants[0]["model"].random_inputs(seed=1)
+        times = interleaved(runners, inputs, args.rounds, progress=lambda s: print(f"  {s}", flush=True))
+        med = {k: statistics.median(v) for k, v in times.items()}
+        torch_key = min(("torch NCHW", "torch channels_last"), key=lambda k: med[k])
+        for v in variants:
+            t = times[v["label"]]
+            v["measured_s"] = med[v["label"]]
+            v["vs_onnxruntime_paired"] = statistics.median(a / b for a, b in zip(t, times["onnxruntime"]))
+            v["vs_onnxruntime"] = med[v["label"]] / med["onnxruntime"]
+            v["vs_torch"] = med[v["label"]] / med[torch_key]
+            v["estimate_gap"] = med[v["label"]] / v["estimate_s"] - 1
+            del v["model"]
+        for n in counts:
+            joint, single = (next(v for v in variants if v["trials"] == n and v["kind"] == k)
+                             for k in ("joint", args.single))
+            joint["vs_single_paired"] = statistics.median(
+                a / b for a, b in zip(times[joint["label"]], times[single["label"]]))
+        out["models"][name] = {"variants": variants, "rounds_s": times, "median_s": med, "torch": torch_key}
+        print(f"\n{name}, 1 thread: ONNX Runtime {med['onnxruntime'] * 1e3:.2f} ms, PyTorch ({torch_key}) "
+              f"{med[torch_key] * 1e3:.2f} ms")
+        print(f"{'variant':<26} {'tasks':>5} {'tune min':>8} {'estimate':>9} {'measured':>9} {'gap':>6} "
+              f"{'vs ORT':>7} {'paired':>7} {'vs torch':>8} {'vs single':>9} {'solver ms':>9}")
+        for v in variants:
+            vs = f"{v['vs_single_paired']:.3f}x" if "vs_single_paired" in v else ""
+            solver = f"{v['solver_s'] * 1e3:.1f}" if v["solver_s"] is not None else "-"
+            print(f"{v['label']:<26} {v['tasks']:>5} {v['tuning_s'] / 60:>8.1f} {v['estimate_s'] * 1e3:>8.2f} "
+                  f"{v['measured_s'] * 1e3:>8.2f} {100 * v['estimate_gap']:>5.1f}% {v['vs_onnxruntime']:>6.3f}x "
+                  f"{v['vs_onnxruntime_paired']:>6.3f}x {v['vs_torch']:>7.3f}x {vs:>9} {solver:>9}")
+    write_results("models-tune", args.out, out)
+    return 0
 
 
 def main(argv=None) -> int:
@@ -29,8 +106,14 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--log", action="append", help="tuning logs besides the shipped schedules")
     ap.add_argument("--peers", default="onnxruntime,torch")
+    ap.add_argument("--tune", metavar="N[,M]", help="tune each model from an empty log with N (and M) trials first")
+    ap.add_argument("--single", default="NCHW16c", help="with --tune: the single layout the joint plan is compared to")
+    ap.add_argument("--resume", action="store_true", help="with --tune: keep and resume the logs of an earlier run")
+    ap.add_argument("--quiet", action="store_true", help="with --tune: no progress bars")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
+    if args.tune:
+        return tune_figures(args)
     threads = [int(t) for t in args.threads.split(",")]
     peaks = {t: peak_gflops(parse_target("cpu", t), t) for t in threads}
     print("FP32 peak: " + ", ".join(f"{t} thread(s) {p:.0f} GFLOPS" for t, p in peaks.items()))

@@ -30,7 +30,7 @@ from tuner.te.layouts import act_to_nchw, conv_weight_to_oihw, dense_weight_to_o
 from tuner.te.workloads import BUILTIN  # noqa: E402
 from tuner.tuning import tune_op  # noqa: E402
 
-from .peak import peak_gflops  # noqa: E402
+from tuner.measure.peak import peak_gflops  # noqa: E402
 
 DEFAULT_WORKLOADS = [n for n in BUILTIN if n.startswith("r50.")] + ["dense.512x1000", "dense.2048x1000"]
 

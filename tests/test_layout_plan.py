@@ -152,6 +152,9 @@ def test_a_model_tune_replays_plans_resumes_and_compiles_with_its_plan(tmp_cache
     m = compile_model("tiny", log=str(out), target=REPLAY_TARGET)
     assert m.meta["layout_plan"] == res.plan.layouts and m.meta["layout_plan_from"] == str(out)
     assert "layout plan" in m.report()
+    moved = [s for s in m.steps if s.summary == "layout_transform"]        # transforms run their tuned records
+    assert moved and all(s.source == str(out) and s.workload_key in measured for s in moved)
+    assert_matches_onnxruntime(m, tiny())
 
 
 def test_a_model_budget_smaller_than_its_tasks_is_refused(tmp_path):

@@ -132,8 +132,21 @@ def _check_tune_options(args) -> None:
 
 
 def _cmd_analyze(args) -> int:
+    from .analysis.model_report import analyze_model
     from .analysis.report import analyze
+    from .graph import parse_input_shapes
     _require_logs(args.log)
+    for path, flag in ((args.plot, "--plot"), (args.html, "--html")):
+        if path:
+            check_output_path(path, flag)
+    models = analyze_model(args.log, args.model, parse_input_shapes(args.input_shape), args.compiled)
+    if models:
+        return _model_view(args, models)
+    if args.model or args.compiled:
+        raise UserError(f"{args.log} holds no layout plan (`tuner tune MODEL` writes one); --model and --compiled "
+                        "apply to a model tune's log")
+    if args.html:
+        raise UserError("--html is the report of a model tune's log; this log holds no layout plan")
     rep = analyze(args.log)
     if not rep.tasks:
         print(f"{args.log}: no records" + (f" ({rep.skipped} malformed lines skipped)" if rep.skipped else ""))
@@ -143,6 +156,22 @@ def _cmd_analyze(args) -> int:
         out = args.plot or str(Path(args.log).with_suffix(".png"))
         check_output_path(out, "--plot")
         print(f"plot: {rep.plot(out)}")
+    return 0
+
+
+def _model_view(args, models: list) -> int:
+    """Print each model report; write its plot (and --html)."""
+    def numbered(path: str, k: int) -> str:          # several models in one log: one file each
+        return path if len(models) == 1 else f"{Path(path).with_suffix('')}.{k + 1}{Path(path).suffix}"
+    for k, rep in enumerate(models):
+        print(rep.table())
+        png = None
+        if not args.no_plot or args.html:
+            png = rep.plot(numbered(args.plot or str(Path(args.log).with_suffix(".png")), k))
+            if not args.no_plot:
+                print(f"\nplot: {png}")
+        if args.html:
+            print(f"report: {rep.html(numbered(args.html, k), png)}")
     return 0
 
 
@@ -379,10 +408,17 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(fn=_cmd_tune)
 
-    a = sub.add_parser("analyze", help="summarise a tuning log: table and best-so-far plot")
+    a = sub.add_parser("analyze", help="summarise a tuning log: tables and plots (a model tune's log: the model view)")
     a.add_argument("log")
     a.add_argument("--plot", help="PNG path (default: the log's path with .png)")
     a.add_argument("--no-plot", action="store_true")
+    a.add_argument("--html", help="a model log: also write one self-contained HTML report here")
+    a.add_argument("--model", help="a model log: the model (built-in name or .onnx) when the name in its plan "
+                   "does not load here")
+    a.add_argument("--input-shape", action="append", metavar="NAME=1x3x224x224",
+                   help="with an .onnx --model: fix an input's shape, as for the tune")
+    a.add_argument("--compiled", metavar="DIR", help="a model log: time this compiled model (`tuner compile -o "
+                   "DIR`) and report its gap to the estimate")
     a.set_defaults(fn=_cmd_analyze)
 
     s = sub.add_parser("show", help="the best schedule of a workload in a log, with its C code")

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from . import records
 from .errors import UserError
 from .graph import Graph, load
-from .graph.layout_plan import ModelLayouts, Plan, model_layouts, solve
+from .graph.layout_plan import ModelLayouts, Plan, model_layouts
+from .measure.peak import peak_gflops
 from .runtime.compiler import graph_digest, plan_summary
 from .target import parse_target
 from .te.layouts import CONV_LAYOUTS, check_activation_layout
@@ -46,7 +47,7 @@ class ModelTuneResult:
             return ("no layout plan yet: some task has no valid measurement (run the same command with more "
                     "--trials to resume)")
         by_key = {s.workload.key: s for s in self.session.tasks}
-        used = plan_tasks(self.space, self.plan)
+        used = self.space.used(self.plan.layouts)
         rows = [f"{'x':>3} {'trials':>6} {'best ms':>9} {'share':>6}  task"]
         for key, n in sorted(used.items(), key=lambda kv: -kv[1] * by_key[kv[0]].best_latency):
             s = by_key[key]
@@ -62,29 +63,9 @@ def _latencies(session_tasks) -> dict:
     return {s.workload.key: s.best_latency for s in session_tasks}
 
 
-def plan_model(space: ModelLayouts, best: dict) -> tuple:
-    """(Plan or None, estimated seconds) from {workload key: best latency} (inf: unmeasured)."""
-    lat = lambda wl: best.get(wl.key, math.inf)  # noqa: E731
-    problem = space.problem(lat)
-    if any(all(math.isinf(c) for c in problem.unary[v].values()) for v in problem.domains):
-        return None, math.inf
-    plan = solve(problem)
-    return plan, plan.cost + space.fixed_cost(lat)
-
-
-def plan_tasks(space: ModelLayouts, plan: Plan) -> dict:
-    """{workload key: how often the plan runs it} (as the solver counts: see graph.layout_plan)."""
-    used: dict = {}
-    chosen = [space.unary[v][lay] for v, lay in plan.layouts.items()]
-    chosen += [t.get((plan.layouts[u], plan.layouts[v]), []) for (u, v), t in space.pairs.items()]
-    for wl in (wl for wls in chosen + [space.fixed] for wl in wls):
-        used[wl.key] = used.get(wl.key, 0) + 1
-    return used
-
-
 def _weights(space: ModelLayouts, plan: Plan, tasks) -> list:
     """Per task: how often the plan runs it, or OUT_OF_PLAN_WEIGHT x its occurrences when it does not."""
-    in_plan = plan_tasks(space, plan)
+    in_plan = space.used(plan.layouts)
     return [in_plan.get(s.workload.key) or OUT_OF_PLAN_WEIGHT * s.weight for s in tasks]
 
 
@@ -108,16 +89,20 @@ def tune_model(model, trials: int, log: str | None = None, target: str = "cpu", 
     log = log or f"logs/{name.replace('/', '_').removesuffix('.onnx')}.jsonl"
 
     def on_round(tasks):
-        plan, est = plan_model(space, _latencies(tasks))
+        plan, est = space.plan(_latencies(tasks))
         if plan is None:
             return None, "estimate: - (first looks)"
         return _weights(space, plan, tasks), f"estimated model {est * 1e3:.2f} ms ({plan_summary(plan.layouts)})"
 
     session = tune(pairs, target=tgt, trials=trials, log=log, policy=policy, batch_size=batch_size,
                    scheduler="gradient", warmup_batch=warmup_batch, on_round=on_round, **kwargs)
-    plan, est = plan_model(space, _latencies(session.tasks))
+    plan, est = space.plan(_latencies(session.tasks))
     rec = None
     if plan is not None and math.isfinite(est):
-        rec = records.make_plan_record(name, graph_digest(graph), str(tgt), plan.layouts, est, plan.exact)
+        # the host's peak goes with the plan (for `tuner analyze`'s fraction of peak); a replayed
+        # tune's costs come from another machine, so it records none
+        peak = None if kwargs.get("replay") or kwargs.get("runner") else peak_gflops(tgt, tgt.threads, 5_000_000)
+        rec = records.make_plan_record(name, graph_digest(graph), str(tgt), plan.layouts, est, plan.exact,
+                                       tuple(layouts), peak)
         records.append(log, [rec])
     return ModelTuneResult(name, space, session, plan, est, rec)

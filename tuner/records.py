@@ -154,11 +154,18 @@ class PlanRecord:
     tool: str = ""
     format: int = FORMAT
     kind: str = "layout_plan"
+    candidates: tuple = ()             # the layouts the tune chose from (--layouts); () in older logs
+    peak_gflops: float | None = None   # the FP32 FMA peak of the tuning host at the target's threads
 
     def to_json(self) -> dict:
-        return {"format": self.format, "kind": self.kind, "tool": self.tool, "model": self.model,
-                "model_hash": self.model_hash, "target": self.target, "layouts": self.layouts,
-                "estimate_s": self.estimate_s, "exact": self.exact, "timestamp": self.timestamp}
+        d = {"format": self.format, "kind": self.kind, "tool": self.tool, "model": self.model,
+             "model_hash": self.model_hash, "target": self.target, "layouts": self.layouts,
+             "estimate_s": self.estimate_s, "exact": self.exact, "timestamp": self.timestamp}
+        if self.candidates:
+            d["candidates"] = list(self.candidates)
+        if self.peak_gflops is not None:
+            d["peak_gflops"] = self.peak_gflops
+        return d
 
     @classmethod
     def from_json(cls, obj: dict) -> "PlanRecord":
@@ -171,14 +178,20 @@ class PlanRecord:
         _want(isinstance(obj.get("exact", True), bool), "plan exact is not a boolean")
         for k in ("timestamp", "tool"):
             _want(isinstance(obj.get(k, ""), str), f"{k} is not a string")
+        cands = obj.get("candidates", [])
+        _want(isinstance(cands, list) and all(isinstance(c, str) and c for c in cands),
+              "plan candidates is not a list of layouts")
+        _want(obj.get("peak_gflops") is None or _positive(obj["peak_gflops"]), "plan peak_gflops is not positive")
         return cls(obj["model"], obj["model_hash"], obj["target"], dict(lays), float(obj["estimate_s"]),
-                   obj.get("exact", True), obj.get("timestamp", ""), obj.get("tool", ""), obj.get("format", FORMAT))
+                   obj.get("exact", True), obj.get("timestamp", ""), obj.get("tool", ""), obj.get("format", FORMAT),
+                   candidates=tuple(cands), peak_gflops=obj.get("peak_gflops"))
 
 
 def make_plan_record(model: str, model_hash: str, target: str, layouts: dict, estimate_s: float,
-                     exact: bool) -> PlanRecord:
+                     exact: bool, candidates=(), peak_gflops: float | None = None) -> PlanRecord:
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    return PlanRecord(model, model_hash, str(target), dict(layouts), estimate_s, exact, now, f"tuner {__version__}")
+    return PlanRecord(model, model_hash, str(target), dict(layouts), estimate_s, exact, now, f"tuner {__version__}",
+                      candidates=tuple(candidates), peak_gflops=peak_gflops)
 
 
 def _want(cond, reason: str) -> None:

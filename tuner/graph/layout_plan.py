@@ -147,6 +147,30 @@ class ModelLayouts:
     def fixed_cost(self, latency) -> float:
         return sum(latency(wl) for wl in self.fixed)
 
+    def plan(self, best: dict) -> tuple:
+        """(Plan or None, estimated model seconds: the plan's cost plus the fixed groups) from
+        {workload key: best latency}; (None, inf) while some convolution has no measured layout."""
+        lat = lambda wl: best.get(wl.key, math.inf)  # noqa: E731
+        problem = self.problem(lat)
+        if any(all(math.isinf(c) for c in problem.unary[v].values()) for v in problem.domains):
+            return None, math.inf
+        plan = solve(problem)
+        return plan, plan.cost + self.fixed_cost(lat)
+
+    def estimate(self, layouts: dict, best: dict) -> float:
+        """The estimated model seconds of a given assignment (a logged plan) under `best`."""
+        lat = lambda wl: best.get(wl.key, math.inf)  # noqa: E731
+        return self.problem(lat).cost(layouts) + self.fixed_cost(lat)
+
+    def used(self, layouts: dict) -> dict:
+        """{workload key: how often an assignment runs it} (as the solver counts: see the module doc)."""
+        out: dict = {}
+        chosen = [self.unary[v][lay] for v, lay in layouts.items()]
+        chosen += [t.get((layouts[u], layouts[v]), []) for (u, v), t in self.pairs.items()]
+        for wl in (wl for wls in chosen + [self.fixed] for wl in wls):
+            out[wl.key] = out.get(wl.key, 0) + 1
+        return out
+
     def problem(self, latency) -> LayoutProblem:
         """The LayoutProblem with latency(Workload) -> seconds (inf when unmeasured: that layout is out)."""
         price = lambda wls: sum(latency(wl) for wl in wls)  # noqa: E731

@@ -4,6 +4,9 @@ Every fused group of the optimised graph becomes one kernel call (a step):
   * a group that is a task (an anchor with its epilogue: `ExtractTasks`' workload) gets the best
     record of the given logs, then of the shipped database (`schedules/`), else the default
     schedule of its search space: apply-best, loud about misses;
+  * a group that is one layout transform of an activation takes the best record of its
+    `layout_transform` workload when a log has one (a model tune measures every transform its
+    layout plan can need), else it is generic like the rest:
   * every other group (layout transforms, flatten, concat, softmax, broadcast chains, ...) gets a
     tensor expression built node by node from the operator registry (`graph.ops.OPS`) and the
     default schedule of the same search space (producers inlined, inner loop vectorised, outer
@@ -29,7 +32,7 @@ from ..errors import UserError
 from ..graph import Graph, load
 from ..graph.ops import Unsupported, flops, to_te
 from ..graph.passes import optimize
-from ..graph.passes.extract_tasks import group_summary, workload_of
+from ..graph.passes.extract_tasks import group_summary, transform_workload, workload_of
 from ..measure.builder import TIMING, compile_library
 from ..schedule.lower import lower
 from ..schedule.schedule import ScheduleError, replay
@@ -71,7 +74,8 @@ class Step:
 
     @property
     def anchor(self) -> bool:
-        """A tunable task (counted by --strict and the untuned warning)."""
+        """A task with a workload key: an anchor group (counted by --strict and the untuned warning), or a
+        layout transform that took a logged record."""
         return self.workload_key is not None
 
     def to_json(self) -> dict:
@@ -276,18 +280,25 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
     lifetimes: dict = {}             # value id -> [first step, last step, bytes]
     step_args: list = []             # per step: [(value or array)]
     chosen: dict = {}                # workload key -> (record, where)
+
+    def best_of(wl) -> tuple:
+        """(the best record of `wl` in the logs, then the shipped database, or None; where from)."""
+        if wl.key not in chosen:
+            chosen[wl.key] = next(((rec, where) for where, c in contents
+                                   if (rec := records.best(c, wl.key, str(tgt)))), (None, DEFAULT))
+        return chosen[wl.key]
+
     for gi, grp in enumerate(g.meta["fused_groups"]):
         ins, out_v = _group_io(g, grp.nodes, uses, outputs)
         anchor_node = g.nodes[grp.anchor] if grp.anchor is not None else g.nodes[grp.nodes[0]]
         wl, _why = workload_of(g, grp)
         gflops = sum(flops(g.nodes[k]) for k in grp.nodes)
         func = f"kernel{len(kernels)}"
+        if wl is None and (lt := transform_workload(g, grp)) is not None and best_of(lt)[0] is not None:
+            wl = lt                  # a transform a model tune measured: its record, not the generic kernel
         if wl is not None:
             task = Task(wl, tgt)
-            if wl.key not in chosen:
-                chosen[wl.key] = next(((rec, where) for where, c in contents
-                                       if (rec := records.best(c, wl.key, str(tgt)))), (None, DEFAULT))
-            rec, where = chosen[wl.key]
+            rec, where = best_of(wl)
             sched = rec.steps if rec is not None else task.space.steps(task.space.default())
             if choose is not None:
                 rec, where, sched = None, "chosen", choose(task)
@@ -295,7 +306,10 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
             if rec is not None and rec.code_hash and cand.code_hash != rec.code_hash:
                 raise AssertionError(f"{wl.label}: the record's steps give other code than it logged")
             src, omp, chash = cand.source, cand.openmp, cand.code_hash
-            args = _task_binding(g, grp, wl, task.space.inputs)
+            args = list(ins) if wl.op == "layout_transform" else _task_binding(g, grp, wl, task.space.inputs)
+            if wl.op == "layout_transform" and tuple(ins[0].shape) != tuple(task.space.inputs[0].shape):
+                raise AssertionError(f"{wl.label}: input {list(ins[0].shape)} is not the workload's "
+                                     f"{list(task.space.inputs[0].shape)}")
             label, key, expected = wl.label, wl.key, (rec.latency if rec is not None else None)
         else:
             dag = _generic_dag(g, grp.nodes, ins, out_v)

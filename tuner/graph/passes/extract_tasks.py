@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 from ...te.workloads import EPILOGUE_ACTS, WORKLOADS, Workload, WorkloadError, make
 from ..ir import Graph
-from ..ops import OPS, NoTask, act_params
+from ..ops import OPS, NoTask, act_params, nchw_dims
 from .base import register
 
 
@@ -97,6 +97,22 @@ def workload_of(graph: Graph, group) -> tuple:
         return None, str(e)
     except WorkloadError as e:
         return None, str(e)
+
+
+def transform_workload(graph: Graph, group) -> Workload | None:
+    """The layout_transform workload of a group that is one transform of an activation (what a
+    model tune measures for the layout plan's edges), else None. Not an ExtractTasks task: under
+    a single layout there are two per model and they take a fraction of a percent of its time."""
+    if len(group.nodes) != 1:
+        return None
+    n = graph.nodes[group.nodes[0]]
+    if n.op != "layout_transform" or n.inputs[0].is_const or len(n.output.shape) not in (4, 5):
+        return None
+    b, c, h, w = nchw_dims(n.inputs[0].shape, n.attrs["src"])
+    try:
+        return make("layout_transform", dict(N=b, C=c, H=h, W=w, dst=n.attrs["dst"]), layout=n.attrs["src"])
+    except WorkloadError:
+        return None
 
 
 def extract(graph: Graph) -> list:

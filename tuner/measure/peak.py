@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from cffi import FFI
 
-from tuner.measure.builder import compile_library
-from tuner.measure.library import open_library
-from tuner.target import Target
+from .builder import compile_library
+from .library import open_library
+from ..target import Target
 
 _SOURCE = r"""
 #include <time.h>

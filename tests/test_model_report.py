@@ -1,0 +1,80 @@
+"""`tuner analyze` of a model tune's log: the model view, from a replayed tune (no timing but --compiled)."""
+import json
+import math
+
+import pytest
+from conftest import MODEL_REPLAY, MODEL_REPLAY_LOG, REPLAY_TARGET
+from tuner import records
+from tuner.analysis.model_report import analyze_model
+from tuner.cli import main
+from tuner.errors import UserError
+from tuner.graph.models import tiny
+from tuner.model_tuning import tune_model
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    log = tmp_path_factory.mktemp("model") / "tiny.jsonl"
+    res = tune_model(target=REPLAY_TARGET, log=str(log), policy="random", replay=str(MODEL_REPLAY_LOG),
+                     progress=False, **MODEL_REPLAY)
+    return log, res
+
+
+def test_the_model_view_prices_the_logged_plan_like_the_tune(tuned):
+    log, res = tuned
+    [rep] = analyze_model(str(log))
+    assert rep.plan == res.record and rep.plan.candidates == MODEL_REPLAY["layouts"]
+    assert math.isclose(rep.estimate_s, res.estimate_s) and rep.solved.layouts == res.plan.layouts
+    assert rep.trials == MODEL_REPLAY["trials"] == sum(r.trials for r in rep.rows)
+    in_plan = {r.workload.key: r.uses for r in rep.rows if r.uses}
+    assert in_plan == rep.space.used(res.plan.layouts)
+    assert math.isclose(sum(r.uses * r.best_s for r in rep.rows), res.estimate_s)
+    assert {c.conv: c.chosen for c in rep.choices} == res.plan.layouts
+    assert all(c.costs[c.chosen] <= min(c.costs.values()) * 10 for c in rep.choices)
+    assert rep.curve and rep.curve[-1][0] == rep.trials and math.isclose(rep.curve[-1][2], res.estimate_s)
+    assert all(a[0] < b[0] and a[1] <= b[1] for a, b in zip(rep.curve, rep.curve[1:]))
+    text = rep.table()
+    for part in ("tasks of the plan", "layout per convolution", "layout transforms the plan keeps", "budget:"):
+        assert part in text
+
+
+def test_analyze_cli_writes_a_self_contained_html_report_and_times_a_compiled_model(tuned, tmp_path, tmp_cache,
+                                                                                    capsys):
+    log, res = tuned
+    out = tmp_path / "m"
+    assert main(["compile", "tiny", "--log", str(log), "--target", REPLAY_TARGET, "-o", str(out)]) == 0
+    html = tmp_path / "r.html"
+    assert main(["analyze", str(log), "--compiled", str(out), "--html", str(html),
+                 "--plot", str(tmp_path / "r.png")]) == 0
+    said = capsys.readouterr().out
+    assert "compiled model" in said and "against the estimate" in said
+    page = html.read_text()
+    assert page.count("<table>") == 3 and "data:image/png;base64," in page and "src=\"http" not in page
+    [rep] = analyze_model(str(log), compiled=str(out), repeat=2)
+    assert rep.compiled["same_plan"] and rep.compiled["measured_s"] > 0
+
+
+def test_names_from_the_log_are_escaped_in_html(tuned, tmp_path):
+    log, res = tuned
+    hostile = tmp_path / "h.jsonl"
+    lines = [ln for ln in log.read_text().splitlines() if '"layout_plan"' not in ln]
+    plan = dict(res.record.to_json(), model="<script>alert(1)</script>")
+    hostile.write_text("\n".join(lines + [json.dumps(plan)]) + "\n")
+    [rep] = analyze_model(str(hostile), model=tiny())
+    page = (tmp_path / "h.html")
+    rep.html(str(page))
+    page = page.read_text()
+    assert "<script>" not in page and "&lt;script&gt;" in page
+
+
+def test_the_wrong_model_or_artifact_is_a_one_line_error(tuned, tmp_path, capsys):
+    log, _ = tuned
+    with pytest.raises(UserError, match="is not the model the log's plan was made for"):
+        analyze_model(str(log), model="resnet18")
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text("".join(ln + "\n" for ln in log.read_text().splitlines() if '"layout_plan"' not in ln))
+    assert main(["analyze", str(plain), "--html", str(tmp_path / "x.html")]) == 2
+    assert main(["analyze", str(log), "--compiled", str(tmp_path / "nothing")]) == 2
+    err = capsys.readouterr().err
+    assert "holds no layout plan" in err and len(err.strip().splitlines()) == 2
+    assert records.load(plain).plans == []

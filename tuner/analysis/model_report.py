@@ -1,0 +1,340 @@
+"""`tuner analyze` of a model tune's log: what the whole-model search found.
+
+A log with a layout-plan line (written by `tuner tune MODEL`) is read as a model: its layout
+problem is rebuilt from the model the plan names (graph.layout_plan.model_layouts, over the
+layouts the tune chose from), and the log's records price it. The report says, for the newest
+plan of each model and target:
+
+  * the estimated model latency of the logged plan (what `tuner compile` applies) under the
+    log's best records that still replay, and what the solver picks from the same records;
+  * per task the plan runs: occurrences, trials, best latency, GFLOPS, fraction of the tuning
+    host's peak (measured when the plan was made), share of the estimate;
+  * per convolution: the chosen layout and what each other layout costs relative to it, with the
+    trials each got (how soft pruning spent the budget), and the budget spent outside the plan;
+  * the layout transforms the plan keeps;
+  * the estimate against trials and tuning time (the records as logged, re-solved at up to
+    CURVE_POINTS points; pauses over PAUSE_S between records, such as a resumed tune, are cut);
+  * with a compiled artifact, its measured latency and the gap to the estimate.
+
+Text (`table`), a PNG (`plot`) and one self-contained HTML file (`html`) render the same
+sections (`sections`), so the three never disagree.
+"""
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import html
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import records
+from ..errors import UserError
+from ..graph.layout_plan import ModelLayouts, Plan, model_layouts
+from ..te.layouts import CONV_LAYOUTS
+
+CURVE_POINTS = 150
+PAUSE_S = 600.0
+
+
+@dataclass
+class TaskRow:
+    workload: object           # te.workloads.Workload
+    uses: int                  # how often the logged plan runs it (0: not in the plan)
+    trials: int
+    best_s: float              # inf: no valid record
+
+
+@dataclass
+class Choice:
+    conv: str
+    chosen: str
+    costs: dict                # layout -> seconds of its part of the plan (kernel, pools, boundary transforms)
+    trials: dict               # layout -> trials of its fused group's task
+
+
+@dataclass
+class Section:
+    title: str
+    head: list
+    rows: list                 # [[str]]
+    notes: list = field(default_factory=list)
+
+
+@dataclass
+class ModelReport:
+    log: str
+    plan: records.PlanRecord   # the newest plan of this model and target in the log
+    space: ModelLayouts
+    rows: list                 # [TaskRow] of every task of the space
+    choices: list              # [Choice] per convolution
+    estimate_s: float          # the logged plan under the log's best records
+    solved: Plan | None        # the solver on the same records
+    solved_s: float
+    curve: list                # [(trials, tuning seconds, estimate seconds)]
+    trials: int                # records of the space's tasks on this target
+    compiled: dict | None = None
+
+    # ------------------------------------------------------------ content
+    def sections(self) -> list:
+        p, est = self.plan, self.estimate_s
+        tuned_s = self.curve[-1][1] if self.curve else 0.0
+        lines = [f"model {p.model} (graph {p.model_hash}) on '{p.target}': {self.trials} trials of "
+                 f"{len(self.rows)} tasks in {_duration(tuned_s)} of tuning",
+                 f"layout plan logged {p.timestamp or '(no time)'}: {_plan_summary(p.layouts)}"
+                 f"{'' if p.exact else ' (beam search: not proven optimal)'}",
+                 f"estimated model latency {_ms(est)} (the logged plan under the log's best records; the "
+                 f"plan line said {_ms(p.estimate_s)})"]
+        if self.solved is not None:
+            same = self.solved.layouts == p.layouts
+            lines.append(f"the solver on the same records: {_ms(self.solved_s)} in {self.solved.seconds * 1e3:.1f} ms"
+                         + (", the same plan" if same else
+                            f", another plan ({_plan_summary(self.solved.layouts)}): run the tune again "
+                            "with the same --trials to log it"))
+        if self.compiled:
+            c = self.compiled
+            lines.append(f"compiled model {c['path']}: measured {_ms(c['measured_s'])} (median of {c['repeat']}), "
+                         f"{100 * (c['measured_s'] / est - 1):+.1f}% against the estimate"
+                         + ("" if c["same_plan"] else "; it was compiled with another layout plan than this one"))
+        in_plan = [r for r in self.rows if r.uses]
+        spent_in = sum(r.trials for r in in_plan)
+        total = max(1, sum(r.trials for r in self.rows))
+        lines.append(f"budget: {spent_in} trials ({100 * spent_in / total:.0f}%) on the {len(in_plan)} tasks the plan "
+                     f"runs, {total - spent_in} ({100 * (total - spent_in) / total:.0f}%) on the "
+                     f"{len(self.rows) - len(in_plan)} it does not")
+        per_layout: dict = {}
+        for r in self.rows:
+            if r.workload.op == "conv2d":
+                per_layout[r.workload.layout] = per_layout.get(r.workload.layout, 0) + r.trials
+        lines.append("trials on conv tasks per layout: "
+                     + ", ".join(f"{lay} {n}" for lay, n in sorted(per_layout.items(), key=lambda kv: -kv[1])))
+        out = [Section("summary", [], [], lines)]
+
+        peak = p.peak_gflops
+        rows = []
+        for r in sorted(in_plan, key=lambda r: -r.uses * r.best_s):
+            g = r.workload.flops / r.best_s / 1e9 if math.isfinite(r.best_s) else 0.0
+            rows.append([str(r.uses), str(r.trials), f"{r.best_s * 1e3:.4f}", f"{g:.1f}",
+                         f"{g / peak:.2f}" if peak and g else "-", f"{100 * r.uses * r.best_s / est:.1f}%",
+                         r.workload.op, _shape(r.workload), r.workload.layout])
+        out.append(Section("tasks of the plan, by share of the estimate",
+                           ["x", "trials", "best ms", "GFLOPS", "peak", "share", "op", "shape", "layout"], rows,
+                           [f"peak: fraction of the tuning host's FP32 peak ({peak:.1f} GFLOPS at "
+                            f"{_threads(p.target)} thread(s))" if peak else
+                            "peak: not known (the plan was made in replay mode or by an older version)"]))
+
+        rows = []
+        for c in self.choices:
+            base = c.costs[c.chosen]
+            others = [f"{lay} {_ratio(c.costs[lay], base)} ({c.trials.get(lay, 0)})"
+                      for lay in c.costs if lay != c.chosen]
+            rows.append([c.conv, c.chosen, f"{base * 1e3:.4f}", str(c.trials.get(c.chosen, 0)), "  ".join(others)])
+        out.append(Section("layout per convolution", ["conv", "chosen", "ms", "trials", "other layouts: cost "
+                                                      "relative to the chosen one (trials)"], rows,
+                           ["a conv's cost in a layout is its fused group's kernel, the pools that inherit "
+                            "the layout and its transforms to and from fixed NCHW boundaries; the transforms "
+                            "between convs are priced on the edges, below"]))
+
+        moved = [r for r in in_plan if r.workload.op == "layout_transform"]
+        t = sum(r.uses * r.best_s for r in moved)
+        out.append(Section("layout transforms the plan keeps", ["x", "best ms", "from", "to", "shape (NCHW)"],
+                           [[str(r.uses), f"{r.best_s * 1e3:.4f}", r.workload.layout, r.workload.p["dst"],
+                             "x".join(str(r.workload.p[k]) for k in "NCHW")] for r in moved],
+                           [f"{len(moved)} distinct transforms, {_ms(t)} in all ({100 * t / est:.1f}% of the "
+                            "estimate)"]))
+        return out
+
+    # ------------------------------------------------------------ renderers
+    def table(self) -> str:
+        parts = []
+        for s in self.sections():
+            block = list(s.notes) if not s.rows else []
+            if s.rows:
+                block.append(f"{s.title}:")
+                widths = [max(len(r[k]) for r in [s.head] + s.rows) for k in range(len(s.head))]
+                block += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [s.head] + s.rows]
+                block += s.notes
+            elif s.title != "summary":
+                block.insert(0, f"{s.title}: none")
+            parts.append("\n".join(block))
+        return "\n\n".join(parts)
+
+    def plot(self, out: str) -> str:
+        """Estimated model latency against trials and against tuning time (PNG)."""
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+        for ax, k, scale, label in zip(axes, (0, 1), (1.0, 60.0), ("trials", "tuning time (min)")):
+            ax.plot([pt[k] / scale for pt in self.curve], [pt[2] * 1e3 for pt in self.curve],
+                    drawstyle="steps-post", label="estimate (the plan's tasks)")
+            if self.compiled:
+                ax.axhline(self.compiled["measured_s"] * 1e3, color="C3", ls="--", label="compiled model, measured")
+            ax.set_xlabel(label)
+            ax.set_ylabel("model latency (ms)")
+            top = max([pt[2] for pt in self.curve] + [self.compiled["measured_s"] if self.compiled else 0.0])
+            ax.set_ylim(0, 1.1e3 * top if top > 0 else None)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.suptitle(f"{self.plan.model} on '{self.plan.target}'", fontsize=10)
+        fig.tight_layout()
+        fig.savefig(out, dpi=110)
+        plt.close(fig)
+        return out
+
+    def html(self, out: str, png: str | None = None) -> str:
+        """One self-contained HTML file: the sections as tables, the plot inlined."""
+        e = html.escape
+        body = [f"<h1>{e(self.plan.model)} on {e(self.plan.target)}</h1>", f"<p>log: {e(self.log)}</p>"]
+        for s in self.sections():
+            body.append(f"<h2>{e(s.title)}</h2>")
+            if s.rows:
+                body.append("<table><tr>" + "".join(f"<th>{e(c)}</th>" for c in s.head) + "</tr>")
+                body += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in s.rows]
+                body.append("</table>")
+            body += [f"<p>{e(n)}</p>" for n in s.notes]
+            if s.title == "summary" and png:
+                data = base64.b64encode(Path(png).read_bytes()).decode()
+                body.append(f'<img alt="estimated model latency against trials and time" '
+                            f'src="data:image/png;base64,{data}">')
+        page = ("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>tuner: "
+                f"{e(self.plan.model)}</title><style>body{{font-family:sans-serif;max-width:80em;margin:1em auto}}"
+                "table{border-collapse:collapse;font-size:90%}td,th{border:1px solid #ccc;padding:2px 6px;"
+                "text-align:left}img{max-width:100%}</style></head><body>" + "\n".join(body) + "</body></html>\n")
+        Path(out).write_text(page)
+        return out
+
+
+# ---------------------------------------------------------------- building the report
+
+def analyze_model(path: str, model=None, input_shapes: dict | None = None, compiled: str | None = None,
+                  repeat: int = 5) -> list:
+    """[ModelReport] for the newest plan of each (model, target) in the log at `path` ([] when it
+    holds no plan). model: a built-in name, an .onnx path or a Graph, when the plan's model name
+    does not load here. compiled: an artifact directory (`tuner compile -o`) to time."""
+    contents = records.load(path, warn=False)
+    newest: dict = {}
+    for p in contents.plans:
+        newest[(p.model_hash, records.code_target(p.target))] = p
+    return [_report(path, contents, p, model, input_shapes, compiled, repeat) for p in newest.values()]
+
+
+def _graph(plan, model, input_shapes):
+    from ..graph import Graph, load
+    from ..runtime.compiler import graph_digest
+    if isinstance(model, Graph):
+        graph, given = model, "the given graph"
+    else:
+        given = str(model or plan.model)
+        try:
+            graph = load(given, input_shapes)
+        except UserError as err:
+            raise UserError(f"the layout plan in the log is for model {plan.model!r}, which does not load here "
+                            f"({err}); give the model with --model PATH") from None
+    if graph_digest(graph) != plan.model_hash:
+        raise UserError(f"{given} is not the model the log's plan was made for (graph hash {graph_digest(graph)}, "
+                        f"the plan's {plan.model_hash}); give that model with --model (and its --input-shape)")
+    return graph
+
+
+def _report(path, contents, plan, model, input_shapes, compiled, repeat) -> ModelReport:
+    graph = _graph(plan, model, input_shapes)
+    space = model_layouts(graph, tuple(plan.candidates or CONV_LAYOUTS))
+    missing = [v for v in plan.layouts if v not in space.domains]
+    if missing:
+        raise UserError(f"the log's plan names convolutions the model does not have as choices ({missing[0]}); "
+                        "was it written by another version of tuner? Tune again to log a new plan")
+    wls = [wl for wl, _ in space.workloads()]
+    keys = {wl.key for wl in wls}
+    recs = [r for r in contents.records if r.workload.key in keys
+            and records.code_target(r.target) == records.code_target(plan.target)]
+    by_key: dict = {}
+    for r in recs:
+        by_key.setdefault(r.workload.key, []).append(r)
+    best = {k: records.latency(records.first_that_replays(v)) for k, v in by_key.items()}
+    uses = space.used(plan.layouts)
+    rows = [TaskRow(wl, uses.get(wl.key, 0), len(by_key.get(wl.key, [])), best.get(wl.key, math.inf)) for wl in wls]
+    lat = lambda wl: best.get(wl.key, math.inf)  # noqa: E731
+    choices = [Choice(v, plan.layouts[v], {lay: sum(lat(wl) for wl in space.unary[v][lay]) for lay in d},
+                      {lay: len(by_key.get(space.unary[v][lay][0].key, [])) for lay in d if space.unary[v][lay]})
+               for v, d in space.domains.items()]
+    solved, solved_s = space.plan(best)
+    rep = ModelReport(path, plan, space, rows, choices, space.estimate(plan.layouts, best), solved, solved_s,
+                      _curve(space, recs), len(recs))
+    if compiled:
+        rep.compiled = _time_compiled(compiled, plan, repeat)
+    return rep
+
+
+def _curve(space: ModelLayouts, recs: list) -> list:
+    """[(trials, tuning seconds, estimate)] at up to CURVE_POINTS trials where the estimate is finite."""
+    if not recs:
+        return []
+    marks = {round(i * (len(recs) - 1) / (CURVE_POINTS - 1)) for i in range(CURVE_POINTS)}
+    best: dict = {}
+    out, elapsed, last = [], 0.0, _when(recs[0])
+    for i, r in enumerate(recs):
+        now = _when(r)
+        if now is not None and last is not None and 0 < now - last <= PAUSE_S:
+            elapsed += now - last
+        last = now if now is not None else last
+        if r.ok and r.latency < best.get(r.workload.key, math.inf):
+            best[r.workload.key] = r.latency
+        if i in marks:
+            plan, est = space.plan(best)
+            if plan is not None and math.isfinite(est):
+                out.append((i + 1, elapsed, est))
+    return out
+
+
+def _when(rec) -> float | None:
+    try:
+        return _dt.datetime.fromisoformat(rec.timestamp).timestamp()
+    except (TypeError, ValueError):
+        return None
+
+
+def _time_compiled(path: str, plan, repeat: int) -> dict:
+    from ..runtime import load
+    m = load(path)
+    if m.meta.get("model_hash") != plan.model_hash:
+        raise UserError(f"--compiled {path} is another model than the log's plan ({m.meta.get('model')!r}); "
+                        "give the directory `tuner compile` wrote for this model")
+    if records.code_target(m.target) != records.code_target(plan.target):
+        raise UserError(f"--compiled {path} was built for '{m.target}', the plan for '{plan.target}'; compile for "
+                        "the plan's target (--threads) to compare")
+    costs = m.time(repeat=repeat)
+    return {"path": str(path), "measured_s": statistics.median(costs), "repeat": repeat,
+            "same_plan": m.meta.get("layout_plan") == plan.layouts}
+
+
+# ---------------------------------------------------------------- formatting
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.3f} ms" if math.isfinite(s) else "- (not every task measured)"
+
+
+def _ratio(cost: float, base: float) -> str:
+    return f"{cost / base:.2f}x" if math.isfinite(cost) and base > 0 else "unmeasured"
+
+
+def _shape(wl) -> str:
+    return wl.spec.partition(":")[2]
+
+
+def _threads(target: str) -> str:
+    ct = records.code_target(target)
+    return str(ct[2]) if ct else "?"
+
+
+def _duration(s: float) -> str:
+    return f"{s / 60:.1f} min" if s >= 60 else f"{s:.0f} s"
+
+
+def _plan_summary(layouts: dict) -> str:
+    from ..runtime.compiler import plan_summary
+    return plan_summary(layouts)
+
+
+__all__ = ["analyze_model", "ModelReport", "TaskRow", "Choice", "Section"]
