@@ -4,7 +4,8 @@ The model's layout problem (graph.layout_plan.model_layouts) names the tasks: ea
 fused group in each layout it can take, the pools that follow it, the layout transforms that
 the choices can need, and the groups no choice moves (the classifier). All are tuned in one
 session under one trial budget (tuning.tune): each task first gets a short warm-up batch (the
-default schedule and the cost model's best guesses), then the gradient task scheduler spends the
+default schedule and the cost model's best guesses; a layout transform its default alone, see
+FIRST_LOOK), then the gradient task scheduler spends the
 rest where the estimated model latency falls fastest.
 
 After every round the solver re-plans with the best latencies so far, and the plan steers the
@@ -30,6 +31,11 @@ from .te.layouts import CONV_LAYOUTS, check_activation_layout
 from .tuning import Session, tune
 
 OUT_OF_PLAN_WEIGHT = 0.1
+# operators whose first look is this many measurements (others: warmup_batch). A layout transform
+# is a copy with few schedules worth trying; most of a model's tasks are transforms (138 of
+# ResNet-50's 243 in four layouts), so four looks each would spend half of a 1000-trial budget
+# on a fraction of a percent of the model. After the first look the scheduler weighs them like any task.
+FIRST_LOOK = {"layout_transform": 1}
 
 
 @dataclass
@@ -85,7 +91,11 @@ def tune_model(model, trials: int, log: str | None = None, target: str = "cpu", 
         raise UserError(f"--trials {trials} is less than the {len(pairs)} tasks of {name} in layouts "
                         f"{', '.join(layouts)}: give at least {len(pairs)} (one measurement each; "
                         f"{len(pairs) * warmup_batch} or more to tune) or fewer --layouts")
-    warmup_batch = max(1, min(warmup_batch, trials // len(pairs)))     # every task gets its first look
+    small = sum(1 for wl, _ in pairs if wl.op in FIRST_LOOK)
+    warm = max(1, min(warmup_batch, (trials - small) // max(1, len(pairs) - small)))  # every task gets a look
+
+    def first_look(wl) -> int:
+        return FIRST_LOOK.get(wl.op, warm)
     log = log or f"logs/{name.replace('/', '_').removesuffix('.onnx')}.jsonl"
 
     def on_round(tasks):
@@ -95,7 +105,7 @@ def tune_model(model, trials: int, log: str | None = None, target: str = "cpu", 
         return _weights(space, plan, tasks), f"estimated model {est * 1e3:.2f} ms ({plan_summary(plan.layouts)})"
 
     session = tune(pairs, target=tgt, trials=trials, log=log, policy=policy, batch_size=batch_size,
-                   scheduler="gradient", warmup_batch=warmup_batch, on_round=on_round, **kwargs)
+                   scheduler="gradient", warmup_batch=first_look, on_round=on_round, **kwargs)
     plan, est = space.plan(_latencies(session.tasks))
     rec = None
     if plan is not None and math.isfinite(est):

@@ -113,14 +113,15 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
          batch_size: int = 32, threads: int | None = None, run_config: RunConfig | None = None,
          progress: bool = True, runner=None, replay: str | None = None, cost_model_from: list | None = None,
          scheduler: str = "gradient", early_stopping: int | None = None,
-         start_from_default: bool = True, warmup_batch: int | None = None, on_round=None) -> Session:
+         start_from_default: bool = True, warmup_batch=None, on_round=None) -> Session:
     """Tune `workloads` (Workloads or (Workload, weight) pairs) until `trials` records exist for them.
 
     policy: a name (see tuner.search.POLICIES) or a PolicyFactory. runner: anything with
     `measure(task, batch)` and `close()` (default: this host, or `replay` LOG).
     start_from_default: measure each task's default schedule first (off to compare pure search).
-    warmup_batch: the size of each task's first batch (default batch_size); a model tune has
-    hundreds of tasks and gives each a short first look before the scheduler picks.
+    warmup_batch: the size of each task's first batch (default batch_size), or a function of the
+    Workload giving it; a model tune has hundreds of tasks and gives each a short first look
+    before the scheduler picks.
     on_round: called with the session's TuneSummaries after every round; it returns (weights or
     None, a status for the progress line or None); new weights steer the task scheduler (the
     summaries keep their occurrence counts as `weight`).
@@ -133,7 +134,7 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
     try:
         factory = policy_factory(policy, tgt, seed, cost_model_from)
         loop = _Loop(pairs, tgt, log, factory, seed, SCHEDULERS[scheduler], early_stopping,
-                     warmup_batch or batch_size, on_round)
+                     warmup_batch if callable(warmup_batch) else lambda wl: warmup_batch or batch_size, on_round)
         return loop.run(trials, time_limit, batch_size, start_from_default, progress, replay,
                         runner, run_config or RunConfig())
     finally:
@@ -202,7 +203,7 @@ class _Loop:
                 if len(self.states) > 1:
                     wl = st.task.workload
                     bar.write(f"next: {wl.label}{f' {wl.spec}' if wl.name else ''} — {why}")
-                size = batch_size if st.started else self.warmup_batch
+                size = batch_size if st.started else self.warmup_batch(st.task.workload)
                 batch = self._propose(st, min(size, trials - session.trials), start_from_default)
                 if not batch:
                     self.rows[k].retired = st.summary.retired = \
