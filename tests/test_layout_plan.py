@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 from hypothesis import given, settings, strategies as st
 
@@ -189,3 +190,18 @@ def test_steering_weights_do_not_compound_over_rounds(tmp_path):
     tune(space.workloads()[:3], target=REPLAY_TARGET, trials=6, log=str(tmp_path / "w.jsonl"), policy="random",
          replay=str(MODEL_REPLAY_LOG), progress=False, batch_size=2, on_round=on_round)
     assert len(seen) > 1 and all(w == seen[0] for w in seen)     # the occurrence counts, every round
+
+
+def test_a_model_tune_stops_at_its_time_limit_within_one_measurement(tmp_path):
+    from tuner.measure.replay import ReplayRunner
+
+    class Slow(ReplayRunner):          # replayed costs, 0.1 s a candidate: a round of 8 takes 0.8 s
+        def measure(self, task, batch):
+            for item in super().measure(task, batch):
+                time.sleep(0.1)
+                yield item
+    res = _replayed(tmp_path / "t.jsonl", trials=400, warmup_batch=8, batch_size=8,
+                    runner=Slow(str(MODEL_REPLAY_LOG)), time_limit=1.0)
+    s = res.session
+    assert 0 < s.trials < 400 and 1.0 <= s.seconds < 1.0 + 0.25
+    assert len(records.load(tmp_path / "t.jsonl").records) == s.trials

@@ -98,11 +98,17 @@ def tune_model(model, trials: int, log: str | None = None, target: str = "cpu", 
         return FIRST_LOOK.get(wl.op, warm)
     log = log or f"logs/{name.replace('/', '_').removesuffix('.onnx')}.jsonl"
 
+    first: list = []                     # (trials, estimate) when the plan first had a finite estimate
+
     def on_round(tasks):
         plan, est = space.plan(_latencies(tasks))
-        if plan is None:
-            return None, "estimate: - (first looks)"
-        return _weights(space, plan, tasks), f"estimated model {est * 1e3:.2f} ms ({plan_summary(plan.layouts)})"
+        if plan is None or not math.isfinite(est):
+            return (None if plan is None else _weights(space, plan, tasks)), "estimate: - (first looks)"
+        done = sum(t.trials for t in tasks)
+        first[:] = first or [(done, est)]
+        trend = f" ({100 * (est / first[0][1] - 1):+.1f}% since trial {first[0][0]})" if done > first[0][0] else ""
+        return _weights(space, plan, tasks), (f"estimated model {est * 1e3:.2f} ms{trend}, "
+                                              f"{plan_summary(plan.layouts)}")
 
     session = tune(pairs, target=tgt, trials=trials, log=log, policy=policy, batch_size=batch_size,
                    scheduler="gradient", warmup_batch=first_look, on_round=on_round, **kwargs)

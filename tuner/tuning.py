@@ -189,7 +189,7 @@ class _Loop:
             if self.factory.describe():
                 bar.write(self.factory.describe())
             self._after_round()
-            _show(bar, session, start, self.status)
+            _show(bar, session, start, self.status, time_limit)
             while session.trials < trials:
                 if stop.requested:
                     raise KeyboardInterrupt
@@ -202,7 +202,9 @@ class _Loop:
                 st = self.states[k]
                 if len(self.states) > 1:
                     wl = st.task.workload
-                    bar.write(f"next: {wl.label}{f' {wl.spec}' if wl.name else ''} — {why}")
+                    best = f", best {st.summary.best_latency * 1e3:.4f} ms" if st.summary.best else ""
+                    bar.write(f"next: {wl.label}{f' {wl.spec}' if wl.name else ''} — {why} "
+                              f"({st.summary.trials} trials so far{best})")
                 size = batch_size if st.started else self.warmup_batch(st.task.workload)
                 batch = self._propose(st, min(size, trials - session.trials), start_from_default)
                 if not batch:
@@ -214,9 +216,11 @@ class _Loop:
                 for cand, result in runner.measure(st.task, batch):
                     ok_in_batch |= self._record(st, cand, result, replay)
                     bar.update(1)
-                    _show(bar, session, start, self.status)
+                    _show(bar, session, start, self.status, time_limit)
                     if stop.requested:
                         raise KeyboardInterrupt
+                    if time_limit is not None and time.perf_counter() - start >= time_limit:
+                        break            # as strict as --trials: the rest of the batch is not measured
                 self.sched.record_round(k, st.summary.best_latency, failures_only=not ok_in_batch)
                 self._after_round()
                 if self.rows[k].retired:
@@ -325,7 +329,7 @@ def tune_op(workload: str | Workload, layout: str | None = None, target: str | T
     return tune([wl], target=target, trials=trials, log=log or default_log(wl), **kwargs).tasks[0]
 
 
-def _show(bar, session: Session, start: float, status: str | None = None):
+def _show(bar, session: Session, start: float, status: str | None = None, time_limit: float | None = None):
     ok = sum(t.errors.get(OK, 0) for t in session.tasks)
     failed = sum(v for t in session.tasks for k, v in t.errors.items() if k != OK)
     elapsed = time.perf_counter() - start
@@ -338,7 +342,13 @@ def _show(bar, session: Session, start: float, status: str | None = None):
     else:
         total = sum(t.weight * t.best_latency for t in session.tasks)
         best = f"weighted total {total * 1e3:.3f} ms" if math.isfinite(total) else "-"
-    bar.set_postfix_str(f"valid {ok} failed {failed} best {best} {rate:.0f} cand/min", refresh=False)
+    left = f" time left {_clock(time_limit - elapsed)}" if time_limit is not None else ""
+    bar.set_postfix_str(f"valid {ok} failed {failed} best {best} {rate:.0f} cand/min{left}", refresh=False)
+
+
+def _clock(seconds: float) -> str:
+    s = max(0, int(seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
 __all__ = ["tune", "tune_op", "TuneSummary", "Session", "Candidate", "default_log"]
