@@ -286,6 +286,18 @@ def test_shipped_pretrained_model_loads_with_these_features():
     assert np.isfinite(m.predict(feats)).all() and m.base_info["records"] > 1000
 
 
+def test_an_isa_without_a_shipped_model_gets_a_stand_in_and_says_so():
+    from tuner.cost_model.pretrain import shipped_model
+    from tuner.search.evolutionary import shared_model
+    avx2 = parse_target("cpu -isa=avx2 -cores=2 -threads=1", check_host=False)
+    assert shipped_model(avx2).stem == "cpu-avx512"
+    shared = shared_model(avx2, 0, None)
+    assert shared.model.pretrained and "the cpu-avx512 model stands in" in shared.describe()
+    own = shared_model(parse_target("cpu -isa=avx512 -cores=2 -threads=1", check_host=False), 0, None)
+    assert "stands in" not in own.describe()
+    assert not shared_model(avx2, 0, ["none"]).model.pretrained
+
+
 def test_pretrain_leaves_out_excluded_workloads_and_tune_starts_from_it(measured_log, tmp_path, capsys):
     from tuner.cli import main
     from tuner.cost_model.pretrain import pretrain

@@ -174,6 +174,7 @@ class SharedModel:
         self.transfer_logs: list = []      # other tasks' logs trained on with the session's records
         self.transfer_records = 0
         self.pool = None                   # a FeaturePool the tuning loop lends for the session
+        self.stand_in = ""                 # "the cpu-avx512 model stands in for avx2" (pretrain.STAND_INS)
 
     @property
     def ready(self) -> bool:
@@ -184,7 +185,8 @@ class SharedModel:
         if m.pretrained:
             info = m.base_info
             what = f"pre-trained on {info.get('records', '?')} records of {len(info.get('workloads', [])) or '?'} " \
-                   f"workloads ({info['path']}), fine-tuned on this session's measurements"
+                   f"workloads ({info['path']}{'; ' + self.stand_in if self.stand_in else ''}), fine-tuned on " \
+                   "this session's measurements"
         else:
             what = f"{m.name} trained on this session's measurements"
         if self.transfer_logs:
@@ -228,9 +230,12 @@ def shared_model(tgt, seed: int, cost_model_from: list | None) -> "SharedModel":
     session's records) and at most one saved model (fine-tuned)."""
     from ..cost_model.pretrain import shipped_model
     sources = list(cost_model_from) if cost_model_from is not None else None
+    stand_in = ""
     if sources is None:
         shipped = shipped_model(tgt)
         sources = [str(shipped)] if shipped else []
+        if shipped and shipped.stem != f"cpu-{tgt.isa}":
+            stand_in = f"no model is shipped for {tgt.isa}: the {shipped.stem} model stands in"
     sources = [p for p in sources if str(p).lower() != "none"]
     logs = [p for p in sources if str(p).endswith(".jsonl")]
     models = [p for p in sources if not str(p).endswith(".jsonl")]
@@ -240,5 +245,5 @@ def shared_model(tgt, seed: int, cost_model_from: list | None) -> "SharedModel":
     shared = SharedModel(XGBModel.pretrained_from(models[0]) if models else XGBModel("pack-sum", seed))
     for other in logs:
         shared.add_records(records.load(other, warn=False).records)
-    shared.transfer_logs, shared.transfer_records = logs, len(shared.feats)
+    shared.transfer_logs, shared.transfer_records, shared.stand_in = logs, len(shared.feats), stand_in
     return shared
