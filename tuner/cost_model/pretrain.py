@@ -21,7 +21,7 @@ PRETRAINED_DIR = Path(__file__).parent / "pretrained"
 # describe the code generated for the target's own vector width, so a model learnt on another ISA
 # still orders candidates: on an AVX2 host the AVX-512 model ordered the records of a ResNet-50
 # tune 0.82 of pairs alike (median over 22 conv tasks; a random model 0.51), and fine-tuning
-# adapts it during the session.
+# adapts it during the session (python -m bench.transfer LOG measures it).
 STAND_INS = {"avx2": ("avx512",), "sse": ("avx2", "avx512"), "avx512": ("avx2",)}
 
 
