@@ -32,6 +32,7 @@ from pathlib import Path
 from .. import records
 from ..errors import UserError
 from ..graph.layout_plan import ModelLayouts, Plan, model_layouts
+from ..runtime.compiler import plan_summary
 from ..te.layouts import CONV_LAYOUTS
 
 CURVE_POINTS = 150
@@ -82,7 +83,7 @@ class ModelReport:
         tuned_s = self.curve[-1][1] if self.curve else 0.0
         lines = [f"model {p.model} (graph {p.model_hash}) on '{p.target}': {self.trials} trials of "
                  f"{len(self.rows)} tasks in {_duration(tuned_s)} of tuning",
-                 f"layout plan logged {p.timestamp or '(no time)'}: {_plan_summary(p.layouts)}"
+                 f"layout plan logged {p.timestamp or '(no time)'}: {plan_summary(p.layouts)}"
                  f"{'' if p.exact else ' (beam search: not proven optimal)'}",
                  f"estimated model latency {_ms(est)} (the logged plan under the log's best records; the "
                  f"plan line said {_ms(p.estimate_s)})"]
@@ -90,7 +91,7 @@ class ModelReport:
             same = self.solved.layouts == p.layouts
             lines.append(f"the solver on the same records: {_ms(self.solved_s)} in {self.solved.seconds * 1e3:.1f} ms"
                          + (", the same plan" if same else
-                            f", another plan ({_plan_summary(self.solved.layouts)}): run the tune again "
+                            f", another plan ({plan_summary(self.solved.layouts)}): run the tune again "
                             "with the same --trials to log it"))
         if self.compiled:
             c = self.compiled
@@ -330,11 +331,6 @@ def _threads(target: str) -> str:
 
 def _duration(s: float) -> str:
     return f"{s / 60:.1f} min" if s >= 60 else f"{s:.0f} s"
-
-
-def _plan_summary(layouts: dict) -> str:
-    from ..runtime.compiler import plan_summary
-    return plan_summary(layouts)
 
 
 __all__ = ["analyze_model", "ModelReport", "TaskRow", "Choice", "Section"]
