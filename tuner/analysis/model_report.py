@@ -44,7 +44,18 @@ class TaskRow:
     workload: object           # te.workloads.Workload
     uses: int                  # how often the logged plan runs it (0: not in the plan)
     trials: int
-    best_s: float              # inf: no valid record
+    best: records.Record | None
+
+    @property
+    def best_s(self) -> float:
+        return records.latency(self.best)
+
+    @property
+    def padding(self) -> str:
+        """Where the best schedule computes the padding: 'inline' (in the kernel's loads), 'root'
+        (a padded copy first, in the same kernel) or '-' (no padding, or not logged)."""
+        pads = sorted(set(((self.best.decisions or {}) if self.best else {}).get("pad", {}).values()))
+        return "/".join(pads) or "-"
 
 
 @dataclass
@@ -118,12 +129,14 @@ class ModelReport:
             g = r.workload.flops / r.best_s / 1e9 if math.isfinite(r.best_s) else 0.0
             rows.append([str(r.uses), str(r.trials), f"{r.best_s * 1e3:.4f}", f"{g:.1f}",
                          f"{g / peak:.2f}" if peak and g else "-", f"{100 * r.uses * r.best_s / est:.1f}%",
-                         r.workload.op, _shape(r.workload), r.workload.layout])
+                         r.workload.op, _shape(r.workload), r.workload.layout, r.padding])
         out.append(Section("tasks of the plan, by share of the estimate",
-                           ["x", "trials", "best ms", "GFLOPS", "peak", "share", "op", "shape", "layout"], rows,
+                           ["x", "trials", "best ms", "GFLOPS", "peak", "share", "op", "shape", "layout", "pad"], rows,
                            [f"peak: fraction of the tuning host's FP32 peak ({peak:.1f} GFLOPS at "
                             f"{_threads(p.target)} thread(s))" if peak else
-                            "peak: not known (the plan was made in replay mode or by an older version)"]))
+                            "peak: not known (the plan was made in replay mode or by an older version)",
+                            "pad: where the best schedule pads the input, a measured choice of the search: "
+                            "'inline' in the kernel's loads, 'root' as a padded copy before the loops"]))
 
         rows = []
         for c in self.choices:
@@ -253,9 +266,10 @@ def _report(path, contents, plan, model, input_shapes, compiled, repeat) -> Mode
     by_key: dict = {}
     for r in recs:
         by_key.setdefault(r.workload.key, []).append(r)
-    best = {k: records.latency(records.first_that_replays(v)) for k, v in by_key.items()}
+    fastest = {k: records.first_that_replays(v) for k, v in by_key.items()}
+    best = {k: records.latency(r) for k, r in fastest.items()}
     uses = space.used(plan.layouts)
-    rows = [TaskRow(wl, uses.get(wl.key, 0), len(by_key.get(wl.key, [])), best.get(wl.key, math.inf)) for wl in wls]
+    rows = [TaskRow(wl, uses.get(wl.key, 0), len(by_key.get(wl.key, [])), fastest.get(wl.key)) for wl in wls]
     lat = lambda wl: best.get(wl.key, math.inf)  # noqa: E731
     choices = [Choice(v, plan.layouts[v], {lay: sum(lat(wl) for wl in space.unary[v][lay]) for lay in d},
                       {lay: len(by_key.get(space.unary[v][lay][0].key, [])) for lay in d if space.unary[v][lay]})
