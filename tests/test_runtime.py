@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 from tuner import records
 from tuner.graph.ir import GraphBuilder
-from tuner.graph.models import _Net, mobilenet_v2, resnet, tiny
+from tuner.graph.models import _Net, googlenet, mobilenet_v2, resnet, tiny
 from tuner.runtime import compile_model, load
 from tuner.runtime.memory import Lifetime, peak_live_bytes, plan
 
@@ -37,7 +37,8 @@ def assert_matches_onnxruntime(m, graph, onnx_path=None, seed=0):
 # ---------------------------------------------------------------- models against ONNX Runtime
 
 @pytest.mark.parametrize("make", [lambda: resnet(18, image=32), lambda: resnet(50, image=32),
-                                  lambda: mobilenet_v2(image=32)], ids=["resnet18", "resnet50", "mobilenet_v2"])
+                                  lambda: mobilenet_v2(image=32), lambda: googlenet(image=32)],
+                         ids=["resnet18", "resnet50", "mobilenet_v2", "googlenet"])
 def test_builtin_models_match_onnxruntime(tmp_cache, make):
     g = make()
     m = compile_model(g, threads=1)

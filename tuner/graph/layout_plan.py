@@ -28,6 +28,10 @@ from dataclasses import dataclass, field
 from ..errors import UserError
 
 
+class NoPlan(UserError):
+    """No assignment has a finite cost: some choice still lacks a measured kernel or transform."""
+
+
 @dataclass
 class LayoutProblem:
     """domains: variable -> candidate layouts, in graph order (dict order); unary: variable ->
@@ -85,7 +89,8 @@ def solve(problem: LayoutProblem, max_states: int = 4096) -> Plan:
                 if nk not in nxt or c < nxt[nk][0]:
                     nxt[nk] = (c, (v, lay, hist))
         if not nxt:
-            raise UserError(f"no layout of {v} has a measured cost; tune its tasks first")
+            raise NoPlan(f"no layout of {v} has a finite cost with its neighbours' (a kernel or a transform is "
+                         "not measured yet); tune its tasks first")
         if len(nxt) > max_states:
             exact = False
             nxt = dict(sorted(nxt.items(), key=lambda kv: kv[1][0])[:max_states])
@@ -112,7 +117,7 @@ def brute_force(problem: LayoutProblem) -> Plan:
         if c < best_cost:
             best, best_cost = layouts, c
     if best is None:
-        raise UserError("no assignment has a finite cost")
+        raise NoPlan("no assignment has a finite cost")
     return Plan(best, best_cost, True, n, time.perf_counter() - t0)
 
 
@@ -149,12 +154,13 @@ class ModelLayouts:
 
     def plan(self, best: dict) -> tuple:
         """(Plan or None, estimated model seconds: the plan's cost plus the fixed groups) from
-        {workload key: best latency}; (None, inf) while some convolution has no measured layout."""
+        {workload key: best latency}; (None, inf) while no assignment has a finite cost (a
+        convolution with no measured layout, or no measured transform to any layout of a neighbour)."""
         lat = lambda wl: best.get(wl.key, math.inf)  # noqa: E731
-        problem = self.problem(lat)
-        if any(all(math.isinf(c) for c in problem.unary[v].values()) for v in problem.domains):
+        try:
+            plan = solve(self.problem(lat))
+        except NoPlan:
             return None, math.inf
-        plan = solve(problem)
         return plan, plan.cost + self.fixed_cost(lat)
 
     def estimate(self, layouts: dict, best: dict) -> float:

@@ -1,4 +1,4 @@
-"""Built-in models with deterministic random weights: resnet18, resnet50, mobilenet_v2, tiny.
+"""Built-in models with deterministic random weights: resnet18, resnet50, mobilenet_v2, googlenet, tiny.
 
 They are built the way PyTorch's exporter writes them (conv without bias, BatchNormalization,
 ReLU/Clip, residual Add, global pooling, Flatten, Gemm), so the same passes see the same shapes
@@ -103,6 +103,39 @@ def mobilenet_v2(seed: int = 0, image: int = 224) -> Graph:
     return net.b.finish([net.head(x, 1280, 1000)])
 
 
+# GoogLeNet's inception blocks: 1x1; 1x1 -> 3x3; 1x1 -> 3x3 (torchvision's 5x5 branch); pool -> 1x1
+INCEPTION_V1 = {"3a": (64, 96, 128, 16, 32, 32), "3b": (128, 128, 192, 32, 96, 64),
+                "4a": (192, 96, 208, 16, 48, 64), "4b": (160, 112, 224, 24, 64, 64), "4c": (128, 128, 256, 24, 64, 64),
+                "4d": (112, 144, 288, 32, 64, 64), "4e": (256, 160, 320, 32, 128, 128),
+                "5a": (256, 160, 320, 32, 128, 128), "5b": (384, 192, 384, 48, 128, 128)}
+
+
+def googlenet(seed: int = 0, image: int = 224) -> Graph:
+    """GoogLeNet (Inception v1) as torchvision builds it, without the auxiliary heads: an
+    inception-style graph of four-branch blocks joined by channel concats, for the layout solver."""
+    net = _Net("googlenet", seed)
+
+    def cbr(x, cin, cout, k, stride=1):
+        return net.relu(net.bn(net.conv(x, cin, cout, k, stride), cout))
+
+    def pool(x, stride):
+        return net.b.add("max_pool2d", [x], {"kernel": [3, 3], "strides": [stride, stride], "pads": [1, 1, 1, 1],
+                                             "layout": "NCHW"}, net._name("pool"))
+
+    x = net.b.input("input", (1, 3, image, image), layout="NCHW")
+    x = pool(cbr(x, 3, 64, 7, 2), 2)
+    x = pool(cbr(cbr(x, 64, 64, 1), 64, 192, 3), 2)
+    cin = 192
+    for name, (c1, r3, c3, r5, c5, cp) in INCEPTION_V1.items():
+        branches = [cbr(x, cin, c1, 1), cbr(cbr(x, cin, r3, 1), r3, c3, 3), cbr(cbr(x, cin, r5, 1), r5, c5, 3),
+                    cbr(pool(x, 1), cin, cp, 1)]
+        x = net.b.add("concat", branches, {"axis": 1}, f"inception{name}")
+        cin = c1 + c3 + c5 + cp
+        if name in ("3b", "4e"):
+            x = pool(x, 2)
+    return net.b.finish([net.head(x, cin, 1000)])
+
+
 def tiny(seed: int = 0) -> Graph:
     """A small CNN for tests: conv-bn-relu, maxpool, a residual block, global pooling, dense."""
     net = _Net("tiny", seed)
@@ -121,6 +154,7 @@ MODELS = {
     "resnet18": lambda: resnet(18),
     "resnet50": lambda: resnet(50),
     "mobilenet_v2": mobilenet_v2,
+    "googlenet": googlenet,
     "tiny": tiny,
 }
 
