@@ -68,3 +68,31 @@ def test_simplifier_removes_exact_div_and_mod():
     # not exact when the remainder can cross a period
     assert isinstance(simplify((ki + 3) // 8, ranges), FloorDiv)
     assert isinstance(simplify((ki + 3) % 8, ranges), FloorMod)
+
+
+@pytest.mark.parametrize("wl", [make("conv2d", dict(C=8, H=6, W=6, K=16, R=3, S=3, pad=1, bias=1, residual=1, relu=1),
+                                     "NCHW8c"),
+                                make("conv2d", dict(C=8, H=5, W=5, K=8, R=1, S=1, bias=1), "NHWC"),
+                                make("dense", dict(N=2, C=12, K=16, bias=1, relu=1), "OI16o")],
+                         ids=["conv-residual-relu", "conv-bias", "dense"])
+def test_an_epilogue_fused_or_apart_computes_the_reference(wl):
+    """The epilogue placement is a decision of the sketch: fused into the reduction's tiles, or apart
+    as a second loop nest over the whole output after the reduction's own accumulator."""
+    import random
+
+    from tuner.space.mutation import mutate
+    from tuner.space.sketch import SearchSpace
+    from conftest import TARGET1
+    space = SearchSpace(wl, TARGET1)
+    assert space.epilogues == ("fused", "apart") and space.default()["epilogue"] == "fused"
+    fused = space.default()
+    apart = dict(fused, epilogue="apart")
+    steps = {e: space.steps(d) for e, d in (("fused", fused), ("apart", apart))}
+    assert ["cache_write", space.anchor] in steps["apart"] and ["cache_write", space.anchor] not in steps["fused"]
+    assert not any(s[0] == "compute_at" and s[2] == space.output.name for s in steps["apart"])   # not at its tiles
+    assert space.steps({k: v for k, v in fused.items() if k != "epilogue"}) == steps["fused"]    # older logs
+    check_schedules([(wl, steps["fused"]), (wl, steps["apart"])])
+    rng = random.Random(0)
+    flips = [m for m in (mutate(space, fused, rng) for _ in range(200)) if m and m["epilogue"] == "apart"]
+    assert flips and all(dict(m, epilogue="fused") == fused for m in flips)     # a flip changes nothing else
+    assert SearchSpace(make("conv2d", dict(C=8, H=6, W=6, K=16, R=3, S=3, pad=1), "NCHW8c"), TARGET1).epilogues == ()

@@ -40,7 +40,7 @@ def _perturbed_steps(wl, seed: int, odd_splits: bool, pad_at: bool) -> list:
         dec["reduce"] = [rng.randint(1, 4) for _ in dec["reduce"]]
     steps = space.steps(dec)
     if pad_at and space.pads and dec["pad"][space.pads[0]] == "root":
-        local = space.local_name
+        local = space.reduction_stage(dec)
         sch = space.schedule(steps)
         leaves = sch.stage(local).leaves
         steps.append(["compute_at", space.pads[0], local, rng.choice(leaves)])

@@ -51,11 +51,13 @@ class TaskRow:
         return records.latency(self.best)
 
     @property
-    def padding(self) -> str:
-        """Where the best schedule computes the padding: 'inline' (in the kernel's loads), 'root'
-        (a padded copy first, in the same kernel) or '-' (no padding, or not logged)."""
-        pads = sorted(set(((self.best.decisions or {}) if self.best else {}).get("pad", {}).values()))
-        return "/".join(pads) or "-"
+    def fusion(self) -> str:
+        """The best schedule's fusion choices: padding 'inline' (in the kernel's loads) or 'root' (a
+        padded copy first), epilogue 'fused' (on each tile) or 'apart' (a pass of its own), '-' for
+        what the task lacks or the record did not log."""
+        dec = (self.best.decisions or {}) if self.best else {}
+        pads = "/".join(sorted(set(dec.get("pad", {}).values()))) or "-"
+        return f"{pads} {dec.get('epilogue', '-')}"
 
 
 @dataclass
@@ -129,14 +131,16 @@ class ModelReport:
             g = r.workload.flops / r.best_s / 1e9 if math.isfinite(r.best_s) else 0.0
             rows.append([str(r.uses), str(r.trials), f"{r.best_s * 1e3:.4f}", f"{g:.1f}",
                          f"{g / peak:.2f}" if peak and g else "-", f"{100 * r.uses * r.best_s / est:.1f}%",
-                         r.workload.op, _shape(r.workload), r.workload.layout, r.padding])
+                         r.workload.op, _shape(r.workload), r.workload.layout, r.fusion])
         out.append(Section("tasks of the plan, by share of the estimate",
-                           ["x", "trials", "best ms", "GFLOPS", "peak", "share", "op", "shape", "layout", "pad"], rows,
+                           ["x", "trials", "best ms", "GFLOPS", "peak", "share", "op", "shape", "layout",
+                            "pad epilogue"], rows,
                            [f"peak: fraction of the tuning host's FP32 peak ({peak:.1f} GFLOPS at "
                             f"{_threads(p.target)} thread(s))" if peak else
                             "peak: not known (the plan was made in replay mode or by an older version)",
-                            "pad: where the best schedule pads the input, a measured choice of the search: "
-                            "'inline' in the kernel's loads, 'root' as a padded copy before the loops"]))
+                            "pad epilogue: the fusion choices of the best schedule, measured by the search: "
+                            "padding 'inline' in the kernel's loads or 'root' as a padded copy first; the "
+                            "epilogue 'fused' on each tile while in cache or 'apart' as a pass of its own"]))
 
         rows = []
         for c in self.choices:

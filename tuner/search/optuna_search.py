@@ -56,6 +56,8 @@ class OptunaSearch(Policy):
             dec = r.decisions
             if dec is None or r.error == "NOT_IN_LOG":
                 continue
+            if self.space.epilogues:
+                dec = {"epilogue": "fused", **dec}          # logged before the epilogue was a decision
             try:
                 params = self._params(dec)
             except (ValueError, KeyError, IndexError, TypeError):   # decisions of another space
@@ -125,6 +127,7 @@ def _parameter_table(space) -> list:
     if space.kind == "injective":
         return [("vec", ("vec",), list(space.last_options)), ("unroll", ("unroll",), [0, 1])]
     rows = [(f"pad.{p}", ("pad", p), ["inline", "root"]) for p in space.pads]
+    rows += [("epilogue", ("epilogue",), list(space.epilogues))] if space.epilogues else []
     for d, e in enumerate(space.out_shape):
         last = d == len(space.out_shape) - 1
         s3_options = space.last_options if last else [x for x in divisors(e) if x <= MAX_ACCUMULATORS]

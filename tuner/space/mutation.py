@@ -2,7 +2,7 @@
 
 Each mutation changes one decision and keeps the point legal: a tile mutation moves a prime
 factor of an axis from one tiling level to another (the product stays the axis extent); the
-others pick a different reduce split, auto-unroll depth or pad placement.
+others pick a different reduce split, auto-unroll depth, pad placement or epilogue placement.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import random
 from .sketch import UNROLL_CHOICES, SearchSpace, divisors
 
 # how often each kind of mutation is tried: tiling matters most
-WEIGHTS = {"tile": 0.6, "reduce": 0.15, "unroll": 0.15, "pad": 0.1}
+WEIGHTS = {"tile": 0.6, "reduce": 0.15, "unroll": 0.15, "pad": 0.1, "epilogue": 0.05}
 
 
 def _prime_factors(n: int) -> list:
@@ -36,8 +36,8 @@ def mutate(space: SearchSpace, dec: dict, rng: random.Random, attempts: int = 20
         else:
             new["unroll"] = 1 - dec["unroll"]
         return new if new != dec else None
-    kinds = [k for k in WEIGHTS if k != "pad" or space.pads]
-    kinds = [k for k in kinds if k != "reduce" or space.reduce_axes]
+    present = {"pad": space.pads, "reduce": space.reduce_axes, "epilogue": space.epilogues}
+    kinds = [k for k in WEIGHTS if present.get(k, True)]
     for _ in range(attempts):
         kind = rng.choices(kinds, weights=[WEIGHTS[k] for k in kinds])[0]
         new = copy.deepcopy(dec)
@@ -68,6 +68,8 @@ def mutate(space: SearchSpace, dec: dict, rng: random.Random, attempts: int = 20
             new["reduce"][j] = rng.choice(options)
         elif kind == "unroll":
             new["unroll"] = rng.choice([u for u in UNROLL_CHOICES if u != new["unroll"]])
+        elif kind == "epilogue":
+            new["epilogue"] = "apart" if new.get("epilogue", "fused") == "fused" else "fused"
         else:
             p = rng.choice(space.pads)
             new["pad"][p] = "root" if new["pad"][p] == "inline" else "inline"

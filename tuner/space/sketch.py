@@ -5,10 +5,13 @@ decisions) fills in its numbers; `steps(decisions)` turns the two into a replaya
 
 Tiled sketch, for a DAG with one reduction (conv2d, dense, pooling):
   * pad producers are inlined or computed at root (a decision);
-  * elementwise consumers are inlined into the output stage; with none, `cache_write` makes a
-    local accumulator;
-  * the output stage is tiled S0 S1 | T over every spatial axis, and the reduction is computed at
-    its S1 tile (fusing the epilogue at the tile);
+  * elementwise consumers (the epilogue: bias, residual, activation) are inlined into the output
+    stage; with none, `cache_write` makes a local accumulator;
+  * the epilogue is fused or apart (a decision, when there is one): fused, the output stage is
+    tiled S0 S1 | T over every spatial axis and the reduction is computed at its S1 tile, so the
+    epilogue runs on each tile while it is in cache; apart, the reduction gets its own
+    accumulator (`cache_write`) and that tiling, and the epilogue is a second loop nest over the
+    whole output (vectorised, parallel), the cost of running it as its own kernel without the call;
   * the reduction is tiled "SSRSRS": R0 S2 R1 S3 over its tile, S3 being the register tile
     (innermost axis vectorised, the others unrolled) and an auto-unroll depth;
   * outer tiles fused and parallel when the target has more than one thread.
@@ -65,9 +68,14 @@ class SearchSpace:
     def kind(self) -> str:
         return "tiled" if self.anchor else "injective"
 
+    def reduction_stage(self, dec: dict) -> str:
+        """The stage that computes the reduction under `dec`: its accumulator when it has one."""
+        return f"{self.anchor}.local" if self.cache_write or dec.get("epilogue") == "apart" else self.anchor
+
     @property
-    def local_name(self) -> str:
-        return f"{self.anchor}.local" if self.cache_write else self.anchor
+    def epilogues(self) -> tuple:
+        """Where the epilogue can run: ("fused", "apart") when there is one, else ()."""
+        return ("fused", "apart") if self.anchor and not self.cache_write else ()
 
     # ------------------------------------------------------------ per-axis options
     @cached_property
@@ -105,12 +113,15 @@ class SearchSpace:
                 tile.append([s1, s2, s3])
             if self.valid_tile(tile):
                 break
-        return {
+        dec = {
             "pad": {p: rng.choice(("inline", "root")) for p in self.pads},
             "tile": tile,
             "reduce": [rng.choice(divisors(e)) for _, e in self.reduce_axes],
             "unroll": rng.choice(UNROLL_CHOICES),
         }
+        if self.epilogues:
+            dec["epilogue"] = rng.choice(self.epilogues)
+        return dec
 
     def default(self) -> dict:
         """A reasonable untuned point: a vector-wide, register-sized tile, no cache blocking."""
@@ -135,8 +146,11 @@ class SearchSpace:
                     break
                 tile[d][2] = max(x for x in divisors(shape[d]) if x * acc <= 24)
                 acc *= tile[d][2]
-        return {"pad": {p: "root" for p in self.pads}, "tile": tile,
-                "reduce": [1 for _ in self.reduce_axes], "unroll": 64}
+        dec = {"pad": {p: "root" for p in self.pads}, "tile": tile,
+               "reduce": [1 for _ in self.reduce_axes], "unroll": 64}
+        if self.epilogues:
+            dec["epilogue"] = "fused"
+        return dec
 
     # ------------------------------------------------------------ decisions -> steps
     def steps(self, dec: dict) -> list:
@@ -148,10 +162,11 @@ class SearchSpace:
                 steps.append(["compute_inline", p])
         for s in self.consumers + self.others:
             steps.append(["compute_inline", s])
-        out, local = self.output.name, self.local_name
-        if self.cache_write:
+        apart = dec.get("epilogue") == "apart"      # points logged before the decision existed: fused
+        out, local = self.output.name, self.reduction_stage(dec)
+        if local != self.anchor:
             steps.append(["cache_write", self.anchor])
-            out_axes = [f"{a}_" for a in self.local_axes]
+            out, out_axes = self.anchor, [f"{a}_" for a in self.local_axes]   # the tiled stage
         else:
             out_axes = self.out_axes
         tile = dec["tile"]
@@ -183,10 +198,12 @@ class SearchSpace:
         if self.target.threads > 1:
             steps.append(["fuse", out, [f"{a}.0" for a in out_axes]])
             steps.append(["annotate", out, "@".join(f"{a}.0" for a in out_axes), "parallel"])
+        if apart:                   # the epilogue's own loop nest, as the injective sketch writes it
+            steps += self._injective_steps({"vec": max(self.last_options), "unroll": 1}, inline=False)
         return steps
 
-    def _injective_steps(self, dec: dict) -> list:
-        steps = [["compute_inline", s] for s in self.pads + self.others]
+    def _injective_steps(self, dec: dict, inline: bool = True) -> list:
+        steps = [["compute_inline", s] for s in self.pads + self.others] if inline else []
         out = self.output.name
         axes = list(self.out_axes)
         vec = dec["vec"]
