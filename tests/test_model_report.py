@@ -71,6 +71,11 @@ def test_the_wrong_model_or_artifact_is_a_one_line_error(tuned, tmp_path, capsys
     log, _ = tuned
     with pytest.raises(UserError, match="is not the model the log's plan was made for"):
         analyze_model(str(log), model="resnet18")
+    moved = tmp_path / "moved.jsonl"          # the plan names an ONNX file that is not here any more
+    moved.write_text(log.read_text().replace('"model":"tiny"', '"model":"gone/model.onnx"'))
+    with pytest.raises(UserError, match="does not load here .* give the model with --model"):
+        analyze_model(str(moved))
+    assert len(analyze_model(str(moved), model="tiny")) == 1
     plain = tmp_path / "plain.jsonl"
     plain.write_text("".join(ln + "\n" for ln in log.read_text().splitlines() if '"layout_plan"' not in ln))
     assert main(["analyze", str(plain), "--html", str(tmp_path / "x.html")]) == 2

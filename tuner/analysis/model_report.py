@@ -248,6 +248,8 @@ def _graph(plan, model, input_shapes):
         try:
             graph = load(given, input_shapes)
         except UserError as err:
+            if model:
+                raise UserError(f"--model {given}: {err}") from None
             raise UserError(f"the layout plan in the log is for model {plan.model!r}, which does not load here "
                             f"({err}); give the model with --model PATH") from None
     if graph_digest(graph) != plan.model_hash:
