@@ -95,7 +95,7 @@ def tune_figures(args) -> int:
             print(f"{v['label']:<26} {v['tasks']:>5} {v['tuning_s'] / 60:>8.1f} {v['estimate_s'] * 1e3:>8.2f} "
                   f"{v['measured_s'] * 1e3:>8.2f} {100 * v['estimate_gap']:>5.1f}% {v['vs_onnxruntime']:>6.3f}x "
                   f"{v['vs_onnxruntime_paired']:>6.3f}x {v['vs_torch']:>7.3f}x {vs:>9} {solver:>9}")
-    write_results("models-tune", args.out, out)
+        args.out = str(write_results("models-tune", args.out, out))     # after each model: a cut run keeps it
     return 0
 
 
