@@ -5,8 +5,8 @@ fused group in each layout it can take, the pools that follow it, the layout tra
 the choices can need, and the groups no choice moves (the classifier). All are tuned in one
 session under one trial budget (tuning.tune): each task first gets a short warm-up batch (the
 default schedule and the cost model's best guesses; a layout transform its default alone, see
-FIRST_LOOK), then the gradient task scheduler spends the
-rest where the estimated model latency falls fastest.
+FIRST_LOOK), then the gradient task scheduler spends the rest where the estimated model latency
+falls fastest.
 
 After every round the solver re-plans with the best latencies so far, and the plan steers the
 scheduler: a task the current plan uses weighs as often as the plan runs it; a task of a layout
@@ -105,7 +105,8 @@ def tune_model(model, trials: int, log: str | None = None, target: str = "cpu", 
         if plan is None or not math.isfinite(est):
             return (None if plan is None else _weights(space, plan, tasks)), "estimate: - (first looks)"
         done = sum(t.trials for t in tasks)
-        first[:] = first or [(done, est)]
+        if not first:
+            first.append((done, est))
         trend = f" ({100 * (est / first[0][1] - 1):+.1f}% since trial {first[0][0]})" if done > first[0][0] else ""
         return _weights(space, plan, tasks), (f"estimated model {est * 1e3:.2f} ms{trend}, "
                                               f"{plan_summary(plan.layouts)}")

@@ -6,7 +6,7 @@ Every fused group of the optimised graph becomes one kernel call (a step):
     schedule of its search space: apply-best, loud about misses;
   * a group that is one layout transform of an activation takes the best record of its
     `layout_transform` workload when a log has one (a model tune measures every transform its
-    layout plan can need), else it is generic like the rest:
+    layout plan can need), else it is generic like the rest;
   * every other group (layout transforms, flatten, concat, softmax, broadcast chains, ...) gets a
     tensor expression built node by node from the operator registry (`graph.ops.OPS`) and the
     default schedule of the same search space (producers inlined, inner loop vectorised, outer
