@@ -55,6 +55,9 @@ def tune_figures(args) -> int:
                 t0 = time.perf_counter()
                 res = tune_model(name, trials=n, log=str(log), threads=1, layouts=layouts, progress=not args.quiet)
                 wall = time.perf_counter() - t0
+                if res.session.interrupted:      # Ctrl-C / SIGTERM ends the bench, not only this tune
+                    print(f"{res.session.stopped_by}: stopped; the log keeps what was measured (--resume goes on)")
+                    return 143 if res.session.stopped_by == "SIGTERM" else 130
                 print(res.table(), flush=True)
                 m = compile_model(name, log=str(log), threads=1, use_shipped=False)
                 label = f"tuner {kind} {n}"
