@@ -165,18 +165,40 @@ def test_a_model_budget_smaller_than_its_tasks_is_refused(tmp_path):
 
 def test_tasks_outside_the_plan_weigh_a_tenth():
     space = model_layouts(tiny(), ("NCHW", "NHWC"))
-    plan = solve(space.problem(lambda wl: 1.0 if wl.layout == "NHWC" or wl.op == "dense" else 2.0))
+
+    def lat(wl):
+        return 0.01 if wl.op == "layout_transform" else 1.0 if wl.layout == "NHWC" or wl.op == "dense" else 1.2
+    plan = solve(space.problem(lat))
     assert set(plan.layouts.values()) == {"NHWC"}
 
     class T:
         def __init__(self, wl, w):
-            self.workload, self.weight = wl, w
+            self.workload, self.weight, self.best_latency = wl, w, lat(wl)
     tasks = [T(wl, n) for wl, n in space.workloads()]
     w = _weights(space, plan, tasks)
     assert any(x == OUT_OF_PLAN_WEIGHT * t.weight for x, t in zip(w, tasks))
     for x, t in zip(w, tasks):
         if t.workload.op == "conv2d":
             assert (x >= 1) == (t.workload.layout == "NHWC")
+
+
+@pytest.mark.parametrize("slower, pruned", [(1.1, False), (2.0, True)])
+def test_a_layout_clearly_slower_than_the_chosen_one_is_pruned(slower, pruned):
+    from tuner.model_tuning import PRUNE_RATIO
+    space = model_layouts(tiny(), ("NCHW", "NHWC"))
+
+    def lat(wl):
+        return slower if wl.layout == "NCHW" and wl.op == "conv2d" else 1.0 if wl.op == "conv2d" else 0.01
+
+    class T:
+        def __init__(self, wl, n):
+            self.workload, self.weight, self.best_latency = wl, n, lat(wl)
+    tasks = [T(wl, n) for wl, n in space.workloads()]
+    plan = solve(space.problem(lat))
+    assert set(plan.layouts.values()) == {"NHWC"} and (slower > PRUNE_RATIO) == pruned
+    convs = [(x, t) for x, t in zip(_weights(space, plan, tasks), tasks)
+             if t.workload.op == "conv2d" and t.workload.layout == "NCHW"]
+    assert convs and all(x == (0.0 if pruned else OUT_OF_PLAN_WEIGHT * t.weight) for x, t in convs)
 
 
 def test_steering_weights_do_not_compound_over_rounds(tmp_path):

@@ -10,8 +10,9 @@ falls fastest.
 
 After every round the solver re-plans with the best latencies so far, and the plan steers the
 scheduler: a task the current plan uses weighs as often as the plan runs it; a task of a layout
-the plan does not pick keeps a tenth of its weight (soft pruning: a layout that measured clearly
-worse is rarely tuned further, but one that is close can still win a round). The estimated model
+the plan does not pick keeps a tenth of its weight when it is close (one that is close can still
+win a round), and none when every conv layout it is part of costs over PRUNE_RATIO x the chosen
+one (pruned: a layout that measured clearly worse is not tuned further while the plan stands). The estimated model
 latency on the progress line is the plan's cost plus the fixed groups. At the end the plan is
 appended to the log as a layout-plan line, which `tuner compile` applies.
 """
@@ -31,6 +32,12 @@ from .te.layouts import CONV_LAYOUTS, check_activation_layout
 from .tuning import Session, tune
 
 OUT_OF_PLAN_WEIGHT = 0.1
+# A task outside the plan whose every conv layout costs over PRUNE_RATIO x the layout the plan
+# chose for that conv is pruned (weight 0: no rounds after its first look while the plan stands).
+# Soft weights alone did not prune: the gradient scheduler's optimistic estimate grows with a
+# task's latency, so the slowest layout looked the most promising (a 3000-trial ResNet-50 tune
+# gave NCHW 1252 trials, more than any other layout, and the plan used none).
+PRUNE_RATIO = 1.25
 # operators whose first look is this many measurements (others: warmup_batch). A layout transform
 # is a copy with few schedules worth trying; most of a model's tasks are transforms (138 of
 # ResNet-50's 243 in four layouts), so four looks each would spend half of a 1000-trial budget
@@ -69,10 +76,29 @@ def _latencies(session_tasks) -> dict:
     return {s.workload.key: s.best_latency for s in session_tasks}
 
 
+def pruning_ratios(space: ModelLayouts, layouts: dict, best: dict) -> dict:
+    """{workload key: the lowest cost ratio, over the conv layouts whose cost it is part of, of that
+    layout to the one `layouts` chose for the conv}; tasks of no conv layout (edge transforms, the
+    fixed groups) are left out."""
+    lat = lambda wl: best.get(wl.key, math.inf)  # noqa: E731
+    out: dict = {}
+    for v, options in space.unary.items():
+        chosen = sum(lat(wl) for wl in options[layouts[v]])
+        for wls in options.values():
+            r = sum(lat(wl) for wl in wls) / chosen if chosen > 0 else 1.0
+            for wl in wls:
+                out[wl.key] = min(out.get(wl.key, math.inf), r)
+    return out
+
+
 def _weights(space: ModelLayouts, plan: Plan, tasks) -> list:
-    """Per task: how often the plan runs it, or OUT_OF_PLAN_WEIGHT x its occurrences when it does not."""
+    """Per task: how often the plan runs it; when it does not, OUT_OF_PLAN_WEIGHT x its occurrences,
+    or 0 when it is pruned (PRUNE_RATIO)."""
     in_plan = space.used(plan.layouts)
-    return [in_plan.get(s.workload.key) or OUT_OF_PLAN_WEIGHT * s.weight for s in tasks]
+    ratio = pruning_ratios(space, plan.layouts, _latencies(tasks))
+    return [in_plan.get(s.workload.key)
+            or (0.0 if ratio.get(s.workload.key, 1.0) > PRUNE_RATIO else OUT_OF_PLAN_WEIGHT * s.weight)
+            for s in tasks]
 
 
 def tune_model(model, trials: int, log: str | None = None, target: str = "cpu", threads: int | None = None,

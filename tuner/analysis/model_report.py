@@ -32,6 +32,7 @@ from pathlib import Path
 from .. import records
 from ..errors import UserError
 from ..graph.layout_plan import ModelLayouts, Plan, model_layouts
+from ..model_tuning import PRUNE_RATIO
 from ..runtime.compiler import plan_summary
 from ..te.layouts import CONV_LAYOUTS
 
@@ -145,14 +146,17 @@ class ModelReport:
         rows = []
         for c in self.choices:
             base = c.costs[c.chosen]
-            others = [f"{lay} {_ratio(c.costs[lay], base)} ({c.trials.get(lay, 0)})"
+            others = [f"{lay} {_ratio(c.costs[lay], base)} ({c.trials.get(lay, 0)}"
+                      f"{', pruned' if not c.costs[lay] <= PRUNE_RATIO * base else ''})"
                       for lay in c.costs if lay != c.chosen]
             rows.append([c.conv, c.chosen, f"{base * 1e3:.4f}", str(c.trials.get(c.chosen, 0)), "  ".join(others)])
         out.append(Section("layout per convolution", ["conv", "chosen", "ms", "trials", "other layouts: cost "
                                                       "relative to the chosen one (trials)"], rows,
                            ["a conv's cost in a layout is its fused group's kernel, the pools that inherit "
                             "the layout and its transforms to and from fixed NCHW boundaries; the transforms "
-                            "between convs are priced on the edges, below"]))
+                            "between convs are priced on the edges, below",
+                            f"pruned: over {PRUNE_RATIO}x the chosen layout's cost, so a tune under this plan "
+                            "gives it no more rounds (a task shared with a closer layout is still tuned)"]))
 
         moved = [r for r in in_plan if r.workload.op == "layout_transform"]
         t = sum(r.uses * r.best_s for r in moved)
