@@ -76,16 +76,19 @@ def _latencies(session_tasks) -> dict:
     return {s.workload.key: s.best_latency for s in session_tasks}
 
 
+def cost_ratio(cost: float, chosen: float) -> float:
+    """A conv layout's cost relative to the layout the plan chose for that conv (> PRUNE_RATIO: pruned)."""
+    return cost / chosen if chosen > 0 else 1.0
+
+
 def pruning_ratios(space: ModelLayouts, layouts: dict, best: dict) -> dict:
-    """{workload key: the lowest cost ratio, over the conv layouts whose cost it is part of, of that
-    layout to the one `layouts` chose for the conv}; tasks of no conv layout (edge transforms, the
-    fixed groups) are left out."""
-    lat = lambda wl: best.get(wl.key, math.inf)  # noqa: E731
+    """{workload key: the lowest cost_ratio over the conv layouts whose cost it is part of}; tasks of
+    no conv layout (edge transforms, the fixed groups) are left out."""
+    unary = space.problem(lambda wl: best.get(wl.key, math.inf)).unary
     out: dict = {}
     for v, options in space.unary.items():
-        chosen = sum(lat(wl) for wl in options[layouts[v]])
-        for wls in options.values():
-            r = sum(lat(wl) for wl in wls) / chosen if chosen > 0 else 1.0
+        for lay, wls in options.items():
+            r = cost_ratio(unary[v][lay], unary[v][layouts[v]])
             for wl in wls:
                 out[wl.key] = min(out.get(wl.key, math.inf), r)
     return out

@@ -32,7 +32,7 @@ from pathlib import Path
 from .. import records
 from ..errors import UserError
 from ..graph.layout_plan import ModelLayouts, Plan, model_layouts
-from ..model_tuning import PRUNE_RATIO
+from ..model_tuning import PRUNE_RATIO, cost_ratio
 from ..runtime.compiler import plan_summary
 from ..te.layouts import CONV_LAYOUTS
 
@@ -147,7 +147,7 @@ class ModelReport:
         for c in self.choices:
             base = c.costs[c.chosen]
             others = [f"{lay} {_ratio(c.costs[lay], base)} ({c.trials.get(lay, 0)}"
-                      f"{', pruned' if not c.costs[lay] <= PRUNE_RATIO * base else ''})"
+                      f"{', pruned' if not cost_ratio(c.costs[lay], base) <= PRUNE_RATIO else ''})"
                       for lay in c.costs if lay != c.chosen]
             rows.append([c.conv, c.chosen, f"{base * 1e3:.4f}", str(c.trials.get(c.chosen, 0)), "  ".join(others)])
         out.append(Section("layout per convolution", ["conv", "chosen", "ms", "trials", "other layouts: cost "
@@ -280,8 +280,8 @@ def _report(path, contents, plan, model, input_shapes, compiled, repeat) -> Mode
     best = {k: records.latency(r) for k, r in fastest.items()}
     uses = space.used(plan.layouts)
     rows = [TaskRow(wl, uses.get(wl.key, 0), len(by_key.get(wl.key, [])), fastest.get(wl.key)) for wl in wls]
-    lat = lambda wl: best.get(wl.key, math.inf)  # noqa: E731
-    choices = [Choice(v, plan.layouts[v], {lay: sum(lat(wl) for wl in space.unary[v][lay]) for lay in d},
+    unary = space.problem(lambda wl: best.get(wl.key, math.inf)).unary   # per conv and layout, as the solver prices
+    choices = [Choice(v, plan.layouts[v], unary[v],
                       {lay: len(by_key.get(space.unary[v][lay][0].key, [])) for lay in d if space.unary[v][lay]})
                for v, d in space.domains.items()]
     solved, solved_s = space.plan(best)

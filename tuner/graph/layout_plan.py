@@ -205,10 +205,9 @@ def model_layouts(graph, layouts=("NCHW", "NHWC", "NCHW8c", "NCHW16c")) -> Model
     """The layout problem of `graph`: every conv with constant weights and a unique node name is a
     variable over `layouts` (filtered per conv by _conv_layouts); the tasks come from compiling the
     graph's passes once per layout, so they are the tasks `tuner compile` meets under any plan."""
-    from ..te.workloads import make
     from .passes import optimize
     from .passes.convert_layout import AGNOSTIC_POOLS
-    from .passes.extract_tasks import workload_of
+    from .passes.extract_tasks import transform_task, workload_of
     from .ops import BINARY, UNARY
     pre = optimize(graph, passes=PRE_LAYOUT)
     names = [n.name for n in pre.nodes if n.op == "conv2d"]
@@ -236,10 +235,6 @@ def model_layouts(graph, layouts=("NCHW", "NHWC", "NCHW8c", "NCHW16c")) -> Model
              for v, d in domains.items()}
     pairs: dict = {}
 
-    def transform(shape, src: str, dst: str):
-        n_, c, h, w = shape
-        return make("layout_transform", dict(N=n_, C=c, H=h, W=w, dst=dst), layout=src)
-
     def edge(u, v, shape):
         """The value of `shape` leaves u's layout for v's (None: fixed NCHW)."""
         if u == v or (u is None and v is None):
@@ -248,13 +243,13 @@ def model_layouts(graph, layouts=("NCHW", "NHWC", "NCHW8c", "NCHW16c")) -> Model
             var, into = (v, True) if u is None else (u, False)
             for lay in domains[var]:
                 if lay != "NCHW":
-                    unary[var][lay].append(transform(shape, "NCHW", lay) if into else transform(shape, lay, "NCHW"))
+                    unary[var][lay].append(transform_task(shape, "NCHW", lay) if into else transform_task(shape, lay, "NCHW"))
             return
         t = pairs.setdefault((u, v), {})
         for a in domains[u]:
             for b in domains[v]:
                 if a != b:
-                    t.setdefault((a, b), []).append(transform(shape, a, b))
+                    t.setdefault((a, b), []).append(transform_task(shape, a, b))
 
     src: dict = {id(v): None for v in pre.inputs}         # value -> the variable whose layout it carries
     acts = lambda n: [x for x in n.inputs if not x.is_const and len(x.shape) == 4]  # noqa: E731

@@ -99,6 +99,13 @@ def workload_of(graph: Graph, group) -> tuple:
         return None, str(e)
 
 
+def transform_task(nchw: tuple, src: str, dst: str) -> Workload:
+    """The layout_transform workload of an activation of NCHW shape `nchw` going from src to dst:
+    what a model tune measures (graph.layout_plan) and what `tuner compile` looks up, one key."""
+    n, c, h, w = nchw
+    return make("layout_transform", dict(N=n, C=c, H=h, W=w, dst=dst), layout=src)
+
+
 def transform_workload(graph: Graph, group) -> Workload | None:
     """The layout_transform workload of a group that is one transform of an activation (what a
     model tune measures for the layout plan's edges), else None. Not an ExtractTasks task: under
@@ -108,9 +115,8 @@ def transform_workload(graph: Graph, group) -> Workload | None:
     n = graph.nodes[group.nodes[0]]
     if n.op != "layout_transform" or n.inputs[0].is_const or len(n.output.shape) not in (4, 5):
         return None
-    b, c, h, w = nchw_dims(n.inputs[0].shape, n.attrs["src"])
     try:
-        return make("layout_transform", dict(N=b, C=c, H=h, W=w, dst=n.attrs["dst"]), layout=n.attrs["src"])
+        return transform_task(nchw_dims(n.inputs[0].shape, n.attrs["src"]), n.attrs["src"], n.attrs["dst"])
     except WorkloadError:
         return None
 
