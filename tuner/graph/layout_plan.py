@@ -6,7 +6,8 @@ fused group's task in that layout, plus the tasks that inherit its layout (a poo
 and the transform back to NCHW where its output meets a layout-sensitive op or a graph output.
 A pairwise cost sits on every edge along which one convolution's layout meets another's: the
 data edge to the next convolution (through ReLUs, pools and the like) and the second operand of
-a residual add or concat, which ConvertLayout transforms to the first operand's layout. The cost
+a residual add or concat, which ConvertLayout transforms to the layout of the operand it follows
+(passes.convert_layout.followed_operand: the one a convolution's epilogue computes). The cost
 of a plan is the sum of both; this is the model of TVM's graph tuner. It counts a value
 transformed for two consumers twice where ConvertLayout shares one transform, and leaves out the
 groups whose cost does not depend on a layout choice (they are the same under every plan).
@@ -206,7 +207,7 @@ def model_layouts(graph, layouts=("NCHW", "NHWC", "NCHW8c", "NCHW16c")) -> Model
     variable over `layouts` (filtered per conv by _conv_layouts); the tasks come from compiling the
     graph's passes once per layout, so they are the tasks `tuner compile` meets under any plan."""
     from .passes import optimize
-    from .passes.convert_layout import AGNOSTIC_POOLS
+    from .passes.convert_layout import AGNOSTIC_POOLS, followed_operand, uses
     from .passes.extract_tasks import transform_task, workload_of
     from .ops import BINARY, UNARY
     pre = optimize(graph, passes=PRE_LAYOUT)
@@ -251,6 +252,7 @@ def model_layouts(graph, layouts=("NCHW", "NHWC", "NCHW8c", "NCHW16c")) -> Model
                 if a != b:
                     t.setdefault((a, b), []).append(transform_task(shape, a, b))
 
+    used = uses(pre)
     src: dict = {id(v): None for v in pre.inputs}         # value -> the variable whose layout it carries
     acts = lambda n: [x for x in n.inputs if not x.is_const and len(x.shape) == 4]  # noqa: E731
     for n in pre.nodes:
@@ -268,8 +270,7 @@ def model_layouts(graph, layouts=("NCHW", "NHWC", "NCHW8c", "NCHW16c")) -> Model
                     if wl is not None:
                         unary[s][lay].append(wl)
         elif ins and ((n.op in BINARY and len(n.output.shape) == 4) or (n.op == "concat" and n.attrs["axis"] == 1)):
-            ref = next((x for x in ins if tuple(x.shape) == tuple(n.output.shape)), ins[0]) \
-                if n.op in BINARY else ins[0]
+            ref = n.inputs[followed_operand(n, used)] if n.op in BINARY else ins[0]
             for x in ins:
                 if x is not ref:
                     edge(src.get(id(x)), src.get(id(ref)), x.shape)

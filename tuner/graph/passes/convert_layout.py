@@ -6,8 +6,10 @@ Every activation value carries the layout its data is in. Walking the graph in o
     NHWC, NCHW8c, NCHW16c); its input is transformed if needed and its constant weight is
     re-laid out now, at compile time (no transform left on weights);
   * layout-agnostic ops carry their input's layout through: elementwise ops, broadcast ops (whose
-    constant operands are re-laid to match), pooling, batch_norm; a binary op and a channel concat
-    take their first full-shape input's layout and transform the other inputs to it;
+    constant operands are re-laid to match), pooling, batch_norm; a binary op takes the layout of
+    its operand that a convolution's epilogue computes (`followed_operand`: so a residual add stays
+    in that convolution's kernel, as the layout solver priced it), else of its first full-shape
+    operand, and transforms the other to it; a channel concat takes its first input's layout;
   * every other op (flatten, reshape, transpose, pad, softmax, mean, dense) and the graph outputs
     get NCHW back.
 A transform of a value that is itself a transform back from the wanted layout is cancelled (the
@@ -64,6 +66,42 @@ class _Converter:
         return self.b.const(L.act_from_nchw(full, lay, 1 if ch == 1 else blk or None), f"{c.name}_{lay}")
 
 
+def uses(graph: Graph) -> dict:
+    """id(value) -> how many nodes and graph outputs read it."""
+    out: dict = {}
+    for v in [v for n in graph.nodes for v in n.inputs] + list(graph.outputs):
+        out[id(v)] = out.get(id(v), 0) + 1
+    return out
+
+
+def _fusable_epilogue(v, uses: dict) -> bool:
+    """Whether `v` is a convolution's output, or the running result of an epilogue on one (through
+    elementwise ops whose other operands are constants: bias adds, activations), read only along
+    that chain, so that the op consuming `v` can join the convolution's fused group."""
+    while uses.get(id(v), 0) == 1 and v.producer is not None:
+        p = v.producer
+        if p.op == "conv2d":
+            return True
+        running = [x for x in p.inputs if not x.is_const]
+        if not (p.op in UNARY or p.op in BINARY) or len(running) != 1:
+            return False
+        v = running[0]
+    return False
+
+
+def followed_operand(node, uses: dict) -> int:
+    """The input of a binary node (of an NCHW graph) whose layout the op runs in: an activation of
+    the output's shape that a convolution's epilogue computes and nothing else reads (the op then
+    fuses into that convolution's kernel under any plan, the other operand transformed to it), else
+    the first activation of the output's shape, else the first activation. One rule for
+    ConvertLayout and for the layout solver's pricing (layout_plan.model_layouts), so that a plan
+    compiles to the tasks it was priced with: MobileNetV2 adds the skip first."""
+    acts = [i for i, v in enumerate(node.inputs) if not v.is_const and len(v.shape) == 4] or \
+        [i for i, v in enumerate(node.inputs) if not v.is_const]
+    full = [i for i in acts if tuple(node.inputs[i].shape) == tuple(node.output.shape)] or acts[:1]
+    return next((i for i in full if _fusable_epilogue(node.inputs[i], uses)), full[0])
+
+
 def _conv_weight(b, w, lay: str, groups: int, channels: int):
     if lay == "NCHW":
         return w
@@ -84,6 +122,7 @@ def convert(graph: Graph, desired: str, plan: dict | None = None) -> Graph:
         L.check_activation_layout(lay)
     b = GraphBuilder(graph.name)
     cv = _Converter(b, desired)
+    used = uses(graph)
     mapping: dict = {}
     for v in graph.inputs:
         mapping[id(v)] = b.input(v.name, v.shape, v.dtype, v.layout or ("NCHW" if len(v.shape) == 4 else ""))
@@ -101,8 +140,8 @@ def convert(graph: Graph, desired: str, plan: dict | None = None) -> Graph:
         elif n.op in UNARY:
             out = b.add(n.op, ins, attrs, n.name)
         elif n.op in BINARY and acts and len(n.output.shape) == 4:
-            # follow the operand that has the full output shape; constants are re-laid to match
-            ref = next((v for v in acts if tuple(nchw_dims(v.shape, v.layout)) == tuple(n.output.shape)), acts[0])
+            ref = ins[followed_operand(n, used)]      # constants are re-laid to match it
+            ref = ref if ref.layout else acts[0]
             new_ins = [cv.const_like(v, ref) if v.is_const else cv.to(v, ref.layout) for v in ins]
             if any(v is None for v in new_ins):   # a constant that cannot follow: compute in NCHW
                 new_ins = [v if v.is_const else cv.to(v, "NCHW") for v in ins]
