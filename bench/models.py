@@ -14,12 +14,15 @@ steps timed in context: dispatch), arena bytes, compile time, and the steps that
 
 With --tune N[,M...] it measures whole-model tuning instead (issue 13's figures): each model is
 tuned from an empty log with `tune_model` at 1 thread, N trials, once over every conv layout
-(the joint layout plan) and once with --single (NCHW16c) alone under the same budget; each result
+(the joint layout plan) and once per --single layout (NCHW16c; a list, e.g. NCHW8c,NCHW16c) alone
+under the same budget; each result
 is compiled from its own log only (no shipped schedules), and all of them are timed in one
 interleaved run beside ONNX Runtime and PyTorch. Prints per model and budget: wall-clock tuning
 time, the estimate, the measured latency, the gap between them, the ratio to ONNX Runtime (paired
-per round, and of medians) and to PyTorch, the joint plan against the single layout, and the
-layout solver's run time. Logs go to logs/bench/tune/ (--resume keeps them).
+per round, and of medians) and to PyTorch, the joint plan against the fastest single layout
+(paired, against the single layout with the lowest median), and the layout solver's run time.
+Logs go to logs/bench/tune/ (--resume keeps them; the tuning time of a log resumed with nothing
+left to tune is its records' own, from their timestamps).
 """
 from __future__ import annotations
 
@@ -29,6 +32,8 @@ import time
 from pathlib import Path
 
 from bench.common import write_results
+from tuner import records
+from tuner.analysis.model_report import tuning_seconds
 from tuner.graph import load as load_graph
 from tuner.measure.peak import peak_gflops
 from tuner.model_tuning import tune_model
@@ -42,12 +47,13 @@ from tuner.te.layouts import CONV_LAYOUTS
 def tune_figures(args) -> int:
     """Tune each model from empty logs (joint plan and --single layout), then time every result in one run."""
     counts = [int(n) for n in args.tune.split(",")]
-    out = {"threads": 1, "single": args.single, "models": {}}
+    singles = [s.strip() for s in args.single.split(",") if s.strip()]
+    out = {"threads": 1, "single": singles, "models": {}}
     for name in [m.strip() for m in args.models.split(",") if m.strip()]:
         graph = load_graph(name)
         variants, runners = [], {}
         for n in counts:
-            for kind, layouts in (("joint", tuple(CONV_LAYOUTS)), (args.single, (args.single,))):
+            for kind, layouts in [("joint", tuple(CONV_LAYOUTS))] + [(s, (s,)) for s in singles]:
                 log = Path(f"logs/bench/tune/{name}.{kind}.{n}.jsonl")
                 if not args.resume:
                     log.unlink(missing_ok=True)
@@ -55,6 +61,8 @@ def tune_figures(args) -> int:
                 t0 = time.perf_counter()
                 res = tune_model(name, trials=n, log=str(log), threads=1, layouts=layouts, progress=not args.quiet)
                 wall = time.perf_counter() - t0
+                if args.resume and not res.session.new:   # nothing left: the log's own tuning time
+                    wall = (tuning_seconds(records.load(str(log)).records) or [wall])[-1]
                 if res.session.interrupted:      # Ctrl-C / SIGTERM ends the bench, not only this tune
                     print(f"{res.session.stopped_by}: stopped; the log keeps what was measured (--resume goes on)")
                     return 143 if res.session.stopped_by == "SIGTERM" else 130
@@ -83,21 +91,23 @@ def tune_figures(args) -> int:
             v["estimate_gap"] = med[v["label"]] / v["estimate_s"] - 1
             del v["model"]
         for n in counts:
-            joint, single = (next(v for v in variants if v["trials"] == n and v["kind"] == k)
-                             for k in ("joint", args.single))
+            joint = next(v for v in variants if v["trials"] == n and v["kind"] == "joint")
+            single = min((v for v in variants if v["trials"] == n and v["kind"] != "joint"),
+                         key=lambda v: v["measured_s"])
+            joint["vs_single"] = single["kind"]
             joint["vs_single_paired"] = statistics.median(
                 a / b for a, b in zip(times[joint["label"]], times[single["label"]]))
         out["models"][name] = {"variants": variants, "rounds_s": times, "median_s": med, "torch": torch_key}
         print(f"\n{name}, 1 thread: ONNX Runtime {med['onnxruntime'] * 1e3:.2f} ms, PyTorch ({torch_key}) "
               f"{med[torch_key] * 1e3:.2f} ms")
         print(f"{'variant':<26} {'tasks':>5} {'tune min':>8} {'estimate':>9} {'measured':>9} {'gap':>6} "
-              f"{'vs ORT':>7} {'paired':>7} {'vs torch':>8} {'vs single':>9} {'solver ms':>9}")
+              f"{'vs ORT':>7} {'paired':>7} {'vs torch':>8} {'vs best single':>17} {'solver ms':>9}")
         for v in variants:
-            vs = f"{v['vs_single_paired']:.3f}x" if "vs_single_paired" in v else ""
+            vs = f"{v['vs_single_paired']:.3f}x {v['vs_single']}" if "vs_single_paired" in v else ""
             solver = f"{v['solver_s'] * 1e3:.1f}" if v["solver_s"] is not None else "-"
             print(f"{v['label']:<26} {v['tasks']:>5} {v['tuning_s'] / 60:>8.1f} {v['estimate_s'] * 1e3:>8.2f} "
                   f"{v['measured_s'] * 1e3:>8.2f} {100 * v['estimate_gap']:>5.1f}% {v['vs_onnxruntime']:>6.3f}x "
-                  f"{v['vs_onnxruntime_paired']:>6.3f}x {v['vs_torch']:>7.3f}x {vs:>9} {solver:>9}")
+                  f"{v['vs_onnxruntime_paired']:>6.3f}x {v['vs_torch']:>7.3f}x {vs:>17} {solver:>9}")
         args.out = str(write_results("models-tune", args.out, out))     # after each model: a cut run keeps it
     return 0
 
@@ -110,7 +120,9 @@ def main(argv=None) -> int:
     ap.add_argument("--log", action="append", help="tuning logs besides the shipped schedules")
     ap.add_argument("--peers", default="onnxruntime,torch")
     ap.add_argument("--tune", metavar="N[,M]", help="tune each model from an empty log with N (and M) trials first")
-    ap.add_argument("--single", default="NCHW16c", help="with --tune: the single layout the joint plan is compared to")
+    ap.add_argument("--single", default="NCHW16c",
+                    help="with --tune: the single layout(s) the joint plan is compared to (comma-separated; "
+                         "the fastest of them measured is the reference)")
     ap.add_argument("--resume", action="store_true", help="with --tune: keep and resume the logs of an earlier run")
     ap.add_argument("--quiet", action="store_true", help="with --tune: no progress bars")
     ap.add_argument("--out")

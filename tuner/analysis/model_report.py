@@ -298,18 +298,27 @@ def _curve(space: ModelLayouts, recs: list) -> list:
         return []
     marks = {round(i * (len(recs) - 1) / (CURVE_POINTS - 1)) for i in range(CURVE_POINTS)}
     best: dict = {}
-    out, elapsed, last = [], 0.0, _when(recs[0])
-    for i, r in enumerate(recs):
-        now = _when(r)
-        if now is not None and last is not None and 0 < now - last <= PAUSE_S:
-            elapsed += now - last
-        last = now if now is not None else last
+    out = []
+    for i, (r, elapsed) in enumerate(zip(recs, tuning_seconds(recs))):
         if r.ok and r.latency < best.get(r.workload.key, math.inf):
             best[r.workload.key] = r.latency
         if i in marks:
             plan, est = space.plan(best)
             if plan is not None and math.isfinite(est):
                 out.append((i + 1, elapsed, est))
+    return out
+
+
+def tuning_seconds(recs: list) -> list:
+    """The tuning time elapsed at each record, from their timestamps (pauses over PAUSE_S between
+    two records, such as a tune resumed later, are cut)."""
+    out, elapsed, last = [], 0.0, _when(recs[0]) if recs else None
+    for r in recs:
+        now = _when(r)
+        if now is not None and last is not None and 0 < now - last <= PAUSE_S:
+            elapsed += now - last
+        last = now if now is not None else last
+        out.append(elapsed)
     return out
 
 
