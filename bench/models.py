@@ -39,7 +39,7 @@ from tuner.measure.peak import peak_gflops
 from tuner.model_tuning import tune_model
 from tuner.runtime import compile_model
 from tuner.runtime.bench import bench_model
-from tuner.runtime.peers import interleaved, onnxruntime_runner, torch_runner
+from tuner.runtime.peers import interleaved, onnxruntime_runner, paired_ratios, torch_runner
 from tuner.target import parse_target
 from tuner.te.layouts import CONV_LAYOUTS
 
@@ -85,7 +85,7 @@ def tune_figures(args) -> int:
         for v in variants:
             t = times[v["label"]]
             v["measured_s"] = med[v["label"]]
-            v["vs_onnxruntime_paired"] = statistics.median(a / b for a, b in zip(t, times["onnxruntime"]))
+            v["vs_onnxruntime_paired"] = statistics.median(paired_ratios(t, times["onnxruntime"]))
             v["vs_onnxruntime"] = med[v["label"]] / med["onnxruntime"]
             v["vs_torch"] = med[v["label"]] / med[torch_key]
             v["estimate_gap"] = med[v["label"]] / v["estimate_s"] - 1
@@ -95,8 +95,7 @@ def tune_figures(args) -> int:
             single = min((v for v in variants if v["trials"] == n and v["kind"] != "joint"),
                          key=lambda v: v["measured_s"])
             joint["vs_single"] = single["kind"]
-            joint["vs_single_paired"] = statistics.median(
-                a / b for a, b in zip(times[joint["label"]], times[single["label"]]))
+            joint["vs_single_paired"] = statistics.median(paired_ratios(times[joint["label"]], times[single["label"]]))
         out["models"][name] = {"variants": variants, "rounds_s": times, "median_s": med, "torch": torch_key}
         print(f"\n{name}, 1 thread: ONNX Runtime {med['onnxruntime'] * 1e3:.2f} ms, PyTorch ({torch_key}) "
               f"{med[torch_key] * 1e3:.2f} ms")

@@ -21,7 +21,7 @@ from ..errors import UserError, check_output_path
 from ..graph import load as load_graph
 from .compiler import compile_model
 from .model import META, load
-from .peers import interleaved, onnxruntime_runner, torch_runner
+from .peers import interleaved, onnxruntime_runner, paired_ratios, torch_runner
 
 PEERS = ("onnxruntime", "torch")
 
@@ -99,9 +99,7 @@ def bench_model(model: str, threads: list | None = None, peers: list = PEERS, ro
         parts = sum(each)
         slowest = sorted(zip(m.steps, each), key=lambda se: -se[1])[:8]
         gflop = sum(s.flops for s in m.steps) / 1e9
-        # each round times the runners one after the other, so a round's ratio is a paired sample:
-        # on a shared machine whose speed drifts, its median is steadier than a ratio of medians
-        paired = [a / b for a, b in zip(times["tuner"], times["onnxruntime"])] if "onnxruntime" in times else []
+        paired = paired_ratios(times["tuner"], times["onnxruntime"]) if "onnxruntime" in times else []
         row = {"threads": t, "median_s": med, "rounds_s": times, "gflops": gflop / med["tuner"],
                "vs_onnxruntime_paired": {"median": statistics.median(paired), "min": min(paired),
                                          "max": max(paired)} if paired else None,

@@ -141,3 +141,9 @@ def interleaved(runners: dict, inputs, rounds: int = 5, min_seconds: float = 0.2
             progress(f"round {r + 1}/{rounds}: " + ", ".join(f"{n} {statistics.median(v) * 1e3:.2f} ms"
                                                             for n, v in out.items()))
     return out
+
+
+def paired_ratios(a: list, b: list) -> list:
+    """Each round's a / b (from `interleaved`): paired samples, whose median is steadier on a
+    shared machine whose speed drifts than a ratio of medians."""
+    return [x / y for x, y in zip(a, b)]
