@@ -132,6 +132,7 @@ def _check_tune_options(args) -> None:
 
 
 def _cmd_analyze(args) -> int:
+    from . import records
     from .analysis.model_report import analyze_model
     from .analysis.report import analyze
     from .graph import parse_input_shapes
@@ -139,7 +140,9 @@ def _cmd_analyze(args) -> int:
     for path, flag in ((args.plot, "--plot"), (args.html, "--html")):
         if path:
             check_output_path(path, flag)
-    models = analyze_model(args.log, args.model, parse_input_shapes(args.input_shape), args.compiled)
+    contents = records.load(args.log, warn=False)        # read once for either view
+    models = analyze_model(args.log, args.model, parse_input_shapes(args.input_shape), args.compiled,
+                           contents=contents)
     if models:
         return _model_view(args, models)
     if args.model or args.compiled:
@@ -147,7 +150,7 @@ def _cmd_analyze(args) -> int:
                         "apply to a model tune's log")
     if args.html:
         raise UserError("--html is the report of a model tune's log; this log holds no layout plan")
-    rep = analyze(args.log)
+    rep = analyze(args.log, contents)
     if not rep.tasks:
         print(f"{args.log}: no records" + (f" ({rep.skipped} malformed lines skipped)" if rep.skipped else ""))
         return 0

@@ -231,11 +231,12 @@ class ModelReport:
 # ---------------------------------------------------------------- building the report
 
 def analyze_model(path: str, model=None, input_shapes: dict | None = None, compiled: str | None = None,
-                  repeat: int = 5) -> list:
+                  repeat: int = 5, contents: records.LogContents | None = None) -> list:
     """[ModelReport] for the newest plan of each (model, target) in the log at `path` ([] when it
     holds no plan). model: a built-in name, an .onnx path or a Graph, when the plan's model name
-    does not load here. compiled: an artifact directory (`tuner compile -o`) to time."""
-    contents = records.load(path, warn=False)
+    does not load here. compiled: an artifact directory (`tuner compile -o`) to time. contents:
+    the log already read (records.load)."""
+    contents = contents or records.load(path, warn=False)
     newest: dict = {}
     for p in contents.plans:
         newest[(p.model_hash, records.code_target(p.target))] = p

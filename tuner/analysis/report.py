@@ -89,10 +89,11 @@ def _flops(w) -> float:
         return float("nan")
 
 
-def analyze(path: str) -> Report:
+def analyze(path: str, contents: records.LogContents | None = None) -> Report:
     """Per task: trials, errors, the best-so-far curve and the best record that still replays (a
-    record whose steps do not give its logged code is passed over, however fast it claims to be)."""
-    contents = records.load(path, warn=False)
+    record whose steps do not give its logged code is passed over, however fast it claims to be).
+    contents: the log already read (records.load), so that it is not read twice."""
+    contents = contents or records.load(path, warn=False)
     by_task: dict = {}
     for rec in contents.records:
         by_task.setdefault(rec.task_key, []).append(rec)
