@@ -60,3 +60,23 @@ def test_sampled_conv_schedules_compute_the_reference(wl, seed, odd, pad_at):
 def test_sampled_dense_schedules_compute_the_reference(n, c, k, layout, bias, seed, odd):
     wl = make("dense", dict(N=n, C=c, K=k, bias=int(bias)), layout)
     check_schedules([(wl, _perturbed_steps(wl, seed, odd, False))])
+
+
+@st.composite
+def winograd_workloads(draw):
+    """One of the three Winograd kernels of a small 3x3 convolution, F(2,3) or F(4,3)."""
+    op = draw(st.sampled_from(["winograd_input", "winograd_gemm", "winograd_output"]))
+    p = dict(C=draw(st.sampled_from([8, 16])), H=draw(st.integers(3, 9)), W=draw(st.integers(3, 9)),
+             K=draw(st.sampled_from([8, 16])), pad=draw(st.sampled_from([0, 1, 2])), m=draw(st.sampled_from([2, 4])))
+    if op == "winograd_output":
+        del p["C"]
+        p.update(bias=int(draw(st.booleans())), residual=int(draw(st.booleans())), relu=int(draw(st.booleans())))
+    elif op == "winograd_input":
+        del p["K"]
+    return make(op, p)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(wl=winograd_workloads(), seed=st.integers(0, 10**6), odd=st.booleans())
+def test_sampled_winograd_schedules_compute_the_reference(wl, seed, odd):
+    check_schedules([(wl, _perturbed_steps(wl, seed, odd, False))])

@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 import pytest
+import numpy as np
 
 from tuner.te.workloads import BUILTIN, WorkloadError, builtin, make, parse_spec, resolve
 
@@ -72,3 +73,36 @@ def test_bad_layout_and_unknown_name():
         resolve("r50.s1.conv3x3", "NCWH")
     with pytest.raises(WorkloadError, match="unknown workload 'r50.s9.conv3x3'.*did you mean"):
         resolve("r50.s9.conv3x3")
+
+
+# ---------------------------------------------------------------- Winograd
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from tuner.te import ops as te_ops, winograd as WG  # noqa: E402
+
+
+@settings(max_examples=40, deadline=None)
+@given(h=st.integers(1, 12), w=st.integers(1, 12), c=st.integers(1, 6), k=st.integers(1, 6),
+       pad=st.integers(0, 2), m=st.sampled_from(WG.TILES), seed=st.integers(0, 1000))
+def test_the_three_winograd_stages_compute_the_3x3_convolution(h, w, c, k, pad, m, seed):
+    """input transform, batched GEMM with the transformed weight, output transform == direct conv"""
+    if h + 2 * pad < 3 or w + 2 * pad < 3:
+        return
+    rng = np.random.default_rng(seed)
+    x, wt = rng.uniform(-1, 1, (1, h, w, c)), rng.uniform(-1, 1, (3, 3, c, k))
+    out_h, out_w = h + 2 * pad - 2, w + 2 * pad - 2
+    y = WG.output_ref(WG.gemm_ref(WG.input_ref(x, pad, m), WG.weight_transform(wt, m)), out_h, out_w, m)
+    ref = te_ops.conv2d_ref(x.transpose(0, 3, 1, 2), wt.transpose(3, 2, 0, 1), 1, (pad,) * 4).transpose(0, 2, 3, 1)
+    assert y.shape == ref.shape == (1, out_h, out_w, k)
+    np.testing.assert_allclose(y, ref, rtol=1e-9, atol=1e-9)
+
+
+def test_winograd_specs_name_their_tile_and_layout():
+    wl = parse_spec("winograd_output:H=14,W=14,K=256,pad=1,m=4,bias=1,relu=1")
+    assert wl.layout == "NHWC" and parse_spec(wl.spec).key == wl.key
+    assert wl.build()[0][0].shape == (6, 6, 1, 4, 4, 256)          # alpha x alpha x N x tiles x K
+    with pytest.raises(WorkloadError, match="m=3"):
+        parse_spec("winograd_input:C=8,H=14,W=14,m=3")
+    with pytest.raises(WorkloadError, match="NHWC"):
+        parse_spec("winograd_gemm:C=8,H=14,W=14,K=8", "NCHW")

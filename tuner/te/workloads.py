@@ -18,17 +18,19 @@ import numpy as np
 from ..errors import UserError
 from . import layouts as L
 from . import ops
+from . import winograd as WG
 from .tensor import Tensor, placeholder
 
 _INT_PARAMS = {"N", "C", "H", "W", "K", "R", "S", "stride", "dilation", "groups", "bias", "relu",
-               "residual", "count_include_pad"}
+               "residual", "count_include_pad", "m"}
 
 # An anchor's activation epilogue other than relu: act=<name> with that activation's parameters
 # (ops.ACTIVATIONS). Absent unless set, so the keys of workloads without one never changed.
 EPILOGUE_ACTS = ("clip", "sigmoid", "hard_sigmoid", "hard_swish")
 _FLOAT_PARAMS = {"lo", "hi", "alpha", "beta"}
 
-_SPEC_ORDER = ("N", "C", "H", "W", "K", "R", "S", "stride", "pad", "dilation", "groups", "bias", "residual", "relu")
+_SPEC_ORDER = ("N", "C", "H", "W", "K", "R", "S", "stride", "pad", "dilation", "groups", "bias", "residual", "relu",
+               "m")
 
 
 class WorkloadError(UserError):
@@ -287,6 +289,85 @@ def _elements(wl: Workload) -> float:
     return float(p["N"] * p["C"] * p["H"] * p["W"])
 
 
+# Winograd F(m x m, 3 x 3): the three kernels of one 3x3 stride-1 NHWC convolution (te.winograd).
+# Each takes the convolution's own parameters (C, H, W, K, pad) and the tile size m.
+
+def _wino_out(p: dict) -> tuple:
+    return p["H"] + 2 * p["pad"] - 2, p["W"] + 2 * p["pad"] - 2
+
+
+def _wino_products(p: dict) -> tuple:
+    """(alpha, tiles): the transform size and how many tiles cover the output."""
+    th, tw = WG.tiles(*_wino_out(p), p["m"])
+    return WG.alpha(p["m"]), p["N"] * th * tw
+
+
+def _wino_v_shape(p: dict, channels: int) -> tuple:
+    th, tw = WG.tiles(*_wino_out(p), p["m"])
+    al = WG.alpha(p["m"])
+    return (al, al, p["N"], th, tw, channels)
+
+
+def _wino_input_build(wl: Workload):
+    p = wl.p
+    data = placeholder((p["N"], p["H"], p["W"], p["C"]), "data")
+    return [data], WG.input_transform(data, p["pad"], p["m"])
+
+
+def _wino_gemm_build(wl: Workload):
+    p = wl.p
+    al = WG.alpha(p["m"])
+    v = placeholder(_wino_v_shape(p, p["C"]), "data")
+    u = placeholder((al, al, p["C"], p["K"]), "weight")
+    return [v, u], WG.batch_gemm(v, u)
+
+
+def _wino_output_build(wl: Workload):
+    p = wl.p
+    mm = placeholder(_wino_v_shape(p, p["K"]), "data")
+    return _epilogue(wl, [mm], WG.output_transform(mm, *_wino_out(p), p["m"]), 0)
+
+
+def _wino_output_ref(wl: Workload, arrays: list):
+    p = wl.p
+    y = WG.output_ref(arrays[0], *_wino_out(p), p["m"])
+    rest = list(arrays[1:])
+    if p["bias"]:
+        y = y + rest.pop(0).reshape(-1)
+    if p["residual"]:
+        y = y + rest.pop(0)
+    return _act_ref(p, y)
+
+
+def _wino_check(wl: Workload):
+    p = wl.p
+    if p["m"] not in WG.TILES:
+        raise WorkloadError(f"{wl.op}: tile size m={p['m']} is not one of {', '.join(map(str, WG.TILES))}")
+    if wl.layout != "NHWC":
+        raise WorkloadError(f"{wl.op} runs in NHWC, not {wl.layout}")
+    if not 0 <= p["pad"] <= 2 or min(_wino_out(p)) < 1:
+        raise WorkloadError(f"{wl.op}: a 3x3 window with pad={p['pad']} does not fit input {p['H']}x{p['W']}")
+
+
+def _wino_input_flops(wl: Workload) -> float:
+    al, t = _wino_products(wl.p)
+    return 2.0 * al ** 4 * t * wl.p["C"]
+
+
+def _wino_gemm_flops(wl: Workload) -> float:
+    al, t = _wino_products(wl.p)
+    return 2.0 * al * al * t * wl.p["C"] * wl.p["K"]
+
+
+def _wino_output_flops(wl: Workload) -> float:
+    p = wl.p
+    oh, ow = _wino_out(p)
+    return 2.0 * WG.alpha(p["m"]) ** 2 * p["N"] * oh * ow * p["K"]
+
+
+_WINO = dict(N=1, pad=1, m=2)
+
+
 @dataclass(frozen=True)
 class WorkloadDef:
     op: str
@@ -325,6 +406,15 @@ WORKLOADS: dict = {d.op: d for d in [
     WorkloadDef("add", ("C", "H", "W"), dict(N=1), _add_build,
                 lambda wl, a: _nchw_out(wl, ops.BINARY_FNS["add"][1](_nchw_in(wl, a),
                                                                      _nchw_in(wl, a[1:])))),
+    WorkloadDef("winograd_input", ("C", "H", "W"), dict(_WINO), _wino_input_build,
+                lambda wl, a: WG.input_ref(a[0], wl.p["pad"], wl.p["m"]), _wino_input_flops, _wino_check,
+                "winograd_input:C=256,H=14,W=14,pad=1,m=2"),
+    WorkloadDef("winograd_gemm", ("C", "H", "W", "K"), dict(_WINO), _wino_gemm_build,
+                lambda wl, a: WG.gemm_ref(a[0], a[1]), _wino_gemm_flops, _wino_check,
+                "winograd_gemm:C=256,H=14,W=14,K=256,pad=1,m=2"),
+    WorkloadDef("winograd_output", ("H", "W", "K"), dict(_WINO, bias=0, relu=0, residual=0), _wino_output_build,
+                _wino_output_ref, _wino_output_flops, _wino_check,
+                "winograd_output:H=14,W=14,K=256,pad=1,m=2,bias=1,relu=1", epilogue=True),
     WorkloadDef("layout_transform", ("C", "H", "W", "dst"), dict(N=1),
                 _unary(lambda d, wl: ops.layout_transform(d, wl.layout, wl.p["dst"])),
                 lambda wl, a: L.act_from_nchw(_nchw_in(wl, a), wl.p["dst"]),
@@ -382,7 +472,8 @@ def make(op: str, params: dict, layout: str | None = None, name: str = "") -> Wo
 
 
 def default_layout(op: str) -> str:
-    return "OI16o" if op == "dense" else "NCHW16c" if op == "conv2d" else "NCHW"
+    return ("OI16o" if op == "dense" else "NCHW16c" if op == "conv2d" else "NHWC" if op.startswith("winograd")
+            else "NCHW")
 
 
 def _validate(wl: Workload) -> None:

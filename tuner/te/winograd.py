@@ -1,0 +1,133 @@
+"""Winograd convolution F(m x m, 3 x 3) as three kernels, each one reduction that the tiled
+sketch schedules like any other (Lavin and Gray, "Fast Algorithms for Convolutional Neural
+Networks", 2016; TVM's conv2d_winograd_nhwc has the same three stages).
+
+A 3x3, stride-1 convolution in NHWC is cut into tiles of m x m outputs; each reads an
+alpha x alpha input window (alpha = m + 2). With the constant matrices B, G, A of F(m, 3):
+
+    winograd_input   V[a, b, n, th, tw, c] = sum_{r,s} BT[a, r] BT[b, s] x[n, th*m + r, tw*m + s, c]
+    winograd_gemm    M[a, b, n, th, tw, k] = sum_c V[a, b, n, th, tw, c] U[a, b, c, k]
+    winograd_output  y[n, h, w, k] = sum_{a,b} AT[h % m, a] AT[w % m, b] M[a, b, n, h / m, w / m, k]
+                     (+ bias, residual, activation: the conv2d epilogue)
+
+where U = G w G^T is the weight transformed once, when a model is compiled (`weight_transform`).
+The multiplications of a 3x3 convolution fall from 9 per output to alpha^2 / m^2 (4 for m = 2,
+2.25 for m = 4) in the batched GEMM, which is where the time goes; the transforms read and write
+each activation a few times. The input is padded by the convolution's padding and, at the bottom
+and right, up to whole tiles; the output drops what the last tiles computed past its edge.
+
+The transform matrices enter the kernels as constants (a select over the index pair), so a
+schedule that unrolls the small alpha loops lets the C compiler fold them, zeros and ones included.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .expr import And, Cmp, Const, Expr, as_expr, select
+from .tensor import Tensor, compute, reduce_axis, sum_reduce
+from . import ops
+
+# (BT, G, AT) of F(m, 3), from Lavin and Gray (interpolation points 0, +-1 for m = 2; 0, +-1, +-2 for m = 4)
+MATRICES = {
+    2: (np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], dtype=np.float64),
+        np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], dtype=np.float64),
+        np.array([[1, 1, 1, 0], [0, 1, -1, -1]], dtype=np.float64)),
+    4: (np.array([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0],
+                  [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]], dtype=np.float64),
+        np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
+                  [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]], dtype=np.float64),
+        np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]],
+                 dtype=np.float64)),
+}
+TILES = tuple(MATRICES)
+
+
+def alpha(m: int) -> int:
+    return m + 2
+
+
+def tiles(out_h: int, out_w: int, m: int) -> tuple:
+    """(tile rows, tile columns) covering an out_h x out_w output."""
+    return -(-out_h // m), -(-out_w // m)
+
+
+def const_matrix(mat: np.ndarray, i, j) -> Expr:
+    """mat[i, j] as an expression of index expressions i and j (a select over the non-zero entries)."""
+    i, j = as_expr(i), as_expr(j)
+    out: Expr = Const(0.0)
+    for (a, b), v in np.ndenumerate(mat):
+        if v != 0:
+            out = select(And(Cmp("==", i, Const(a)), Cmp("==", j, Const(b))), Const(float(v)), out)
+    return out
+
+
+# ---------------------------------------------------------------- the three stages as tensor expressions
+
+def input_transform(data: Tensor, pad: int, m: int, name: str = "winograd_input") -> Tensor:
+    """V[a, b, n, th, tw, c] of an NHWC input under a 3x3 convolution with padding `pad`."""
+    bt = MATRICES[m][0]
+    n_, h_, w_, c_ = data.shape
+    th, tw = tiles(h_ + 2 * pad - 2, w_ + 2 * pad - 2, m)
+    al = alpha(m)
+    pads = (pad, pad, th * m + 2 - h_ - pad, tw * m + 2 - w_ - pad)
+    padded = ops.pad(data, (1, 2), pads, 0.0, name=f"{name}_pad")
+    r, s = reduce_axis(al, "r"), reduce_axis(al, "s")
+    return compute(
+        (al, al, n_, th, tw, c_),
+        lambda a, b, n, y, x, c: sum_reduce(
+            const_matrix(bt, a, r.var) * const_matrix(bt, b, s.var) * padded[n, y * m + r.var, x * m + s.var, c],
+            [r, s]),
+        name, tag="winograd_input", inputs=[padded], axis_names=["a", "b", "n", "th", "tw", "c"])
+
+
+def batch_gemm(v: Tensor, u: Tensor, name: str = "winograd_gemm") -> Tensor:
+    """M[a, b, n, th, tw, k] = sum_c V[a, b, n, th, tw, c] U[a, b, c, k]."""
+    al, _, n_, th, tw, c_ = v.shape
+    k_ = u.shape[3]
+    rc = reduce_axis(c_, "rc")
+    return compute(
+        (al, al, n_, th, tw, k_),
+        lambda a, b, n, y, x, k: sum_reduce(v[a, b, n, y, x, rc.var] * u[a, b, rc.var, k], [rc]),
+        name, tag="winograd_gemm", inputs=[v, u], axis_names=["a", "b", "n", "th", "tw", "k"])
+
+
+def output_transform(mm: Tensor, out_h: int, out_w: int, m: int, name: str = "winograd_output") -> Tensor:
+    """y[n, h, w, k] (NHWC) of the batched products M, cropped to out_h x out_w."""
+    at = MATRICES[m][2]
+    al, _, n_, _, _, k_ = mm.shape
+    a, b = reduce_axis(al, "ra"), reduce_axis(al, "rb")
+    return compute(
+        (n_, out_h, out_w, k_),
+        lambda n, y, x, k: sum_reduce(
+            const_matrix(at, y % m, a.var) * const_matrix(at, x % m, b.var) * mm[a.var, b.var, n, y // m, x // m, k],
+            [a, b]),
+        name, tag="winograd_output", inputs=[mm], axis_names=["n", "oh", "ow", "k"])
+
+
+# ---------------------------------------------------------------- NumPy references (float64)
+
+def input_ref(x: np.ndarray, pad: int, m: int) -> np.ndarray:
+    bt = MATRICES[m][0]
+    n_, h_, w_, c_ = x.shape
+    th, tw = tiles(h_ + 2 * pad - 2, w_ + 2 * pad - 2, m)
+    al = alpha(m)
+    xp = np.pad(x.astype(np.float64), [(0, 0), (pad, th * m + 2 - h_ - pad), (pad, tw * m + 2 - w_ - pad), (0, 0)])
+    win = np.lib.stride_tricks.sliding_window_view(xp, (al, al), axis=(1, 2))[:, ::m, ::m]   # n th tw c r s
+    return np.einsum("ar,bs,nhwcrs->abnhwc", bt, bt, win, optimize=True)
+
+
+def gemm_ref(v: np.ndarray, u: np.ndarray) -> np.ndarray:
+    return np.einsum("abnhwc,abck->abnhwk", v.astype(np.float64), u.astype(np.float64), optimize=True)
+
+
+def output_ref(mm: np.ndarray, out_h: int, out_w: int, m: int) -> np.ndarray:
+    at = MATRICES[m][2]
+    al, _, n_, th, tw, k_ = mm.shape
+    y = np.einsum("ya,xb,abnhwk->nhywxk", at, at, mm.astype(np.float64), optimize=True)
+    return y.reshape(n_, th * m, tw * m, k_)[:, :out_h, :out_w]
+
+
+def weight_transform(w_hwio: np.ndarray, m: int) -> np.ndarray:
+    """U[a, b, c, k] = (G w[:, :, c, k] G^T)[a, b] of a 3x3 HWIO weight."""
+    g = MATRICES[m][1]
+    return np.einsum("ar,bs,rsck->abck", g, g, w_hwio.astype(np.float64), optimize=True)
