@@ -128,6 +128,40 @@ def test_a_mixed_layout_plan_compiles_to_the_same_output_and_to_the_tasks_it_was
     assert all(n <= priced[k] for k, n in runs.items())
 
 
+def test_winograd_is_a_conv_choice_the_plan_prices_and_compiles(tmp_cache):
+    """3x3 stride-1 convs may run as Winograd F(2x2,3x3) or F(4x4,3x3): three kernels priced as
+    the conv's cost in that choice, NHWC around it (no transform to an NHWC neighbour)."""
+    g = resnet(18, image=32)
+    space = model_layouts(g, ("NCHW", "NHWC", "NCHW16c", "winograd2", "winograd4"))
+    wino = [v for v, d in space.domains.items() if "winograd2" in d]
+    others = [v for v, d in space.domains.items() if "winograd2" not in d]
+    assert len(wino) >= 8 and others                    # the 7x7 stem and the strided convs cannot
+    assert all(d == ("NCHW", "NHWC", "NCHW16c") for v, d in space.domains.items() if v in others)
+    v = wino[0]
+    assert [wl.op for wl in space.unary[v]["winograd4"]] == ["winograd_input", "winograd_gemm", "winograd_output"]
+    assert all(not {("NHWC", "winograd2"), ("winograd2", "NHWC")} & set(t) for t in space.pairs.values())
+    assert any(("NCHW16c", "winograd2") in t for t in space.pairs.values())
+    rng = random.Random(3)
+    plan = {v: rng.choice(d) for v, d in space.domains.items()}
+    assert {"winograd2", "winograd4"} <= set(plan.values())
+    m = compile_model(g, threads=1, layout_plan=plan)
+    assert_matches_onnxruntime(m, g)
+    priced = space.used(plan)
+    tasks = [s for s in m.steps if s.anchor and not s.workload.startswith("dense")]
+    assert sum(s.workload.startswith("winograd_gemm") for s in tasks) == \
+        sum(lay.startswith("winograd") for lay in plan.values())
+    assert all(s.workload_key in priced for s in tasks), [s.workload for s in tasks if s.workload_key not in priced]
+
+
+def test_a_plan_that_runs_a_strided_conv_as_winograd_is_refused(tmp_cache):
+    g = resnet(18, image=32)
+    strided = next(n.name for n in g.nodes if n.op == "conv2d" and n.attrs["strides"] == [2, 2])
+    with pytest.raises(UserError, match=f"{strided}.*cannot run as winograd2"):
+        compile_model(g, threads=1, layout_plan={strided: "winograd2"})
+    with pytest.raises(UserError, match="winograd2 or winograd4"):
+        compile_model(g, threads=1, layout_plan={strided: "winograd3"})
+
+
 # ---------------------------------------------------------------- a whole-model tune, replayed
 
 from conftest import MODEL_REPLAY, MODEL_REPLAY_LOG, REPLAY_TARGET  # noqa: E402

@@ -28,7 +28,8 @@ from .graph.layout_plan import ModelLayouts, Plan, model_layouts
 from .measure.peak import peak_gflops
 from .runtime.compiler import graph_digest, plan_summary
 from .target import parse_target
-from .te.layouts import CONV_LAYOUTS, check_activation_layout
+from .graph.passes.convert_layout import check_conv_choice
+from .te.layouts import CONV_LAYOUTS
 from .tuning import Session, tune
 
 OUT_OF_PLAN_WEIGHT = 0.1
@@ -110,7 +111,7 @@ def tune_model(model, trials: int, log: str | None = None, target: str = "cpu", 
     """Tune a built-in model, an ONNX file or a Graph until `trials` records exist for its tasks in
     `log`; append the layout plan to the log. Other options as tuning.tune."""
     for lay in layouts:
-        check_activation_layout(lay)
+        check_conv_choice(lay)
     graph = model if isinstance(model, Graph) else load(str(model), input_shapes)
     name = graph.name if isinstance(model, Graph) else str(model)
     tgt = parse_target(target, threads)

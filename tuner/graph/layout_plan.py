@@ -189,13 +189,20 @@ class ModelLayouts:
 def _conv_layouts(n, layouts) -> tuple:
     """The candidate layouts of a conv node (in NCHW), NCHW first: of `layouts`, NCHW; NHWC and
     NCHW[x]c where x divides the output channels for ordinary convs; NCHW[x]c for depthwise ones;
-    NCHW alone when none of these fits (other grouped convs)."""
+    a Winograd choice (te.winograd.CHOICES) where it applies (3x3, stride 1); NCHW alone when none
+    of these fits (other grouped convs)."""
     from ..te import layouts as L
+    from ..te import winograd as WG
     k = n.inputs[1].shape[0]
     c = n.inputs[0].shape[1]
     groups = n.attrs.get("groups", 1)
     out = []
     for lay in layouts:
+        if lay in WG.CHOICES:
+            a = n.attrs
+            if WG.applies(n.inputs[1].shape[2:], a["strides"], a["dilations"], groups, a["pads"]):
+                out.append(lay)
+            continue
         b = L.block_of(lay)
         if lay == "NCHW" or (groups == 1 and (not b or k % b == 0)) or (groups == c == k and b and k % b == 0):
             out.append(lay)
@@ -210,6 +217,7 @@ def model_layouts(graph, layouts=("NCHW", "NHWC", "NCHW8c", "NCHW16c")) -> Model
     from .passes.convert_layout import AGNOSTIC_POOLS, followed_operand, uses
     from .passes.extract_tasks import transform_task, workload_of
     from .ops import BINARY, UNARY
+    from ..te import winograd as WG
     pre = optimize(graph, passes=PRE_LAYOUT)
     names = [n.name for n in pre.nodes if n.op == "conv2d"]
     domains = {n.name: _conv_layouts(n, layouts) for n in pre.nodes
@@ -218,23 +226,32 @@ def model_layouts(graph, layouts=("NCHW", "NHWC", "NCHW8c", "NCHW16c")) -> Model
     group_task: dict = {}                # (node name, layout) -> Workload
     base_groups: list = []               # anchor names of the task groups under the base layout
     carried: set = set()                 # pools that take a variable's layout
-    base = "NCHW16c" if "NCHW16c" in layouts else layouts[0]
+    base = "NCHW16c" if "NCHW16c" in layouts else next((lay for lay in layouts if lay not in WG.CHOICES), "NCHW")
+    extra: dict = {}                     # (conv name, Winograd choice) -> [its input and GEMM tasks]
     for lay in dict.fromkeys([base] + [lay for d in domains.values() for lay in d]):
-        g = optimize(graph, layout=lay)
+        if lay in WG.CHOICES:            # every conv that can runs as `lay`, the others in NHWC
+            g = optimize(graph, layout="NHWC", layout_plan={v: lay for v, d in domains.items() if lay in d})
+        else:
+            g = optimize(graph, layout=lay)
         for grp in g.meta["fused_groups"]:
             if grp.anchor is None:
                 continue
             node = g.nodes[grp.anchor]
             wl, _ = workload_of(g, grp)
-            if wl is not None:
-                group_task[(node.name, lay)] = wl
-                if lay == base:
-                    base_groups.append(node.name)
+            if wl is None:
+                continue
+            if node.op in ("winograd_input", "winograd_gemm"):
+                extra.setdefault((node.name.rsplit("_winograd_", 1)[0], lay), []).append(wl)
+                continue
+            group_task[(node.name, lay)] = wl
+            if lay == base:
+                base_groups.append(node.name)
     for v, d in domains.items():      # a layout whose group is no task (an epilogue the library lacks) is out
         domains[v] = tuple(lay for lay in d if (v, lay) in group_task) or ("NCHW",)
-    unary = {v: {lay: [group_task[(v, lay)]] if (v, lay) in group_task else [] for lay in d}
-             for v, d in domains.items()}
+    unary = {v: {lay: extra.get((v, lay), []) + [group_task[(v, lay)]] if (v, lay) in group_task else []
+                 for lay in d} for v, d in domains.items()}
     pairs: dict = {}
+    act = WG.activation_layout
 
     def edge(u, v, shape):
         """The value of `shape` leaves u's layout for v's (None: fixed NCHW)."""
@@ -243,14 +260,15 @@ def model_layouts(graph, layouts=("NCHW", "NHWC", "NCHW8c", "NCHW16c")) -> Model
         if u is None or v is None:
             var, into = (v, True) if u is None else (u, False)
             for lay in domains[var]:
-                if lay != "NCHW":
-                    unary[var][lay].append(transform_task(shape, "NCHW", lay) if into else transform_task(shape, lay, "NCHW"))
+                if act(lay) != "NCHW":
+                    unary[var][lay].append(transform_task(shape, "NCHW", act(lay)) if into
+                                           else transform_task(shape, act(lay), "NCHW"))
             return
         t = pairs.setdefault((u, v), {})
         for a in domains[u]:
             for b in domains[v]:
-                if a != b:
-                    t.setdefault((a, b), []).append(transform_task(shape, a, b))
+                if act(a) != act(b):
+                    t.setdefault((a, b), []).append(transform_task(shape, act(a), act(b)))
 
     used = uses(pre)
     src: dict = {id(v): None for v in pre.inputs}         # value -> the variable whose layout it carries

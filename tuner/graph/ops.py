@@ -19,6 +19,7 @@ import numpy as np
 
 from ..te import layouts as L
 from ..te import ops as te_ops
+from ..te import winograd as WG
 from ..te.expr import Call, Const
 from ..te.tensor import Tensor, compute
 from .ir import GraphError, Node
@@ -575,6 +576,64 @@ def _gap_task(n):
     return dict(N=nn, C=c, H=h, W=w), lay
 
 
+# ---------------------------------------------------------------- Winograd (te.winograd)
+#
+# A 3x3 stride-1 conv that the layout plan runs as Winograd F(m x m, 3 x 3) becomes three nodes
+# (passes.convert_layout): winograd_input (NHWC activation -> V), winograd_gemm (V and the weight
+# transformed at compile time -> M) and winograd_output (M -> NHWC activation, the conv's epilogue
+# fused after it). Their attributes are the conv's: pad, m, and the input's H and W. All three
+# anchor a group of their own (out-elemwise-fusable: only elementwise consumers join, and only the
+# output transform has them).
+
+def _wino_attrs(node) -> tuple:
+    a = node.attrs
+    return a["pad"], a["m"], a["H"], a["W"]
+
+
+def _wino_v_infer(node):
+    pad, m, h, w = _wino_attrs(node)
+    x = node.inputs[0]
+    n_, ch = (x.shape[0], x.shape[3]) if node.op == "winograd_input" else (x.shape[2], node.inputs[1].shape[3])
+    th, tw = WG.tiles(h + 2 * pad - 2, w + 2 * pad - 2, m)
+    return (WG.alpha(m), WG.alpha(m), n_, th, tw, ch), "float32", ""
+
+
+def _wino_out_infer(node):
+    pad, m, h, w = _wino_attrs(node)
+    mm = node.inputs[0]
+    return (mm.shape[2], h + 2 * pad - 2, w + 2 * pad - 2, mm.shape[5]), "float32", "NHWC"
+
+
+def _wino_task(node):
+    pad, m, h, w = _wino_attrs(node)
+    params = dict(H=h, W=w, pad=pad, m=m)
+    if node.op == "winograd_input":
+        params.update(N=node.inputs[0].shape[0], C=node.inputs[0].shape[3])
+    elif node.op == "winograd_gemm":
+        params.update(N=node.inputs[0].shape[2], C=node.inputs[0].shape[5], K=node.inputs[1].shape[3])
+    else:
+        params.update(N=node.inputs[0].shape[2], K=node.inputs[0].shape[5])
+    return params, "NHWC"
+
+
+def _wino_flops(node) -> float:
+    from ..te.workloads import make
+    params, lay = _wino_task(node)
+    return make(node.op, params, lay).flops
+
+
+_WINO_DEFS = [
+    ("winograd_input", OUT_EWISE_FUSABLE, _wino_v_infer,
+     lambda n, args: _f32(WG.input_ref(args[0], n.attrs["pad"], n.attrs["m"])),
+     lambda n, ins, name: WG.input_transform(ins[0], n.attrs["pad"], n.attrs["m"], name)),
+    ("winograd_gemm", OUT_EWISE_FUSABLE, _wino_v_infer, lambda n, args: _f32(WG.gemm_ref(args[0], args[1])),
+     lambda n, ins, name: WG.batch_gemm(ins[0], ins[1], name)),
+    ("winograd_output", OUT_EWISE_FUSABLE, _wino_out_infer,
+     lambda n, args: _f32(WG.output_ref(args[0], *n.output.shape[1:3], n.attrs["m"])),
+     lambda n, ins, name: WG.output_transform(ins[0], *n.output.shape[1:3], n.attrs["m"], name)),
+]
+
+
 # ---------------------------------------------------------------- the registry
 
 @dataclass(frozen=True)
@@ -634,6 +693,8 @@ _DEFS = [
           onnx_in={"Concat": _onnx_plain("concat", lambda ins, a: {"axis": a["axis"] % len(ins[0].shape)})},
           onnx_out=_export_as("Concat", lambda n: {"axis": n.attrs["axis"]})),
     OpDef("pad", INJECTIVE, _pad_infer, _pad_eval, _pad_te, onnx_in={"Pad": _onnx_pad}),
+    *(OpDef(name, pattern, infer, ev, te, _wino_flops, workload=name, task=_wino_task)
+      for name, pattern, infer, ev, te in _WINO_DEFS),
     OpDef("layout_transform", INJECTIVE, _lt_infer, _lt_eval,
           lambda n, ins, name: te_ops.layout_transform(ins[0], n.attrs["src"], n.attrs["dst"], name)),
     OpDef("mean", COMM_REDUCE, _mean_infer, _mean_eval,

@@ -131,3 +131,20 @@ def weight_transform(w_hwio: np.ndarray, m: int) -> np.ndarray:
     """U[a, b, c, k] = (G w[:, :, c, k] G^T)[a, b] of a 3x3 HWIO weight."""
     g = MATRICES[m][1]
     return np.einsum("ar,bs,rsck->abck", g, g, w_hwio.astype(np.float64), optimize=True)
+
+
+# ---------------------------------------------------------------- Winograd as a convolution's layout choice
+
+CHOICES = {f"winograd{m}": m for m in TILES}    # layout-plan values: the conv runs as F(m x m, 3 x 3) in NHWC
+
+
+def activation_layout(choice: str) -> str:
+    """The layout of the activations around a convolution that runs as `choice` (a layout or a CHOICES key)."""
+    return "NHWC" if choice in CHOICES else choice
+
+
+def applies(kernel: tuple, strides, dilations, groups: int, pads) -> bool:
+    """Whether a convolution can run as Winograd F(m, 3): a 3x3 window, stride 1, no dilation, no
+    groups, the same padding (at most 2) on every side."""
+    return (tuple(kernel) == (3, 3) and tuple(strides) == (1, 1) and tuple(dilations) == (1, 1) and groups == 1
+            and len(set(pads)) == 1 and 0 <= pads[0] <= 2)

@@ -4,7 +4,9 @@ Every activation value carries the layout its data is in. Walking the graph in o
   * conv2d takes its layout from the plan (option `layout_plan`: {conv node name: layout},
     what the graph-level solver chose, see graph.layout_plan) or else the desired layout (NCHW,
     NHWC, NCHW8c, NCHW16c); its input is transformed if needed and its constant weight is
-    re-laid out now, at compile time (no transform left on weights);
+    re-laid out now, at compile time (no transform left on weights); a plan's `winograd<m>`
+    turns a 3x3 stride-1 conv into the three Winograd nodes in NHWC (te.winograd), the weight
+    transformed now;
   * layout-agnostic ops carry their input's layout through: elementwise ops, broadcast ops (whose
     constant operands are re-laid to match), pooling, batch_norm; a binary op takes the layout of
     its operand that a convolution's epilogue computes (`followed_operand`: so a residual add stays
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 
 from ...te import layouts as L
+from ...te import winograd as WG
 from ..ir import Graph, GraphBuilder
 from ..ops import BINARY, UNARY, kernel_layout, nchw_dims
 from .base import register
@@ -115,11 +118,38 @@ def _conv_weight(b, w, lay: str, groups: int, channels: int):
     return b.const(L.conv_weight_from_oihw(data, lay, ib, ob), f"{w.name}_OIHW{ib}i{ob}o")
 
 
+def check_conv_choice(choice: str) -> None:
+    """A layout plan's value: an activation layout or a Winograd choice (te.winograd.CHOICES)."""
+    if choice in WG.CHOICES:
+        return
+    try:
+        L.check_activation_layout(choice)
+    except L.LayoutError as e:
+        raise L.LayoutError(f"{e} (a conv can also run as {' or '.join(WG.CHOICES)}: Winograd, 3x3 stride-1 only)") \
+            from None
+
+
+def _winograd(b, n, x, w, choice: str):
+    """The three Winograd nodes of conv node `n` on NHWC input `x` with constant OIHW weight `w`;
+    the last one keeps the conv's name (the plan and the fused group are named after it)."""
+    a = n.attrs
+    if not WG.applies(w.shape[2:], a["strides"], a["dilations"], a["groups"], a["pads"]):
+        raise L.LayoutError(f"layout plan: conv {n.name!r} cannot run as {choice} (Winograd needs a 3x3 window, "
+                            "stride 1, no dilation or groups, equal padding of at most 2)")
+    m = WG.CHOICES[choice]
+    _, _, h, wd = nchw_dims(x.shape, x.layout)
+    attrs = {"pad": a["pads"][0], "m": m, "H": h, "W": wd}
+    u = b.const(WG.weight_transform(w.data.transpose(2, 3, 1, 0), m).astype(w.data.dtype), f"{w.name}_{choice}")
+    v = b.add("winograd_input", [x], dict(attrs), f"{n.name}_winograd_input")
+    mm = b.add("winograd_gemm", [v, u], dict(attrs), f"{n.name}_winograd_gemm")
+    return b.add("winograd_output", [mm], dict(attrs), n.name)
+
+
 def convert(graph: Graph, desired: str, plan: dict | None = None) -> Graph:
     L.check_activation_layout(desired)
     plan = plan or {}
     for lay in set(plan.values()):
-        L.check_activation_layout(lay)
+        check_conv_choice(lay)
     b = GraphBuilder(graph.name)
     cv = _Converter(b, desired)
     used = uses(graph)
@@ -131,7 +161,9 @@ def convert(graph: Graph, desired: str, plan: dict | None = None) -> Graph:
         attrs = dict(n.attrs)
         acts = [v for v in ins if not v.is_const and v.layout]
         conv_lay = plan.get(n.name, desired) if n.op == "conv2d" else desired
-        if n.op == "conv2d" and ins[1].is_const and len(ins) == 2 and conv_lay != "NCHW" and _blockable(n, conv_lay):
+        if n.op == "conv2d" and ins[1].is_const and len(ins) == 2 and conv_lay in WG.CHOICES:
+            out = _winograd(b, n, cv.to(ins[0], "NHWC"), ins[1], conv_lay)
+        elif n.op == "conv2d" and ins[1].is_const and len(ins) == 2 and conv_lay != "NCHW" and _blockable(n, conv_lay):
             x = cv.to(ins[0], conv_lay)
             c = nchw_dims(ins[0].shape, ins[0].layout or "NCHW")[1]
             w = _conv_weight(b, ins[1], conv_lay, attrs["groups"], c)
