@@ -14,7 +14,7 @@ steps timed in context: dispatch), arena bytes, compile time, and the steps that
 
 With --tune N[,M...] it measures whole-model tuning instead (issue 13's figures): each model is
 tuned from an empty log with `tune_model` at 1 thread, N trials, once over every conv layout
-(the joint layout plan) and once per --single layout (NCHW16c; a list, e.g. NCHW8c,NCHW16c) alone
+(the joint layout plan; --joint names its layouts, Winograd choices included) and once per --single layout (NCHW16c; a list, e.g. NCHW8c,NCHW16c) alone
 under the same budget; each result
 is compiled from its own log only (no shipped schedules), and all of them are timed in one
 interleaved run beside ONNX Runtime and PyTorch. Prints per model and budget: wall-clock tuning
@@ -48,13 +48,15 @@ def tune_figures(args) -> int:
     """Tune each model from empty logs (joint plan and --single layout), then time every result in one run."""
     counts = [int(n) for n in args.tune.split(",")]
     singles = [s.strip() for s in args.single.split(",") if s.strip()]
-    out = {"threads": 1, "single": singles, "models": {}}
+    joint_layouts = tuple(x.strip() for x in args.joint.split(",") if x.strip()) if args.joint else tuple(CONV_LAYOUTS)
+    joint_log = "joint" if joint_layouts == tuple(CONV_LAYOUTS) else "joint-" + ",".join(joint_layouts)
+    out = {"threads": 1, "single": singles, "joint": joint_layouts, "models": {}}
     for name in [m.strip() for m in args.models.split(",") if m.strip()]:
         graph = load_graph(name)
         variants, runners = [], {}
         for n in counts:
-            for kind, layouts in [("joint", tuple(CONV_LAYOUTS))] + [(s, (s,)) for s in singles]:
-                log = Path(f"logs/bench/tune/{name}.{kind}.{n}.jsonl")
+            for kind, layouts in [("joint", joint_layouts)] + [(s, (s,)) for s in singles]:
+                log = Path(f"logs/bench/tune/{name}.{joint_log if kind == 'joint' else kind}.{n}.jsonl")
                 if not args.resume:
                     log.unlink(missing_ok=True)
                 print(f"\n== {name}: {kind} ({', '.join(layouts)}), {n} trials -> {log}", flush=True)
@@ -122,6 +124,8 @@ def main(argv=None) -> int:
     ap.add_argument("--single", default="NCHW16c",
                     help="with --tune: the single layout(s) the joint plan is compared to (comma-separated; "
                          "the fastest of them measured is the reference)")
+    ap.add_argument("--joint", help="with --tune: the layouts of the joint plan (default NCHW,NHWC,NCHW8c,NCHW16c; "
+                                    "add winograd2,winograd4 for Winograd 3x3 convs)")
     ap.add_argument("--resume", action="store_true", help="with --tune: keep and resume the logs of an earlier run")
     ap.add_argument("--quiet", action="store_true", help="with --tune: no progress bars")
     ap.add_argument("--out")
