@@ -51,32 +51,54 @@ def tiles(out_h: int, out_w: int, m: int) -> tuple:
     return -(-out_h // m), -(-out_w // m)
 
 
-def const_matrix(mat: np.ndarray, i, j) -> Expr:
-    """mat[i, j] as an expression of index expressions i and j (a select over the non-zero entries)."""
+def const_matrix(mat: np.ndarray, i, j, integer: bool = False) -> Expr:
+    """mat[i, j] as an expression of index expressions i and j: a select over the entries that
+    differ from the matrix's most common value (float, or int for a table of indices)."""
     i, j = as_expr(i), as_expr(j)
-    out: Expr = Const(0.0)
+    kind = int if integer else float
+    values, counts = np.unique(mat, return_counts=True)
+    common = values[np.argmax(counts)]
+    out: Expr = Const(kind(common))
     for (a, b), v in np.ndenumerate(mat):
-        if v != 0:
-            out = select(And(Cmp("==", i, Const(a)), Cmp("==", j, Const(b))), Const(float(v)), out)
+        if v != common:
+            out = select(And(Cmp("==", i, Const(a)), Cmp("==", j, Const(b))), Const(kind(v)), out)
     return out
 
 
 # ---------------------------------------------------------------- the three stages as tensor expressions
 
+def sparse_rows(mat: np.ndarray) -> tuple:
+    """(columns, values), each rows x width: row i's non-zero entries of `mat` in column order,
+    padded with (column 0, value 0) to the widest row's count."""
+    width = max(int(np.count_nonzero(row)) for row in mat)
+    cols = np.zeros((mat.shape[0], width), dtype=np.int64)
+    vals = np.zeros((mat.shape[0], width))
+    for i, row in enumerate(mat):
+        nz = np.flatnonzero(row)
+        cols[i, :len(nz)], vals[i, :len(nz)] = nz, row[nz]
+    return cols, vals
+
+
 def input_transform(data: Tensor, pad: int, m: int, name: str = "winograd_input") -> Tensor:
-    """V[a, b, n, th, tw, c] of an NHWC input under a 3x3 convolution with padding `pad`."""
-    bt = MATRICES[m][0]
+    """V[a, b, n, th, tw, c] of an NHWC input under a 3x3 convolution with padding `pad`.
+
+    BT d B summed over BT's non-zero entries only: row a of BT has at most 2 (m = 2) or 4 (m = 4)
+    of its alpha, so each V element reads 4 or 16 inputs instead of 16 or 36; the reduction runs
+    over (i, j) < width, reading d at the i-th and j-th non-zero columns of rows a and b."""
+    cols, vals = sparse_rows(MATRICES[m][0])
+    width = cols.shape[1]
     n_, h_, w_, c_ = data.shape
     th, tw = tiles(h_ + 2 * pad - 2, w_ + 2 * pad - 2, m)
     al = alpha(m)
     pads = (pad, pad, th * m + 2 - h_ - pad, tw * m + 2 - w_ - pad)
     padded = ops.pad(data, (1, 2), pads, 0.0, name=f"{name}_pad")
-    r, s = reduce_axis(al, "r"), reduce_axis(al, "s")
+    i, j = reduce_axis(width, "i"), reduce_axis(width, "j")
     return compute(
         (al, al, n_, th, tw, c_),
         lambda a, b, n, y, x, c: sum_reduce(
-            const_matrix(bt, a, r.var) * const_matrix(bt, b, s.var) * padded[n, y * m + r.var, x * m + s.var, c],
-            [r, s]),
+            const_matrix(vals, a, i.var) * const_matrix(vals, b, j.var)
+            * padded[n, y * m + const_matrix(cols, a, i.var, True), x * m + const_matrix(cols, b, j.var, True), c],
+            [i, j]),
         name, tag="winograd_input", inputs=[padded], axis_names=["a", "b", "n", "th", "tw", "c"])
 
 
