@@ -374,4 +374,5 @@ def test_the_operator_registry_is_consistent():
     assert {"Conv", "Gemm", "MatMul", "Relu", "Clip", "ReduceMean", "Softmax"} <= set(owners)
     assert len(EXPORTED) >= 20
     anchors = {d.workload for d in OPS.values() if d.workload}
-    assert anchors == {"conv2d", "dense", "maxpool", "avgpool", "globalavgpool"}
+    assert anchors == {"conv2d", "dense", "maxpool", "avgpool", "globalavgpool",
+                       "winograd_input", "winograd_gemm", "winograd_output"}
