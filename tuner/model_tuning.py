@@ -42,8 +42,11 @@ PRUNE_RATIO = 1.25
 # operators whose first look is this many measurements (others: warmup_batch). A layout transform
 # is a copy with few schedules worth trying; most of a model's tasks are transforms (138 of
 # ResNet-50's 243 in four layouts), so four looks each would spend half of a 1000-trial budget
-# on a fraction of a percent of the model. After the first look the scheduler weighs them like any task.
-FIRST_LOOK = {"layout_transform": 1}
+# on a fraction of a percent of the model. A Winograd GEMM's default schedule and the stand-in cost
+# model's guesses are far from what tuning finds (ResNet-50's 256x14x14 F(2,3) GEMM: 3.29 ms after
+# four looks, 1.43 ms after 96 trials), so four looks priced its layout out of the plan and pruned
+# it; sixteen give it a fair first price. After the first look the scheduler weighs them like any task.
+FIRST_LOOK = {"layout_transform": 1, "winograd_gemm": 16}
 
 
 @dataclass
@@ -121,11 +124,14 @@ def tune_model(model, trials: int, log: str | None = None, target: str = "cpu", 
         raise UserError(f"--trials {trials} is less than the {len(pairs)} tasks of {name} in layouts "
                         f"{', '.join(layouts)}: give at least {len(pairs)} (one measurement each; "
                         f"{len(pairs) * warmup_batch} or more to tune) or fewer --layouts")
-    small = sum(1 for wl, _ in pairs if wl.op in FIRST_LOOK)
-    warm = max(1, min(warmup_batch, (trials - small) // max(1, len(pairs) - small)))  # every task gets a look
+    looks = dict(FIRST_LOOK)
+    fixed = [wl.op for wl, _ in pairs if wl.op in looks]
+    if trials - sum(looks[op] for op in fixed) < len(pairs) - len(fixed):   # too few trials: one look each
+        looks = dict.fromkeys(looks, 1)
+    warm = max(1, min(warmup_batch, (trials - sum(looks[op] for op in fixed)) // max(1, len(pairs) - len(fixed))))
 
     def first_look(wl) -> int:
-        return FIRST_LOOK.get(wl.op, warm)
+        return looks.get(wl.op, warm)
     log = log or f"logs/{name.replace('/', '_').removesuffix('.onnx')}.jsonl"
 
     first: list = []                     # (trials, estimate) when the plan first had a finite estimate
