@@ -16,8 +16,9 @@ The multiplications of a 3x3 convolution fall from 9 per output to alpha^2 / m^2
 each activation a few times. The input is padded by the convolution's padding and, at the bottom
 and right, up to whole tiles; the output drops what the last tiles computed past its edge.
 
-The transform matrices enter the kernels as constants (a select over the index pair), so a
-schedule that unrolls the small alpha loops lets the C compiler fold them, zeros and ones included.
+The transforms sum over their matrix rows' non-zero entries only (`sparse_rows`: a table of
+columns and values per row), entering the kernels as constants (a select over the index pair),
+so a schedule that unrolls the small loops lets the C compiler fold them.
 """
 from __future__ import annotations
 
