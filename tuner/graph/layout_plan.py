@@ -193,14 +193,14 @@ def _conv_layouts(n, layouts) -> tuple:
     of these fits (other grouped convs)."""
     from ..te import layouts as L
     from ..te import winograd as WG
+    from .passes.convert_layout import winograd_applies
     k = n.inputs[1].shape[0]
     c = n.inputs[0].shape[1]
     groups = n.attrs.get("groups", 1)
     out = []
     for lay in layouts:
         if lay in WG.CHOICES:
-            a = n.attrs
-            if WG.applies(n.inputs[1].shape[2:], a["strides"], a["dilations"], groups, a["pads"]):
+            if winograd_applies(n):
                 out.append(lay)
             continue
         b = L.block_of(lay)
@@ -214,7 +214,7 @@ def model_layouts(graph, layouts=("NCHW", "NHWC", "NCHW8c", "NCHW16c")) -> Model
     variable over `layouts` (filtered per conv by _conv_layouts); the tasks come from compiling the
     graph's passes once per layout, so they are the tasks `tuner compile` meets under any plan."""
     from .passes import optimize
-    from .passes.convert_layout import AGNOSTIC_POOLS, followed_operand, uses
+    from .passes.convert_layout import AGNOSTIC_POOLS, followed_operand, uses, winograd_conv
     from .passes.extract_tasks import transform_task, workload_of
     from .ops import BINARY, UNARY
     from ..te import winograd as WG
@@ -240,8 +240,8 @@ def model_layouts(graph, layouts=("NCHW", "NHWC", "NCHW8c", "NCHW16c")) -> Model
             wl, _ = workload_of(g, grp)
             if wl is None:
                 continue
-            if node.op in ("winograd_input", "winograd_gemm"):
-                extra.setdefault((node.name.rsplit("_winograd_", 1)[0], lay), []).append(wl)
+            if winograd_conv(node):
+                extra.setdefault((winograd_conv(node), lay), []).append(wl)
                 continue
             group_task[(node.name, lay)] = wl
             if lay == base:

@@ -594,14 +594,13 @@ def _wino_v_infer(node):
     pad, m, h, w = _wino_attrs(node)
     x = node.inputs[0]
     n_, ch = (x.shape[0], x.shape[3]) if node.op == "winograd_input" else (x.shape[2], node.inputs[1].shape[3])
-    th, tw = WG.tiles(h + 2 * pad - 2, w + 2 * pad - 2, m)
-    return (WG.alpha(m), WG.alpha(m), n_, th, tw, ch), "float32", ""
+    return WG.v_shape(n_, h, w, pad, m, ch), "float32", ""
 
 
 def _wino_out_infer(node):
     pad, m, h, w = _wino_attrs(node)
     mm = node.inputs[0]
-    return (mm.shape[2], h + 2 * pad - 2, w + 2 * pad - 2, mm.shape[5]), "float32", "NHWC"
+    return (mm.shape[2], *WG.out_size(h, w, pad), mm.shape[5]), "float32", "NHWC"
 
 
 def _wino_task(node):

@@ -52,6 +52,24 @@ def tiles(out_h: int, out_w: int, m: int) -> tuple:
     return -(-out_h // m), -(-out_w // m)
 
 
+def out_size(h: int, w: int, pad: int) -> tuple:
+    """The output (height, width) of a 3x3 stride-1 convolution of an h x w input."""
+    return h + 2 * pad - 2, w + 2 * pad - 2
+
+
+def tile_pads(h: int, w: int, pad: int, m: int) -> tuple:
+    """(top, left, bottom, right) padding of an h x w input: the convolution's, and at the bottom
+    and right up to whole tiles ((tiles - 1) * m + alpha rows and columns)."""
+    th, tw = tiles(*out_size(h, w, pad), m)
+    return pad, pad, th * m + 2 - h - pad, tw * m + 2 - w - pad
+
+
+def v_shape(n: int, h: int, w: int, pad: int, m: int, channels: int) -> tuple:
+    """The shape of V (input channels) or M (output channels): alpha x alpha x N x tiles x channels."""
+    al = alpha(m)
+    return (al, al, n, *tiles(*out_size(h, w, pad), m), channels)
+
+
 def const_matrix(mat: np.ndarray, i, j, integer: bool = False) -> Expr:
     """mat[i, j] as an expression of index expressions i and j: a select over the entries that
     differ from the matrix's most common value (float, or int for a table of indices)."""
@@ -89,13 +107,10 @@ def input_transform(data: Tensor, pad: int, m: int, name: str = "winograd_input"
     cols, vals = sparse_rows(MATRICES[m][0])
     width = cols.shape[1]
     n_, h_, w_, c_ = data.shape
-    th, tw = tiles(h_ + 2 * pad - 2, w_ + 2 * pad - 2, m)
-    al = alpha(m)
-    pads = (pad, pad, th * m + 2 - h_ - pad, tw * m + 2 - w_ - pad)
-    padded = ops.pad(data, (1, 2), pads, 0.0, name=f"{name}_pad")
+    padded = ops.pad(data, (1, 2), tile_pads(h_, w_, pad, m), 0.0, name=f"{name}_pad")
     i, j = reduce_axis(width, "i"), reduce_axis(width, "j")
     return compute(
-        (al, al, n_, th, tw, c_),
+        v_shape(n_, h_, w_, pad, m, c_),
         lambda a, b, n, y, x, c: sum_reduce(
             const_matrix(vals, a, i.var) * const_matrix(vals, b, j.var)
             * padded[n, y * m + const_matrix(cols, a, i.var, True), x * m + const_matrix(cols, b, j.var, True), c],
@@ -135,10 +150,9 @@ def output_transform(mm: Tensor, out_h: int, out_w: int, m: int, name: str = "wi
 
 def input_ref(x: np.ndarray, pad: int, m: int) -> np.ndarray:
     bt = MATRICES[m][0]
-    n_, h_, w_, c_ = x.shape
-    th, tw = tiles(h_ + 2 * pad - 2, w_ + 2 * pad - 2, m)
+    top, left, bottom, right = tile_pads(x.shape[1], x.shape[2], pad, m)
+    xp = np.pad(x.astype(np.float64), [(0, 0), (top, bottom), (left, right), (0, 0)])
     al = alpha(m)
-    xp = np.pad(x.astype(np.float64), [(0, 0), (pad, th * m + 2 - h_ - pad), (pad, tw * m + 2 - w_ - pad), (0, 0)])
     win = np.lib.stride_tricks.sliding_window_view(xp, (al, al), axis=(1, 2))[:, ::m, ::m]   # n th tw c r s
     return np.einsum("ar,bs,nhwcrs->abnhwc", bt, bt, win, optimize=True)
 

@@ -293,7 +293,7 @@ def _elements(wl: Workload) -> float:
 # Each takes the convolution's own parameters (C, H, W, K, pad) and the tile size m.
 
 def _wino_out(p: dict) -> tuple:
-    return p["H"] + 2 * p["pad"] - 2, p["W"] + 2 * p["pad"] - 2
+    return WG.out_size(p["H"], p["W"], p["pad"])
 
 
 def _wino_products(p: dict) -> tuple:
@@ -303,9 +303,7 @@ def _wino_products(p: dict) -> tuple:
 
 
 def _wino_v_shape(p: dict, channels: int) -> tuple:
-    th, tw = WG.tiles(*_wino_out(p), p["m"])
-    al = WG.alpha(p["m"])
-    return (al, al, p["N"], th, tw, channels)
+    return WG.v_shape(p["N"], p["H"], p["W"], p["pad"], p["m"], channels)
 
 
 def _wino_input_build(wl: Workload):

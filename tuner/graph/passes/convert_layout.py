@@ -129,11 +129,23 @@ def check_conv_choice(choice: str) -> None:
             from None
 
 
+def winograd_applies(n) -> bool:
+    """Whether conv node `n` (OIHW weight) can run as a Winograd choice (te.winograd.applies)."""
+    a = n.attrs
+    return WG.applies(n.inputs[1].shape[2:], a["strides"], a["dilations"], a.get("groups", 1), a["pads"])
+
+
+def winograd_conv(node) -> str | None:
+    """The conv a winograd_input or winograd_gemm node was made from (its name is the conv's plus
+    the op), else None; winograd_output keeps the conv's own name."""
+    return node.name.removesuffix(f"_{node.op}") if node.op in ("winograd_input", "winograd_gemm") else None
+
+
 def _winograd(b, n, x, w, choice: str):
     """The three Winograd nodes of conv node `n` on NHWC input `x` with constant OIHW weight `w`;
     the last one keeps the conv's name (the plan and the fused group are named after it)."""
     a = n.attrs
-    if not WG.applies(w.shape[2:], a["strides"], a["dilations"], a["groups"], a["pads"]):
+    if not winograd_applies(n):
         raise L.LayoutError(f"layout plan: conv {n.name!r} cannot run as {choice} (Winograd needs a 3x3 window, "
                             "stride 1, no dilation or groups, equal padding of at most 2)")
     m = WG.CHOICES[choice]
