@@ -348,8 +348,10 @@ def _wino_check(wl: Workload):
 
 
 def _wino_input_flops(wl: Workload) -> float:
+    """What the kernel computes: per V element, BT's non-zero entries of two rows (te.winograd.sparse_rows)."""
     al, t = _wino_products(wl.p)
-    return 2.0 * al ** 4 * t * wl.p["C"]
+    width = WG.sparse_rows(WG.MATRICES[wl.p["m"]][0])[0].shape[1]
+    return 2.0 * al * al * width * width * t * wl.p["C"]
 
 
 def _wino_gemm_flops(wl: Workload) -> float:
@@ -358,9 +360,11 @@ def _wino_gemm_flops(wl: Workload) -> float:
 
 
 def _wino_output_flops(wl: Workload) -> float:
+    """Per output element, AT's non-zero entries of two rows."""
     p = wl.p
     oh, ow = _wino_out(p)
-    return 2.0 * WG.alpha(p["m"]) ** 2 * p["N"] * oh * ow * p["K"]
+    width = WG.sparse_rows(WG.MATRICES[p["m"]][2])[0].shape[1]
+    return 2.0 * width * width * p["N"] * oh * ow * p["K"]
 
 
 _WINO = dict(N=1, pad=1, m=2)
