@@ -1,7 +1,9 @@
 """Learned search: policies in replay mode, the task scheduler, features and the cost model."""
 import dataclasses
 import math
+import os
 import random
+import signal
 
 import numpy as np
 import pytest
@@ -345,6 +347,8 @@ def test_evolutionary_batch_keeps_the_structure_the_model_ranks_second():
 
 def test_feature_pool_computes_what_the_search_would_and_marks_illegal_schedules():
     """Worker processes featurise a share of the candidates; the numbers must be the caller's own."""
+    import warnings
+
     from tuner.cost_model.dataset import FeatureCache
     from tuner.cost_model.parallel import FeaturePool
 
@@ -354,9 +358,11 @@ def test_feature_pool_computes_what_the_search_would_and_marks_illegal_schedules
     broken = [["split", "no_such_stage", "x", [2]]]
     pool = FeaturePool([task], workers=1)
     try:
-        assert pool.pool is not None
-        got = FeatureCache().of_many(task, steps[:30] + [broken] + steps[30:] + [None], pool)   # broken: a worker's
-        again = FeatureCache().of_many(other, steps[:3], pool)       # a task the workers do not hold
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")        # a worker given up on would warn
+            got = FeatureCache().of_many(task, steps[:30] + [broken] + steps[30:] + [None], pool)  # broken: a worker's
+            again = FeatureCache().of_many(other, steps[:3], pool)       # a task the workers do not hold
+        assert pool.alive
     finally:
         pool.close()
     want = [extract(lower(task.space.schedule(s)), SMALL.flops) for s in steps]
@@ -365,29 +371,28 @@ def test_feature_pool_computes_what_the_search_would_and_marks_illegal_schedules
         np.testing.assert_array_equal(g, w)
     for g, w in zip(again, want[:3]):
         np.testing.assert_array_equal(g, w)
-    assert pool.pool is None
 
 
-def _hang(job):
-    import time
-    time.sleep(3600)
-
-
-def test_a_hung_feature_worker_costs_a_timeout_not_the_search(monkeypatch):
-    """A forked worker that never answers (a lock held at the fork) is given up on after TIMEOUT;
-    the caller featurises its share, and every later call too, with the same numbers."""
+@pytest.mark.parametrize("signum, why", [(signal.SIGSTOP, "gave no answer"), (signal.SIGKILL, "is gone|died")])
+def test_a_hung_or_dead_feature_worker_costs_a_timeout_not_the_search(monkeypatch, signum, why):
+    """A worker that never answers (stopped, as one waiting on a lock would be) is given up on
+    after TIMEOUT, one that died at once; the caller featurises its share, and every later call
+    too, with the same numbers, and no worker process is left behind."""
     from tuner.cost_model import parallel
 
     task = Task(SMALL, TARGET1)
     rng = random.Random(2)
     steps = [task.space.steps(task.space.sample(rng)) for _ in range(20)]
-    monkeypatch.setattr(parallel, "_featurise", _hang)        # what the forked worker will run
     monkeypatch.setattr(parallel.FeaturePool, "TIMEOUT", 1.0)
     pool = parallel.FeaturePool([task], workers=1)
+    proc = pool.workers[0].proc
     try:
-        with pytest.warns(RuntimeWarning, match="feature workers gave no answer"):
+        os.kill(proc.pid, signum)
+        if signum == signal.SIGKILL:
+            proc.wait()
+        with pytest.warns(RuntimeWarning, match=why):
             got = pool.map(task, steps)
-        assert pool.pool is None
+        assert not pool.alive and proc.poll() is not None
         later = pool.map(task, steps[:16])
     finally:
         pool.close()
@@ -398,19 +403,23 @@ def test_a_hung_feature_worker_costs_a_timeout_not_the_search(monkeypatch):
 
 
 def test_feature_pool_does_not_outlive_a_runner_that_fails_to_start(monkeypatch, tmp_path):
-    import multiprocessing
-
     import tuner.tuning
+    from tuner.cost_model import parallel
 
     def broken_runner(*_):
         raise RuntimeError("no runner today")
 
-    from tuner.cost_model import parallel
+    started = []
+    real_init = parallel.FeaturePool.__init__
 
-    before, held = set(multiprocessing.active_children()), set(parallel._TASKS)
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        started.extend(w.proc for w in self.workers)
+
+    monkeypatch.setattr(parallel.FeaturePool, "__init__", init)
     monkeypatch.setattr(tuner.tuning, "Runner", broken_runner)
     with pytest.raises(RuntimeError, match="no runner today"):
         tune([SMALL], target=TARGET1, trials=4, log=str(tmp_path / "x.jsonl"), policy="evolutionary",
              progress=False, cost_model_from=["none"])
-    # closed: its workers are gone and it no longer holds the session's tasks
-    assert set(multiprocessing.active_children()) <= before and set(parallel._TASKS) == held
+    # closed: its workers were started and are gone
+    assert started and all(proc.poll() is not None for proc in started)

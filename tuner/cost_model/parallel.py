@@ -2,80 +2,114 @@
 
 Lowering a schedule and extracting its features is pure Python, most of a search round's own
 time, and while the search ranks candidates nothing is built or timed: the other cores are idle.
-Workers are forked once per tuning session, so they hold the session's tasks without pickling them.
+
+The workers are plain child processes (`python -m tuner.cost_model.feature_worker`), as the
+measurement worker is, not forks of the tuning process. A fork copies every lock that one of the
+tuner's other threads (the builder's, XGBoost's OpenMP, ONNX Runtime's in a test session) held at
+that moment, and a forked worker did wait forever on one, hanging the test suite in CI. A fresh
+interpreter holds no such lock; it costs half a second of start-up on another core, once per
+session, and the session's tasks are sent to it as (workload, target) pairs, rebuilt on first use.
+Every wait on a worker has a deadline, and a worker is only ever killed, never joined, so no
+worker can stop the search.
 """
 from __future__ import annotations
 
-import itertools
-import multiprocessing
-import signal
+import os
+import subprocess
 import sys
+import time
 import warnings
 
+from ..measure.worker import Channel
 from ..target import host_cores
+from . import feature_worker
 from .dataset import features_or_none
 
-_TASKS: dict = {}              # filled before the fork; the workers inherit it
-_NEXT_KEY = itertools.count()
 
+class _Worker:
+    """One feature worker process and its channel."""
 
-def _ignore_sigint():
-    signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C is the tuning loop's to handle
+    def __init__(self):
+        env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
+                   TUNER_PARENT_PID=str(os.getpid()))
+        # in its own session, so a Ctrl-C meant for the tuner does not reach it
+        self.proc = subprocess.Popen([sys.executable, "-m", feature_worker.__name__], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, env=env, start_new_session=True)
+        self.channel = Channel(self.proc.stdout.fileno(), self.proc.stdin.fileno())
+        self.proc.stdin.close()
+        self.proc.stdout.close()
 
+    def result(self, deadline: float):
+        """The answer to the last request; TimeoutError after `deadline` (time.monotonic())."""
+        if not self.channel.poll(max(0.0, deadline - time.monotonic())):
+            raise TimeoutError
+        return self.channel.recv()
 
-def _featurise(job):
-    key, steps_list = job
-    task = _TASKS[key]
-    return [features_or_none(task, steps) for steps in steps_list]
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()            # SIGKILL cannot be ignored: this returns at once
+        self.channel.close()
 
 
 class FeaturePool:
-    """Splits a list of schedules between the caller and `workers` forked processes."""
+    """Splits a list of schedules between the caller and `workers` worker processes."""
 
     MIN_SHARE = 8      # schedules per share below which a round trip to a worker is not worth it
     TIMEOUT = 120.0    # seconds a share may take before the workers are given up on
 
     def __init__(self, tasks: list, workers: int | None = None):
-        self.keys = {}
-        for task in tasks:
-            key = next(_NEXT_KEY)
-            _TASKS[key] = task
-            self.keys[id(task)] = key
+        self.keys = {id(task): i for i, task in enumerate(tasks)}
         if workers is None:
             workers = host_cores() - 1
-        # fork is what lets workers share the tasks; it is safe on Linux only
-        self.workers = workers if sys.platform.startswith("linux") else 0
-        self.pool = multiprocessing.get_context("fork").Pool(self.workers, initializer=_ignore_sigint) \
-            if self.workers > 0 else None
+        self.workers: list = []
+        table = {i: (task.workload, task.target) for i, task in enumerate(tasks)}
+        try:
+            for _ in range(workers):
+                self.workers.append(_Worker())
+            for w in self.workers:
+                w.channel.send(("tasks", table))
+        except OSError as e:            # no process, or one that died at start-up
+            self._give_up(f"feature workers could not start ({e})")
 
     def map(self, task, steps_list: list) -> list:
         """[features or None] for each step list; the caller featurises the first share itself."""
         key = self.keys.get(id(task))
-        shares = min(self.workers + 1, len(steps_list) // self.MIN_SHARE)
-        if self.pool is None or key is None or shares < 2:
+        shares = min(len(self.workers) + 1, len(steps_list) // self.MIN_SHARE)
+        if key is None or shares < 2:
             return [features_or_none(task, s) for s in steps_list]
         size = -(-len(steps_list) // shares)
         chunks = [steps_list[i:i + size] for i in range(0, len(steps_list), size)]
-        pending = self.pool.map_async(_featurise, [(key, c) for c in chunks[1:]])
-        mine = [features_or_none(task, s) for s in chunks[0]]
+        busy = self.workers[:len(chunks) - 1]
         try:
-            theirs = pending.get(self.TIMEOUT)
-        except multiprocessing.TimeoutError:
-            # a forked worker can hang on a lock another thread held at the fork (seen once, a
-            # futex wait); the search must not: drop the workers and featurise here from now on
-            warnings.warn(f"feature workers gave no answer in {self.TIMEOUT:.0f} s; featurising in "
-                          "the tuning process from now on (slower, same results)", RuntimeWarning, stacklevel=2)
-            self._stop_workers()
+            for w, chunk in zip(busy, chunks[1:]):
+                w.channel.send(("features", key, chunk))
+        except OSError as e:
+            self._give_up(f"a feature worker is gone ({e})")
+            return [features_or_none(task, s) for s in steps_list]
+        mine = [features_or_none(task, s) for s in chunks[0]]
+        deadline = time.monotonic() + self.TIMEOUT
+        try:
+            theirs = [w.result(deadline) for w in busy]
+        except TimeoutError:
+            self._give_up(f"feature workers gave no answer in {self.TIMEOUT:.0f} s")
+            theirs = [[features_or_none(task, s) for s in c] for c in chunks[1:]]
+        except (EOFError, OSError) as e:
+            self._give_up(f"a feature worker died ({type(e).__name__})")
             theirs = [[features_or_none(task, s) for s in c] for c in chunks[1:]]
         return mine + [f for part in theirs for f in part]
 
-    def _stop_workers(self):
-        if self.pool is not None:
-            self.pool.terminate()
-            self.pool.join()
-            self.pool = None
+    def _give_up(self, why: str):
+        warnings.warn(f"{why}; featurising in the tuning process from now on (slower, same results)",
+                      RuntimeWarning, stacklevel=3)
+        self.close()
+
+    @property
+    def alive(self) -> bool:
+        """Whether any worker shares the work (False once given up on or closed)."""
+        return bool(self.workers)
 
     def close(self):
-        self._stop_workers()
-        for key in self.keys.values():
-            _TASKS.pop(key, None)
+        for w in self.workers:
+            w.kill()
+        self.workers = []

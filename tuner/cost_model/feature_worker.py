@@ -1,0 +1,46 @@
+"""A feature worker: featurises the schedules the tuning process sends it (see parallel.py).
+
+Messages, pickled on stdin/stdout: ("tasks", {key: (workload, target)}) adds tasks;
+("features", key, [step list]) is answered with [features or None]; ("stop",) or the end of
+stdin ends it. It never outlives the tuner (measure.worker.die_with_parent).
+"""
+from __future__ import annotations
+
+import os
+import signal
+
+
+def main(channel) -> None:
+    from ..task import Task
+    from .dataset import features_or_none
+
+    tasks: dict = {}
+    built: dict = {}
+    while True:
+        try:
+            msg = channel.recv()
+        except EOFError:
+            return
+        if msg[0] == "stop":
+            return
+        if msg[0] == "tasks":
+            tasks.update(msg[1])
+        elif msg[0] == "features":
+            _, key, steps_list = msg
+            task = built.get(key)
+            if task is None:
+                task = built[key] = Task(*tasks[key])
+            channel.send([features_or_none(task, steps) for steps in steps_list])
+
+
+if __name__ == "__main__":
+    from ..measure.worker import Channel, die_with_parent
+
+    die_with_parent(int(os.environ.get("TUNER_PARENT_PID", os.getppid())))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)     # the tuner decides when we stop
+    channel = Channel(0, 1)
+    os.dup2(2, 1)        # anything printed goes to stderr, never into the channel
+    try:
+        main(channel)
+    except (BrokenPipeError, EOFError, ConnectionResetError):
+        pass             # the tuner went away: nothing to answer
