@@ -49,9 +49,18 @@ def test_analyze_cli_writes_a_self_contained_html_report_and_times_a_compiled_mo
     said = capsys.readouterr().out
     assert "compiled model" in said and "against the estimate" in said
     page = html.read_text()
-    assert page.count("<table>") == 3 and "data:image/png;base64," in page and "src=\"http" not in page
+    assert page.count("<table>") == 4 and "data:image/png;base64," in page and "src=\"http" not in page
     [rep] = analyze_model(str(log), compiled=str(out), repeat=2)
     assert rep.compiled["same_plan"] and rep.compiled["measured_s"] > 0
+    # every step of the artifact is in one kind; the tuned ones carry what their records logged
+    from tuner.runtime import load
+    m = load(out)
+    kinds = rep.compiled["kinds"]
+    assert sum(k["steps"] for k in kinds.values()) == len(m.steps) > 0
+    assert math.isclose(sum(k["logged_s"] for k in kinds.values()), sum(s.expected_s or 0 for s in m.steps))
+    assert any(kind.startswith("conv2d") and k["logged_s"] > 0 for kind, k in kinds.items())
+    assert all(k["alone_s"] > 0 and k["in_context_s"] > 0 for k in kinds.values())
+    assert "against their records, by kind" in said
 
 
 def test_names_from_the_log_are_escaped_in_html(tuned, tmp_path):

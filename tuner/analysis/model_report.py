@@ -14,7 +14,8 @@ plan of each model and target:
   * the layout transforms the plan keeps;
   * the estimate against trials and tuning time (the records as logged, re-solved at up to
     CURVE_POINTS points; pauses over PAUSE_S between records, such as a resumed tune, are cut);
-  * with a compiled artifact, its measured latency and the gap to the estimate.
+  * with a compiled artifact, its measured latency and the gap to the estimate, split by kind of
+    step into what the machine now gives the same kernels alone and what they lose in context.
 
 Text (`table`), a PNG (`plot`) and one self-contained HTML file (`html`) render the same
 sections (`sections`), so the three never disagree.
@@ -158,6 +159,9 @@ class ModelReport:
                             f"pruned: over {PRUNE_RATIO}x the chosen layout's cost, so a tune under this plan "
                             "gives it no more rounds (a task shared with a closer layout is still tuned)"]))
 
+        if self.compiled:
+            out.append(self._gap_section())
+
         moved = [r for r in in_plan if r.workload.op == "layout_transform"]
         t = sum(r.uses * r.best_s for r in moved)
         out.append(Section("layout transforms the plan keeps", ["x", "best ms", "from", "to", "shape (NCHW)"],
@@ -166,6 +170,24 @@ class ModelReport:
                            [f"{len(moved)} distinct transforms, {_ms(t)} in all ({100 * t / est:.1f}% of the "
                             "estimate)"]))
         return out
+
+    def _gap_section(self) -> Section:
+        """Where the compiled model and the estimate part, by kind of step."""
+        kinds = self.compiled["kinds"]
+        tot = {f: sum(k[f] for k in kinds.values()) for f in ("logged_s", "alone_s", "in_context_s")}
+        rows = [[kind, str(k["steps"]), f"{k['logged_s'] * 1e3:.3f}" if k["logged_s"] else "-",
+                 f"{k['alone_s'] * 1e3:.3f}", f"{k['in_context_s'] * 1e3:.3f}",
+                 _ratio(k["in_context_s"], k["logged_s"]) if k["logged_s"] else "-"]
+                for kind, k in sorted(kinds.items(), key=lambda kv: -kv[1]["in_context_s"])]
+        return Section("the compiled model's steps against their records, by kind",
+                       ["kind", "steps", "logged ms", "alone ms", "in context ms", "in context / logged"], rows,
+                       [f"all steps: logged {_ms(tot['logged_s'])} (the records the estimate sums), alone "
+                        f"{_ms(tot['alone_s'])}, in context {_ms(tot['in_context_s'])}; dispatch between steps "
+                        f"{100 * self.compiled['dispatch']:.1f}% of a run",
+                        "logged -> alone: the same kernels timed now, each repeated on warm data: the machine's "
+                        "speed since the tune, and the optimism of keeping the fastest of many noisy timings; "
+                        "alone -> in context: each step timed where it runs in the whole model, with the caches "
+                        "its neighbours leave; untuned glue has no record"])
 
     # ------------------------------------------------------------ renderers
     def table(self) -> str:
@@ -289,7 +311,7 @@ def _report(path, contents, plan, model, input_shapes, compiled, repeat) -> Mode
     rep = ModelReport(path, plan, space, rows, choices, space.estimate(plan.layouts, best), solved, solved_s,
                       _curve(space, recs), len(recs))
     if compiled:
-        rep.compiled = _time_compiled(compiled, plan, repeat)
+        rep.compiled = _time_compiled(compiled, plan, repeat, {wl.key: wl for wl in wls})
     return rep
 
 
@@ -330,8 +352,11 @@ def _when(rec) -> float | None:
         return None
 
 
-def _time_compiled(path: str, plan, repeat: int) -> dict:
+def _time_compiled(path: str, plan, repeat: int, workloads: dict) -> dict:
+    """The artifact timed whole, and its steps by kind: as logged (the records the estimate sums),
+    each timed alone now, and each timed where it runs in the whole model (runtime.bench.step_times)."""
     from ..runtime import load
+    from ..runtime.bench import step_times
     m = load(path)
     if m.meta.get("model_hash") != plan.model_hash:
         raise UserError(f"--compiled {path} is another model than the log's plan ({m.meta.get('model')!r}); "
@@ -340,8 +365,19 @@ def _time_compiled(path: str, plan, repeat: int) -> dict:
         raise UserError(f"--compiled {path} was built for '{m.target}', the plan for '{plan.target}'; compile for "
                         "the plan's target (--threads) to compare")
     costs = m.time(repeat=repeat)
+    inputs = m.random_inputs(seed=1)
+    _, alone, in_context, dispatch = step_times(m, inputs, rounds=max(1, min(repeat, 5)), runs=10)
+    kinds: dict = {}
+    for st, a, c in zip(m.steps, alone, in_context):
+        wl = workloads.get(st.workload_key)
+        kind = f"{wl.op} {wl.layout}" if wl is not None else "untuned glue"
+        k = kinds.setdefault(kind, {"steps": 0, "logged_s": 0.0, "alone_s": 0.0, "in_context_s": 0.0})
+        k["steps"] += 1
+        k["logged_s"] += st.expected_s or 0.0
+        k["alone_s"] += a
+        k["in_context_s"] += c
     return {"path": str(path), "measured_s": statistics.median(costs), "repeat": repeat,
-            "same_plan": m.meta.get("layout_plan") == plan.layouts}
+            "same_plan": m.meta.get("layout_plan") == plan.layouts, "kinds": kinds, "dispatch": dispatch}
 
 
 # ---------------------------------------------------------------- formatting
