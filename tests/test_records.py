@@ -48,6 +48,17 @@ def test_resume_counts_the_log_and_never_remeasures(tuned_log, tmp_path):
     assert len(hashes) == len(set(hashes)) == 9
 
 
+def test_records_another_version_generated_are_no_head_start(tuned_log, tmp_path):
+    """A log whose records no longer replay (the code they measured is not what this version
+    generates) is said so, and the task is tuned from the start rather than counted as done."""
+    log = tmp_path / "stale.jsonl"
+    stale = [dict(json.loads(ln), code_hash="0" * 16) for ln in tuned_log.read_text().splitlines()]
+    log.write_text("".join(json.dumps(r) + "\n" for r in stale))
+    with pytest.warns(UserWarning, match=r"none of the 6 records of .* replays .* tuning it from the start"):
+        again = tune_op(SMALL, target=TARGET1, trials=3, log=str(log), run_config=FAST, progress=False, batch_size=3)
+    assert again.new == 3 and again.trials == 3 and again.best is not None
+
+
 def test_record_fields(tuned_log):
     rec = json.loads(tuned_log.read_text().splitlines()[0])
     for field in ("workload", "target", "steps", "costs", "error", "message", "build_s", "run_s", "timestamp",

@@ -13,6 +13,7 @@ import math
 import signal
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -151,10 +152,16 @@ class _Loop:
         for wl, weight in pairs:
             task = Task(wl, tgt)
             previous = contents.for_task(wl.key, str(tgt))
+            best = records.first_that_replays(previous)
+            if best is None and any(r.ok for r in previous):
+                # measured code this tuner no longer generates (another version): not a head start
+                warnings.warn(f"{log}: none of the {len(previous)} records of {wl.label} replays onto the "
+                              "schedules this version of tuner generates; tuning it from the start", stacklevel=2)
+                previous = []
             s = TuneSummary(wl, tgt, log, weight, trials=len(previous), skipped_lines=contents.skipped)
             for r in previous:
                 _count(s, r.error, r.message)
-            s.best = records.first_that_replays(previous)
+            s.best = best
             pol = factory.make(task, seed + len(previous))
             pol.observe(previous)
             self.states.append(_TaskState(task, pol, {r.code_hash for r in previous}, s, bool(previous)))
