@@ -56,10 +56,10 @@ def test_analyze_cli_writes_a_self_contained_html_report_and_times_a_compiled_mo
     from tuner.runtime import load
     m = load(out)
     kinds = rep.compiled["kinds"]
-    assert sum(k["steps"] for k in kinds.values()) == len(m.steps) > 0
-    assert math.isclose(sum(k["logged_s"] for k in kinds.values()), sum(s.expected_s or 0 for s in m.steps))
-    assert any(kind.startswith("conv2d") and k["logged_s"] > 0 for kind, k in kinds.items())
-    assert all(k["alone_s"] > 0 and k["in_context_s"] > 0 for k in kinds.values())
+    assert sum(k.steps for k in kinds.values()) == len(m.steps) > 0
+    assert math.isclose(sum(k.logged_s for k in kinds.values()), sum(s.expected_s or 0 for s in m.steps))
+    assert any(kind.startswith("conv2d") and k.logged_s > 0 for kind, k in kinds.items())
+    assert all(k.alone_s > 0 and k.in_context_s > 0 for k in kinds.values())
     assert "against their records, by kind" in said
 
 

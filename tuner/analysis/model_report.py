@@ -71,6 +71,15 @@ class Choice:
 
 
 @dataclass
+class StepKind:
+    """The compiled model's steps of one kind (op and layout): their records and their times now."""
+    steps: int = 0
+    logged_s: float = 0.0       # what their records logged (untuned glue: none)
+    alone_s: float = 0.0        # each repeated alone on warm data
+    in_context_s: float = 0.0   # each where it runs in the whole model
+
+
+@dataclass
 class Section:
     title: str
     head: list
@@ -174,11 +183,10 @@ class ModelReport:
     def _gap_section(self) -> Section:
         """Where the compiled model and the estimate part, by kind of step."""
         kinds = self.compiled["kinds"]
-        tot = {f: sum(k[f] for k in kinds.values()) for f in ("logged_s", "alone_s", "in_context_s")}
-        rows = [[kind, str(k["steps"]), f"{k['logged_s'] * 1e3:.3f}" if k["logged_s"] else "-",
-                 f"{k['alone_s'] * 1e3:.3f}", f"{k['in_context_s'] * 1e3:.3f}",
-                 _ratio(k["in_context_s"], k["logged_s"]) if k["logged_s"] else "-"]
-                for kind, k in sorted(kinds.items(), key=lambda kv: -kv[1]["in_context_s"])]
+        tot = {f: sum(getattr(k, f) for k in kinds.values()) for f in ("logged_s", "alone_s", "in_context_s")}
+        rows = [[kind, str(k.steps), f"{k.logged_s * 1e3:.3f}" if k.logged_s else "-", f"{k.alone_s * 1e3:.3f}",
+                 f"{k.in_context_s * 1e3:.3f}", _ratio(k.in_context_s, k.logged_s) if k.logged_s else "-"]
+                for kind, k in sorted(kinds.items(), key=lambda kv: -kv[1].in_context_s)]
         return Section("the compiled model's steps against their records, by kind",
                        ["kind", "steps", "logged ms", "alone ms", "in context ms", "in context / logged"], rows,
                        [f"all steps: logged {_ms(tot['logged_s'])} (the records the estimate sums), alone "
@@ -371,11 +379,11 @@ def _time_compiled(path: str, plan, repeat: int, workloads: dict) -> dict:
     for st, a, c in zip(m.steps, alone, in_context):
         wl = workloads.get(st.workload_key)
         kind = f"{wl.op} {wl.layout}" if wl is not None else "untuned glue"
-        k = kinds.setdefault(kind, {"steps": 0, "logged_s": 0.0, "alone_s": 0.0, "in_context_s": 0.0})
-        k["steps"] += 1
-        k["logged_s"] += st.expected_s or 0.0
-        k["alone_s"] += a
-        k["in_context_s"] += c
+        k = kinds.setdefault(kind, StepKind())
+        k.steps += 1
+        k.logged_s += st.expected_s or 0.0
+        k.alone_s += a
+        k.in_context_s += c
     return {"path": str(path), "measured_s": statistics.median(costs), "repeat": repeat,
             "same_plan": m.meta.get("layout_plan") == plan.layouts, "kinds": kinds, "dispatch": dispatch}
 
@@ -403,4 +411,4 @@ def _duration(s: float) -> str:
     return f"{s / 60:.1f} min" if s >= 60 else f"{s:.0f} s"
 
 
-__all__ = ["analyze_model", "ModelReport", "TaskRow", "Choice", "Section"]
+__all__ = ["analyze_model", "ModelReport", "TaskRow", "Choice", "Section", "StepKind"]
