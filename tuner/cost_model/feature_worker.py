@@ -6,9 +6,6 @@ stdin ends it. It never outlives the tuner (measure.worker.die_with_parent).
 """
 from __future__ import annotations
 
-import os
-import signal
-
 
 def main(channel) -> None:
     from ..task import Task
@@ -34,13 +31,5 @@ def main(channel) -> None:
 
 
 if __name__ == "__main__":
-    from ..measure.worker import Channel, die_with_parent
-
-    die_with_parent(int(os.environ.get("TUNER_PARENT_PID", os.getppid())))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)     # the tuner decides when we stop
-    channel = Channel(0, 1)
-    os.dup2(2, 1)        # anything printed goes to stderr, never into the channel
-    try:
-        main(channel)
-    except (BrokenPipeError, EOFError, ConnectionResetError):
-        pass             # the tuner went away: nothing to answer
+    from ..measure.worker import serve
+    serve(main)

@@ -14,13 +14,10 @@ worker can stop the search.
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 import warnings
 
-from ..measure.worker import Channel
+from ..measure.worker import spawn
 from ..target import host_cores
 from . import feature_worker
 from .dataset import features_or_none
@@ -30,14 +27,8 @@ class _Worker:
     """One feature worker process and its channel."""
 
     def __init__(self):
-        env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
-                   TUNER_PARENT_PID=str(os.getpid()))
-        # in its own session, so a Ctrl-C meant for the tuner does not reach it
-        self.proc = subprocess.Popen([sys.executable, "-m", feature_worker.__name__], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, env=env, start_new_session=True)
-        self.channel = Channel(self.proc.stdout.fileno(), self.proc.stdin.fileno())
-        self.proc.stdin.close()
-        self.proc.stdout.close()
+        self.proc, self.channel = spawn(feature_worker.__name__,
+                                        dict(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1"))
 
     def result(self, deadline: float):
         """The answer to the last request; TimeoutError after `deadline` (time.monotonic())."""

@@ -99,22 +99,18 @@ class Runner:
 
     # ------------------------------------------------------------ process lifecycle
     def _start(self):
-        # A plain child process (not multiprocessing), so the caller's script is never re-imported;
-        # in its own session, so a Ctrl-C meant for the tuner does not kill a measurement midway.
-        # The kernels' OpenMP gets the target's threads and spins only briefly, so it does not
-        # starve the tuner's own OpenMP (xgboost) on a small machine; NumPy's BLAS stays single.
-        env = dict(os.environ, OMP_NUM_THREADS=str(self.target.threads), GOMP_SPINCOUNT="10000",
-                   OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1", TUNER_PARENT_PID=str(os.getpid()))
-        proc = subprocess.Popen([sys.executable, "-m", worker.__name__], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, env=env, start_new_session=True)
+        # In its own session (worker.spawn), so a Ctrl-C meant for the tuner does not kill a
+        # measurement midway. The kernels' OpenMP gets the target's threads and spins only briefly,
+        # so it does not starve the tuner's own OpenMP (xgboost) on a small machine; NumPy's BLAS
+        # stays single.
+        proc, self._conn = worker.spawn(worker.__name__, dict(
+            OMP_NUM_THREADS=str(self.target.threads), GOMP_SPINCOUNT="10000", OPENBLAS_NUM_THREADS="1",
+            MKL_NUM_THREADS="1"))
         if self._core is None:
             self._core = CoreClaim(self.target, self.config)
         if self._core.cpu is not None:
             os.sched_setaffinity(proc.pid, {self._core.cpu})
         self._proc = proc
-        self._conn = worker.Channel(proc.stdout.fileno(), proc.stdin.fileno())
-        proc.stdin.close()
-        proc.stdout.close()
         self._data_id = None
 
     def _alive(self) -> bool:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from multiprocessing.connection import Connection
@@ -121,12 +123,29 @@ def main(conn) -> None:
             conn.send(("OK", "", [float(c) for c in costs], time.perf_counter() - start))
 
 
-if __name__ == "__main__":
+def spawn(module: str, env: dict):
+    """(process, Channel): `python -m module` as a plain child process (not multiprocessing, so
+    the caller's script is never re-imported), in its own session (a Ctrl-C meant for the tuner
+    does not reach it), `env` added to the environment; its side runs `serve`."""
+    proc = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            env=dict(os.environ, TUNER_PARENT_PID=str(os.getpid()), **env), start_new_session=True)
+    channel = Channel(proc.stdout.fileno(), proc.stdin.fileno())
+    proc.stdin.close()
+    proc.stdout.close()
+    return proc, channel
+
+
+def serve(main) -> None:
+    """The child's side of `spawn`: main(channel) until the tuner stops it or goes away."""
     die_with_parent(int(os.environ.get("TUNER_PARENT_PID", os.getppid())))
     signal.signal(signal.SIGINT, signal.SIG_IGN)     # the tuner decides when we stop
     channel = Channel(0, 1)
-    os.dup2(2, 1)  # anything a kernel prints goes to stderr, never into the channel
+    os.dup2(2, 1)  # anything printed (a kernel's, a warning) goes to stderr, never into the channel
     try:
         main(channel)
     except (BrokenPipeError, EOFError, ConnectionResetError):
         pass                                         # the tuner went away: nothing to report to
+
+
+if __name__ == "__main__":
+    serve(main)
