@@ -128,7 +128,8 @@ def tune_model(model, trials: int, log: str | None = None, target: str = "cpu", 
     fixed = [wl.op for wl, _ in pairs if wl.op in looks]
     if trials - sum(looks[op] for op in fixed) < len(pairs) - len(fixed):   # too few trials: one look each
         looks = dict.fromkeys(looks, 1)
-    warm = max(1, min(warmup_batch, (trials - sum(looks[op] for op in fixed)) // max(1, len(pairs) - len(fixed))))
+    left = trials - sum(looks[op] for op in fixed)          # for the other tasks' first looks
+    warm = max(1, min(warmup_batch, left // max(1, len(pairs) - len(fixed))))
 
     def first_look(wl) -> int:
         return looks.get(wl.op, warm)

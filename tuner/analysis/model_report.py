@@ -26,7 +26,6 @@ import base64
 import datetime as _dt
 import html
 import math
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -361,8 +360,9 @@ def _when(rec) -> float | None:
 
 
 def _time_compiled(path: str, plan, repeat: int, workloads: dict) -> dict:
-    """The artifact timed whole, and its steps by kind: as logged (the records the estimate sums),
-    each timed alone now, and each timed where it runs in the whole model (runtime.bench.step_times)."""
+    """The artifact timed whole (median of `repeat` rounds), and its steps by kind: as logged (the
+    records the estimate sums), each timed alone now, and each timed where it runs in the whole
+    model (runtime.bench.step_times)."""
     from ..runtime import load
     from ..runtime.bench import step_times
     m = load(path)
@@ -372,9 +372,8 @@ def _time_compiled(path: str, plan, repeat: int, workloads: dict) -> dict:
     if records.code_target(m.target) != records.code_target(plan.target):
         raise UserError(f"--compiled {path} was built for '{m.target}', the plan for '{plan.target}'; compile for "
                         "the plan's target (--threads) to compare")
-    costs = m.time(repeat=repeat)
-    inputs = m.random_inputs(seed=1)
-    _, alone, in_context, dispatch = step_times(m, inputs, rounds=max(1, min(repeat, 5)), runs=10)
+    # one timing for both: each of `repeat` rounds times the whole model, then its steps
+    whole, alone, in_context, dispatch = step_times(m, m.random_inputs(seed=1), rounds=repeat, runs=10)
     kinds: dict = {}
     for st, a, c in zip(m.steps, alone, in_context):
         wl = workloads.get(st.workload_key)
@@ -384,7 +383,7 @@ def _time_compiled(path: str, plan, repeat: int, workloads: dict) -> dict:
         k.logged_s += st.expected_s or 0.0
         k.alone_s += a
         k.in_context_s += c
-    return {"path": str(path), "measured_s": statistics.median(costs), "repeat": repeat,
+    return {"path": str(path), "measured_s": whole, "repeat": repeat,
             "same_plan": m.meta.get("layout_plan") == plan.layouts, "kinds": kinds, "dispatch": dispatch}
 
 

@@ -1,8 +1,8 @@
 """A feature worker: featurises the schedules the tuning process sends it (see parallel.py).
 
 Messages, pickled on stdin/stdout: ("tasks", {key: (workload, target)}) adds tasks;
-("features", key, [step list]) is answered with [features or None]; ("stop",) or the end of
-stdin ends it. It never outlives the tuner (measure.worker.die_with_parent).
+("features", key, [step list]) is answered with [features or None]. The pool kills it when done;
+the end of stdin also ends it, and it never outlives the tuner (measure.worker.die_with_parent).
 """
 from __future__ import annotations
 
@@ -17,8 +17,6 @@ def main(channel) -> None:
         try:
             msg = channel.recv()
         except EOFError:
-            return
-        if msg[0] == "stop":
             return
         if msg[0] == "tasks":
             tasks.update(msg[1])

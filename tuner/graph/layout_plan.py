@@ -240,8 +240,8 @@ def model_layouts(graph, layouts=("NCHW", "NHWC", "NCHW8c", "NCHW16c")) -> Model
             wl, _ = workload_of(g, grp)
             if wl is None:
                 continue
-            if winograd_conv(node):
-                extra.setdefault((winograd_conv(node), lay), []).append(wl)
+            if conv := winograd_conv(node):
+                extra.setdefault((conv, lay), []).append(wl)
                 continue
             group_task[(node.name, lay)] = wl
             if lay == base:
