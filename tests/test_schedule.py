@@ -1,13 +1,20 @@
 """Schedule primitives, their errors, replay determinism, and the simplifier they rely on."""
+import itertools
+import random
+
 import pytest
 
 from tuner.schedule.lower import lower
 from tuner.schedule.schedule import ScheduleError, replay
+from tuner.space.mutation import mutate
+from tuner.space.sketch import SearchSpace
+from tuner.target import parse_target
+from tuner.task import Task
 from tuner.codegen.c import generate_c
 from tuner.te.expr import FloorDiv, FloorMod, Var, coefficient, simplify
 from tuner.te.workloads import make
 
-from conftest import check_schedules
+from conftest import TARGET1, check_schedules
 
 CONV = make("conv2d", dict(C=16, H=6, W=6, K=16, R=3, S=3, pad=1), "NCHW16c")
 
@@ -96,3 +103,54 @@ def test_an_epilogue_fused_or_apart_computes_the_reference(wl):
     flips = [m for m in (mutate(space, fused, rng) for _ in range(200)) if m and m["epilogue"] == "apart"]
     assert flips and all(dict(m, epilogue="fused") == fused for m in flips)     # a flip changes nothing else
     assert SearchSpace(make("conv2d", dict(C=8, H=6, W=6, K=16, R=3, S=3, pad=1), "NCHW8c"), TARGET1).epilogues == ()
+
+
+WINOGRAD_TRANSFORMS = [make("winograd_input", dict(C=16, H=9, W=9, pad=1, m=4)),
+                       make("winograd_input", dict(C=12, H=7, W=7, pad=1, m=2)),
+                       make("winograd_output", dict(K=16, H=9, W=9, pad=1, m=4, bias=1, relu=1)),
+                       make("winograd_output", dict(K=12, H=7, W=7, pad=1, m=2, bias=1, residual=1))]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_every_point_of_the_winograd_transforms_table_sketch_computes_the_reference(threads):
+    """The transforms' spaces are small enough to check whole: vector lengths, pad placement and
+    accumulator, on tiles that do not divide the output (7x7 by 2, 9x9 by 4), with one and two
+    threads (the outer loops fused and parallel around the unrolled tile)."""
+    target = parse_target("cpu", threads=threads)
+    cases = []
+    for wl in WINOGRAD_TRANSFORMS:
+        space = SearchSpace(wl, target)
+        assert space.kind == "table"
+        choices = space.choices()
+        assert choices["vec"] and ("pad" in choices) == (wl.op == "winograd_input")
+        cases += [(wl, space.steps(dict(zip(choices, point)))) for point in itertools.product(*choices.values())]
+    assert len(cases) >= 20
+    check_schedules(cases, target)
+
+
+def test_the_table_sketch_unrolls_the_matrix_axes_so_the_entries_are_constants():
+    """In the output transform, the row of AT is the output index modulo m: split by m and
+    unrolled, the modulo disappears from the C (the tiled sketch leaves it to run time)."""
+    wl = make("winograd_output", dict(K=16, H=8, W=8, pad=1, m=2, bias=1))
+    task = Task(wl, TARGET1)
+    steps = task.space.steps(task.space.default())
+    unrolled = {(s[1], s[2]) for s in steps if s[0] == "annotate" and s[3] == "unroll"}
+    assert {("winograd_output", a) for a in ("oh", "ow", "i", "j")} <= unrolled
+    assert " % " not in task.candidate(steps).source
+    tiled = SearchSpace(wl, TARGET1)
+    tiled.table = {}                       # the same DAG under the tiled sketch
+    assert " % " in task.candidate(tiled.steps(tiled.default())).source
+
+
+def test_a_flat_sketch_mutates_one_decision_to_another_legal_option():
+    for wl in (WINOGRAD_TRANSFORMS[0], make("relu", dict(C=16, H=4, W=4), "NCHW16c")):
+        space = SearchSpace(wl, TARGET1)
+        choices, rng = space.choices(), random.Random(0)
+        dec, seen = space.default(), set()
+        for _ in range(200):
+            new = mutate(space, dec, rng)
+            changed = [k for k in choices if new[k] != dec[k]]
+            assert len(changed) == 1 and new[changed[0]] in choices[changed[0]] and set(new) == set(choices)
+            dec = new
+            seen.add(tuple(sorted(dec.items())))
+        assert len(seen) == len(list(itertools.product(*choices.values())))

@@ -1,7 +1,8 @@
 """Property: every legal schedule the space (or a user) can write computes the reference.
 
 Schedules are drawn from the sketch space and then pushed past what the space itself samples:
-split factors that do not divide their axis (guards), and the pad stage computed inside the
+split factors that do not divide their axis (guards; for the Winograd transforms' table sketch a
+vector length that does not divide the channels), and the pad stage computed inside the
 accumulator's loops at a random depth (bound inference over overlapping windows).
 """
 import random
@@ -34,12 +35,14 @@ def _perturbed_steps(wl, seed: int, odd_splits: bool, pad_at: bool) -> list:
     space = SearchSpace(wl, TARGET1)
     rng = random.Random(seed)
     dec = space.sample(rng)
-    if odd_splits:
+    if odd_splits and space.kind == "table":      # a vector length that need not divide the channels
+        dec["vec"] = rng.randint(1, 12)
+    elif odd_splits:
         dec["tile"] = [[rng.randint(1, 4), rng.randint(1, 3), rng.randint(1, 5)] if d != len(dec["tile"]) - 1
                        else t for d, t in enumerate(dec["tile"])]
         dec["reduce"] = [rng.randint(1, 4) for _ in dec["reduce"]]
     steps = space.steps(dec)
-    if pad_at and space.pads and dec["pad"][space.pads[0]] == "root":
+    if pad_at and space.kind == "tiled" and space.pads and dec["pad"][space.pads[0]] == "root":
         local = space.reduction_stage(dec)
         sch = space.schedule(steps)
         leaves = sch.stage(local).leaves

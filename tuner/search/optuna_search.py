@@ -82,7 +82,7 @@ class OptunaSearch(Policy):
             attempts += 1
             trial = self.study.ask()
             dec = self._decisions(trial)
-            if self.space.kind == "tiled" and not self.space.valid_tile(dec["tile"]):
+            if not self.space.valid(dec):
                 self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 continue
             try:
@@ -124,8 +124,8 @@ def _parameter_table(space) -> list:
     Tile options are every legal (S1, S2, S3) triple of an axis, sorted so that neighbouring
     indices are similar tilings (CMA-ES treats the index as ordinal).
     """
-    if space.kind == "injective":
-        return [("vec", ("vec",), list(space.last_options)), ("unroll", ("unroll",), [0, 1])]
+    if space.kind != "tiled":
+        return [(name, (name,), list(opts)) for name, opts in space.choices().items()]
     rows = [(f"pad.{p}", ("pad", p), ["inline", "root"]) for p in space.pads]
     rows += [("epilogue", ("epilogue",), list(space.epilogues))] if space.epilogues else []
     for d, e in enumerate(space.out_shape):

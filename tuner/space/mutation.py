@@ -3,6 +3,7 @@
 Each mutation changes one decision and keeps the point legal: a tile mutation moves a prime
 factor of an axis from one tiling level to another (the product stays the axis extent); the
 others pick a different reduce split, auto-unroll depth, pad placement or epilogue placement.
+A point of a flat sketch (injective, table) gets another option for one of its decisions.
 """
 from __future__ import annotations
 
@@ -29,13 +30,13 @@ def _prime_factors(n: int) -> list:
 
 def mutate(space: SearchSpace, dec: dict, rng: random.Random, attempts: int = 20):
     """A legal neighbour of `dec`, or None if none was found."""
-    if space.kind == "injective":
-        new = dict(dec)
-        if rng.random() < 0.5 and len(space.last_options) > 1:
-            new["vec"] = rng.choice([v for v in space.last_options if v != dec["vec"]])
-        else:
-            new["unroll"] = 1 - dec["unroll"]
-        return new if new != dec else None
+    if space.kind != "tiled":              # a flat sketch: another option for one decision
+        options = {name: [o for o in opts if o != dec.get(name)] for name, opts in space.choices().items()}
+        names = [name for name, opts in options.items() if opts]
+        if not names:
+            return None
+        name = rng.choice(names)
+        return {**dec, name: rng.choice(options[name])}
     present = {"pad": space.pads, "reduce": space.reduce_axes, "epilogue": space.epilogues}
     kinds = [k for k in WEIGHTS if present.get(k, True)]
     for _ in range(attempts):

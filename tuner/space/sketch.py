@@ -15,8 +15,18 @@ Tiled sketch, for a DAG with one reduction (conv2d, dense, pooling):
   * the reduction is tiled "SSRSRS": R0 S2 R1 S3 over its tile, S3 being the register tile
     (innermost axis vectorised, the others unrolled) and an auto-unroll depth;
   * outer tiles fused and parallel when the target has more than one thread.
+Table sketch, for a reduction over a small constant matrix (the Winograd transforms: its stage's
+`table` names the axes that pick matrix entries): those axes and the reduction are unrolled, so
+that the C compiler folds the entries into constants (the tiled sketch leaves them as select
+chains evaluated on every element); the innermost axis is split by a vector length (a decision)
+and vectorised inside them, pad producers inlined or at root (a decision), the epilogue computed
+from the unrolled tile, the outer loops fused and parallel.
 Injective sketch, for DAGs without a reduction: producers inlined, innermost axis vectorised,
 the rest fused and parallel.
+
+The injective and table sketches are flat: a point is one option per `choices()` entry, and
+sampling, mutation and the Optuna parameter table read those options; only the tiled sketch
+has structured decisions (a tile per axis).
 """
 from __future__ import annotations
 
@@ -63,10 +73,24 @@ class SearchSpace:
             anchor_stage = sch.stage(self.anchor)
             self.local_axes = [a.name for a in anchor_stage.op.axes]
             self.reduce_axes = [(r.name, r.extent) for r in anchor_stage.op.reduce_axes]
+            self.table = dict(anchor_stage.op.table)
 
     @property
     def kind(self) -> str:
-        return "tiled" if self.anchor else "injective"
+        return "injective" if not self.anchor else "table" if self.table else "tiled"
+
+    def choices(self) -> dict:
+        """The options of each decision of a flat sketch (injective, table): name -> options."""
+        if self.kind == "injective":
+            return {"vec": list(self.last_options), "unroll": [0, 1]}
+        if self.kind == "table":
+            return {"vec": list(self.last_options), **({"pad": ["inline", "root"]} if self.pads else {}),
+                    **({"acc": ["local", "direct"]} if self.cache_write else {})}
+        raise TypeError("the tiled sketch's decisions are not flat")
+
+    def valid(self, dec: dict) -> bool:
+        """Whether a point proposed by mutation or a sampler is legal in this space."""
+        return self.valid_tile(dec["tile"]) if self.kind == "tiled" else True
 
     def reduction_stage(self, dec: dict) -> str:
         """The stage that computes the reduction under `dec`: its accumulator when it has one."""
@@ -101,8 +125,8 @@ class SearchSpace:
 
     # ------------------------------------------------------------ sampling
     def sample(self, rng: random.Random) -> dict:
-        if self.kind == "injective":
-            return {"vec": rng.choice(self.last_options), "unroll": rng.choice((0, 1))}
+        if self.kind != "tiled":
+            return {name: rng.choice(opts) for name, opts in self.choices().items()}
         for _ in range(1000):
             tile = []
             for d, e in enumerate(self.out_shape):
@@ -127,6 +151,10 @@ class SearchSpace:
         """A reasonable untuned point: a vector-wide, register-sized tile, no cache blocking."""
         if self.kind == "injective":
             return {"vec": max(self.last_options), "unroll": 0}
+        if self.kind == "table":      # one vector register per table entry; the pad read in place
+            vec = [v for v in self.last_options if v <= self.target.lanes]
+            return {"vec": max(vec or self.last_options), **({"pad": "inline"} if self.pads else {}),
+                    **({"acc": "local"} if self.cache_write else {})}
         shape = self.out_shape
         last = [d for d in self.last_options if d <= self.target.lanes]
         tile = [[1, 1, 1] for _ in shape]
@@ -156,6 +184,8 @@ class SearchSpace:
     def steps(self, dec: dict) -> list:
         if self.kind == "injective":
             return self._injective_steps(dec)
+        if self.kind == "table":
+            return self._table_steps(dec)
         steps = []
         for p in self.pads:
             if dec["pad"][p] == "inline":
@@ -200,6 +230,55 @@ class SearchSpace:
             steps.append(["annotate", out, "@".join(f"{a}.0" for a in out_axes), "parallel"])
         if apart:                   # the epilogue's own loop nest, as the injective sketch writes it
             steps += self._injective_steps({"vec": max(self.last_options), "unroll": 1}, inline=False)
+        return steps
+
+    def _table_steps(self, dec: dict) -> list:
+        """The output's axes that map to table axes split by their period, the innermost by
+        `vec`; the anchor computes each such tile (into a local accumulator when it is the output
+        itself and `acc` says so) with its table axes and the reduction unrolled around the vector."""
+        steps = [["compute_inline", p] for p in self.pads if dec.get("pad") == "inline"]
+        steps += [["compute_inline", s] for s in self.consumers + self.others]
+        vec = dec["vec"]
+        out, anchor = self.output.name, self.anchor
+        axes = self.out_axes
+        if out == anchor and dec.get("acc", "direct") == "local":
+            steps.append(["cache_write", anchor])
+            anchor, axes = f"{anchor}.local", [f"{a}_" for a in self.local_axes]
+        outer, inner = [], []
+        for a, ax in zip(self.local_axes[:-1], axes[:-1]):
+            period = self.table.get(a)
+            if period:
+                steps.append(["split", out, ax, [period]])
+                outer.append(f"{ax}.0")
+                inner.append(f"{ax}.1")
+            elif period == 0:
+                inner.append(ax)
+            else:
+                outer.append(ax)
+        last = axes[-1]
+        steps.append(["split", out, last, [vec]])
+        outer.append(f"{last}.0")
+        red = [r for r, _ in self.reduce_axes]
+        if out == anchor:            # accumulated in place
+            steps.append(["reorder", out, outer + inner + red + [f"{last}.1"]])
+            unrolled = [(out, ax) for ax in inner + red]
+        else:                        # the output stage is tiled; the anchor computes each tile
+            steps.append(["reorder", out, outer + inner + [f"{last}.1"]])
+            steps.append(["compute_at", anchor, out, outer[-1]])
+            table = [a for a in self.local_axes[:-1] if a in self.table]
+            rest = [a for a in self.local_axes[:-1] if a not in self.table]     # extent 1 here
+            steps.append(["reorder", anchor, rest + table + red + [self.local_axes[-1]]])
+            unrolled = [(out, ax) for ax in inner] + [(anchor, a) for a in table + red]
+            if vec % 4 == 0:
+                steps.append(["annotate", anchor, self.local_axes[-1], "vectorize"])
+        steps += [["annotate", st, ax, "unroll"] for st, ax in unrolled]
+        if vec % 4 == 0:
+            steps.append(["annotate", out, f"{last}.1", "vectorize"])
+        spread = outer[:-1]          # the anchor is computed at the innermost outer loop: not fused
+        if self.target.threads > 1 and spread:
+            if len(spread) > 1:
+                steps.append(["fuse", out, spread])
+            steps.append(["annotate", out, "@".join(spread), "parallel"])
         return steps
 
     def _injective_steps(self, dec: dict, inline: bool = True) -> list:

@@ -56,6 +56,7 @@ class ComputeOp(Operation):
     body: Expr                       # element value; a Reduce for reductions
     inputs: tuple = field(default=())  # tensors read by body
     tag: str = "injective"           # elemwise | broadcast | injective | reduction | pad
+    table: dict = field(default_factory=dict)   # axes that index a small constant matrix -> period (space.sketch)
 
     @property
     def reduce_axes(self) -> tuple:
@@ -84,8 +85,13 @@ def max_reduce(source: Expr, axes: Sequence[IterVar]) -> Reduce:
 
 
 def compute(shape: Sequence[int], fcompute: Callable, name: str, tag: str = "injective",
-            inputs: Sequence[Tensor] = (), axis_names: Sequence[str] | None = None) -> Tensor:
-    """Define a tensor by an element formula over named spatial axes."""
+            inputs: Sequence[Tensor] = (), axis_names: Sequence[str] | None = None,
+            table: dict | None = None) -> Tensor:
+    """Define a tensor by an element formula over named spatial axes.
+
+    `table` names the spatial axes whose index selects entries of a small constant matrix (the
+    Winograd transforms), each with its period: 0 when the axis runs over the matrix's rows, m
+    when the row is the index modulo m. The table sketch unrolls them so that the entries fold."""
     shape = tuple(int(s) for s in shape)
     names = list(axis_names) if axis_names else [f"i{k}" for k in range(len(shape))]
     axes = tuple(IterVar(n, e) for n, e in zip(names, shape))
@@ -94,7 +100,7 @@ def compute(shape: Sequence[int], fcompute: Callable, name: str, tag: str = "inj
     missing = read - {t.name for t in inputs}
     if missing:
         raise ValueError(f"compute {name!r} reads {sorted(missing)} that are not in its inputs")
-    op = ComputeOp(name, axes, body, tuple(t for t in inputs if t.name in read), tag)
+    op = ComputeOp(name, axes, body, tuple(t for t in inputs if t.name in read), tag, dict(table or {}))
     if isinstance(body, Reduce):
         op.tag = tag if tag != "injective" else "reduction"
         for r in body.axes:

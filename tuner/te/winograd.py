@@ -115,7 +115,8 @@ def input_transform(data: Tensor, pad: int, m: int, name: str = "winograd_input"
             const_matrix(vals, a, i.var) * const_matrix(vals, b, j.var)
             * padded[n, y * m + const_matrix(cols, a, i.var, True), x * m + const_matrix(cols, b, j.var, True), c],
             [i, j]),
-        name, tag="winograd_input", inputs=[padded], axis_names=["a", "b", "n", "th", "tw", "c"])
+        name, tag="winograd_input", inputs=[padded], axis_names=["a", "b", "n", "th", "tw", "c"],
+        table={"a": 0, "b": 0})
 
 
 def batch_gemm(v: Tensor, u: Tensor, name: str = "winograd_gemm") -> Tensor:
@@ -143,7 +144,8 @@ def output_transform(mm: Tensor, out_h: int, out_w: int, m: int, name: str = "wi
             const_matrix(vals, y % m, i.var) * const_matrix(vals, x % m, j.var)
             * mm[const_matrix(cols, y % m, i.var, True), const_matrix(cols, x % m, j.var, True), n, y // m, x // m, k],
             [i, j]),
-        name, tag="winograd_output", inputs=[mm], axis_names=["n", "oh", "ow", "k"])
+        name, tag="winograd_output", inputs=[mm], axis_names=["n", "oh", "ow", "k"],
+        table={"oh": m, "ow": m})
 
 
 # ---------------------------------------------------------------- NumPy references (float64)
