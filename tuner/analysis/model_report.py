@@ -57,7 +57,8 @@ class TaskRow:
         padded copy first), epilogue 'fused' (on each tile) or 'apart' (a pass of its own), '-' for
         what the task lacks or the record did not log."""
         dec = (self.best.decisions or {}) if self.best else {}
-        pads = "/".join(sorted(set(dec.get("pad", {}).values()))) or "-"
+        pad = dec.get("pad", {})            # logged data: tolerate a shape this version does not write
+        pads = "/".join(sorted(set(map(str, pad.values() if isinstance(pad, dict) else [pad])))) or "-"
         return f"{pads} {dec.get('epilogue', '-')}"
 
 

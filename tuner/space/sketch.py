@@ -80,11 +80,13 @@ class SearchSpace:
         return "injective" if not self.anchor else "table" if self.table else "tiled"
 
     def choices(self) -> dict:
-        """The options of each decision of a flat sketch (injective, table): name -> options."""
+        """The options of each decision of a flat sketch (injective, table): name -> options. The
+        pad placement is {pad stage: "inline" | "root"}, as in the tiled sketch's points."""
         if self.kind == "injective":
             return {"vec": list(self.last_options), "unroll": [0, 1]}
         if self.kind == "table":
-            return {"vec": list(self.last_options), **({"pad": ["inline", "root"]} if self.pads else {}),
+            pads = [{p: where for p in self.pads} for where in ("inline", "root")] if self.pads else []
+            return {"vec": list(self.last_options), **({"pad": pads} if pads else {}),
                     **({"acc": ["local", "direct"]} if self.cache_write else {})}
         raise TypeError("the tiled sketch's decisions are not flat")
 
@@ -153,7 +155,7 @@ class SearchSpace:
             return {"vec": max(self.last_options), "unroll": 0}
         if self.kind == "table":      # one vector register per table entry; the pad read in place
             vec = [v for v in self.last_options if v <= self.target.lanes]
-            return {"vec": max(vec or self.last_options), **({"pad": "inline"} if self.pads else {}),
+            return {"vec": max(vec or self.last_options), **({"pad": {p: "inline" for p in self.pads}} if self.pads else {}),
                     **({"acc": "local"} if self.cache_write else {})}
         shape = self.out_shape
         last = [d for d in self.last_options if d <= self.target.lanes]
@@ -236,7 +238,7 @@ class SearchSpace:
         """The output's axes that map to table axes split by their period, the innermost by
         `vec`; the anchor computes each such tile (into a local accumulator when it is the output
         itself and `acc` says so) with its table axes and the reduction unrolled around the vector."""
-        steps = [["compute_inline", p] for p in self.pads if dec.get("pad") == "inline"]
+        steps = [["compute_inline", p] for p in self.pads if dec["pad"][p] == "inline"]
         steps += [["compute_inline", s] for s in self.consumers + self.others]
         vec = dec["vec"]
         out, anchor = self.output.name, self.anchor
