@@ -13,9 +13,9 @@ steps timed in context: dispatch), arena bytes, compile time, and the steps that
 (alone and in context); writes JSON under bench/results/.
 
 With --tune N[,M...] it measures whole-model tuning instead (issue 13's figures): each model is
-tuned from an empty log with `tune_model` at 1 thread, N trials, once over every conv layout
-(the joint layout plan; --joint names its layouts, Winograd choices included) and once per --single layout (NCHW16c; a list, e.g. NCHW8c,NCHW16c) alone
-under the same budget; each result
+tuned from an empty log with `tune_model` at 1 thread, N trials, once over its default conv
+choices (the joint layout plan: NCHW8c, NCHW16c, winograd2, winograd4; --joint names others) and
+once per --single layout (NCHW16c; a list, e.g. NCHW8c,NCHW16c) alone under the same budget; each result
 is compiled from its own log only (no shipped schedules), and all of them are timed in one
 interleaved run beside ONNX Runtime and PyTorch. Prints per model and budget: wall-clock tuning
 time, the estimate, the measured latency, the gap between them, the ratio to ONNX Runtime (paired
@@ -41,14 +41,14 @@ from tuner.runtime import compile_model
 from tuner.runtime.bench import bench_model
 from tuner.runtime.peers import interleaved, onnxruntime_runner, paired_ratios, torch_runner
 from tuner.target import parse_target
-from tuner.te.layouts import CONV_LAYOUTS
+from tuner.te.layouts import CONV_LAYOUTS, DEFAULT_CHOICES
 
 
 def tune_figures(args) -> int:
     """Tune each model from empty logs (joint plan and --single layout), then time every result in one run."""
     counts = [int(n) for n in args.tune.split(",")]
     singles = [s.strip() for s in args.single.split(",") if s.strip()]
-    joint_layouts = tuple(x.strip() for x in args.joint.split(",") if x.strip()) if args.joint else tuple(CONV_LAYOUTS)
+    joint_layouts = tuple(x.strip() for x in args.joint.split(",") if x.strip()) if args.joint else DEFAULT_CHOICES
     joint_log = "joint" if joint_layouts == tuple(CONV_LAYOUTS) else "joint-" + ",".join(joint_layouts)
     out = {"threads": 1, "single": singles, "joint": joint_layouts, "models": {}}
     for name in [m.strip() for m in args.models.split(",") if m.strip()]:
@@ -124,8 +124,8 @@ def main(argv=None) -> int:
     ap.add_argument("--single", default="NCHW16c",
                     help="with --tune: the single layout(s) the joint plan is compared to (comma-separated; "
                          "the fastest of them measured is the reference)")
-    ap.add_argument("--joint", help="with --tune: the layouts of the joint plan (default NCHW,NHWC,NCHW8c,NCHW16c; "
-                                    "add winograd2,winograd4 for Winograd 3x3 convs)")
+    ap.add_argument("--joint", help="with --tune: the layouts of the joint plan (default "
+                                    f"{','.join(DEFAULT_CHOICES)}; NCHW and NHWC may be added)")
     ap.add_argument("--resume", action="store_true", help="with --tune: keep and resume the logs of an earlier run")
     ap.add_argument("--quiet", action="store_true", help="with --tune: no progress bars")
     ap.add_argument("--out")

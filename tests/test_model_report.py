@@ -9,14 +9,14 @@ from tuner.analysis.model_report import analyze_model
 from tuner.cli import main
 from tuner.errors import UserError
 from tuner.graph.models import tiny
-from tuner.model_tuning import tune_model
+import tuner
 
 
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory):
     log = tmp_path_factory.mktemp("model") / "tiny.jsonl"
-    res = tune_model(target=REPLAY_TARGET, log=str(log), policy="random", replay=str(MODEL_REPLAY_LOG),
-                     progress=False, **MODEL_REPLAY)
+    res = tuner.tune(target=REPLAY_TARGET, log=str(log), policy="random", replay=str(MODEL_REPLAY_LOG),
+                     progress=False, **MODEL_REPLAY)         # the public name of model_tuning.tune_model
     return log, res
 
 

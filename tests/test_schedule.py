@@ -1,5 +1,6 @@
 """Schedule primitives, their errors, replay determinism, and the simplifier they rely on."""
 import itertools
+import json
 import random
 
 import pytest
@@ -108,7 +109,8 @@ def test_an_epilogue_fused_or_apart_computes_the_reference(wl):
 WINOGRAD_TRANSFORMS = [make("winograd_input", dict(C=16, H=9, W=9, pad=1, m=4)),
                        make("winograd_input", dict(C=12, H=7, W=7, pad=1, m=2)),
                        make("winograd_output", dict(K=16, H=9, W=9, pad=1, m=4, bias=1, relu=1)),
-                       make("winograd_output", dict(K=12, H=7, W=7, pad=1, m=2, bias=1, residual=1))]
+                       make("winograd_output", dict(K=12, H=7, W=7, pad=1, m=2, bias=1, residual=1)),
+                       make("winograd_output", dict(K=8, H=6, W=6, pad=0, m=4))]   # no epilogue: an accumulator
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -123,6 +125,7 @@ def test_every_point_of_the_winograd_transforms_table_sketch_computes_the_refere
         assert space.kind == "table"
         choices = space.choices()
         assert choices["vec"] and ("pad" in choices) == (wl.op == "winograd_input")
+        assert ("acc" in choices) == (space.anchor == space.output.name)
         cases += [(wl, space.steps(dict(zip(choices, point)))) for point in itertools.product(*choices.values())]
     assert len(cases) >= 20
     check_schedules(cases, target)
@@ -152,5 +155,5 @@ def test_a_flat_sketch_mutates_one_decision_to_another_legal_option():
             changed = [k for k in choices if new[k] != dec[k]]
             assert len(changed) == 1 and new[changed[0]] in choices[changed[0]] and set(new) == set(choices)
             dec = new
-            seen.add(tuple(sorted(dec.items())))
+            seen.add(json.dumps(dec, sort_keys=True))
         assert len(seen) == len(list(itertools.product(*choices.values())))

@@ -8,6 +8,13 @@ def tune_op(*args, **kwargs):
     return _tune_op(*args, **kwargs)
 
 
+def tune(*args, **kwargs):
+    """Tune a whole model (a built-in name, an .onnx path or a Graph) under one trial budget and
+    log its layout plan; see tuner.model_tuning.tune_model."""
+    from .model_tuning import tune_model
+    return tune_model(*args, **kwargs)
+
+
 def build_op(*args, **kwargs):
     """Build the best logged schedule of a workload into a callable; see tuner.build.build_op."""
     from .build import build_op as _build_op

@@ -371,6 +371,7 @@ def _cmd_passes(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .te.layouts import DEFAULT_CHOICES
     p = argparse.ArgumentParser(prog="tuner", description="Autotuning scheduler for deep-learning operators.")
     from . import __version__
     p.add_argument("--version", action="version", version=f"tuner {__version__}")
@@ -381,9 +382,10 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("tune", help="search schedules for a model or workloads and log every measurement")
     t.add_argument("model", nargs="?", help="a built-in model (resnet50, mobilenet_v2, ...) or an .onnx file: "
                    "every task in every candidate layout under one --trials budget, then a layout plan")
-    t.add_argument("--layouts", default="NCHW,NHWC,NCHW8c,NCHW16c",
-                   help="with MODEL: the conv layouts to choose from (comma-separated); winograd2 and "
-                        "winograd4 add Winograd F(2x2,3x3) and F(4x4,3x3) in NHWC for 3x3 stride-1 convs")
+    t.add_argument("--layouts", default=",".join(DEFAULT_CHOICES),
+                   help="with MODEL: the conv layouts to choose from (comma-separated: NCHW, NHWC, NCHW8c, "
+                        "NCHW16c; winograd2 and winograd4 are Winograd F(2x2,3x3) and F(4x4,3x3) in NHWC for "
+                        "3x3 stride-1 convs); default %(default)s")
     t.add_argument("--input-shape", action="append", metavar="NAME=1x3x224x224",
                    help="with an .onnx MODEL: fix an input's shape")
     t.add_argument("--workload", help="built-in name (see `tuner workloads`) or a spec")

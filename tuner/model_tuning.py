@@ -29,7 +29,7 @@ from .measure.peak import peak_gflops
 from .runtime.compiler import graph_digest, plan_summary
 from .target import parse_target
 from .graph.passes.convert_layout import check_conv_choice
-from .te.layouts import CONV_LAYOUTS
+from .te.layouts import DEFAULT_CHOICES
 from .tuning import Session, tune
 
 OUT_OF_PLAN_WEIGHT = 0.1
@@ -109,7 +109,7 @@ def _weights(space: ModelLayouts, plan: Plan, tasks) -> list:
 
 
 def tune_model(model, trials: int, log: str | None = None, target: str = "cpu", threads: int | None = None,
-               layouts=CONV_LAYOUTS, input_shapes: dict | None = None, warmup_batch: int = 4,
+               layouts=DEFAULT_CHOICES, input_shapes: dict | None = None, warmup_batch: int = 4,
                batch_size: int = 16, policy: str = "evolutionary", **kwargs) -> ModelTuneResult:
     """Tune a built-in model, an ONNX file or a Graph until `trials` records exist for its tasks in
     `log`; append the layout plan to the log. Other options as tuning.tune."""

@@ -12,6 +12,11 @@ import numpy as np
 from ..errors import UserError
 
 CONV_LAYOUTS = ("NCHW", "NHWC", "NCHW8c", "NCHW16c")
+# The conv choices a model tune weighs unless told otherwise (model_tuning.tune_model, `tuner tune
+# MODEL`): the two blocked layouts and Winograd F(2x2,3x3) and F(4x4,3x3) (te.winograd.CHOICES).
+# With NCHW and NHWC as well, the first looks took over half of a 1000-trial budget and the joint
+# plan lost to a single layout (README, "Against every single layout"); they stay available.
+DEFAULT_CHOICES = ("NCHW8c", "NCHW16c", "winograd2", "winograd4")
 _BLOCKED = re.compile(r"^NCHW(\d+)c$")
 _DENSE_PACKED = re.compile(r"^OI(\d+)o$")
 
