@@ -110,7 +110,11 @@ WINOGRAD_TRANSFORMS = [make("winograd_input", dict(C=16, H=9, W=9, pad=1, m=4)),
                        make("winograd_input", dict(C=12, H=7, W=7, pad=1, m=2)),
                        make("winograd_output", dict(K=16, H=9, W=9, pad=1, m=4, bias=1, relu=1)),
                        make("winograd_output", dict(K=12, H=7, W=7, pad=1, m=2, bias=1, residual=1)),
-                       make("winograd_output", dict(K=8, H=6, W=6, pad=0, m=4))]   # no epilogue: an accumulator
+                       make("winograd_output", dict(K=8, H=6, W=6, pad=0, m=4)),   # no epilogue: an accumulator
+                       # read and written in blocked layouts: the layout transform fused into the loads and stores
+                       make("winograd_input", dict(C=16, H=7, W=7, pad=1, m=2), "NCHW8c"),
+                       make("winograd_output", dict(K=24, H=9, W=9, pad=1, m=4, bias=1, residual=1, relu=1),
+                            "NCHW16c")]
 
 
 @pytest.mark.parametrize("threads", [1, 2])

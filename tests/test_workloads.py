@@ -106,3 +106,35 @@ def test_winograd_specs_name_their_tile_and_layout():
         parse_spec("winograd_input:C=8,H=14,W=14,m=3")
     with pytest.raises(WorkloadError, match="NHWC"):
         parse_spec("winograd_gemm:C=8,H=14,W=14,K=8", "NCHW")
+    with pytest.raises(WorkloadError, match=r"NHWC or NCHW\[x\]c, not NCHW$"):
+        parse_spec("winograd_input:C=8,H=14,W=14", "NCHW")
+
+
+@pytest.mark.parametrize("layout, channels", [("NCHW16c", 32), ("NCHW8c", 16), ("NCHW16c", 12)])
+def test_winograd_transforms_in_a_blocked_layout_equal_nhwc_re_laid(layout, channels):
+    """The input transform reading NCHW[x]c and the output transform (with its epilogue) writing it
+    give what the NHWC kernels give on the same data re-laid (12 channels: a block of 4)."""
+    from tuner.build import Kernel
+    from tuner.task import Task
+    from tuner.te import layouts as L
+    from conftest import TARGET1
+    rng = np.random.default_rng(0)
+    checked = 0
+    for op, p in [("winograd_input", dict(C=channels, H=9, W=7, pad=1, m=4)),
+                  ("winograd_output", dict(K=channels, H=9, W=7, pad=1, m=2, bias=1, residual=1, relu=1))]:
+        nhwc, blocked = make(op, p, "NHWC"), make(op, p, layout)
+        kernels = [Kernel(t, t.space.steps(t.space.default()), None, None)
+                   for t in (Task(nhwc, TARGET1), Task(blocked, TARGET1))]
+        args = [rng.uniform(-1, 1, shape).astype(np.float32) for shape in kernels[0].input_shapes]
+
+        def relay(a):            # an NHWC activation (or an NHWC bias vector) in the blocked layout
+            if a.ndim == 1:
+                return a.reshape(kernels[1].input_shapes[1])
+            return L.act_from_nchw(a.transpose(0, 3, 1, 2), layout)
+        ins = [relay(a) if op == "winograd_input" or k > 0 else a for k, a in enumerate(args)]
+        want, got = kernels[0](*args), kernels[1](*ins)
+        if op == "winograd_output":
+            want = relay(want)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        checked += 1
+    assert checked == 2

@@ -98,12 +98,16 @@ def sparse_rows(mat: np.ndarray) -> tuple:
     return cols, vals
 
 
-def input_transform(data: Tensor, pad: int, m: int, name: str = "winograd_input") -> Tensor:
-    """V[a, b, n, th, tw, c] of an NHWC input under a 3x3 convolution with padding `pad`.
+def input_transform(data: Tensor, pad: int, m: int, name: str = "winograd_input", layout: str = "NHWC") -> Tensor:
+    """V[a, b, n, th, tw, c] of an input in `layout` under a 3x3 convolution with padding `pad`.
 
     BT d B summed over BT's non-zero entries only: row a of BT has at most 2 (m = 2) or 4 (m = 4)
     of its alpha, so each V element reads 4 or 16 inputs instead of 16 or 36; the reduction runs
-    over (i, j) < width, reading d at the i-th and j-th non-zero columns of rows a and b."""
+    over (i, j) < width, reading d at the i-th and j-th non-zero columns of rows a and b.
+    An NCHW[x]c input is read through a layout_transform stage to NHWC that the sketches inline
+    into these loads: the transform fused into its consumer."""
+    if layout != "NHWC":
+        data = ops.layout_transform(data, layout, "NHWC", name=f"{name}_nhwc")
     cols, vals = sparse_rows(MATRICES[m][0])
     width = cols.shape[1]
     n_, h_, w_, c_ = data.shape
@@ -130,22 +134,30 @@ def batch_gemm(v: Tensor, u: Tensor, name: str = "winograd_gemm") -> Tensor:
         name, tag="winograd_gemm", inputs=[v, u], axis_names=["a", "b", "n", "th", "tw", "k"])
 
 
-def output_transform(mm: Tensor, out_h: int, out_w: int, m: int, name: str = "winograd_output") -> Tensor:
-    """y[n, h, w, k] (NHWC) of the batched products M, cropped to out_h x out_w: AT M A summed,
-    like the input transform, over AT's non-zero entries only (9 of 16 terms for m = 2, 25 of 36
-    for m = 4)."""
+def output_transform(mm: Tensor, out_h: int, out_w: int, m: int, name: str = "winograd_output",
+                     layout: str = "NHWC") -> Tensor:
+    """y (in `layout`: NHWC, or NCHW[x]c written directly, the transform fused into this store) of
+    the batched products M, cropped to out_h x out_w: AT M A summed, like the input transform,
+    over AT's non-zero entries only (9 of 16 terms for m = 2, 25 of 36 for m = 4)."""
     cols, vals = sparse_rows(MATRICES[m][2])
     width = cols.shape[1]
     n_, k_ = mm.shape[2], mm.shape[5]
     i, j = reduce_axis(width, "i"), reduce_axis(width, "j")
-    return compute(
-        (n_, out_h, out_w, k_),
-        lambda n, y, x, k: sum_reduce(
+
+    def value(n, y, x, k):
+        return sum_reduce(
             const_matrix(vals, y % m, i.var) * const_matrix(vals, x % m, j.var)
             * mm[const_matrix(cols, y % m, i.var, True), const_matrix(cols, x % m, j.var, True), n, y // m, x // m, k],
-            [i, j]),
-        name, tag="winograd_output", inputs=[mm], axis_names=["n", "oh", "ow", "k"],
-        table={"oh": m, "ow": m})
+            [i, j])
+
+    if layout == "NHWC":
+        return compute((n_, out_h, out_w, k_), value, name, tag="winograd_output", inputs=[mm],
+                       axis_names=["n", "oh", "ow", "k"], table={"oh": m, "ow": m})
+    from .layouts import block_of, fit_block
+    b = fit_block(k_, block_of(layout))
+    return compute((n_, k_ // b, out_h, out_w, b), lambda n, kk, y, x, kb: value(n, y, x, kk * b + kb), name,
+                   tag="winograd_output", inputs=[mm], axis_names=["n", "kk", "oh", "ow", "kb"],
+                   table={"oh": m, "ow": m})
 
 
 # ---------------------------------------------------------------- NumPy references (float64)

@@ -96,7 +96,7 @@ class Workload:
         b = L.block_of(self.layout)
         if not b:
             return (0, 0)
-        c = p["C"]
+        c = p.get("C", p.get("K"))      # winograd_output has only K
         k = p.get("K", c)
         if self.op == "conv2d" and p["groups"] > 1:
             blk = L.fit_block(c, b)
@@ -306,10 +306,19 @@ def _wino_v_shape(p: dict, channels: int) -> tuple:
     return WG.v_shape(p["N"], p["H"], p["W"], p["pad"], p["m"], channels)
 
 
+def _wino_act_shape(wl: Workload, h: int, w: int, channels: int) -> tuple:
+    """An activation's shape in the workload's layout (NHWC or NCHW[x]c)."""
+    n = wl.p["N"]
+    if wl.layout == "NHWC":
+        return (n, h, w, channels)
+    b = L.fit_block(channels, L.block_of(wl.layout))
+    return (n, channels // b, h, w, b)
+
+
 def _wino_input_build(wl: Workload):
     p = wl.p
-    data = placeholder((p["N"], p["H"], p["W"], p["C"]), "data")
-    return [data], WG.input_transform(data, p["pad"], p["m"])
+    data = placeholder(_wino_act_shape(wl, p["H"], p["W"], p["C"]), "data")
+    return [data], WG.input_transform(data, p["pad"], p["m"], layout=wl.layout)
 
 
 def _wino_gemm_build(wl: Workload):
@@ -323,7 +332,8 @@ def _wino_gemm_build(wl: Workload):
 def _wino_output_build(wl: Workload):
     p = wl.p
     mm = placeholder(_wino_v_shape(p, p["K"]), "data")
-    return _epilogue(wl, [mm], WG.output_transform(mm, *_wino_out(p), p["m"]), 0)
+    ob = L.fit_block(p["K"], L.block_of(wl.layout)) if wl.layout != "NHWC" else 0
+    return _epilogue(wl, [mm], WG.output_transform(mm, *_wino_out(p), p["m"], layout=wl.layout), ob)
 
 
 def _wino_output_ref(wl: Workload, arrays: list):
@@ -331,18 +341,33 @@ def _wino_output_ref(wl: Workload, arrays: list):
     y = WG.output_ref(arrays[0], *_wino_out(p), p["m"])
     rest = list(arrays[1:])
     if p["bias"]:
-        y = y + rest.pop(0).reshape(-1)
+        y = y + rest.pop(0).reshape(-1) if wl.layout == "NHWC" else y + _nhwc(wl, rest.pop(0))
     if p["residual"]:
-        y = y + rest.pop(0)
-    return _act_ref(p, y)
+        y = y + _nhwc(wl, rest.pop(0))
+    return _from_nhwc(wl, _act_ref(p, y))
+
+
+def _nhwc(wl: Workload, a: np.ndarray) -> np.ndarray:
+    """An activation (or a bias in the layout's channel_bias_shape) of the workload's layout as NHWC."""
+    if wl.layout == "NHWC":
+        return a
+    if a.ndim < 5:                                   # a blocked bias: (channel blocks, 1, 1, block)
+        return a.reshape(-1)
+    return L.act_to_nchw(a, wl.layout).transpose(0, 2, 3, 1)
+
+
+def _from_nhwc(wl: Workload, y: np.ndarray) -> np.ndarray:
+    return y if wl.layout == "NHWC" else L.act_from_nchw(y.transpose(0, 3, 1, 2), wl.layout)
 
 
 def _wino_check(wl: Workload):
     p = wl.p
     if p["m"] not in WG.TILES:
         raise WorkloadError(f"{wl.op}: tile size m={p['m']} is not one of {', '.join(map(str, WG.TILES))}")
-    if wl.layout != "NHWC":
-        raise WorkloadError(f"{wl.op} runs in NHWC, not {wl.layout}")
+    blocked = wl.op != "winograd_gemm" and L.block_of(wl.layout) if wl.layout.startswith("NCHW") else 0
+    if wl.layout != "NHWC" and not blocked:
+        raise WorkloadError(f"{wl.op} runs in NHWC{'' if wl.op == 'winograd_gemm' else ' or NCHW[x]c'}, "
+                            f"not {wl.layout}")
     if not 0 <= p["pad"] <= 2 or min(_wino_out(p)) < 1:
         raise WorkloadError(f"{wl.op}: a 3x3 window with pad={p['pad']} does not fit input {p['H']}x{p['W']}")
 
@@ -409,7 +434,7 @@ WORKLOADS: dict = {d.op: d for d in [
                 lambda wl, a: _nchw_out(wl, ops.BINARY_FNS["add"][1](_nchw_in(wl, a),
                                                                      _nchw_in(wl, a[1:])))),
     WorkloadDef("winograd_input", ("C", "H", "W"), dict(_WINO), _wino_input_build,
-                lambda wl, a: WG.input_ref(a[0], wl.p["pad"], wl.p["m"]), _wino_input_flops, _wino_check,
+                lambda wl, a: WG.input_ref(_nhwc(wl, a[0]), wl.p["pad"], wl.p["m"]), _wino_input_flops, _wino_check,
                 "winograd_input:C=256,H=14,W=14,pad=1,m=2"),
     WorkloadDef("winograd_gemm", ("C", "H", "W", "K"), dict(_WINO), _wino_gemm_build,
                 lambda wl, a: WG.gemm_ref(a[0], a[1]), _wino_gemm_flops, _wino_check,
