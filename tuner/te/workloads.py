@@ -306,18 +306,9 @@ def _wino_v_shape(p: dict, channels: int) -> tuple:
     return WG.v_shape(p["N"], p["H"], p["W"], p["pad"], p["m"], channels)
 
 
-def _wino_act_shape(wl: Workload, h: int, w: int, channels: int) -> tuple:
-    """An activation's shape in the workload's layout (NHWC or NCHW[x]c)."""
-    n = wl.p["N"]
-    if wl.layout == "NHWC":
-        return (n, h, w, channels)
-    b = L.fit_block(channels, L.block_of(wl.layout))
-    return (n, channels // b, h, w, b)
-
-
 def _wino_input_build(wl: Workload):
     p = wl.p
-    data = placeholder(_wino_act_shape(wl, p["H"], p["W"], p["C"]), "data")
+    data = placeholder(L.act_shape(wl.layout, p["N"], p["C"], p["H"], p["W"], wl.blocks[0] or None), "data")
     return [data], WG.input_transform(data, p["pad"], p["m"], layout=wl.layout)
 
 
@@ -332,8 +323,7 @@ def _wino_gemm_build(wl: Workload):
 def _wino_output_build(wl: Workload):
     p = wl.p
     mm = placeholder(_wino_v_shape(p, p["K"]), "data")
-    ob = L.fit_block(p["K"], L.block_of(wl.layout)) if wl.layout != "NHWC" else 0
-    return _epilogue(wl, [mm], WG.output_transform(mm, *_wino_out(p), p["m"], layout=wl.layout), ob)
+    return _epilogue(wl, [mm], WG.output_transform(mm, *_wino_out(p), p["m"], layout=wl.layout), wl.blocks[1])
 
 
 def _wino_output_ref(wl: Workload, arrays: list):
@@ -341,7 +331,7 @@ def _wino_output_ref(wl: Workload, arrays: list):
     y = WG.output_ref(arrays[0], *_wino_out(p), p["m"])
     rest = list(arrays[1:])
     if p["bias"]:
-        y = y + rest.pop(0).reshape(-1) if wl.layout == "NHWC" else y + _nhwc(wl, rest.pop(0))
+        y = y + _nhwc(wl, rest.pop(0))
     if p["residual"]:
         y = y + _nhwc(wl, rest.pop(0))
     return _from_nhwc(wl, _act_ref(p, y))
@@ -364,8 +354,7 @@ def _wino_check(wl: Workload):
     p = wl.p
     if p["m"] not in WG.TILES:
         raise WorkloadError(f"{wl.op}: tile size m={p['m']} is not one of {', '.join(map(str, WG.TILES))}")
-    blocked = wl.op != "winograd_gemm" and L.block_of(wl.layout) if wl.layout.startswith("NCHW") else 0
-    if wl.layout != "NHWC" and not blocked:
+    if wl.layout != "NHWC" and not (wl.op != "winograd_gemm" and L.block_of(wl.layout)):
         raise WorkloadError(f"{wl.op} runs in NHWC{'' if wl.op == 'winograd_gemm' else ' or NCHW[x]c'}, "
                             f"not {wl.layout}")
     if not 0 <= p["pad"] <= 2 or min(_wino_out(p)) < 1:
