@@ -153,10 +153,11 @@ class SearchSpace:
         """A reasonable untuned point: a vector-wide, register-sized tile, no cache blocking."""
         if self.kind == "injective":
             return {"vec": max(self.last_options), "unroll": 0}
-        if self.kind == "table":      # one vector register per table entry; the pad read in place
+        if self.kind == "table":
+            # each decision's first option (the pad read in place, a register accumulator), and one
+            # vector register per table entry
             vec = [v for v in self.last_options if v <= self.target.lanes]
-            return {"vec": max(vec or self.last_options), **({"pad": {p: "inline" for p in self.pads}} if self.pads else {}),
-                    **({"acc": "local"} if self.cache_write else {})}
+            return {**{name: opts[0] for name, opts in self.choices().items()}, "vec": max(vec or self.last_options)}
         shape = self.out_shape
         last = [d for d in self.last_options if d <= self.target.lanes]
         tile = [[1, 1, 1] for _ in shape]
@@ -243,11 +244,13 @@ class SearchSpace:
         vec = dec["vec"]
         out, anchor = self.output.name, self.anchor
         axes = self.out_axes
-        if out == anchor and dec.get("acc", "direct") == "local":
+        if out == anchor and dec["acc"] == "local":        # `acc` is a decision exactly when out == anchor
             steps.append(["cache_write", anchor])
             anchor, axes = f"{anchor}.local", [f"{a}_" for a in self.local_axes]
-        outer, inner = [], []
+        outer, inner = [], []            # the output's loops outside and inside the anchor's tile
+        table, rest = [], []             # the anchor's axes that pick matrix entries, and the others
         for a, ax in zip(self.local_axes[:-1], axes[:-1]):
+            (table if a in self.table else rest).append(a)
             period = self.table.get(a)
             if period:
                 steps.append(["split", out, ax, [period]])
@@ -267,9 +270,7 @@ class SearchSpace:
         else:                        # the output stage is tiled; the anchor computes each tile
             steps.append(["reorder", out, outer + inner + [f"{last}.1"]])
             steps.append(["compute_at", anchor, out, outer[-1]])
-            table = [a for a in self.local_axes[:-1] if a in self.table]
-            rest = [a for a in self.local_axes[:-1] if a not in self.table]     # extent 1 here
-            steps.append(["reorder", anchor, rest + table + red + [self.local_axes[-1]]])
+            steps.append(["reorder", anchor, rest + table + red + [self.local_axes[-1]]])   # rest: extent 1 here
             unrolled = [(out, ax) for ax in inner] + [(anchor, a) for a in table + red]
             if vec % 4 == 0:
                 steps.append(["annotate", anchor, self.local_axes[-1], "vectorize"])

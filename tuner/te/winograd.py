@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from .expr import And, Cmp, Const, Expr, as_expr, select
+from .layouts import act_shape
 from .tensor import Tensor, compute, reduce_axis, sum_reduce
 from . import ops
 
@@ -153,9 +154,9 @@ def output_transform(mm: Tensor, out_h: int, out_w: int, m: int, name: str = "wi
     if layout == "NHWC":
         return compute((n_, out_h, out_w, k_), value, name, tag="winograd_output", inputs=[mm],
                        axis_names=["n", "oh", "ow", "k"], table={"oh": m, "ow": m})
-    from .layouts import block_of, fit_block
-    b = fit_block(k_, block_of(layout))
-    return compute((n_, k_ // b, out_h, out_w, b), lambda n, kk, y, x, kb: value(n, y, x, kk * b + kb), name,
+    shape = act_shape(layout, n_, k_, out_h, out_w)      # (n, k blocks, h, w, block)
+    b = shape[4]
+    return compute(shape, lambda n, kk, y, x, kb: value(n, y, x, kk * b + kb), name,
                    tag="winograd_output", inputs=[mm], axis_names=["n", "kk", "oh", "ow", "kb"],
                    table={"oh": m, "ow": m})
 
