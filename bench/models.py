@@ -15,7 +15,9 @@ steps timed in context: dispatch), arena bytes, compile time, and the steps that
 With --tune N[,M...] it measures whole-model tuning instead (issue 13's figures): each model is
 tuned from an empty log with `tune_model` at 1 thread, N trials, once over its default conv
 choices (the joint layout plan: NCHW8c, NCHW16c, winograd2, winograd4; --joint names others) and
-once per --single layout (NCHW16c; a list, e.g. NCHW8c,NCHW16c) alone under the same budget; each result
+once per --single layout (NCHW16c; a list, e.g. NCHW8c,NCHW16c) alone under the same budget; --joint
+given twice or more tunes each of its sets (joint1, joint2, ... in the table), so that choice sets
+are compared in one timed run; each result
 is compiled from its own log only (no shipped schedules), and all of them are timed in one
 interleaved run beside ONNX Runtime and PyTorch. Prints per model and budget: wall-clock tuning
 time, the estimate, the measured latency, the gap between them, the ratio to ONNX Runtime (paired
@@ -48,15 +50,18 @@ def tune_figures(args) -> int:
     """Tune each model from empty logs (joint plan and --single layout), then time every result in one run."""
     counts = [int(n) for n in args.tune.split(",")]
     singles = [s.strip() for s in args.single.split(",") if s.strip()]
-    joint_layouts = tuple(x.strip() for x in args.joint.split(",") if x.strip()) if args.joint else DEFAULT_CHOICES
-    joint_log = "joint" if joint_layouts == tuple(CONV_LAYOUTS) else "joint-" + ",".join(joint_layouts)
-    out = {"threads": 1, "single": singles, "joint": joint_layouts, "models": {}}
+    joint_sets = [tuple(x.strip() for x in j.split(",") if x.strip()) for j in args.joint or [",".join(DEFAULT_CHOICES)]]
+    joints = {("joint" if len(joint_sets) == 1 else f"joint{i + 1}"): lays for i, lays in enumerate(joint_sets)}
+    log_name = lambda lays: "joint" if lays == tuple(CONV_LAYOUTS) else "joint-" + ",".join(lays)  # noqa: E731
+    out = {"threads": 1, "single": singles, "joint": joints, "models": {}}
+    for kind, lays in joints.items():
+        print(f"{kind}: {','.join(lays)}")
     for name in [m.strip() for m in args.models.split(",") if m.strip()]:
         graph = load_graph(name)
         variants, runners = [], {}
         for n in counts:
-            for kind, layouts in [("joint", joint_layouts)] + [(s, (s,)) for s in singles]:
-                log = Path(f"logs/bench/tune/{name}.{joint_log if kind == 'joint' else kind}.{n}.jsonl")
+            for kind, layouts in list(joints.items()) + [(s, (s,)) for s in singles]:
+                log = Path(f"logs/bench/tune/{name}.{log_name(layouts) if kind in joints else kind}.{n}.jsonl")
                 if not args.resume:
                     log.unlink(missing_ok=True)
                 print(f"\n== {name}: {kind} ({', '.join(layouts)}), {n} trials -> {log}", flush=True)
@@ -72,7 +77,8 @@ def tune_figures(args) -> int:
                 m = compile_model(name, log=str(log), threads=1, use_shipped=False)
                 label = f"tuner {kind} {n}"
                 runners[label] = lambda ins, m=m: m.run(*ins)
-                variants.append({"label": label, "kind": kind, "trials": n, "log": str(log), "tuning_s": wall,
+                variants.append({"label": label, "kind": kind, "layouts": layouts, "trials": n, "log": str(log),
+                                 "tuning_s": wall,
                                  "session_s": res.session.seconds, "estimate_s": res.estimate_s,
                                  "tasks": len(res.session.tasks), "solver_s": res.plan.seconds if res.plan else None,
                                  "solver_exact": res.plan.exact if res.plan else None,
@@ -93,11 +99,12 @@ def tune_figures(args) -> int:
             v["estimate_gap"] = med[v["label"]] / v["estimate_s"] - 1
             del v["model"]
         for n in counts:
-            joint = next(v for v in variants if v["trials"] == n and v["kind"] == "joint")
-            single = min((v for v in variants if v["trials"] == n and v["kind"] != "joint"),
-                         key=lambda v: v["measured_s"])
-            joint["vs_single"] = single["kind"]
-            joint["vs_single_paired"] = statistics.median(paired_ratios(times[joint["label"]], times[single["label"]]))
+            single = min((v for v in variants if v["trials"] == n and v["kind"] not in joints),
+                         key=lambda v: v["measured_s"], default=None)
+            for joint in (v for v in variants if v["trials"] == n and v["kind"] in joints and single):
+                joint["vs_single"] = single["kind"]
+                joint["vs_single_paired"] = statistics.median(paired_ratios(times[joint["label"]],
+                                                                            times[single["label"]]))
         out["models"][name] = {"variants": variants, "rounds_s": times, "median_s": med, "torch": torch_key}
         print(f"\n{name}, 1 thread: ONNX Runtime {med['onnxruntime'] * 1e3:.2f} ms, PyTorch ({torch_key}) "
               f"{med[torch_key] * 1e3:.2f} ms")
@@ -124,8 +131,9 @@ def main(argv=None) -> int:
     ap.add_argument("--single", default="NCHW16c",
                     help="with --tune: the single layout(s) the joint plan is compared to (comma-separated; "
                          "the fastest of them measured is the reference)")
-    ap.add_argument("--joint", help="with --tune: the layouts of the joint plan (default "
-                                    f"{','.join(DEFAULT_CHOICES)}; NCHW and NHWC may be added)")
+    ap.add_argument("--joint", action="append",
+                    help="with --tune: the layouts of the joint plan (default "
+                         f"{','.join(DEFAULT_CHOICES)}; NCHW and NHWC may be added); repeat to compare sets")
     ap.add_argument("--resume", action="store_true", help="with --tune: keep and resume the logs of an earlier run")
     ap.add_argument("--quiet", action="store_true", help="with --tune: no progress bars")
     ap.add_argument("--out")

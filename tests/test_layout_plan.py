@@ -153,13 +153,73 @@ def test_winograd_is_a_conv_choice_the_plan_prices_and_compiles(tmp_cache):
     assert all(s.workload_key in priced for s in tasks), [s.workload for s in tasks if s.workload_key not in priced]
 
 
+def test_a_blocked_winograd_choice_needs_no_transform_among_blocked_convs(tmp_cache):
+    """winograd<m>@NCHW16c reads and writes NCHW16c: beside NCHW16c convs its edges cost nothing,
+    its transforms are tasks in that layout, and a plan of it compiles with no transform between
+    convs and matches ONNX Runtime (a mix of blocks included)."""
+    from tuner.graph.passes import optimize
+    from tuner.graph.passes.convert_layout import data_path_transforms
+    g = resnet(18, image=32)
+    space = model_layouts(g, ("NCHW16c", "winograd2@NCHW16c", "winograd4@NCHW8c", "winograd4"))
+    wino = [v for v, d in space.domains.items() if "winograd2@NCHW16c" in d]
+    assert len(wino) >= 8
+    v = wino[0]
+    assert [(wl.op, wl.layout) for wl in space.unary[v]["winograd2@NCHW16c"]] == \
+        [("winograd_input", "NCHW16c"), ("winograd_gemm", "NHWC"), ("winograd_output", "NCHW16c")]
+    assert [wl.layout for wl in space.unary[v]["winograd4@NCHW8c"]][::2] == ["NCHW8c", "NCHW8c"]
+    pairs = [t for t in space.pairs.values() if ("winograd2@NCHW16c", "winograd4@NCHW8c") in t]
+    assert pairs and all(("NCHW16c", "winograd2@NCHW16c") not in t for t in pairs)
+    assert all([wl.layout, wl.p["dst"]] == ["NCHW16c", "NHWC"] for t in pairs for wl in t[("winograd2@NCHW16c", "winograd4")])
+    every = {v: ("winograd2@NCHW16c" if v in wino else "NCHW16c") for v in space.domains}
+    plain = optimize(g, layout="NCHW16c")
+    assert data_path_transforms(optimize(g, layout="NCHW16c", layout_plan=every)) == data_path_transforms(plain)
+    assert_matches_onnxruntime(compile_model(g, threads=1, layout_plan=every), g)
+    rng = random.Random(5)
+    mixed = {v: rng.choice(d) for v, d in space.domains.items()}
+    assert {"winograd2@NCHW16c", "winograd4@NCHW8c", "winograd4"} <= set(mixed.values())
+    m = compile_model(g, threads=1, layout_plan=mixed)
+    assert_matches_onnxruntime(m, g)
+    priced = space.used(mixed)
+    tasks = [s for s in m.steps if s.anchor and not s.workload.startswith("dense")]
+    assert all(s.workload_key in priced for s in tasks), [s.workload for s in tasks if s.workload_key not in priced]
+
+
+def test_a_dense_weight_packing_is_a_choice_of_the_plan(tmp_cache):
+    """With packings among the choices, a dense is a variable of its own (no edges: its packing
+    moves no activation); the plan's packing is the task the compiled model runs; a packing given
+    to a conv, or a layout to a dense, is refused by name."""
+    g = tiny()
+    space = model_layouts(g, ("NCHW16c", "OI", "OI8o"))
+    dense = [v for v, d in space.domains.items() if d == ("OI", "OI8o")]
+    assert len(dense) == 1 and all("OI" not in d for v, d in space.domains.items() if v not in dense)
+    d = dense[0]
+    assert [[(wl.op, wl.layout) for wl in space.unary[d][p]] for p in ("OI", "OI8o")] == \
+        [[("dense", "OI")], [("dense", "OI8o")]]
+    assert not any(d in e for e in space.pairs) and all(wl.op != "dense" for wl in space.fixed)
+    assert [wl.layout for wl in model_layouts(g, ("NCHW16c",)).fixed if wl.op == "dense"] == ["OI16o"]
+    for packing in ("OI", "OI8o"):
+        plan = {v: dom[0] if v != d else packing for v, dom in space.domains.items()}
+        m = compile_model(g, threads=1, layout_plan=plan)
+        assert_matches_onnxruntime(m, g)
+        ran = {s.workload_key for s in m.steps if s.workload.startswith("dense")}
+        assert ran == {space.unary[d][packing][0].key}
+        assert "1 " + packing + " (dense)" in m.report()
+    conv = next(v for v in space.domains if v != d)
+    for bad, why in [({conv: "OI8o"}, f"conv2d {conv!r} cannot run as OI8o"),
+                     ({d: "NCHW16c"}, f"dense {d!r} cannot run as NCHW16c: it takes a weight packing")]:
+        with pytest.raises(UserError, match=why):
+            compile_model(g, threads=1, layout_plan=bad)
+
+
 def test_a_plan_that_runs_a_strided_conv_as_winograd_is_refused(tmp_cache):
     g = resnet(18, image=32)
     strided = next(n.name for n in g.nodes if n.op == "conv2d" and n.attrs["strides"] == [2, 2])
     with pytest.raises(UserError, match=f"{strided}.*cannot run as winograd2"):
         compile_model(g, threads=1, layout_plan={strided: "winograd2"})
-    with pytest.raises(UserError, match="winograd2 or winograd4"):
-        compile_model(g, threads=1, layout_plan={strided: "winograd3"})
+    for bad, why in [("winograd3", "winograd2 or winograd4"), ("winograd2@NCHW", "not 'NCHW'"),
+                     ("winograd2@NCHW0c", "block size 0")]:
+        with pytest.raises(UserError, match=why):
+            compile_model(g, threads=1, layout_plan={strided: bad})
 
 
 # ---------------------------------------------------------------- a whole-model tune, replayed

@@ -384,8 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "every task in every candidate layout under one --trials budget, then a layout plan")
     t.add_argument("--layouts", default=",".join(DEFAULT_CHOICES),
                    help="with MODEL: the conv layouts to choose from (comma-separated: NCHW, NHWC, NCHW8c, "
-                        "NCHW16c; winograd2 and winograd4 are Winograd F(2x2,3x3) and F(4x4,3x3) in NHWC for "
-                        "3x3 stride-1 convs); default %(default)s")
+                        "NCHW16c; winograd2 and winograd4 are Winograd F(2x2,3x3) and F(4x4,3x3) for 3x3 "
+                        "stride-1 convs, in NHWC, or with @NCHW8c / @NCHW16c in that blocked layout); "
+                        "default %(default)s")
     t.add_argument("--input-shape", action="append", metavar="NAME=1x3x224x224",
                    help="with an .onnx MODEL: fix an input's shape")
     t.add_argument("--workload", help="built-in name (see `tuner workloads`) or a spec")

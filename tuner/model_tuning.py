@@ -28,7 +28,7 @@ from .graph.layout_plan import ModelLayouts, Plan, model_layouts
 from .measure.peak import peak_gflops
 from .runtime.compiler import graph_digest, plan_summary
 from .target import parse_target
-from .graph.passes.convert_layout import check_conv_choice
+from .graph.passes.convert_layout import check_choice
 from .te.layouts import DEFAULT_CHOICES
 from .tuning import Session, tune
 
@@ -114,7 +114,7 @@ def tune_model(model, trials: int, log: str | None = None, target: str = "cpu", 
     """Tune a built-in model, an ONNX file or a Graph until `trials` records exist for its tasks in
     `log`; append the layout plan to the log. Other options as tuning.tune."""
     for lay in layouts:
-        check_conv_choice(lay)
+        check_choice(lay)
     graph = model if isinstance(model, Graph) else load(str(model), input_shapes)
     name = graph.name if isinstance(model, Graph) else str(model)
     tgt = parse_target(target, threads)

@@ -189,8 +189,9 @@ class ModelLayouts:
 def _conv_layouts(n, layouts) -> tuple:
     """The candidate layouts of a conv node (in NCHW), NCHW first: of `layouts`, NCHW; NHWC and
     NCHW[x]c where x divides the output channels for ordinary convs; NCHW[x]c for depthwise ones;
-    a Winograd choice (te.winograd.CHOICES) where it applies (3x3, stride 1); NCHW alone when none
-    of these fits (other grouped convs)."""
+    a Winograd choice (te.winograd.parse_choice) where it applies (3x3, stride 1; a blocked one
+    where its block divides the output channels); NCHW alone when none of these fits (other
+    grouped convs)."""
     from ..te import layouts as L
     from ..te import winograd as WG
     from .passes.convert_layout import winograd_applies
@@ -199,8 +200,11 @@ def _conv_layouts(n, layouts) -> tuple:
     groups = n.attrs.get("groups", 1)
     out = []
     for lay in layouts:
-        if lay in WG.CHOICES:
-            if winograd_applies(n):
+        if L.is_dense_packing(lay):
+            continue
+        if wino := WG.parse_choice(lay):
+            b = L.block_of(wino[1])
+            if winograd_applies(n) and (not b or k % b == 0):
                 out.append(lay)
             continue
         b = L.block_of(lay)
@@ -211,26 +215,37 @@ def _conv_layouts(n, layouts) -> tuple:
 
 def model_layouts(graph, layouts=("NCHW", "NHWC", "NCHW8c", "NCHW16c")) -> ModelLayouts:
     """The layout problem of `graph`: every conv with constant weights and a unique node name is a
-    variable over `layouts` (filtered per conv by _conv_layouts); the tasks come from compiling the
-    graph's passes once per layout, so they are the tasks `tuner compile` meets under any plan."""
+    variable over `layouts` (filtered per conv by _conv_layouts); so is every such dense over the
+    weight packings among `layouts` (OI, OI16o, ...), when there are any (else it runs in
+    te.layouts.DENSE_PACKING, a fixed group). A dense's packing moves no activation, so its
+    variable has no edges: the solver picks its fastest packing. The tasks come from compiling the
+    graph's passes once per choice, so they are the tasks `tuner compile` meets under any plan."""
     from .passes import optimize
     from .passes.convert_layout import AGNOSTIC_POOLS, followed_operand, uses, winograd_conv
     from .passes.extract_tasks import transform_task, workload_of
     from .ops import BINARY, UNARY
+    from ..te import layouts as L
     from ..te import winograd as WG
     pre = optimize(graph, passes=PRE_LAYOUT)
-    names = [n.name for n in pre.nodes if n.op == "conv2d"]
-    domains = {n.name: _conv_layouts(n, layouts) for n in pre.nodes
-               if n.op == "conv2d" and n.inputs[1].is_const and len(n.inputs) == 2 and names.count(n.name) == 1}
+    names = [n.name for n in pre.nodes]
+    packings = tuple(lay for lay in layouts if L.is_dense_packing(lay))
+    candidates = {"conv2d": lambda n: _conv_layouts(n, layouts), "dense": lambda n: packings}
+    domains = {n.name: candidates[n.op](n) for n in pre.nodes
+               if n.op in candidates and n.inputs[1].is_const and len(n.inputs) == 2 and names.count(n.name) == 1}
+    domains = {v: d for v, d in domains.items() if d}
     # the tasks of each variable's group (and of the pools that carry its layout), per layout
     group_task: dict = {}                # (node name, layout) -> Workload
     base_groups: list = []               # anchor names of the task groups under the base layout
     carried: set = set()                 # pools that take a variable's layout
-    base = "NCHW16c" if "NCHW16c" in layouts else next((lay for lay in layouts if lay not in WG.CHOICES), "NCHW")
+    base = "NCHW16c" if "NCHW16c" in layouts else \
+        next((lay for lay in layouts if not WG.parse_choice(lay) and not L.is_dense_packing(lay)), "NCHW")
     extra: dict = {}                     # (conv name, Winograd choice) -> [its input and GEMM tasks]
     for lay in dict.fromkeys([base] + [lay for d in domains.values() for lay in d]):
-        if lay in WG.CHOICES:            # every conv that can runs as `lay`, the others in NHWC
-            g = optimize(graph, layout="NHWC", layout_plan={v: lay for v, d in domains.items() if lay in d})
+        if WG.parse_choice(lay):         # every conv that can runs as `lay`, the others in its activation layout
+            g = optimize(graph, layout=WG.activation_layout(lay),
+                         layout_plan={v: lay for v, d in domains.items() if lay in d})
+        elif lay in packings:            # every dense in packing `lay`, the convs in the base layout
+            g = optimize(graph, layout=base, layout_plan={v: lay for v, d in domains.items() if lay in d})
         else:
             g = optimize(graph, layout=lay)
         for grp in g.meta["fused_groups"]:
@@ -246,8 +261,12 @@ def model_layouts(graph, layouts=("NCHW", "NHWC", "NCHW8c", "NCHW16c")) -> Model
             group_task[(node.name, lay)] = wl
             if lay == base:
                 base_groups.append(node.name)
-    for v, d in domains.items():      # a layout whose group is no task (an epilogue the library lacks) is out
-        domains[v] = tuple(lay for lay in d if (v, lay) in group_task) or ("NCHW",)
+    for v, d in list(domains.items()):   # a layout whose group is no task (an epilogue the library lacks) is out
+        ok = tuple(lay for lay in d if (v, lay) in group_task)
+        if ok or d != packings:
+            domains[v] = ok or ("NCHW",)
+        else:                               # a dense no packing can run: a fixed group
+            del domains[v]
     unary = {v: {lay: extra.get((v, lay), []) + [group_task[(v, lay)]] if (v, lay) in group_task else []
                  for lay in d} for v, d in domains.items()}
     pairs: dict = {}

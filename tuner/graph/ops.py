@@ -579,40 +579,50 @@ def _gap_task(n):
 # ---------------------------------------------------------------- Winograd (te.winograd)
 #
 # A 3x3 stride-1 conv that the layout plan runs as Winograd F(m x m, 3 x 3) becomes three nodes
-# (passes.convert_layout): winograd_input (NHWC activation -> V), winograd_gemm (V and the weight
-# transformed at compile time -> M) and winograd_output (M -> NHWC activation, the conv's epilogue
-# fused after it). Their attributes are the conv's: pad, m, and the input's H and W. All three
-# anchor a group of their own (out-elemwise-fusable: only elementwise consumers join, and only the
-# output transform has them).
+# (passes.convert_layout): winograd_input (activation -> V), winograd_gemm (V and the weight
+# transformed at compile time -> M) and winograd_output (M -> activation, the conv's epilogue
+# fused after it). Their attributes are the conv's: pad, m, the input's H and W, and the layout
+# of the activations around them (NHWC, or NCHW[x]c read and written by the transforms directly).
+# All three anchor a group of their own (out-elemwise-fusable: only elementwise consumers join,
+# and only the output transform has them).
 
 def _wino_attrs(node) -> tuple:
     a = node.attrs
     return a["pad"], a["m"], a["H"], a["W"]
 
 
+def _wino_layout(node) -> str:
+    return node.attrs.get("layout", "NHWC")
+
+
 def _wino_v_infer(node):
     pad, m, h, w = _wino_attrs(node)
     x = node.inputs[0]
-    n_, ch = (x.shape[0], x.shape[3]) if node.op == "winograd_input" else (x.shape[2], node.inputs[1].shape[3])
+    if node.op == "winograd_input":
+        n_, ch = nchw_dims(x.shape, _wino_layout(node))[:2]
+    else:
+        n_, ch = x.shape[2], node.inputs[1].shape[3]
     return WG.v_shape(n_, h, w, pad, m, ch), "float32", ""
 
 
 def _wino_out_infer(node):
     pad, m, h, w = _wino_attrs(node)
-    mm = node.inputs[0]
-    return (mm.shape[2], *WG.out_size(h, w, pad), mm.shape[5]), "float32", "NHWC"
+    mm, lay = node.inputs[0], _wino_layout(node)
+    return L.act_shape(lay, mm.shape[2], mm.shape[5], *WG.out_size(h, w, pad)), "float32", lay
 
 
 def _wino_task(node):
     pad, m, h, w = _wino_attrs(node)
     params = dict(H=h, W=w, pad=pad, m=m)
     if node.op == "winograd_input":
-        params.update(N=node.inputs[0].shape[0], C=node.inputs[0].shape[3])
+        n_, c = nchw_dims(node.inputs[0].shape, _wino_layout(node))[:2]
+        params.update(N=n_, C=c)
     elif node.op == "winograd_gemm":
         params.update(N=node.inputs[0].shape[2], C=node.inputs[0].shape[5], K=node.inputs[1].shape[3])
+        return params, "NHWC"
     else:
         params.update(N=node.inputs[0].shape[2], K=node.inputs[0].shape[5])
-    return params, "NHWC"
+    return params, _wino_layout(node)
 
 
 def _wino_flops(node) -> float:
@@ -621,15 +631,26 @@ def _wino_flops(node) -> float:
     return make(node.op, params, lay).flops
 
 
+def _wino_input_eval(node, args):
+    x = args[0] if _wino_layout(node) == "NHWC" else L.act_to_nchw(args[0], _wino_layout(node)).transpose(0, 2, 3, 1)
+    return _f32(WG.input_ref(x, node.attrs["pad"], node.attrs["m"]))
+
+
+def _wino_output_eval(node, args):
+    pad, m, h, w = _wino_attrs(node)
+    y = WG.output_ref(args[0], *WG.out_size(h, w, pad), m)
+    lay = _wino_layout(node)
+    return _f32(y if lay == "NHWC" else L.act_from_nchw(y.transpose(0, 3, 1, 2), lay))
+
+
 _WINO_DEFS = [
-    ("winograd_input", OUT_EWISE_FUSABLE, _wino_v_infer,
-     lambda n, args: _f32(WG.input_ref(args[0], n.attrs["pad"], n.attrs["m"])),
-     lambda n, ins, name: WG.input_transform(ins[0], n.attrs["pad"], n.attrs["m"], name)),
+    ("winograd_input", OUT_EWISE_FUSABLE, _wino_v_infer, _wino_input_eval,
+     lambda n, ins, name: WG.input_transform(ins[0], n.attrs["pad"], n.attrs["m"], name, _wino_layout(n))),
     ("winograd_gemm", OUT_EWISE_FUSABLE, _wino_v_infer, lambda n, args: _f32(WG.gemm_ref(args[0], args[1])),
      lambda n, ins, name: WG.batch_gemm(ins[0], ins[1], name)),
-    ("winograd_output", OUT_EWISE_FUSABLE, _wino_out_infer,
-     lambda n, args: _f32(WG.output_ref(args[0], *n.output.shape[1:3], n.attrs["m"])),
-     lambda n, ins, name: WG.output_transform(ins[0], *n.output.shape[1:3], n.attrs["m"], name)),
+    ("winograd_output", OUT_EWISE_FUSABLE, _wino_out_infer, _wino_output_eval,
+     lambda n, ins, name: WG.output_transform(ins[0], *WG.out_size(*_wino_attrs(n)[2:], n.attrs["pad"]),
+                                              n.attrs["m"], name, _wino_layout(n))),
 ]
 
 
@@ -659,7 +680,8 @@ _DEFS = [
           lambda n, ins, name: te_ops.dense(ins[0], ins[1], 0, name),
           lambda n: te_ops.dense_flops(n.inputs[0].shape[0], n.inputs[0].shape[1], n.inputs[1].shape[0]),
           {"Gemm": _onnx_gemm, "MatMul": _onnx_matmul}, _export_dense,
-          "dense", lambda n: (dict(N=n.inputs[0].shape[0], C=n.inputs[0].shape[1], K=n.inputs[1].shape[0]), "OI16o")),
+          "dense", lambda n: (dict(N=n.inputs[0].shape[0], C=n.inputs[0].shape[1], K=n.inputs[1].shape[0]),
+                              n.attrs.get("packing", L.DENSE_PACKING))),
     *(_binary_def(op) for op in te_ops.BINARY_FNS),
     *(_act_def(op) for op in te_ops.ACTIVATIONS),
     OpDef("batch_norm", OPAQUE, _same, _bn_eval, _bn_te, onnx_in={"BatchNormalization": _onnx_bn},

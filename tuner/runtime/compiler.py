@@ -383,11 +383,16 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
 
 
 def plan_summary(layouts: dict) -> str:
-    """'30 convs NCHW16c, 3 NHWC'."""
-    counts: dict = {}
-    for lay in layouts.values():
-        counts[lay] = counts.get(lay, 0) + 1
-    return ", ".join(f"{n} {lay}" for lay, n in sorted(counts.items(), key=lambda kv: -kv[1])) + " (convs)"
+    """'30 NCHW16c, 3 NHWC (convs); 1 OI (dense)'."""
+    parts = []
+    for dense, what in ((False, "convs"), (True, "dense")):
+        counts: dict = {}
+        for lay in (lay for lay in layouts.values() if L.is_dense_packing(lay) == dense):
+            counts[lay] = counts.get(lay, 0) + 1
+        if counts:
+            parts.append(", ".join(f"{n} {lay}" for lay, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+                         + f" ({what})")
+    return "; ".join(parts)
 
 
 # ---------------------------------------------------------------- the generated executor

@@ -17,6 +17,9 @@ CONV_LAYOUTS = ("NCHW", "NHWC", "NCHW8c", "NCHW16c")
 # With NCHW and NHWC as well, the first looks took over half of a 1000-trial budget and the joint
 # plan lost to a single layout (README, "Against every single layout"); they stay available.
 DEFAULT_CHOICES = ("NCHW8c", "NCHW16c", "winograd2", "winograd4")
+# A dense's weight packing unless a layout plan names another (OI, OI8o, ... in --layouts make
+# it a choice of the plan: graph.layout_plan).
+DENSE_PACKING = "OI16o"
 _BLOCKED = re.compile(r"^NCHW(\d+)c$")
 _DENSE_PACKED = re.compile(r"^OI(\d+)o$")
 
@@ -49,6 +52,11 @@ def check_activation_layout(layout: str) -> None:
         block_of(layout)
         return
     raise LayoutError(f"unknown layout {layout!r}: use one of {', '.join(CONV_LAYOUTS)}")
+
+
+def is_dense_packing(layout: str) -> bool:
+    """Whether `layout` names a dense weight packing (OI, OI[x]o) rather than an activation layout."""
+    return layout == "OI" or bool(_DENSE_PACKED.match(layout))
 
 
 def dense_block(layout: str) -> int:

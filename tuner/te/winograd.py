@@ -22,10 +22,12 @@ so a schedule that unrolls the small loops lets the C compiler fold them.
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from .expr import And, Cmp, Const, Expr, as_expr, select
-from .layouts import act_shape
+from .layouts import LayoutError, act_shape, block_of
 from .tensor import Tensor, compute, reduce_axis, sum_reduce
 from . import ops
 
@@ -191,12 +193,35 @@ def weight_transform(w_hwio: np.ndarray, m: int) -> np.ndarray:
 
 # ---------------------------------------------------------------- Winograd as a convolution's layout choice
 
-CHOICES = {f"winograd{m}": m for m in TILES}    # layout-plan values: the conv runs as F(m x m, 3 x 3) in NHWC
+CHOICES = {f"winograd{m}": m for m in TILES}    # the NHWC choices; winograd<m>@NCHW<x>c also parses (parse_choice)
+_CHOICE = re.compile(r"^winograd(\d+)(?:@(.*))?$")
+
+
+def parse_choice(choice: str) -> tuple | None:
+    """(m, activation layout) of a layout-plan value that runs a convolution as F(m x m, 3 x 3),
+    None for a plain layout. `winograd<m>` keeps NHWC activations around the convolution;
+    `winograd<m>@NCHW<x>c` keeps that blocked layout: the input transform reads it and the output
+    transform writes it (the layout transforms fused into them), so a Winograd convolution among
+    blocked ones needs no transform. Raises LayoutError (naming the value) for a malformed one."""
+    mt = _CHOICE.match(choice)
+    if not mt:
+        return None
+    m, lay = int(mt.group(1)), mt.group(2)
+    if m not in TILES:
+        raise LayoutError(f"unknown layout choice {choice!r}: Winograd tiles are "
+                          f"{' or '.join(f'winograd{t}' for t in TILES)} (optionally @NCHW8c, @NCHW16c)")
+    if lay is None:
+        return m, "NHWC"
+    if not block_of(lay):                       # raises for a bad block size itself
+        raise LayoutError(f"layout choice {choice!r}: Winograd transforms keep NHWC (winograd{m}) or a blocked "
+                          f"layout (winograd{m}@NCHW16c), not {lay!r}")
+    return m, lay
 
 
 def activation_layout(choice: str) -> str:
-    """The layout of the activations around a convolution that runs as `choice` (a layout or a CHOICES key)."""
-    return "NHWC" if choice in CHOICES else choice
+    """The layout of the activations around a convolution that runs as `choice` (a layout or a Winograd choice)."""
+    w = parse_choice(choice)
+    return w[1] if w else choice
 
 
 def applies(kernel: tuple, strides, dilations, groups: int, pads) -> bool:

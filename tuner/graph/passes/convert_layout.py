@@ -5,8 +5,8 @@ Every activation value carries the layout its data is in. Walking the graph in o
     what the graph-level solver chose, see graph.layout_plan) or else the desired layout (NCHW,
     NHWC, NCHW8c, NCHW16c); its input is transformed if needed and its constant weight is
     re-laid out now, at compile time (no transform left on weights); a plan's `winograd<m>`
-    turns a 3x3 stride-1 conv into the three Winograd nodes in NHWC (te.winograd), the weight
-    transformed now;
+    turns a 3x3 stride-1 conv into the three Winograd nodes (te.winograd) on NHWC activations,
+    `winograd<m>@NCHW<x>c` on blocked ones, the weight transformed now;
   * layout-agnostic ops carry their input's layout through: elementwise ops, broadcast ops (whose
     constant operands are re-laid to match), pooling, batch_norm; a binary op takes the layout of
     its operand that a convolution's epilogue computes (`followed_operand`: so a residual add stays
@@ -118,15 +118,30 @@ def _conv_weight(b, w, lay: str, groups: int, channels: int):
     return b.const(L.conv_weight_from_oihw(data, lay, ib, ob), f"{w.name}_OIHW{ib}i{ob}o")
 
 
-def check_conv_choice(choice: str) -> None:
-    """A layout plan's value: an activation layout or a Winograd choice (te.winograd.CHOICES)."""
-    if choice in WG.CHOICES:
+def check_choice(choice: str) -> None:
+    """A layout plan's value: a conv's activation layout or Winograd choice (te.winograd.parse_choice),
+    or a dense weight packing (OI, OI[x]o)."""
+    if WG.parse_choice(choice):
+        return
+    if L.is_dense_packing(choice):
+        L.dense_block(choice)
         return
     try:
         L.check_activation_layout(choice)
     except L.LayoutError as e:
-        raise L.LayoutError(f"{e} (a conv can also run as {' or '.join(WG.CHOICES)}: Winograd, 3x3 stride-1 only)") \
-            from None
+        raise L.LayoutError(f"{e} (a conv can also run as {' or '.join(WG.CHOICES)}, optionally @NCHW8c or "
+                            "@NCHW16c: Winograd, 3x3 stride-1 only; a dense takes a packing, OI or OI16o)") from None
+
+
+def _plan_choice(n, plan: dict, desired: str) -> str:
+    """Node n's value in the plan, refused (naming both) when it is not a kind of value n's operator takes."""
+    choice = plan.get(n.name)
+    if choice is None:
+        return desired if n.op == "conv2d" else ""
+    if L.is_dense_packing(choice) != (n.op == "dense"):
+        takes = "a weight packing (OI, OI16o)" if n.op == "dense" else "an activation layout or a Winograd choice"
+        raise L.LayoutError(f"layout plan: {n.op} {n.name!r} cannot run as {choice}: it takes {takes}")
+    return choice
 
 
 def winograd_applies(n) -> bool:
@@ -142,15 +157,16 @@ def winograd_conv(node) -> str | None:
 
 
 def _winograd(b, n, x, w, choice: str):
-    """The three Winograd nodes of conv node `n` on NHWC input `x` with constant OIHW weight `w`;
+    """The three Winograd nodes of conv node `n` on input `x` (in the choice's activation layout)
+    with constant OIHW weight `w`;
     the last one keeps the conv's name (the plan and the fused group are named after it)."""
     a = n.attrs
     if not winograd_applies(n):
         raise L.LayoutError(f"layout plan: conv {n.name!r} cannot run as {choice} (Winograd needs a 3x3 window, "
                             "stride 1, no dilation or groups, equal padding of at most 2)")
-    m = WG.CHOICES[choice]
+    m, lay = WG.parse_choice(choice)
     _, _, h, wd = nchw_dims(x.shape, x.layout)
-    attrs = {"pad": a["pads"][0], "m": m, "H": h, "W": wd}
+    attrs = {"pad": a["pads"][0], "m": m, "H": h, "W": wd, "layout": lay}
     u = b.const(WG.weight_transform(w.data.transpose(2, 3, 1, 0), m).astype(w.data.dtype), f"{w.name}_{choice}")
     v = b.add("winograd_input", [x], dict(attrs), f"{n.name}_winograd_input")
     mm = b.add("winograd_gemm", [v, u], dict(attrs), f"{n.name}_winograd_gemm")
@@ -161,7 +177,7 @@ def convert(graph: Graph, desired: str, plan: dict | None = None) -> Graph:
     L.check_activation_layout(desired)
     plan = plan or {}
     for lay in set(plan.values()):
-        check_conv_choice(lay)
+        check_choice(lay)
     b = GraphBuilder(graph.name)
     cv = _Converter(b, desired)
     used = uses(graph)
@@ -172,9 +188,9 @@ def convert(graph: Graph, desired: str, plan: dict | None = None) -> Graph:
         ins = [mapping.get(id(v), v) for v in n.inputs]
         attrs = dict(n.attrs)
         acts = [v for v in ins if not v.is_const and v.layout]
-        conv_lay = plan.get(n.name, desired) if n.op == "conv2d" else desired
-        if n.op == "conv2d" and ins[1].is_const and len(ins) == 2 and conv_lay in WG.CHOICES:
-            out = _winograd(b, n, cv.to(ins[0], "NHWC"), ins[1], conv_lay)
+        conv_lay = _plan_choice(n, plan, desired) or desired
+        if n.op == "conv2d" and ins[1].is_const and len(ins) == 2 and WG.parse_choice(conv_lay):
+            out = _winograd(b, n, cv.to(ins[0], WG.activation_layout(conv_lay)), ins[1], conv_lay)
         elif n.op == "conv2d" and ins[1].is_const and len(ins) == 2 and conv_lay != "NCHW" and _blockable(n, conv_lay):
             x = cv.to(ins[0], conv_lay)
             c = nchw_dims(ins[0].shape, ins[0].layout or "NCHW")[1]
@@ -203,6 +219,8 @@ def convert(graph: Graph, desired: str, plan: dict | None = None) -> Graph:
             vals = [cv.to(v, "NCHW") for v in ins]
             if n.op in ("conv2d",) + AGNOSTIC_POOLS:
                 attrs["layout"] = "NCHW"
+            if n.op == "dense" and n.name in plan:
+                attrs["packing"] = conv_lay
             out = b.add(n.op, vals, attrs, n.name)
         mapping[id(n.output)] = out
     outputs = [cv.to(mapping.get(id(v), v), "NCHW") for v in graph.outputs]
@@ -243,6 +261,6 @@ def convert_layout(graph: Graph, ctx) -> Graph:
     carry them through agnostic ops, cancel inverse pairs."""
     desired = ctx.options.get("layout") or "NCHW"
     plan = ctx.options.get("layout_plan") or {}
-    if desired == "NCHW" and all(v == "NCHW" for v in plan.values()):
+    if desired == "NCHW" and all(v == "NCHW" for v in plan.values()):   # (a dense packing is not NCHW)
         return graph
     return convert(graph, desired, plan)
