@@ -317,6 +317,21 @@ def test_pretrain_leaves_out_excluded_workloads_and_tune_starts_from_it(measured
     assert len({r.code_hash for r in recs}) == 16 and any(r.ok for r in recs)
 
 
+def test_a_first_look_larger_than_the_policys_first_batch_is_measured_whole(measured_log, tmp_path):
+    """With a pre-trained model, evolutionary search proposes small first batches (8); a task whose
+    first look is 16 (a Winograd GEMM in a model tune) still gets all 16 in its first round."""
+    from tuner.cost_model.pretrain import pretrain
+    model, _ = pretrain([measured_log], exclude={SMALL.key}, progress=False)
+    path = tmp_path / "other.ubj"
+    model.save(str(path))
+    out = tmp_path / "looks.jsonl"
+    s = _replay(measured_log, out, "evolutionary", 32, workloads=(SMALL, OTHER), cost_model_from=[str(path)],
+                warmup_batch=lambda wl: 16, scheduler="round-robin")
+    keys = [r.workload.key for r in records.load(out).records]
+    assert s.trials == 32 and len(keys) == 32
+    assert len(set(keys[:16])) == 1 and len(set(keys[16:])) == 1 and keys[0] != keys[16]
+
+
 def test_int_and_float_constants_are_different_expressions():
     from tuner.te.expr import Add, Const, Var, linear
     assert Const(1) != Const(1.0) and Const(1) == Const(1)

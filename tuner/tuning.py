@@ -212,23 +212,35 @@ class _Loop:
                     best = f", best {st.summary.best_latency * 1e3:.4f} ms" if st.summary.best else ""
                     bar.write(f"next: {wl.label}{f' {wl.spec}' if wl.name else ''} — {why} "
                               f"({st.summary.trials} trials so far{best})")
-                size = batch_size if st.started else self.warmup_batch(st.task.workload)
-                batch = self._propose(st, min(size, trials - session.trials), start_from_default)
-                if not batch:
+                # a first look (warmup_batch) may be larger than the policy's first batches (a
+                # pre-trained model's are small, each followed by fine-tuning): it takes as many
+                # batches as it needs, all in this round; a later round is one batch
+                first_look = not st.started
+                todo = min(batch_size if st.started else self.warmup_batch(st.task.workload),
+                           trials - session.trials)
+                ok_in_round = measured = False
+                while todo > 0 and not (time_limit is not None and time.perf_counter() - start >= time_limit):
+                    batch = self._propose(st, todo, start_from_default)
+                    if not batch:
+                        break
+                    measured = True
+                    todo -= len(batch)
+                    for cand, result in runner.measure(st.task, batch):
+                        ok_in_round |= self._record(st, cand, result, replay)
+                        bar.update(1)
+                        _show(bar, session, start, self.status, time_limit)
+                        if stop.requested:
+                            raise KeyboardInterrupt
+                        if time_limit is not None and time.perf_counter() - start >= time_limit:
+                            break            # as strict as --trials: the rest of the batch is not measured
+                    if not first_look:
+                        break
+                if not measured:
                     self.rows[k].retired = st.summary.retired = \
                         f"{st.policy.name} found no unmeasured candidate (space exhausted or search converged)"
                     bar.write(f"{st.task.name}: {st.summary.retired}")
                     continue
-                ok_in_batch = False
-                for cand, result in runner.measure(st.task, batch):
-                    ok_in_batch |= self._record(st, cand, result, replay)
-                    bar.update(1)
-                    _show(bar, session, start, self.status, time_limit)
-                    if stop.requested:
-                        raise KeyboardInterrupt
-                    if time_limit is not None and time.perf_counter() - start >= time_limit:
-                        break            # as strict as --trials: the rest of the batch is not measured
-                self.sched.record_round(k, st.summary.best_latency, failures_only=not ok_in_batch)
+                self.sched.record_round(k, st.summary.best_latency, failures_only=not ok_in_round)
                 self._after_round()
                 if self.rows[k].retired:
                     st.summary.retired = self.rows[k].retired

@@ -164,7 +164,8 @@ class ModelReport:
                                                       "relative to the chosen one (trials)"], rows,
                            ["a conv's cost in a layout is its fused group's kernel, the pools that inherit "
                             "the layout and its transforms to and from fixed NCHW boundaries; the transforms "
-                            "between convs are priced on the edges, below",
+                            "between convs are priced on the edges, below; a dense (with weight packings "
+                            "among the choices) is a row too, its cost its kernel's in each packing",
                             f"pruned: over {PRUNE_RATIO}x the chosen layout's cost, so a tune under this plan "
                             "gives it no more rounds (a task shared with a closer layout is still tuned)"]))
 
