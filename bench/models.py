@@ -17,8 +17,10 @@ tuned from an empty log with `tune_model` at 1 thread, N trials, once over its d
 choices (the joint layout plan: NCHW8c, NCHW16c, winograd2, winograd4; --joint names others) and
 once per --single layout (NCHW16c; a list, e.g. NCHW8c,NCHW16c) alone under the same budget; --joint
 given twice or more tunes each of its sets (joint1, joint2, ... in the table), so that choice sets
-are compared in one timed run; each result
-is compiled from its own log only (no shipped schedules), and all of them are timed in one
+are compared in one timed run. Where the tasks' cold prices (model_tuning.cold_prices) give another
+plan than the warm-priced one a model tune logs, that plan is compiled and timed too ("... cold"
+in the table; "... warm" under --cold-weights). Each result is compiled from its own log only
+(no shipped schedules), and all of them are timed in one
 interleaved run beside ONNX Runtime and PyTorch. Prints per model and budget: wall-clock tuning
 time, the estimate, the measured latency, the gap between them, the ratio to ONNX Runtime (paired
 per round, and of medians) and to PyTorch, the joint plan against the fastest single layout
@@ -66,7 +68,8 @@ def tune_figures(args) -> int:
                     log.unlink(missing_ok=True)
                 print(f"\n== {name}: {kind} ({', '.join(layouts)}), {n} trials -> {log}", flush=True)
                 t0 = time.perf_counter()
-                res = tune_model(name, trials=n, log=str(log), threads=1, layouts=layouts, progress=not args.quiet)
+                res = tune_model(name, trials=n, log=str(log), threads=1, layouts=layouts, progress=not args.quiet,
+                                 cold_weights=args.cold_weights)
                 wall = time.perf_counter() - t0
                 if args.resume and not res.session.new:   # nothing left: the log's own tuning time
                     wall = (tuning_seconds(records.load(str(log)).records) or [wall])[-1]
@@ -77,6 +80,17 @@ def tune_figures(args) -> int:
                 m = compile_model(name, log=str(log), threads=1, use_shipped=False)
                 label = f"tuner {kind} {n}"
                 runners[label] = lambda ins, m=m: m.run(*ins)
+                if res.other_plan is not None and res.plan is not None and res.other_plan.layouts != res.plan.layouts:
+                    # the plan the other prices give (cold weights, or warm under --cold-weights): model_tuning
+                    other = " warm" if res.record.priced == "cold" else " cold"
+                    wm = compile_model(name, log=str(log), threads=1, use_shipped=False,
+                                       layout_plan=res.other_plan.layouts)
+                    runners[label + other] = lambda ins, m=wm: m.run(*ins)
+                    variants.append({"label": label + other, "kind": kind + other, "layouts": layouts,
+                                     "trials": n, "log": str(log), "tuning_s": wall, "session_s": res.session.seconds,
+                                     "estimate_s": res.other_estimate_s, "tasks": len(res.session.tasks),
+                                     "solver_s": None, "solver_exact": res.other_plan.exact,
+                                     "plan": dict(res.other_plan.layouts), "model": wm})
                 variants.append({"label": label, "kind": kind, "layouts": layouts, "trials": n, "log": str(log),
                                  "tuning_s": wall,
                                  "session_s": res.session.seconds, "estimate_s": res.estimate_s,
@@ -99,7 +113,7 @@ def tune_figures(args) -> int:
             v["estimate_gap"] = med[v["label"]] / v["estimate_s"] - 1
             del v["model"]
         for n in counts:
-            single = min((v for v in variants if v["trials"] == n and v["kind"] not in joints),
+            single = min((v for v in variants if v["trials"] == n and v["kind"] in singles),
                          key=lambda v: v["measured_s"], default=None)
             for joint in (v for v in variants if v["trials"] == n and v["kind"] in joints and single):
                 joint["vs_single"] = single["kind"]
@@ -136,6 +150,7 @@ def main(argv=None) -> int:
                          f"{','.join(DEFAULT_CHOICES)}; NCHW and NHWC may be added); repeat to compare sets")
     ap.add_argument("--resume", action="store_true", help="with --tune: keep and resume the logs of an earlier run")
     ap.add_argument("--quiet", action="store_true", help="with --tune: no progress bars")
+    ap.add_argument("--cold-weights", action="store_true", help="with --tune: plans solved with cold prices")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     if args.tune:

@@ -343,3 +343,39 @@ def test_no_plan_while_a_needed_transform_is_unmeasured():
         solve(space.problem(lambda wl: {"a.X": 1.0, "b.Y": 1.0}.get(wl.key, math.inf)))
     plan, est = space.plan({"a.X": 1.0, "b.Y": 1.0, "t.XY": 0.5})
     assert plan.layouts == {"a": "X", "b": "Y"} and est == 2.5
+
+
+def test_a_measured_model_tune_prices_its_plan_with_weights_cold_too(tmp_cache, tmp_path, monkeypatch):
+    """After the search, every task with weights has its best kernel timed again with them evicted
+    (RunConfig.cold_weights); the plan line keeps those prices and the plan's estimate under them,
+    a resume re-times nothing it already priced, and --cold-weights solves the plan with them."""
+    import tuner.model_tuning as MT
+    from tuner.measure.runner import Runner
+    timed = []
+
+    class Counting(Runner):
+        def measure(self, task, batch):
+            assert self.config.cold_weights
+            timed.append(task.workload.key)
+            yield from super().measure(task, batch)
+    monkeypatch.setattr(MT, "Runner", Counting)
+    log = tmp_path / "cold.jsonl"
+    res = tune_model("tiny", trials=9, log=str(log), target="cpu -threads=1", layouts=("NCHW16c",),
+                     warmup_batch=1, progress=False)
+    weighted = {wl.key for wl, _ in res.space.workloads() if wl.op in ("conv2d", "dense")}
+    assert len(weighted) == 5 and sorted(timed) == sorted(weighted)
+    rec = res.record
+    assert rec.priced == "warm" and set(rec.cold) == weighted and records.load(log).plans[-1] == rec
+    best = {s.workload.key: s.best for s in res.session.tasks}
+    assert all(h == best[k].code_hash and s > 0 for k, (h, s) in rec.cold.items())
+    cold_best = dict(res.prices, **{k: s for k, (_, s) in rec.cold.items()})
+    assert math.isclose(rec.cold_estimate_s, res.space.estimate(rec.layouts, cold_best))
+    assert math.isclose(res.estimate_s, res.space.estimate(rec.layouts, res.prices))
+    assert "with the weights of its 5 kernels cold" in res.table()
+    timed.clear()
+    again = tune_model("tiny", trials=9, log=str(log), target="cpu -threads=1", layouts=("NCHW16c",),
+                       progress=False, cold_weights=True)
+    assert again.session.new == 0 and not timed                    # the last plan's prices are reused
+    assert again.record.priced == "cold" and again.record.cold == rec.cold
+    assert math.isclose(again.estimate_s, again.record.cold_estimate_s)
+    assert math.isclose(again.estimate_s, rec.cold_estimate_s)

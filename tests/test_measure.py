@@ -84,3 +84,28 @@ def test_single_thread_measurements_stay_on_one_core_with_aligned_buffers():
         b = aligned_copy(a)
         assert b.ctypes.data % 64 == 0 and aligned_empty(shape).ctypes.data % 64 == 0
         np.testing.assert_array_equal(a, b)
+
+
+def test_cold_weights_evict_exactly_the_constant_inputs_and_still_check_the_output():
+    """RunConfig.cold_weights times with the weights and bias evicted before each call
+    (tuner_time_cold) and the activations kept; a wrong kernel is still caught first."""
+    import numpy as np
+
+    from tuner.measure.runner import Runner
+    from tuner.task import Task
+    from tuner.target import parse_target
+    wl = make("conv2d", dict(C=8, H=6, W=6, K=16, R=3, S=3, pad=1, bias=1, residual=1), "NCHW8c")
+    assert wl.constant_inputs == (1, 2)                      # data, weight, bias, residual
+    assert make("winograd_gemm", dict(C=8, H=6, W=6, K=8)).constant_inputs == (1,)
+    assert make("layout_transform", dict(C=8, H=4, W=4, dst="NHWC")).constant_inputs == ()
+    task = Task(wl, parse_target("cpu", threads=1))
+    good = task.default_candidate()
+    size = int(np.prod(wl.reference(task.data[0]).shape))
+    src = BAD_SOURCES["wrong"].replace("args[2]", "args[4]").format(name="kbad", size=size)
+    bad = Candidate([["bad", "wrong"]], src, "kbad", False, code_hash(src, "kbad"))
+    with Runner(task.target, RunConfig(cold_weights=True, repeat=2, min_repeat_ms=1.0)) as runner:
+        results = [res for _, res in runner.measure(task, [good, bad])]
+        inputs = task.data[0]
+        assert runner._cold == [0, inputs[1].nbytes, inputs[2].nbytes, 0, 0]
+    assert results[0].ok and len(results[0].costs) == 2 and min(results[0].costs) > 0
+    assert results[1].error == "WRONG_ANSWER"

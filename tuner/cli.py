@@ -91,7 +91,8 @@ def _tune_model(args) -> int:
                      layouts=layouts, input_shapes=parse_input_shapes(args.input_shape),
                      batch_size=args.batch_size, policy=args.search, time_limit=args.time_limit, seed=args.seed,
                      run_config=cfg, progress=not args.no_progress, replay=args.replay,
-                     cost_model_from=args.cost_model_from, early_stopping=args.early_stopping)
+                     cost_model_from=args.cost_model_from, early_stopping=args.early_stopping,
+                     cold_weights=args.cold_weights)
     session = res.session
     print(res.table())
     rate = 60.0 * session.new / session.seconds if session.seconds else 0.0
@@ -387,6 +388,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "NCHW16c; winograd2 and winograd4 are Winograd F(2x2,3x3) and F(4x4,3x3) for 3x3 "
                         "stride-1 convs, in NHWC, or with @NCHW8c / @NCHW16c in that blocked layout); "
                         "default %(default)s")
+    t.add_argument("--cold-weights", action="store_true",
+                   help="with MODEL: solve the layout plan with each task's best kernel timed with its weights "
+                        "evicted before every call (default: with the search's timings, weights warm; the "
+                        "estimate is printed both ways)")
     t.add_argument("--input-shape", action="append", metavar="NAME=1x3x224x224",
                    help="with an .onnx MODEL: fix an input's shape")
     t.add_argument("--workload", help="built-in name (see `tuner workloads`) or a spec")

@@ -156,6 +156,11 @@ class PlanRecord:
     kind: str = "layout_plan"
     candidates: tuple = ()             # the layouts the tune chose from (--layouts); () in older logs
     peak_gflops: float | None = None   # the FP32 FMA peak of the tuning host at the target's threads
+    # workload key -> (code hash, seconds): each task with constant inputs, its best kernel timed
+    # with them cold (model_tuning.cold_prices); {} when not measured (replay, an older version)
+    cold: dict = field(default_factory=dict)
+    cold_estimate_s: float | None = None   # this plan's estimate with those prices
+    priced: str = "warm"                   # which prices the plan was solved with: "warm" or "cold"
 
     def to_json(self) -> dict:
         d = {"format": self.format, "kind": self.kind, "tool": self.tool, "model": self.model,
@@ -165,6 +170,10 @@ class PlanRecord:
             d["candidates"] = list(self.candidates)
         if self.peak_gflops is not None:
             d["peak_gflops"] = self.peak_gflops
+        if self.cold:
+            d["cold"] = {k: {"code_hash": h, "s": s} for k, (h, s) in self.cold.items()}
+            d["cold_estimate_s"] = self.cold_estimate_s
+        d["priced"] = self.priced
         return d
 
     @classmethod
@@ -182,16 +191,27 @@ class PlanRecord:
         _want(isinstance(cands, list) and all(isinstance(c, str) and c for c in cands),
               "plan candidates is not a list of layouts")
         _want(obj.get("peak_gflops") is None or _positive(obj["peak_gflops"]), "plan peak_gflops is not positive")
+        cold = obj.get("cold", {})
+        _want(isinstance(cold, dict) and all(isinstance(v, dict) and isinstance(v.get("code_hash"), str)
+                                             and _positive(v.get("s")) for v in cold.values()),
+              "plan cold is not an object of {code_hash, s} prices")
+        _want(obj.get("cold_estimate_s") is None or _positive(obj["cold_estimate_s"]),
+              "plan cold_estimate_s is not positive")
+        _want(obj.get("priced", "warm") in ("warm", "cold"), "plan priced is not 'warm' or 'cold'")
         return cls(obj["model"], obj["model_hash"], obj["target"], dict(lays), float(obj["estimate_s"]),
                    obj.get("exact", True), obj.get("timestamp", ""), obj.get("tool", ""), obj.get("format", FORMAT),
-                   candidates=tuple(cands), peak_gflops=obj.get("peak_gflops"))
+                   candidates=tuple(cands), peak_gflops=obj.get("peak_gflops"),
+                   cold={k: (v["code_hash"], float(v["s"])) for k, v in cold.items()},
+                   cold_estimate_s=obj.get("cold_estimate_s"), priced=obj.get("priced", "warm"))
 
 
 def make_plan_record(model: str, model_hash: str, target: str, layouts: dict, estimate_s: float,
-                     exact: bool, candidates=(), peak_gflops: float | None = None) -> PlanRecord:
+                     exact: bool, candidates=(), peak_gflops: float | None = None, cold: dict | None = None,
+                     cold_estimate_s: float | None = None, priced: str = "warm") -> PlanRecord:
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     return PlanRecord(model, model_hash, str(target), dict(layouts), estimate_s, exact, now, f"tuner {__version__}",
-                      candidates=tuple(candidates), peak_gflops=peak_gflops)
+                      candidates=tuple(candidates), peak_gflops=peak_gflops, cold=dict(cold or {}),
+                      cold_estimate_s=cold_estimate_s, priced=priced)
 
 
 def _want(cond, reason: str) -> None:

@@ -111,6 +111,11 @@ class ModelReport:
                  f"{'' if p.exact else ' (beam search: not proven optimal)'}",
                  f"estimated model latency {_ms(est)} (the logged plan under the log's best records; the "
                  f"plan line said {_ms(p.estimate_s)})"]
+        if p.cold:
+            lines.append(f"with weights cold ({len(p.cold)} tasks' best kernels timed again with their weights evicted "
+                         f"before every call): the plan line said {_ms(p.cold_estimate_s)}; the plan was solved with "
+                         + ("those prices (--cold-weights); the per-task 'best ms' below is the search's warm timing"
+                            if p.priced == "cold" else "the warm ones, as the search timed them"))
         if self.solved is not None:
             same = self.solved.layouts == p.layouts
             lines.append(f"the solver on the same records: {_ms(self.solved_s)} in {self.solved.seconds * 1e3:.1f} ms"
@@ -310,6 +315,11 @@ def _report(path, contents, plan, model, input_shapes, compiled, repeat) -> Mode
         by_key.setdefault(r.workload.key, []).append(r)
     fastest = {k: records.first_that_replays(v) for k, v in by_key.items()}
     best = {k: records.latency(r) for k, r in fastest.items()}
+    # the cold prices (model_tuning.cold_prices) of the kernels that are still each task's best; the
+    # plan's own prices when it was solved with them
+    cold = {k: s for k, (h, s) in plan.cold.items() if fastest.get(k) is not None and fastest[k].code_hash == h}
+    if plan.priced == "cold":
+        best.update(cold)
     uses = space.used(plan.layouts)
     rows = [TaskRow(wl, uses.get(wl.key, 0), len(by_key.get(wl.key, [])), fastest.get(wl.key)) for wl in wls]
     unary = space.problem(lambda wl: best.get(wl.key, math.inf)).unary   # per conv and layout, as the solver prices

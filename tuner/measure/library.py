@@ -22,6 +22,8 @@ CDEF = """
 int tuner_count(void);
 int tuner_run(int i, float** args);
 int tuner_time(int i, float** args, int number, int repeat, double min_repeat_ms, int flush, double* costs);
+int tuner_time_cold(int i, float** args, int nargs, const long long* cold, int number, int repeat,
+                    double min_repeat_ms, double* costs);
 """
 
 

@@ -26,6 +26,8 @@ class RunConfig:
     number: int = 0              # calls per repeat; 0 picks it from min_repeat_ms
     min_repeat_ms: float = 10.0
     flush: bool = False          # flush caches before each (single-call) repeat
+    cold_weights: bool = False   # evict the workload's constant inputs (Workload.constant_inputs) before
+                                 # every timed call, as a model meets its weights (model_tuning.cold_prices)
     rtol: float = 1e-3
     atol: float = 1e-4           # scaled by the largest reference magnitude
     pin: bool = True             # single-thread targets: keep the measurement process on one core
@@ -95,6 +97,7 @@ class Runner:
         self._conn = None
         self._data_id = None
         self._data = None
+        self._cold = []        # per kernel argument: bytes evicted before each timed call (0: kept warm)
         self._core = None      # the core claimed for this runner's measurements (first start)
 
     # ------------------------------------------------------------ process lifecycle
@@ -181,6 +184,8 @@ class Runner:
     def measure(self, task, batch: list):
         """Build the batch (one compiler call per core), then yield (candidate, result) as each is timed."""
         self._set_data(task.workload.key, *task.data)
+        consts = task.workload.constant_inputs if self.config.cold_weights else ()
+        self._cold = [a.nbytes if k in consts else 0 for k, a in enumerate(task.data[0])] + [0]
         built = build_batch([(c.func_name, c.source) for c in batch], task.target,
                             openmp=any(c.openmp for c in batch))
         for cand, b in zip(batch, built):
@@ -211,7 +216,7 @@ class Runner:
         start = time.perf_counter()
         try:
             self._conn.send(("measure", lib, index, cfg.number, cfg.repeat, cfg.min_repeat_ms, cfg.flush,
-                             cfg.rtol, cfg.atol))
+                             cfg.rtol, cfg.atol, self._cold))
             if not self._conn.poll(cfg.timeout):
                 self._kill()
                 return MeasureResult(TIMEOUT, f"no result within {cfg.timeout:g} s (hung or far too slow); "

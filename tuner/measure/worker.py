@@ -96,7 +96,7 @@ def main(conn) -> None:
                 ffi.dlclose(libs.pop(path))
             conn.send(("ready",))
         elif kind == "measure":
-            _, path, index, number, repeat, min_ms, flush, rtol, atol = msg
+            _, path, index, number, repeat, min_ms, flush, rtol, atol, cold = msg
             start = time.perf_counter()
             lib = libs.get(path)
             if lib is None:
@@ -115,7 +115,11 @@ def main(conn) -> None:
                 conn.send(("WRONG_ANSWER", problem, [], time.perf_counter() - start))
                 continue
             costs = ffi.new("double[]", repeat)
-            rc = lib.tuner_time(index, args, number, repeat, min_ms, int(flush), costs)
+            if any(cold):
+                rc = lib.tuner_time_cold(index, args, len(cold), ffi.new("long long[]", cold), number, repeat,
+                                         min_ms, costs)
+            else:
+                rc = lib.tuner_time(index, args, number, repeat, min_ms, int(flush), costs)
             if rc:
                 conn.send(("RUNTIME_ERROR", f"kernel returned error code {rc} while timed", [],
                            time.perf_counter() - start))

@@ -46,6 +46,10 @@ def _pads(p) -> tuple:
     return t * 4 if len(t) == 1 else t * 2 if len(t) == 2 else t
 
 
+# placeholder names of the inputs that are a model's constants (Workload.constant_inputs)
+CONSTANT_INPUTS = ("weight", "bias")
+
+
 @dataclass(frozen=True)
 class Workload:
     op: str
@@ -111,6 +115,12 @@ class Workload:
     def build(self) -> tuple:
         """(input tensors in argument order, output tensor)."""
         return WORKLOADS[self.op].build(self)
+
+    @cached_property
+    def constant_inputs(self) -> tuple:
+        """Positions of the inputs a compiled model holds as constants (weights, biases): read once
+        per inference, they arrive cold from memory there (measure.runner.RunConfig.cold_weights)."""
+        return tuple(k for k, t in enumerate(self.build()[0]) if t.name in CONSTANT_INPUTS)
 
     # ------------------------------------------------------------ data and reference
     def random_inputs(self, seed: int = 0) -> list:
