@@ -41,16 +41,16 @@ static void tuner_flush(void) {
   if (!junk) junk = (char*)malloc(n);
   if (junk) for (size_t k = 0; k < n; k += 64) junk[k] += 1;
 }
+static int tuner_number(int number, double once, double min_repeat_ms) {
+  if (number > 0) return number;
+  return once > 0 && once * 1e3 < min_repeat_ms ? (int)(min_repeat_ms / (once * 1e3)) + 1 : 1;
+}
 #define TUNER_TIME_LOOP(call) do { \
   double t0 = tuner_now(); \
   int rc = (call); \
   if (rc) return rc; \
   double once = tuner_now() - t0; \
-  if (flush) number = 1; \
-  else if (number <= 0) { \
-    number = 1; \
-    if (once > 0 && once * 1e3 < min_repeat_ms) number = (int)(min_repeat_ms / (once * 1e3)) + 1; \
-  } \
+  number = flush ? 1 : tuner_number(number, once, min_repeat_ms); \
   for (int r = 0; r < repeat; ++r) { \
     if (flush) tuner_flush(); \
     double s = tuner_now(); \
@@ -89,11 +89,7 @@ int tuner_time_cold(int i, float** args, int nargs, const long long* cold, int n
   double t0 = tuner_now();
   int rc = f(args);
   if (rc) return rc;
-  double once = tuner_now() - t0;
-  if (number <= 0) {
-    number = 1;
-    if (once > 0 && once * 1e3 < min_repeat_ms) number = (int)(min_repeat_ms / (once * 1e3)) + 1;
-  }
+  number = tuner_number(number, tuner_now() - t0, min_repeat_ms);
   for (int r = 0; r < repeat; ++r) {
     double total = 0;
     for (int k = 0; k < number; ++k) {

@@ -137,7 +137,7 @@ def _plan_choice(n, plan: dict, desired: str) -> str:
     """Node n's value in the plan, refused (naming both) when it is not a kind of value n's operator takes."""
     choice = plan.get(n.name)
     if choice is None:
-        return desired if n.op == "conv2d" else ""
+        return desired
     if L.is_dense_packing(choice) != (n.op == "dense"):
         takes = "a weight packing (OI, OI16o)" if n.op == "dense" else "an activation layout or a Winograd choice"
         raise L.LayoutError(f"layout plan: {n.op} {n.name!r} cannot run as {choice}: it takes {takes}")
@@ -188,7 +188,7 @@ def convert(graph: Graph, desired: str, plan: dict | None = None) -> Graph:
         ins = [mapping.get(id(v), v) for v in n.inputs]
         attrs = dict(n.attrs)
         acts = [v for v in ins if not v.is_const and v.layout]
-        conv_lay = _plan_choice(n, plan, desired) or desired
+        conv_lay = _plan_choice(n, plan, desired)
         if n.op == "conv2d" and ins[1].is_const and len(ins) == 2 and WG.parse_choice(conv_lay):
             out = _winograd(b, n, cv.to(ins[0], WG.activation_layout(conv_lay)), ins[1], conv_lay)
         elif n.op == "conv2d" and ins[1].is_const and len(ins) == 2 and conv_lay != "NCHW" and _blockable(n, conv_lay):
