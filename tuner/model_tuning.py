@@ -20,11 +20,11 @@ and over on the same inputs, so a layer's weights sit in cache, while a compiled
 them once per inference (ResNet-50's are 100 MB; a Winograd GEMM's transformed weights 1.8x or
 4x the conv's). Each task with constant inputs has its best kernel timed again with them evicted
 before every call (on this host ResNet-50's classifier went from 0.14 to 0.40 ms, its Winograd
-GEMMs up to 1.64x, its direct convs up to 1.17x: `python -m bench.cold`). The plan is solved with the warm prices unless
-cold_weights (`--cold-weights`) asks for the cold ones, and its estimate is given both ways: a
-model run back to back keeps part of its weights in the last-level cache, so it lands between
-the two, and on ResNet-50 the warm-priced plan ran faster (README). The plan is appended to the
-log as a layout-plan line, which `tuner compile` applies.
+GEMMs up to 1.64x, its direct convs up to 1.17x: `python -m bench.cold`). The plan is solved with
+the warm prices unless cold_weights (`--cold-weights`) asks for the cold ones, and its estimate
+is given both ways: a model run back to back keeps part of its weights in the last-level cache,
+so it lands between the two, and on ResNet-50 the cold-priced plan was no faster (README). The
+plan is appended to the log as a layout-plan line, which `tuner compile` applies.
 """
 from __future__ import annotations
 
