@@ -38,7 +38,7 @@ def main(argv=None) -> int:
     warm_cfg = RunConfig(repeat=3)
     cold_cfg = dataclasses.replace(warm_cfg, cold_weights=True)
     for (key, target), ref in tasks.items():
-        rec = records.first_that_replays(c.for_task(key, target))
+        rec = records.best(c, key, target)
         if rec is None:
             continue
         wl = parse_spec(ref.spec, ref.layout)

@@ -17,9 +17,10 @@ tuned from an empty log with `tune_model` at 1 thread, N trials, once over its d
 choices (the joint layout plan: NCHW8c, NCHW16c, winograd2, winograd4; --joint names others) and
 once per --single layout (NCHW16c; a list, e.g. NCHW8c,NCHW16c) alone under the same budget; --joint
 given twice or more tunes each of its sets (joint1, joint2, ... in the table), so that choice sets
-are compared in one timed run. Where the tasks' cold prices (model_tuning.cold_prices) give another
-plan than the warm-priced one a model tune logs, that plan is compiled and timed too ("... cold"
-in the table; "... warm" under --cold-weights). Each result is compiled from its own log only
+are compared in one timed run. --weights cold,warm tunes each set both ways (weights evicted
+before every timed call, the default, or kept warm; "... warm" in the table, logs *.warm.N.jsonl);
+a warm tune whose cold prices (model_tuning.cold_prices) give another plan has that plan compiled
+and timed too ("... warm cold-priced"). Each result is compiled from its own log only
 (no shipped schedules), and all of them are timed in one
 interleaved run beside ONNX Runtime and PyTorch. Prints per model and budget: wall-clock tuning
 time, the estimate, the measured latency, the gap between them, the ratio to ONNX Runtime (paired
@@ -45,6 +46,7 @@ from tuner.runtime import compile_model
 from tuner.runtime.bench import bench_model
 from tuner.runtime.peers import interleaved, onnxruntime_runner, paired_ratios, torch_runner
 from tuner.target import parse_target
+from tuner.measure.result import WEIGHTS
 from tuner.te.layouts import CONV_LAYOUTS, DEFAULT_CHOICES
 
 
@@ -55,48 +57,53 @@ def tune_figures(args) -> int:
     joint_sets = [tuple(x.strip() for x in j.split(",") if x.strip()) for j in args.joint or [",".join(DEFAULT_CHOICES)]]
     joints = {("joint" if len(joint_sets) == 1 else f"joint{i + 1}"): lays for i, lays in enumerate(joint_sets)}
     log_name = lambda lays: "joint" if lays == tuple(CONV_LAYOUTS) else "joint-" + ",".join(lays)  # noqa: E731
-    out = {"threads": 1, "single": singles, "joint": joints, "models": {}}
+    modes = [w.strip() for w in args.weights.split(",") if w.strip()]
+    if not modes or any(w not in WEIGHTS for w in modes):
+        raise SystemExit(f"--weights {args.weights!r}: give {' or '.join(WEIGHTS)}, or both comma-separated")
+    out = {"threads": 1, "single": singles, "joint": joints, "weights": modes, "models": {}}
     for kind, lays in joints.items():
         print(f"{kind}: {','.join(lays)}")
     for name in [m.strip() for m in args.models.split(",") if m.strip()]:
         graph = load_graph(name)
         variants, runners = [], {}
-        for n in counts:
-            for kind, layouts in list(joints.items()) + [(s, (s,)) for s in singles]:
-                log = Path(f"logs/bench/tune/{name}.{log_name(layouts) if kind in joints else kind}.{n}.jsonl")
-                if not args.resume:
-                    log.unlink(missing_ok=True)
-                print(f"\n== {name}: {kind} ({', '.join(layouts)}), {n} trials -> {log}", flush=True)
-                t0 = time.perf_counter()
-                res = tune_model(name, trials=n, log=str(log), threads=1, layouts=layouts, progress=not args.quiet,
-                                 cold_weights=args.cold_weights)
-                wall = time.perf_counter() - t0
-                if args.resume and not res.session.new:   # nothing left: the log's own tuning time
-                    wall = (tuning_seconds(records.load(str(log)).records) or [wall])[-1]
-                if res.session.interrupted:      # Ctrl-C / SIGTERM ends the bench, not only this tune
-                    print(f"{res.session.stopped_by}: stopped; the log keeps what was measured (--resume goes on)")
-                    return 143 if res.session.stopped_by == "SIGTERM" else 130
-                print(res.table(), flush=True)
-                m = compile_model(name, log=str(log), threads=1, use_shipped=False)
-                label = f"tuner {kind} {n}"
-                runners[label] = lambda ins, m=m: m.run(*ins)
-                if res.other_plan is not None and res.plan is not None and res.other_plan.layouts != res.plan.layouts:
-                    # the plan the other prices give (cold weights, or warm under --cold-weights): model_tuning
-                    other = " warm" if res.record.priced == "cold" else " cold"
-                    wm = compile_model(name, log=str(log), threads=1, use_shipped=False,
-                                       layout_plan=res.other_plan.layouts)
-                    runners[label + other] = lambda ins, m=wm: m.run(*ins)
-                    variants.append({"label": label + other, "kind": kind + other, "layouts": layouts,
-                                     "trials": n, "log": str(log), "tuning_s": wall, "session_s": res.session.seconds,
-                                     "estimate_s": res.other_estimate_s, "tasks": len(res.session.tasks),
-                                     "solver_s": None, "solver_exact": res.other_plan.exact,
-                                     "plan": dict(res.other_plan.layouts), "model": wm})
-                variants.append({"label": label, "kind": kind, "layouts": layouts, "trials": n, "log": str(log),
-                                 "tuning_s": wall,
-                                 "session_s": res.session.seconds, "estimate_s": res.estimate_s,
-                                 "tasks": len(res.session.tasks), "solver_s": res.plan.seconds if res.plan else None,
-                                 "solver_exact": res.plan.exact if res.plan else None,
-                                 "plan": dict(res.plan.layouts) if res.plan else None, "model": m})
+        for n, weights, (kind, layouts) in ((n, w, k) for n in counts for w in modes
+                                            for k in list(joints.items()) + [(s, (s,)) for s in singles]):
+            how = "" if weights == WEIGHTS[0] else f".{weights}"
+            log = Path(f"logs/bench/tune/{name}.{log_name(layouts) if kind in joints else kind}{how}.{n}.jsonl")
+            tag = kind if len(modes) == 1 else f"{kind} {weights}"
+            if not args.resume:
+                log.unlink(missing_ok=True)
+            print(f"\n== {name}: {kind} ({', '.join(layouts)}), {n} trials -> {log}", flush=True)
+            t0 = time.perf_counter()
+            res = tune_model(name, trials=n, log=str(log), threads=1, layouts=layouts, progress=not args.quiet,
+                             weights=weights)
+            wall = time.perf_counter() - t0
+            if args.resume and not res.session.new:   # nothing left: the log's own tuning time
+                wall = (tuning_seconds(records.load(str(log)).records) or [wall])[-1]
+            if res.session.interrupted:      # Ctrl-C / SIGTERM ends the bench, not only this tune
+                print(f"{res.session.stopped_by}: stopped; the log keeps what was measured (--resume goes on)")
+                return 143 if res.session.stopped_by == "SIGTERM" else 130
+            print(res.table(), flush=True)
+            m = compile_model(name, log=str(log), threads=1, use_shipped=False)
+            label = f"tuner {tag} {n}"
+            runners[label] = lambda ins, m=m: m.run(*ins)
+            if res.other_plan is not None and res.plan is not None and res.other_plan.layouts != res.plan.layouts:
+                other = " cold-priced"      # a warm tune's plan under its cold prices: model_tuning
+                wm = compile_model(name, log=str(log), threads=1, use_shipped=False,
+                                   layout_plan=res.other_plan.layouts)
+                runners[label + other] = lambda ins, m=wm: m.run(*ins)
+                variants.append({"label": label + other, "kind": tag + other, "layouts": layouts, "weights": weights,
+                                 "trials": n, "log": str(log), "tuning_s": wall, "session_s": res.session.seconds,
+                                 "estimate_s": res.other_estimate_s, "tasks": len(res.session.tasks),
+                                 "solver_s": None, "solver_exact": res.other_plan.exact,
+                                 "plan": dict(res.other_plan.layouts), "model": wm})
+            variants.append({"label": label, "kind": tag, "set": kind, "weights": weights, "layouts": layouts,
+                             "trials": n, "log": str(log),
+                             "tuning_s": wall,
+                             "session_s": res.session.seconds, "estimate_s": res.estimate_s,
+                             "tasks": len(res.session.tasks), "solver_s": res.plan.seconds if res.plan else None,
+                             "solver_exact": res.plan.exact if res.plan else None,
+                             "plan": dict(res.plan.layouts) if res.plan else None, "model": m})
         runners["onnxruntime"] = onnxruntime_runner(graph, 1)
         runners["torch NCHW"] = torch_runner(graph, 1, channels_last=False)
         runners["torch channels_last"] = torch_runner(graph, 1, channels_last=True)
@@ -112,10 +119,10 @@ def tune_figures(args) -> int:
             v["vs_torch"] = med[v["label"]] / med[torch_key]
             v["estimate_gap"] = med[v["label"]] / v["estimate_s"] - 1
             del v["model"]
-        for n in counts:
-            single = min((v for v in variants if v["trials"] == n and v["kind"] in singles),
-                         key=lambda v: v["measured_s"], default=None)
-            for joint in (v for v in variants if v["trials"] == n and v["kind"] in joints and single):
+        for n, weights in ((n, w) for n in counts for w in modes):
+            mine = [v for v in variants if v["trials"] == n and v["weights"] == weights]
+            single = min((v for v in mine if v.get("set") in singles), key=lambda v: v["measured_s"], default=None)
+            for joint in (v for v in mine if v.get("set") in joints and single):
                 joint["vs_single"] = single["kind"]
                 joint["vs_single_paired"] = statistics.median(paired_ratios(times[joint["label"]],
                                                                             times[single["label"]]))
@@ -150,7 +157,9 @@ def main(argv=None) -> int:
                          f"{','.join(DEFAULT_CHOICES)}; NCHW and NHWC may be added); repeat to compare sets")
     ap.add_argument("--resume", action="store_true", help="with --tune: keep and resume the logs of an earlier run")
     ap.add_argument("--quiet", action="store_true", help="with --tune: no progress bars")
-    ap.add_argument("--cold-weights", action="store_true", help="with --tune: plans solved with cold prices")
+    ap.add_argument("--weights", default=WEIGHTS[0],
+                    help=f"with --tune: how weights are timed, {' or '.join(WEIGHTS)}; a list tunes each set both "
+                         "ways (default %(default)s)")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     if args.tune:

@@ -18,7 +18,9 @@ TARGET1 = parse_target("cpu", threads=1)
 REPLAY_LOG = Path(__file__).parent / "data" / "replay.jsonl"
 REPLAY_TARGET = "cpu -isa=avx2 -cores=2 -threads=1"
 MODEL_REPLAY_LOG = Path(__file__).parent / "data" / "model-replay.jsonl"
-MODEL_REPLAY = dict(model="tiny", trials=64, layouts=("NCHW", "NHWC", "NCHW16c"), warmup_batch=2, batch_size=4)
+# the checked-in log was timed with the weights warm, so its tunes replay so (a cold one finds nothing)
+MODEL_REPLAY = dict(model="tiny", trials=64, layouts=("NCHW", "NHWC", "NCHW16c"), warmup_batch=2, batch_size=4,
+                    weights="warm")
 REPLAY_WORKLOADS = [(make("conv2d", dict(C=8, H=6, W=6, K=8, R=3, S=3, pad=1), "NCHW8c"), 48),
                     (make("conv2d", dict(C=8, H=4, W=4, K=16, R=1, S=1), "NCHW8c"), 24)]
 

@@ -227,7 +227,7 @@ def test_a_plan_that_runs_a_strided_conv_as_winograd_is_refused(tmp_cache):
 from conftest import MODEL_REPLAY, MODEL_REPLAY_LOG, REPLAY_TARGET  # noqa: E402
 from tuner import records  # noqa: E402
 from tuner.errors import UserError  # noqa: E402
-from tuner.model_tuning import OUT_OF_PLAN_WEIGHT, _weights, tune_model  # noqa: E402
+from tuner.model_tuning import OUT_OF_PLAN_WEIGHT, _latencies, _weights, tune_model  # noqa: E402
 
 
 def _replayed(log, **kw):
@@ -345,10 +345,8 @@ def test_no_plan_while_a_needed_transform_is_unmeasured():
     assert plan.layouts == {"a": "X", "b": "Y"} and est == 2.5
 
 
-def test_a_measured_model_tune_prices_its_plan_with_weights_cold_too(tmp_cache, tmp_path, monkeypatch):
-    """After the search, every task with weights has its best kernel timed again with them evicted
-    (RunConfig.cold_weights); the plan line keeps those prices and the plan's estimate under them,
-    a resume re-times nothing it already priced, and --cold-weights solves the plan with them."""
+def _counting_cold_prices(monkeypatch):
+    """The workload keys model_tuning.cold_prices times again (with the weights evicted)."""
     import tuner.model_tuning as MT
     from tuner.measure.runner import Runner
     timed = []
@@ -359,11 +357,46 @@ def test_a_measured_model_tune_prices_its_plan_with_weights_cold_too(tmp_cache, 
             timed.append(task.workload.key)
             yield from super().measure(task, batch)
     monkeypatch.setattr(MT, "Runner", Counting)
+    return timed
+
+
+def test_a_model_tune_times_its_weights_cold_by_default(tmp_cache, tmp_path, monkeypatch):
+    """Every task with weights is searched with them evicted before each timed call, and its records
+    say so; the others (pools, transforms) have none to evict. The plan is solved with those prices,
+    nothing is timed again, and a resume measures nothing."""
+    timed = _counting_cold_prices(monkeypatch)
     log = tmp_path / "cold.jsonl"
     res = tune_model("tiny", trials=9, log=str(log), target="cpu -threads=1", layouts=("NCHW16c",),
                      warmup_batch=1, progress=False)
     weighted = {wl.key for wl, _ in res.space.workloads() if wl.op in ("conv2d", "dense")}
+    recs = records.load(log).records
+    assert len(weighted) == 5 and len(recs) == 9 and not timed
+    assert {r.workload.key for r in recs if r.cold} == weighted
+    assert all(r.cold == (r.workload.key in weighted) for r in recs)
+    rec = res.record
+    assert rec.priced == "cold" and rec.cold == {} and records.load(log).plans[-1] == rec
+    assert math.isclose(res.estimate_s, res.space.estimate(rec.layouts, _latencies(res.session.tasks)))
+    assert "the 5 with weights timed with them evicted before each call" in res.table()
+    again = tune_model("tiny", trials=9, log=str(log), target="cpu -threads=1", layouts=("NCHW16c",),
+                       progress=False)
+    assert again.session.new == 0 and not timed and again.record.layouts == rec.layouts
+    with pytest.raises(UserError, match="--weights 'tepid' is not one of cold, warm"):
+        tune_model("tiny", trials=9, log=str(log), weights="tepid", progress=False)
+
+
+def test_a_warm_model_tune_prices_its_plan_with_weights_cold_too(tmp_cache, tmp_path, monkeypatch):
+    """With weights="warm" the search times kernels with their weights in cache; after it, every task
+    with weights has its best kernel timed again with them evicted (RunConfig.cold_weights); the plan
+    line keeps those prices and the plan's estimate under them, and a resume re-times nothing it
+    already priced. A cold tune of the same log does not take the warm records for its own: it
+    measures the weighted tasks again, cold."""
+    timed = _counting_cold_prices(monkeypatch)
+    log = tmp_path / "warm.jsonl"
+    res = tune_model("tiny", trials=9, log=str(log), target="cpu -threads=1", layouts=("NCHW16c",),
+                     warmup_batch=1, progress=False, weights="warm")
+    weighted = {wl.key for wl, _ in res.space.workloads() if wl.op in ("conv2d", "dense")}
     assert len(weighted) == 5 and sorted(timed) == sorted(weighted)
+    assert not any(r.cold for r in records.load(log).records)
     rec = res.record
     assert rec.priced == "warm" and set(rec.cold) == weighted and records.load(log).plans[-1] == rec
     best = {s.workload.key: s.best for s in res.session.tasks}
@@ -374,8 +407,9 @@ def test_a_measured_model_tune_prices_its_plan_with_weights_cold_too(tmp_cache, 
     assert "with the weights of its 5 kernels cold" in res.table()
     timed.clear()
     again = tune_model("tiny", trials=9, log=str(log), target="cpu -threads=1", layouts=("NCHW16c",),
-                       progress=False, cold_weights=True)
-    assert again.session.new == 0 and not timed                    # the last plan's prices are reused
-    assert again.record.priced == "cold" and again.record.cold == rec.cold
-    assert math.isclose(again.estimate_s, again.record.cold_estimate_s)
-    assert math.isclose(again.estimate_s, rec.cold_estimate_s)
+                       progress=False, weights="warm")
+    assert again.session.new == 0 and not timed and again.record.cold == rec.cold   # prices reused
+    cold = tune_model("tiny", trials=9, log=str(log), target="cpu -threads=1", layouts=("NCHW16c",),
+                      warmup_batch=1, progress=False)
+    assert cold.session.new == 5 and not timed and cold.record.priced == "cold"
+    assert {r.workload.key for r in records.load(log).records if r.cold} == weighted

@@ -1,4 +1,5 @@
 """The log survives damage, resuming never re-measures, and records mean the same everywhere."""
+import dataclasses
 import json
 import subprocess
 import sys
@@ -137,3 +138,28 @@ def test_layout_plans_share_the_log_with_records_and_the_newest_applicable_one_w
     assert c.plan("h1", "cpu -isa=avx2 -threads=1 -cores=4") == new       # any core count, same threads
     assert c.plan("h1", "cpu -isa=avx2 -threads=2 -cores=4") == other
     assert c.plan("h2", "cpu -isa=avx2 -threads=1 -cores=4") is None
+
+
+def test_records_timed_with_the_weights_cold_are_a_measurement_of_their_own(tuned_log, tmp_path):
+    """A tune under RunConfig.cold_weights marks its records cold (written as "weights": "cold"), does
+    not resume from warm records (a cold time is not comparable with a warm one), and the apply-best
+    rule takes the fastest cold record over a faster warm one."""
+    log = tmp_path / "both.jsonl"
+    log.write_text(tuned_log.read_text())
+    cold_cfg = dataclasses.replace(FAST, cold_weights=True)
+    cold = tune_op(SMALL, target=TARGET1, trials=3, log=str(log), run_config=cold_cfg, progress=False, batch_size=3)
+    assert cold.new == 3 and cold.trials == 3 and cold.best.cold
+    lines = [json.loads(ln) for ln in log.read_text().splitlines()]
+    assert [ln.get("weights") for ln in lines] == [None] * 6 + ["cold"] * 3
+    c = records.load(log)
+    assert [r.cold for r in c.for_task(SMALL.key, str(TARGET1), cold=True)] == [True] * 3
+    assert len(c.for_task(SMALL.key, str(TARGET1))) == 6
+    again = tune_op(SMALL, target=TARGET1, trials=3, log=str(log), run_config=cold_cfg, progress=False)
+    assert again.new == 0                                   # resumes from its own kind of record
+    warm = records.fastest(c.records[:6])
+    faster = dataclasses.replace(warm, costs=(min(r.latency for r in c.records) / 10,))
+    assert records.fastest(c.records + [faster]).cold
+    assert records.fastest(c.records + [faster]).latency == min(r.latency for r in c.records[6:])
+    assert records.fastest(c.records[:6] + [faster]) is faster
+    with pytest.raises(records.RecordError, match="weights is not 'warm' or 'cold'"):
+        records.Record.from_json(dict(lines[0], weights="tepid"))

@@ -78,6 +78,17 @@ def test_replayed_costs_are_the_logged_ones(measured_log, tmp_path):
         assert r.costs == logged[r.code_hash]
 
 
+def test_a_replay_gives_only_records_timed_as_the_tune_times(measured_log, tmp_path):
+    """The checked-in log was timed with the weights warm: a tune that times them cold finds none of
+    its candidates there, and says why, rather than taking warm costs for cold ones."""
+    from tuner.measure.runner import RunConfig
+    out = tmp_path / "cold.jsonl"
+    _replay(measured_log, out, "random", 8, run_config=RunConfig(cold_weights=True))
+    recs = records.load(out).records
+    assert len(recs) == 8 and all(r.error == "NOT_IN_LOG" and r.cold for r in recs)
+    assert all("with its weights cold" in r.message for r in recs)
+
+
 def test_all_failing_task_is_reported_and_the_others_go_on(measured_log, tmp_path):
     """OTHER's every candidate fails here (its log entries are rewritten as wrong answers)."""
     broken = tmp_path / "broken.jsonl"

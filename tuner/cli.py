@@ -92,7 +92,7 @@ def _tune_model(args) -> int:
                      batch_size=args.batch_size, policy=args.search, time_limit=args.time_limit, seed=args.seed,
                      run_config=cfg, progress=not args.no_progress, replay=args.replay,
                      cost_model_from=args.cost_model_from, early_stopping=args.early_stopping,
-                     cold_weights=args.cold_weights)
+                     weights=args.weights)
     session = res.session
     print(res.table())
     rate = 60.0 * session.new / session.seconds if session.seconds else 0.0
@@ -372,6 +372,7 @@ def _cmd_passes(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .measure.result import WEIGHTS
     from .te.layouts import DEFAULT_CHOICES
     p = argparse.ArgumentParser(prog="tuner", description="Autotuning scheduler for deep-learning operators.")
     from . import __version__
@@ -388,10 +389,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "NCHW16c; winograd2 and winograd4 are Winograd F(2x2,3x3) and F(4x4,3x3) for 3x3 "
                         "stride-1 convs, in NHWC, or with @NCHW8c / @NCHW16c in that blocked layout); "
                         "default %(default)s")
-    t.add_argument("--cold-weights", action="store_true",
-                   help="with MODEL: solve the layout plan with each task's best kernel timed with its weights "
-                        "evicted before every call (default: with the search's timings, weights warm; the "
-                        "estimate is printed both ways)")
+    t.add_argument("--weights", choices=WEIGHTS, default=WEIGHTS[0],
+                   help="with MODEL: time the kernels that have weights with the weights evicted before every "
+                        "call, as a compiled model meets them (cold, the default), or kept in cache as an "
+                        "operator tune does (warm; the plan's estimate is then also given with them cold)")
     t.add_argument("--input-shape", action="append", metavar="NAME=1x3x224x224",
                    help="with an .onnx MODEL: fix an input's shape")
     t.add_argument("--workload", help="built-in name (see `tuner workloads`) or a spec")

@@ -15,16 +15,18 @@ win a round), and none when every conv layout it is part of costs over PRUNE_RAT
 one (pruned: a layout that measured clearly worse is not tuned further while the plan stands). The estimated model
 latency on the progress line is the plan's cost plus the fixed groups.
 
-At the end the tasks are priced cold as well (`cold_prices`): the search times each kernel over
-and over on the same inputs, so a layer's weights sit in cache, while a compiled model reads
-them once per inference (ResNet-50's are 100 MB; a Winograd GEMM's transformed weights 1.8x or
-4x the conv's). Each task with constant inputs has its best kernel timed again with them evicted
-before every call (on this host ResNet-50's classifier went from 0.14 to 0.40 ms, its Winograd
-GEMMs up to 1.64x, its direct convs up to 1.17x: `python -m bench.cold`). The plan is solved with
-the warm prices unless cold_weights (`--cold-weights`) asks for the cold ones, and its estimate
-is given both ways: a model run back to back keeps part of its weights in the last-level cache,
-so it lands between the two, and on ResNet-50 the cold-priced plan was no faster (README). The
-plan is appended to the log as a layout-plan line, which `tuner compile` applies.
+Weights are timed cold (weights="cold", the default; `--weights`): a kernel timed over and over
+on the same inputs keeps its weights in cache, while a compiled model reads them once per
+inference (ResNet-50's are 100 MB; a Winograd GEMM's transformed weights 1.8x or 4x the conv's).
+So every task with constant inputs is searched with them evicted before each timed call
+(RunConfig.cold_weights; its records say so, Record.cold): on this host the same kernels ran up
+to 2.9x slower cold (ResNet-50's classifier) and 1.64x (its Winograd GEMMs; `python -m
+bench.cold`), and the search then finds other schedules (the 128x28x28 F(4,3) GEMM: 0.93 ms cold
+against 1.36 ms for the warm search's best, README). With weights="warm" the search times them
+warm, as an operator tune does, and the plan is solved with those prices; each weighted task's
+best kernel is then timed again cold (`cold_prices`, also for a task whose best record predates
+cold timing), and the estimate is given both ways. The plan is appended to the log as a
+layout-plan line, which `tuner compile` applies.
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ from .errors import UserError
 from .graph import Graph, load
 from .graph.layout_plan import ModelLayouts, Plan, model_layouts
 from .measure.peak import peak_gflops
+from .measure.result import WEIGHTS
 from .measure.runner import RunConfig, Runner
 from .task import Task
 from .runtime.compiler import graph_digest, plan_summary
@@ -72,7 +75,7 @@ class ModelTuneResult:
     estimate_s: float            # plan cost plus the fixed groups (inf without a plan)
     record: records.PlanRecord | None
     prices: dict = field(default_factory=dict)   # workload key -> seconds the plan was solved with
-    other_plan: Plan | None = None               # the plan the other prices (cold or warm) give
+    other_plan: Plan | None = None               # weights="warm": the plan the cold prices give
     other_estimate_s: float = math.inf           # its estimate under those prices
 
     def table(self) -> str:
@@ -91,10 +94,10 @@ class ModelTuneResult:
         rows.append(f"layout plan: {plan_summary(self.plan.layouts)}; solved in {self.plan.seconds * 1e3:.1f} ms"
                     f"{'' if self.plan.exact else ' (beam search: not proven optimal)'}")
         r = self.record
-        cold = sum(k in r.cold for k in used) if r else 0
+        cold = sum(k in r.cold or (by_key[k].best is not None and by_key[k].best.cold) for k in used) if r else 0
         rows.append(f"estimated model latency {self.estimate_s * 1e3:.3f} ms (sum of the plan's tasks, "
-                    + (f"{cold} timed with their weights cold)" if r and r.priced == "cold" else
-                       "as the search timed them, weights warm in cache)"))
+                    + (f"the {cold} with weights timed with them evicted before each call, as a model meets them)"
+                       if r and r.priced == "cold" else "as the search timed them, weights warm in cache)"))
         if cold and r.priced == "warm":
             rows.append(f"with the weights of its {cold} kernels cold (timed again with them evicted before each "
                         f"call): {r.cold_estimate_s * 1e3:.3f} ms; a model run back to back lands between")
@@ -136,11 +139,11 @@ def _weights(space: ModelLayouts, plan: Plan, tasks) -> list:
 def cold_prices(tasks, tgt, known: dict | None = None, progress: bool = True,
                 config: RunConfig | None = None) -> dict:
     """{workload key: (code hash, seconds)} for each task with constant inputs (weights, biases) and
-    a best record: that kernel timed with the constants evicted from every cache before each call
-    (RunConfig.cold_weights), as a compiled model meets them. An entry of `known` (the log's last
-    plan) for the same code is reused, so a resumed tune with nothing new re-times nothing."""
+    a best record timed warm: that kernel timed with the constants evicted from every cache before
+    each call (RunConfig.cold_weights), as a compiled model meets them. An entry of `known` (the
+    log's last plan) for the same code is reused, so a resumed tune with nothing new re-times nothing."""
     known = known or {}
-    todo = [s for s in tasks if s.best is not None and s.workload.constant_inputs]
+    todo = [s for s in tasks if s.best is not None and not s.best.cold and s.workload.constant_inputs]
     out = {s.workload.key: known[s.workload.key] for s in todo
            if known.get(s.workload.key, (None,))[0] == s.best.code_hash}
     todo = [s for s in todo if s.workload.key not in out]
@@ -159,12 +162,16 @@ def cold_prices(tasks, tgt, known: dict | None = None, progress: bool = True,
 
 def tune_model(model, trials: int, log: str | None = None, target: str = "cpu", threads: int | None = None,
                layouts=DEFAULT_CHOICES, input_shapes: dict | None = None, warmup_batch: int = 4,
-               batch_size: int = 16, policy: str = "evolutionary", cold_weights: bool = False,
+               batch_size: int = 16, policy: str = "evolutionary", weights: str = WEIGHTS[0],
                **kwargs) -> ModelTuneResult:
     """Tune a built-in model, an ONNX file or a Graph until `trials` records exist for its tasks in
-    `log`; price the tasks cold too (cold_prices; not for replayed costs or a stopped tune) and
-    append the layout plan to the log, solved with the cold prices when cold_weights, else with
-    the warm ones. Other options as tuning.tune."""
+    `log`, its weighted tasks timed with their weights cold or warm (`weights`, see the module's
+    doc), and append the layout plan to the log, solved with those prices; a task whose best was
+    timed warm is also priced cold (cold_prices; not for replayed costs or a stopped tune), which
+    with weights="cold" is what the plan uses. Other options as tuning.tune (run_config's
+    cold_weights is set by `weights`)."""
+    if weights not in WEIGHTS:
+        raise UserError(f"--weights {weights!r} is not one of {', '.join(WEIGHTS)}")
     for lay in layouts:
         check_choice(lay)
     graph = model if isinstance(model, Graph) else load(str(model), input_shapes)
@@ -200,8 +207,9 @@ def tune_model(model, trials: int, log: str | None = None, target: str = "cpu", 
         return _weights(space, plan, tasks), (f"estimated model {est * 1e3:.2f} ms{trend}, "
                                               f"{plan_summary(plan.layouts)}")
 
+    config = dataclasses.replace(kwargs.pop("run_config", None) or RunConfig(), cold_weights=weights == "cold")
     session = tune(pairs, target=tgt, trials=trials, log=log, policy=policy, batch_size=batch_size,
-                   scheduler="gradient", warmup_batch=first_look, on_round=on_round, **kwargs)
+                   scheduler="gradient", warmup_batch=first_look, on_round=on_round, run_config=config, **kwargs)
     prices = _latencies(session.tasks)
     plan, est = space.plan(prices)
     other, other_est = None, math.inf
@@ -210,18 +218,19 @@ def tune_model(model, trials: int, log: str | None = None, target: str = "cpu", 
     cold_est = None
     if plan is not None and math.isfinite(est) and measured_here and not session.interrupted:
         last = records.load(log, warn=False).plan(graph_digest(graph), str(tgt))
-        cold = cold_prices(session.tasks, tgt, last.cold if last else None, kwargs.get("progress", True),
-                           kwargs.get("run_config"))
+        cold = cold_prices(session.tasks, tgt, last.cold if last else None, kwargs.get("progress", True), config)
         cold_best = dict(prices, **{k: s for k, (_, s) in cold.items()})
-        other, other_est = space.plan(cold_best)
-        if cold_weights:
-            (plan, est), (other, other_est), prices = (other, other_est), (plan, est), cold_best
-        cold_est = space.estimate(plan.layouts, cold_best)
+        if weights == "cold":       # cold already, but for the warm bests of an older log, priced just now
+            prices = cold_best
+            plan, est = space.plan(prices)
+        else:
+            other, other_est = space.plan(cold_best)
+        cold_est = space.estimate(plan.layouts, cold_best) if cold else None   # (what the plan line keeps)
     rec = None
     if plan is not None and math.isfinite(est):
         # the host's peak goes with the plan (for `tuner analyze`'s fraction of peak)
         peak = peak_gflops(tgt, tgt.threads, 5_000_000) if measured_here else None
         rec = records.make_plan_record(name, graph_digest(graph), str(tgt), plan.layouts, est, plan.exact,
-                                       tuple(layouts), peak, cold, cold_est, "cold" if cold_weights and cold else "warm")
+                                       tuple(layouts), peak, cold, cold_est, weights)
         records.append(log, [rec])
     return ModelTuneResult(name, space, session, plan, est, rec, prices, other, other_est)

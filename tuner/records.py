@@ -75,6 +75,9 @@ class Record:
     decisions: dict | None = None
     replayed_from: str | None = None    # costs copied from that log, not measured now
     format: int = FORMAT
+    # timed with the weights evicted before every call (RunConfig.cold_weights), as a compiled model
+    # meets them; such costs are compared only with each other (LogContents.for_task, fastest)
+    cold: bool = False
 
     @property
     def ok(self) -> bool:
@@ -98,6 +101,8 @@ class Record:
             d["decisions"] = self.decisions
         if self.replayed_from is not None:
             d["replayed_from"] = self.replayed_from
+        if self.cold:
+            d["weights"] = "cold"
         return d
 
     @classmethod
@@ -133,11 +138,13 @@ class Record:
         _want(obj.get("replayed_from") is None or isinstance(obj["replayed_from"], str),
               "replayed_from is not a string")
         _want(_integer(obj.get("format", FORMAT)), "format is not an integer")
+        _want(obj.get("weights", "warm") in ("warm", "cold"), "weights is not 'warm' or 'cold'")
         return cls(WorkloadRef(w["key"], w["spec"], w["layout"], w.get("name", ""), w.get("dtype", "float32")),
                    obj["target"], steps, tuple(float(c) for c in costs), error, obj.get("code_hash"),
                    obj.get("message", ""), float(obj.get("build_s", 0.0)), float(obj.get("run_s", 0.0)),
                    obj.get("timestamp", ""), obj.get("tool", ""), obj.get("policy", ""), obj.get("seed"),
-                   obj.get("decisions"), obj.get("replayed_from"), obj.get("format", FORMAT))
+                   obj.get("decisions"), obj.get("replayed_from"), obj.get("format", FORMAT),
+                   obj.get("weights") == "cold")
 
 
 @dataclass(frozen=True)
@@ -248,9 +255,10 @@ class LogContents:
     def skipped(self) -> int:
         return sum(self.reasons.values())
 
-    def for_task(self, key: str, target: str) -> list:
-        """Records of a workload measured on exactly `target` (what a tune resumes from)."""
-        return [r for r in self.records if r.workload.key == key and r.target == target]
+    def for_task(self, key: str, target: str, cold: bool = False) -> list:
+        """Records of a workload measured on exactly `target`, with its weights cold or not (what a
+        tune resumes from: a cold time is not comparable with a warm one)."""
+        return [r for r in self.records if r.workload.key == key and r.target == target and r.cold == cold]
 
     def applicable(self, key: str, target: str) -> list:
         """Records of a workload that apply on `target`: same backend, ISA and thread count
@@ -286,7 +294,7 @@ def make_record(workload, target, steps, result, code_hash: str, policy: str, se
     return Record(WorkloadRef(**workload.to_json()), str(target), steps, tuple(float(c) for c in result.costs),
                   result.error, code_hash, result.message, round(result.build_s, 6), round(result.run_s, 6),
                   _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), f"tuner {__version__}",
-                  policy, seed, decisions, replayed_from)
+                  policy, seed, decisions, replayed_from, cold=result.cold)
 
 
 # ------------------------------------------------------------ paths
@@ -451,11 +459,19 @@ def first_that_replays(recs):
     return next(iter(fastest_that_replay(recs, 1)), None)
 
 
+def fastest(recs):
+    """The best of one workload's records: the fastest that replays among those timed with the
+    weights cold (as a compiled model meets them), else among the others; a cold time and a warm
+    one are never compared (the same kernel is up to 2.9x slower cold: bench/cold.py)."""
+    recs = list(recs)
+    return first_that_replays([r for r in recs if r.cold]) or first_that_replays([r for r in recs if not r.cold])
+
+
 def best(log: str | os.PathLike | LogContents, key: str, target: str):
-    """The fastest successful record of a workload that applies on `target` (LogContents.applicable)
-    and still replays, or None: the apply-best rule of build_op and tuner compile alike."""
+    """The best record (`fastest`) of a workload that applies on `target` (LogContents.applicable),
+    or None: the apply-best rule of build_op and tuner compile alike."""
     contents = log if isinstance(log, LogContents) else load(log)
-    return first_that_replays(contents.applicable(key, target))
+    return fastest(contents.applicable(key, target))
 
 
 def apply_best(logs: list, workload, target: str, quiet: bool = False):

@@ -135,9 +135,9 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
     try:
         factory = policy_factory(policy, tgt, seed, cost_model_from)
         loop = _Loop(pairs, tgt, log, factory, seed, SCHEDULERS[scheduler], early_stopping,
-                     warmup_batch if callable(warmup_batch) else lambda wl: warmup_batch or batch_size, on_round)
-        return loop.run(trials, time_limit, batch_size, start_from_default, progress, replay,
-                        runner, run_config or RunConfig())
+                     warmup_batch if callable(warmup_batch) else lambda wl: warmup_batch or batch_size, on_round,
+                     run_config or RunConfig())
+        return loop.run(trials, time_limit, batch_size, start_from_default, progress, replay, runner)
     finally:
         claims.release()
 
@@ -145,13 +145,14 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
 class _Loop:
     """One session: propose -> build and measure -> record, round after round, as the scheduler picks."""
 
-    def __init__(self, pairs, tgt, log, factory, seed, scheduler_cls, early_stopping, warmup_batch, on_round):
-        self.tgt, self.log, self.factory = tgt, log, factory
+    def __init__(self, pairs, tgt, log, factory, seed, scheduler_cls, early_stopping, warmup_batch, on_round,
+                 run_config):
+        self.tgt, self.log, self.factory, self.run_config = tgt, log, factory, run_config
         contents = records.load(log, warn=False)
         self.states, self.rows = [], []
         for wl, weight in pairs:
             task = Task(wl, tgt)
-            previous = contents.for_task(wl.key, str(tgt))
+            previous = contents.for_task(wl.key, str(tgt), run_config.times_cold(wl))
             best = records.first_that_replays(previous)
             if best is None and any(r.ok for r in previous):
                 # measured code this tuner no longer generates (another version): not a head start
@@ -181,14 +182,14 @@ class _Loop:
         for row, w in zip(self.rows, weights or ()):
             row.weight = w          # the scheduler's weight; TuneSummary.weight stays the occurrence count
 
-    def run(self, trials, time_limit, batch_size, start_from_default, progress, replay, runner, run_config) -> Session:
-        session, own_runner = self.session, runner is None
+    def run(self, trials, time_limit, batch_size, start_from_default, progress, replay, runner) -> Session:
+        session, own_runner, run_config = self.session, runner is None, self.run_config
         bar, stop, start = None, None, time.perf_counter()
         try:        # one cleanup below, also when the runner or the bar fails to start
             stop = _StopSignals(grace=run_config.timeout + 5.0)
             self.factory.start([st.task for st in self.states])
             if runner is None:
-                runner = ReplayRunner(replay) if replay else Runner(self.tgt, run_config)
+                runner = ReplayRunner(replay, run_config) if replay else Runner(self.tgt, run_config)
             bar = tqdm(total=trials, initial=min(session.trials, trials), disable=not progress, unit="trial",
                        desc=self.states[0].task.name if len(self.states) == 1 else f"{len(self.states)} tasks",
                        dynamic_ncols=True)

@@ -64,7 +64,7 @@ def distill(logs: list, out: str, remeasure_top: int = 0, rounds: int = 5, progr
                          f"(rank {next(k for k, c in enumerate(cands) if c.code_hash == b.code_hash) + 1} "
                          f"of {len(cands)})")
         else:
-            b = records.first_that_replays(recs)
+            b = records.fastest(recs)
         if b is not None:
             best.append(b)
     ordered = sorted(best, key=lambda r: (r.target, r.workload.title, r.workload.layout))

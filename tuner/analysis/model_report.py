@@ -111,11 +111,15 @@ class ModelReport:
                  f"{'' if p.exact else ' (beam search: not proven optimal)'}",
                  f"estimated model latency {_ms(est)} (the logged plan under the log's best records; the "
                  f"plan line said {_ms(p.estimate_s)})"]
-        if p.cold:
+        if p.priced == "cold":
+            lines.append("weights cold: the tasks with weights were timed with them evicted before every call, as a "
+                         "model meets them (--weights cold)"
+                         + (f"; {len(p.cold)} whose best record was timed warm were timed again so, and their "
+                            "'best ms' below is the warm timing" if p.cold else ""))
+        elif p.cold:
             lines.append(f"with weights cold ({len(p.cold)} tasks' best kernels timed again with their weights evicted "
                          f"before every call): the plan line said {_ms(p.cold_estimate_s)}; the plan was solved with "
-                         + ("those prices (--cold-weights); the per-task 'best ms' below is the search's warm timing"
-                            if p.priced == "cold" else "the warm ones, as the search timed them"))
+                         "the warm ones, as the search timed them (--weights warm)")
         if self.solved is not None:
             same = self.solved.layouts == p.layouts
             lines.append(f"the solver on the same records: {_ms(self.solved_s)} in {self.solved.seconds * 1e3:.1f} ms"
@@ -313,7 +317,7 @@ def _report(path, contents, plan, model, input_shapes, compiled, repeat) -> Mode
     by_key: dict = {}
     for r in recs:
         by_key.setdefault(r.workload.key, []).append(r)
-    fastest = {k: records.first_that_replays(v) for k, v in by_key.items()}
+    fastest = {k: records.fastest(v) for k, v in by_key.items()}
     best = {k: records.latency(r) for k, r in fastest.items()}
     # the cold prices (model_tuning.cold_prices) of the kernels that are still each task's best; the
     # plan's own prices when it was solved with them

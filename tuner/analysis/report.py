@@ -101,13 +101,13 @@ def analyze(path: str, contents: records.LogContents | None = None) -> Report:
     for recs in by_task.values():
         w = recs[0].workload
         t = TaskReport(w.title, w.spec, w.layout, recs[0].target, _flops(w))
-        best = records.first_that_replays(recs)
+        best = records.fastest(recs)
         best_so_far = float("inf")
         for rec in recs:
             t.trials += 1
             if rec.ok:
                 t.valid += 1
-                if rec.latency < best_so_far and rec.latency >= records.latency(best):
+                if rec.cold == (best is not None and best.cold) and best_so_far > rec.latency >= records.latency(best):
                     best_so_far = rec.latency
                     t.best_latency, t.best_trial = best_so_far, t.trials
             else:

@@ -1,7 +1,8 @@
 """Replay mode: costs come from an existing log instead of the hardware.
 
-Candidates are matched by workload, target and code hash, so any policy that proposes code the
-log measured gets the logged result; anything else gets a NOT_IN_LOG result that policies skip.
+Candidates are matched by workload, target, code hash and how the weights were timed (warm, or
+cold under RunConfig.cold_weights), so any policy that proposes code the log measured that way
+gets the logged result; anything else gets a NOT_IN_LOG result that policies skip.
 This is how search strategies are compared deterministically and tested without measuring.
 """
 from __future__ import annotations
@@ -9,25 +10,29 @@ from __future__ import annotations
 from .. import records
 from ..errors import UserError
 from .result import NOT_IN_LOG, MeasureResult
+from .runner import RunConfig
 
 
 class ReplayRunner:
-    def __init__(self, log: str):
+    def __init__(self, log: str, config: RunConfig | None = None):
         self.path = str(log)
+        self.config = config or RunConfig()
         contents = records.load(log, warn=False)
         if not contents.records:
             raise UserError(f"replay log {log} has no records")
-        self._by_code = {(*r.task_key, r.code_hash): r for r in contents.records}
+        self._by_code = {(*r.task_key, r.cold, r.code_hash): r for r in contents.records}
 
     def measure(self, task, batch: list):
         """Yield (candidate, result) with the logged result of the same code, as Runner.measure does."""
         for cand in batch:
-            rec = self._by_code.get((task.workload.key, str(task.target), cand.code_hash))
+            cold = self.config.times_cold(task.workload)
+            rec = self._by_code.get((task.workload.key, str(task.target), cold, cand.code_hash))
             if rec is None:
+                how = " with its weights cold" if cold else ""
                 yield cand, MeasureResult(NOT_IN_LOG, f"code {cand.code_hash} of {task.name} was never measured "
-                                          f"in {self.path}")
+                                          f"in {self.path}{how}", cold=cold)
             else:
-                yield cand, MeasureResult(rec.error, rec.message, list(rec.costs), rec.build_s, rec.run_s)
+                yield cand, MeasureResult(rec.error, rec.message, list(rec.costs), rec.build_s, rec.run_s, cold)
 
     def close(self):
         pass

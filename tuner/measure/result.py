@@ -10,6 +10,8 @@ TIMEOUT = "TIMEOUT"
 WRONG_ANSWER = "WRONG_ANSWER"
 NOT_IN_LOG = "NOT_IN_LOG"      # replay mode: the candidate was never measured in the replayed log
 ERROR_KINDS = (OK, COMPILE_ERROR, RUNTIME_ERROR, TIMEOUT, WRONG_ANSWER, NOT_IN_LOG)
+# how a kernel's weights are timed: evicted before every call (MeasureResult.cold), or kept in cache
+WEIGHTS = ("cold", "warm")      # a model tune's choice (--weights); the first is its default
 
 
 def median_cost(costs) -> float:
@@ -27,6 +29,7 @@ class MeasureResult:
     costs: list = field(default_factory=list)   # seconds per call, one per repeat
     build_s: float = 0.0
     run_s: float = 0.0
+    cold: bool = False      # timed with the workload's weights evicted before every call (RunConfig.times_cold)
 
     @property
     def ok(self) -> bool:

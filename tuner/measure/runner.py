@@ -27,10 +27,15 @@ class RunConfig:
     min_repeat_ms: float = 10.0
     flush: bool = False          # flush caches before each (single-call) repeat
     cold_weights: bool = False   # evict the workload's constant inputs (Workload.constant_inputs) before
-                                 # every timed call, as a model meets its weights (model_tuning.cold_prices)
+                                 # every timed call, as a model meets its weights (a model tune's default)
     rtol: float = 1e-3
     atol: float = 1e-4           # scaled by the largest reference magnitude
     pin: bool = True             # single-thread targets: keep the measurement process on one core
+
+    def times_cold(self, workload) -> bool:
+        """Whether this config times `workload` with its weights evicted: the condition its records
+        carry (Record.cold); a workload without constant inputs has none to evict."""
+        return self.cold_weights and bool(workload.constant_inputs)
 
     def __post_init__(self):
         """A timeout of 0 would record every candidate as TIMEOUT, -1 repeats as RUNTIME_ERROR: refused."""
@@ -184,16 +189,17 @@ class Runner:
     def measure(self, task, batch: list):
         """Build the batch (one compiler call per core), then yield (candidate, result) as each is timed."""
         self._set_data(task.workload.key, *task.data)
-        consts = task.workload.constant_inputs if self.config.cold_weights else ()
+        cold = self.config.times_cold(task.workload)
+        consts = task.workload.constant_inputs if cold else ()
         self._cold = [a.nbytes if k in consts else 0 for k, a in enumerate(task.data[0])] + [0]
         built = build_batch([(c.func_name, c.source) for c in batch], task.target,
                             openmp=any(c.openmp for c in batch))
         for cand, b in zip(batch, built):
             if b.error is not None:
-                yield cand, MeasureResult(COMPILE_ERROR, b.error, build_s=b.seconds)
+                yield cand, MeasureResult(COMPILE_ERROR, b.error, build_s=b.seconds, cold=cold)
                 continue
             result = self.run(b.lib, b.index)
-            result.build_s = b.seconds
+            result.build_s, result.cold = b.seconds, cold
             yield cand, result
         self._release()
 
