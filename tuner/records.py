@@ -30,7 +30,7 @@ from filelock import FileLock
 
 from . import __version__
 from .errors import SetupError, UserError
-from .measure.result import ERROR_KINDS, NOT_IN_LOG, OK, median_cost
+from .measure.result import ERROR_KINDS, NOT_IN_LOG, OK, WEIGHTS, median_cost
 
 FORMAT = 1
 MAX_LINE = 1 << 20          # a record is a few KB; a longer line is damage, skipped without reading it whole
@@ -138,7 +138,7 @@ class Record:
         _want(obj.get("replayed_from") is None or isinstance(obj["replayed_from"], str),
               "replayed_from is not a string")
         _want(_integer(obj.get("format", FORMAT)), "format is not an integer")
-        _want(obj.get("weights", "warm") in ("warm", "cold"), "weights is not 'warm' or 'cold'")
+        _want(obj.get("weights", "warm") in WEIGHTS, "weights is not 'warm' or 'cold'")
         return cls(WorkloadRef(w["key"], w["spec"], w["layout"], w.get("name", ""), w.get("dtype", "float32")),
                    obj["target"], steps, tuple(float(c) for c in costs), error, obj.get("code_hash"),
                    obj.get("message", ""), float(obj.get("build_s", 0.0)), float(obj.get("run_s", 0.0)),
@@ -204,7 +204,7 @@ class PlanRecord:
               "plan cold is not an object of {code_hash, s} prices")
         _want(obj.get("cold_estimate_s") is None or _positive(obj["cold_estimate_s"]),
               "plan cold_estimate_s is not positive")
-        _want(obj.get("priced", "warm") in ("warm", "cold"), "plan priced is not 'warm' or 'cold'")
+        _want(obj.get("priced", "warm") in WEIGHTS, "plan priced is not 'warm' or 'cold'")
         return cls(obj["model"], obj["model_hash"], obj["target"], dict(lays), float(obj["estimate_s"]),
                    obj.get("exact", True), obj.get("timestamp", ""), obj.get("tool", ""), obj.get("format", FORMAT),
                    candidates=tuple(cands), peak_gflops=obj.get("peak_gflops"),
