@@ -35,6 +35,19 @@ def test_tune_analyze_show(tmp_path):
     assert "matches the logged code hash" in show.stdout and "int kernel(float** restrict args)" in show.stdout
 
 
+def test_an_operator_tune_can_time_its_weights_cold(tmp_path):
+    """--weights cold on an operator tune evicts the weights before every timed call, as a model tune
+    does by default; its records and its summary line say so."""
+    import json
+    log = tmp_path / "cold.jsonl"
+    out = tuner("tune", "--workload", SMALL, "--layout", "NHWC", "--threads", "1", "--trials", "3", "--weights",
+                "cold", "--log", str(log), "--no-progress", "--repeat", "1", "--min-repeat-ms", "0.5")
+    assert out.returncode == 0, out.stderr
+    assert "(weights cold)" in out.stdout
+    lines = [json.loads(ln) for ln in log.read_text().splitlines()]
+    assert len(lines) == 3 and all(ln["weights"] == "cold" for ln in lines)
+
+
 @pytest.mark.parametrize("args, message", [
     (["tune", "--workload", "r50.nope"], "unknown workload"),
     (["tune", "--workload", SMALL, "--layout", "NCWH"], "unknown layout"),

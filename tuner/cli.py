@@ -66,7 +66,8 @@ def _cmd_tune(args) -> int:
                    early_stopping=args.early_stopping)
     for s in session.tasks:
         fails = ", ".join(f"{k} {v}" for k, v in sorted(s.errors.items()) if k != "OK") or "none"
-        best = f"best {s.best_latency * 1e3:.4f} ms = {s.best_gflops:.1f} GFLOPS" if s.best else "no valid candidate"
+        best = (f"best {s.best_latency * 1e3:.4f} ms = {s.best_gflops:.1f} GFLOPS{' (weights cold)' * s.best.cold}"
+                if s.best else "no valid candidate")
         print(f"{s.workload.label} on '{s.target}': {s.trials} trials in the log ({s.new} new); {best}; "
               f"failures: {fails}" + (f"; retired: {s.retired}" if s.retired else ""))
         if s.all_failed:
@@ -92,7 +93,7 @@ def _tune_model(args) -> int:
                      batch_size=args.batch_size, policy=args.search, time_limit=args.time_limit, seed=args.seed,
                      run_config=cfg, progress=not args.no_progress, replay=args.replay,
                      cost_model_from=args.cost_model_from, early_stopping=args.early_stopping,
-                     weights=args.weights)
+                     **({"weights": args.weights} if args.weights else {}))
     session = res.session
     print(res.table())
     rate = 60.0 * session.new / session.seconds if session.seconds else 0.0
@@ -108,7 +109,8 @@ def _tune_setup(args):
     _require_logs(*(p for p in args.cost_model_from or () if p.lower() != "none"), flag="--cost-model-from")
     _require_logs(args.replay, flag="--replay")
     _check_tune_options(args)
-    return RunConfig(timeout=args.timeout, repeat=args.repeat, min_repeat_ms=args.min_repeat_ms)
+    return RunConfig(timeout=args.timeout, repeat=args.repeat, min_repeat_ms=args.min_repeat_ms,
+                     cold_weights=args.weights == "cold")
 
 
 def _session_end(session) -> int:
@@ -389,10 +391,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "NCHW16c; winograd2 and winograd4 are Winograd F(2x2,3x3) and F(4x4,3x3) for 3x3 "
                         "stride-1 convs, in NHWC, or with @NCHW8c / @NCHW16c in that blocked layout); "
                         "default %(default)s")
-    t.add_argument("--weights", choices=WEIGHTS, default=WEIGHTS[0],
-                   help="with MODEL: time the kernels that have weights with the weights evicted before every "
-                        "call, as a compiled model meets them (cold, the default), or kept in cache as an "
-                        "operator tune does (warm; the plan's estimate is then also given with them cold)")
+    t.add_argument("--weights", choices=WEIGHTS,
+                   help="how a kernel with weights is timed: with them evicted before every call, as a compiled "
+                        "model meets them (cold; the default for a MODEL), or kept in cache call after call "
+                        "(warm; the default for --workload; a MODEL's plan estimate is then also given cold)")
     t.add_argument("--input-shape", action="append", metavar="NAME=1x3x224x224",
                    help="with an .onnx MODEL: fix an input's shape")
     t.add_argument("--workload", help="built-in name (see `tuner workloads`) or a spec")
