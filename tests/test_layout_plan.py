@@ -227,7 +227,8 @@ def test_a_plan_that_runs_a_strided_conv_as_winograd_is_refused(tmp_cache):
 from conftest import MODEL_REPLAY, MODEL_REPLAY_LOG, REPLAY_TARGET  # noqa: E402
 from tuner import records  # noqa: E402
 from tuner.errors import UserError  # noqa: E402
-from tuner.model_tuning import OUT_OF_PLAN_WEIGHT, _latencies, _weights, tune_model  # noqa: E402
+from tuner.model_tuning import (OUT_OF_PLAN_WEIGHT, TUNED_TRIALS, _latencies, _weights,  # noqa: E402
+                                 reachable_prices, tune_model)
 
 
 def _replayed(log, **kw):
@@ -272,7 +273,7 @@ def test_tasks_outside_the_plan_weigh_a_tenth():
 
     class T:
         def __init__(self, wl, w):
-            self.workload, self.weight, self.best_latency = wl, w, lat(wl)
+            self.workload, self.weight, self.best_latency, self.trials = wl, w, lat(wl), TUNED_TRIALS
     tasks = [T(wl, n) for wl, n in space.workloads()]
     w = _weights(space, plan, tasks)
     assert any(x == OUT_OF_PLAN_WEIGHT * t.weight for x, t in zip(w, tasks))
@@ -291,13 +292,42 @@ def test_a_layout_clearly_slower_than_the_chosen_one_is_pruned(slower, pruned):
 
     class T:
         def __init__(self, wl, n):
-            self.workload, self.weight, self.best_latency = wl, n, lat(wl)
+            self.workload, self.weight, self.best_latency, self.trials = wl, n, lat(wl), TUNED_TRIALS
     tasks = [T(wl, n) for wl, n in space.workloads()]
     plan = solve(space.problem(lat))
     assert set(plan.layouts.values()) == {"NHWC"} and (slower > PRUNE_RATIO) == pruned
     convs = [(x, t) for x, t in zip(_weights(space, plan, tasks), tasks)
              if t.workload.op == "conv2d" and t.workload.layout == "NCHW"]
     assert convs and all(x == (0.0 if pruned else OUT_OF_PLAN_WEIGHT * t.weight) for x, t in convs)
+
+
+@pytest.mark.parametrize("trials, pruned", [(4, False), (TUNED_TRIALS, True)])
+def test_a_layout_seen_only_in_a_first_look_is_judged_on_what_it_could_reach(trials, pruned):
+    """NCHW convs measured 2x slower than NHWC ones are pruned once tuned; while they have had only a
+    first look, one NCHW conv reaching nearly the NHWC FLOP rate says the others could too, so they
+    keep their out-of-plan weight and get a second look."""
+    space = model_layouts(tiny(), ("NCHW", "NHWC"))
+    nchw = [wl for wl, _ in space.workloads() if wl.op == "conv2d" and wl.layout == "NCHW"]
+    tuned = max(nchw, key=lambda wl: wl.flops).key
+
+    def lat(wl):
+        if wl.op != "conv2d":
+            return 1e-7
+        return (1.0 if wl.layout == "NHWC" else 1.01 if wl.key == tuned else 2.0) * wl.flops / 1e10
+
+    class T:
+        def __init__(self, wl, n):
+            self.workload, self.weight, self.best_latency = wl, n, lat(wl)
+            self.trials = TUNED_TRIALS if wl.key == tuned or wl.layout != "NCHW" else trials
+    tasks = [T(wl, n) for wl, n in space.workloads()]
+    plan = solve(space.problem(lat))
+    reach = reachable_prices([(t.workload, t.best_latency, t.trials) for t in tasks])
+    slow = [(x, t) for x, t in zip(_weights(space, plan, tasks), tasks)
+            if t.workload.layout == "NCHW" and t.workload.op == "conv2d" and t.workload.key != tuned]
+    assert slow and all(plan.layouts[v] == "NHWC" for v in plan.layouts)
+    assert all(x == (0.0 if pruned else OUT_OF_PLAN_WEIGHT * t.weight) for x, t in slow)
+    assert all(math.isclose(reach[t.workload.key], t.best_latency / (1.0 if pruned else 2.0 / 1.01))
+               for _, t in slow)
 
 
 def test_steering_weights_do_not_compound_over_rounds(tmp_path):

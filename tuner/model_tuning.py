@@ -12,7 +12,8 @@ After every round the solver re-plans with the best latencies so far, and the pl
 scheduler: a task the current plan uses weighs as often as the plan runs it; a task of a layout
 the plan does not pick keeps a tenth of its weight when it is close (one that is close can still
 win a round), and none when every conv layout it is part of costs over PRUNE_RATIO x the chosen
-one (pruned: a layout that measured clearly worse is not tuned further while the plan stands). The estimated model
+one (pruned: a layout that measured clearly worse is not tuned further while the plan stands; a
+task that has had only its first look is judged on what it could reach, TUNED_TRIALS). The estimated model
 latency on the progress line is the plan's cost plus the fixed groups.
 
 Weights are timed cold (weights="cold", the default; `--weights`): a kernel timed over and over
@@ -56,6 +57,13 @@ OUT_OF_PLAN_WEIGHT = 0.1
 # task's latency, so the slowest layout looked the most promising (a 3000-trial ResNet-50 tune
 # gave NCHW 1252 trials, more than any other layout, and the plan used none).
 PRUNE_RATIO = 1.25
+# ... judged on what a task could reach: one with fewer than TUNED_TRIALS measurements (a first look)
+# is priced for pruning at the lower of its best and its FLOPs at the best FLOP rate a task of the
+# same operator and layout has reached (reachable_prices). A first look priced ResNet-50's convs
+# 1.3-1.7x above what tuning later found, so pruning on it at 1.25x kept whichever layout happened
+# to be tuned first: two cold tunes from empty logs differed by up to 1.5 ms on one conv that way
+# (a 512x7x7 F(2,3) GEMM pruned at 3.9 ms after 16 trials in one, tuned to 2.4 ms in the other).
+TUNED_TRIALS = 20
 # operators whose first look is this many measurements (others: warmup_batch). A layout transform
 # is a copy with few schedules worth trying; most of a model's tasks are transforms (138 of
 # ResNet-50's 243 in four layouts), so four looks each would spend half of a 1000-trial budget
@@ -113,14 +121,30 @@ def cost_ratio(cost: float, chosen: float) -> float:
     return cost / chosen if chosen > 0 else 1.0
 
 
-def pruning_ratios(space: ModelLayouts, layouts: dict, best: dict) -> dict:
-    """{workload key: the lowest cost_ratio over the conv layouts whose cost it is part of}; tasks of
+def reachable_prices(tasks) -> dict:
+    """{workload key: the price a task is pruned on} for (workload, best latency, trials) triples: its
+    best, or with fewer than TUNED_TRIALS trials the lower of that and its FLOPs at the best FLOP
+    rate any task of its operator and layout reached (see PRUNE_RATIO)."""
+    rate: dict = {}
+    for wl, best, _ in tasks:
+        if math.isfinite(best) and best > 0 and wl.flops > 0:
+            tag = (wl.op, wl.layout)
+            rate[tag] = max(rate.get(tag, 0.0), wl.flops / best)
+    return {wl.key: min(best, wl.flops / rate[(wl.op, wl.layout)])
+            if trials < TUNED_TRIALS and wl.flops > 0 and (wl.op, wl.layout) in rate else best
+            for wl, best, trials in tasks}
+
+
+def pruning_ratios(space: ModelLayouts, layouts: dict, best: dict, reach: dict | None = None) -> dict:
+    """{workload key: the lowest cost_ratio over the conv layouts whose cost it is part of}, each
+    layout's cost under `reach` (default `best`) against the chosen one's under `best`; tasks of
     no conv layout (edge transforms, the fixed groups) are left out."""
     unary = space.problem(lambda wl: best.get(wl.key, math.inf)).unary
+    hope = unary if reach is None else space.problem(lambda wl: reach.get(wl.key, math.inf)).unary
     out: dict = {}
     for v, options in space.unary.items():
         for lay, wls in options.items():
-            r = cost_ratio(unary[v][lay], unary[v][layouts[v]])
+            r = cost_ratio(hope[v][lay], unary[v][layouts[v]])
             for wl in wls:
                 out[wl.key] = min(out.get(wl.key, math.inf), r)
     return out
@@ -128,9 +152,10 @@ def pruning_ratios(space: ModelLayouts, layouts: dict, best: dict) -> dict:
 
 def _weights(space: ModelLayouts, plan: Plan, tasks) -> list:
     """Per task: how often the plan runs it; when it does not, OUT_OF_PLAN_WEIGHT x its occurrences,
-    or 0 when it is pruned (PRUNE_RATIO)."""
+    or 0 when it is pruned (PRUNE_RATIO, on reachable_prices)."""
     in_plan = space.used(plan.layouts)
-    ratio = pruning_ratios(space, plan.layouts, _latencies(tasks))
+    reach = reachable_prices([(s.workload, s.best_latency, s.trials) for s in tasks])
+    ratio = pruning_ratios(space, plan.layouts, _latencies(tasks), reach)
     return [in_plan.get(s.workload.key)
             or (0.0 if ratio.get(s.workload.key, 1.0) > PRUNE_RATIO else OUT_OF_PLAN_WEIGHT * s.weight)
             for s in tasks]

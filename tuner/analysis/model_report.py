@@ -32,7 +32,7 @@ from pathlib import Path
 from .. import records
 from ..errors import UserError
 from ..graph.layout_plan import ModelLayouts, Plan, model_layouts
-from ..model_tuning import PRUNE_RATIO, cost_ratio
+from ..model_tuning import PRUNE_RATIO, TUNED_TRIALS, cost_ratio, reachable_prices
 from ..runtime.compiler import plan_summary
 from ..te.layouts import CONV_LAYOUTS
 
@@ -68,6 +68,7 @@ class Choice:
     chosen: str
     costs: dict                # layout -> seconds of its part of the plan (kernel, pools, boundary transforms)
     trials: dict               # layout -> trials of its fused group's task
+    reach: dict                # layout -> its cost under model_tuning.reachable_prices (what pruning judges)
 
 
 @dataclass
@@ -166,7 +167,7 @@ class ModelReport:
         for c in self.choices:
             base = c.costs[c.chosen]
             others = [f"{lay} {_ratio(c.costs[lay], base)} ({c.trials.get(lay, 0)}"
-                      f"{', pruned' if not cost_ratio(c.costs[lay], base) <= PRUNE_RATIO else ''})"
+                      f"{', pruned' if not cost_ratio(c.reach[lay], base) <= PRUNE_RATIO else ''})"
                       for lay in c.costs if lay != c.chosen]
             rows.append([c.conv, c.chosen, f"{base * 1e3:.4f}", str(c.trials.get(c.chosen, 0)), "  ".join(others)])
         out.append(Section("layout per convolution", ["conv", "chosen", "ms", "trials", "other layouts: cost "
@@ -176,7 +177,9 @@ class ModelReport:
                             "between convs are priced on the edges, below; a dense (with weight packings "
                             "among the choices) is a row too, its cost its kernel's in each packing",
                             f"pruned: over {PRUNE_RATIO}x the chosen layout's cost, so a tune under this plan "
-                            "gives it no more rounds (a task shared with a closer layout is still tuned)"]))
+                            "gives it no more rounds (a task shared with a closer layout is still tuned); a "
+                            f"layout whose task has fewer than {TUNED_TRIALS} trials is judged on what it could "
+                            "reach: its FLOPs at the best rate a task of its operator and layout reached"]))
 
         if self.compiled:
             out.append(self._gap_section())
@@ -327,8 +330,11 @@ def _report(path, contents, plan, model, input_shapes, compiled, repeat) -> Mode
     uses = space.used(plan.layouts)
     rows = [TaskRow(wl, uses.get(wl.key, 0), len(by_key.get(wl.key, [])), fastest.get(wl.key)) for wl in wls]
     unary = space.problem(lambda wl: best.get(wl.key, math.inf)).unary   # per conv and layout, as the solver prices
+    reach = reachable_prices([(wl, best.get(wl.key, math.inf), len(by_key.get(wl.key, []))) for wl in wls])
+    hope = space.problem(lambda wl: reach.get(wl.key, math.inf)).unary
     choices = [Choice(v, plan.layouts[v], unary[v],
-                      {lay: len(by_key.get(space.unary[v][lay][0].key, [])) for lay in d if space.unary[v][lay]})
+                      {lay: len(by_key.get(space.unary[v][lay][0].key, [])) for lay in d if space.unary[v][lay]},
+                      hope[v])
                for v, d in space.domains.items()]
     solved, solved_s = space.plan(best)
     rep = ModelReport(path, plan, space, rows, choices, space.estimate(plan.layouts, best), solved, solved_s,
