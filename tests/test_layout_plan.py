@@ -439,7 +439,9 @@ def test_a_warm_model_tune_prices_its_plan_with_weights_cold_too(tmp_cache, tmp_
     again = tune_model("tiny", trials=9, log=str(log), target="cpu -threads=1", layouts=("NCHW16c",),
                        progress=False, weights="warm")
     assert again.session.new == 0 and not timed and again.record.cold == rec.cold   # prices reused
-    cold = tune_model("tiny", trials=9, log=str(log), target="cpu -threads=1", layouts=("NCHW16c",),
-                      warmup_batch=1, progress=False)
+    with pytest.warns(UserWarning, match=r"5 records of these tasks were timed with the weights warm; this tune "
+                                         r"times them cold and does not count those \(--weights warm resumes them\)"):
+        cold = tune_model("tiny", trials=9, log=str(log), target="cpu -threads=1", layouts=("NCHW16c",),
+                          warmup_batch=1, progress=False)
     assert cold.session.new == 5 and not timed and cold.record.priced == "cold"
     assert {r.workload.key for r in records.load(log).records if r.cold} == weighted

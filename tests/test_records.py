@@ -147,14 +147,17 @@ def test_records_timed_with_the_weights_cold_are_a_measurement_of_their_own(tune
     log = tmp_path / "both.jsonl"
     log.write_text(tuned_log.read_text())
     cold_cfg = dataclasses.replace(FAST, cold_weights=True)
-    cold = tune_op(SMALL, target=TARGET1, trials=3, log=str(log), run_config=cold_cfg, progress=False, batch_size=3)
+    with pytest.warns(UserWarning, match="6 records of these tasks were timed with the weights warm"):
+        cold = tune_op(SMALL, target=TARGET1, trials=3, log=str(log), run_config=cold_cfg, progress=False,
+                       batch_size=3)
     assert cold.new == 3 and cold.trials == 3 and cold.best.cold
     lines = [json.loads(ln) for ln in log.read_text().splitlines()]
     assert [ln.get("weights") for ln in lines] == [None] * 6 + ["cold"] * 3
     c = records.load(log)
     assert [r.cold for r in c.for_task(SMALL.key, str(TARGET1), cold=True)] == [True] * 3
     assert len(c.for_task(SMALL.key, str(TARGET1))) == 6
-    again = tune_op(SMALL, target=TARGET1, trials=3, log=str(log), run_config=cold_cfg, progress=False)
+    with pytest.warns(UserWarning, match="6 records of these tasks were timed with the weights warm"):
+        again = tune_op(SMALL, target=TARGET1, trials=3, log=str(log), run_config=cold_cfg, progress=False)
     assert again.new == 0                                   # resumes from its own kind of record
     warm = records.fastest(c.records[:6])
     faster = dataclasses.replace(warm, costs=(min(r.latency for r in c.records) / 10,))

@@ -150,9 +150,12 @@ class _Loop:
         self.tgt, self.log, self.factory, self.run_config = tgt, log, factory, run_config
         contents = records.load(log, warn=False)
         self.states, self.rows = [], []
+        other_way = 0          # records of these tasks timed with the weights the other way: not resumed
         for wl, weight in pairs:
             task = Task(wl, tgt)
             previous = contents.for_task(wl.key, str(tgt), run_config.times_cold(wl))
+            if wl.constant_inputs:
+                other_way += len(contents.for_task(wl.key, str(tgt), not run_config.times_cold(wl)))
             best = records.first_that_replays(previous)
             if best is None and any(r.ok for r in previous):
                 # measured code this tuner no longer generates (another version): not a head start
@@ -171,6 +174,10 @@ class _Loop:
                 row.history.append(s.best_latency)
                 row.rounds = 1
             self.rows.append(row)
+        if other_way:
+            was, now = ("warm", "cold") if run_config.cold_weights else ("cold", "warm")
+            warnings.warn(f"{log}: {other_way} records of these tasks were timed with the weights {was}; this tune "
+                          f"times them {now} and does not count those (--weights {was} resumes them)", stacklevel=3)
         self.sched = scheduler_cls(self.rows, early_stopping=early_stopping)
         self.session = Session([st.summary for st in self.states], log)
         self.warmup_batch, self.on_round, self.status = warmup_batch, on_round, None
