@@ -135,18 +135,24 @@ def reachable_prices(tasks) -> dict:
             for wl, best, trials in tasks}
 
 
-def pruning_ratios(space: ModelLayouts, layouts: dict, best: dict, reach: dict | None = None) -> dict:
-    """{workload key: the lowest cost_ratio over the conv layouts whose cost it is part of}, each
-    layout's cost under `reach` (default `best`) against the chosen one's under `best`; tasks of
-    no conv layout (edge transforms, the fixed groups) are left out."""
+def layout_ratios(space: ModelLayouts, layouts: dict, best: dict, reach: dict | None = None) -> dict:
+    """{conv: {layout: cost_ratio}}: each conv layout's cost under `reach` (default `best`) against
+    the chosen layout's under `best` (> PRUNE_RATIO: pruned; what `tuner analyze` marks too)."""
     unary = space.problem(lambda wl: best.get(wl.key, math.inf)).unary
     hope = unary if reach is None else space.problem(lambda wl: reach.get(wl.key, math.inf)).unary
+    return {v: {lay: cost_ratio(hope[v][lay], unary[v][layouts[v]]) for lay in options}
+            for v, options in space.unary.items()}
+
+
+def pruning_ratios(space: ModelLayouts, layouts: dict, best: dict, reach: dict | None = None) -> dict:
+    """{workload key: the lowest layout_ratios entry over the conv layouts whose cost it is part of};
+    tasks of no conv layout (edge transforms, the fixed groups) are left out."""
+    ratios = layout_ratios(space, layouts, best, reach)
     out: dict = {}
     for v, options in space.unary.items():
         for lay, wls in options.items():
-            r = cost_ratio(hope[v][lay], unary[v][layouts[v]])
             for wl in wls:
-                out[wl.key] = min(out.get(wl.key, math.inf), r)
+                out[wl.key] = min(out.get(wl.key, math.inf), ratios[v][lay])
     return out
 
 

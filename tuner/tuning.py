@@ -153,9 +153,10 @@ class _Loop:
         other_way = 0          # records of these tasks timed with the weights the other way: not resumed
         for wl, weight in pairs:
             task = Task(wl, tgt)
-            previous = contents.for_task(wl.key, str(tgt), run_config.times_cold(wl))
+            cold = run_config.times_cold(wl)
+            previous = contents.for_task(wl.key, str(tgt), cold)
             if wl.constant_inputs:
-                other_way += len(contents.for_task(wl.key, str(tgt), not run_config.times_cold(wl)))
+                other_way += len(contents.for_task(wl.key, str(tgt), not cold))
             best = records.first_that_replays(previous)
             if best is None and any(r.ok for r in previous):
                 # measured code this tuner no longer generates (another version): not a head start

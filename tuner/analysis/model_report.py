@@ -32,7 +32,7 @@ from pathlib import Path
 from .. import records
 from ..errors import UserError
 from ..graph.layout_plan import ModelLayouts, Plan, model_layouts
-from ..model_tuning import PRUNE_RATIO, TUNED_TRIALS, cost_ratio, reachable_prices
+from ..model_tuning import PRUNE_RATIO, TUNED_TRIALS, layout_ratios, reachable_prices
 from ..runtime.compiler import plan_summary
 from ..te.layouts import CONV_LAYOUTS
 
@@ -68,7 +68,7 @@ class Choice:
     chosen: str
     costs: dict                # layout -> seconds of its part of the plan (kernel, pools, boundary transforms)
     trials: dict               # layout -> trials of its fused group's task
-    reach: dict                # layout -> its cost under model_tuning.reachable_prices (what pruning judges)
+    ratios: dict               # layout -> model_tuning.layout_ratios against the chosen one (what pruning judges)
 
 
 @dataclass
@@ -167,7 +167,7 @@ class ModelReport:
         for c in self.choices:
             base = c.costs[c.chosen]
             others = [f"{lay} {_ratio(c.costs[lay], base)} ({c.trials.get(lay, 0)}"
-                      f"{', pruned' if not cost_ratio(c.reach[lay], base) <= PRUNE_RATIO else ''})"
+                      f"{', pruned' if not c.ratios[lay] <= PRUNE_RATIO else ''})"
                       for lay in c.costs if lay != c.chosen]
             rows.append([c.conv, c.chosen, f"{base * 1e3:.4f}", str(c.trials.get(c.chosen, 0)), "  ".join(others)])
         out.append(Section("layout per convolution", ["conv", "chosen", "ms", "trials", "other layouts: cost "
@@ -331,10 +331,10 @@ def _report(path, contents, plan, model, input_shapes, compiled, repeat) -> Mode
     rows = [TaskRow(wl, uses.get(wl.key, 0), len(by_key.get(wl.key, [])), fastest.get(wl.key)) for wl in wls]
     unary = space.problem(lambda wl: best.get(wl.key, math.inf)).unary   # per conv and layout, as the solver prices
     reach = reachable_prices([(wl, best.get(wl.key, math.inf), len(by_key.get(wl.key, []))) for wl in wls])
-    hope = space.problem(lambda wl: reach.get(wl.key, math.inf)).unary
+    ratios = layout_ratios(space, plan.layouts, best, reach)
     choices = [Choice(v, plan.layouts[v], unary[v],
                       {lay: len(by_key.get(space.unary[v][lay][0].key, [])) for lay in d if space.unary[v][lay]},
-                      hope[v])
+                      ratios[v])
                for v, d in space.domains.items()]
     solved, solved_s = space.plan(best)
     rep = ModelReport(path, plan, space, rows, choices, space.estimate(plan.layouts, best), solved, solved_s,

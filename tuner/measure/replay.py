@@ -24,8 +24,8 @@ class ReplayRunner:
 
     def measure(self, task, batch: list):
         """Yield (candidate, result) with the logged result of the same code, as Runner.measure does."""
+        cold = self.config.times_cold(task.workload)
         for cand in batch:
-            cold = self.config.times_cold(task.workload)
             rec = self._by_code.get((task.workload.key, str(task.target), cold, cand.code_hash))
             if rec is None:
                 how = " with its weights cold" if cold else ""
