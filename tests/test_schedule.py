@@ -12,7 +12,10 @@ from tuner.space.sketch import SearchSpace
 from tuner.target import parse_target
 from tuner.task import Task
 from tuner.codegen.c import generate_c
-from tuner.te.expr import FloorDiv, FloorMod, Var, coefficient, simplify
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tuner.te.expr import Const, FloorDiv, FloorMod, Var, coefficient, simplify
 from tuner.te.workloads import make
 
 from conftest import TARGET1, check_schedules
@@ -161,3 +164,39 @@ def test_a_flat_sketch_mutates_one_decision_to_another_legal_option():
             dec = new
             seen.add(json.dumps(dec, sort_keys=True))
         assert len(seen) == len(list(itertools.product(*choices.values())))
+
+
+def test_simplifier_reads_a_block_in_another_block_size():
+    cc, cb = Var("cc"), Var("cb")
+    ranges = {"cc": (0, 31), "cb": (0, 7)}
+    assert simplify((cc * 8 + cb) // 16, ranges) == cc // 2
+    assert coefficient((cc * 8 + cb) % 16, "cb", ranges) == 1      # a unit stride: one vector load
+    # a remainder that can reach the next block keeps the division
+    assert isinstance(simplify((cc * 8 + cb + 1) // 16, ranges), FloorDiv)
+    assert simplify((cc * 8 + cb + 1) // 16, ranges) != cc // 2
+
+
+def _value(e, env):
+    from tuner.te import expr as E
+    ops = {E.Add: lambda a, b: a + b, E.Sub: lambda a, b: a - b, E.Mul: lambda a, b: a * b,
+           E.FloorDiv: lambda a, b: a // b, E.FloorMod: lambda a, b: a % b}
+    if isinstance(e, E.Const):
+        return e.value
+    if isinstance(e, E.Var):
+        return env[e.name]
+    return ops[type(e)](_value(e.a, env), _value(e.b, env))
+
+
+@given(coefs=st.lists(st.integers(-24, 24), min_size=1, max_size=3), const=st.integers(-20, 20),
+       his=st.lists(st.integers(0, 9), min_size=3, max_size=3), c=st.integers(2, 24))
+@settings(max_examples=300, deadline=None)
+def test_simplified_div_and_mod_equal_the_original_everywhere(coefs, const, his, c):
+    names = [f"v{i}" for i in range(len(coefs))]
+    a = Const(const)
+    for k, n in zip(coefs, names):
+        a = a + Var(n) * k
+    ranges = {n: (0, hi) for n, hi in zip(names, his)}
+    d, m = simplify(a // c, ranges), simplify(a % c, ranges)
+    for point in itertools.product(*(range(hi + 1) for hi in his[:len(names)])):
+        env = dict(zip(names, point))
+        assert _value(d, env) == _value(a, env) // c and _value(m, env) == _value(a, env) % c

@@ -83,3 +83,19 @@ def winograd_workloads(draw):
 @given(wl=winograd_workloads(), seed=st.integers(0, 10**6), odd=st.booleans())
 def test_sampled_winograd_schedules_compute_the_reference(wl, seed, odd):
     check_schedules([(wl, _perturbed_steps(wl, seed, odd, False))])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(src=st.sampled_from(["NCHW", "NHWC", "NCHW4c", "NCHW8c", "NCHW16c"]),
+       dst=st.sampled_from(["NCHW", "NHWC", "NCHW4c", "NCHW8c", "NCHW16c"]),
+       c=st.sampled_from([16, 32, 48]), seed=st.integers(0, 10**6), vec=st.integers(1, 20))
+def test_layout_transform_schedules_compute_the_reference(src, dst, c, seed, vec):
+    """Blocked layouts read in another block size are where the simplifier turns (cc*8 + cb) // 16
+    into cc // 2 (a vector load); a vector length that straddles blocks must stay exact."""
+    if src == dst:
+        return
+    wl = make("layout_transform", dict(C=c, H=3, W=4, dst=dst), src)
+    inner = {"NCHW": "w", "NHWC": "c"}.get(dst, "cb")
+    steps = [["split", "layout_transform", inner, [vec]], ["annotate", "layout_transform", f"{inner}.1", "vectorize"]]
+    sampled = SearchSpace(wl, TARGET1)
+    check_schedules([(wl, steps), (wl, sampled.steps(sampled.sample(random.Random(seed))))])

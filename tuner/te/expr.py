@@ -380,7 +380,10 @@ def bounds(e: Expr, ranges: Ranges):
 
 
 def _div_mod(a: Expr, c: int, ranges: Ranges, want_div: bool):
-    """(q*c + r) // c -> q + r//c and (q*c + r) % c -> r when r's range fits one period."""
+    """(q*c + r) // c -> q + r//c and (q*c + r) % c -> r when r's range fits one period; else
+    (q*g + r) // c -> q // (c/g) and (q*g + r) % c -> (q % (c/g))*g + r for a divisor g of c
+    with r in [0, g), e.g. (cc*8 + cb) // 16 -> cc // 2 for cb < 8: a blocked layout read in
+    another block size, whose innermost index then has a unit stride (a vector load)."""
     la = linear(a)
     if la is None:
         return None
@@ -389,12 +392,25 @@ def _div_mod(a: Expr, c: int, ranges: Ranges, want_div: bool):
     r_terms = {t: k for t, k in terms.items() if k % c != 0}
     q_const, r_const = divmod(const, c)
     rb = bounds(from_linear(r_terms, r_const), ranges)
-    if rb is None or rb[0] // c != rb[1] // c:
-        return None
-    k = rb[0] // c
-    if want_div:
-        return from_linear(q_terms, q_const + k)
-    return from_linear(r_terms, r_const - k * c)
+    if rb is not None and rb[0] // c == rb[1] // c:
+        k = rb[0] // c
+        if want_div:
+            return from_linear(q_terms, q_const + k)
+        return from_linear(r_terms, r_const - k * c)
+    for g in range(c - 1, 1, -1):
+        if c % g:
+            continue
+        q_terms = {t: k // g for t, k in terms.items() if k % g == 0}
+        r_terms = {t: k for t, k in terms.items() if k % g != 0}
+        q_const, r_const = divmod(const, g)
+        rb = bounds(from_linear(r_terms, r_const), ranges)
+        if not q_terms or rb is None or rb[0] < 0 or rb[1] >= g:
+            continue
+        q = from_linear(q_terms, q_const)
+        if want_div:
+            return FloorDiv(q, Const(c // g))
+        return from_linear({FloorMod(q, Const(c // g)): g, **r_terms}, r_const)
+    return None
 
 
 def simplify(e: Expr, ranges: Ranges | None = None) -> Expr:
