@@ -388,22 +388,22 @@ def _div_mod(a: Expr, c: int, ranges: Ranges, want_div: bool):
     if la is None:
         return None
     terms, const = la
-    q_terms = {t: k // c for t, k in terms.items() if k % c == 0}
-    r_terms = {t: k for t, k in terms.items() if k % c != 0}
-    q_const, r_const = divmod(const, c)
-    rb = bounds(from_linear(r_terms, r_const), ranges)
+
+    def split(g: int):
+        """a = g*(sum of the q terms + q_const) + (the r terms + r_const), and the latter's range."""
+        q_terms = {t: k // g for t, k in terms.items() if k % g == 0}
+        r_terms = {t: k for t, k in terms.items() if k % g != 0}
+        q_const, r_const = divmod(const, g)
+        return q_terms, r_terms, q_const, r_const, bounds(from_linear(r_terms, r_const), ranges)
+
+    q_terms, r_terms, q_const, r_const, rb = split(c)
     if rb is not None and rb[0] // c == rb[1] // c:
         k = rb[0] // c
         if want_div:
             return from_linear(q_terms, q_const + k)
         return from_linear(r_terms, r_const - k * c)
-    for g in range(c - 1, 1, -1):
-        if c % g:
-            continue
-        q_terms = {t: k // g for t, k in terms.items() if k % g == 0}
-        r_terms = {t: k for t, k in terms.items() if k % g != 0}
-        q_const, r_const = divmod(const, g)
-        rb = bounds(from_linear(r_terms, r_const), ranges)
+    for g in (g for g in range(c - 1, 1, -1) if c % g == 0):
+        q_terms, r_terms, q_const, r_const, rb = split(g)
         if not q_terms or rb is None or rb[0] < 0 or rb[1] >= g:
             continue
         q = from_linear(q_terms, q_const)
