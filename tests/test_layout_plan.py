@@ -274,6 +274,7 @@ def test_tasks_outside_the_plan_weigh_a_tenth():
     class T:
         def __init__(self, wl, w):
             self.workload, self.weight, self.best_latency, self.trials = wl, w, lat(wl), TUNED_TRIALS
+            self.curve = [self.best_latency] * self.trials
     tasks = [T(wl, n) for wl, n in space.workloads()]
     w = _weights(space, plan, tasks)
     assert any(x == OUT_OF_PLAN_WEIGHT * t.weight for x, t in zip(w, tasks))
@@ -293,6 +294,7 @@ def test_a_layout_clearly_slower_than_the_chosen_one_is_pruned(slower, pruned):
     class T:
         def __init__(self, wl, n):
             self.workload, self.weight, self.best_latency, self.trials = wl, n, lat(wl), TUNED_TRIALS
+            self.curve = [self.best_latency] * self.trials
     tasks = [T(wl, n) for wl, n in space.workloads()]
     plan = solve(space.problem(lat))
     assert set(plan.layouts.values()) == {"NHWC"} and (slower > PRUNE_RATIO) == pruned
@@ -319,6 +321,7 @@ def test_a_layout_seen_only_in_a_first_look_is_judged_on_what_it_could_reach(tri
         def __init__(self, wl, n):
             self.workload, self.weight, self.best_latency = wl, n, lat(wl)
             self.trials = TUNED_TRIALS if wl.key == tuned or wl.layout != "NCHW" else trials
+            self.curve = [self.best_latency] * self.trials
     tasks = [T(wl, n) for wl, n in space.workloads()]
     plan = solve(space.problem(lat))
     reach = reachable_prices([(t.workload, t.best_latency, t.trials) for t in tasks])
@@ -328,6 +331,31 @@ def test_a_layout_seen_only_in_a_first_look_is_judged_on_what_it_could_reach(tri
     assert all(x == (0.0 if pruned else OUT_OF_PLAN_WEIGHT * t.weight) for x, t in slow)
     assert all(math.isclose(reach[t.workload.key], t.best_latency / (1.0 if pruned else 2.0 / 1.01))
                for _, t in slow)
+
+
+@pytest.mark.parametrize("first_look, explored", [(1.3, True), (2.5, False)])
+def test_a_layout_ahead_at_equal_effort_is_tuned_like_the_plans(first_look, explored):
+    """The plan's NHWC convs fell from 2.0 after 4 trials to 1.0 after 40. NCHW convs at 1.3 after
+    their 4-trial first look were ahead at equal effort, so they get their full weight until their
+    own trials say otherwise; at 2.5 they were behind even then (a tenth, or pruned)."""
+    space = model_layouts(tiny(), ("NCHW", "NHWC"))
+
+    class T:
+        def __init__(self, wl, n):
+            self.workload, self.weight = wl, n
+            if wl.op == "conv2d" and wl.layout == "NCHW":
+                self.curve = [first_look] * 4
+            elif wl.op == "conv2d":
+                self.curve = [2.0] * 4 + [1.5] * 16 + [1.0] * 20
+            else:
+                self.curve = [0.01] * TUNED_TRIALS
+            self.best_latency, self.trials = self.curve[-1], len(self.curve)
+    tasks = [T(wl, n) for wl, n in space.workloads()]
+    plan = solve(space.problem(lambda wl: next(t.best_latency for t in tasks if t.workload.key == wl.key)))
+    assert set(plan.layouts.values()) == {"NHWC"}
+    nchw = [(x, t) for x, t in zip(_weights(space, plan, tasks), tasks)
+            if t.workload.op == "conv2d" and t.workload.layout == "NCHW"]
+    assert nchw and all((x == t.weight) == explored for x, t in nchw)
 
 
 def test_steering_weights_do_not_compound_over_rounds(tmp_path):

@@ -47,6 +47,7 @@ class TuneSummary:
     interrupted: bool = False
     skipped_lines: int = 0
     retired: str = ""
+    curve: list = field(default_factory=list)   # best latency (inf before one is OK) after each trial, in log order
 
     @property
     def best_latency(self) -> float:
@@ -166,6 +167,7 @@ class _Loop:
             s = TuneSummary(wl, tgt, log, weight, trials=len(previous), skipped_lines=contents.skipped)
             for r in previous:
                 _count(s, r.error, r.message)
+                s.curve.append(min(s.curve[-1] if s.curve else math.inf, r.latency if r.ok else math.inf))
             s.best = best
             pol = factory.make(task, seed + len(previous))
             pol.observe(previous)
@@ -291,6 +293,7 @@ class _Loop:
         _count(s, result.error, result.message)
         if result.ok and (s.best is None or result.latency < s.best_latency):
             s.best = rec
+        s.curve.append(s.best_latency if s.best is not None else math.inf)
         t0 = time.perf_counter()
         st.policy.update(cand, result)
         self.session.search_s += time.perf_counter() - t0
