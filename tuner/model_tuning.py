@@ -9,9 +9,10 @@ FIRST_LOOK), then the gradient task scheduler spends the rest where the estimate
 falls fastest.
 
 After every round the solver re-plans with the best latencies so far, and the plan steers the
-scheduler: a task the current plan uses weighs as often as the plan runs it; a task of a layout
-the plan does not pick keeps a tenth of its weight when it is close (one that is close can still
-win a round), and none when every conv layout it is part of costs over PRUNE_RATIO x the chosen
+scheduler: a task the current plan uses weighs as often as the plan runs it; so does a task of a
+layout the plan does not pick whose conv would beat the chosen layout at equal effort
+(EXPLORE_RATIO: the layout tuned first does not keep the plan for that alone); otherwise it keeps a
+tenth of its weight when it is close (one that is close can still win a round), and none when every conv layout it is part of costs over PRUNE_RATIO x the chosen
 one (pruned: a layout that measured clearly worse is not tuned further while the plan stands; a
 task that has had only its first look is judged on what it could reach, TUNED_TRIALS). The estimated model
 latency on the progress line is the plan's cost plus the fixed groups.
