@@ -288,12 +288,13 @@ def test_model_trained_on_other_features_is_refused(tmp_path):
         XGBModel.load(str(tmp_path / "missing.ubj"))
 
 
-def test_shipped_pretrained_model_loads_with_these_features():
-    """A feature change without retraining the shipped model fails here, not in a user's search."""
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+def test_shipped_pretrained_model_loads_with_these_features(isa):
+    """A feature change without retraining the shipped models fails here, not in a user's search."""
     from tuner.cost_model.pretrain import shipped_model
     from tuner.target import parse_target
-    path = shipped_model(parse_target("cpu -isa=avx512 -threads=1", check_host=False))
-    assert path is not None, "tuner/cost_model/pretrained/cpu-avx512.ubj is missing"
+    path = shipped_model(parse_target(f"cpu -isa={isa} -threads=1", check_host=False))
+    assert path is not None and path.stem == f"cpu-{isa}", f"tuner/cost_model/pretrained/cpu-{isa}.ubj is missing"
     m = XGBModel.pretrained_from(str(path))
     feats, _ = _dataset(8)
     assert np.isfinite(m.predict(feats)).all() and m.base_info["records"] > 1000
@@ -302,13 +303,13 @@ def test_shipped_pretrained_model_loads_with_these_features():
 def test_an_isa_without_a_shipped_model_gets_a_stand_in_and_says_so():
     from tuner.cost_model.pretrain import shipped_model
     from tuner.search.evolutionary import shared_model
-    avx2 = parse_target("cpu -isa=avx2 -cores=2 -threads=1", check_host=False)
-    assert shipped_model(avx2).stem == "cpu-avx512"
-    shared = shared_model(avx2, 0, None)
-    assert shared.model.pretrained and "the cpu-avx512 model stands in" in shared.describe()
-    own = shared_model(parse_target("cpu -isa=avx512 -cores=2 -threads=1", check_host=False), 0, None)
-    assert "stands in" not in own.describe()
-    assert not shared_model(avx2, 0, ["none"]).model.pretrained
+    sse = parse_target("cpu -isa=sse -cores=2 -threads=1", check_host=False)
+    assert shipped_model(sse).stem == "cpu-avx2"
+    shared = shared_model(sse, 0, None)
+    assert shared.model.pretrained and "the cpu-avx2 model stands in" in shared.describe()
+    own = shared_model(parse_target("cpu -isa=avx2 -cores=2 -threads=1", check_host=False), 0, None)
+    assert own.model.pretrained and "stands in" not in own.describe()
+    assert not shared_model(sse, 0, ["none"]).model.pretrained
 
 
 def test_pretrain_leaves_out_excluded_workloads_and_tune_starts_from_it(measured_log, tmp_path, capsys):

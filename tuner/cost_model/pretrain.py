@@ -19,9 +19,10 @@ PRETRAINED_DIR = Path(__file__).parent / "pretrained"
 
 # Shipped models that stand in for a target ISA with none of its own, nearest first. The features
 # describe the code generated for the target's own vector width, so a model learnt on another ISA
-# still orders candidates: on an AVX2 host the AVX-512 model ordered the records of a ResNet-50
-# tune 0.82 of pairs alike (median over 22 conv tasks; a random model 0.51), and fine-tuning
-# adapts it during the session (python -m bench.transfer LOG measures it).
+# still orders candidates, but less well than one learnt on the ISA itself: on MobileNetV2's tune
+# logs from this project's AVX2 host the AVX-512 model ordered 0.62 of pairs alike (median over 51
+# tasks; a random model 0.51), the AVX2 model, trained on the same host's ResNet-50 and GoogLeNet
+# tunes and never on MobileNetV2, 0.74 (python -m bench.transfer LOG --model NAME measures it).
 STAND_INS = {"avx2": ("avx512",), "sse": ("avx2", "avx512"), "avx512": ("avx2",)}
 
 
