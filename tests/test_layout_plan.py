@@ -284,8 +284,12 @@ def test_tasks_outside_the_plan_weigh_a_tenth():
 
 
 @pytest.mark.parametrize("slower, pruned", [(1.1, False), (2.0, True)])
-def test_a_layout_clearly_slower_than_the_chosen_one_is_pruned(slower, pruned):
+def test_a_layout_clearly_slower_than_the_chosen_one_is_pruned(slower, pruned, monkeypatch):
+    """PRUNE_RATIO alone: no duels at equal effort (DUEL_OPS empty), as between a direct and a
+    Winograd layout."""
+    from tuner import model_tuning
     from tuner.model_tuning import PRUNE_RATIO
+    monkeypatch.setattr(model_tuning, "DUEL_OPS", ())
     space = model_layouts(tiny(), ("NCHW", "NHWC"))
 
     def lat(wl):
@@ -333,29 +337,42 @@ def test_a_layout_seen_only_in_a_first_look_is_judged_on_what_it_could_reach(tri
                for _, t in slow)
 
 
-@pytest.mark.parametrize("first_look, explored", [(1.3, True), (2.5, False)])
-def test_a_layout_ahead_at_equal_effort_is_tuned_like_the_plans(first_look, explored):
-    """The plan's NHWC convs fell from 2.0 after 4 trials to 1.0 after 40. NCHW convs at 1.3 after
-    their 4-trial first look were ahead at equal effort, so they get their full weight until their
-    own trials say otherwise; at 2.5 they were behind even then (a tenth, or pruned)."""
+def _nchw_weights_after(nchw_curve: list, nhwc_curve: list) -> list:
+    """(weight, task) of tiny()'s NCHW conv tasks when its NCHW and NHWC conv tasks progressed along
+    these curves (best latency after each trial) and the plan is all NHWC."""
     space = model_layouts(tiny(), ("NCHW", "NHWC"))
 
     class T:
         def __init__(self, wl, n):
             self.workload, self.weight = wl, n
-            if wl.op == "conv2d" and wl.layout == "NCHW":
-                self.curve = [first_look] * 4
-            elif wl.op == "conv2d":
-                self.curve = [2.0] * 4 + [1.5] * 16 + [1.0] * 20
-            else:
-                self.curve = [0.01] * TUNED_TRIALS
+            self.curve = (nchw_curve if wl.layout == "NCHW" else nhwc_curve) if wl.op == "conv2d" \
+                else [0.01] * TUNED_TRIALS
             self.best_latency, self.trials = self.curve[-1], len(self.curve)
     tasks = [T(wl, n) for wl, n in space.workloads()]
     plan = solve(space.problem(lambda wl: next(t.best_latency for t in tasks if t.workload.key == wl.key)))
     assert set(plan.layouts.values()) == {"NHWC"}
     nchw = [(x, t) for x, t in zip(_weights(space, plan, tasks), tasks)
             if t.workload.op == "conv2d" and t.workload.layout == "NCHW"]
-    assert nchw and all((x == t.weight) == explored for x, t in nchw)
+    assert nchw
+    return nchw
+
+
+@pytest.mark.parametrize("first_look, explored", [(1.3, True), (2.5, False)])
+def test_a_layout_ahead_at_equal_effort_is_tuned_like_the_plans(first_look, explored):
+    """The plan's NHWC convs fell from 2.0 after 4 trials to 1.0 after 40. NCHW convs at 1.3 after
+    their 4-trial first look were ahead at equal effort, so they get their full weight until their
+    own trials say otherwise; at 2.5 they were behind even then (a tenth, or pruned)."""
+    nchw = _nchw_weights_after([first_look] * 4, [2.0] * 4 + [1.5] * 16 + [1.0] * 20)
+    assert all((x == t.weight) == explored for x, t in nchw)
+
+
+@pytest.mark.parametrize("trials, best, lost", [(24, 0.95, True), (24, 0.85, False), (12, 0.95, False)])
+def test_a_direct_layout_behind_at_equal_effort_loses_its_duel(trials, best, lost):
+    """The plan's NHWC convs were at 0.9 after 24 trials and 0.8 after 40. An NCHW conv at 0.95
+    after 24 trials is behind at equal effort and is pruned, though within PRUNE_RATIO of 0.8;
+    at 0.85 it was ahead after as many trials, and after 12 trials it has not had a fair duel."""
+    nchw = _nchw_weights_after([2.0] * 4 + [best] * (trials - 4), [2.0] * 4 + [0.9] * 20 + [0.8] * 16)
+    assert all((x == 0.0) == lost for x, _ in nchw)
 
 
 def test_steering_weights_do_not_compound_over_rounds(tmp_path):

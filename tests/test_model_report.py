@@ -92,3 +92,18 @@ def test_the_wrong_model_or_artifact_is_a_one_line_error(tuned, tmp_path, capsys
     err = capsys.readouterr().err
     assert "holds no layout plan" in err and len(err.strip().splitlines()) == 2
     assert records.load(plain).plans == []
+
+
+def test_the_report_rebuilds_each_tasks_progress_and_duels_as_the_tune_kept_them(tuned):
+    from tuner.model_tuning import TaskProgress, equal_effort_losers
+    log, res = tuned
+    recs = records.load(str(log), warn=False).records
+    tasks = res.session.tasks
+    assert tasks and all(len(s.curve) == s.trials for s in tasks)
+    for s in tasks:
+        rebuilt = TaskProgress.from_records(s.workload, [r for r in recs if r.workload.key == s.workload.key])
+        assert rebuilt.curve == s.curve and rebuilt.best_latency == s.best_latency
+    [rep] = analyze_model(str(log))
+    lost = equal_effort_losers(res.space, res.plan.layouts, tasks)
+    assert {(c.conv, lay) for c in rep.choices for lay in c.lost} == {
+        (v, lay) for v, d in res.space.unary.items() for lay, wls in d.items() if any(w.key in lost for w in wls)}

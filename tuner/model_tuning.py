@@ -11,11 +11,14 @@ falls fastest.
 After every round the solver re-plans with the best latencies so far, and the plan steers the
 scheduler: a task the current plan uses weighs as often as the plan runs it; so does a task of a
 layout the plan does not pick whose conv would beat the chosen layout at equal effort
-(EXPLORE_RATIO: the layout tuned first does not keep the plan for that alone); otherwise it keeps a
-tenth of its weight when it is close (one that is close can still win a round), and none when every conv layout it is part of costs over PRUNE_RATIO x the chosen
-one (pruned: a layout that measured clearly worse is not tuned further while the plan stands; a
-task that has had only its first look is judged on what it could reach, TUNED_TRIALS). The estimated model
-latency on the progress line is the plan's cost plus the fixed groups.
+(EXPLORE_RATIO: the layout tuned first does not keep the plan for that alone). A direct conv
+layout that after TUNED_TRIALS trials is behind what the chosen one had after as many loses its
+duel and gets no more rounds (DUEL_OPS). Otherwise a task keeps a tenth of its weight when it is
+close (one that is close can still win a round), and none when every conv layout it is part of
+costs over PRUNE_RATIO x the chosen one (pruned: a layout that measured clearly worse is not tuned
+further while the plan stands; a task that has had only its first look is judged on what it
+could reach, TUNED_TRIALS). The estimated model latency on the progress line is the plan's cost
+plus the fixed groups.
 
 Weights are timed cold (weights="cold", the default; `--weights`): a kernel timed over and over
 on the same inputs keeps its weights in cache, while a compiled model reads them once per
@@ -34,7 +37,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -81,8 +83,21 @@ FIRST_LOOK = {"layout_transform": 1, "winograd_gemm": 16}
 # convs in NCHW16c tuned 56-200 trials each against NCHW8c tasks left at 4-12; at the same
 # number of trials most of those NCHW8c tasks were within 0.8-1.13x of the NCHW16c ones, and
 # NCHW8c alone, tuned as long, beat 22 of those 28 convs and measured 8.20 ms against the joint
-# plan's 8.84 ms (bench/results/models-tune-1000-3000.json).
+# plan's 8.84 ms (bench/results/models-tune-1000-3000.json). Alone it moved trials to NCHW8c
+# (1590 against 1004) but the plan stayed 1.07x NCHW8c alone (models-mnv2-explore.json): the
+# budget was split between close layouts, which the duels below end.
 EXPLORE_RATIO = 1.0
+# Two direct-convolution layouts of a conv (NCHW8c and NCHW16c) run the same kind of kernel, so
+# their searches progress alike and can be compared at equal effort: once the task of a layout
+# the plan does not pick has had TUNED_TRIALS trials and its best is still behind what the chosen
+# layout's task had after as many trials, it loses the duel and is pruned (equal_effort_losers).
+# Without it close layouts were both tuned to the end: a 3000-trial MobileNetV2 tune spent 88-152
+# trials on each of NCHW8c and NCHW16c for convs within 2% of each other, and the joint plan
+# ended 4% slower than NCHW8c alone, tuned with the same budget over a third of the tasks
+# (bench/results/models-mnv2-avx2model.json); with duels 0.8% slower, its plan 42 of 52 convs in
+# NCHW8c, 0.900x ONNX Runtime (models-mnv2-duel.json). A Winograd layout is left out of duels:
+# its GEMM starts far from where tuning takes it (FIRST_LOOK).
+DUEL_OPS = ("conv2d",)
 
 
 @dataclass
@@ -190,19 +205,65 @@ def pruning_ratios(space: ModelLayouts, layouts: dict, best: dict, reach: dict |
     return out
 
 
+@dataclass
+class TaskProgress:
+    """A task's best latency after each of its trials, rebuilt from its records in log order: what
+    equal_effort_losers reads of a TuneSummary, for `tuner analyze`."""
+    workload: object
+    curve: list
+
+    @classmethod
+    def from_records(cls, workload, recs) -> "TaskProgress":
+        curve: list = []
+        for r in recs:
+            curve.append(min(curve[-1] if curve else math.inf, r.latency if r.ok else math.inf))
+        return cls(workload, curve)
+
+    @property
+    def trials(self) -> int:
+        return len(self.curve)
+
+    @property
+    def best_latency(self) -> float:
+        return self.curve[-1] if self.curve else math.inf
+
+
+def equal_effort_losers(space: ModelLayouts, layouts: dict, tasks) -> set:
+    """Keys of the tasks of DUEL_OPS that every conv whose cost they are part of prices in a
+    layout the plan does not pick, with TUNED_TRIALS or more trials and a best still behind the
+    chosen layout's task of the same operator after as many trials (TuneSummary.curve)."""
+    by = {s.workload.key: s for s in tasks}
+
+    def duelist(wls):
+        return next((by[w.key] for w in wls if w.op in DUEL_OPS and w.key in by), None)
+    lost: dict = {}
+    for v, options in space.unary.items():
+        chosen = duelist(options[layouts[v]])
+        for lay, wls in options.items():
+            other = duelist(wls)
+            if other is None or lay == layouts[v]:
+                continue
+            fair = (chosen is not None and other.trials >= TUNED_TRIALS and bool(chosen.curve)
+                    and other.best_latency > chosen.curve[min(other.trials, len(chosen.curve)) - 1])
+            lost[other.workload.key] = lost.get(other.workload.key, True) and fair
+    return {k for k, v in lost.items() if v}
+
+
 def _weights(space: ModelLayouts, plan: Plan, tasks) -> list:
-    """Per task: how often the plan runs it; when it does not, its occurrences too if at equal
-    effort its layout would beat the chosen one (EXPLORE_RATIO, on projected_prices),
-    OUT_OF_PLAN_WEIGHT x its occurrences, or 0 when it is pruned (PRUNE_RATIO, on
-    reachable_prices)."""
+    """Per task: how often the plan runs it; when it does not, 0 when it lost a duel at equal
+    effort (equal_effort_losers), its occurrences too if at equal effort its layout would beat the
+    chosen one (EXPLORE_RATIO, on projected_prices), OUT_OF_PLAN_WEIGHT x its occurrences, or 0
+    when it is pruned (PRUNE_RATIO, on reachable_prices)."""
     in_plan = space.used(plan.layouts)
     best = _latencies(tasks)
     reach = reachable_prices([(s.workload, s.best_latency, s.trials) for s in tasks])
     ratio = pruning_ratios(space, plan.layouts, best, reach)
     hope = pruning_ratios(space, plan.layouts, best, projected_prices([(s.workload, s.best_latency, s.curve)
                                                                         for s in tasks]))
+    lost = equal_effort_losers(space, plan.layouts, tasks)
     return [in_plan.get(s.workload.key)
-            or (s.weight if hope.get(s.workload.key, math.inf) < EXPLORE_RATIO
+            or (0.0 if s.workload.key in lost
+                else s.weight if hope.get(s.workload.key, math.inf) < EXPLORE_RATIO
                 else 0.0 if ratio.get(s.workload.key, 1.0) > PRUNE_RATIO else OUT_OF_PLAN_WEIGHT * s.weight)
             for s in tasks]
 

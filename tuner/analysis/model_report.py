@@ -32,7 +32,8 @@ from pathlib import Path
 from .. import records
 from ..errors import UserError
 from ..graph.layout_plan import ModelLayouts, Plan, model_layouts
-from ..model_tuning import PRUNE_RATIO, TUNED_TRIALS, layout_ratios, reachable_prices
+from ..model_tuning import (PRUNE_RATIO, TUNED_TRIALS, TaskProgress, equal_effort_losers, layout_ratios,
+                            reachable_prices)
 from ..runtime.compiler import plan_summary
 from ..te.layouts import CONV_LAYOUTS
 
@@ -69,6 +70,10 @@ class Choice:
     costs: dict                # layout -> seconds of its part of the plan (kernel, pools, boundary transforms)
     trials: dict               # layout -> trials of its fused group's task
     ratios: dict               # layout -> model_tuning.layout_ratios against the chosen one (what pruning judges)
+    lost: set = field(default_factory=set)   # layouts whose task lost its duel at equal effort (pruned too)
+
+    def pruned(self, lay: str) -> bool:
+        return lay in self.lost or not self.ratios[lay] <= PRUNE_RATIO
 
 
 @dataclass
@@ -167,7 +172,7 @@ class ModelReport:
         for c in self.choices:
             base = c.costs[c.chosen]
             others = [f"{lay} {_ratio(c.costs[lay], base)} ({c.trials.get(lay, 0)}"
-                      f"{', pruned' if not c.ratios[lay] <= PRUNE_RATIO else ''})"
+                      f"{', pruned' if c.pruned(lay) else ''})"
                       for lay in c.costs if lay != c.chosen]
             rows.append([c.conv, c.chosen, f"{base * 1e3:.4f}", str(c.trials.get(c.chosen, 0)), "  ".join(others)])
         out.append(Section("layout per convolution", ["conv", "chosen", "ms", "trials", "other layouts: cost "
@@ -179,7 +184,10 @@ class ModelReport:
                             f"pruned: over {PRUNE_RATIO}x the chosen layout's cost, so a tune under this plan "
                             "gives it no more rounds (a task shared with a closer layout is still tuned); a "
                             f"layout whose task has fewer than {TUNED_TRIALS} trials is judged on what it could "
-                            "reach: its FLOPs at the best rate a task of its operator and layout reached"]))
+                            "reach: its FLOPs at the best rate a task of its operator and layout reached; a "
+                            f"direct conv layout with {TUNED_TRIALS} or more trials is pruned too when its best "
+                            "is behind what the chosen layout's task had after as many trials (its duel at "
+                            "equal effort)"]))
 
         if self.compiled:
             out.append(self._gap_section())
@@ -332,9 +340,11 @@ def _report(path, contents, plan, model, input_shapes, compiled, repeat) -> Mode
     unary = space.problem(lambda wl: best.get(wl.key, math.inf)).unary   # per conv and layout, as the solver prices
     reach = reachable_prices([(wl, best.get(wl.key, math.inf), len(by_key.get(wl.key, []))) for wl in wls])
     ratios = layout_ratios(space, plan.layouts, best, reach)
+    lost = equal_effort_losers(space, plan.layouts, [TaskProgress.from_records(wl, by_key.get(wl.key, []))
+                                                     for wl in wls])
     choices = [Choice(v, plan.layouts[v], unary[v],
                       {lay: len(by_key.get(space.unary[v][lay][0].key, [])) for lay in d if space.unary[v][lay]},
-                      ratios[v])
+                      ratios[v], {lay for lay in d if any(wl.key in lost for wl in space.unary[v][lay])})
                for v, d in space.domains.items()]
     solved, solved_s = space.plan(best)
     rep = ModelReport(path, plan, space, rows, choices, space.estimate(plan.layouts, best), solved, solved_s,
