@@ -184,6 +184,61 @@ def test_a_blocked_winograd_choice_needs_no_transform_among_blocked_convs(tmp_ca
     assert all(s.workload_key in priced for s in tasks), [s.workload for s in tasks if s.workload_key not in priced]
 
 
+@pytest.mark.parametrize("make", [lambda: resnet(18, image=32), lambda: mobilenet_v2(image=32), _inception_like],
+                         ids=["resnet18", "mobilenet_v2", "inception"])
+def test_a_conv_reading_another_block_fuses_the_transform_into_its_loads(tmp_cache, make):
+    """NCHW16c>NCHW8c: a groups=1 conv reads NCHW16c and writes NCHW8c, its task the NCHW8c conv
+    with ib=16; after an NCHW16c conv its data edge costs nothing; a random plan of such choices
+    runs the tasks it was priced with and matches ONNX Runtime; depthwise convs do not take them."""
+    g = make()
+    choices = ("NCHW8c", "NCHW16c", "NCHW16c>NCHW8c", "NCHW8c>NCHW16c")
+    space = model_layouts(g, choices)
+    fused = [v for v, d in space.domains.items() if "NCHW16c>NCHW8c" in d]
+    assert fused and all(set(space.domains[v]) <= set(choices) and "NCHW8c" in space.domains[v] for v in fused)
+    assert all("NCHW16c>NCHW8c" not in d for v, d in space.domains.items()
+               if next(n for n in g.nodes if n.name == v).attrs.get("groups", 1) > 1)
+    wls = {wl.key: wl for v in fused for wl in space.unary[v]["NCHW16c>NCHW8c"] if wl.op == "conv2d"}
+    assert any(wl.p.get("ib") == 16 and wl.layout == "NCHW8c" for wl in wls.values())
+    # into a conv reading NCHW16c, a data edge from an NCHW16c conv is free (a residual operand still
+    # goes to the NCHW8c it writes); from an NCHW8c conv the data edge needs NCHW16c
+    into = [t for (u, v), t in space.pairs.items() if v in fused]
+    assert into and all(wl.p["dst"] == "NCHW8c" for t in into for wl in t.get(("NCHW16c", "NCHW16c>NCHW8c"), []))
+    assert any(wl.p["dst"] == "NCHW16c" for t in into for wl in t.get(("NCHW8c", "NCHW16c>NCHW8c"), []))
+    rng = random.Random(1)
+    mixed = next(p for p in ({v: rng.choice(d) for v, d in space.domains.items()} for _ in range(50))
+                 if {"NCHW16c>NCHW8c", "NCHW8c>NCHW16c"} <= set(p.values()))
+    m = compile_model(g, threads=1, layout_plan=mixed)
+    assert_matches_onnxruntime(m, g)
+    priced = space.used(mixed)
+    tasks = [s for s in m.steps if s.anchor and not s.workload.startswith("dense")]
+    assert any("ib=16" in s.workload for s in tasks)
+    assert all(s.workload_key in priced for s in tasks), [s.workload for s in tasks if s.workload_key not in priced]
+
+
+def test_with_fused_reads_a_mixed_block_plan_keeps_no_transform_between_convs():
+    """Synthetic prices: a conv is cheap in NCHW8c when it has 64 or 256 output channels, else in
+    NCHW16c; a transform costs 1 (so a plan's cost counts its transforms). Without fused reads ResNet-18's plan pays for transforms between
+    the stages (or runs a conv in its dear block); with them it keeps only the two at the model's
+    NCHW boundaries, as a single layout does."""
+    from tuner.graph.passes import optimize
+    from tuner.graph.passes.convert_layout import data_path_transforms
+    g = resnet(18, image=32)
+
+    def price(wl):
+        if wl.op == "layout_transform":
+            return 1.0
+        if wl.op == "conv2d" and wl.layout.startswith("NCHW"):
+            return 0.0 if wl.layout == ("NCHW8c" if wl.p["K"] in (64, 256) else "NCHW16c") else 5.0
+        return 0.0
+    plain, fused = (solve(model_layouts(g, ch).problem(price)) for ch in
+                    (("NCHW8c", "NCHW16c"), ("NCHW8c", "NCHW16c", "NCHW16c>NCHW8c", "NCHW8c>NCHW16c")))
+    single = data_path_transforms(optimize(g, layout="NCHW16c"))
+    assert fused.cost == single < plain.cost
+    assert {"NCHW16c>NCHW8c", "NCHW8c>NCHW16c"} <= set(fused.layouts.values())
+    assert data_path_transforms(optimize(g, layout="NCHW16c", layout_plan=fused.layouts)) == single
+    assert data_path_transforms(optimize(g, layout="NCHW16c", layout_plan=plain.layouts)) > single
+
+
 def test_a_dense_weight_packing_is_a_choice_of_the_plan(tmp_cache):
     """With packings among the choices, a dense is a variable of its own (no edges: its packing
     moves no activation); the plan's packing is the task the compiled model runs; a packing given

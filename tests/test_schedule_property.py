@@ -28,6 +28,8 @@ def conv_workloads(draw):
     p = dict(C=c, H=draw(st.integers(5, 9)), W=draw(st.integers(5, 9)), K=k, R=r, S=r,
              stride=draw(st.sampled_from([1, 2])), pad=draw(st.sampled_from([0, 1])) if r == 3 else 0,
              groups=c if depthwise else 1, bias=int(draw(st.booleans())), relu=int(draw(st.booleans())))
+    if layout.startswith("NCHW") and layout != "NCHW" and not depthwise:
+        p["ib"] = draw(st.sampled_from([4, 8, 16]).filter(lambda b: c % b == 0))   # the input read in another block
     return make("conv2d", p, layout)
 
 

@@ -194,13 +194,17 @@ def _conv_layouts(n, layouts) -> tuple:
     grouped convs)."""
     from ..te import layouts as L
     from ..te import winograd as WG
-    from .passes.convert_layout import winograd_applies
+    from .passes.convert_layout import fused_read, winograd_applies
     k = n.inputs[1].shape[0]
     c = n.inputs[0].shape[1]
     groups = n.attrs.get("groups", 1)
     out = []
     for lay in layouts:
         if L.is_dense_packing(lay):
+            continue
+        if io := fused_read(lay):
+            if groups == 1 and k % L.block_of(io[1]) == 0:
+                out.append(lay)
             continue
         if wino := WG.parse_choice(lay):
             b = L.block_of(wino[1])
@@ -221,7 +225,7 @@ def model_layouts(graph, layouts=("NCHW", "NHWC", "NCHW8c", "NCHW16c")) -> Model
     variable has no edges: the solver picks its fastest packing. The tasks come from compiling the
     graph's passes once per choice, so they are the tasks `tuner compile` meets under any plan."""
     from .passes import optimize
-    from .passes.convert_layout import AGNOSTIC_POOLS, followed_operand, uses, winograd_conv
+    from .passes.convert_layout import AGNOSTIC_POOLS, followed_operand, fused_read, io_layouts, uses, winograd_conv
     from .passes.extract_tasks import transform_task, workload_of
     from .ops import BINARY, UNARY
     from ..te import layouts as L
@@ -238,12 +242,15 @@ def model_layouts(graph, layouts=("NCHW", "NHWC", "NCHW8c", "NCHW16c")) -> Model
     base_groups: list = []               # anchor names of the task groups under the base layout
     carried: set = set()                 # pools that take a variable's layout
     base = "NCHW16c" if "NCHW16c" in layouts else \
-        next((lay for lay in layouts if not WG.parse_choice(lay) and not L.is_dense_packing(lay)), "NCHW")
+        next((lay for lay in layouts if not (WG.parse_choice(lay) or fused_read(lay) or L.is_dense_packing(lay))),
+             "NCHW")
     extra: dict = {}                     # (conv name, Winograd choice) -> [its input and GEMM tasks]
     for lay in dict.fromkeys([base] + [lay for d in domains.values() for lay in d]):
         if WG.parse_choice(lay):         # every conv that can runs as `lay`, the others in its activation layout
             g = optimize(graph, layout=WG.activation_layout(lay),
                          layout_plan={v: lay for v, d in domains.items() if lay in d})
+        elif io := fused_read(lay):      # every conv that can reads io[0] and writes io[1], the others in io[1]
+            g = optimize(graph, layout=io[1], layout_plan={v: lay for v, d in domains.items() if lay in d})
         elif lay in packings:            # every dense in packing `lay`, the convs in the base layout
             g = optimize(graph, layout=base, layout_plan={v: lay for v, d in domains.items() if lay in d})
         else:
@@ -270,24 +277,29 @@ def model_layouts(graph, layouts=("NCHW", "NHWC", "NCHW8c", "NCHW16c")) -> Model
     unary = {v: {lay: extra.get((v, lay), []) + [group_task[(v, lay)]] if (v, lay) in group_task else []
                  for lay in d} for v, d in domains.items()}
     pairs: dict = {}
-    act = WG.activation_layout
+    out_of = lambda lay: io_layouts(lay)[1]  # noqa: E731
+    in_of = lambda lay: io_layouts(lay)[0]   # noqa: E731
 
-    def edge(u, v, shape):
-        """The value of `shape` leaves u's layout for v's (None: fixed NCHW)."""
+    def edge(u, v, shape, read=out_of):
+        """The value of `shape` leaves u's layout (the one it writes) for v's: the one v's conv reads
+        (read=in_of, its data input) or writes (a residual operand following it). None: fixed NCHW."""
         if u == v or (u is None and v is None):
             return
-        if u is None or v is None:
-            var, into = (v, True) if u is None else (u, False)
-            for lay in domains[var]:
-                if act(lay) != "NCHW":
-                    unary[var][lay].append(transform_task(shape, "NCHW", act(lay)) if into
-                                           else transform_task(shape, act(lay), "NCHW"))
+        if u is None:
+            for lay in domains[v]:
+                if read(lay) != "NCHW":
+                    unary[v][lay].append(transform_task(shape, "NCHW", read(lay)))
+            return
+        if v is None:
+            for lay in domains[u]:
+                if out_of(lay) != "NCHW":
+                    unary[u][lay].append(transform_task(shape, out_of(lay), "NCHW"))
             return
         t = pairs.setdefault((u, v), {})
         for a in domains[u]:
             for b in domains[v]:
-                if act(a) != act(b):
-                    t.setdefault((a, b), []).append(transform_task(shape, act(a), act(b)))
+                if out_of(a) != read(b):
+                    t.setdefault((a, b), []).append(transform_task(shape, out_of(a), read(b)))
 
     used = uses(pre)
     src: dict = {id(v): None for v in pre.inputs}         # value -> the variable whose layout it carries
@@ -295,7 +307,7 @@ def model_layouts(graph, layouts=("NCHW", "NHWC", "NCHW8c", "NCHW16c")) -> Model
     for n in pre.nodes:
         ins = acts(n)
         if n.name in domains and n.op == "conv2d":
-            edge(src.get(id(n.inputs[0])), n.name, n.inputs[0].shape)
+            edge(src.get(id(n.inputs[0])), n.name, n.inputs[0].shape, read=in_of)
             src[id(n.output)] = n.name
         elif ins and (n.op in UNARY or n.op in AGNOSTIC_POOLS):
             s = src.get(id(ins[0]))

@@ -556,8 +556,11 @@ def _conv_task(n):
     k = nchw_dims(n.output.shape, lay)[1]
     wshape = n.inputs[1].shape
     r, s = (wshape[0], wshape[1]) if lay == "NHWC" else (wshape[2], wshape[3])
+    # a blocked input read in its own block (a fused layout transform, convert_layout.fused_read);
+    # make() leaves ib out of the key when it is the layout's own
+    ib = dict(ib=n.inputs[0].shape[4]) if L.block_of(lay) and a["groups"] == 1 and len(n.inputs[0].shape) == 5 else {}
     return dict(N=nn, C=c, H=h, W=w, K=k, R=r, S=s, stride=a["strides"][0], pad=_pads_param(a["pads"]),
-                dilation=a["dilations"][0], groups=a["groups"]), lay
+                dilation=a["dilations"][0], groups=a["groups"], **ib), lay
 
 
 def _pool_task(n):

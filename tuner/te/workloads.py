@@ -22,15 +22,15 @@ from . import winograd as WG
 from .tensor import Tensor, placeholder
 
 _INT_PARAMS = {"N", "C", "H", "W", "K", "R", "S", "stride", "dilation", "groups", "bias", "relu",
-               "residual", "count_include_pad", "m"}
+               "residual", "count_include_pad", "m", "ib"}
 
 # An anchor's activation epilogue other than relu: act=<name> with that activation's parameters
 # (ops.ACTIVATIONS). Absent unless set, so the keys of workloads without one never changed.
 EPILOGUE_ACTS = ("clip", "sigmoid", "hard_sigmoid", "hard_swish")
 _FLOAT_PARAMS = {"lo", "hi", "alpha", "beta"}
 
-_SPEC_ORDER = ("N", "C", "H", "W", "K", "R", "S", "stride", "pad", "dilation", "groups", "bias", "residual", "relu",
-               "m")
+_SPEC_ORDER = ("N", "C", "H", "W", "K", "R", "S", "stride", "pad", "dilation", "groups", "ib", "bias", "residual",
+               "relu", "m")
 
 
 class WorkloadError(UserError):
@@ -105,7 +105,7 @@ class Workload:
         if self.op == "conv2d" and p["groups"] > 1:
             blk = L.fit_block(c, b)
             return (blk, blk)
-        return (L.fit_block(c, b), L.fit_block(k, b))
+        return (p.get("ib") or L.fit_block(c, b), L.fit_block(k, b))
 
     @property
     def flops(self) -> float:
@@ -219,6 +219,9 @@ def _conv_ref(wl: Workload, arrays: list):
 def _conv_check(wl: Workload):
     p = wl.p
     g = p["groups"]
+    if "ib" in p and not (L.block_of(wl.layout) and g == 1 and 1 <= p["ib"] <= L.MAX_BLOCK and p["C"] % p["ib"] == 0):
+        raise WorkloadError(f"conv2d: ib={p['ib']} (the input's channel block, when it is read in another block "
+                            f"than the output's) needs a blocked layout, groups=1 and a block dividing C={p['C']}")
     if p["C"] % g or p["K"] % g:
         raise WorkloadError(f"conv2d: groups={g} must divide C={p['C']} and K={p['K']}")
     if L.block_of(wl.layout) and g > 1 and not (g == p["C"] == p["K"]):
@@ -405,6 +408,7 @@ class WorkloadDef:
     check: Callable | None = None  # Workload -> None, raising WorkloadError for shapes that do not fit
     example: str = ""              # a spec to show in errors
     epilogue: bool = False         # takes bias/residual/relu and act=... (EPILOGUE_ACTS)
+    optional: tuple = ()           # parameters without a default, left out of the key when absent
 
     def shown(self) -> set:
         """Parameters a spec always shows (the rest only when not the default)."""
@@ -415,7 +419,10 @@ WORKLOADS: dict = {d.op: d for d in [
     WorkloadDef("conv2d", ("C", "H", "W", "K", "R", "S"),
                 dict(N=1, stride=1, pad=0, dilation=1, groups=1, bias=0, relu=0, residual=0),
                 _conv_build, _conv_ref, _conv_flops, _conv_check,
-                "conv2d:N=1,C=64,H=56,W=56,K=64,R=3,S=3,stride=1,pad=1", epilogue=True),
+                "conv2d:N=1,C=64,H=56,W=56,K=64,R=3,S=3,stride=1,pad=1", epilogue=True,
+                # ib: a blocked conv reading its input in another channel block than it writes
+                # (NCHW16c in, NCHW8c out): the layout transform fused into its loads
+                optional=("ib",)),
     WorkloadDef("dense", ("C", "K"), dict(N=1, bias=0, relu=0), _dense_build, _dense_ref,
                 lambda wl: ops.dense_flops(wl.p["N"], wl.p["C"], wl.p["K"]), None,
                 "dense:N=1,C=2048,K=1000,bias=1", epilogue=True),
@@ -460,7 +467,7 @@ def make(op: str, params: dict, layout: str | None = None, name: str = "") -> Wo
     missing = [k for k in d.required if k not in full]
     if missing:
         raise WorkloadError(f"{op} needs {', '.join(missing)} (e.g. {example_spec(op)})")
-    takes = set(d.defaults) | set(d.required)
+    takes = set(d.defaults) | set(d.required) | set(d.optional)
     if d.epilogue:
         takes.add("act")
         act = full.get("act") or ""
@@ -490,6 +497,9 @@ def make(op: str, params: dict, layout: str | None = None, name: str = "") -> Wo
         L.dense_block(layout)
     else:
         L.check_activation_layout(layout)
+    b, c = L.block_of(layout), full.get("C")
+    if "ib" in full and b and isinstance(c, int) and c > 0 and full["ib"] == L.fit_block(c, b):
+        del full["ib"]                       # the layout's own input block: one key per kernel
     if op == "layout_transform":
         L.check_activation_layout(full["dst"])
     wl = Workload(op, tuple(sorted(full.items())), layout, name)

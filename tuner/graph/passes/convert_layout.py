@@ -105,7 +105,9 @@ def followed_operand(node, uses: dict) -> int:
     return next((i for i in full if _fusable_epilogue(node.inputs[i], uses)), full[0])
 
 
-def _conv_weight(b, w, lay: str, groups: int, channels: int):
+def _conv_weight(b, w, lay: str, groups: int, channels: int, in_block: int = 0):
+    """Constant OIHW weight `w` re-laid for a conv in `lay`; a blocked conv reading its input in
+    another block (fused_read) gives that block as `in_block`."""
     if lay == "NCHW":
         return w
     data = w.data
@@ -114,14 +116,33 @@ def _conv_weight(b, w, lay: str, groups: int, channels: int):
     k = data.shape[0]
     blk = L.block_of(lay)
     ob = L.fit_block(k, blk)
-    ib = 1 if groups > 1 else L.fit_block(channels, blk)
+    ib = 1 if groups > 1 else in_block or L.fit_block(channels, blk)
     return b.const(L.conv_weight_from_oihw(data, lay, ib, ob), f"{w.name}_OIHW{ib}i{ob}o")
 
 
+def fused_read(choice: str) -> tuple | None:
+    """(input layout, output layout) of a plan value such as `NCHW16c>NCHW8c`: a direct conv (groups
+    1) that reads its input in the first blocked layout and writes the second, the layout transform
+    between them fused into its loads (its task: the conv in the second layout with ib=, the input's
+    block); None for any other value."""
+    src, sep, dst = choice.partition(">")
+    if not sep:
+        return None
+    if not (L.block_of(src) and L.block_of(dst)) or src == dst:
+        raise L.LayoutError(f"layout choice {choice!r}: a conv reading one layout and writing another takes two "
+                            "different blocked layouts, input first (NCHW16c>NCHW8c)")
+    return src, dst
+
+
+def io_layouts(choice: str) -> tuple:
+    """(the layout a conv running as `choice` reads its input in, the layout it writes)."""
+    return fused_read(choice) or (WG.activation_layout(choice),) * 2
+
+
 def check_choice(choice: str) -> None:
-    """A layout plan's value: a conv's activation layout or Winograd choice (te.winograd.parse_choice),
-    or a dense weight packing (OI, OI[x]o)."""
-    if WG.parse_choice(choice):
+    """A layout plan's value: a conv's activation layout, a Winograd choice (te.winograd.parse_choice)
+    or a blocked layout read as another (fused_read), or a dense weight packing (OI, OI[x]o)."""
+    if WG.parse_choice(choice) or fused_read(choice):
         return
     if L.is_dense_packing(choice):
         L.dense_block(choice)
@@ -130,7 +151,8 @@ def check_choice(choice: str) -> None:
         L.check_activation_layout(choice)
     except L.LayoutError as e:
         raise L.LayoutError(f"{e} (a conv can also run as {' or '.join(WG.CHOICES)}, optionally @NCHW8c or "
-                            "@NCHW16c: Winograd, 3x3 stride-1 only; a dense takes a packing, OI or OI16o)") from None
+                            "@NCHW16c: Winograd, 3x3 stride-1 only; or read one blocked layout and write another, "
+                            "NCHW16c>NCHW8c; a dense takes a packing, OI or OI16o)") from None
 
 
 def _plan_choice(n, plan: dict, desired: str) -> str:
@@ -191,6 +213,15 @@ def convert(graph: Graph, desired: str, plan: dict | None = None) -> Graph:
         conv_lay = _plan_choice(n, plan, desired)
         if n.op == "conv2d" and ins[1].is_const and len(ins) == 2 and WG.parse_choice(conv_lay):
             out = _winograd(b, n, cv.to(ins[0], WG.activation_layout(conv_lay)), ins[1], conv_lay)
+        elif n.op == "conv2d" and ins[1].is_const and len(ins) == 2 and (io := fused_read(conv_lay)):
+            if attrs["groups"] != 1:
+                raise L.LayoutError(f"layout plan: conv {n.name!r} cannot run as {conv_lay}: only a conv with "
+                                    "groups=1 reads its input in another block than it writes")
+            x = cv.to(ins[0], io[0])
+            c = nchw_dims(ins[0].shape, ins[0].layout or "NCHW")[1]
+            w = _conv_weight(b, ins[1], io[1], 1, c, in_block=x.shape[4])
+            attrs.update(layout=io[1], kernel_layout=kernel_layout(io[1]))
+            out = b.add("conv2d", [x, w], attrs, n.name)
         elif n.op == "conv2d" and ins[1].is_const and len(ins) == 2 and conv_lay != "NCHW" and _blockable(n, conv_lay):
             x = cv.to(ins[0], conv_lay)
             c = nchw_dims(ins[0].shape, ins[0].layout or "NCHW")[1]
