@@ -389,8 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--layouts", default=",".join(DEFAULT_CHOICES),
                    help="with MODEL: the conv layouts to choose from (comma-separated: NCHW, NHWC, NCHW8c, "
                         "NCHW16c; winograd2 and winograd4 are Winograd F(2x2,3x3) and F(4x4,3x3) for 3x3 "
-                        "stride-1 convs, in NHWC, or with @NCHW8c / @NCHW16c in that blocked layout); "
-                        "default %(default)s")
+                        "stride-1 convs, in NHWC, or with @NCHW8c / @NCHW16c in that blocked layout; "
+                        "NCHW16c>NCHW8c reads NCHW16c and writes NCHW8c, the transform fused into the conv's "
+                        "loads); default %(default)s")
     t.add_argument("--weights", choices=WEIGHTS,
                    help="how a kernel with weights is timed: with them evicted before every call, as a compiled "
                         "model meets them (cold; the default for a MODEL), or kept in cache call after call "
