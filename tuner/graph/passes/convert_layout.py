@@ -225,7 +225,8 @@ def convert(graph: Graph, desired: str, plan: dict | None = None) -> Graph:
         elif n.op == "conv2d" and ins[1].is_const and len(ins) == 2 and conv_lay != "NCHW" and _blockable(n, conv_lay):
             x = cv.to(ins[0], conv_lay)
             c = nchw_dims(ins[0].shape, ins[0].layout or "NCHW")[1]
-            w = _conv_weight(b, ins[1], conv_lay, attrs["groups"], c)
+            # the weight's input block is the one the data arrives in (a concat's fitted block)
+            w = _conv_weight(b, ins[1], conv_lay, attrs["groups"], c, in_block=x.shape[4] if len(x.shape) == 5 else 0)
             attrs.update(layout=conv_lay, kernel_layout=kernel_layout(conv_lay))
             out = b.add("conv2d", [x, w], attrs, n.name)
         elif n.op in UNARY:
