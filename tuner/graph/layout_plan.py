@@ -190,8 +190,9 @@ def _conv_layouts(n, layouts) -> tuple:
     """The candidate layouts of a conv node (in NCHW), NCHW first: of `layouts`, NCHW; NHWC and
     NCHW[x]c where x divides the output channels for ordinary convs; NCHW[x]c for depthwise ones;
     a Winograd choice (te.winograd.parse_choice) where it applies (3x3, stride 1; a blocked one
-    where its block divides the output channels); NCHW alone when none of these fits (other
-    grouped convs)."""
+    where its block divides the output channels); reading one blocked layout and writing another
+    (convert_layout.fused_read) for ordinary convs whose output channels the second's block
+    divides; NCHW alone when none of these fits (other grouped convs)."""
     from ..te import layouts as L
     from ..te import winograd as WG
     from .passes.convert_layout import fused_read, winograd_applies

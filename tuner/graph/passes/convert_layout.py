@@ -105,9 +105,9 @@ def followed_operand(node, uses: dict) -> int:
     return next((i for i in full if _fusable_epilogue(node.inputs[i], uses)), full[0])
 
 
-def _conv_weight(b, w, lay: str, groups: int, channels: int, in_block: int = 0):
-    """Constant OIHW weight `w` re-laid for a conv in `lay`; a blocked conv reading its input in
-    another block (fused_read) gives that block as `in_block`."""
+def _conv_weight(b, w, lay: str, groups: int, in_block: int):
+    """Constant OIHW weight `w` re-laid for a conv in `lay` whose blocked input arrives in blocks of
+    `in_block` (ignored unblocked)."""
     if lay == "NCHW":
         return w
     data = w.data
@@ -116,7 +116,7 @@ def _conv_weight(b, w, lay: str, groups: int, channels: int, in_block: int = 0):
     k = data.shape[0]
     blk = L.block_of(lay)
     ob = L.fit_block(k, blk)
-    ib = 1 if groups > 1 else in_block or L.fit_block(channels, blk)
+    ib = 1 if groups > 1 else in_block
     return b.const(L.conv_weight_from_oihw(data, lay, ib, ob), f"{w.name}_OIHW{ib}i{ob}o")
 
 
@@ -213,21 +213,17 @@ def convert(graph: Graph, desired: str, plan: dict | None = None) -> Graph:
         conv_lay = _plan_choice(n, plan, desired)
         if n.op == "conv2d" and ins[1].is_const and len(ins) == 2 and WG.parse_choice(conv_lay):
             out = _winograd(b, n, cv.to(ins[0], WG.activation_layout(conv_lay)), ins[1], conv_lay)
-        elif n.op == "conv2d" and ins[1].is_const and len(ins) == 2 and (io := fused_read(conv_lay)):
-            if attrs["groups"] != 1:
+        elif n.op == "conv2d" and ins[1].is_const and len(ins) == 2 and \
+                (fused_read(conv_lay) or (conv_lay != "NCHW" and _blockable(n, conv_lay))):
+            src, lay = io_layouts(conv_lay)
+            if src != lay and attrs["groups"] != 1:
                 raise L.LayoutError(f"layout plan: conv {n.name!r} cannot run as {conv_lay}: only a conv with "
                                     "groups=1 reads its input in another block than it writes")
-            x = cv.to(ins[0], io[0])
-            c = nchw_dims(ins[0].shape, ins[0].layout or "NCHW")[1]
-            w = _conv_weight(b, ins[1], io[1], 1, c, in_block=x.shape[4])
-            attrs.update(layout=io[1], kernel_layout=kernel_layout(io[1]))
-            out = b.add("conv2d", [x, w], attrs, n.name)
-        elif n.op == "conv2d" and ins[1].is_const and len(ins) == 2 and conv_lay != "NCHW" and _blockable(n, conv_lay):
-            x = cv.to(ins[0], conv_lay)
-            c = nchw_dims(ins[0].shape, ins[0].layout or "NCHW")[1]
-            # the weight's input block is the one the data arrives in (a concat's fitted block)
-            w = _conv_weight(b, ins[1], conv_lay, attrs["groups"], c, in_block=x.shape[4] if len(x.shape) == 5 else 0)
-            attrs.update(layout=conv_lay, kernel_layout=kernel_layout(conv_lay))
+            x = cv.to(ins[0], src)
+            # a blocked weight takes the input block the data arrives in: another layout's (fused_read)
+            # or a concat's fitted one
+            w = _conv_weight(b, ins[1], lay, attrs["groups"], x.shape[4] if len(x.shape) == 5 else 0)
+            attrs.update(layout=lay, kernel_layout=kernel_layout(lay))
             out = b.add("conv2d", [x, w], attrs, n.name)
         elif n.op in UNARY:
             out = b.add(n.op, ins, attrs, n.name)
