@@ -363,10 +363,12 @@ def test_a_layout_clearly_slower_than_the_chosen_one_is_pruned(slower, pruned, m
 
 
 @pytest.mark.parametrize("trials, pruned", [(4, False), (TUNED_TRIALS, True)])
-def test_a_layout_seen_only_in_a_first_look_is_judged_on_what_it_could_reach(trials, pruned):
+def test_a_layout_seen_only_in_a_first_look_is_judged_on_what_it_could_reach(trials, pruned, monkeypatch):
     """NCHW convs measured 2x slower than NHWC ones are pruned once tuned; while they have had only a
     first look, one NCHW conv reaching nearly the NHWC FLOP rate says the others could too, so they
-    keep their out-of-plan weight and get a second look."""
+    keep their out-of-plan weight and get a second look (reach alone: no duel before dismissal)."""
+    from tuner import model_tuning
+    monkeypatch.setattr(model_tuning, "DUEL_BEFORE_DISMISS", False)
     space = model_layouts(tiny(), ("NCHW", "NHWC"))
     nchw = [wl for wl, _ in space.workloads() if wl.op == "conv2d" and wl.layout == "NCHW"]
     tuned = max(nchw, key=lambda wl: wl.flops).key
@@ -413,10 +415,13 @@ def _nchw_weights_after(nchw_curve: list, nhwc_curve: list) -> list:
 
 
 @pytest.mark.parametrize("first_look, explored", [(1.3, True), (2.5, False)])
-def test_a_layout_ahead_at_equal_effort_is_tuned_like_the_plans(first_look, explored):
+def test_a_layout_ahead_at_equal_effort_is_tuned_like_the_plans(first_look, explored, monkeypatch):
     """The plan's NHWC convs fell from 2.0 after 4 trials to 1.0 after 40. NCHW convs at 1.3 after
     their 4-trial first look were ahead at equal effort, so they get their full weight until their
-    own trials say otherwise; at 2.5 they were behind even then (a tenth, or pruned)."""
+    own trials say otherwise; at 2.5 they were behind even then (a tenth, or pruned; exploration
+    alone, no duel before dismissal)."""
+    from tuner import model_tuning
+    monkeypatch.setattr(model_tuning, "DUEL_BEFORE_DISMISS", False)
     nchw = _nchw_weights_after([first_look] * 4, [2.0] * 4 + [1.5] * 16 + [1.0] * 20)
     assert all((x == t.weight) == explored for x, t in nchw)
 
@@ -428,6 +433,19 @@ def test_a_direct_layout_behind_at_equal_effort_loses_its_duel(trials, best, los
     at 0.85 it was ahead after as many trials, and after 12 trials it has not had a fair duel."""
     nchw = _nchw_weights_after([2.0] * 4 + [best] * (trials - 4), [2.0] * 4 + [0.9] * 20 + [0.8] * 16)
     assert all((x == 0.0) == lost for x, _ in nchw)
+
+
+@pytest.mark.parametrize("best, before_dismiss, weight", [(0.95, True, 1.0), (1000.0, True, 0.0),
+                                                          (0.95, False, OUT_OF_PLAN_WEIGHT)])
+def test_a_direct_layout_short_of_its_duel_is_tuned_to_it(best, before_dismiss, weight, monkeypatch):
+    """The plan's NHWC convs had 40 trials; NCHW convs with 12, at 0.95 (within PRUNE_RATIO of the
+    chosen 0.8 but behind it at equal effort), are tuned with their full weight to their duel; far
+    behind, even at the best FLOP rate an NCHW task reached, they are pruned; without
+    DUEL_BEFORE_DISMISS they keep a tenth."""
+    from tuner import model_tuning
+    monkeypatch.setattr(model_tuning, "DUEL_BEFORE_DISMISS", before_dismiss)
+    nchw = _nchw_weights_after([2.0] * 4 + [best] * 8, [2.0] * 4 + [0.9] * 20 + [0.8] * 16)
+    assert all(x == weight * t.weight for x, t in nchw)
 
 
 def test_steering_weights_do_not_compound_over_rounds(tmp_path):

@@ -13,7 +13,8 @@ scheduler: a task the current plan uses weighs as often as the plan runs it; so 
 layout the plan does not pick whose conv would beat the chosen layout at equal effort
 (EXPLORE_RATIO: the layout tuned first does not keep the plan for that alone). A direct conv
 layout that after TUNED_TRIALS trials is behind what the chosen one had after as many loses its
-duel and gets no more rounds (DUEL_OPS). Otherwise a task keeps a tenth of its weight when it is
+duel and gets no more rounds (DUEL_OPS); one short of TUNED_TRIALS while the chosen one has them
+is tuned to its duel with its full weight (DUEL_BEFORE_DISMISS). Otherwise a task keeps a tenth of its weight when it is
 close (one that is close can still win a round), and none when every conv layout it is part of
 costs over PRUNE_RATIO x the chosen one (pruned: a layout that measured clearly worse is not tuned
 further while the plan stands; a task that has had only its first look is judged on what it
@@ -98,6 +99,13 @@ EXPLORE_RATIO = 1.0
 # NCHW8c, 0.900x ONNX Runtime (models-mnv2-duel.json). A Winograd layout is left out of duels:
 # its GEMM starts far from where tuning takes it (FIRST_LOOK).
 DUEL_OPS = ("conv2d",)
+# A direct layout the plan does not pick, not clearly worse (PRUNE_RATIO) and still short of
+# TUNED_TRIALS while the chosen one has them, is tuned to its duel before it is dismissed. Without
+# it the plan's first pick kept convs whose other layout had 12 trials: on MobileNetV2, NCHW16c
+# for 960->160 at 0.187 ms where NCHW8c, tuned as long alone, reached 0.156. Two 3000-trial tunes
+# each, timed in one run: estimates 7.76 and 7.72 ms against 7.82 and 7.87, measured 1.002-1.005x
+# NCHW8c alone against 1.029-1.045x (bench/results/models-mnv2-pending.json).
+DUEL_BEFORE_DISMISS = True
 
 
 @dataclass
@@ -228,25 +236,39 @@ class TaskProgress:
         return self.curve[-1] if self.curve else math.inf
 
 
-def equal_effort_losers(space: ModelLayouts, layouts: dict, tasks) -> set:
-    """Keys of the tasks of DUEL_OPS that every conv whose cost they are part of prices in a
-    layout the plan does not pick, with TUNED_TRIALS or more trials and a best still behind the
-    chosen layout's task of the same operator after as many trials (TuneSummary.curve)."""
+def _duels(space: ModelLayouts, layouts: dict, tasks):
+    """(chosen, other) TaskProgress pairs: per conv, its chosen layout's task of DUEL_OPS against
+    each other layout's (chosen None when the chosen layout has none, a Winograd one)."""
     by = {s.workload.key: s for s in tasks}
 
     def duelist(wls):
         return next((by[w.key] for w in wls if w.op in DUEL_OPS and w.key in by), None)
-    lost: dict = {}
     for v, options in space.unary.items():
         chosen = duelist(options[layouts[v]])
         for lay, wls in options.items():
             other = duelist(wls)
-            if other is None or lay == layouts[v]:
-                continue
-            fair = (chosen is not None and other.trials >= TUNED_TRIALS and bool(chosen.curve)
-                    and other.best_latency > chosen.curve[min(other.trials, len(chosen.curve)) - 1])
-            lost[other.workload.key] = lost.get(other.workload.key, True) and fair
+            if other is not None and lay != layouts[v]:
+                yield chosen, other
+
+
+def equal_effort_losers(space: ModelLayouts, layouts: dict, tasks) -> set:
+    """Keys of the tasks of DUEL_OPS that every conv whose cost they are part of prices in a
+    layout the plan does not pick, with TUNED_TRIALS or more trials and a best still behind the
+    chosen layout's task of the same operator after as many trials (TuneSummary.curve)."""
+    lost: dict = {}
+    for chosen, other in _duels(space, layouts, tasks):
+        fair = (chosen is not None and other.trials >= TUNED_TRIALS and bool(chosen.curve)
+                and other.best_latency > chosen.curve[min(other.trials, len(chosen.curve)) - 1])
+        lost[other.workload.key] = lost.get(other.workload.key, True) and fair
     return {k for k, v in lost.items() if v}
+
+
+def pending_duels(space: ModelLayouts, layouts: dict, tasks) -> set:
+    """Keys of the tasks of DUEL_OPS in a layout the plan does not pick for some conv whose chosen
+    layout's task has had TUNED_TRIALS trials while they have had fewer: not yet compared at
+    equal effort (DUEL_BEFORE_DISMISS)."""
+    return {other.workload.key for chosen, other in _duels(space, layouts, tasks)
+            if chosen is not None and chosen.trials >= TUNED_TRIALS > other.trials}
 
 
 def _weights(space: ModelLayouts, plan: Plan, tasks) -> list:
@@ -261,9 +283,11 @@ def _weights(space: ModelLayouts, plan: Plan, tasks) -> list:
     hope = pruning_ratios(space, plan.layouts, best, projected_prices([(s.workload, s.best_latency, s.curve)
                                                                         for s in tasks]))
     lost = equal_effort_losers(space, plan.layouts, tasks)
+    pending = pending_duels(space, plan.layouts, tasks) if DUEL_BEFORE_DISMISS else set()
     return [in_plan.get(s.workload.key)
             or (0.0 if s.workload.key in lost
                 else s.weight if hope.get(s.workload.key, math.inf) < EXPLORE_RATIO
+                or (s.workload.key in pending and ratio.get(s.workload.key, 1.0) <= PRUNE_RATIO)
                 else 0.0 if ratio.get(s.workload.key, 1.0) > PRUNE_RATIO else OUT_OF_PLAN_WEIGHT * s.weight)
             for s in tasks]
 
