@@ -14,11 +14,11 @@ layout the plan does not pick whose conv would beat the chosen layout at equal e
 (EXPLORE_RATIO: the layout tuned first does not keep the plan for that alone). A direct conv
 layout that after TUNED_TRIALS trials is behind what the chosen one had after as many loses its
 duel and gets no more rounds (DUEL_OPS); one short of TUNED_TRIALS while the chosen one has them
-is tuned to its duel with its full weight (DUEL_BEFORE_DISMISS). Otherwise a task keeps a tenth of its weight when it is
-close (one that is close can still win a round), and none when every conv layout it is part of
-costs over PRUNE_RATIO x the chosen one (pruned: a layout that measured clearly worse is not tuned
-further while the plan stands; a task that has had only its first look is judged on what it
-could reach, TUNED_TRIALS). The estimated model latency on the progress line is the plan's cost
+is tuned to its duel with its full weight (DUEL_BEFORE_DISMISS). Otherwise a task keeps a tenth
+of its weight when it is close (one that is close can still win a round), and none when every
+conv layout it is part of costs over PRUNE_RATIO x the chosen one (pruned: a layout that measured
+clearly worse is not tuned further while the plan stands; a task that has had only its first
+look is judged on what it could reach, TUNED_TRIALS). The estimated model latency on the progress line is the plan's cost
 plus the fixed groups.
 
 Weights are timed cold (weights="cold", the default; `--weights`): a kernel timed over and over
@@ -274,8 +274,9 @@ def pending_duels(space: ModelLayouts, layouts: dict, tasks) -> set:
 def _weights(space: ModelLayouts, plan: Plan, tasks) -> list:
     """Per task: how often the plan runs it; when it does not, 0 when it lost a duel at equal
     effort (equal_effort_losers), its occurrences too if at equal effort its layout would beat the
-    chosen one (EXPLORE_RATIO, on projected_prices), OUT_OF_PLAN_WEIGHT x its occurrences, or 0
-    when it is pruned (PRUNE_RATIO, on reachable_prices)."""
+    chosen one (EXPLORE_RATIO, on projected_prices) or it is short of its duel and not pruned
+    (pending_duels), OUT_OF_PLAN_WEIGHT x its occurrences, or 0 when it is pruned (PRUNE_RATIO,
+    on reachable_prices)."""
     in_plan = space.used(plan.layouts)
     best = _latencies(tasks)
     reach = reachable_prices([(s.workload, s.best_latency, s.trials) for s in tasks])
