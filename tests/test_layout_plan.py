@@ -105,6 +105,15 @@ from test_runtime import _inception_like, assert_matches_onnxruntime  # noqa: E4
 from tuner.runtime import compile_model  # noqa: E402
 
 
+def _kernels_as_priced(m, space, plan: dict) -> tuple:
+    """(the compiled model's anchored non-dense steps, {workload key: how often the solver priced
+    it}), asserting every such step runs a kernel the plan was priced with."""
+    priced = space.used(plan)
+    tasks = [s for s in m.steps if s.anchor and not s.workload.startswith("dense")]
+    assert all(s.workload_key in priced for s in tasks), [s.workload for s in tasks if s.workload_key not in priced]
+    return tasks, priced
+
+
 @pytest.mark.parametrize("make", [tiny, _inception_like, lambda: resnet(18, image=32), lambda: googlenet(image=32),
                                   lambda: mobilenet_v2(image=32)],
                          ids=["tiny", "inception", "resnet18", "googlenet", "mobilenet_v2"])
@@ -120,10 +129,8 @@ def test_a_mixed_layout_plan_compiles_to_the_same_output_and_to_the_tasks_it_was
     assert m.meta["layout_plan"] == plan
     # every kernel the plan runs is one the solver priced it with (MobileNetV2 adds the skip first:
     # its residual add once followed the skip's layout and left the conv's fused task unrun)
-    priced = space.used(plan)
-    tasks = [s for s in m.steps if s.anchor and not s.workload.startswith("dense")]
-    assert tasks and all(s.workload_key in priced for s in tasks), \
-        [s.workload for s in tasks if s.workload_key not in priced]
+    tasks, priced = _kernels_as_priced(m, space, plan)
+    assert tasks
     runs = {k: sum(s.workload_key == k for s in tasks) for k in {s.workload_key for s in tasks}}
     assert all(n <= priced[k] for k, n in runs.items())
 
@@ -146,11 +153,9 @@ def test_winograd_is_a_conv_choice_the_plan_prices_and_compiles(tmp_cache):
     assert {"winograd2", "winograd4"} <= set(plan.values())
     m = compile_model(g, threads=1, layout_plan=plan)
     assert_matches_onnxruntime(m, g)
-    priced = space.used(plan)
-    tasks = [s for s in m.steps if s.anchor and not s.workload.startswith("dense")]
+    tasks, _ = _kernels_as_priced(m, space, plan)
     assert sum(s.workload.startswith("winograd_gemm") for s in tasks) == \
         sum(lay.startswith("winograd") for lay in plan.values())
-    assert all(s.workload_key in priced for s in tasks), [s.workload for s in tasks if s.workload_key not in priced]
 
 
 def test_a_blocked_winograd_choice_needs_no_transform_among_blocked_convs(tmp_cache):
@@ -179,9 +184,7 @@ def test_a_blocked_winograd_choice_needs_no_transform_among_blocked_convs(tmp_ca
     assert {"winograd2@NCHW16c", "winograd4@NCHW8c", "winograd4"} <= set(mixed.values())
     m = compile_model(g, threads=1, layout_plan=mixed)
     assert_matches_onnxruntime(m, g)
-    priced = space.used(mixed)
-    tasks = [s for s in m.steps if s.anchor and not s.workload.startswith("dense")]
-    assert all(s.workload_key in priced for s in tasks), [s.workload for s in tasks if s.workload_key not in priced]
+    _kernels_as_priced(m, space, mixed)
 
 
 @pytest.mark.parametrize("make", [lambda: resnet(18, image=32), lambda: mobilenet_v2(image=32), _inception_like],
@@ -209,10 +212,8 @@ def test_a_conv_reading_another_block_fuses_the_transform_into_its_loads(tmp_cac
                  if {"NCHW16c>NCHW8c", "NCHW8c>NCHW16c"} <= set(p.values()))
     m = compile_model(g, threads=1, layout_plan=mixed)
     assert_matches_onnxruntime(m, g)
-    priced = space.used(mixed)
-    tasks = [s for s in m.steps if s.anchor and not s.workload.startswith("dense")]
+    tasks, _ = _kernels_as_priced(m, space, mixed)
     assert any("ib=16" in s.workload for s in tasks)
-    assert all(s.workload_key in priced for s in tasks), [s.workload for s in tasks if s.workload_key not in priced]
 
 
 def test_with_fused_reads_a_mixed_block_plan_keeps_no_transform_between_convs():
