@@ -3,6 +3,11 @@
 `cpu` alone means this host: its ISA, core count and thread count are resolved once and the
 resulting string (e.g. `cpu -isa=avx512 -cores=2 -threads=1`) goes into every record, because a
 1-thread and a 2-thread measurement are different facts.
+
+`cuda` alone means this host's first GPU, resolved through pycuda (compute capability, SM count,
+shared memory, registers, threads per block) into e.g. `cuda -arch=sm_90 -sms=132 ...`. A target
+that names its arch (`cuda -arch=sm_80`) needs no GPU: code can be generated and compiled with
+nvcc for it anywhere; the facts it leaves out are that architecture's (ARCH_FACTS).
 """
 from __future__ import annotations
 
@@ -63,19 +68,124 @@ def host_cores() -> int:
         return os.cpu_count() or 1
 
 
-def parse_target(text: str | Target = "cpu", threads: int | None = None, check_host: bool = True) -> Target:
-    """Parse `cpu [-isa=avx512|avx2|sse] [-cores=N] [-threads=N]`; `threads` overrides.
+# What an architecture guarantees, for a target that names its arch without a GPU at hand:
+# SMs of its flagship part, static shared memory a block may declare, 32-bit registers per block
+# and per thread, threads per block.
+ARCH_FACTS = {
+    "sm_70": dict(sms=80, smem=49152, regs=65536), "sm_75": dict(sms=40, smem=49152, regs=65536),
+    "sm_80": dict(sms=108, smem=49152, regs=65536), "sm_86": dict(sms=84, smem=49152, regs=65536),
+    "sm_89": dict(sms=128, smem=49152, regs=65536), "sm_90": dict(sms=132, smem=49152, regs=65536),
+}
+CUDA_OPTIONS = ("arch", "sms", "smem", "regs", "max_threads")
+MAX_REGS_PER_THREAD = 255
+
+
+@dataclass(frozen=True)
+class CudaTarget:
+    """One NVIDIA GPU. `isa` is the arch (sm_90) and `threads` 1 (one measurement owns the device),
+    so records group by (kind, isa, threads) as CPU ones do."""
+    arch: str
+    sms: int
+    smem: int               # bytes of shared memory one block may declare statically
+    regs: int               # 32-bit registers per block
+    max_threads: int = 1024
+    kind: str = "cuda"
+
+    def __str__(self) -> str:
+        return (f"cuda -arch={self.arch} -sms={self.sms} -smem={self.smem} -regs={self.regs} "
+                f"-max_threads={self.max_threads}")
+
+    @property
+    def isa(self) -> str:
+        return self.arch
+
+    @property
+    def threads(self) -> int:
+        return 1
+
+    @property
+    def cores(self) -> int:
+        return self.sms
+
+    @property
+    def lanes(self) -> int:
+        return 1
+
+    @property
+    def nvcc_flags(self) -> list:
+        return ["-O3", f"-arch={self.arch}", "--use_fast_math", "-std=c++14"]
+
+
+def _cuda_device_facts() -> dict:
+    """The first GPU's facts through pycuda, or a one-line TargetError saying what is missing."""
+    try:
+        import pycuda.driver as drv
+    except ImportError:
+        raise TargetError("target 'cuda' needs pycuda to find the GPU, and it is not installed: on a machine "
+                          "with an NVIDIA driver run pip install -e '.[cuda]'; or name the architecture, e.g. "
+                          "'cuda -arch=sm_90', to generate and compile kernels without running them") from None
+    try:
+        drv.init()
+        dev = drv.Device(0)
+        a = drv.device_attribute
+        major, minor = dev.compute_capability()
+        return dict(arch=f"sm_{major}{minor}", sms=dev.get_attribute(a.MULTIPROCESSOR_COUNT),
+                    smem=dev.get_attribute(a.MAX_SHARED_MEMORY_PER_BLOCK),
+                    regs=dev.get_attribute(a.MAX_REGISTERS_PER_BLOCK),
+                    max_threads=dev.get_attribute(a.MAX_THREADS_PER_BLOCK))
+    except Exception as e:    # pycuda raises its own error classes, and RuntimeError without a driver
+        raise TargetError(f"target 'cuda': pycuda found no usable GPU ({type(e).__name__}: {e}); check the NVIDIA "
+                          "driver (nvidia-smi), or name the architecture, e.g. 'cuda -arch=sm_90', to compile "
+                          "without running") from None
+
+
+def parse_cuda(parts: list, text: str) -> CudaTarget:
+    opts = {}
+    for p in parts[1:]:
+        key, eq, val = p.lstrip("-").partition("=")
+        if not eq or key not in CUDA_OPTIONS:
+            raise TargetError(f"cannot read target option {p!r}: CUDA options are "
+                              f"{', '.join('-' + o + '=' for o in CUDA_OPTIONS)}")
+        opts[key] = val
+    if "arch" in opts:
+        arch = opts["arch"]
+        if arch not in ARCH_FACTS:
+            raise TargetError(f"unknown CUDA arch {arch!r} in {text!r}: use one of {', '.join(ARCH_FACTS)}")
+        facts = dict(ARCH_FACTS[arch], arch=arch, max_threads=1024)
+    else:
+        facts = _cuda_device_facts()
+    for key in ("sms", "smem", "regs", "max_threads"):
+        if key in opts:
+            try:
+                facts[key] = int(opts[key])
+            except ValueError:
+                raise TargetError(f"-{key} must be an integer in {text!r}") from None
+            if facts[key] < 1:
+                raise TargetError(f"-{key} must be at least 1 in {text!r}")
+    return CudaTarget(facts["arch"], facts["sms"], facts["smem"], facts["regs"], facts["max_threads"])
+
+
+def parse_target(text: "str | Target | CudaTarget" = "cpu", threads: int | None = None,
+                 check_host: bool = True) -> "Target | CudaTarget":
+    """Parse `cpu [-isa=avx512|avx2|sse] [-cores=N] [-threads=N]`; `threads` overrides. Or
+    `cuda [-arch=sm_XY] [-sms=N] [-smem=BYTES] [-regs=N] [-max_threads=N]` (module doc).
 
     check_host=False reads a logged target of another machine (to re-lower its records, not run them)."""
+    if isinstance(text, CudaTarget):
+        return text
     if isinstance(text, Target):
         return text if threads is None else Target(text.kind, text.isa, text.cores, threads)
     parts = text.split()
     if not parts:
         raise TargetError("empty target: use 'cpu' (this host) or e.g. 'cpu -isa=avx2 -threads=1'")
     kind = parts[0]
+    if kind == "cuda":
+        if threads not in (None, 1):
+            raise TargetError(f"--threads {threads} is a CPU setting; a CUDA target runs on one GPU")
+        return parse_cuda(parts, text)
     if kind != "cpu":
-        hint = " (CUDA kernels are planned but not built by this version)" if kind == "cuda" else ""
-        raise TargetError(f"unknown target {kind!r}{hint}: use 'cpu', e.g. 'cpu -threads=1'")
+        raise TargetError(f"unknown target {kind!r}: use 'cpu', e.g. 'cpu -threads=1', or 'cuda', "
+                          "e.g. 'cuda -arch=sm_90'")
     opts = {}
     for p in parts[1:]:
         key, eq, val = p.lstrip("-").partition("=")

@@ -126,6 +126,8 @@ class CGen:
                 self.stmt(s.body, d + 1)
                 self.emit(d + 1, f"free({name});")
             self.emit(d, "}")
+        elif isinstance(s, ir.Sync):
+            pass                      # one thread runs the whole block's loops: nothing to wait for
         else:
             raise TypeError(f"cannot generate C for {type(s).__name__}")
 

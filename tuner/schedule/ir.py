@@ -38,18 +38,25 @@ class IfThen(Stmt):
 
 
 @dataclass
+class Sync(Stmt):
+    """A barrier among a GPU block's threads (around the filling of a shared buffer); nothing on
+    a CPU, where one thread runs the whole block's loops."""
+
+
+@dataclass
 class Allocate(Stmt):
     """A buffer local to `body` (a tile computed at a loop of its consumer)."""
     buffer: str
     shape: tuple
     body: Stmt
+    scope: str = "local"      # "local" | "shared" (a GPU block's memory, filled between barriers)
 
 
 @dataclass
 class Buffer:
     name: str
     shape: tuple
-    scope: str  # "arg" | "global" (temporary for the whole call) | "local"
+    scope: str  # "arg" | "global" (temporary for the whole call) | "local" | "shared" (GPU block)
 
 
 @dataclass

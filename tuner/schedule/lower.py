@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 
 from ..te.expr import (And, Cmp, Const, Expr, FloorDiv, FloorMod, Load, Max, Reduce, Var, bounds,
-                       from_linear, linear, substitute, transform)
+                       free_vars, from_linear, linear, substitute, transform)
 from . import ir
 from .schedule import Schedule, ScheduleError, Stage
 
@@ -99,6 +99,7 @@ class Lowerer:
         self.var_owner: dict = {}
         self.bodies = {s.name: self._inline(s.op.body) for s in sch.stages if s.attach[0] != "inline"}
         self.attached: dict = {}
+        self.thread_vars: set = set()     # loop vars bound to threadIdx (relaxed for shared buffers)
         for s in sch.stages:
             if s.attach[0] == "at":
                 self.attached.setdefault((s.attach[1], s.attach[2]), []).append(s)
@@ -183,6 +184,7 @@ class Lowerer:
         base = {a.name: from_linear(region[k].terms, region[k].lo) for k, a in enumerate(op.axes)}
         ranges = dict(outer_ranges)
         ranges.update({var[leaf]: leaf_ext[leaf] for leaf in st.leaves if leaf_ext[leaf] > 1})
+        self.thread_vars.update(var[leaf] for leaf in st.leaves if st.annotations.get(leaf) == "threadIdx.x")
 
         # producers computed at one of our loops: infer their regions first
         offsets = dict(offsets)
@@ -196,7 +198,8 @@ class Lowerer:
 
         local = st.attach[0] == "at"
         if local:
-            self.buffers[st.name] = ir.Buffer(st.name, tuple(root_ext[a.name] for a in op.axes), "local")
+            scope = "shared" if st.scope == "shared" else "local"
+            self.buffers[st.name] = ir.Buffer(st.name, tuple(root_ext[a.name] for a in op.axes), scope)
         store_idx = tuple(root_val[a.name] for a in op.axes)
         global_val = {a.name: (root_val[a.name] + base[a.name]) if local else root_val[a.name] for a in op.axes}
         global_val.update({r.name: root_val[r.name] for r in op.reduce_axes})
@@ -246,7 +249,10 @@ class Lowerer:
 
     def _with_producer(self, prod, preg, pguards, offsets, ranges, rest):
         nest = self.build_stage(prod, preg, offsets, ranges, pguards)
-        return ir.Allocate(prod.name, self.buffers[prod.name].shape, ir.seq([nest, rest]))
+        buf = self.buffers[prod.name]
+        if buf.scope == "shared":     # every thread done with the last tile; then the new one complete
+            return ir.Allocate(prod.name, buf.shape, ir.seq([ir.Sync(), nest, ir.Sync(), rest]), buf.scope)
+        return ir.Allocate(prod.name, buf.shape, ir.seq([nest, rest]), buf.scope)
 
     def _init_nest(self, st: Stage, init: ir.Stmt, k: int, leaf_ext: dict, var: dict) -> ir.Stmt:
         stmt = init
@@ -305,11 +311,13 @@ class Lowerer:
                     stride *= ext[p]
         return val
 
-    def _root_intervals(self, st: Stage, fixed_upto: int, leaf_val: dict, ext: dict) -> dict:
+    def _root_intervals(self, st: Stage, fixed_upto: int, leaf_val: dict, ext: dict, relax=frozenset()) -> dict:
+        """Interval forms of `st`'s root axes with its leaves up to `fixed_upto` fixed, except
+        those in `relax` (swept, as the loops inside)."""
         iv = {}
         for k, leaf in enumerate(st.leaves):
             v = leaf_val[leaf]
-            if k <= fixed_upto or ext[leaf] == 1:
+            if (k <= fixed_upto and leaf not in relax) or ext[leaf] == 1:
                 iv[leaf] = Interval({v: 1}, 0, 0) if isinstance(v, Var) else Interval({}, 0, 0)
             else:
                 iv[leaf] = Interval({}, 0, ext[leaf] - 1)
@@ -337,12 +345,21 @@ class Lowerer:
 
     # ------------------------------------------------------------ bound inference
     def _infer_region(self, st, prod, fixed_upto, leaf_val, leaf_ext, base, ranges):
-        root_iv = self._root_intervals(st, fixed_upto, leaf_val, leaf_ext)
+        """The region of `prod` that `st` reads below its leaf `fixed_upto`. A shared buffer
+        serves every thread of the block: its region is relaxed over the threadIdx loops, st's
+        own and those its base depends on."""
+        shared = prod.scope == "shared"
+        relax = {leaf for leaf in st.leaves if st.annotations.get(leaf) == "threadIdx.x"} if shared else set()
+        root_iv = self._root_intervals(st, fixed_upto, leaf_val, leaf_ext, relax)
         env = {}
         local = st.attach[0] == "at"
         for a in st.op.axes:
             b = linear(base[a.name]) if local else ({}, 0)
-            env[a.name] = _iv_add(Interval(b[0], b[1], b[1]), root_iv[a.name])
+            b_iv = Interval(b[0], b[1], b[1])
+            if shared:
+                b_iv = self._relax_threads(b_iv, ranges) or Interval({}, 0, self.sch.shape_of(st.name)[
+                    [x.name for x in st.op.axes].index(a.name)] - 1)
+            env[a.name] = _iv_add(b_iv, root_iv[a.name])
         for r in st.op.reduce_axes:
             env[r.name] = root_iv[r.name]
         shape = self.sch.shape_of(prod.name)
@@ -371,6 +388,22 @@ class Lowerer:
             if b is None or b[0] < 0 or b[1] + ext > shape[d]:
                 guards.append((d, shape[d]))
         return region, tuple(guards)
+
+    def _relax_threads(self, iv: Interval, ranges: dict):
+        """`iv` with its terms that depend on a threadIdx loop replaced by their range (None where
+        a term's bounds are unknown)."""
+        terms, lo, hi = {}, iv.lo, iv.hi
+        var_ranges = {k: (0, e - 1) for k, e in ranges.items()}
+        for t, c in iv.terms.items():
+            if free_vars(t) & self.thread_vars:
+                b = bounds(t, var_ranges)
+                if b is None:
+                    return None
+                lo += min(c * b[0], c * b[1])
+                hi += max(c * b[0], c * b[1])
+            else:
+                terms[t] = c
+        return Interval(terms, lo, hi)
 
     def _rebase_loads(self, e: Expr, offsets: dict) -> Expr:
         if not offsets:

@@ -11,6 +11,14 @@ A step is a JSON list whose first element names the primitive:
     ["compute_inline", stage]
     ["compute_root", stage]
     ["cache_write", stage]                   -> new stage "<stage>.local" does the computing
+    ["cache_read", tensor, scope, [readers]] -> new stage "<tensor>.<scope>" copies it; the readers
+                                                read the copy (scope: "shared", a GPU block's memory)
+    ["bind", stage, axis, "blockIdx.x" | "threadIdx.x"]   -> the loop is the GPU grid / block
+
+A stage computed at a loop of another gets a buffer of its own: registers or the stack
+("local"), or, after cache_read with "shared", a GPU block's shared memory, which covers what
+all the block's threads read (lowering relaxes threadIdx) and is filled cooperatively between
+two barriers (the CUDA codegen writes them; no step names a barrier).
 
 Steps refer to axes by name, so a logged schedule reads like what it does and replays the same
 way in any process. An illegal step raises ScheduleError naming the step and the reason.
@@ -19,9 +27,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..te.expr import Load, Reduce, transform, walk
 from ..te.tensor import ComputeOp, Tensor, compute, topo_order
 
 ANNOTATIONS = ("parallel", "vectorize", "unroll")
+THREAD_TAGS = ("blockIdx.x", "threadIdx.x")
+SCOPES = ("shared",)
 
 
 class ScheduleError(ValueError):
@@ -37,6 +48,7 @@ class Stage:
     annotations: dict = field(default_factory=dict)
     auto_unroll: dict = field(default_factory=dict)
     attach: tuple = ("root",)                      # ("root",) | ("inline",) | ("at", stage, axis)
+    scope: str = "global"                          # "shared": a GPU block's memory (cache_read)
 
     @property
     def reduce_names(self) -> set:
@@ -141,6 +153,48 @@ class Schedule:
             raise ScheduleError(f"cannot parallelise reduction loop {axis} (threads would race on the sum)")
         st.annotations[axis] = kind
 
+    def _bind(self, stage: str, axis: str, tag: str):
+        st = self.stage(stage)
+        self._leaf(st, axis)
+        if tag not in THREAD_TAGS:
+            raise ScheduleError(f"unknown thread tag {tag!r}; use one of {', '.join(THREAD_TAGS)}")
+        if st.is_reduce(axis):
+            raise ScheduleError(f"cannot bind reduction loop {axis} to {tag} (threads would race on the sum)")
+        st.annotations[axis] = tag
+
+    def _cache_read(self, tensor: str, scope: str, readers: list):
+        if scope not in SCOPES:
+            raise ScheduleError(f"unknown scope {scope!r}; use one of {', '.join(SCOPES)}")
+        if tensor not in self.tensors:
+            raise ScheduleError(f"no tensor {tensor!r}")
+        if not readers or len(set(readers)) != len(readers):
+            raise ScheduleError("cache_read needs the stages that read the copy, each once")
+        src = self.tensors[tensor]
+        name = f"{tensor}.{scope}"
+        if name in self.tensors:
+            raise ScheduleError(f"{tensor} already has a {scope} copy")
+        rs = [self.stage(r) for r in readers]
+        for r in rs:
+            if not any(isinstance(n, Load) and n.buffer == tensor for n in _walk_op(r.op)):
+                raise ScheduleError(f"{r.name} does not read {tensor}")
+        copy_t = compute(src.shape, lambda *i: src[i], name, tag="elemwise", inputs=[src],
+                         axis_names=[f"ax{k}" for k in range(len(src.shape))])
+        fn = lambda n: Load(name, n.indices) if isinstance(n, Load) and n.buffer == tensor else None
+        for r in rs:
+            body = r.op.body
+            new_body = (Reduce(body.combiner, transform(body.source, fn), body.axes, body.init)
+                        if isinstance(body, Reduce) else transform(body, fn))
+            inputs = tuple(copy_t if t.name == tensor else t for t in r.op.inputs)
+            r.op = ComputeOp(r.op.name, r.op.axes, new_body, inputs, r.op.tag, r.op.table)
+            old = self.tensors[r.name]              # shared with the workload's DAG: replaced, not changed
+            self.tensors[r.name] = Tensor(old.name, old.shape, r.op, old.dtype)
+        first = min(self.stages.index(r) for r in rs)
+        names = list(self.tensors)
+        items = list(self.tensors.items())
+        items.insert(min(names.index(r.name) for r in rs), (name, copy_t))
+        self.tensors = dict(items)
+        self.stages.insert(first, Stage(name, copy_t.op, [a.name for a in copy_t.op.axes], scope=scope))
+
     def _pragma(self, stage: str, axis: str, name: str, value: int):
         st = self.stage(stage)
         self._leaf(st, axis)
@@ -194,6 +248,11 @@ class Schedule:
         self.stages.insert(idx, local_stage)
 
 
+def _walk_op(op: ComputeOp):
+    body = op.body
+    yield from walk(body.source if isinstance(body, Reduce) else body)
+
+
 def replay(inputs: list, output: Tensor, steps: list) -> Schedule:
     sch = Schedule(inputs, output)
     for step in steps:
@@ -201,4 +260,4 @@ def replay(inputs: list, output: Tensor, steps: list) -> Schedule:
     return sch
 
 
-__all__ = ["Schedule", "Stage", "ScheduleError", "replay", "ANNOTATIONS"]
+__all__ = ["Schedule", "Stage", "ScheduleError", "replay", "ANNOTATIONS", "THREAD_TAGS", "SCOPES"]

@@ -1,0 +1,167 @@
+"""Loop-nest IR -> CUDA C: one `__global__` kernel per lowered function.
+
+The loop bound to blockIdx.x is the grid and the outermost loop bound to threadIdx.x the block:
+neither is written as a loop, each thread reads its index instead (a nest with neither is a
+grid of one thread, slow but correct). A later threadIdx.x loop (the
+cooperative fill of a shared buffer) must not be longer than the block; a shorter one is guarded.
+Shared buffers are declared once at the top of the kernel; the barriers around their filling are
+the IR's Sync statements. Local buffers (the accumulator tile) are arrays in the thread, which
+nvcc keeps in registers when every index is a constant after unrolling. Expressions print as in
+the C generator (one printer for index arithmetic), with device versions of its helpers.
+
+Every kernel takes its buffers as `(const float* __restrict__ in..., float* __restrict__ out)`
+and is launched with `CudaKernel.grid` blocks of `CudaKernel.block` threads.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..schedule import ir
+from ..schedule.lower import c_name
+from ..schedule.schedule import ScheduleError
+from .c import CGen
+
+PRELUDE = r"""#define TUNER_INF __int_as_float(0x7f800000)
+__device__ __forceinline__ int tuner_floordiv(int a, int b) { int q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
+__device__ __forceinline__ int tuner_floormod(int a, int b) { int r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+"""
+
+
+@dataclass(frozen=True)
+class CudaKernel:
+    name: str
+    source: str           # the kernel alone; PRELUDE goes once at the top of its file
+    grid: int             # blocks
+    block: int            # threads per block
+    shared_bytes: int     # static shared memory per block
+    local_floats: int     # floats of thread-local arrays (a lower bound on its registers)
+
+
+class CudaGen(CGen):
+    def __init__(self, func: ir.Func):
+        super().__init__(func, max_lanes=1, threads=1)
+        self.grid: int | None = None
+        self.block: int | None = None
+        self.shared: dict = {}        # shared buffer -> floats
+        self.local_floats = 0
+
+    def generate(self) -> CudaKernel:
+        f = self.func
+        if f.temps:
+            names = ", ".join(t.name for t in f.temps)
+            raise ScheduleError(f"stages computed at root ({names}) would need kernels of their own; "
+                                "the CUDA generator writes one kernel: inline them or compute them at a loop")
+        self.stmt(f.body, 1)
+        body, self.lines = self.lines, []
+        # unbound (or bound loops of extent 1, which lowering drops): one thread runs it all, correctly
+        self.grid, self.block = self.grid or 1, self.block or 1
+        params = [f"const float* __restrict__ {c_name(b.name)}" for b in f.args[:-1]]
+        params.append(f"float* __restrict__ {c_name(f.args[-1].name)}")
+        self.emit(0, f'extern "C" __global__ void __launch_bounds__({self.block}) {f.name}({", ".join(params)}) {{')
+        for name, n in self.shared.items():
+            self.emit(1, f"__shared__ __align__(16) float {c_name(name)}[{n}];")
+        self.lines.extend(body)
+        self.emit(0, "}")
+        return CudaKernel(f.name, "\n".join(self.lines) + "\n", self.grid, self.block,
+                          4 * sum(self.shared.values()), self.local_floats)
+
+    # ------------------------------------------------------------ statements
+    def stmt(self, s: ir.Stmt, d: int):
+        if isinstance(s, ir.Sync):
+            if not self.lines or self.lines[-1].strip() != "__syncthreads();":
+                self.emit(d, "__syncthreads();")
+        elif isinstance(s, ir.Allocate):
+            n = math.prod(s.shape)
+            if s.scope == "shared":
+                if s.buffer in self.shared:
+                    raise ScheduleError(f"shared buffer {s.buffer} is allocated twice")
+                self.shared[s.buffer] = n
+                self.stmt(s.body, d)
+            else:
+                self.local_floats += n
+                self.emit(d, "{")
+                self.emit(d + 1, f"float {c_name(s.buffer)}[{n}];")
+                self.stmt(s.body, d + 1)
+                self.emit(d, "}")
+        else:
+            super().stmt(s, d)
+
+    def loop(self, s: ir.For, d: int):
+        v = c_name(s.var)
+        if s.kind == "blockIdx.x":
+            if self.grid is not None:
+                raise ScheduleError(f"loop {s.var}: a second loop bound to blockIdx.x")
+            self.grid = s.extent
+            self._index_scope(s, d, f"const int {v} = blockIdx.x;", None)
+            return
+        if s.kind == "threadIdx.x":
+            if self.grid is None:
+                self.grid = 1             # a grid of one block: lowering drops loops of extent 1
+            if self.block is None:
+                self.block = s.extent
+            elif s.extent > self.block:
+                raise ScheduleError(f"loop {s.var} of {s.extent} threads is longer than the block ({self.block})")
+            guard = f"if ({v} < {s.extent}) " if s.extent < self.block else None
+            self._index_scope(s, d, f"const int {v} = threadIdx.x;", guard)
+            return
+        if s.kind == "parallel":
+            raise ScheduleError(f"loop {s.var} is marked parallel, a CPU annotation; bind it to a GPU index")
+        saved = self.unroll_budget
+        if s.auto_unroll:
+            self.unroll_budget = max(self.unroll_budget, s.auto_unroll)
+        from .c import nest_steps
+        if s.kind in ("unroll", "vectorize") or (self.unroll_budget and nest_steps(s) <= self.unroll_budget):
+            self.emit(d, "#pragma unroll")
+        self.emit(d, f"for (int {v} = 0; {v} < {s.extent}; ++{v}) {{")
+        self.ranges[s.var] = s.extent
+        self.stmt(s.body, d + 1)
+        del self.ranges[s.var]
+        self.emit(d, "}")
+        self.unroll_budget = saved
+
+    def _index_scope(self, s: ir.For, d: int, decl: str, guard: str | None):
+        self.emit(d, "{")
+        self.emit(d + 1, decl)
+        self.ranges[s.var] = s.extent
+        if guard:
+            self.emit(d + 1, guard + "{")
+            self.stmt(s.body, d + 2)
+            self.emit(d + 1, "}")
+        else:
+            self.stmt(s.body, d + 1)
+        del self.ranges[s.var]
+        self.emit(d, "}")
+
+    # ------------------------------------------------------------ expressions
+    def expr(self, e):
+        from ..te.expr import Const
+        if isinstance(e, Const) and not e.is_int and math.isinf(e.value):
+            return "(-TUNER_INF)" if e.value < 0 else "TUNER_INF"
+        return super().expr(e)
+
+
+def generate_cuda(func: ir.Func) -> CudaKernel:
+    """The CUDA C of one lowered function (raises ScheduleError for a loop nest that is not a
+    kernel: no grid or block index, a CPU annotation, a temporary at root)."""
+    return CudaGen(func).generate()
+
+
+def serial_copy(func: ir.Func) -> ir.Func:
+    """The same loop nest with the grid and block indices as plain loops: a CPU runs every
+    thread of every block in turn. Honest for the index arithmetic of any kernel here: a shared
+    buffer's fill loop covers the whole block's tile, so each emulated thread refills it whole
+    before reading it (what the barriers guarantee on the GPU)."""
+    import dataclasses
+
+    def visit(s):
+        if isinstance(s, ir.For):
+            kind = "serial" if s.kind in ("blockIdx.x", "threadIdx.x") else s.kind
+            return dataclasses.replace(s, body=visit(s.body), kind=kind)
+        if isinstance(s, ir.Seq):
+            return ir.Seq([visit(x) for x in s.stmts])
+        if isinstance(s, (ir.IfThen, ir.Allocate)):
+            return dataclasses.replace(s, body=visit(s.body))
+        return s
+
+    return dataclasses.replace(func, body=visit(func.body))
