@@ -444,7 +444,7 @@ def test_feature_pool_does_not_outlive_a_runner_that_fails_to_start(monkeypatch,
         started.extend(w.proc for w in self.workers)
 
     monkeypatch.setattr(parallel.FeaturePool, "__init__", init)
-    monkeypatch.setattr(tuner.tuning, "Runner", broken_runner)
+    monkeypatch.setitem(tuner.tuning.RUNNERS, "cpu", broken_runner)
     with pytest.raises(RuntimeError, match="no runner today"):
         tune([SMALL], target=TARGET1, trials=4, log=str(tmp_path / "x.jsonl"), policy="evolutionary",
              progress=False, cost_model_from=["none"])

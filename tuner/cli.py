@@ -401,7 +401,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--workload", help="built-in name (see `tuner workloads`) or a spec")
     t.add_argument("--workloads", help="comma-separated workloads tuned together under one --trials budget")
     t.add_argument("--layout", help="NCHW, NHWC, NCHW8c, NCHW16c for conv (default NCHW16c); OI or OI16o for dense")
-    t.add_argument("--target", default="cpu", help="'cpu' (this host) or e.g. 'cpu -isa=avx2 -threads=1'")
+    t.add_argument("--target", default="cpu", help="'cpu' (this host) or e.g. 'cpu -isa=avx2 -threads=1'; 'cuda' "
+                   "(this host's GPU, through pycuda) or e.g. 'cuda -arch=sm_90' (operators only)")
     t.add_argument("--threads", type=int, help="kernel threads (default: all cores); part of the target")
     t.add_argument("--trials", type=int, default=64, help="total measurements (of all the workloads) in the log")
     t.add_argument("--time-limit", type=float, help="stop after this many seconds")

@@ -334,6 +334,9 @@ def tune_model(model, trials: int, log: str | None = None, target: str = "cpu", 
     graph = model if isinstance(model, Graph) else load(str(model), input_shapes)
     name = graph.name if isinstance(model, Graph) else str(model)
     tgt = parse_target(target, threads)
+    if tgt.kind != "cpu":
+        raise UserError(f"tuning a whole model runs on CPU targets in this version, not {tgt.kind}: tune its "
+                        "operators with --workload, or use --target cpu")
     space = model_layouts(graph, tuple(layouts))
     pairs = space.workloads()
     if trials < len(pairs):

@@ -11,8 +11,10 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from .codegen.c import generate_c
+from .codegen.cuda import generate_cuda
 from .errors import UserError
 from .schedule.lower import lower
+from .space.gpu import GpuSearchSpace
 from .space.sketch import SearchSpace
 from .target import Target
 from .te.workloads import Workload, tensor_bytes
@@ -40,6 +42,22 @@ class Candidate:
     openmp: bool
     code_hash: str
     decisions: dict | None = None   # the point in the search space the steps came from, if known
+    launch: object = None           # CUDA: the codegen.cuda.CudaKernel (grid, block, shared memory)
+
+
+def _c_code(func, target) -> tuple:
+    src, omp = generate_c(func, target.lanes, target.threads)
+    return src, omp, None
+
+
+def _cuda_code(func, target) -> tuple:
+    k = generate_cuda(func)
+    return k.source, False, k
+
+
+# per target kind: its search space, and its code generator ((source, openmp, launch) of a loop nest)
+SPACES = {"cpu": SearchSpace, "cuda": GpuSearchSpace}
+CODEGEN = {"cpu": _c_code, "cuda": _cuda_code}
 
 
 def code_hash(source: str, func_name: str) -> str:
@@ -52,7 +70,10 @@ class Task:
     def __init__(self, workload: Workload, target: Target):
         self.workload = workload
         self.target = target
-        self.space = SearchSpace(workload, target)
+        try:
+            self.space = SPACES[target.kind](workload, target)
+        except ValueError as e:          # an operator the target's sketches do not cover
+            raise UserError(f"{e} (target {target.kind})") from None
         self._counter = 0
         self._lowered: OrderedDict = OrderedDict()
         self.codegen_s = 0.0        # time spent turning step lists into C (the tuning loop reports it)
@@ -82,10 +103,12 @@ class Task:
         start = time.perf_counter()
         try:
             func = dataclasses.replace(self.lowered(steps), name=func_name)
-            src, omp = generate_c(func, self.target.lanes, self.target.threads)
+            src, omp, launch = CODEGEN[self.target.kind](func, self.target)
         finally:
             self.codegen_s += time.perf_counter() - start
-        return Candidate(steps, src, func_name, omp, code_hash(src, func_name), decisions)
+        # a CUDA kernel's grid is not in its source (each thread reads blockIdx): hashed with it
+        hashed = src if launch is None else f"{src}// grid {launch.grid} block {launch.block}\n"
+        return Candidate(steps, src, func_name, omp, code_hash(hashed, func_name), decisions, launch)
 
     def from_decisions(self, decisions: dict) -> Candidate:
         return self.candidate(self.space.steps(decisions), decisions=decisions)

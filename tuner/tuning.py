@@ -23,7 +23,7 @@ from . import records
 from .errors import check_output_path
 from .measure.replay import ReplayRunner
 from .measure.result import OK
-from .measure.runner import RunConfig, Runner
+from .measure.runner import RUNNERS, RunConfig
 from .search import PolicyFactory, policy_factory
 from .search.scheduler import SCHEDULERS, TaskProgress
 from .target import Target, parse_target
@@ -199,7 +199,7 @@ class _Loop:
             stop = _StopSignals(grace=run_config.timeout + 5.0)
             self.factory.start([st.task for st in self.states])
             if runner is None:
-                runner = ReplayRunner(replay, run_config) if replay else Runner(self.tgt, run_config)
+                runner = ReplayRunner(replay, run_config) if replay else RUNNERS[self.tgt.kind](self.tgt, run_config)
             bar = tqdm(total=trials, initial=min(session.trials, trials), disable=not progress, unit="trial",
                        desc=self.states[0].task.name if len(self.states) == 1 else f"{len(self.states)} tasks",
                        dynamic_ncols=True)

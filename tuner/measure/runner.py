@@ -95,6 +95,8 @@ class CoreClaim:
 class Runner:
     """A measurement process, restarted whenever a candidate crashes or hangs in it."""
 
+    WORKER = worker.__name__
+
     def __init__(self, target: Target, config: RunConfig | None = None):
         self.target = target
         self.config = config or RunConfig()
@@ -175,15 +177,19 @@ class Runner:
                 return
             try:
                 self._conn.send(("setup", self._data[1], self._data[2]))
-                if self._conn.poll(120) and self._conn.recv()[0] == "ready":
+                reply = self._conn.recv() if self._conn.poll(120) else ("",)
+                if reply[0] == "ready":
                     self._data_id = self._data[0]
                     return
+                if reply[0] == "SETUP":          # it started and says why it cannot measure
+                    self._kill()
+                    raise SetupError(reply[1])
             except (EOFError, OSError):
                 pass
             code = self._proc.poll()
             self._kill()
         raise SetupError(f"the measurement process did not start (exit code {code}); run "
-                         f"`{sys.executable} -m {worker.__name__}` to see why")
+                         f"`{sys.executable} -m {self.WORKER}` to see why")
 
     # ------------------------------------------------------------ measuring
     def measure(self, task, batch: list):
@@ -204,25 +210,30 @@ class Runner:
         self._release()
 
     def run(self, lib: str, index: int) -> MeasureResult:
-        """Check and time kernel `index` of library `lib`.
+        """Check and time kernel `index` of library `lib`."""
+        cfg = self.config
+        return self._run(("measure", lib, index, cfg.number, cfg.repeat, cfg.min_repeat_ms, cfg.flush,
+                          cfg.rtol, cfg.atol, self._cold))
+
+    def _run(self, message: tuple) -> MeasureResult:
+        """Send one measurement to the worker and wait for its result.
 
         A candidate that takes the measurement process down is tried once more in a fresh one: a
         process killed from outside (the OOM killer, a user's kill) must not be recorded as the
         candidate's crash. Crashing twice is the candidate's own doing."""
-        result, crashed = self._attempt(lib, index)
+        result, crashed = self._attempt(message)
         if crashed:
-            result, crashed = self._attempt(lib, index)
+            result, crashed = self._attempt(message)
             if crashed:
                 result.message += " (twice, each in a fresh process)"
         return result
 
-    def _attempt(self, lib: str, index: int) -> tuple:
+    def _attempt(self, message: tuple) -> tuple:
         cfg = self.config
         self._ensure_ready()
         start = time.perf_counter()
         try:
-            self._conn.send(("measure", lib, index, cfg.number, cfg.repeat, cfg.min_repeat_ms, cfg.flush,
-                             cfg.rtol, cfg.atol, self._cold))
+            self._conn.send(message)
             if not self._conn.poll(cfg.timeout):
                 self._kill()
                 return MeasureResult(TIMEOUT, f"no result within {cfg.timeout:g} s (hung or far too slow); "
@@ -250,3 +261,34 @@ class Runner:
                     self._conn.recv()
             except (EOFError, OSError):      # it died meanwhile: the next candidate starts a fresh one
                 self._kill()
+
+
+class CudaRunner(Runner):
+    """Measures CUDA candidates: one nvcc call per batch (cuda_build), then each kernel checked
+    and timed with CUDA events in a process that owns the GPU (cuda_worker). The crash, hang and
+    restart handling is the CPU runner's; no core is claimed (the GPU is the measured device)."""
+
+    WORKER = "tuner.measure.cuda_worker"
+
+    def _start(self):
+        self._proc, self._conn = worker.spawn(self.WORKER, {})
+        self._data_id = None
+
+    def measure(self, task, batch: list):
+        from .cuda_build import build_cuda_batch
+        self._set_data(task.workload.key, *task.data)
+        cfg = self.config
+        for cand, b in zip(batch, build_cuda_batch(batch, task.target)):
+            if b.error is not None:
+                yield cand, MeasureResult(COMPILE_ERROR, b.error, build_s=b.seconds)
+                continue
+            k = cand.launch
+            result = self._run(("measure", b.lib, cand.func_name, k.grid, k.block, cfg.number, cfg.repeat,
+                                cfg.min_repeat_ms, cfg.flush, cfg.rtol, cfg.atol))
+            result.build_s = b.seconds
+            yield cand, result
+        self._release()
+
+
+# the measurement process of each target kind
+RUNNERS = {"cpu": Runner, "cuda": CudaRunner}

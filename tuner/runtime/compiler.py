@@ -238,6 +238,9 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
     t0 = time.perf_counter()
     say = progress or (lambda msg: None)
     tgt = parse_target(target, threads)
+    if tgt.kind != "cpu":
+        raise UserError(f"a whole model compiles for CPU targets in this version, not {tgt.kind}: "
+                        "use --target cpu")
     layout = layout or DEFAULT_LAYOUT
     L.check_activation_layout(layout)
     graph = model if isinstance(model, Graph) else load(str(model), input_shapes)

@@ -27,7 +27,7 @@ import random
 from functools import cached_property
 
 from ..schedule.schedule import Schedule, replay
-from ..te.expr import Load, Reduce, Var, linear, walk
+from ..te.expr import Load, Var, linear, walk
 from ..te.workloads import Workload
 from .sketch import UNROLL_CHOICES, divisors
 
@@ -139,10 +139,10 @@ class GpuSearchSpace:
         shape = self.out_shape
         tile = [[1, 1, 1] for _ in shape]
         tile[-1][2] = max(x for x in divisors(shape[-1]) if x <= 4)
-        threads = 1
+        threads, cap = 1, min(128, self.target.max_threads)
         for d in range(len(shape) - 1, -1, -1):
             left = shape[d] // (tile[d][1] * tile[d][2])
-            t = max(x for x in divisors(left) if threads * x <= 128)
+            t = max(x for x in divisors(left) if threads * x <= cap)
             tile[d][0] = t
             threads *= t
         red = []
@@ -152,6 +152,9 @@ class GpuSearchSpace:
         while not self.valid(dec) and any(r > 1 for r in dec["reduce"]):
             j = max(range(len(red)), key=lambda k: dec["reduce"][k])
             dec["reduce"][j] = max(x for x in divisors(self.reduce_axes[j][1]) if x < dec["reduce"][j])
+        while not self.valid(dec) and any(t[0] > 1 for t in tile):     # a tiny device: fewer threads
+            d = max(range(len(tile)), key=lambda k: tile[k][0])
+            tile[d][0] = max(x for x in divisors(tile[d][0]) if x < tile[d][0])
         return dec
 
     # ------------------------------------------------------------ decisions -> steps

@@ -1,0 +1,268 @@
+"""The CUDA path without a GPU: targets, GPU schedule steps, the GPU sketch, CUDA C that nvcc
+compiles for sm_80 and sm_90, the limits check, and a serial CPU emulation of the generated
+kernels' loop nests against NumPy. GPU tests at the end skip without pycuda and a device."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import shutil
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tuner.codegen.c import generate_c
+from tuner.codegen.cuda import serial_copy
+from tuner.measure.builder import build_batch
+from tuner.measure.worker import check_output
+from tuner.schedule.schedule import ScheduleError
+from tuner.target import CudaTarget, TargetError, parse_target
+from tuner.task import Task
+from tuner.te.workloads import make, resolve
+
+from conftest import TARGET1, run_kernel
+
+SM90 = parse_target("cuda -arch=sm_90")
+needs_nvcc = pytest.mark.skipif(
+    not (shutil.which("nvcc") or shutil.which("/usr/local/cuda/bin/nvcc")),
+    reason="nvcc (the CUDA toolkit) is not installed")
+
+# every operator and layout the CUDA sketch covers, small enough to emulate on a CPU quickly
+SMALL = [
+    make("conv2d", dict(C=8, H=10, W=10, K=16, R=3, S=3, pad=1), "NCHW"),
+    make("conv2d", dict(C=8, H=10, W=10, K=16, R=3, S=3, pad=1), "NHWC"),
+    make("conv2d", dict(C=8, H=11, W=11, K=16, R=3, S=3, stride=2, pad=1, bias=1, relu=1), "NCHW"),
+    make("conv2d", dict(N=2, C=16, H=8, W=8, K=16, R=3, S=3, pad=1, groups=16, residual=1), "NHWC"),
+    make("conv2d", dict(C=16, H=8, W=8, K=32, R=3, S=3, pad=1, groups=4, bias=1), "NCHW"),
+    make("conv2d", dict(C=16, H=6, W=6, K=16, R=1, S=1), "NCHW8c"),
+    make("dense", dict(N=8, C=32, K=24, bias=1, relu=1)),
+    make("maxpool", dict(C=8, H=9, W=9, R=3, S=3, stride=2, pad=1), "NCHW"),
+    make("avgpool", dict(C=8, H=8, W=8, R=3, S=3, pad=1), "NHWC"),
+    make("globalavgpool", dict(C=16, H=5, W=5), "NCHW"),
+]
+
+
+def _points(task: Task, n: int, seed: int = 0) -> list:
+    rng = random.Random(seed)
+    pts = [task.space.default()] + [task.space.sample(rng) for _ in range(n)]
+    assert pts and all(task.space.valid(p) for p in pts)
+    return pts
+
+
+def _emulate(cases: list) -> None:
+    """cases: [(task, steps)]; each loop nest run serially on the CPU (codegen.cuda.serial_copy)
+    against the workload's NumPy reference."""
+    funcs = [generate_c(dataclasses.replace(serial_copy(t.lowered(s)), name=f"e{k}"), TARGET1.lanes, 1)
+             for k, (t, s) in enumerate(cases)]
+    built = build_batch([(f"e{k}", src) for k, (src, _) in enumerate(funcs)], TARGET1)
+    failures = []
+    for (t, steps), b in zip(cases, built):
+        assert b.error is None, b.error
+        inputs, ref = t.data
+        problem = check_output(run_kernel(b.lib, b.index, inputs, ref.shape), ref, 1e-3, 1e-4)
+        if problem:
+            failures.append(f"{t.workload.label} steps={steps}: {problem}")
+    assert not failures, "\n".join(failures)
+
+
+# ---------------------------------------------------------------- target
+def test_a_cuda_target_named_by_arch_needs_no_gpu_and_reads_back_the_same():
+    t = parse_target("cuda -arch=sm_80 -sms=100")
+    assert isinstance(t, CudaTarget) and (t.arch, t.sms, t.smem, t.max_threads) == ("sm_80", 100, 49152, 1024)
+    assert parse_target(str(t)) == t
+    assert (t.kind, t.isa, t.threads) == ("cuda", "sm_80", 1)     # how records group by target
+
+
+@pytest.mark.parametrize("text, says", [
+    ("cuda -arch=sm_12", "unknown CUDA arch 'sm_12'"),
+    ("cuda -arch=sm_90 -isa=avx2", "CUDA options are"),
+    ("cuda -arch=sm_90 -smem=lots", "-smem must be an integer"),
+    ("cuda -arch=sm_90 -sms=0", "-sms must be at least 1"),
+    ("tpu", "unknown target 'tpu'"),
+])
+def test_a_bad_cuda_target_is_one_clear_line(text, says):
+    with pytest.raises(TargetError, match=says) as e:
+        parse_target(text)
+    assert "\n" not in str(e.value)
+
+
+def test_threads_are_refused_for_a_cuda_target():
+    with pytest.raises(TargetError, match="CPU setting"):
+        parse_target("cuda -arch=sm_90", threads=2)
+
+
+def test_cuda_alone_without_pycuda_says_what_to_install():
+    try:
+        import pycuda  # noqa: F401
+        pytest.skip("pycuda is installed here: the message for its absence cannot be seen")
+    except ImportError:
+        pass
+    with pytest.raises(TargetError, match=r"pip install -e '\.\[cuda\]'.*-arch=sm_90"):
+        parse_target("cuda")
+
+
+def test_model_tuning_and_compiling_refuse_a_cuda_target_clearly():
+    from tuner.errors import UserError
+    from tuner.model_tuning import tune_model
+    from tuner.runtime.compiler import compile_model
+    with pytest.raises(UserError, match="CPU targets"):
+        tune_model("tiny", trials=100, target="cuda -arch=sm_90")
+    with pytest.raises(UserError, match="CPU targets"):
+        compile_model("tiny", target="cuda -arch=sm_90")
+
+
+# ---------------------------------------------------------------- schedule steps
+def _dense_space():
+    return Task(make("dense", dict(N=8, C=32, K=24)), SM90).space
+
+
+@pytest.mark.parametrize("step, says", [
+    (["bind", "dense", "rc", "threadIdx.x"], "cannot bind reduction loop"),
+    (["bind", "dense", "n", "threadIdx.y"], "unknown thread tag"),
+    (["cache_read", "data", "texture", ["dense"]], "unknown scope"),
+    (["cache_read", "nothing", "shared", ["dense"]], "no tensor 'nothing'"),
+    (["cache_read", "data", "shared", []], "needs the stages"),
+])
+def test_a_bad_gpu_step_is_refused_with_its_reason(step, says):
+    sp = _dense_space()
+    with pytest.raises(ScheduleError, match=says):
+        sp.schedule([step])
+
+
+def test_cache_read_leaves_the_workloads_dag_as_it_was():
+    sp = _dense_space()
+    before = repr(sp.output.op.body)
+    sp.schedule([["cache_read", "data", "shared", ["dense"]]])
+    assert repr(sp.output.op.body) == before
+
+
+# ---------------------------------------------------------------- codegen and nvcc
+def _kernels(task: Task, n: int, seed: int = 0) -> list:
+    return [task.candidate(task.space.steps(p), func_name=f"k{seed}_{k}") for k, p in enumerate(_points(task, n, seed))]
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_sampled_schedules_of_every_operator_compile_with_nvcc(arch, tmp_cache):
+    from tuner.measure.cuda_build import build_cuda_batch
+    target = parse_target(f"cuda -arch={arch}")
+    cands = []
+    for k, wl in enumerate(SMALL + [resolve("r50.s1.conv3x3", "NHWC")]):
+        cands += _kernels(Task(wl, target), 2, seed=k)
+    built = build_cuda_batch(cands, target)
+    assert len(built) == len(cands) > 0
+    assert [b.error for b in built] == [None] * len(cands)
+    assert len({b.lib for b in built}) == 1                      # one nvcc call for the batch
+
+
+def test_a_kernel_reads_its_grid_and_block_and_fills_shared_memory_between_barriers():
+    t = Task(resolve("r50.s1.conv3x3", "NCHW"), SM90)
+    cand = t.default_candidate()
+    k = cand.launch
+    assert k.grid * k.block * math.prod(x[1] * x[2] for x in t.space.default()["tile"]) == 64 * 56 * 56
+    src = cand.source
+    assert f"__launch_bounds__({k.block})" in src and "blockIdx.x" in src and "threadIdx.x" in src
+    assert src.count("__shared__") == 2 and "__syncthreads();" in src
+    assert "for (int" in src and "parallel" not in src
+
+
+def test_the_grid_is_part_of_a_cuda_kernels_code_hash():
+    t = Task(make("dense", dict(N=8, C=32, K=24)), SM90)
+    sp = t.space
+    a = sp.default()
+    b = dict(a, tile=[list(x) for x in a["tile"]])
+    b["tile"][0] = [1, 1, 1]                         # fewer rows per block, more blocks
+    ca, cb = t.candidate(sp.steps(a)), t.candidate(sp.steps(b))
+    assert ca.launch.grid != cb.launch.grid and ca.code_hash != cb.code_hash
+
+
+# ---------------------------------------------------------------- limits
+def test_sampling_stays_inside_a_small_devices_limits():
+    small = parse_target("cuda -arch=sm_90 -max_threads=64 -smem=4096")
+    t = Task(resolve("r50.s1.conv3x3", "NCHW"), small)
+    pts = _points(t, 20)
+    for p in pts:
+        k = t.candidate(t.space.steps(p)).launch
+        assert k.block <= 64 and k.shared_bytes <= 4096
+
+
+def test_a_candidate_over_the_limits_is_rejected_with_its_reason_not_built(monkeypatch):
+    from tuner.measure import cuda_build
+    big = Task(resolve("r50.s1.conv3x3", "NCHW"), SM90)
+    cand = big.default_candidate()
+    small = parse_target(f"cuda -arch=sm_90 -smem={cand.launch.shared_bytes - 4}")
+    monkeypatch.setattr(cuda_build, "compile_cubin", lambda *a: pytest.fail("nvcc was called"))
+    [res] = cuda_build.build_cuda_batch([cand], small)
+    assert res.lib is None and "shared memory" in res.error and "not built" in res.error
+
+
+def test_the_shared_estimate_is_the_lowered_size_for_affine_reads():
+    t = Task(resolve("r50.s2.conv3x3s2", "NCHW"), SM90)
+    for p in _points(t, 10):
+        assert t.space.shared_bytes(p) == t.candidate(t.space.steps(p)).launch.shared_bytes
+
+
+# ---------------------------------------------------------------- CPU emulation
+def test_every_operator_emulated_matches_numpy(tmp_cache):
+    cases = []
+    for k, wl in enumerate(SMALL):
+        t = Task(wl, SM90)
+        cases += [(t, t.space.steps(p)) for p in _points(t, 2, seed=k)]
+    _emulate(cases)
+
+
+def test_an_injective_workload_has_a_gpu_schedule_too(tmp_cache):
+    t = Task(make("layout_transform", dict(C=16, H=5, W=5, dst="NCHW8c"), "NCHW"), SM90)
+    assert t.space.kind == "injective"
+    cand = t.default_candidate()
+    assert cand.launch.block == 256 and "threadIdx.x" in cand.source
+    _emulate([(t, t.space.steps(p)) for p in _points(t, 3)])
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10**6), which=st.sampled_from([0, 1, 2, 3]))
+def test_property_sampled_gpu_schedules_compute_the_reference(seed, which, tmp_cache):
+    t = Task(SMALL[which], SM90)
+    p = t.space.sample(random.Random(seed))
+    _emulate([(t, t.space.steps(p))])
+
+
+# ---------------------------------------------------------------- on a GPU
+def _gpu_or_skip():
+    try:
+        import pycuda.driver as drv
+        drv.init()
+        if drv.Device.count() == 0:
+            raise RuntimeError("no device")
+    except Exception as e:      # no pycuda, no driver or no device
+        pytest.skip(f"needs pycuda and an NVIDIA GPU ({type(e).__name__}: {e})")
+    return parse_target("cuda")
+
+
+def test_gpu_every_operator_measures_correct(tmp_cache):
+    from tuner.measure.runner import CudaRunner, RunConfig
+    target = _gpu_or_skip()
+    with CudaRunner(target, RunConfig(repeat=2, min_repeat_ms=1)) as runner:
+        n = 0
+        for k, wl in enumerate(SMALL):
+            t = Task(wl, target)
+            for cand, res in runner.measure(t, _kernels(t, 2, seed=k)):
+                assert res.ok, f"{wl.label}: {res.error} {res.message}"
+                n += 1
+    assert n == 3 * len(SMALL)
+
+
+def test_gpu_a_crashing_and_a_hanging_kernel_become_records_and_measuring_goes_on(tmp_cache):
+    from tuner.measure.runner import CudaRunner, RunConfig
+    target = _gpu_or_skip()
+    t = Task(make("dense", dict(N=8, C=32, K=24)), target)
+    good = t.default_candidate()
+    crash = dataclasses.replace(good, func_name="crash", source=good.source.replace(
+        good.func_name, "crash").replace("{\n", "{\n  dense[1 << 30] = 1.0f;\n", 1))
+    hang = dataclasses.replace(good, func_name="hang", source=good.source.replace(
+        good.func_name, "hang").replace("{\n", "{\n  while (dense[0] == dense[0]) dense[0] += 0.0f;\n", 1))
+    with CudaRunner(target, RunConfig(timeout=5, repeat=2, min_repeat_ms=1)) as runner:
+        kinds = [res.error for _, res in runner.measure(t, [crash, hang, good])]
+    assert kinds == ["RUNTIME_ERROR", "TIMEOUT", "OK"]
+
