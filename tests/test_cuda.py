@@ -8,6 +8,7 @@ import math
 import random
 import shutil
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -312,3 +313,51 @@ def test_every_policy_tunes_a_cuda_task_through_the_loop(policy, tmp_cache, tmp_
     again = tune([wl], target=SM90, trials=12, log=str(log), policy=policy, runner=runner, progress=False,
                  cost_model_from=["none"])
     assert again.new == 0 and len(runner.seen) == 12            # resumed: nothing measured twice
+
+
+def test_gpu_features_see_the_launch_and_how_threads_meet_memory():
+    from tuner.cost_model.dataset import features_or_none
+    from tuner.cost_model.features import gpu_feature_names, num_features
+    t = Task(make("dense", dict(N=64, C=64, K=64)), SM90)
+    names = list(gpu_feature_names())
+    width = num_features() + len(names)
+    a = t.space.default()
+    b = dict(a, tile=[[1, 1, 1], [64, 1, 1]])                   # 64 threads, one output each, 64 blocks
+    fa, fb = features_or_none(t, t.space.steps(a)), features_or_none(t, t.space.steps(b))
+    assert fa.shape[1] == fb.shape[1] == width
+    col = {n: num_features() + k for k, n in enumerate(names)}
+    ka, kb = t.candidate(t.space.steps(a)).launch, t.candidate(t.space.steps(b)).launch
+    assert (ka.block, kb.block, kb.grid) != (kb.block, ka.block, ka.grid)
+    assert fb[0, col["gpu.threads_per_block"]] == pytest.approx(math.log2(1 + kb.block))
+    assert fb[0, col["gpu.blocks"]] == pytest.approx(math.log2(1 + kb.grid))
+    assert fa[0, col["gpu.shared_bytes"]] == pytest.approx(math.log2(1 + ka.shared_bytes))
+    assert fa[0, col["gpu.syncs_per_thread"]] > 0
+    assert not np.array_equal(fa[:, num_features():], fb[:, num_features():])
+
+
+@needs_nvcc
+def test_build_op_for_cuda_builds_then_says_what_running_it_needs(tmp_cache):
+    from tuner.build import build_op
+    from tuner.errors import UserError
+    try:
+        import pycuda.driver  # noqa: F401
+        pytest.skip("pycuda is installed here: the message for its absence cannot be seen")
+    except ImportError:
+        pass
+    with pytest.raises(UserError, match=r"needs pycuda.*pip install -e '\.\[cuda\]'"):
+        build_op("dense:N=8,C=32,K=24", target="cuda -arch=sm_90", use_shipped=False, quiet=True)
+    assert list((tmp_cache / "cuda").glob("*.cubin"))         # it was compiled before it was refused
+
+
+def test_gpu_build_op_runs_on_numpy_and_on_gpu_arrays(tmp_cache):
+    from tuner.build import build_op
+    _gpu_or_skip()
+    import pycuda.gpuarray as ga
+    wl = make("conv2d", dict(C=8, H=10, W=10, K=16, R=3, S=3, pad=1, bias=1, relu=1), "NHWC")
+    k = build_op(wl, target="cuda", use_shipped=False, quiet=True)
+    arrays = wl.random_inputs(seed=3)
+    ref = wl.reference(arrays)
+    assert check_output(k(*arrays), ref, 1e-3, 1e-4) is None
+    out = k(*[ga.to_gpu(a) for a in arrays])
+    assert isinstance(out, ga.GPUArray) and check_output(out.get(), ref, 1e-3, 1e-4) is None
+    assert len(k.time(*arrays, repeat=2, min_repeat_ms=1)) == 2

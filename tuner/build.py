@@ -12,8 +12,8 @@ from .task import Task
 from .te.workloads import Workload, resolve
 
 
-class Kernel:
-    """A compiled operator that runs on NumPy arrays in the workload's layout."""
+class _OpKernel:
+    """What a built operator knows of itself, and the checks on the arrays it is called with."""
 
     def __init__(self, task: Task, steps: list, record: dict | None, source_log: str | None):
         self.workload = task.workload
@@ -21,6 +21,29 @@ class Kernel:
         self.steps = steps
         self.record = record
         self.source_log = source_log
+        self.input_shapes = [t.shape for t in task.space.inputs]
+        self.output_shape = task.space.output.shape
+
+    @property
+    def tuned(self) -> bool:
+        return self.record is not None
+
+    def _check_count(self, arrays) -> None:
+        if len(arrays) != len(self.input_shapes):
+            raise UserError(f"{self.workload.label} takes {len(self.input_shapes)} arrays "
+                            f"with shapes {self.input_shapes}, got {len(arrays)}")
+
+    def _check_shape(self, k, shape) -> None:
+        if tuple(shape) != tuple(self.input_shapes[k]):
+            raise UserError(f"argument {k} of {self.workload.label} must have shape {self.input_shapes[k]}, "
+                            f"got {tuple(shape)}")
+
+
+class Kernel(_OpKernel):
+    """A compiled operator that runs on NumPy arrays in the workload's layout."""
+
+    def __init__(self, task: Task, steps: list, record: dict | None, source_log: str | None):
+        super().__init__(task, steps, record, source_log)
         cand = task.candidate(steps, func_name="tuner_kernel")
         self.source = cand.source
         self.code_hash = cand.code_hash
@@ -29,23 +52,13 @@ class Kernel:
             raise RuntimeError(f"could not compile {self.workload.label}: {built.error}")
         self._lib = open_library(built.lib)
         self._index = built.index
-        ins, out = task.space.inputs, task.space.output
-        self.input_shapes = [t.shape for t in ins]
-        self.output_shape = out.shape
-
-    @property
-    def tuned(self) -> bool:
-        return self.record is not None
 
     def __call__(self, *arrays: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        if len(arrays) != len(self.input_shapes):
-            raise UserError(f"{self.workload.label} takes {len(self.input_shapes)} arrays "
-                             f"with shapes {self.input_shapes}, got {len(arrays)}")
+        self._check_count(arrays)
         args = []
-        for k, (a, shape) in enumerate(zip(arrays, self.input_shapes)):
+        for k, a in enumerate(arrays):
             a = np.ascontiguousarray(a, dtype=np.float32)
-            if a.shape != shape:
-                raise UserError(f"argument {k} of {self.workload.label} must have shape {shape}, got {a.shape}")
+            self._check_shape(k, a.shape)
             args.append(a)
         if out is None:
             out = np.empty(self.output_shape, np.float32)
@@ -66,9 +79,86 @@ class Kernel:
         return list(costs)
 
 
+class CudaKernel(_OpKernel):
+    """A compiled CUDA operator. Called with NumPy arrays it copies them to the GPU and the
+    result back; called with pycuda GPUArrays it launches on them and returns a GPUArray."""
+
+    def __init__(self, task: Task, steps: list, record: dict | None, source_log: str | None):
+        super().__init__(task, steps, record, source_log)
+        from .measure.cuda_build import build_cuda_batch
+        cand = task.candidate(steps, func_name="tuner_kernel")
+        self.source, self.code_hash, self.launch = cand.source, cand.code_hash, cand.launch
+        [built] = build_cuda_batch([cand], self.target)
+        if built.error:
+            raise RuntimeError(f"could not build {self.workload.label} for {self.target}: {built.error}")
+        try:
+            try:
+                import pycuda.autoprimaryctx  # noqa: F401  (the device's primary context, shared)
+            except ImportError as e:
+                if e.name != "pycuda.autoprimaryctx":
+                    raise
+                import pycuda.autoinit  # noqa: F401  (older pycuda)
+            import pycuda.driver as drv
+        except ImportError:
+            raise UserError("running a CUDA kernel needs pycuda, which is not installed: on a machine with an "
+                            "NVIDIA driver run pip install -e '.[cuda]'") from None
+        self._fn = drv.module_from_file(built.lib).get_function(cand.func_name)
+
+    def __call__(self, *arrays, out=None):
+        import pycuda.gpuarray as ga
+        self._check_count(arrays)
+        on_gpu = all(isinstance(a, ga.GPUArray) for a in arrays)
+        args = []
+        for k, a in enumerate(arrays):
+            if not on_gpu:
+                a = ga.to_gpu(np.ascontiguousarray(a, dtype=np.float32))
+            elif a.dtype != np.float32 or not a.flags.c_contiguous:
+                raise UserError(f"argument {k} of {self.workload.label} must be a C-contiguous float32 GPUArray")
+            self._check_shape(k, a.shape)
+            args.append(a)
+        if out is None:
+            out = ga.empty(self.output_shape, np.float32)
+        elif not isinstance(out, ga.GPUArray) or out.shape != self.output_shape or out.dtype != np.float32:
+            raise UserError(f"out must be a float32 GPUArray of shape {self.output_shape}")
+        self._launch(args, out)
+        return out if on_gpu else out.get()
+
+    def _launch(self, args: list, out) -> None:
+        self._fn(*[a.gpudata for a in args], out.gpudata, block=(self.launch.block, 1, 1),
+                 grid=(self.launch.grid, 1, 1))
+
+    def time(self, *arrays, repeat: int = 5, min_repeat_ms: float = 50.0) -> list:
+        """Seconds per launch over `repeat` repeats, timed with CUDA events on device copies."""
+        import pycuda.driver as drv
+        import pycuda.gpuarray as ga
+        args = [a if isinstance(a, ga.GPUArray) else ga.to_gpu(np.ascontiguousarray(a, dtype=np.float32))
+                for a in arrays]
+        out = ga.empty(self.output_shape, np.float32)
+        begin, end = drv.Event(), drv.Event()
+        self._launch(args, out)
+        begin.record()
+        self._launch(args, out)
+        end.record()
+        end.synchronize()
+        number = max(1, int(min_repeat_ms / max(end.time_since(begin), 1e-4)))
+        costs = []
+        for _ in range(repeat):
+            begin.record()
+            for _ in range(number):
+                self._launch(args, out)
+            end.record()
+            end.synchronize()
+            costs.append(end.time_since(begin) * 1e-3 / number)
+        return costs
+
+
+# the kernel class of each target kind
+KERNELS = {"cpu": Kernel, "cuda": CudaKernel}
+
+
 def build_op(workload: str | Workload, layout: str | None = None, target: str | Target = "cpu",
              log: str | None = None, threads: int | None = None, use_shipped: bool = True,
-             quiet: bool = False) -> Kernel:
+             quiet: bool = False) -> _OpKernel:
     """The best schedule for `workload` from `log` (then the shipped database), else the default."""
     wl = workload if isinstance(workload, Workload) else resolve(workload, layout)
     tgt = parse_target(target, threads)
@@ -76,4 +166,4 @@ def build_op(workload: str | Workload, layout: str | None = None, target: str | 
     logs = [log] + ([records.shipped_database(tgt)] if use_shipped else [])
     rec, where = records.apply_best(logs, wl, str(tgt), quiet=quiet)
     steps = rec.steps if rec else task.space.steps(task.space.default())
-    return Kernel(task, steps, rec, where)
+    return KERNELS[tgt.kind](task, steps, rec, where)

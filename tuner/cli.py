@@ -204,7 +204,9 @@ def _cmd_show(args) -> int:
     if args.code:
         cand = Task(wl, tgt).candidate(rec.steps, func_name="kernel")
         same = "matches" if cand.code_hash == rec.code_hash else "DIFFERS from"
-        print(f"\nC source (regenerated; {same} the logged code hash):\n")
+        lang = "CUDA C" if tgt.kind == "cuda" else "C"
+        launch = f"; launched as {cand.launch.grid} blocks of {cand.launch.block} threads" if cand.launch else ""
+        print(f"\n{lang} source (regenerated; {same} the logged code hash{launch}):\n")
         print(cand.source)
     return 0
 
@@ -444,7 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--layout")
     s.add_argument("--target", default="cpu")
     s.add_argument("--threads", type=int)
-    s.add_argument("--code", action="store_true", help="print the generated C source")
+    s.add_argument("--code", action="store_true", help="print the generated C (or CUDA C) source")
     s.set_defaults(fn=_cmd_show)
 
     d = sub.add_parser("distill", help="keep the best record per workload and target (e.g. for schedules/)")

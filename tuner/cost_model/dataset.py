@@ -8,13 +8,13 @@ import numpy as np
 from ..schedule.schedule import ScheduleError
 from ..target import TargetError, parse_target
 from ..te.workloads import WorkloadError, parse_spec
-from .features import extract
+from .features import extract_for
 
 
 def features_or_none(task, steps: list):
     """Features of one step list, or None if it does not lower (what a search skips)."""
     try:
-        return extract(task.lowered(steps), task.workload.flops, task.target.lanes)
+        return extract_for(task.lowered(steps), task.workload.flops, task.target)
     except ScheduleError:
         return None
 
@@ -35,7 +35,7 @@ class FeatureCache:
         key = self._key(task, steps)
         f = self._cache.get(key)
         if f is None:
-            f = self._cache[key] = extract(task.lowered(steps), task.workload.flops, task.target.lanes)
+            f = self._cache[key] = extract_for(task.lowered(steps), task.workload.flops, task.target)
         return f
 
     def of_many(self, task, steps_list: list, pool=None) -> list:

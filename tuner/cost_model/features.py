@@ -314,4 +314,91 @@ def extract(func: ir.Func, flops: float = 0.0, max_lanes: int = 16) -> np.ndarra
     return _Extractor(func, flops, max_lanes).run()
 
 
-__all__ = ["extract", "feature_names", "fingerprint", "num_features"]
+# ---------------------------------------------------------------- GPU columns
+# Per store: how the block's threads meet memory. Per kernel (the same on every row): the launch
+# and what limits how many blocks an SM holds. Appended to the loop-nest columns for CUDA targets.
+_GPU_STMT = ["global_thread_stride_max", "global_coalesced_share", "shared_thread_stride_max",
+             "shared_bank_conflict", "trip_per_thread"]
+_GPU_KERNEL = ["threads_per_block", "blocks", "waves", "blocks_per_sm", "occupancy", "shared_bytes",
+               "local_floats", "syncs_per_thread", "work_per_thread"]
+THREADS_PER_SM = 2048
+SMEM_PER_SM = {"sm_70": 98304, "sm_75": 65536, "sm_80": 167936, "sm_86": 102400, "sm_89": 102400,
+               "sm_90": 233472}
+
+
+def gpu_feature_names() -> tuple:
+    return tuple(f"gpu.{n}" for n in _GPU_STMT + _GPU_KERNEL)
+
+
+class _GpuExtractor(_Extractor):
+    def __init__(self, func: ir.Func, flops: float, target):
+        super().__init__(func, flops, 1)
+        self.target = target
+        self.syncs = 0.0
+        self.grid = self.block = 1
+        self.shared = self.local = 0
+
+    def _visit(self, s, loops, allocs, guards, budget):
+        """Also reads the launch off the loop nest, as the CUDA generator does: the blockIdx loop
+        is the grid, the first threadIdx loop the block; shared and local buffers' sizes."""
+        if isinstance(s, ir.Sync):
+            self.syncs += float(math.prod([lp.extent for lp in loops if lp.kind not in _BOUND]))
+        elif isinstance(s, ir.For) and s.kind == "blockIdx.x":
+            self.grid = s.extent
+        elif isinstance(s, ir.For) and s.kind == "threadIdx.x" and not any(lp.kind == "threadIdx.x" for lp in loops):
+            self.block = max(self.block, s.extent)
+        elif isinstance(s, ir.Allocate):
+            if s.scope == "shared":
+                self.shared += 4 * math.prod(s.shape)
+            else:
+                self.local += math.prod(s.shape)
+        super()._visit(s, loops, allocs, guards, budget)
+
+    def _store(self, s, loops, allocs, guards) -> list:
+        row = super()._store(s, loops, allocs, guards)
+        ranges = {lp.var: (0, lp.extent - 1) for lp in loops}
+        thread = [k for k, lp in enumerate(loops) if lp.kind == "threadIdx.x"]
+        g_strides, sh_strides = [], []
+        accesses = [(n.buffer, n.indices) for n in walk(s.value) if isinstance(n, Load)] + [(s.buffer, s.indices)]
+        for buf, idx in accesses:
+            scope = self.func.buffers[buf].scope
+            if scope == "local" or not thread:
+                continue
+            strides, _ = self._strides(buf, idx, loops, ranges)
+            st = strides[thread[-1]]
+            (sh_strides if scope == "shared" else g_strides).append(64 if st is None else abs(st))
+        per_thread = float(math.prod([lp.extent for lp in loops if lp.kind not in _BOUND]))
+        row += [_log(max(g_strides, default=0)),
+                (sum(1 for x in g_strides if x <= 1) / len(g_strides)) if g_strides else 1.0,
+                _log(max(sh_strides, default=0)),
+                float(any(x > 1 and x % 2 == 0 for x in sh_strides)), _log(per_thread)]
+        return row
+
+    def run(self) -> np.ndarray:
+        self._visit(self.func.body, [], [], (), 0)
+        t = self.target
+        regs = min(255, self.local + 24)          # accumulators plus a typical kernel's own
+        smem_sm = SMEM_PER_SM.get(t.arch, 4 * t.smem)
+        per_sm = min(THREADS_PER_SM // self.block, 32, smem_sm // self.shared if self.shared else 32,
+                     t.regs // (self.block * regs))
+        occupancy = min(1.0, per_sm * self.block / THREADS_PER_SM)
+        waves = self.grid / max(1, per_sm * t.sms)
+        kernel = [_log(self.block), _log(self.grid), _log(waves), float(per_sm), occupancy, _log(self.shared),
+                  _log(self.local), _log(self.syncs), _log(self.flops / (self.grid * self.block))]
+        rows = np.asarray(self.rows, np.float32) if self.rows else np.zeros((1, num_features() + len(_GPU_STMT)),
+                                                                          np.float32)
+        return np.hstack([rows, np.tile(np.asarray(kernel, np.float32), (len(rows), 1))])
+
+
+_BOUND = ("blockIdx.x", "threadIdx.x")
+
+
+def extract_for(func: ir.Func, flops: float, target) -> np.ndarray:
+    """The feature matrix of a lowered kernel for its target: the loop-nest columns, and for a
+    CUDA target the GPU columns (gpu_feature_names) after them."""
+    if target.kind == "cuda":
+        return _GpuExtractor(func, flops, target).run()
+    return extract(func, flops, target.lanes)
+
+
+__all__ = ["extract", "extract_for", "feature_names", "fingerprint", "gpu_feature_names", "num_features"]

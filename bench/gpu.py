@@ -1,0 +1,162 @@
+"""Tuned CUDA operators against PyTorch (cuDNN / cuBLAS, TF32 off) on this host's GPU, in one run.
+
+For each workload: tune with N trials on the GPU (resuming from the bench log), build the best
+kernel, check it against NumPy, then time it and PyTorch's kernel for the same data, both with
+CUDA events, interleaved round by round. PyTorch runs in its faster memory format (contiguous or
+channels_last). Prints GFLOPS, the ratio to PyTorch, the fraction of the FP32 peak and the
+measured candidates per minute; writes JSON under bench/results/.
+
+    python -m bench.gpu                                   # ResNet-50 convs at batch 1 and 16, depthwise, dense
+    python -m bench.gpu --workloads "dense:N=1024,C=1024,K=1024;r50.s1.conv3x3@16" --trials 64
+
+Needs pycuda (pip install -e ".[cuda]") and torch with CUDA. Issue 14's targets: geomean >= 0.8x
+PyTorch over the ResNet-50 convs at batch 16, >= 0.7x on dense 4096^3, >= 100 candidates/minute.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+from bench.common import bench_workload, write_results
+from bench.ops import _geomean, _table
+from tuner.analysis.report import task_report
+from tuner.build import build_op
+from tuner.target import parse_target
+from tuner.te.layouts import act_to_nchw, conv_weight_to_oihw, dense_weight_to_oi
+from tuner.te.workloads import BUILTIN, parse_spec
+from tuner.tuning import tune_op
+
+R50 = [n for n in BUILTIN if n.startswith("r50.")]
+DEFAULT = ([f"{n}@1" for n in R50] + [f"{n}@16" for n in R50]
+           + ["conv2d:N=1,C=144,H=56,W=56,K=144,R=3,S=3,stride=1,pad=1,groups=144",
+              "dense:N=1024,C=1024,K=1024", "dense:N=4096,C=4096,K=4096"])
+FP32_LANES_PER_SM = {"sm_70": 64, "sm_75": 64, "sm_80": 64, "sm_86": 128, "sm_89": 128, "sm_90": 128}
+
+
+def workload(item: str, layout: str):
+    """A workload by name or spec, '@B' setting its batch."""
+    name, _, batch = item.partition("@")
+    wl = bench_workload(name, layout)
+    if batch:
+        wl = parse_spec(wl.spec.replace("N=1,", f"N={int(batch)},", 1) if "N=1," in wl.spec
+                        else wl.spec.replace(":", f":N={int(batch)},", 1), wl.layout)
+    return wl
+
+
+def peak_gflops() -> float:
+    import pycuda.autoprimaryctx  # noqa: F401
+    import pycuda.driver as drv
+    dev = drv.Context.get_device()
+    a = drv.device_attribute
+    major, minor = dev.compute_capability()
+    lanes = FP32_LANES_PER_SM.get(f"sm_{major}{minor}", 128)
+    return 2 * lanes * dev.get_attribute(a.MULTIPROCESSOR_COUNT) * dev.get_attribute(a.CLOCK_RATE) * 1e3 / 1e9
+
+
+def torch_callables(wl, arrays) -> dict:
+    import torch
+    import torch.nn.functional as F
+    p = wl.p
+    dev = torch.device("cuda")
+    if wl.op == "dense":
+        x = torch.from_numpy(arrays[0]).to(dev)
+        w = torch.from_numpy(dense_weight_to_oi(arrays[1], wl.blocks[1])).to(dev)
+        b = torch.from_numpy(arrays[2]).to(dev) if p["bias"] else None
+        return {"dense": lambda: F.linear(x, w, b)}
+    x = torch.from_numpy(act_to_nchw(arrays[0], wl.layout)).to(dev)
+    w = torch.from_numpy(conv_weight_to_oihw(arrays[1], wl.layout)).to(dev)
+    fns = {}
+    for name, fmt in (("NCHW", torch.contiguous_format), ("NHWC", torch.channels_last)):
+        xf, wf = x.contiguous(memory_format=fmt), w.contiguous(memory_format=fmt)
+        fns[name] = (lambda xf=xf, wf=wf: F.conv2d(xf, wf, None, p["stride"], p["pad"], p["dilation"], p["groups"]))
+    return fns
+
+
+def time_torch(fn, repeat: int = 3, min_ms: float = 30.0) -> float:
+    import torch
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.inference_mode():
+        fn()
+        begin.record()
+        fn()
+        end.record()
+        end.synchronize()
+        number = max(1, int(min_ms / max(begin.elapsed_time(end), 1e-4)))
+        costs = []
+        for _ in range(repeat):
+            begin.record()
+            for _ in range(number):
+                fn()
+            end.record()
+            end.synchronize()
+            costs.append(begin.elapsed_time(end) * 1e-3 / number)
+    return statistics.median(costs)
+
+
+def bench_one(item, layout, target, trials, log, rounds, progress, policy):
+    wl = workload(item, layout)
+    s = tune_op(wl, target=target, trials=trials, log=log, progress=progress, policy=policy)
+    kernel = build_op(wl, target=target, log=log, use_shipped=False, quiet=True)
+    arrays = wl.random_inputs(seed=1)
+    np.testing.assert_allclose(kernel(*arrays), wl.reference(arrays), rtol=2e-3, atol=2e-3)
+    tfns = torch_callables(wl, arrays)
+    ours, theirs = [], {f: [] for f in tfns}
+    for _ in range(rounds):
+        ours.append(statistics.median(kernel.time(*arrays, repeat=3, min_repeat_ms=30)))
+        for f, fn in tfns.items():
+            theirs[f].append(time_torch(fn))
+    tfmt = min(theirs, key=lambda f: statistics.median(theirs[f]))
+    t_ours, t_torch = statistics.median(ours), statistics.median(theirs[tfmt])
+    return {
+        "workload": item, "spec": wl.spec, "layout": wl.layout, "threads": 1, "trials": s.trials,
+        "gflop": wl.flops / 1e9, "tuner_ms": t_ours * 1e3, "torch_ms": t_torch * 1e3, "torch_format": tfmt,
+        "tuner_gflops": wl.flops / t_ours / 1e9, "torch_gflops": wl.flops / t_torch / 1e9,
+        "ratio_vs_torch": t_torch / t_ours, "best_at_trial": task_report(log, wl.key, str(s.target)).best_trial,
+        "tune_seconds_this_run": s.seconds, "candidates_per_minute": s.candidates_per_minute if s.new else None,
+        "new_trials": s.new, "rounds": rounds, "target": str(s.target),
+    }
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workloads", default=";".join(DEFAULT),
+                    help="names or specs separated by ';' (specs hold commas), '@B' for batch B")
+    ap.add_argument("--layout", default="NHWC", help="conv layout")
+    ap.add_argument("--trials", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
+    ap.add_argument("--search", default="evolutionary")
+    ap.add_argument("--log-dir", default="logs/bench")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    import torch
+    torch.backends.cudnn.allow_tf32 = False          # FP32 against FP32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    target = parse_target("cuda")
+    peak = peak_gflops()
+    Path(args.log_dir).mkdir(parents=True, exist_ok=True)
+    log = str(Path(args.log_dir) / f"gpu.{target.arch}.{args.layout}.jsonl")
+    rows = []
+    for item in [w.strip() for w in args.workloads.split(";") if w.strip()]:
+        row = bench_one(item, args.layout, target, args.trials, log, args.rounds, not args.no_progress, args.search)
+        row["fraction_of_peak"] = row["tuner_gflops"] / peak
+        rows.append(row)
+        print(f"{item:<24} tuner {row['tuner_gflops']:8.0f} GFLOPS  torch {row['torch_gflops']:8.0f}  "
+              f"ratio {row['ratio_vs_torch']:.2f}  peak {row['fraction_of_peak']:.2f}", flush=True)
+    b16 = [r for r in rows if r["workload"].endswith("@16")]
+    rates = [r["candidates_per_minute"] for r in rows if r["candidates_per_minute"]]
+    summary = {"peak_gflops": peak,
+               "geomean_ratio_vs_torch_r50_b16": _geomean([r["ratio_vs_torch"] for r in b16]) if b16 else None,
+               "median_candidates_per_minute": statistics.median(rates) if rates else None}
+    print()
+    print(_table(rows))
+    print(summary)
+    write_results("gpu", args.out, {"machine": {"target": str(target)}, "args": vars(args), "summary": summary,
+                                    "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
