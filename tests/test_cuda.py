@@ -361,3 +361,18 @@ def test_gpu_build_op_runs_on_numpy_and_on_gpu_arrays(tmp_cache):
     out = k(*[ga.to_gpu(a) for a in arrays])
     assert isinstance(out, ga.GPUArray) and check_output(out.get(), ref, 1e-3, 1e-4) is None
     assert len(k.time(*arrays, repeat=2, min_repeat_ms=1)) == 2
+
+
+def test_shared_tiles_fill_with_float4_where_rows_and_offsets_allow(tmp_cache):
+    dense = Task(make("dense", dict(N=64, C=128, K=96)), SM90)
+    d = dict(dense.space.default(), vec=4)
+    src = dense.candidate(dense.space.steps(d)).source
+    assert src.count("*(const float4*)&") == 2                  # both tiles: data and weight
+    conv = Task(make("conv2d", dict(C=8, H=10, W=10, K=16, R=3, S=3, pad=1), "NHWC"), SM90)
+    c = dict(conv.space.default(), vec=4)
+    lines = conv.candidate(conv.space.steps(c)).source.splitlines()
+    fills = {buf: [ln for ln in lines if f" {buf}[" in f" {ln.strip()}" or f"&{buf}[" in ln] for buf in
+             ("conv_pad_shared", "weight_shared")}
+    assert fills["conv_pad_shared"] and not any("float4" in ln for ln in fills["conv_pad_shared"])  # padded: scalar
+    assert any("float4" in ln for ln in fills["weight_shared"])
+    _emulate([(dense, dense.space.steps(d)), (conv, conv.space.steps(c))])

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from ..schedule import ir
 from ..schedule.lower import c_name
 from ..schedule.schedule import ScheduleError
-from .c import CGen
+from ..te.expr import Cmp, Const, Load, Var, free_vars, from_linear, linear, simplify
+from .c import CGen, NotVectorizable, _straight_stores
 
 PRELUDE = r"""#define TUNER_INF __int_as_float(0x7f800000)
 __device__ __forceinline__ int tuner_floordiv(int a, int b) { int q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
@@ -107,6 +108,11 @@ class CudaGen(CGen):
             return
         if s.kind == "parallel":
             raise ScheduleError(f"loop {s.var} is marked parallel, a CPU annotation; bind it to a GPU index")
+        if s.kind == "vectorize":
+            lines = self._float4_copy(s, d)
+            if lines is not None:
+                self.lines.extend(lines)
+                return
         saved = self.unroll_budget
         if s.auto_unroll:
             self.unroll_budget = max(self.unroll_budget, s.auto_unroll)
@@ -119,6 +125,50 @@ class CudaGen(CGen):
         del self.ranges[s.var]
         self.emit(d, "}")
         self.unroll_budget = saved
+
+    def _float4_copy(self, s: ir.For, d: int):
+        """A 4-lane loop of plain copies (a shared tile's fill) as float4 loads and stores, when
+        every store and load moves by one element per lane and starts on a multiple of 4
+        elements (16 bytes: pycuda's allocations and the shared buffers are aligned to it); else
+        None, and the loop is written unrolled."""
+        if s.extent != 4:
+            return None
+        try:
+            stores = _straight_stores(s.body)
+        except NotVectorizable:
+            return None
+        self.ranges[s.var] = 4
+        try:
+            out = []
+            for conds, st in stores:
+                if not isinstance(st.value, Load):
+                    return None
+                guards = []
+                for g in conds:
+                    g = self._lane_free(simplify(g, self._bounds()), s.var)
+                    if g is None:
+                        return None
+                    guards.append(g)
+                dst = _aligned_base(self.offset(st.buffer, st.indices), s.var)
+                src = _aligned_base(self.offset(st.value.buffer, st.value.indices), s.var)
+                if dst is None or src is None:
+                    return None
+                line = (f"*(float4*)&{c_name(st.buffer)}[{self.expr(dst)}] = "
+                        f"*(const float4*)&{c_name(st.value.buffer)}[{self.expr(src)}];")
+                out.append("  " * d + (f"if ({' && '.join(self.expr(g) for g in guards)}) " if guards else "") + line)
+            return out
+        finally:
+            del self.ranges[s.var]
+
+    def _lane_free(self, g, lane: str):
+        """A guard without the lane: as it is if it does not read it; `4q + lane < 4m` is `4q < 4m`."""
+        if lane not in free_vars(g):
+            return g
+        if isinstance(g, Cmp) and g.op == "<" and isinstance(g.b, Const) and g.b.is_int and g.b.value % 4 == 0:
+            base = _aligned_base(g.a, lane)
+            if base is not None:
+                return Cmp("<", base, g.b)
+        return None
 
     def _index_scope(self, s: ir.For, d: int, decl: str, guard: str | None):
         self.emit(d, "{")
@@ -139,6 +189,22 @@ class CudaGen(CGen):
         if isinstance(e, Const) and not e.is_int and math.isinf(e.value):
             return "(-TUNER_INF)" if e.value < 0 else "TUNER_INF"
         return super().expr(e)
+
+
+def _aligned_base(off, lane: str):
+    """The offset at lane 0 of an offset that moves by one element per lane and is a multiple of
+    4 elements there, else None."""
+    ln = linear(off)
+    if ln is None:
+        return None
+    terms, const = ln
+    lane_var = Var(lane)
+    if terms.get(lane_var) != 1 or const % 4:
+        return None
+    rest = {t: c for t, c in terms.items() if t != lane_var}
+    if any(lane in free_vars(t) or c % 4 for t, c in rest.items()):
+        return None
+    return from_linear(rest, const)
 
 
 def generate_cuda(func: ir.Func) -> CudaKernel:

@@ -9,12 +9,14 @@ Tiled sketch, for a DAG with one reduction (conv2d, depthwise, dense, pooling):
     contiguous tile of outputs (unrolled, held in registers);
   * each reduction axis split [r0, r1]; every input the reduction reads is copied into shared
     memory (`cache_read`) at the innermost r0 loop, the copy's loops fused, split by the block's
-    threads and bound to threadIdx.x (a cooperative load between two barriers); the loop order
+    threads (and by `vec`, 1 or 4 elements per thread and step: float4 where the tile's rows and
+    offsets allow, else unrolled) and bound to threadIdx.x (a cooperative load between two
+    barriers); the loop order
     inside a thread is r0... r1... s2... s3..., an auto-unroll depth over it;
   * the padding is computed while filling the shared tile (pads are inlined into the copy).
 Decisions, in the CPU tiled sketch's shape so that mutation and the Optuna table read them alike:
 tile [[threads, s2, s3] per output axis] (the grid part is what is left), reduce [r1 per axis],
-unroll. Injective sketch (layout transforms, elementwise): all axes fused, split by a block size.
+unroll, vec (mutation leaves it as sampled). Injective sketch (layout transforms, elementwise): all axes fused, split by a block size.
 
 A point is checked against the device's limits twice: here (threads per block, the thread's
 tile against its registers, the shared tiles' bytes estimated from the block's region) so that
@@ -34,6 +36,7 @@ from .sketch import UNROLL_CHOICES, divisors
 MAX_THREAD_TILE = 64        # accumulators per thread: beyond it, registers spill (255 per thread)
 MIN_THREADS = 32            # a warp; fewer only where the output has fewer elements
 BLOCK_SIZES = (64, 128, 256, 512)
+VEC_CHOICES = (1, 4)         # elements each thread copies per step into a shared tile (4: float4)
 
 
 class GpuSearchSpace:
@@ -126,7 +129,7 @@ class GpuSearchSpace:
                 t = rng.choice(divisors(e // (s3 * s2)))
                 tile.append([t, s2, s3])
             dec = {"tile": tile, "reduce": [rng.choice(divisors(e)) for _, e in self.reduce_axes],
-                   "unroll": rng.choice(UNROLL_CHOICES)}
+                   "unroll": rng.choice(UNROLL_CHOICES), "vec": rng.choice(VEC_CHOICES)}
             if math.prod(t[0] for t in tile) >= want and self.valid(dec):
                 return dec
         return self.default()
@@ -148,7 +151,7 @@ class GpuSearchSpace:
         red = []
         for _, e in self.reduce_axes:
             red.append(max(x for x in divisors(e) if x <= 8))
-        dec = {"tile": tile, "reduce": red, "unroll": 64}
+        dec = {"tile": tile, "reduce": red, "unroll": 64, "vec": 1}
         while not self.valid(dec) and any(r > 1 for r in dec["reduce"]):
             j = max(range(len(red)), key=lambda k: dec["reduce"][k])
             dec["reduce"][j] = max(x for x in divisors(self.reduce_axes[j][1]) if x < dec["reduce"][j])
@@ -201,8 +204,11 @@ class GpuSearchSpace:
             if len(axes) > 1:
                 steps.append(["fuse", sh, axes])
                 leaf = "@".join(axes)
-            steps.append(["split", sh, leaf, [block]])
+            vec = dec.get("vec", 1)
+            steps.append(["split", sh, leaf, [block, vec] if vec > 1 else [block]])
             steps.append(["bind", sh, f"{leaf}.1", "threadIdx.x"])
+            if vec > 1:
+                steps.append(["annotate", sh, f"{leaf}.2", "vectorize"])
         return steps
 
     @staticmethod
