@@ -254,6 +254,18 @@ def test_gpu_every_operator_measures_correct(tmp_cache):
     assert n == 3 * len(SMALL)
 
 
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10**6), which=st.sampled_from(range(len(SMALL))))
+def test_gpu_property_sampled_schedules_measure_correct(seed, which, tmp_cache):
+    from tuner.measure.runner import CudaRunner, RunConfig
+    target = _gpu_or_skip()
+    t = Task(SMALL[which], target)
+    cand = t.from_decisions(t.space.sample(random.Random(seed)))
+    with CudaRunner(target, RunConfig(repeat=1, min_repeat_ms=1)) as runner:
+        [(_, res)] = list(runner.measure(t, [cand]))
+    assert res.ok, f"{t.workload.label} {cand.decisions}: {res.error} {res.message}"
+
+
 def test_gpu_a_crashing_and_a_hanging_kernel_become_records_and_measuring_goes_on(tmp_cache):
     from tuner.measure.runner import CudaRunner, RunConfig
     target = _gpu_or_skip()
@@ -376,3 +388,27 @@ def test_shared_tiles_fill_with_float4_where_rows_and_offsets_allow(tmp_cache):
     assert fills["conv_pad_shared"] and not any("float4" in ln for ln in fills["conv_pad_shared"])  # padded: scalar
     assert any("float4" in ln for ln in fills["weight_shared"])
     _emulate([(dense, dense.space.steps(d)), (conv, conv.space.steps(c))])
+
+
+def test_virtual_threads_share_the_blocks_tiles_and_keep_their_own_accumulators(tmp_cache):
+    t = Task(make("dense", dict(N=64, C=128, K=96)), SM90)
+    plain = {"tile": [[4, 1, 2], [16, 1, 3]], "reduce": [16], "unroll": 16, "vec": 1}
+    vthread = {**plain, "tile": [[4, 2, 2], [16, 1, 3]]}              # two tiles per thread along N
+    a, b = (t.candidate(t.space.steps(d)) for d in (plain, vthread))
+    assert b.launch.block == a.launch.block and b.launch.grid * 2 == a.launch.grid
+    assert b.launch.local_floats == 2 * a.launch.local_floats      # an accumulator per virtual thread
+    assert b.source.count("__syncthreads") == a.source.count("__syncthreads")   # one fill for both
+    assert b.launch.shared_bytes > a.launch.shared_bytes
+    assert "vthread" not in b.source
+    _emulate([(t, t.space.steps(vthread))])
+
+
+def test_a_barrier_that_depends_on_a_virtual_thread_is_refused():
+    from tuner.schedule import ir
+    from tuner.schedule.vthread import inject_virtual_threads
+    from tuner.te.expr import Cmp, Const, Var
+    out = ir.Buffer("out", (2,), "arg")
+    body = ir.For("v", 2, ir.seq([ir.Store("out", (Var("v"),), Const(0.0)),
+                                  ir.IfThen(Cmp("<", Var("v"), Const(1)), ir.Sync())]), "vthread")
+    with pytest.raises(ScheduleError, match="barrier depends on virtual thread v"):
+        inject_virtual_threads(ir.Func("k", [out], [], body, {"out": out}))

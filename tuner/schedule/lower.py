@@ -184,7 +184,7 @@ class Lowerer:
         base = {a.name: from_linear(region[k].terms, region[k].lo) for k, a in enumerate(op.axes)}
         ranges = dict(outer_ranges)
         ranges.update({var[leaf]: leaf_ext[leaf] for leaf in st.leaves if leaf_ext[leaf] > 1})
-        self.thread_vars.update(var[leaf] for leaf in st.leaves if st.annotations.get(leaf) == "threadIdx.x")
+        self.thread_vars.update(var[leaf] for leaf in st.leaves if st.annotations.get(leaf) in _RELAXED)
 
         # producers computed at one of our loops: infer their regions first
         offsets = dict(offsets)
@@ -346,10 +346,10 @@ class Lowerer:
     # ------------------------------------------------------------ bound inference
     def _infer_region(self, st, prod, fixed_upto, leaf_val, leaf_ext, base, ranges):
         """The region of `prod` that `st` reads below its leaf `fixed_upto`. A shared buffer
-        serves every thread of the block: its region is relaxed over the threadIdx loops, st's
-        own and those its base depends on."""
+        serves every thread of the block: its region is relaxed over the threadIdx and vthread
+        loops, st's own and those its base depends on."""
         shared = prod.scope == "shared"
-        relax = {leaf for leaf in st.leaves if st.annotations.get(leaf) == "threadIdx.x"} if shared else set()
+        relax = {leaf for leaf in st.leaves if st.annotations.get(leaf) in _RELAXED} if shared else set()
         root_iv = self._root_intervals(st, fixed_upto, leaf_val, leaf_ext, relax)
         env = {}
         local = st.attach[0] == "at"
@@ -444,5 +444,9 @@ def _walk_body(body: Expr):
         yield from walk(body)
 
 
+_RELAXED = ("threadIdx.x", "vthread")     # loops a shared buffer serves all of
+
+
 def lower(sch: Schedule, func_name: str = "kernel") -> ir.Func:
-    return Lowerer(sch, func_name).lower()
+    from .vthread import inject_virtual_threads
+    return inject_virtual_threads(Lowerer(sch, func_name).lower())

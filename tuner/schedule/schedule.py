@@ -13,11 +13,13 @@ A step is a JSON list whose first element names the primitive:
     ["cache_write", stage]                   -> new stage "<stage>.local" does the computing
     ["cache_read", tensor, scope, [readers]] -> new stage "<tensor>.<scope>" copies it; the readers
                                                 read the copy (scope: "shared", a GPU block's memory)
-    ["bind", stage, axis, "blockIdx.x" | "threadIdx.x"]   -> the loop is the GPU grid / block
+    ["bind", stage, axis, "blockIdx.x" | "threadIdx.x" | "vthread"]
+                                             -> the loop is the GPU grid / block / a thread's
+                                                interleaved copies of its work (schedule.vthread)
 
 A stage computed at a loop of another gets a buffer of its own: registers or the stack
 ("local"), or, after cache_read with "shared", a GPU block's shared memory, which covers what
-all the block's threads read (lowering relaxes threadIdx) and is filled cooperatively between
+all the block's threads read (lowering relaxes threadIdx and vthread) and is filled cooperatively between
 two barriers (the CUDA codegen writes them; no step names a barrier).
 
 Steps refer to axes by name, so a logged schedule reads like what it does and replays the same
@@ -31,7 +33,7 @@ from ..te.expr import Load, Reduce, transform, walk
 from ..te.tensor import ComputeOp, Tensor, compute, topo_order
 
 ANNOTATIONS = ("parallel", "vectorize", "unroll")
-THREAD_TAGS = ("blockIdx.x", "threadIdx.x")
+THREAD_TAGS = ("blockIdx.x", "threadIdx.x", "vthread")
 SCOPES = ("shared",)
 
 

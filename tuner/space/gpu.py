@@ -1,12 +1,14 @@
-"""The CUDA search space of a workload: Ansor's GPU sketch, one tiling level short (no vthread).
+"""The CUDA search space of a workload: Ansor's GPU sketch.
 
 Tiled sketch, for a DAG with one reduction (conv2d, depthwise, dense, pooling):
   * pads and epilogue producers inlined; with no epilogue the reduction gets a register
     accumulator (`cache_write`), else the epilogue (bias, residual, activation, clip) is the
     output stage and is written from the accumulator tile in registers;
-  * every output axis split four ways, [grid, threads, s2, s3]: the grid parts fused and bound to
-    blockIdx.x, the thread parts fused and bound to threadIdx.x, s2 x s3 the thread's own
-    contiguous tile of outputs (unrolled, held in registers);
+  * every output axis split four ways, [grid, vthread, threads, s3] in index order: the grid
+    parts fused and bound to blockIdx.x, the thread parts to threadIdx.x, the vthread parts to
+    "vthread" (schedule.vthread): a thread computes vthread x s3 outputs per axis, in vthread
+    tiles of s3 that lie `threads` tiles apart, so that neighbouring threads touch neighbouring
+    elements, all in registers (unrolled);
   * each reduction axis split [r0, r1]; every input the reduction reads is copied into shared
     memory (`cache_read`) at the innermost r0 loop, the copy's loops fused, split by the block's
     threads (and by `vec`, 1 or 4 elements per thread and step: float4 where the tile's rows and
@@ -15,7 +17,7 @@ Tiled sketch, for a DAG with one reduction (conv2d, depthwise, dense, pooling):
     inside a thread is r0... r1... s2... s3..., an auto-unroll depth over it;
   * the padding is computed while filling the shared tile (pads are inlined into the copy).
 Decisions, in the CPU tiled sketch's shape so that mutation and the Optuna table read them alike:
-tile [[threads, s2, s3] per output axis] (the grid part is what is left), reduce [r1 per axis],
+tile [[threads, vthread, s3] per output axis] (the grid part is what is left), reduce [r1 per axis],
 unroll, vec (mutation leaves it as sampled). Injective sketch (layout transforms, elementwise): all axes fused, split by a block size.
 
 A point is checked against the device's limits twice: here (threads per block, the thread's
@@ -172,27 +174,26 @@ class GpuSearchSpace:
         for t in self.reads:
             steps.append(["cache_read", t, "shared", [acc]])
         for ax, (t, s2, s3) in zip(out_axes, dec["tile"]):
-            steps.append(["split", out, ax, [t, s2, s3]])
-        steps.append(["reorder", out, [f"{a}.{lvl}" for lvl in range(4) for a in out_axes]])
-        grid, thread = self._fuse_bind(steps, out, [f"{a}.0" for a in out_axes], [f"{a}.1" for a in out_axes])
-        for a, (_, s2, s3) in zip(out_axes, dec["tile"]):
-            if s2 > 1:
-                steps.append(["annotate", out, f"{a}.2", "unroll"])
+            steps.append(["split", out, ax, [s2, t, s3]])       # index order: grid, vthread, thread, s3
+        lv = {name: [f"{a}.{k}" for a in out_axes] for k, name in enumerate(("grid", "vthread", "thread", "s3"))}
+        steps.append(["reorder", out, lv["grid"] + lv["thread"] + lv["vthread"] + lv["s3"]])
+        tiles = []
+        for key, tag in (("grid", "blockIdx.x"), ("thread", "threadIdx.x"), ("vthread", "vthread")):
+            if len(lv[key]) > 1:
+                steps.append(["fuse", out, lv[key]])
+            tiles.append("@".join(lv[key]))
+            steps.append(["bind", out, tiles[-1], tag])
+        for a, (_, _, s3) in zip(out_axes, dec["tile"]):
             if s3 > 1:
                 steps.append(["annotate", out, f"{a}.3", "unroll"])
-        steps.append(["compute_at", acc, out, thread])
-        for a, (_, _, s3) in zip(self.local_axes, dec["tile"]):
-            steps.append(["split", acc, a, [s3]])
+        steps.append(["compute_at", acc, out, tiles[-1]])       # one s3 tile per virtual thread
         for (r, _), r1 in zip(self.reduce_axes, dec["reduce"]):
             steps.append(["split", acc, r, [r1]])
         red = [r for r, _ in self.reduce_axes]
-        steps.append(["reorder", acc, [f"{r}.0" for r in red] + [f"{r}.1" for r in red]
-                      + [f"{a}.0" for a in self.local_axes] + [f"{a}.1" for a in self.local_axes]])
-        for a, (_, s2, s3) in zip(self.local_axes, dec["tile"]):
-            if s2 > 1:
-                steps.append(["annotate", acc, f"{a}.0", "unroll"])
+        steps.append(["reorder", acc, [f"{r}.0" for r in red] + [f"{r}.1" for r in red] + list(self.local_axes)])
+        for a, (_, _, s3) in zip(self.local_axes, dec["tile"]):
             if s3 > 1:
-                steps.append(["annotate", acc, f"{a}.1", "unroll"])
+                steps.append(["annotate", acc, a, "unroll"])
         if dec["unroll"]:
             steps.append(["pragma", acc, f"{red[0]}.0", "auto_unroll_max_step", dec["unroll"]])
         block = math.prod(t[0] for t in dec["tile"])
@@ -210,17 +211,6 @@ class GpuSearchSpace:
             if vec > 1:
                 steps.append(["annotate", sh, f"{leaf}.2", "vectorize"])
         return steps
-
-    @staticmethod
-    def _fuse_bind(steps: list, stage: str, grid_axes: list, thread_axes: list):
-        names = []
-        for axes, tag in ((grid_axes, "blockIdx.x"), (thread_axes, "threadIdx.x")):
-            if len(axes) > 1:
-                steps.append(["fuse", stage, axes])
-            name = "@".join(axes)
-            steps.append(["bind", stage, name, tag])
-            names.append(name)
-        return names
 
     def _injective_steps(self, dec: dict) -> list:
         steps = [["compute_inline", s] for s in self._pad_stages + self.others]
