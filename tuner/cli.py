@@ -63,7 +63,7 @@ def _cmd_tune(args) -> int:
                    time_limit=args.time_limit, policy=args.search, seed=args.seed, batch_size=args.batch_size,
                    run_config=cfg, progress=not args.no_progress, replay=args.replay,
                    cost_model_from=args.cost_model_from, scheduler=args.scheduler,
-                   early_stopping=args.early_stopping)
+                   early_stopping=args.early_stopping, cluster=args.cluster)
     for s in session.tasks:
         fails = ", ".join(f"{k} {v}" for k, v in sorted(s.errors.items()) if k != "OK") or "none"
         best = (f"best {s.best_latency * 1e3:.4f} ms = {s.best_gflops:.1f} GFLOPS{' (weights cold)' * s.best.cold}"
@@ -85,6 +85,8 @@ def _tune_model(args) -> int:
     from .model_tuning import tune_model
     if args.workload or args.workloads or args.layout:
         raise UserError("give a MODEL or --workload/--workloads (with --layout), not both")
+    if args.cluster:
+        raise UserError("--cluster measures operator tunes (--workload) in this version; tune a model without it")
     args.batch_size = 16 if args.batch_size is None else args.batch_size
     cfg = _tune_setup(args)
     layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
@@ -209,6 +211,14 @@ def _cmd_show(args) -> int:
         print(f"\n{lang} source (regenerated; {same} the logged code hash{launch}):\n")
         print(cand.source)
     return 0
+
+
+def _cmd_worker(args) -> int:
+    from .measure.cluster import run_worker
+    from .target import parse_target
+    if not args.measure:
+        raise UserError("say what this worker does: --measure (builds run on measuring workers in this version)")
+    return run_worker(args.scheduler, parse_target(args.target, args.threads), args.name)
 
 
 def _cmd_distill(args) -> int:
@@ -408,6 +418,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--threads", type=int, help="kernel threads (default: all cores); part of the target")
     t.add_argument("--trials", type=int, default=64, help="total measurements (of all the workloads) in the log")
     t.add_argument("--time-limit", type=float, help="stop after this many seconds")
+    t.add_argument("--cluster", help="measure on a Dask cluster: the scheduler's address (tcp://host:8786; workers "
+                   "started with `tuner worker ADDRESS --measure`), or local:N for N measuring workers here")
     t.add_argument("--log", help="JSONL log to append to and resume from (default logs/<workload>.<layout>.jsonl)")
     t.add_argument("--search", default="evolutionary",
                    help="evolutionary (cost-model guided), random, optuna:tpe, optuna:cmaes or optuna:random")
@@ -516,6 +528,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(fn=_cmd_export_onnx)
 
     sub.add_parser("passes", help="list the graph passes and their opt levels").set_defaults(fn=_cmd_passes)
+    wk = sub.add_parser("worker", help="join a Dask cluster as a worker that measures this machine's candidates")
+    wk.add_argument("scheduler", help="the Dask scheduler's address, e.g. tcp://sched:8786 (`dask scheduler`)")
+    wk.add_argument("--measure", action="store_true", help="measure candidates for this machine's target (required)")
+    wk.add_argument("--target", default="cpu", help="what this worker measures for: 'cpu' (this host) or 'cuda'")
+    wk.add_argument("--threads", type=int, help="kernel threads, as `tuner tune --threads` (part of the target)")
+    wk.add_argument("--name", help="the worker's name on the cluster (default: host and process id)")
+    wk.set_defaults(fn=_cmd_worker)
     return p
 
 

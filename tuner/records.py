@@ -78,6 +78,7 @@ class Record:
     # timed with the weights evicted before every call (RunConfig.cold_weights), as a compiled model
     # meets them; such costs are compared only with each other (LogContents.for_task, fastest)
     cold: bool = False
+    host: str = ""           # the machine that measured it, when a cluster did ("" : the tuner's own)
 
     @property
     def ok(self) -> bool:
@@ -103,6 +104,8 @@ class Record:
             d["replayed_from"] = self.replayed_from
         if self.cold:
             d["weights"] = "cold"
+        if self.host:
+            d["host"] = self.host
         return d
 
     @classmethod
@@ -139,12 +142,13 @@ class Record:
               "replayed_from is not a string")
         _want(_integer(obj.get("format", FORMAT)), "format is not an integer")
         _want(obj.get("weights", "warm") in WEIGHTS, "weights is not 'warm' or 'cold'")
+        _want(isinstance(obj.get("host", ""), str), "host is not a string")
         return cls(WorkloadRef(w["key"], w["spec"], w["layout"], w.get("name", ""), w.get("dtype", "float32")),
                    obj["target"], steps, tuple(float(c) for c in costs), error, obj.get("code_hash"),
                    obj.get("message", ""), float(obj.get("build_s", 0.0)), float(obj.get("run_s", 0.0)),
                    obj.get("timestamp", ""), obj.get("tool", ""), obj.get("policy", ""), obj.get("seed"),
                    obj.get("decisions"), obj.get("replayed_from"), obj.get("format", FORMAT),
-                   obj.get("weights") == "cold")
+                   obj.get("weights") == "cold", obj.get("host", ""))
 
 
 @dataclass(frozen=True)
@@ -294,7 +298,7 @@ def make_record(workload, target, steps, result, code_hash: str, policy: str, se
     return Record(WorkloadRef(**workload.to_json()), str(target), steps, tuple(float(c) for c in result.costs),
                   result.error, code_hash, result.message, round(result.build_s, 6), round(result.run_s, 6),
                   _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), f"tuner {__version__}",
-                  policy, seed, decisions, replayed_from, cold=result.cold)
+                  policy, seed, decisions, replayed_from, cold=result.cold, host=result.host)
 
 
 # ------------------------------------------------------------ paths

@@ -115,7 +115,7 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
          batch_size: int = 32, threads: int | None = None, run_config: RunConfig | None = None,
          progress: bool = True, runner=None, replay: str | None = None, cost_model_from: list | None = None,
          scheduler: str = "gradient", early_stopping: int | None = None,
-         start_from_default: bool = True, warmup_batch=None, on_round=None) -> Session:
+         start_from_default: bool = True, warmup_batch=None, on_round=None, cluster: str | None = None) -> Session:
     """Tune `workloads` (Workloads or (Workload, weight) pairs) until `trials` records exist for them.
 
     policy: a name (see tuner.search.POLICIES) or a PolicyFactory. runner: anything with
@@ -124,6 +124,8 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
     warmup_batch: the size of each task's first batch (default batch_size), or a function of the
     Workload giving it; a model tune has hundreds of tasks and gives each a short first look
     before the scheduler picks.
+    cluster: a Dask scheduler's address, or local:N for a cluster of N measuring workers on this
+    machine: candidates are measured there (measure.cluster), the log is written here.
     on_round: called with the session's TuneSummaries after every round; it returns (weights or
     None, a status for the progress line or None); new weights steer the task scheduler (the
     summaries keep their occurrence counts as `weight`).
@@ -138,6 +140,13 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
         loop = _Loop(pairs, tgt, log, factory, seed, SCHEDULERS[scheduler], early_stopping,
                      warmup_batch if callable(warmup_batch) else lambda wl: warmup_batch or batch_size, on_round,
                      run_config or RunConfig())
+        if runner is None and cluster:
+            from .measure.cluster import ClusterRunner
+            runner = ClusterRunner(cluster, tgt, loop.run_config, replay=replay)
+            try:
+                return loop.run(trials, time_limit, batch_size, start_from_default, progress, replay, runner)
+            finally:
+                runner.close()
         return loop.run(trials, time_limit, batch_size, start_from_default, progress, replay, runner)
     finally:
         claims.release()

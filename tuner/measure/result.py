@@ -30,6 +30,7 @@ class MeasureResult:
     build_s: float = 0.0
     run_s: float = 0.0
     cold: bool = False      # timed with the workload's weights evicted before every call (RunConfig.times_cold)
+    host: str = ""          # the cluster worker's machine that measured it ("": this one)
 
     @property
     def ok(self) -> bool:

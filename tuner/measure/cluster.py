@@ -1,0 +1,179 @@
+"""Measuring on a Dask cluster (`tuner tune ... --cluster ADDRESS` or `--cluster local:N`).
+
+Dask's `distributed` scheduler does the farming out: the tuner submits one job per candidate,
+and a worker that dies mid-job has it re-sent by the scheduler to another worker. The roles:
+  * a measuring worker (`tuner worker ADDRESS --measure`) resolves its own target when it
+    starts and declares one unit of the resource `measure_resource(target)` (e.g.
+    `tuner-cpu-avx2-t1`); a job asks for one unit, so a worker measures one candidate at a time,
+    and only workers whose target matches the task's get its jobs. Its candidates are built and
+    timed in the worker's own measurement process (runner.Runner, held per worker process), so
+    a crash or hang there is handled as on one machine;
+  * the driver (`tuner tune`) proposes, collects the results as they complete and appends them
+    to its log itself (the log never leaves the tuner's machine); each record names the host
+    that measured it.
+Faults: a job whose worker dies is re-sent once (the scheduler's `allowed-failures`, set to 1
+for a local cluster; a scheduler of your own decides for itself), then recorded as a
+RUNTIME_ERROR; a tuner stopped midway (Ctrl-C, its time limit) cancels the jobs not yet
+finished. No worker for the task's target is a one-line error, not a silent wait.
+"""
+from __future__ import annotations
+
+import socket
+import time
+
+from ..errors import SetupError, UserError
+from .result import RUNTIME_ERROR, MeasureResult
+
+LOCAL = "local:"
+_RUNNERS: dict = {}          # on a worker: (target, config, replay) -> its Runner, kept between jobs
+_TASKS: dict = {}            # on a worker: (spec, layout, target) -> Task
+
+
+def measure_resource(target) -> str:
+    """The resource a measuring worker for `target` declares (what its measurements depend on)."""
+    return f"tuner-{target.kind}-{target.isa}-t{target.threads}"
+
+
+def _measure_on_worker(spec: str, layout: str, target_text: str, steps: list, func_name: str, config,
+                       replay: str | None) -> tuple:
+    """Runs on a measuring worker: build and measure one candidate in this worker's runner (or
+    look it up in `replay`, a log, for tests and replayed tunes)."""
+    from ..target import parse_target
+    from ..task import Task
+    from ..te.workloads import parse_spec
+    from .replay import ReplayRunner
+    from .runner import RUNNERS
+    target = parse_target(target_text, check_host=False)
+    key = (target_text, repr(config), replay)
+    runner = _RUNNERS.get(key)
+    if runner is None:
+        runner = _RUNNERS[key] = ReplayRunner(replay, config) if replay else RUNNERS[target.kind](target, config)
+    tkey = (spec, layout, target_text)
+    task = _TASKS.get(tkey)
+    if task is None:                    # its inputs and reference are made once per worker
+        task = _TASKS[tkey] = Task(parse_spec(spec, layout), target)
+    cand = task.candidate(steps, func_name=func_name)
+    [(_, res)] = list(runner.measure(task, [cand]))
+    res.host = socket.gethostname()
+    return res, cand.code_hash
+
+
+def run_worker(address: str, target, name: str | None = None) -> int:
+    """`tuner worker ADDRESS --measure`: a Dask worker with one slot that measures for `target`,
+    until the scheduler goes away or the process is stopped."""
+    import asyncio
+    import os
+    try:
+        from distributed import Worker
+    except ImportError:
+        raise UserError("`tuner worker` needs Dask's distributed, which is not installed: pip install -e "
+                        "'.[cluster]'") from None
+    resource = measure_resource(target)
+    name = name or f"{socket.gethostname()}-{os.getpid()}"
+
+    import logging
+    logging.getLogger("distributed").setLevel(logging.WARNING)      # its INFO lines drown ours
+
+    async def serve():
+        async with Worker(address, nthreads=1, resources={resource: 1}, name=name, death_timeout=15) as w:
+            print(f"worker {name}: measures for '{target}' (resource {resource}); scheduler {address}", flush=True)
+            await w.finished()
+
+    try:
+        asyncio.run(serve())
+    except (OSError, TimeoutError) as e:
+        raise SetupError(f"cannot reach the Dask scheduler at {address}: {e}; start it with `dask scheduler` "
+                         "and check the address") from None
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+class ClusterRunner:
+    """The tuning loop's runner (`measure(task, batch)`, `close()`) on a Dask cluster."""
+
+    def __init__(self, address: str, target, config=None, progress=print, replay: str | None = None):
+        try:
+            import dask
+            from distributed import Client, LocalCluster
+        except ImportError:
+            raise UserError("--cluster needs Dask's distributed, which is not installed: pip install -e "
+                            "'.[cluster]'") from None
+        from .runner import RunConfig
+        self.target = target
+        self.config = config or RunConfig()
+        self.resource = measure_resource(target)
+        self.replay = replay
+        self._cluster = None
+        self.say = progress
+        if address.startswith(LOCAL):
+            try:
+                n = int(address[len(LOCAL):])
+            except ValueError:
+                n = 0
+            if n < 1:
+                raise UserError(f"--cluster {address!r}: give local:N with N measuring workers, e.g. local:2")
+            with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
+                self._cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+                                             dashboard_address=None, resources={self.resource: 1})
+            address = self._cluster.scheduler_address
+        try:
+            self.client = Client(address, timeout="5s")
+        except (OSError, TimeoutError) as e:
+            if self._cluster is not None:
+                self._cluster.close()
+            raise SetupError(f"cannot reach the Dask scheduler at {address}: {e}; start it with "
+                             "`dask scheduler` and check the address") from None
+        self.workers_seen: set = set()
+
+    def measuring_workers(self) -> list:
+        info = self.client.scheduler_info(n_workers=-1)["workers"]
+        return [w for w, d in info.items() if d.get("resources", {}).get(self.resource)]
+
+    def measure(self, task, batch: list):
+        """Submit the batch (a job per candidate), then yield (candidate, result) in batch order."""
+        from distributed.scheduler import KilledWorker
+        workers = self.measuring_workers()
+        if not workers:
+            raise SetupError(f"no worker of the cluster measures for {self.target} (resource {self.resource}): "
+                             f"start one on a matching machine with `tuner worker {self.client.scheduler.address} "
+                             "--measure`")
+        new = set(workers) - self.workers_seen
+        if self.workers_seen and new:
+            self.say(f"cluster: {len(new)} measuring worker(s) joined; {len(workers)} now")
+        lost = self.workers_seen - set(workers)
+        if lost:
+            self.say(f"cluster: {len(lost)} measuring worker(s) left; going on with {len(workers)}")
+        self.workers_seen = set(workers)
+        w = task.workload
+        futures = [self.client.submit(_measure_on_worker, w.spec, w.layout, str(task.target), cand.steps,
+                                      cand.func_name, self.config, self.replay, resources={self.resource: 1},
+                                      pure=False, key=f"measure-{cand.code_hash}-{time.monotonic_ns()}-{k}")
+                   for k, cand in enumerate(batch)]
+        done = 0
+        try:       # all run at once; results are logged in batch order, so a log does not depend on timing
+            for cand, fut in zip(batch, futures):
+                try:
+                    res, code_hash = fut.result()
+                except KilledWorker:
+                    res = MeasureResult(RUNTIME_ERROR, "the workers measuring it died, twice (each on another worker)")
+                else:
+                    if code_hash != cand.code_hash:    # another version of tuner on the worker
+                        raise SetupError(f"a worker built other code for the same steps ({code_hash} against "
+                                         f"{cand.code_hash}): run the same version of tuner on every machine")
+                done += 1
+                yield cand, res
+        finally:
+            if done < len(futures):              # stopped midway: nothing left running for us
+                self.client.cancel(futures[done:])
+
+    def close(self):
+        self.client.close()
+        if self._cluster is not None:
+            self._cluster.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
