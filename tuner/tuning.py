@@ -119,7 +119,8 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
     """Tune `workloads` (Workloads or (Workload, weight) pairs) until `trials` records exist for them.
 
     policy: a name (see tuner.search.POLICIES) or a PolicyFactory. runner: anything with
-    `measure(task, batch)` and `close()` (default: this host, or `replay` LOG).
+    `measure(task, batch)`, `status()` (for the progress line) and `close()` (default: this host,
+    or `replay` LOG).
     start_from_default: measure each task's default schedule first (off to compare pure search).
     warmup_batch: the size of each task's first batch (default batch_size), or a function of the
     Workload giving it; a model tune has hundreds of tasks and gives each a short first look
@@ -216,7 +217,7 @@ class _Loop:
             if self.factory.describe():
                 bar.write(self.factory.describe())
             self._after_round()
-            _show(bar, session, start, self.status, time_limit)
+            _show(bar, session, start, self.status, time_limit, runner.status())
             while session.trials < trials:
                 if stop.requested:
                     raise KeyboardInterrupt
@@ -248,7 +249,7 @@ class _Loop:
                     for cand, result in runner.measure(st.task, batch):
                         ok_in_round |= self._record(st, cand, result, replay)
                         bar.update(1)
-                        _show(bar, session, start, self.status, time_limit)
+                        _show(bar, session, start, self.status, time_limit, runner.status())
                         if stop.requested:
                             raise KeyboardInterrupt
                         if time_limit is not None and time.perf_counter() - start >= time_limit:
@@ -369,7 +370,8 @@ def tune_op(workload: str | Workload, layout: str | None = None, target: str | T
     return tune([wl], target=target, trials=trials, log=log or default_log(wl), **kwargs).tasks[0]
 
 
-def _show(bar, session: Session, start: float, status: str | None = None, time_limit: float | None = None):
+def _show(bar, session: Session, start: float, status: str | None = None, time_limit: float | None = None,
+          measuring: str = ""):
     ok = sum(t.errors.get(OK, 0) for t in session.tasks)
     failed = sum(v for t in session.tasks for k, v in t.errors.items() if k != OK)
     elapsed = time.perf_counter() - start
@@ -383,7 +385,7 @@ def _show(bar, session: Session, start: float, status: str | None = None, time_l
         total = sum(t.weight * t.best_latency for t in session.tasks)
         best = f"weighted total {total * 1e3:.3f} ms" if math.isfinite(total) else "-"
     left = f" time left {_clock(time_limit - elapsed)}" if time_limit is not None else ""
-    bar.set_postfix_str(f"valid {ok} failed {failed} best {best} {rate:.0f} cand/min{left}", refresh=False)
+    bar.set_postfix_str(f"valid {ok} failed {failed} best {best} {rate:.0f} cand/min{left}{measuring}", refresh=False)
 
 
 def _clock(seconds: float) -> str:

@@ -1,15 +1,16 @@
 """Measuring on a Dask cluster (`tuner tune ... --cluster ADDRESS` or `--cluster local:N`).
 
-Dask's `distributed` scheduler does the farming out: the tuner submits one job per candidate,
-and a worker that dies mid-job has it re-sent by the scheduler to another worker. The roles:
+Dask's `distributed` scheduler does the farming out: the tuner submits one job per measuring
+worker and batch, and a worker that dies mid-job has it re-sent by the scheduler to another. The roles:
   * a measuring worker (`tuner worker ADDRESS --measure`) resolves its own target when it
     starts and declares one unit of the resource `measure_resource(target)` (e.g.
     `tuner-cpu-avx2-t1`); a job asks for one unit, so a worker measures one candidate at a time,
-    and only workers whose target matches the task's get its jobs. Its candidates are built and
-    timed in the worker's own measurement process (runner.Runner, held per worker process), so
-    a crash or hang there is handled as on one machine;
-  * the driver (`tuner tune`) proposes, collects the results as they complete and appends them
-    to its log itself (the log never leaves the tuner's machine); each record names the host
+    and only workers whose target matches the task's get its jobs. A job carries the candidate's
+    code as the tuner generated it; it is built and timed in the worker's own measurement process
+    (runner.Runner, held per worker process), so a crash or hang there is handled as on one
+    machine;
+  * the driver (`tuner tune`) proposes, sends each measuring worker its share of the batch (one
+    job, built with one compiler call), collects the results and appends them to its log itself (the log never leaves the tuner's machine); each record names the host
     that measured it.
 Faults: a job whose worker dies is re-sent once (the scheduler's `allowed-failures`, set to 1
 for a local cluster; a scheduler of your own decides for itself), then recorded as a
@@ -34,15 +35,17 @@ def measure_resource(target) -> str:
     return f"tuner-{target.kind}-{target.isa}-t{target.threads}"
 
 
-def _measure_on_worker(spec: str, layout: str, target_text: str, steps: list, func_name: str, config,
-                       replay: str | None) -> tuple:
-    """Runs on a measuring worker: build and measure one candidate in this worker's runner (or
-    look it up in `replay`, a log, for tests and replayed tunes)."""
+def _measure_on_worker(spec: str, layout: str, target_text: str, cands: list, config, replay: str | None):
+    """Runs on a measuring worker: build and measure a chunk of candidates (their code as the
+    tuner generated it; one compiler call for the chunk) in this worker's runner, or look them
+    up in `replay`, a log (for tests and replayed tunes). Returns the results and the seconds
+    the worker spent."""
     from ..target import parse_target
     from ..task import Task
     from ..te.workloads import parse_spec
     from .replay import ReplayRunner
     from .runner import RUNNERS
+    start = time.perf_counter()
     target = parse_target(target_text, check_host=False)
     key = (target_text, repr(config), replay)
     runner = _RUNNERS.get(key)
@@ -52,10 +55,12 @@ def _measure_on_worker(spec: str, layout: str, target_text: str, steps: list, fu
     task = _TASKS.get(tkey)
     if task is None:                    # its inputs and reference are made once per worker
         task = _TASKS[tkey] = Task(parse_spec(spec, layout), target)
-    cand = task.candidate(steps, func_name=func_name)
-    [(_, res)] = list(runner.measure(task, [cand]))
-    res.host = socket.gethostname()
-    return res, cand.code_hash
+    host = socket.gethostname()
+    results = []
+    for _, res in runner.measure(task, cands):
+        res.host = host
+        results.append(res)
+    return results, time.perf_counter() - start
 
 
 def run_worker(address: str, target, name: str | None = None) -> int:
@@ -125,13 +130,15 @@ class ClusterRunner:
             raise SetupError(f"cannot reach the Dask scheduler at {address}: {e}; start it with "
                              "`dask scheduler` and check the address") from None
         self.workers_seen: set = set()
+        self.busy_s = 0.0          # seconds the workers spent measuring for this runner
+        self._first = None         # when the first batch was sent
 
     def measuring_workers(self) -> list:
         info = self.client.scheduler_info(n_workers=-1)["workers"]
         return [w for w, d in info.items() if d.get("resources", {}).get(self.resource)]
 
     def measure(self, task, batch: list):
-        """Submit the batch (a job per candidate), then yield (candidate, result) in batch order."""
+        """Submit the batch (a job per measuring worker), then yield (candidate, result) in batch order."""
         from distributed.scheduler import KilledWorker
         workers = self.measuring_workers()
         if not workers:
@@ -146,26 +153,39 @@ class ClusterRunner:
             self.say(f"cluster: {len(lost)} measuring worker(s) left; going on with {len(workers)}")
         self.workers_seen = set(workers)
         w = task.workload
-        futures = [self.client.submit(_measure_on_worker, w.spec, w.layout, str(task.target), cand.steps,
-                                      cand.func_name, self.config, self.replay, resources={self.resource: 1},
-                                      pure=False, key=f"measure-{cand.code_hash}-{time.monotonic_ns()}-{k}")
-                   for k, cand in enumerate(batch)]
+        if self._first is None:
+            self._first = time.perf_counter()
+        # one job per worker's share of the batch: each share is built with one compiler call
+        size = -(-len(batch) // len(workers))
+        chunks = [batch[k:k + size] for k in range(0, len(batch), size)]
+        futures = [self.client.submit(_measure_on_worker, w.spec, w.layout, str(task.target), chunk, self.config,
+                                      self.replay, resources={self.resource: 1}, pure=False,
+                                      key=f"measure-{chunk[0].code_hash}-{time.monotonic_ns()}-{k}")
+                   for k, chunk in enumerate(chunks)]
         done = 0
         try:       # all run at once; results are logged in batch order, so a log does not depend on timing
-            for cand, fut in zip(batch, futures):
+            for chunk, fut in zip(chunks, futures):
                 try:
-                    res, code_hash = fut.result()
+                    results, busy = fut.result()
+                    self.busy_s += busy
                 except KilledWorker:
-                    res = MeasureResult(RUNTIME_ERROR, "the workers measuring it died, twice (each on another worker)")
-                else:
-                    if code_hash != cand.code_hash:    # another version of tuner on the worker
-                        raise SetupError(f"a worker built other code for the same steps ({code_hash} against "
-                                         f"{cand.code_hash}): run the same version of tuner on every machine")
+                    results = [MeasureResult(RUNTIME_ERROR, "the workers measuring it died, twice (each on "
+                                             "another worker)") for _ in chunk]
                 done += 1
-                yield cand, res
+                yield from zip(chunk, results)
         finally:
             if done < len(futures):              # stopped midway: nothing left running for us
                 self.client.cancel(futures[done:])
+
+    def status(self) -> str:
+        """The measuring workers and the share of their time they waited for jobs (the tuner
+        proposing, building being done elsewhere, or no work for them)."""
+        n = len(self.workers_seen)
+        if not n or self._first is None:
+            return ""
+        wall = time.perf_counter() - self._first
+        idle = max(0.0, 1.0 - self.busy_s / (n * wall)) if wall > 0 else 0.0
+        return f" | {n} worker{'s' * (n > 1)}, idle {idle:.0%}"
 
     def close(self):
         self.client.close()

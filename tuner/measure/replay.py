@@ -34,5 +34,8 @@ class ReplayRunner:
             else:
                 yield cand, MeasureResult(rec.error, rec.message, list(rec.costs), rec.build_s, rec.run_s, cold)
 
+    def status(self) -> str:
+        return ""
+
     def close(self):
         pass

@@ -138,6 +138,10 @@ class Runner:
             self._conn.close()
         self._proc = self._conn = self._data_id = None
 
+    def status(self) -> str:
+        """What the progress line adds about the measuring (nothing for one local process)."""
+        return ""
+
     def close(self):
         if self._alive():
             try:
