@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from bench.common import write_results
-from tuner.measure.cluster import ClusterRunner, measure_resource
+from tuner.measure.cluster import ClusterRunner, local_cluster, measure_resource
 from tuner.target import parse_target
 from tuner.te.workloads import resolve
 from tuner.tuning import tune
@@ -30,17 +30,13 @@ VARIANTS = ("local", "local:1", "local:2")
 
 
 def one_run(wl, target, variant: str, trials: int, batch: int, policy: str, seed: int) -> dict:
-    import dask
-    from distributed import LocalCluster
     with tempfile.TemporaryDirectory() as d:
         log, cache = str(Path(d) / "run.jsonl"), str(Path(d) / "cache")
         os.environ["TUNER_CACHE_DIR"] = cache
         cluster = runner = None
         if variant != "local":
-            with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
-                cluster = LocalCluster(n_workers=int(variant.split(":")[1]), threads_per_worker=1, processes=True,
-                                       dashboard_address=None, resources={measure_resource(target): 1},
-                                       env={"TUNER_CACHE_DIR": cache})
+            cluster = local_cluster(int(variant.split(":")[1]), {measure_resource(target): 1},
+                                    env={"TUNER_CACHE_DIR": cache})
             runner = ClusterRunner(cluster.scheduler_address, target, progress=lambda msg: None)
         try:
             t0 = time.perf_counter()

@@ -21,12 +21,12 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import bench_workload, write_results
-from bench.ops import _geomean, _table
+from bench.ops import _geomean, _table, torch_callables
 from tuner.analysis.report import task_report
 from tuner.build import build_op
+from tuner.measure.cuda_worker import time_launches
 from tuner.target import parse_target
-from tuner.te.layouts import act_to_nchw, conv_weight_to_oihw, dense_weight_to_oi
-from tuner.te.workloads import BUILTIN, parse_spec
+from tuner.te.workloads import BUILTIN, make
 from tuner.tuning import tune_op
 
 R50 = [n for n in BUILTIN if n.startswith("r50.")]
@@ -40,10 +40,7 @@ def workload(item: str, layout: str):
     """A workload by name or spec, '@B' setting its batch."""
     name, _, batch = item.partition("@")
     wl = bench_workload(name, layout)
-    if batch:
-        wl = parse_spec(wl.spec.replace("N=1,", f"N={int(batch)},", 1) if "N=1," in wl.spec
-                        else wl.spec.replace(":", f":N={int(batch)},", 1), wl.layout)
-    return wl
+    return make(wl.op, {**wl.p, "N": int(batch)}, wl.layout) if batch else wl
 
 
 def peak_gflops() -> float:
@@ -56,44 +53,30 @@ def peak_gflops() -> float:
     return 2 * lanes * dev.get_attribute(a.MULTIPROCESSOR_COUNT) * dev.get_attribute(a.CLOCK_RATE) * 1e3 / 1e9
 
 
-def torch_callables(wl, arrays) -> dict:
-    import torch
-    import torch.nn.functional as F
-    p = wl.p
-    dev = torch.device("cuda")
-    if wl.op == "dense":
-        x = torch.from_numpy(arrays[0]).to(dev)
-        w = torch.from_numpy(dense_weight_to_oi(arrays[1], wl.blocks[1])).to(dev)
-        b = torch.from_numpy(arrays[2]).to(dev) if p["bias"] else None
-        return {"dense": lambda: F.linear(x, w, b)}
-    x = torch.from_numpy(act_to_nchw(arrays[0], wl.layout)).to(dev)
-    w = torch.from_numpy(conv_weight_to_oihw(arrays[1], wl.layout)).to(dev)
-    fns = {}
-    for name, fmt in (("NCHW", torch.contiguous_format), ("NHWC", torch.channels_last)):
-        xf, wf = x.contiguous(memory_format=fmt), w.contiguous(memory_format=fmt)
-        fns[name] = (lambda xf=xf, wf=wf: F.conv2d(xf, wf, None, p["stride"], p["pad"], p["dilation"], p["groups"]))
-    return fns
+class _TorchEvents:
+    """torch.cuda events in the shape of pycuda's (Event(), record, synchronize, time_since), so
+    PyTorch is timed by the same rule as tuner's kernels (measure.cuda_worker.time_launches)."""
+
+    class Event:
+        def __init__(self):
+            import torch
+            self.e = torch.cuda.Event(enable_timing=True)
+
+        def record(self):
+            self.e.record()
+
+        def synchronize(self):
+            self.e.synchronize()
+
+        def time_since(self, begin) -> float:
+            return begin.e.elapsed_time(self.e)
 
 
 def time_torch(fn, repeat: int = 3, min_ms: float = 30.0) -> float:
     import torch
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with torch.inference_mode():
         fn()
-        begin.record()
-        fn()
-        end.record()
-        end.synchronize()
-        number = max(1, int(min_ms / max(begin.elapsed_time(end), 1e-4)))
-        costs = []
-        for _ in range(repeat):
-            begin.record()
-            for _ in range(number):
-                fn()
-            end.record()
-            end.synchronize()
-            costs.append(begin.elapsed_time(end) * 1e-3 / number)
-    return statistics.median(costs)
+        return statistics.median(time_launches(_TorchEvents, fn, repeat, min_ms))
 
 
 def bench_one(item, layout, target, trials, log, rounds, progress, policy):
@@ -102,7 +85,7 @@ def bench_one(item, layout, target, trials, log, rounds, progress, policy):
     kernel = build_op(wl, target=target, log=log, use_shipped=False, quiet=True)
     arrays = wl.random_inputs(seed=1)
     np.testing.assert_allclose(kernel(*arrays), wl.reference(arrays), rtol=2e-3, atol=2e-3)
-    tfns = torch_callables(wl, arrays)
+    tfns = torch_callables(wl, arrays, device="cuda")
     ours, theirs = [], {f: [] for f in tfns}
     for _ in range(rounds):
         ours.append(statistics.median(kernel.time(*arrays, repeat=3, min_repeat_ms=30)))

@@ -35,18 +35,22 @@ from tuner.measure.peak import peak_gflops  # noqa: E402
 DEFAULT_WORKLOADS = [n for n in BUILTIN if n.startswith("r50.")] + ["dense.512x1000", "dense.2048x1000"]
 
 
-def torch_callables(wl, arrays) -> dict:
-    """PyTorch's op for `wl` on the same data, per memory format it can run in: {format: fn}."""
+def torch_callables(wl, arrays, device: str = "cpu") -> dict:
+    """PyTorch's op for `wl` on the same data, on `device`, per memory format it can run in:
+    {format: fn}."""
     import torch
     import torch.nn.functional as F
     p = wl.p
+
+    def t(a):
+        return torch.from_numpy(a).to(device)
     if wl.op == "dense":
-        x = torch.from_numpy(arrays[0])
-        w = torch.from_numpy(dense_weight_to_oi(arrays[1], wl.blocks[1]))
-        b = torch.from_numpy(arrays[2]) if p["bias"] else None
+        x = t(arrays[0])
+        w = t(dense_weight_to_oi(arrays[1], wl.blocks[1]))
+        b = t(arrays[2]) if p["bias"] else None
         return {"dense": lambda: F.linear(x, w, b)}
-    x = torch.from_numpy(act_to_nchw(arrays[0], wl.layout))
-    w = torch.from_numpy(conv_weight_to_oihw(arrays[1], wl.layout))
+    x = t(act_to_nchw(arrays[0], wl.layout))
+    w = t(conv_weight_to_oihw(arrays[1], wl.layout))
     if not isinstance(p["pad"], int):
         raise ValueError("asymmetric pads have no direct PyTorch conv2d")
     fns = {}

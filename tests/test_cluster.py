@@ -12,7 +12,7 @@ pytest.importorskip("distributed", reason="Dask's distributed is not installed (
 
 from tuner import records  # noqa: E402
 from tuner.errors import SetupError  # noqa: E402
-from tuner.measure.cluster import ClusterRunner, measure_resource  # noqa: E402
+from tuner.measure.cluster import ClusterRunner, local_cluster, measure_resource  # noqa: E402
 from tuner.target import TargetError, parse_target  # noqa: E402
 from tuner.task import Task  # noqa: E402
 from tuner.tuning import tune  # noqa: E402
@@ -20,14 +20,6 @@ from tuner.tuning import tune  # noqa: E402
 from conftest import REPLAY_LOG, REPLAY_TARGET, REPLAY_WORKLOADS, TARGET1  # noqa: E402
 
 SMALL = REPLAY_WORKLOADS[0][0]
-
-
-def _cluster(resources: dict, n: int = 2):
-    import dask
-    from distributed import LocalCluster
-    with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
-        return LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
-                            resources=resources)
 
 
 def _lines(path) -> list:
@@ -58,7 +50,7 @@ def test_records_name_the_host_that_measured_them(tmp_path, tmp_cache):
 
 def test_a_task_no_worker_can_measure_is_reported(tmp_path):
     cuda = parse_target("cuda -arch=sm_90")
-    with _cluster({measure_resource(cuda): 1}, n=1) as cluster:
+    with local_cluster(1, {measure_resource(cuda): 1}) as cluster:
         with pytest.raises(SetupError, match=r"no worker of the cluster measures for cpu .*tuner worker"):
             tune([SMALL], target=TARGET1, trials=4, log=str(tmp_path / "x.jsonl"), cluster=cluster.scheduler_address,
                  progress=False)
@@ -73,7 +65,7 @@ def test_an_unreachable_scheduler_is_one_line():
 def test_a_killed_worker_loses_no_record_and_duplicates_none(tmp_path, tmp_cache):
     from distributed import Client
     log = tmp_path / "k.jsonl"
-    with _cluster({measure_resource(TARGET1): 1}) as cluster, Client(cluster) as client:
+    with local_cluster(2, {measure_resource(TARGET1): 1}) as cluster, Client(cluster) as client:
         pids = client.run(os.getpid)
         errors = []
 

@@ -131,25 +131,12 @@ class CudaKernel(_OpKernel):
         """Seconds per launch over `repeat` repeats, timed with CUDA events on device copies."""
         import pycuda.driver as drv
         import pycuda.gpuarray as ga
+        from .measure.cuda_worker import time_launches
         args = [a if isinstance(a, ga.GPUArray) else ga.to_gpu(np.ascontiguousarray(a, dtype=np.float32))
                 for a in arrays]
         out = ga.empty(self.output_shape, np.float32)
-        begin, end = drv.Event(), drv.Event()
         self._launch(args, out)
-        begin.record()
-        self._launch(args, out)
-        end.record()
-        end.synchronize()
-        number = max(1, int(min_repeat_ms / max(end.time_since(begin), 1e-4)))
-        costs = []
-        for _ in range(repeat):
-            begin.record()
-            for _ in range(number):
-                self._launch(args, out)
-            end.record()
-            end.synchronize()
-            costs.append(end.time_since(begin) * 1e-3 / number)
-        return costs
+        return time_launches(drv, lambda: self._launch(args, out), repeat, min_repeat_ms)
 
 
 # the kernel class of each target kind

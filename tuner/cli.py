@@ -207,8 +207,7 @@ def _cmd_show(args) -> int:
         cand = Task(wl, tgt).candidate(rec.steps, func_name="kernel")
         same = "matches" if cand.code_hash == rec.code_hash else "DIFFERS from"
         lang = "CUDA C" if tgt.kind == "cuda" else "C"
-        launch = f"; launched as {cand.launch.grid} blocks of {cand.launch.block} threads" if cand.launch else ""
-        print(f"\n{lang} source (regenerated; {same} the logged code hash{launch}):\n")
+        print(f"\n{lang} source (regenerated; {same} the logged code hash):\n")
         print(cand.source)
     return 0
 

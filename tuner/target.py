@@ -139,14 +139,20 @@ def _cuda_device_facts() -> dict:
                           "without running") from None
 
 
-def parse_cuda(parts: list, text: str) -> CudaTarget:
+def _options(parts: list, allowed: tuple, what: str) -> dict:
+    """The `-key=value` options after a target's kind, each one of `allowed`."""
     opts = {}
     for p in parts[1:]:
         key, eq, val = p.lstrip("-").partition("=")
-        if not eq or key not in CUDA_OPTIONS:
-            raise TargetError(f"cannot read target option {p!r}: CUDA options are "
-                              f"{', '.join('-' + o + '=' for o in CUDA_OPTIONS)}")
+        if not eq or key not in allowed:
+            raise TargetError(f"cannot read target option {p!r}: {what}options are "
+                              f"{', '.join('-' + o + '=' for o in allowed)}")
         opts[key] = val
+    return opts
+
+
+def parse_cuda(parts: list, text: str) -> CudaTarget:
+    opts = _options(parts, CUDA_OPTIONS, "CUDA ")
     if "arch" in opts:
         arch = opts["arch"]
         if arch not in ARCH_FACTS:
@@ -186,12 +192,7 @@ def parse_target(text: "str | Target | CudaTarget" = "cpu", threads: int | None 
     if kind != "cpu":
         raise TargetError(f"unknown target {kind!r}: use 'cpu', e.g. 'cpu -threads=1', or 'cuda', "
                           "e.g. 'cuda -arch=sm_90'")
-    opts = {}
-    for p in parts[1:]:
-        key, eq, val = p.lstrip("-").partition("=")
-        if not eq or key not in ("isa", "cores", "threads"):
-            raise TargetError(f"cannot read target option {p!r}: options are -isa=, -cores=, -threads=")
-        opts[key] = val
+    opts = _options(parts, ("isa", "cores", "threads"), "")
     isa = opts.get("isa", host_isa())
     if isa not in ISAS:
         raise TargetError(f"unknown ISA {isa!r}: use one of {', '.join(ISAS)}")

@@ -106,9 +106,7 @@ class Task:
             src, omp, launch = CODEGEN[self.target.kind](func, self.target)
         finally:
             self.codegen_s += time.perf_counter() - start
-        # a CUDA kernel's grid is not in its source (each thread reads blockIdx): hashed with it
-        hashed = src if launch is None else f"{src}// grid {launch.grid} block {launch.block}\n"
-        return Candidate(steps, src, func_name, omp, code_hash(hashed, func_name), decisions, launch)
+        return Candidate(steps, src, func_name, omp, code_hash(src, func_name), decisions, launch)
 
     def from_decisions(self, decisions: dict) -> Candidate:
         return self.candidate(self.space.steps(decisions), decisions=decisions)

@@ -94,6 +94,15 @@ class Session:
         return self.codegen_s / self.seconds if self.seconds else 0.0
 
 
+def make_runner(target, config: RunConfig, replay: str | None = None, cluster: str | None = None):
+    """The runner a tune measures with: on a cluster (the replay looked up by its workers), the
+    costs of a replayed log, or this host's measurement process for the target's kind."""
+    if cluster:
+        from .measure.cluster import ClusterRunner
+        return ClusterRunner(cluster, target, config, replay=replay)
+    return ReplayRunner(replay, config) if replay else RUNNERS[target.kind](target, config)
+
+
 def default_log(workload: Workload) -> str:
     return str(Path("logs") / f"{(workload.name or workload.op).replace('/', '_')}.{workload.layout}.jsonl")
 
@@ -141,14 +150,7 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
         loop = _Loop(pairs, tgt, log, factory, seed, SCHEDULERS[scheduler], early_stopping,
                      warmup_batch if callable(warmup_batch) else lambda wl: warmup_batch or batch_size, on_round,
                      run_config or RunConfig())
-        if runner is None and cluster:
-            from .measure.cluster import ClusterRunner
-            runner = ClusterRunner(cluster, tgt, loop.run_config, replay=replay)
-            try:
-                return loop.run(trials, time_limit, batch_size, start_from_default, progress, replay, runner)
-            finally:
-                runner.close()
-        return loop.run(trials, time_limit, batch_size, start_from_default, progress, replay, runner)
+        return loop.run(trials, time_limit, batch_size, start_from_default, progress, replay, runner, cluster)
     finally:
         claims.release()
 
@@ -202,14 +204,14 @@ class _Loop:
         for row, w in zip(self.rows, weights or ()):
             row.weight = w          # the scheduler's weight; TuneSummary.weight stays the occurrence count
 
-    def run(self, trials, time_limit, batch_size, start_from_default, progress, replay, runner) -> Session:
+    def run(self, trials, time_limit, batch_size, start_from_default, progress, replay, runner, cluster) -> Session:
         session, own_runner, run_config = self.session, runner is None, self.run_config
         bar, stop, start = None, None, time.perf_counter()
         try:        # one cleanup below, also when the runner or the bar fails to start
             stop = _StopSignals(grace=run_config.timeout + 5.0)
             self.factory.start([st.task for st in self.states])
             if runner is None:
-                runner = ReplayRunner(replay, run_config) if replay else RUNNERS[self.tgt.kind](self.tgt, run_config)
+                runner = make_runner(self.tgt, run_config, replay, cluster)
             bar = tqdm(total=trials, initial=min(session.trials, trials), disable=not progress, unit="trial",
                        desc=self.states[0].task.name if len(self.states) == 1 else f"{len(self.states)} tasks",
                        dynamic_ncols=True)

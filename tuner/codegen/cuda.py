@@ -21,7 +21,7 @@ from ..schedule import ir
 from ..schedule.lower import c_name
 from ..schedule.schedule import ScheduleError
 from ..te.expr import Cmp, Const, Load, Var, free_vars, from_linear, linear, simplify
-from .c import CGen, NotVectorizable, _straight_stores
+from .c import CGen, NotVectorizable, _straight_stores, nest_steps
 
 PRELUDE = r"""#define TUNER_INF __int_as_float(0x7f800000)
 __device__ __forceinline__ int tuner_floordiv(int a, int b) { int q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
@@ -39,13 +39,32 @@ class CudaKernel:
     local_floats: int     # floats of thread-local arrays (a lower bound on its registers)
 
 
+def launch_shape(func: ir.Func) -> tuple:
+    """(grid, block, shared bytes, local floats) of a lowered kernel: the extent of its
+    blockIdx.x loop, of its outermost threadIdx.x loop (1 where lowering dropped a loop of
+    extent 1, or none was bound), and the sizes of its shared and local buffers. The one rule,
+    for the generator and the cost model's features."""
+    grid = block = None
+    shared = local = 0
+    for s in ir.stmts(func.body):
+        if isinstance(s, ir.For) and s.kind == "blockIdx.x" and grid is None:
+            grid = s.extent
+        elif isinstance(s, ir.For) and s.kind == "threadIdx.x" and block is None:
+            block = s.extent
+        elif isinstance(s, ir.Allocate):
+            if s.scope == "shared":
+                shared += 4 * math.prod(s.shape)
+            else:
+                local += math.prod(s.shape)
+    return grid or 1, block or 1, shared, local
+
+
 class CudaGen(CGen):
     def __init__(self, func: ir.Func):
         super().__init__(func, max_lanes=1, threads=1)
-        self.grid: int | None = None
-        self.block: int | None = None
-        self.shared: dict = {}        # shared buffer -> floats
-        self.local_floats = 0
+        self.grid, self.block, self.shared_bytes, self.local_floats = launch_shape(func)
+        self._grid_seen = False
+        self.shared: list = []        # shared buffers, each declared once at the top
 
     def generate(self) -> CudaKernel:
         f = self.func
@@ -55,17 +74,16 @@ class CudaGen(CGen):
                                 "the CUDA generator writes one kernel: inline them or compute them at a loop")
         self.stmt(f.body, 1)
         body, self.lines = self.lines, []
-        # unbound (or bound loops of extent 1, which lowering drops): one thread runs it all, correctly
-        self.grid, self.block = self.grid or 1, self.block or 1
         params = [f"const float* __restrict__ {c_name(b.name)}" for b in f.args[:-1]]
         params.append(f"float* __restrict__ {c_name(f.args[-1].name)}")
+        self.emit(0, f"// launch: {self.grid} blocks of {self.block} threads")   # not in the code: hashed with it
         self.emit(0, f'extern "C" __global__ void __launch_bounds__({self.block}) {f.name}({", ".join(params)}) {{')
-        for name, n in self.shared.items():
-            self.emit(1, f"__shared__ __align__(16) float {c_name(name)}[{n}];")
+        for a in self.shared:
+            self.emit(1, f"__shared__ __align__(16) float {c_name(a.buffer)}[{math.prod(a.shape)}];")
         self.lines.extend(body)
         self.emit(0, "}")
-        return CudaKernel(f.name, "\n".join(self.lines) + "\n", self.grid, self.block,
-                          4 * sum(self.shared.values()), self.local_floats)
+        return CudaKernel(f.name, "\n".join(self.lines) + "\n", self.grid, self.block, self.shared_bytes,
+                          self.local_floats)
 
     # ------------------------------------------------------------ statements
     def stmt(self, s: ir.Stmt, d: int):
@@ -73,16 +91,14 @@ class CudaGen(CGen):
             if not self.lines or self.lines[-1].strip() != "__syncthreads();":
                 self.emit(d, "__syncthreads();")
         elif isinstance(s, ir.Allocate):
-            n = math.prod(s.shape)
             if s.scope == "shared":
-                if s.buffer in self.shared:
+                if any(a.buffer == s.buffer for a in self.shared):
                     raise ScheduleError(f"shared buffer {s.buffer} is allocated twice")
-                self.shared[s.buffer] = n
+                self.shared.append(s)
                 self.stmt(s.body, d)
             else:
-                self.local_floats += n
                 self.emit(d, "{")
-                self.emit(d + 1, f"float {c_name(s.buffer)}[{n}];")
+                self.emit(d + 1, f"float {c_name(s.buffer)}[{math.prod(s.shape)}];")
                 self.stmt(s.body, d + 1)
                 self.emit(d, "}")
         else:
@@ -91,17 +107,13 @@ class CudaGen(CGen):
     def loop(self, s: ir.For, d: int):
         v = c_name(s.var)
         if s.kind == "blockIdx.x":
-            if self.grid is not None:
+            if self._grid_seen:
                 raise ScheduleError(f"loop {s.var}: a second loop bound to blockIdx.x")
-            self.grid = s.extent
+            self._grid_seen = True
             self._index_scope(s, d, f"const int {v} = blockIdx.x;", None)
             return
         if s.kind == "threadIdx.x":
-            if self.grid is None:
-                self.grid = 1             # a grid of one block: lowering drops loops of extent 1
-            if self.block is None:
-                self.block = s.extent
-            elif s.extent > self.block:
+            if s.extent > self.block:
                 raise ScheduleError(f"loop {s.var} of {s.extent} threads is longer than the block ({self.block})")
             guard = f"if ({v} < {s.extent}) " if s.extent < self.block else None
             self._index_scope(s, d, f"const int {v} = threadIdx.x;", guard)
@@ -116,7 +128,6 @@ class CudaGen(CGen):
         saved = self.unroll_budget
         if s.auto_unroll:
             self.unroll_budget = max(self.unroll_budget, s.auto_unroll)
-        from .c import nest_steps
         if s.kind in ("unroll", "vectorize") or (self.unroll_budget and nest_steps(s) <= self.unroll_budget):
             self.emit(d, "#pragma unroll")
         self.emit(d, f"for (int {v} = 0; {v} < {s.extent}; ++{v}) {{")
@@ -185,7 +196,6 @@ class CudaGen(CGen):
 
     # ------------------------------------------------------------ expressions
     def expr(self, e):
-        from ..te.expr import Const
         if isinstance(e, Const) and not e.is_int and math.isinf(e.value):
             return "(-TUNER_INF)" if e.value < 0 else "TUNER_INF"
         return super().expr(e)
@@ -219,15 +229,6 @@ def serial_copy(func: ir.Func) -> ir.Func:
     buffer's fill loop covers the whole block's tile, so each emulated thread refills it whole
     before reading it (what the barriers guarantee on the GPU)."""
     import dataclasses
-
-    def visit(s):
-        if isinstance(s, ir.For):
-            kind = "serial" if s.kind in ("blockIdx.x", "threadIdx.x") else s.kind
-            return dataclasses.replace(s, body=visit(s.body), kind=kind)
-        if isinstance(s, ir.Seq):
-            return ir.Seq([visit(x) for x in s.stmts])
-        if isinstance(s, (ir.IfThen, ir.Allocate)):
-            return dataclasses.replace(s, body=visit(s.body))
-        return s
-
-    return dataclasses.replace(func, body=visit(func.body))
+    bound = ("blockIdx.x", "threadIdx.x")
+    body = ir.map_loops(func.body, lambda f: dataclasses.replace(f, kind="serial") if f.kind in bound else f)
+    return dataclasses.replace(func, body=body)

@@ -9,15 +9,12 @@ from __future__ import annotations
 
 def main(channel) -> None:
     from ..task import Task
+    from ..measure.worker import messages
     from .dataset import features_or_none
 
     tasks: dict = {}
     built: dict = {}
-    while True:
-        try:
-            msg = channel.recv()
-        except EOFError:
-            return
+    for msg in messages(channel):
         if msg[0] == "tasks":
             tasks.update(msg[1])
         elif msg[0] == "features":

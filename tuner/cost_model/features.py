@@ -335,23 +335,10 @@ class _GpuExtractor(_Extractor):
         super().__init__(func, flops, 1)
         self.target = target
         self.syncs = 0.0
-        self.grid = self.block = 1
-        self.shared = self.local = 0
 
     def _visit(self, s, loops, allocs, guards, budget):
-        """Also reads the launch off the loop nest, as the CUDA generator does: the blockIdx loop
-        is the grid, the first threadIdx loop the block; shared and local buffers' sizes."""
         if isinstance(s, ir.Sync):
             self.syncs += float(math.prod([lp.extent for lp in loops if lp.kind not in _BOUND]))
-        elif isinstance(s, ir.For) and s.kind == "blockIdx.x":
-            self.grid = s.extent
-        elif isinstance(s, ir.For) and s.kind == "threadIdx.x" and not any(lp.kind == "threadIdx.x" for lp in loops):
-            self.block = max(self.block, s.extent)
-        elif isinstance(s, ir.Allocate):
-            if s.scope == "shared":
-                self.shared += 4 * math.prod(s.shape)
-            else:
-                self.local += math.prod(s.shape)
         super()._visit(s, loops, allocs, guards, budget)
 
     def _store(self, s, loops, allocs, guards) -> list:
@@ -375,16 +362,17 @@ class _GpuExtractor(_Extractor):
         return row
 
     def run(self) -> np.ndarray:
+        from ..codegen.cuda import launch_shape
         self._visit(self.func.body, [], [], (), 0)
         t = self.target
-        regs = min(255, self.local + 24)          # accumulators plus a typical kernel's own
+        grid, block, shared, local = launch_shape(self.func)
+        regs = min(255, local + 24)          # accumulators plus a typical kernel's own
         smem_sm = SMEM_PER_SM.get(t.arch, 4 * t.smem)
-        per_sm = min(THREADS_PER_SM // self.block, 32, smem_sm // self.shared if self.shared else 32,
-                     t.regs // (self.block * regs))
-        occupancy = min(1.0, per_sm * self.block / THREADS_PER_SM)
-        waves = self.grid / max(1, per_sm * t.sms)
-        kernel = [_log(self.block), _log(self.grid), _log(waves), float(per_sm), occupancy, _log(self.shared),
-                  _log(self.local), _log(self.syncs), _log(self.flops / (self.grid * self.block))]
+        per_sm = min(THREADS_PER_SM // block, 32, smem_sm // shared if shared else 32, t.regs // (block * regs))
+        occupancy = min(1.0, per_sm * block / THREADS_PER_SM)
+        waves = grid / max(1, per_sm * t.sms)
+        kernel = [_log(block), _log(grid), _log(waves), float(per_sm), occupancy, _log(shared),
+                  _log(local), _log(self.syncs), _log(self.flops / (grid * block))]
         rows = np.asarray(self.rows, np.float32) if self.rows else np.zeros((1, num_features() + len(_GPU_STMT)),
                                                                           np.float32)
         return np.hstack([rows, np.tile(np.asarray(kernel, np.float32), (len(rows), 1))])

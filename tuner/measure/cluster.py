@@ -19,6 +19,9 @@ finished. No worker for the task's target is a one-line error, not a silent wait
 """
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
 import socket
 import time
 
@@ -43,14 +46,13 @@ def _measure_on_worker(spec: str, layout: str, target_text: str, cands: list, co
     from ..target import parse_target
     from ..task import Task
     from ..te.workloads import parse_spec
-    from .replay import ReplayRunner
-    from .runner import RUNNERS
+    from ..tuning import make_runner
     start = time.perf_counter()
     target = parse_target(target_text, check_host=False)
     key = (target_text, repr(config), replay)
     runner = _RUNNERS.get(key)
     if runner is None:
-        runner = _RUNNERS[key] = ReplayRunner(replay, config) if replay else RUNNERS[target.kind](target, config)
+        runner = _RUNNERS[key] = make_runner(target, config, replay)
     tkey = (spec, layout, target_text)
     task = _TASKS.get(tkey)
     if task is None:                    # its inputs and reference are made once per worker
@@ -66,8 +68,6 @@ def _measure_on_worker(spec: str, layout: str, target_text: str, cands: list, co
 def run_worker(address: str, target, name: str | None = None) -> int:
     """`tuner worker ADDRESS --measure`: a Dask worker with one slot that measures for `target`,
     until the scheduler goes away or the process is stopped."""
-    import asyncio
-    import os
     try:
         from distributed import Worker
     except ImportError:
@@ -75,8 +75,6 @@ def run_worker(address: str, target, name: str | None = None) -> int:
                         "'.[cluster]'") from None
     resource = measure_resource(target)
     name = name or f"{socket.gethostname()}-{os.getpid()}"
-
-    import logging
     logging.getLogger("distributed").setLevel(logging.WARNING)      # its INFO lines drown ours
 
     async def serve():
@@ -94,13 +92,22 @@ def run_worker(address: str, target, name: str | None = None) -> int:
     return 0
 
 
+def local_cluster(n: int, resources: dict, env: dict | None = None):
+    """A Dask cluster of `n` worker processes on this machine, one thread each, with `resources`;
+    a job whose worker dies is re-sent once (allowed-failures 1), then fails."""
+    import dask
+    from distributed import LocalCluster
+    with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
+        return LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
+                            resources=resources, **({"env": env} if env else {}))
+
+
 class ClusterRunner:
     """The tuning loop's runner (`measure(task, batch)`, `close()`) on a Dask cluster."""
 
     def __init__(self, address: str, target, config=None, progress=print, replay: str | None = None):
         try:
-            import dask
-            from distributed import Client, LocalCluster
+            from distributed import Client
         except ImportError:
             raise UserError("--cluster needs Dask's distributed, which is not installed: pip install -e "
                             "'.[cluster]'") from None
@@ -118,9 +125,7 @@ class ClusterRunner:
                 n = 0
             if n < 1:
                 raise UserError(f"--cluster {address!r}: give local:N with N measuring workers, e.g. local:2")
-            with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
-                self._cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                                             dashboard_address=None, resources={self.resource: 1})
+            self._cluster = local_cluster(n, {self.resource: 1})
             address = self._cluster.scheduler_address
         try:
             self.client = Client(address, timeout="5s")

@@ -16,7 +16,31 @@ import time
 
 import numpy as np
 
-from .worker import check_output, serve
+from .worker import check_output, messages, serve
+
+
+def time_launches(drv, launch, repeat: int, min_ms: float, number: int = 0, before_repeat=None) -> list:
+    """Seconds per launch over `repeat` repeats of `number` launches between two CUDA events;
+    number 0 picks it from one timed launch so that a repeat lasts `min_ms`. `before_repeat`
+    runs outside the events before each repeat (an L2 flush; then give number=1)."""
+    begin, end = drv.Event(), drv.Event()
+    begin.record()
+    launch()
+    end.record()
+    end.synchronize()
+    once = end.time_since(begin) * 1e-3
+    n = number or max(1, int(min_ms * 1e-3 / max(once, 1e-7)) + 1)
+    costs = []
+    for _ in range(repeat):
+        if before_repeat is not None:
+            before_repeat()
+        begin.record()
+        for _ in range(n):
+            launch()
+        end.record()
+        end.synchronize()
+        costs.append(end.time_since(begin) * 1e-3 / n)
+    return costs
 
 
 def main(conn) -> None:
@@ -25,8 +49,9 @@ def main(conn) -> None:
         drv.init()
         ctx = drv.Device(0).make_context()
     except Exception as e:      # no pycuda, no driver, no device: said once, at setup
-        _refuse_all(conn, f"the GPU measurement process cannot start CUDA ({type(e).__name__}: {e}); "
-                          "check pycuda (pip install -e '.[cuda]') and the driver (nvidia-smi)")
+        for _ in messages(conn):
+            conn.send(("SETUP", f"the GPU measurement process cannot start CUDA ({type(e).__name__}: {e}); "
+                                "check pycuda (pip install -e '.[cuda]') and the driver (nvidia-smi)", [], 0.0))
         return
     try:
         _serve(conn, drv, ctx)
@@ -34,29 +59,12 @@ def main(conn) -> None:
         ctx.pop()
 
 
-def _refuse_all(conn, message: str) -> None:
-    while True:
-        try:
-            msg = conn.recv()
-        except EOFError:
-            return
-        if msg[0] == "stop":
-            return
-        conn.send(("SETUP", message, [], 0.0))
-
-
 def _serve(conn, drv, ctx) -> None:
     modules: dict = {}
     d_in, ref, d_out, flush_buf = [], None, None, None
-    l2 = drv.Device(0).get_attribute(drv.device_attribute.L2_CACHE_SIZE)
-    while True:
-        try:
-            msg = conn.recv()
-        except EOFError:
-            return
+    l2 = max(4, drv.Device(0).get_attribute(drv.device_attribute.L2_CACHE_SIZE))
+    for msg in messages(conn):
         kind = msg[0]
-        if kind == "stop":
-            return
         if kind == "setup":
             d_in = [drv.to_device(np.ascontiguousarray(a, dtype=np.float32)) for a in msg[1]]
             ref = msg[2]
@@ -90,26 +98,11 @@ def _serve(conn, drv, ctx) -> None:
             if problem:
                 conn.send(("WRONG_ANSWER", problem, [], time.perf_counter() - start))
                 continue
-            begin, end = drv.Event(), drv.Event()
             if flush and flush_buf is None:
-                flush_buf = drv.mem_alloc(max(l2, 4) * 2)
+                flush_buf = drv.mem_alloc(2 * l2)
             try:
-                begin.record()
-                launch()
-                end.record()
-                end.synchronize()
-                once = end.time_since(begin) * 1e-3
-                n = 1 if flush else (number or max(1, int(min_ms * 1e-3 / max(once, 1e-7)) + 1))
-                costs = []
-                for _ in range(repeat):
-                    if flush:
-                        drv.memset_d32(flush_buf, 0, max(l2, 4) // 2)
-                    begin.record()
-                    for _ in range(n):
-                        launch()
-                    end.record()
-                    end.synchronize()
-                    costs.append(end.time_since(begin) * 1e-3 / n)
+                costs = time_launches(drv, launch, repeat, min_ms, 1 if flush else number,
+                                      (lambda: drv.memset_d32(flush_buf, 0, l2 // 2)) if flush else None)
             except drv.Error as e:
                 conn.send(("RUNTIME_ERROR", f"failed while timed: {e}", [], time.perf_counter() - start))
                 os._exit(3)

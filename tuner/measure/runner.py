@@ -202,22 +202,24 @@ class Runner:
         cold = self.config.times_cold(task.workload)
         consts = task.workload.constant_inputs if cold else ()
         self._cold = [a.nbytes if k in consts else 0 for k, a in enumerate(task.data[0])] + [0]
-        built = build_batch([(c.func_name, c.source) for c in batch], task.target,
-                            openmp=any(c.openmp for c in batch))
-        for cand, b in zip(batch, built):
+        for cand, b in zip(batch, self._build(task, batch)):
             if b.error is not None:
                 yield cand, MeasureResult(COMPILE_ERROR, b.error, build_s=b.seconds, cold=cold)
                 continue
-            result = self.run(b.lib, b.index)
+            result = self._run(self._message(cand, b))
             result.build_s, result.cold = b.seconds, cold
             yield cand, result
         self._release()
 
-    def run(self, lib: str, index: int) -> MeasureResult:
-        """Check and time kernel `index` of library `lib`."""
+    def _build(self, task, batch: list) -> list:
+        """One builder.BuildResult per candidate."""
+        return build_batch([(c.func_name, c.source) for c in batch], task.target, openmp=any(c.openmp for c in batch))
+
+    def _message(self, cand, built) -> tuple:
+        """What the measurement process is sent to check and time one built candidate."""
         cfg = self.config
-        return self._run(("measure", lib, index, cfg.number, cfg.repeat, cfg.min_repeat_ms, cfg.flush,
-                          cfg.rtol, cfg.atol, self._cold))
+        return ("measure", built.lib, built.index, cfg.number, cfg.repeat, cfg.min_repeat_ms, cfg.flush,
+                cfg.rtol, cfg.atol, self._cold)
 
     def _run(self, message: tuple) -> MeasureResult:
         """Send one measurement to the worker and wait for its result.
@@ -278,20 +280,14 @@ class CudaRunner(Runner):
         self._proc, self._conn = worker.spawn(self.WORKER, {})
         self._data_id = None
 
-    def measure(self, task, batch: list):
+    def _build(self, task, batch: list) -> list:
         from .cuda_build import build_cuda_batch
-        self._set_data(task.workload.key, *task.data)
-        cfg = self.config
-        for cand, b in zip(batch, build_cuda_batch(batch, task.target)):
-            if b.error is not None:
-                yield cand, MeasureResult(COMPILE_ERROR, b.error, build_s=b.seconds)
-                continue
-            k = cand.launch
-            result = self._run(("measure", b.lib, cand.func_name, k.grid, k.block, cfg.number, cfg.repeat,
-                                cfg.min_repeat_ms, cfg.flush, cfg.rtol, cfg.atol))
-            result.build_s = b.seconds
-            yield cand, result
-        self._release()
+        return build_cuda_batch(batch, task.target)
+
+    def _message(self, cand, built) -> tuple:
+        cfg, k = self.config, cand.launch
+        return ("measure", built.lib, cand.func_name, k.grid, k.block, cfg.number, cfg.repeat, cfg.min_repeat_ms,
+                cfg.flush, cfg.rtol, cfg.atol)
 
 
 # the measurement process of each target kind

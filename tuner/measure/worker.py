@@ -70,6 +70,18 @@ def die_with_parent(parent: int) -> None:
     threading.Thread(target=watch, daemon=True, name="parent-watchdog").start()
 
 
+def messages(conn):
+    """The messages a worker process is sent, until the tuner says stop or goes away."""
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg[0] == "stop":
+            return
+        yield msg
+
+
 def main(conn) -> None:
     from .library import LibraryError, aligned_copy, aligned_empty, ffi as get_ffi, open_library, pointer_array
 
@@ -77,14 +89,8 @@ def main(conn) -> None:
     libs: dict = {}
     arrays: list = []
     ref = out = args = None
-    while True:
-        try:
-            msg = conn.recv()
-        except EOFError:
-            return
+    for msg in messages(conn):
         kind = msg[0]
-        if kind == "stop":
-            return
         if kind == "setup":
             arrays = [aligned_copy(np.asarray(a, dtype=np.float32)) for a in msg[1]]
             ref = msg[2]

@@ -93,6 +93,29 @@ def flat_linear(indices: tuple, shape: tuple):
     return {t: c for t, c in terms.items() if c != 0}, const
 
 
+def stmts(s: Stmt):
+    """`s` and every statement inside it, outermost first."""
+    yield s
+    if isinstance(s, Seq):
+        for x in s.stmts:
+            yield from stmts(x)
+    elif isinstance(s, (For, IfThen, Allocate)):
+        yield from stmts(s.body)
+
+
+def map_loops(s: Stmt, fn) -> Stmt:
+    """`s` rebuilt with `fn` applied to every loop, innermost first (a loop's body is mapped
+    before the loop is given to `fn`, which returns the statement that replaces it)."""
+    import dataclasses
+    if isinstance(s, For):
+        return fn(dataclasses.replace(s, body=map_loops(s.body, fn)))
+    if isinstance(s, Seq):
+        return Seq([map_loops(x, fn) for x in s.stmts])
+    if isinstance(s, (IfThen, Allocate)):
+        return dataclasses.replace(s, body=map_loops(s.body, fn))
+    return s
+
+
 def seq(stmts: list) -> Stmt:
     flat = []
     for s in stmts:

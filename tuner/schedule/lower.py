@@ -250,9 +250,9 @@ class Lowerer:
     def _with_producer(self, prod, preg, pguards, offsets, ranges, rest):
         nest = self.build_stage(prod, preg, offsets, ranges, pguards)
         buf = self.buffers[prod.name]
-        if buf.scope == "shared":     # every thread done with the last tile; then the new one complete
-            return ir.Allocate(prod.name, buf.shape, ir.seq([ir.Sync(), nest, ir.Sync(), rest]), buf.scope)
-        return ir.Allocate(prod.name, buf.shape, ir.seq([nest, rest]), buf.scope)
+        # a shared tile: every thread done with the last one before the fill, the fill complete after
+        body = [ir.Sync(), nest, ir.Sync(), rest] if buf.scope == "shared" else [nest, rest]
+        return ir.Allocate(prod.name, buf.shape, ir.seq(body), buf.scope)
 
     def _init_nest(self, st: Stage, init: ir.Stmt, k: int, leaf_ext: dict, var: dict) -> ir.Stmt:
         stmt = init
@@ -353,12 +353,11 @@ class Lowerer:
         root_iv = self._root_intervals(st, fixed_upto, leaf_val, leaf_ext, relax)
         env = {}
         local = st.attach[0] == "at"
-        for a in st.op.axes:
+        for a, extent in zip(st.op.axes, self.sch.shape_of(st.name)):
             b = linear(base[a.name]) if local else ({}, 0)
             b_iv = Interval(b[0], b[1], b[1])
             if shared:
-                b_iv = self._relax_threads(b_iv, ranges) or Interval({}, 0, self.sch.shape_of(st.name)[
-                    [x.name for x in st.op.axes].index(a.name)] - 1)
+                b_iv = self._relax_threads(b_iv, ranges) or Interval({}, 0, extent - 1)
             env[a.name] = _iv_add(b_iv, root_iv[a.name])
         for r in st.op.reduce_axes:
             env[r.name] = root_iv[r.name]

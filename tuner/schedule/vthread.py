@@ -23,22 +23,14 @@ from .schedule import ScheduleError
 
 
 def inject_virtual_threads(func: ir.Func) -> ir.Func:
-    if not any(isinstance(s, ir.For) and s.kind == "vthread" for s in _stmts(func.body)):
+    if not any(isinstance(s, ir.For) and s.kind == "vthread" for s in ir.stmts(func.body)):
         return func
     buffers = dict(func.buffers)
-    return dataclasses.replace(func, body=_rewrite(func.body, buffers), buffers=buffers)
 
+    def inject(loop):
+        return _Push(loop.var, loop.extent, buffers).push(loop.body) if loop.kind == "vthread" else loop
 
-def _rewrite(s, buffers):
-    if isinstance(s, ir.For) and s.kind == "vthread":
-        return _Push(s.var, s.extent, buffers).push(_rewrite(s.body, buffers))
-    if isinstance(s, ir.For):
-        return dataclasses.replace(s, body=_rewrite(s.body, buffers))
-    if isinstance(s, ir.Seq):
-        return ir.Seq([_rewrite(x, buffers) for x in s.stmts])
-    if isinstance(s, (ir.IfThen, ir.Allocate)):
-        return dataclasses.replace(s, body=_rewrite(s.body, buffers))
-    return s
+    return dataclasses.replace(func, body=ir.map_loops(func.body, inject), buffers=buffers)
 
 
 class _Push:
@@ -69,7 +61,7 @@ class _Push:
         return ir.For(self.var, self.extent, s, "unroll")
 
     def _uses(self, s) -> bool:
-        for st in _stmts(s):
+        for st in ir.stmts(s):
             exprs = []
             if isinstance(st, ir.Store):
                 if st.buffer in self.expanded:
@@ -111,14 +103,5 @@ def _index_by(s, buffer: str, v: Var):
     return visit(s)
 
 
-def _stmts(s):
-    yield s
-    if isinstance(s, ir.Seq):
-        for x in s.stmts:
-            yield from _stmts(x)
-    elif isinstance(s, (ir.For, ir.IfThen, ir.Allocate)):
-        yield from _stmts(s.body)
-
-
 def _has_sync(s) -> bool:
-    return any(isinstance(x, ir.Sync) for x in _stmts(s))
+    return any(isinstance(x, ir.Sync) for x in ir.stmts(s))

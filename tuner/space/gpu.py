@@ -30,10 +30,9 @@ import math
 import random
 from functools import cached_property
 
-from ..schedule.schedule import Schedule, replay
 from ..te.expr import Load, Var, linear, walk
 from ..te.workloads import Workload
-from .sketch import UNROLL_CHOICES, divisors
+from .sketch import UNROLL_CHOICES, DagSketch, divisors
 
 MAX_THREAD_TILE = 64        # accumulators per thread: beyond it, registers spill (255 per thread)
 MIN_THREADS = 32            # a warp; fewer only where the output has fewer elements
@@ -41,35 +40,18 @@ BLOCK_SIZES = (64, 128, 256, 512)
 VEC_CHOICES = (1, 4)         # elements each thread copies per step into a shared tile (4: float4)
 
 
-class GpuSearchSpace:
+class GpuSearchSpace(DagSketch):
     def __init__(self, workload: Workload | None, target, dag: tuple | None = None):
-        self.workload = workload
-        self.target = target
-        self.inputs, self.output = dag or workload.build()
-        sch = Schedule(self.inputs, self.output)
-        stages = sch.stages
-        reductions = [s for s in stages if s.op.is_reduction]
-        label = workload.label if workload else self.output.name
-        if len(reductions) > 1:
-            raise ValueError(f"{label}: more than one reduction stage is not supported yet")
-        if reductions and reductions[0].op.table:
-            raise ValueError(f"{label}: Winograd's table stages have no CUDA sketch yet; tune the direct conv")
-        self.anchor = reductions[0].name if reductions else None
+        super().__init__(workload, target, dag)
+        if self.anchor and self.table:
+            raise ValueError(f"{self.label}: Winograd's table stages have no CUDA sketch yet; tune the direct conv")
+        self._pad_stages = self.pads
         self.pads = []                       # always inlined, into the shared copy: no decision
-        self._pad_stages = [s.name for s in stages if s.op.tag == "pad"]
-        out = sch.output_name
-        self.others = [s.name for s in stages if s.name not in (out, self.anchor) and s.name not in self._pad_stages]
-        self.cache_write = self.anchor == out
-        self.out_shape = self.output.shape
-        self.out_axes = [a.name for a in sch.output.op.axes]
         self.epilogues = ()
         if self.anchor:
-            st = sch.stage(self.anchor)
-            self.local_axes = [a.name for a in st.op.axes]
-            self.reduce_axes = [(r.name, r.extent) for r in st.op.reduce_axes]
-            self.reads = sorted({t.name for t in st.op.inputs})
-            self._loads = [n for n in walk(st.op.body.source) if isinstance(n, Load)]
-            self._shapes = {t.name: t.shape for t in st.op.inputs}
+            self.reads = sorted({t.name for t in self.anchor_op.inputs})
+            self._loads = [n for n in walk(self.anchor_op.body.source) if isinstance(n, Load)]
+            self._shapes = {t.name: t.shape for t in self.anchor_op.inputs}
 
     @property
     def kind(self) -> str:
@@ -166,7 +148,7 @@ class GpuSearchSpace:
     def steps(self, dec: dict) -> list:
         if self.kind == "injective":
             return self._injective_steps(dec)
-        steps = [["compute_inline", s] for s in self._pad_stages + self.others]
+        steps = [["compute_inline", s] for s in self._pad_stages + self.others + self.consumers]
         out, acc, out_axes = self.output.name, self.anchor, self.out_axes
         if self.cache_write:
             steps.append(["cache_write", self.anchor])
@@ -213,7 +195,7 @@ class GpuSearchSpace:
         return steps
 
     def _injective_steps(self, dec: dict) -> list:
-        steps = [["compute_inline", s] for s in self._pad_stages + self.others]
+        steps = [["compute_inline", s] for s in self._pad_stages + self.others + self.consumers]
         out = self.output.name
         axes = list(self.out_axes)
         if len(axes) > 1:
@@ -224,8 +206,6 @@ class GpuSearchSpace:
         steps.append(["bind", out, f"{leaf}.1", "threadIdx.x"])
         return steps
 
-    def schedule(self, steps: list) -> Schedule:
-        return replay(self.inputs, self.output, steps)
 
 
 __all__ = ["GpuSearchSpace", "MAX_THREAD_TILE"]

@@ -34,7 +34,6 @@ import random
 from functools import cached_property
 
 from ..schedule.schedule import Schedule, replay
-from ..target import Target
 from ..te.workloads import Workload
 
 MAX_ACCUMULATORS = 32        # vector registers of AVX-512 (AVX2 has 16; spills only cost speed)
@@ -46,8 +45,12 @@ def divisors(n: int) -> list:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-class SearchSpace:
-    def __init__(self, workload: Workload | None, target: Target, dag: tuple | None = None):
+class DagSketch:
+    """What every sketch reads off a compute DAG: its reduction (the anchor), pad stages, the
+    elementwise stages after the anchor (its epilogue) and the others, and the axes it tiles.
+    The CPU sketches below and the CUDA ones (space.gpu) are built on it."""
+
+    def __init__(self, workload: Workload | None, target, dag: tuple | None = None):
         """The space of `workload`'s compute DAG, or of `dag` = (inputs, output) when given (a fused
         group that no workload describes, compiled by `tuner compile`)."""
         self.workload = workload
@@ -56,9 +59,9 @@ class SearchSpace:
         sch = Schedule(self.inputs, self.output)
         stages = sch.stages
         reductions = [s for s in stages if s.op.is_reduction]
+        self.label = workload.label if workload else self.output.name
         if len(reductions) > 1:
-            raise ValueError(f"{workload.label if workload else self.output.name}: more than one reduction stage "
-                             "is not supported yet")
+            raise ValueError(f"{self.label}: more than one reduction stage is not supported yet")
         self.anchor = reductions[0].name if reductions else None
         self.pads = [s.name for s in stages if s.op.tag == "pad"]
         out = sch.output_name
@@ -71,9 +74,17 @@ class SearchSpace:
         self.out_axes = [a.name for a in sch.output.op.axes]
         if self.anchor:
             anchor_stage = sch.stage(self.anchor)
+            self.anchor_op = anchor_stage.op
             self.local_axes = [a.name for a in anchor_stage.op.axes]
             self.reduce_axes = [(r.name, r.extent) for r in anchor_stage.op.reduce_axes]
             self.table = dict(anchor_stage.op.table)
+
+    def schedule(self, steps: list) -> Schedule:
+        return replay(self.inputs, self.output, steps)
+
+
+class SearchSpace(DagSketch):
+    """The CPU sketches (module doc)."""
 
     @property
     def kind(self) -> str:
@@ -300,6 +311,3 @@ class SearchSpace:
             steps.append(["fuse", out, outer])
             steps.append(["annotate", out, "@".join(outer), "parallel"])
         return steps
-
-    def schedule(self, steps: list) -> Schedule:
-        return replay(self.inputs, self.output, steps)
