@@ -2,6 +2,7 @@
 counted line, never a traceback, a poisoned result or a lost record (bench/faults.py runs the slow
 cases many times)."""
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -504,3 +505,14 @@ def test_distill_remeasure_keeps_what_is_fast_now_not_the_lucky_record(tmp_path,
     assert distill([str(log)], str(out2), remeasure_top=2, rounds=2) == 1
     (real,) = records.load(out2).records
     assert real.policy == "remeasure" and len(real.costs) == 2 and all(0 < c < 1 for c in real.costs)
+
+
+def test_a_logged_layout_that_is_no_layout_is_reported_not_a_traceback(tmp_path):
+    """Found by the property above: a record whose layout names no layout (here 'OK')."""
+    from tuner.analysis.report import analyze
+    log = tmp_path / "bad.jsonl"
+    rec = {"workload": {"key": "k", "spec": "conv2d:C=8,H=4,W=4,K=8,R=1,S=1", "layout": "OK"},
+           "target": "cpu -isa=avx2 -cores=2 -threads=1", "steps": [], "costs": [1e-6], "error": "OK"}
+    log.write_text(json.dumps(rec) + "\n")
+    rep = analyze(str(log))
+    assert len(rep.tasks) == 1 and math.isnan(rep.tasks[0].flops)

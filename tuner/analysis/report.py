@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import records
-from ..te.workloads import WorkloadError, parse_spec
+from ..errors import UserError
+from ..te.workloads import parse_spec
 
 
 @dataclass
@@ -85,7 +86,7 @@ class Report:
 def _flops(w) -> float:
     try:
         return parse_spec(w.spec, w.layout).flops
-    except WorkloadError:
+    except UserError:            # a logged spec or layout this version cannot read (WorkloadError, LayoutError)
         return float("nan")
 
 
