@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -11,7 +12,8 @@ import pytest
 pytest.importorskip("distributed", reason="Dask's distributed is not installed (pip install -e '.[cluster]')")
 
 from tuner import records  # noqa: E402
-from tuner.errors import SetupError  # noqa: E402
+from tuner.errors import SetupError, UserError  # noqa: E402
+from tuner.measure.replay import ReplayRunner  # noqa: E402
 from tuner.measure.cluster import ClusterRunner, local_cluster, measure_resource  # noqa: E402
 from tuner.target import TargetError, parse_target  # noqa: E402
 from tuner.task import Task  # noqa: E402
@@ -26,19 +28,90 @@ def _lines(path) -> list:
     return [(r.code_hash, r.costs, r.error) for r in records.load(str(path), warn=False).records]
 
 
-@pytest.mark.parametrize("policy", ["random", "evolutionary"])
-def test_a_tune_through_the_cluster_logs_what_a_local_tune_logs(policy, tmp_path):
+def _replay_target():
     try:
-        parse_target(REPLAY_TARGET)
+        return parse_target(REPLAY_TARGET)
     except TargetError:
         pytest.skip(f"the replay log is for {REPLAY_TARGET}, which this host cannot read back")
-    kw = dict(target=REPLAY_TARGET, trials=24, policy=policy, replay=str(REPLAY_LOG), progress=False, batch_size=8,
-              cost_model_from=["none"])
-    tune([SMALL], log=str(tmp_path / "here.jsonl"), **kw)
-    session = tune([SMALL], log=str(tmp_path / "there.jsonl"), cluster="local:2", **kw)
+
+
+@pytest.mark.parametrize("policy", ["random", "evolutionary"])
+@pytest.mark.parametrize("ahead", [0, 1])
+def test_a_tune_through_the_cluster_logs_what_a_local_tune_logs(policy, ahead, tmp_path):
+    """Proposing `ahead` changes what an evolutionary search proposes (without the last batch's
+    results), so each is compared with a local replayed tune that proposes as far ahead."""
+    target = _replay_target()
+    kw = dict(target=target, trials=24, policy=policy, progress=False, batch_size=8, cost_model_from=["none"])
+    tune([SMALL], log=str(tmp_path / "here.jsonl"), runner=ReplayRunner(str(REPLAY_LOG), ahead=ahead), **kw)
+    with ClusterRunner("local:2", target, replay=str(REPLAY_LOG), ahead=ahead) as runner:
+        session = tune([SMALL], log=str(tmp_path / "there.jsonl"), runner=runner, **kw)
     here, there = _lines(tmp_path / "here.jsonl"), _lines(tmp_path / "there.jsonl")
     assert len(here) == 24 and session.new == 24
     assert there == here
+
+
+def test_a_tune_sends_the_next_batch_before_reading_this_ones_results(tmp_path):
+    """ahead=1: batch k+1 is proposed and sent while batch k is measured, never more than one
+    beyond; ahead=0 (one machine): each batch after the previous one's results are in; both stop at
+    the budget exactly, the budget counting the batches in flight."""
+    events = []
+
+    class Tracing(ReplayRunner):
+        def measure(self, task, batch):
+            n = len([e for e in events if e[0] == "send"])
+            events.append(("send", n))
+
+            def results():
+                for k, item in enumerate(ReplayRunner.measure(self, task, batch)):
+                    if k == 0:
+                        events.append(("read", n))
+                    yield item
+            return results()
+
+    target = _replay_target()
+    for ahead, expected in ((0, ["send", 0, "read", 0, "send", 1, "read", 1, "send", 2, "read", 2]),
+                            (1, ["send", 0, "send", 1, "read", 0, "send", 2, "read", 1, "read", 2])):
+        events.clear()
+        log = tmp_path / f"a{ahead}.jsonl"
+        s = tune([SMALL], target=target, trials=24, log=str(log), policy="random", progress=False, batch_size=8,
+                 runner=Tracing(str(REPLAY_LOG), ahead=ahead))
+        assert [x for e in events for x in e] == expected
+        assert s.new == 24 and len(records.load(str(log), warn=False).records) == 24
+
+
+def test_build_workers_build_and_measuring_workers_time(tmp_path, tmp_cache):
+    """local:1+1: every candidate compiled by the build worker, its library shipped to the measuring
+    worker, checked against the reference there and timed."""
+    log = tmp_path / "b.jsonl"
+    with ClusterRunner("local:1+1", TARGET1) as runner:
+        assert len(runner.build_workers()) == 1 and len(runner.measuring_workers()) == 1
+        s = tune([SMALL], target=TARGET1, trials=8, log=str(log), progress=False, batch_size=4, runner=runner)
+        assert runner.build_busy_s > 0 and runner.busy_s > 0
+        assert "1 measuring" in runner.status() and "1 building" in runner.status()
+    recs = records.load(str(log), warn=False).records
+    assert s.new == 8 and len(recs) == 8 and len({r.code_hash for r in recs}) == 8
+    assert all(r.ok and r.host for r in recs), [r.message for r in recs if not r.ok]
+
+
+def test_a_shipped_library_is_refused_unless_its_bytes_match_its_name(tmp_cache):
+    from tuner.measure.cluster import _unpack
+    from tuner.measure.library import content_hash
+    good = b"\x7fELF not really"
+    name = f"{'a' * 24}-{content_hash(good)}.so"
+    (b,) = _unpack(({name: good}, [(name, 3, None, 0.5)], 1.0))
+    assert b.lib.endswith(name) and b.index == 3 and open(b.lib, "rb").read() == good
+    with pytest.raises(RuntimeError, match="does not hold the bytes"):
+        _unpack(({f"{'b' * 24}-{content_hash(good)}.so": good + b"!"}, [], 1.0))
+    with pytest.raises(RuntimeError, match="not a name the builder gives"):
+        _unpack(({"../../evil.so": good}, [], 1.0))
+    (failed,) = _unpack(({}, [(None, 0, "error: x", 0.1)], 1.0))
+    assert failed.lib is None and failed.error == "error: x"
+
+
+@pytest.mark.parametrize("address", ["local:0", "local:x", "local:1+", "local:-1", "local:1+1+1"])
+def test_a_bad_local_cluster_is_one_line(address):
+    with pytest.raises(UserError, match=f"--cluster '{re.escape(address)}': give local:M"):
+        ClusterRunner(address, TARGET1)
 
 
 def test_records_name_the_host_that_measured_them(tmp_path, tmp_cache):
@@ -105,3 +178,21 @@ def test_stopping_midway_cancels_what_is_left(tmp_cache):
                 break
             time.sleep(0.05)
         assert left == 0
+
+
+def test_a_model_tune_through_the_cluster_logs_and_plans_what_a_local_one_does(tmp_path):
+    """Every task of a small model (convs, pools and layout transforms) goes through the workers;
+    the records and the plan are those of a local replayed tune proposing as far ahead."""
+    from tuner.model_tuning import tune_model
+
+    from conftest import MODEL_REPLAY, MODEL_REPLAY_LOG
+    target = _replay_target()
+    kw = dict(target=REPLAY_TARGET, policy="random", progress=False, **MODEL_REPLAY)
+    here = tune_model(log=str(tmp_path / "here.jsonl"), runner=ReplayRunner(str(MODEL_REPLAY_LOG), ahead=1), **kw)
+    with ClusterRunner("local:2", target, replay=str(MODEL_REPLAY_LOG)) as runner:
+        there = tune_model(log=str(tmp_path / "there.jsonl"), runner=runner, **kw)
+    a, b = _lines(tmp_path / "here.jsonl"), _lines(tmp_path / "there.jsonl")
+    assert len(a) == MODEL_REPLAY["trials"] and b == a
+    ops = {r.workload.spec.split(":")[0] for r in records.load(str(tmp_path / "there.jsonl"), warn=False).records}
+    assert {"conv2d", "maxpool", "layout_transform"} <= ops
+    assert there.plan.layouts == here.plan.layouts

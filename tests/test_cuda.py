@@ -287,6 +287,8 @@ class EmulatingRunner:
     NumPy and gives a cost from its launch shape (more blocks and threads in flight, less time),
     so the policies' proposals on the GPU space go through the whole loop without a device."""
 
+    ahead = 0
+
     def __init__(self):
         self.seen = []
 

@@ -85,8 +85,6 @@ def _tune_model(args) -> int:
     from .model_tuning import tune_model
     if args.workload or args.workloads or args.layout:
         raise UserError("give a MODEL or --workload/--workloads (with --layout), not both")
-    if args.cluster:
-        raise UserError("--cluster measures operator tunes (--workload) in this version; tune a model without it")
     args.batch_size = 16 if args.batch_size is None else args.batch_size
     cfg = _tune_setup(args)
     layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
@@ -94,7 +92,7 @@ def _tune_model(args) -> int:
                      layouts=layouts, input_shapes=parse_input_shapes(args.input_shape),
                      batch_size=args.batch_size, policy=args.search, time_limit=args.time_limit, seed=args.seed,
                      run_config=cfg, progress=not args.no_progress, replay=args.replay,
-                     cost_model_from=args.cost_model_from, early_stopping=args.early_stopping,
+                     cost_model_from=args.cost_model_from, early_stopping=args.early_stopping, cluster=args.cluster,
                      **({"weights": args.weights} if args.weights else {}))
     session = res.session
     print(res.table())
@@ -215,8 +213,13 @@ def _cmd_show(args) -> int:
 def _cmd_worker(args) -> int:
     from .measure.cluster import run_worker
     from .target import parse_target
-    if not args.measure:
-        raise UserError("say what this worker does: --measure (builds run on measuring workers in this version)")
+    if args.measure == args.build:
+        raise UserError("say what this worker does: --measure (time candidates on this machine) or --build "
+                        "(compile them); for both, start two workers")
+    if args.jobs is not None and args.jobs < 1:
+        raise UserError(f"--jobs {args.jobs}: give at least 1 compiler call at once")
+    if args.build:
+        return run_worker(args.scheduler, None, args.name, args.jobs)
     return run_worker(args.scheduler, parse_target(args.target, args.threads), args.name)
 
 
@@ -418,7 +421,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--trials", type=int, default=64, help="total measurements (of all the workloads) in the log")
     t.add_argument("--time-limit", type=float, help="stop after this many seconds")
     t.add_argument("--cluster", help="measure on a Dask cluster: the scheduler's address (tcp://host:8786; workers "
-                   "started with `tuner worker ADDRESS --measure`), or local:N for N measuring workers here")
+                   "started with `tuner worker ADDRESS --measure` or --build), or local:M (M measuring workers "
+                   "here) or local:M+B (and B build workers)")
     t.add_argument("--log", help="JSONL log to append to and resume from (default logs/<workload>.<layout>.jsonl)")
     t.add_argument("--search", default="evolutionary",
                    help="evolutionary (cost-model guided), random, optuna:tpe, optuna:cmaes or optuna:random")
@@ -527,9 +531,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(fn=_cmd_export_onnx)
 
     sub.add_parser("passes", help="list the graph passes and their opt levels").set_defaults(fn=_cmd_passes)
-    wk = sub.add_parser("worker", help="join a Dask cluster as a worker that measures this machine's candidates")
+    wk = sub.add_parser("worker", help="join a Dask cluster as a worker that measures candidates on this machine "
+                        "or builds them")
     wk.add_argument("scheduler", help="the Dask scheduler's address, e.g. tcp://sched:8786 (`dask scheduler`)")
-    wk.add_argument("--measure", action="store_true", help="measure candidates for this machine's target (required)")
+    wk.add_argument("--measure", action="store_true", help="measure candidates for this machine's target")
+    wk.add_argument("--build", action="store_true", help="compile candidates for any target (a build-only worker)")
+    wk.add_argument("--jobs", type=int, help="with --build: compiler calls at once (default: one per core)")
     wk.add_argument("--target", default="cpu", help="what this worker measures for: 'cpu' (this host) or 'cuda'")
     wk.add_argument("--threads", type=int, help="kernel threads, as `tuner tune --threads` (part of the target)")
     wk.add_argument("--name", help="the worker's name on the cluster (default: host and process id)")

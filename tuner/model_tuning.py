@@ -373,7 +373,8 @@ def tune_model(model, trials: int, log: str | None = None, target: str = "cpu", 
     prices = _latencies(session.tasks)
     plan, est = space.plan(prices)
     other, other_est = None, math.inf
-    measured_here = not (kwargs.get("replay") or kwargs.get("runner"))   # a replayed tune's costs are another machine's
+    # a replayed tune's costs are another machine's, a cluster's its workers': no cold prices timed here, no peak
+    measured_here = not (kwargs.get("replay") or kwargs.get("runner") or kwargs.get("cluster"))
     cold: dict = {}
     cold_est = None
     if plan is not None and math.isfinite(est) and measured_here and not session.interrupted:

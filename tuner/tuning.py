@@ -9,6 +9,7 @@ against the budget and is never measured again; Ctrl-C stops with every finished
 from __future__ import annotations
 
 import _thread
+import collections
 import math
 import signal
 import threading
@@ -128,8 +129,9 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
     """Tune `workloads` (Workloads or (Workload, weight) pairs) until `trials` records exist for them.
 
     policy: a name (see tuner.search.POLICIES) or a PolicyFactory. runner: anything with
-    `measure(task, batch)`, `status()` (for the progress line) and `close()` (default: this host,
-    or `replay` LOG).
+    `measure(task, batch)` giving a generator of (candidate, result), `status()` (for the progress
+    line), `close()` and `ahead` (batches it measures while the loop reads an earlier one's
+    results; 0 for one machine); default: this host, or `replay` LOG.
     start_from_default: measure each task's default schedule first (off to compare pure search).
     warmup_batch: the size of each task's first batch (default batch_size), or a function of the
     Workload giving it; a model tune has hundreds of tasks and gives each a short first look
@@ -220,54 +222,7 @@ class _Loop:
                 bar.write(self.factory.describe())
             self._after_round()
             _show(bar, session, start, self.status, time_limit, runner.status())
-            while session.trials < trials:
-                if stop.requested:
-                    raise KeyboardInterrupt
-                if time_limit is not None and time.perf_counter() - start >= time_limit:
-                    break
-                k, why = self.sched.next()
-                if k is None:
-                    bar.write(f"stopping early: {why}")
-                    break
-                st = self.states[k]
-                if len(self.states) > 1:
-                    wl = st.task.workload
-                    best = f", best {st.summary.best_latency * 1e3:.4f} ms" if st.summary.best else ""
-                    bar.write(f"next: {wl.label}{f' {wl.spec}' if wl.name else ''} — {why} "
-                              f"({st.summary.trials} trials so far{best})")
-                # a first look (warmup_batch) may be larger than the policy's first batches (a
-                # pre-trained model's are small, each followed by fine-tuning): it takes as many
-                # batches as it needs, all in this round; a later round is one batch
-                first_look = not st.started
-                todo = min(batch_size if st.started else self.warmup_batch(st.task.workload),
-                           trials - session.trials)
-                ok_in_round = measured = False
-                while todo > 0 and not (time_limit is not None and time.perf_counter() - start >= time_limit):
-                    batch = self._propose(st, todo, start_from_default)
-                    if not batch:
-                        break
-                    measured = True
-                    todo -= len(batch)
-                    for cand, result in runner.measure(st.task, batch):
-                        ok_in_round |= self._record(st, cand, result, replay)
-                        bar.update(1)
-                        _show(bar, session, start, self.status, time_limit, runner.status())
-                        if stop.requested:
-                            raise KeyboardInterrupt
-                        if time_limit is not None and time.perf_counter() - start >= time_limit:
-                            break            # as strict as --trials: the rest of the batch is not measured
-                    if not first_look:
-                        break
-                if not measured:
-                    self.rows[k].retired = st.summary.retired = \
-                        f"{st.policy.name} found no unmeasured candidate (space exhausted or search converged)"
-                    bar.write(f"{st.task.name}: {st.summary.retired}")
-                    continue
-                self.sched.record_round(k, st.summary.best_latency, failures_only=not ok_in_round)
-                self._after_round()
-                if self.rows[k].retired:
-                    st.summary.retired = self.rows[k].retired
-                    bar.write(f"{st.task.workload.label}: retired ({st.summary.retired})")
+            self._rounds(runner, bar, stop, start, trials, time_limit, batch_size, start_from_default, replay)
         except KeyboardInterrupt:
             session.interrupted = True
             session.stopped_by = signal.Signals(stop.signum or signal.SIGINT).name if stop else "SIGINT"
@@ -283,6 +238,96 @@ class _Loop:
                 runner.close()
             self.factory.close()
         return session
+
+    def _rounds(self, runner, bar, stop, start, trials, time_limit, batch_size, start_from_default, replay):
+        """Round after round until the budget, the time limit or the scheduler ends the session.
+
+        A round is one batch of the task the scheduler picks; a first look (warmup_batch) may take
+        several batches, each proposed after the previous one's results (a pre-trained model's first
+        batches are small, each followed by fine-tuning). A runner whose `ahead` is k > 0 (a cluster)
+        gets up to k batches beyond the one whose results are being read: they are proposed without
+        those results, and measured meanwhile. Results are recorded in the order batches were
+        proposed, so a replayed tune logs the same whatever the runner, for the same `ahead`."""
+        session, ahead = self.session, runner.ahead
+        sent = collections.deque()            # (round, batch, its results: a generator), oldest first
+        rnd, no_more = None, False
+
+        def out_of_time() -> bool:
+            return time_limit is not None and time.perf_counter() - start >= time_limit
+
+        try:
+            while True:
+                while len(sent) <= ahead and not no_more and not out_of_time():
+                    if stop.requested:
+                        raise KeyboardInterrupt
+                    left = trials - session.trials - sum(len(b) for _, b, _ in sent)
+                    if left <= 0:
+                        break
+                    if rnd is None or rnd.closed:
+                        k, why = self.sched.next(busy={r.k for r, _, _ in sent})
+                        if k is None:
+                            bar.write(f"stopping early: {why}")
+                            no_more = True
+                            break
+                        st = self.states[k]
+                        rnd = _Round(k, st, not st.started,
+                                     batch_size if st.started else self.warmup_batch(st.task.workload))
+                        self._announce(bar, st, why)
+                    batch = self._propose(rnd.state, min(rnd.todo, left), start_from_default)
+                    rnd.todo -= len(batch)
+                    rnd.closed = not batch or not rnd.first_look or rnd.todo <= 0
+                    if batch:
+                        rnd.batches += 1
+                        sent.append((rnd, batch, runner.measure(rnd.state.task, batch)))
+                    elif not any(r is rnd for r, _, _ in sent):
+                        self._end_round(bar, rnd)
+                if not sent:
+                    if rnd is not None and rnd.batches and not rnd.ended:
+                        self._end_round(bar, rnd)        # cut short by the time limit between batches
+                    return
+                r, batch, results = sent[0]
+                cut = False
+                for cand, result in results:
+                    r.ok |= self._record(r.state, cand, result, replay)
+                    bar.update(1)
+                    _show(bar, session, start, self.status, time_limit, runner.status())
+                    if stop.requested:
+                        raise KeyboardInterrupt
+                    if out_of_time():
+                        cut = True       # as strict as --trials: the rest of the batch is not measured
+                        break
+                sent.popleft()
+                results.close()
+                if cut:
+                    r.closed = True
+                if r.closed and not any(q is r for q, _, _ in sent):
+                    self._end_round(bar, r)
+                if cut:
+                    return
+        finally:
+            for _, _, results in sent:          # stopped midway: what was sent is not waited for
+                results.close()
+
+    def _announce(self, bar, st, why: str):
+        if len(self.states) > 1:
+            wl = st.task.workload
+            best = f", best {st.summary.best_latency * 1e3:.4f} ms" if st.summary.best else ""
+            bar.write(f"next: {wl.label}{f' {wl.spec}' if wl.name else ''} — {why} "
+                      f"({st.summary.trials} trials so far{best})")
+
+    def _end_round(self, bar, rnd):
+        """A round's last batch is in: the scheduler hears of it (or of a task with nothing left)."""
+        st, rnd.ended = rnd.state, True
+        if not rnd.batches:
+            self.rows[rnd.k].retired = st.summary.retired = \
+                f"{st.policy.name} found no unmeasured candidate (space exhausted or search converged)"
+            bar.write(f"{st.task.name}: {st.summary.retired}")
+            return
+        self.sched.record_round(rnd.k, st.summary.best_latency, failures_only=not rnd.ok)
+        self._after_round()
+        if self.rows[rnd.k].retired:
+            st.summary.retired = self.rows[rnd.k].retired
+            bar.write(f"{st.task.workload.label}: retired ({st.summary.retired})")
 
     def _propose(self, st, n: int, start_from_default: bool) -> list:
         """The policy's next batch; its time counts as search overhead, C generation as building."""
@@ -348,6 +393,19 @@ class _StopSignals:
         for s, previous in self._previous.items():
             signal.signal(s, previous)
         self._previous = {}
+
+
+@dataclass
+class _Round:
+    """One round of the scheduler's: its task, and how far its batches have got."""
+    k: int
+    state: object
+    first_look: bool             # a task's first round: as many batches as `todo` takes
+    todo: int                    # candidates it still wants
+    batches: int = 0             # proposed
+    closed: bool = False         # proposes no more batches
+    ok: bool = False             # a candidate of it measured OK
+    ended: bool = False          # the scheduler has heard of it
 
 
 @dataclass

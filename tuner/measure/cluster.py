@@ -1,17 +1,23 @@
-"""Measuring on a Dask cluster (`tuner tune ... --cluster ADDRESS` or `--cluster local:N`).
+"""Measuring on a Dask cluster (`tuner tune ... --cluster ADDRESS`, or `--cluster local:M[+B]`).
 
-Dask's `distributed` scheduler does the farming out: the tuner submits one job per measuring
-worker and batch, and a worker that dies mid-job has it re-sent by the scheduler to another. The roles:
+Dask's `distributed` scheduler does the farming out; the tuner only submits jobs and reads their
+results. The roles:
   * a measuring worker (`tuner worker ADDRESS --measure`) resolves its own target when it
     starts and declares one unit of the resource `measure_resource(target)` (e.g.
-    `tuner-cpu-avx2-t1`); a job asks for one unit, so a worker measures one candidate at a time,
-    and only workers whose target matches the task's get its jobs. A job carries the candidate's
-    code as the tuner generated it; it is built and timed in the worker's own measurement process
-    (runner.Runner, held per worker process), so a crash or hang there is handled as on one
-    machine;
-  * the driver (`tuner tune`) proposes, sends each measuring worker its share of the batch (one
-    job, built with one compiler call), collects the results and appends them to its log itself (the log never leaves the tuner's machine); each record names the host
-    that measured it.
+    `tuner-cpu-avx2-t1`); a measuring job asks for one unit, so a worker measures one job at a
+    time, and only workers whose target matches the task's get its jobs. A job is built and
+    timed in the worker's own measurement process (runner.Runner, held per worker process), so
+    a crash or hang there is handled as on one machine;
+  * a build worker (`tuner worker ADDRESS --build`) declares one unit of BUILD and compiles
+    jobs' candidates with `--jobs` compiler calls at once; the libraries travel to the measuring
+    worker with the job (their file names carry a hash of their bytes, checked on arrival).
+    Without build workers, each measuring job builds its own candidates first;
+  * the driver (`tuner tune`) proposes, splits each batch into jobs (one per measuring worker;
+    two per measuring worker with build workers, so the second half is built while the first is
+    timed), collects the results in batch order and appends them to its log itself (the log
+    never leaves the tuner's machine); each record names the host that measured it. It sends
+    the next batch before reading this one's results (`ahead`), so workers do not wait while
+    it proposes.
 Faults: a job whose worker dies is re-sent once (the scheduler's `allowed-failures`, set to 1
 for a local cluster; a scheduler of your own decides for itself), then recorded as a
 RUNTIME_ERROR; a tuner stopped midway (Ctrl-C, its time limit) cancels the jobs not yet
@@ -20,17 +26,27 @@ finished. No worker for the task's target is a one-line error, not a silent wait
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
+import re
 import socket
 import time
+from pathlib import Path
 
 from ..errors import SetupError, UserError
+from .builder import BuildResult, cache_dir
+from .library import verified
 from .result import RUNTIME_ERROR, MeasureResult
 
 LOCAL = "local:"
+BUILD = "tuner-build"          # the resource a build worker declares
+JOBS_ENV = "TUNER_BUILD_JOBS"  # on a build worker: compiler calls at once (default: its cores)
+_LIBRARY = re.compile(r"[0-9a-f]{24}-[0-9a-f]{16}\.(so|cubin)")     # builder.library_name, and nvcc's
+_LIBRARY_DIRS = {"so": "kernels", "cubin": "cuda"}                    # builder.cache_dir(name) of each
 _RUNNERS: dict = {}          # on a worker: (target, config, replay) -> its Runner, kept between jobs
-_TASKS: dict = {}            # on a worker: (spec, layout, target) -> Task
+_TASKS: collections.OrderedDict = collections.OrderedDict()   # on a worker: (spec, layout, target) -> Task,
+TASKS_KEPT = 8                                                 # the last few (a model tune has hundreds)
 
 
 def measure_resource(target) -> str:
@@ -38,11 +54,52 @@ def measure_resource(target) -> str:
     return f"tuner-{target.kind}-{target.isa}-t{target.threads}"
 
 
-def _measure_on_worker(spec: str, layout: str, target_text: str, cands: list, config, replay: str | None):
-    """Runs on a measuring worker: build and measure a chunk of candidates (their code as the
-    tuner generated it; one compiler call for the chunk) in this worker's runner, or look them
-    up in `replay`, a log (for tests and replayed tunes). Returns the results and the seconds
-    the worker spent."""
+def _build_on_worker(target_text: str, cands: list) -> tuple:
+    """Runs on a build worker: compile a chunk of candidates for the measuring target. Returns
+    ({library file name: its bytes}, [(library name or None, index, error, seconds)] per
+    candidate, the seconds the worker spent)."""
+    from ..target import parse_target
+    from .runner import build
+    start = time.perf_counter()
+    jobs = int(os.environ.get(JOBS_ENV) or 0) or None
+    libs, out = {}, []
+    for b in build(cands, parse_target(target_text, check_host=False), jobs):
+        name = os.path.basename(b.lib) if b.lib else None
+        if name is not None and name not in libs:
+            libs[name] = Path(b.lib).read_bytes()
+        out.append((name, b.index, b.error, b.seconds))
+    return libs, out, time.perf_counter() - start
+
+
+def _unpack(built: tuple) -> list:
+    """On a measuring worker: a build worker's libraries written into this worker's kernel cache
+    (each under its own name, which holds a hash of its bytes: anything else is refused), and one
+    builder.BuildResult per candidate."""
+    libs, out, _ = built
+    paths = {}
+    for name, data in libs.items():
+        m = _LIBRARY.fullmatch(name)
+        if m is None:
+            raise RuntimeError(f"a build worker sent a library named {name!r}, not a name the builder gives")
+        path = cache_dir(_LIBRARY_DIRS[m.group(1)]) / name
+        if not verified(path):
+            tmp = path.with_name(f".{name}.{os.getpid()}.part")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+            if not verified(path):
+                path.unlink(missing_ok=True)
+                raise RuntimeError(f"library {name} from a build worker does not hold the bytes its name promises")
+        paths[name] = str(path)
+    return [BuildResult(paths[name] if name else None, index, error, seconds) for name, index, error, seconds in out]
+
+
+def _measure_on_worker(spec: str, layout: str, target_text: str, cands: list, config, replay: str | None,
+                       built: tuple | None = None):
+    """Runs on a measuring worker: measure a chunk of candidates (their code as the tuner
+    generated it) in this worker's runner, from a build worker's libraries (`built`) or built
+    here first (one compiler call per core), or look them up in `replay`, a log (for tests and
+    replayed tunes). Returns the results, the seconds this worker spent and those the build
+    worker spent."""
     from ..target import parse_target
     from ..task import Task
     from ..te.workloads import parse_spec
@@ -55,31 +112,39 @@ def _measure_on_worker(spec: str, layout: str, target_text: str, cands: list, co
         runner = _RUNNERS[key] = make_runner(target, config, replay)
     tkey = (spec, layout, target_text)
     task = _TASKS.get(tkey)
-    if task is None:                    # its inputs and reference are made once per worker
+    if task is None:                    # its inputs and reference are made once per worker and task
         task = _TASKS[tkey] = Task(parse_spec(spec, layout), target)
+        while len(_TASKS) > TASKS_KEPT:
+            _TASKS.popitem(last=False)
+    _TASKS.move_to_end(tkey)
     host = socket.gethostname()
     results = []
-    for _, res in runner.measure(task, cands):
+    for _, res in (runner.measure(task, cands) if built is None else runner.measure_built(task, cands, _unpack(built))):
         res.host = host
         results.append(res)
-    return results, time.perf_counter() - start
+    return results, time.perf_counter() - start, built[2] if built is not None else 0.0
 
 
-def run_worker(address: str, target, name: str | None = None) -> int:
-    """`tuner worker ADDRESS --measure`: a Dask worker with one slot that measures for `target`,
-    until the scheduler goes away or the process is stopped."""
+def run_worker(address: str, target=None, name: str | None = None, jobs: int | None = None) -> int:
+    """`tuner worker ADDRESS --measure` (a `target`) or `--build` (no target; `jobs` compiler
+    calls at once): a Dask worker with one slot, until the scheduler goes away or the process is
+    stopped."""
     try:
         from distributed import Worker
     except ImportError:
         raise UserError("`tuner worker` needs Dask's distributed, which is not installed: pip install -e "
                         "'.[cluster]'") from None
-    resource = measure_resource(target)
+    resource = measure_resource(target) if target is not None else BUILD
+    if target is None and jobs:
+        os.environ[JOBS_ENV] = str(jobs)
+    role = f"measures for '{target}'" if target is not None else \
+        f"builds, {jobs or 'one per core'} compiler call{'s' * (jobs != 1)} at once"
     name = name or f"{socket.gethostname()}-{os.getpid()}"
     logging.getLogger("distributed").setLevel(logging.WARNING)      # its INFO lines drown ours
 
     async def serve():
         async with Worker(address, nthreads=1, resources={resource: 1}, name=name, death_timeout=15) as w:
-            print(f"worker {name}: measures for '{target}' (resource {resource}); scheduler {address}", flush=True)
+            print(f"worker {name}: {role} (resource {resource}); scheduler {address}", flush=True)
             await w.finished()
 
     try:
@@ -92,40 +157,55 @@ def run_worker(address: str, target, name: str | None = None) -> int:
     return 0
 
 
-def local_cluster(n: int, resources: dict, env: dict | None = None):
-    """A Dask cluster of `n` worker processes on this machine, one thread each, with `resources`;
-    a job whose worker dies is re-sent once (allowed-failures 1), then fails."""
+def local_cluster(n: int, resources: dict, env: dict | None = None, build: int = 0, build_jobs: int = 1):
+    """A Dask cluster on this machine: `n` worker processes with `resources` (measuring workers)
+    and `build` build workers of `build_jobs` compiler calls each, one thread per worker; a job
+    whose worker dies is re-sent once (allowed-failures 1), then fails."""
     import dask
-    from distributed import LocalCluster
+    from distributed import Nanny, Scheduler, SpecCluster
+
+    def worker(res: dict, extra: dict) -> dict:
+        return {"cls": Nanny, "options": {"nthreads": 1, "host": "127.0.0.1", "resources": res,
+                                          "env": {**(env or {}), **extra}, "silence_logs": logging.WARNING}}
+    workers = {f"measure-{k}": worker(resources, {}) for k in range(n)}
+    workers.update({f"build-{k}": worker({BUILD: 1}, {JOBS_ENV: str(build_jobs)}) for k in range(build)})
     with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
-        return LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
-                            resources=resources, **({"env": env} if env else {}))
+        return SpecCluster(workers=workers, silence_logs=logging.WARNING, scheduler={
+            "cls": Scheduler, "options": {"host": "127.0.0.1", "port": 0, "dashboard": False,
+                                          "dashboard_address": None}})
+
+
+def parse_local(address: str) -> tuple:
+    """`local:M` or `local:M+B`: (M measuring workers, B build workers)."""
+    m = re.fullmatch(r"local:(\d+)(?:\+(\d+))?", address)
+    if m is None or int(m.group(1)) < 1:
+        raise UserError(f"--cluster {address!r}: give local:M with M >= 1 measuring workers, or local:M+B with B "
+                        "build workers too, e.g. local:2 or local:1+1")
+    return int(m.group(1)), int(m.group(2) or 0)
 
 
 class ClusterRunner:
-    """The tuning loop's runner (`measure(task, batch)`, `close()`) on a Dask cluster."""
+    """The tuning loop's runner (`measure(task, batch)`, `status()`, `close()`, `ahead`) on a Dask cluster."""
 
-    def __init__(self, address: str, target, config=None, progress=print, replay: str | None = None):
+    def __init__(self, address: str, target, config=None, progress=print, replay: str | None = None, ahead: int = 1):
         try:
             from distributed import Client
         except ImportError:
             raise UserError("--cluster needs Dask's distributed, which is not installed: pip install -e "
                             "'.[cluster]'") from None
+        from ..target import host_cores
         from .runner import RunConfig
         self.target = target
         self.config = config or RunConfig()
         self.resource = measure_resource(target)
         self.replay = replay
+        self.ahead = ahead
         self._cluster = None
         self.say = progress
         if address.startswith(LOCAL):
-            try:
-                n = int(address[len(LOCAL):])
-            except ValueError:
-                n = 0
-            if n < 1:
-                raise UserError(f"--cluster {address!r}: give local:N with N measuring workers, e.g. local:2")
-            self._cluster = local_cluster(n, {self.resource: 1})
+            n, builders = parse_local(address)
+            self._cluster = local_cluster(n, {self.resource: 1}, build=builders,
+                                          build_jobs=max(1, (host_cores() - n) // max(builders, 1)))
             address = self._cluster.scheduler_address
         try:
             self.client = Client(address, timeout="5s")
@@ -135,62 +215,90 @@ class ClusterRunner:
             raise SetupError(f"cannot reach the Dask scheduler at {address}: {e}; start it with "
                              "`dask scheduler` and check the address") from None
         self.workers_seen: set = set()
-        self.busy_s = 0.0          # seconds the workers spent measuring for this runner
+        self.builders_seen: set = set()
+        self.busy_s = 0.0          # seconds the measuring workers spent on this runner's jobs
+        self.build_busy_s = 0.0    # and the build workers
         self._first = None         # when the first batch was sent
 
-    def measuring_workers(self) -> list:
+    def _workers(self, resource: str) -> list:
         info = self.client.scheduler_info(n_workers=-1)["workers"]
-        return [w for w, d in info.items() if d.get("resources", {}).get(self.resource)]
+        return [w for w, d in info.items() if d.get("resources", {}).get(resource)]
 
-    def measure(self, task, batch: list):
-        """Submit the batch (a job per measuring worker), then yield (candidate, result) in batch order."""
-        from distributed.scheduler import KilledWorker
-        workers = self.measuring_workers()
+    def measuring_workers(self) -> list:
+        return self._workers(self.resource)
+
+    def build_workers(self) -> list:
+        return self._workers(BUILD)
+
+    def _census(self) -> tuple:
+        """The measuring and build workers now, with a line when some joined or left."""
+        workers, builders = self.measuring_workers(), ([] if self.replay else self.build_workers())
         if not workers:
             raise SetupError(f"no worker of the cluster measures for {self.target} (resource {self.resource}): "
                              f"start one on a matching machine with `tuner worker {self.client.scheduler.address} "
                              "--measure`")
-        new = set(workers) - self.workers_seen
-        if self.workers_seen and new:
-            self.say(f"cluster: {len(new)} measuring worker(s) joined; {len(workers)} now")
-        lost = self.workers_seen - set(workers)
-        if lost:
-            self.say(f"cluster: {len(lost)} measuring worker(s) left; going on with {len(workers)}")
-        self.workers_seen = set(workers)
-        w = task.workload
+        for kind, now, seen in (("measuring", workers, self.workers_seen), ("build", builders, self.builders_seen)):
+            new, lost = set(now) - seen, seen - set(now)
+            if seen and new:
+                self.say(f"cluster: {len(new)} {kind} worker(s) joined; {len(now)} now")
+            if lost:
+                self.say(f"cluster: {len(lost)} {kind} worker(s) left; going on with {len(now)}")
+        self.workers_seen, self.builders_seen = set(workers), set(builders)
+        return workers, builders
+
+    def measure(self, task, batch: list):
+        """Submit the batch's jobs now, and return a generator of (candidate, result) in batch
+        order; closing it before the end cancels the jobs not yet read."""
+        workers, builders = self._census()
+        w, target = task.workload, str(task.target)
         if self._first is None:
             self._first = time.perf_counter()
-        # one job per worker's share of the batch: each share is built with one compiler call
-        size = -(-len(batch) // len(workers))
+        # a job per measuring worker, or two with build workers (the second built while the first is timed)
+        parts = len(workers) * (2 if builders else 1)
+        size = -(-len(batch) // parts)
         chunks = [batch[k:k + size] for k in range(0, len(batch), size)]
-        futures = [self.client.submit(_measure_on_worker, w.spec, w.layout, str(task.target), chunk, self.config,
-                                      self.replay, resources={self.resource: 1}, pure=False,
-                                      key=f"measure-{chunk[0].code_hash}-{time.monotonic_ns()}-{k}")
-                   for k, chunk in enumerate(chunks)]
+        tag = f"{chunks[0][0].code_hash}-{time.monotonic_ns()}"
+        futures = []
+        for k, chunk in enumerate(chunks):
+            built = None
+            if builders:
+                built = self.client.submit(_build_on_worker, target, chunk, resources={BUILD: 1}, pure=False,
+                                           key=f"build-{tag}-{k}")
+            futures.append((built, self.client.submit(
+                _measure_on_worker, w.spec, w.layout, target, chunk, self.config, self.replay, built,
+                resources={self.resource: 1}, pure=False, key=f"measure-{tag}-{k}")))
+        return self._results(chunks, futures)
+
+    def _results(self, chunks: list, futures: list):
+        from distributed.scheduler import KilledWorker
         done = 0
-        try:       # all run at once; results are logged in batch order, so a log does not depend on timing
-            for chunk, fut in zip(chunks, futures):
+        try:       # all run at once; results are read in batch order, so a log does not depend on timing
+            for chunk, (built, fut) in zip(chunks, futures):
                 try:
-                    results, busy = fut.result()
+                    results, busy, build_busy = fut.result()
                     self.busy_s += busy
+                    self.build_busy_s += build_busy
                 except KilledWorker:
-                    results = [MeasureResult(RUNTIME_ERROR, "the workers measuring it died, twice (each on "
-                                             "another worker)") for _ in chunk]
+                    results = [MeasureResult(RUNTIME_ERROR, "the workers measuring or building it died, twice "
+                                             "(each on another worker)") for _ in chunk]
                 done += 1
                 yield from zip(chunk, results)
         finally:
             if done < len(futures):              # stopped midway: nothing left running for us
-                self.client.cancel(futures[done:])
+                self.client.cancel([f for pair in futures[done:] for f in pair if f is not None])
 
     def status(self) -> str:
-        """The measuring workers and the share of their time they waited for jobs (the tuner
-        proposing, building being done elsewhere, or no work for them)."""
-        n = len(self.workers_seen)
+        """The workers and the share of their time they waited for jobs (the tuner proposing,
+        builds elsewhere, or no work for them)."""
+        n, b = len(self.workers_seen), len(self.builders_seen)
         if not n or self._first is None:
             return ""
         wall = time.perf_counter() - self._first
-        idle = max(0.0, 1.0 - self.busy_s / (n * wall)) if wall > 0 else 0.0
-        return f" | {n} worker{'s' * (n > 1)}, idle {idle:.0%}"
+
+        def idle(busy: float, k: int) -> str:
+            return f"{max(0.0, 1.0 - busy / (k * wall)):.0%}" if wall > 0 else "0%"
+        line = f" | {n} measuring, idle {idle(self.busy_s, n)}"
+        return line + (f"; {b} building, idle {idle(self.build_busy_s, b)}" if b else "")
 
     def close(self):
         self.client.close()

@@ -14,8 +14,10 @@ from .runner import RunConfig
 
 
 class ReplayRunner:
-    def __init__(self, log: str, config: RunConfig | None = None):
+    def __init__(self, log: str, config: RunConfig | None = None, ahead: int = 0):
+        """ahead: as a cluster's runner, so that a replayed tune proposes as a cluster tune does."""
         self.path = str(log)
+        self.ahead = ahead
         self.config = config or RunConfig()
         contents = records.load(log, warn=False)
         if not contents.records:

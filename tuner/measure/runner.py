@@ -196,13 +196,20 @@ class Runner:
                          f"`{sys.executable} -m {self.WORKER}` to see why")
 
     # ------------------------------------------------------------ measuring
+    ahead = 0      # batches the tuning loop may propose before this one's results are in (nothing runs meanwhile)
+
     def measure(self, task, batch: list):
         """Build the batch (one compiler call per core), then yield (candidate, result) as each is timed."""
+        return self.measure_built(task, batch, build(batch, self.target))
+
+    def measure_built(self, task, batch: list, built: list):
+        """Yield (candidate, result) as each of `batch` is timed, from its builder.BuildResults
+        (built here by `measure`, or elsewhere: a cluster's build workers)."""
         self._set_data(task.workload.key, *task.data)
         cold = self.config.times_cold(task.workload)
         consts = task.workload.constant_inputs if cold else ()
         self._cold = [a.nbytes if k in consts else 0 for k, a in enumerate(task.data[0])] + [0]
-        for cand, b in zip(batch, self._build(task, batch)):
+        for cand, b in zip(batch, built):
             if b.error is not None:
                 yield cand, MeasureResult(COMPILE_ERROR, b.error, build_s=b.seconds, cold=cold)
                 continue
@@ -210,10 +217,6 @@ class Runner:
             result.build_s, result.cold = b.seconds, cold
             yield cand, result
         self._release()
-
-    def _build(self, task, batch: list) -> list:
-        """One builder.BuildResult per candidate."""
-        return build_batch([(c.func_name, c.source) for c in batch], task.target, openmp=any(c.openmp for c in batch))
 
     def _message(self, cand, built) -> tuple:
         """What the measurement process is sent to check and time one built candidate."""
@@ -272,7 +275,8 @@ class Runner:
 class CudaRunner(Runner):
     """Measures CUDA candidates: one nvcc call per batch (cuda_build), then each kernel checked
     and timed with CUDA events in a process that owns the GPU (cuda_worker). The crash, hang and
-    restart handling is the CPU runner's; no core is claimed (the GPU is the measured device)."""
+    restart handling is the CPU runner's; no core is claimed (the GPU is the measured device). Its
+    builds are runner.build's for kind 'cuda'."""
 
     WORKER = "tuner.measure.cuda_worker"
 
@@ -280,15 +284,28 @@ class CudaRunner(Runner):
         self._proc, self._conn = worker.spawn(self.WORKER, {})
         self._data_id = None
 
-    def _build(self, task, batch: list) -> list:
-        from .cuda_build import build_cuda_batch
-        return build_cuda_batch(batch, task.target)
-
     def _message(self, cand, built) -> tuple:
         cfg, k = self.config, cand.launch
         return ("measure", built.lib, cand.func_name, k.grid, k.block, cfg.number, cfg.repeat, cfg.min_repeat_ms,
                 cfg.flush, cfg.rtol, cfg.atol)
 
 
-# the measurement process of each target kind
+def _build_cpu(batch: list, target: Target, jobs: int | None = None) -> list:
+    return build_batch([(c.func_name, c.source) for c in batch], target, openmp=any(c.openmp for c in batch),
+                       jobs=jobs)
+
+
+def _build_cuda(batch: list, target: Target, jobs: int | None = None) -> list:
+    from .cuda_build import build_cuda_batch
+    return build_cuda_batch(batch, target)          # one nvcc call: `jobs` does not apply
+
+
+# per target kind: its measurement process, and how a batch of its candidates is built
 RUNNERS = {"cpu": Runner, "cuda": CudaRunner}
+BUILDERS = {"cpu": _build_cpu, "cuda": _build_cuda}
+
+
+def build(batch: list, target: Target, jobs: int | None = None) -> list:
+    """One builder.BuildResult per candidate of `batch` (task.Candidates) for `target`; `jobs`:
+    compiler calls at once (default one per core)."""
+    return BUILDERS[target.kind](batch, target, jobs)

@@ -48,9 +48,10 @@ class GradientScheduler:
                 and t.history[-1] >= t.history[-1 - self.early_stopping]:
             t.retired = f"no improvement in {self.early_stopping} rounds"
 
-    def next(self) -> tuple:
-        """(task index, reason) or (None, reason) when every task is retired."""
-        live = [k for k, t in enumerate(self.tasks) if not t.retired]
+    def next(self, busy=()) -> tuple:
+        """(task index, reason) or (None, reason) when every task is retired. `busy`: tasks with a
+        round still being measured (a tune that proposes ahead), passed over while another is live."""
+        live = _live(self.tasks, busy)
         if not live:
             return None, "every task is retired"
         for k in live:
@@ -80,12 +81,18 @@ class GradientScheduler:
 class RoundRobinScheduler(GradientScheduler):
     name = "round-robin"
 
-    def next(self) -> tuple:
-        live = [k for k, t in enumerate(self.tasks) if not t.retired]
+    def next(self, busy=()) -> tuple:
+        live = _live(self.tasks, busy)
         if not live:
             return None, "every task is retired"
         k = min(live, key=lambda j: (self.tasks[j].rounds, j))
         return k, "round-robin"
+
+
+def _live(tasks: list, busy) -> list:
+    """The tasks not retired, those not `busy` if there are any."""
+    live = [k for k, t in enumerate(tasks) if not t.retired]
+    return [k for k in live if k not in busy] or live
 
 
 SCHEDULERS = {"gradient": GradientScheduler, "round-robin": RoundRobinScheduler}
