@@ -196,3 +196,37 @@ def test_a_model_tune_through_the_cluster_logs_and_plans_what_a_local_one_does(t
     ops = {r.workload.spec.split(":")[0] for r in records.load(str(tmp_path / "there.jsonl"), warn=False).records}
     assert {"conv2d", "maxpool", "layout_transform"} <= ops
     assert there.plan.layouts == here.plan.layouts
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--measure", "--build"], "say what this worker does: --measure"),
+    ([], "say what this worker does: --measure"),
+    (["--build", "--jobs", "0"], "--jobs 0: give at least 1"),
+])
+def test_a_worker_without_one_role_is_one_line(argv, says, capsys):
+    from tuner.cli import main
+    assert main(["worker", "tcp://127.0.0.1:9", *argv]) != 0
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1
+
+
+def test_a_tune_on_a_bad_local_cluster_is_one_line(capsys):
+    from tuner.cli import main
+    assert main(["tune", "--workload", "r50.s1.conv1x1a", "--layout", "NCHW8c", "--cluster", "local:two",
+                 "--trials", "4", "--no-progress"]) != 0
+    err = capsys.readouterr().err
+    assert "--cluster 'local:two': give local:M" in err and err.count("\n") == 1
+
+
+def test_a_cluster_sends_enough_batches_ahead_to_give_every_worker_a_job(tmp_path):
+    """Batches of one candidate on two measuring workers: two batches beyond the one being read."""
+    target = _replay_target()
+    task = Task(SMALL, target)
+    cand = task.from_decisions(task.space.sample(__import__("random").Random(0)))
+    with ClusterRunner("local:2", target, replay=str(REPLAY_LOG)) as runner:
+        assert runner.ahead == 1                        # nothing sent yet
+        assert len(list(runner.measure(task, [cand]))) == 1
+        assert runner.ahead == 2
+        s = tune([SMALL], target=target, trials=6, log=str(tmp_path / "one.jsonl"), policy="random", progress=False,
+                 batch_size=1, runner=runner)
+        assert s.new == 6

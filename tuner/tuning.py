@@ -244,11 +244,12 @@ class _Loop:
 
         A round is one batch of the task the scheduler picks; a first look (warmup_batch) may take
         several batches, each proposed after the previous one's results (a pre-trained model's first
-        batches are small, each followed by fine-tuning). A runner whose `ahead` is k > 0 (a cluster)
-        gets up to k batches beyond the one whose results are being read: they are proposed without
-        those results, and measured meanwhile. Results are recorded in the order batches were
+        batches are small, each followed by fine-tuning). A runner whose `ahead` is k > 0 (a cluster;
+        read before each proposal, as it may grow with the workers) gets up to k batches beyond the
+        one whose results are being read: they are proposed without those results, and measured
+        meanwhile. Results are recorded in the order batches were
         proposed, so a replayed tune logs the same whatever the runner, for the same `ahead`."""
-        session, ahead = self.session, runner.ahead
+        session = self.session
         sent = collections.deque()            # (round, batch, its results: a generator), oldest first
         rnd, no_more = None, False
 
@@ -257,7 +258,7 @@ class _Loop:
 
         try:
             while True:
-                while len(sent) <= ahead and not no_more and not out_of_time():
+                while len(sent) <= runner.ahead and not no_more and not out_of_time():
                     if stop.requested:
                         raise KeyboardInterrupt
                     left = trials - session.trials - sum(len(b) for _, b, _ in sent)

@@ -187,7 +187,10 @@ def parse_local(address: str) -> tuple:
 class ClusterRunner:
     """The tuning loop's runner (`measure(task, batch)`, `status()`, `close()`, `ahead`) on a Dask cluster."""
 
-    def __init__(self, address: str, target, config=None, progress=print, replay: str | None = None, ahead: int = 1):
+    def __init__(self, address: str, target, config=None, progress=print, replay: str | None = None,
+                 ahead: int | None = None):
+        """ahead: batches sent beyond the one whose results the tuner reads; None: enough to give
+        every measuring worker a job (at least 1; see `ahead`)."""
         try:
             from distributed import Client
         except ImportError:
@@ -199,7 +202,8 @@ class ClusterRunner:
         self.config = config or RunConfig()
         self.resource = measure_resource(target)
         self.replay = replay
-        self.ahead = ahead
+        self._ahead = ahead
+        self._last_batch = 0       # candidates in the last batch sent
         self._cluster = None
         self.say = progress
         if address.startswith(LOCAL):
@@ -219,6 +223,15 @@ class ClusterRunner:
         self.busy_s = 0.0          # seconds the measuring workers spent on this runner's jobs
         self.build_busy_s = 0.0    # and the build workers
         self._first = None         # when the first batch was sent
+
+    @property
+    def ahead(self) -> int:
+        """Batches the tuner may send beyond the one it reads: as given, or enough that every
+        measuring worker has a job (a batch gives at most one job per candidate), at least 1 so
+        that workers do not wait while the tuner proposes."""
+        if self._ahead is not None:
+            return self._ahead
+        return max(1, -(-len(self.workers_seen) // max(self._last_batch, 1)) if self._last_batch else 1)
 
     def _workers(self, resource: str) -> list:
         info = self.client.scheduler_info(n_workers=-1)["workers"]
@@ -251,6 +264,7 @@ class ClusterRunner:
         order; closing it before the end cancels the jobs not yet read."""
         workers, builders = self._census()
         w, target = task.workload, str(task.target)
+        self._last_batch = len(batch)
         if self._first is None:
             self._first = time.perf_counter()
         # a job per measuring worker, or two with build workers (the second built while the first is timed)
