@@ -13,6 +13,7 @@ default), so with the evolutionary search they measure other candidates than the
 
     python -m bench.cluster                                   # r50.s1.conv1x1a, 64 trials, 3 rounds
     python -m bench.cluster --workload r50.s1.conv3x3 --trials 96 --rounds 2
+    python -m bench.cluster --min-repeat-ms 100 --trials 32 --rounds 2   # timing-bound, as with long timings
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from bench.common import write_results
 from tuner.measure.cluster import ClusterRunner, local_cluster, measure_resource, parse_local
+from tuner.measure.runner import RunConfig
 from tuner.target import host_cores, parse_target
 from tuner.te.workloads import resolve
 from tuner.tuning import tune
@@ -32,7 +34,7 @@ from tuner.tuning import tune
 VARIANTS = ("local", "local:1", "local:2", "local:1+1")
 
 
-def one_run(wl, target, variant: str, trials: int, batch: int, policy: str, seed: int) -> dict:
+def one_run(wl, target, variant: str, trials: int, batch: int, policy: str, seed: int, config: RunConfig) -> dict:
     with tempfile.TemporaryDirectory() as d:
         log, cache = str(Path(d) / "run.jsonl"), str(Path(d) / "cache")
         os.environ["TUNER_CACHE_DIR"] = cache
@@ -41,11 +43,11 @@ def one_run(wl, target, variant: str, trials: int, batch: int, policy: str, seed
             n, builders = parse_local(variant)
             cluster = local_cluster(n, {measure_resource(target): 1}, env={"TUNER_CACHE_DIR": cache},
                                     build=builders, build_jobs=max(1, (host_cores() - n) // max(builders, 1)))
-            runner = ClusterRunner(cluster.scheduler_address, target, progress=lambda msg: None)
+            runner = ClusterRunner(cluster.scheduler_address, target, config, progress=lambda msg: None)
         try:
             t0, cpu0 = time.perf_counter(), time.process_time()
             s = tune([wl], target=target, trials=trials, log=log, policy=policy, seed=seed, batch_size=batch,
-                     progress=False, runner=runner)
+                     progress=False, runner=runner, run_config=config)
             wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
             row = {"new": s.new, "seconds": wall, "per_minute": 60.0 * s.new / wall,
                    "best_ms": s.tasks[0].best_latency * 1e3 if s.tasks[0].best else None}
@@ -75,6 +77,8 @@ def main(argv=None):
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--search", default="random")
+    ap.add_argument("--min-repeat-ms", type=float, default=RunConfig.min_repeat_ms,
+                    help="as tuner tune's: a larger one makes timing, not compiling, the larger part")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     target = parse_target("cpu", threads=1)
@@ -82,7 +86,8 @@ def main(argv=None):
     runs = {v: [] for v in VARIANTS}
     for r in range(args.rounds):
         for v in VARIANTS:
-            row = one_run(wl, target, v, args.trials, args.batch_size, args.search, r)
+            row = one_run(wl, target, v, args.trials, args.batch_size, args.search, r,
+                          RunConfig(min_repeat_ms=args.min_repeat_ms))
             runs[v].append(row)
             idle = f", workers idle {row['idle_share']:.0%}" if "idle_share" in row else ""
             idle += f", build worker idle {row['build_idle_share']:.0%}" if "build_idle_share" in row else ""
