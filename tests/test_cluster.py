@@ -230,3 +230,34 @@ def test_a_cluster_sends_enough_batches_ahead_to_give_every_worker_a_job(tmp_pat
         s = tune([SMALL], target=target, trials=6, log=str(tmp_path / "one.jsonl"), policy="random", progress=False,
                  batch_size=1, runner=runner)
         assert s.new == 6
+
+
+def test_a_tune_whose_only_build_worker_leaves_builds_on_its_measuring_workers(tmp_path, tmp_cache, monkeypatch):
+    """The build worker leaves mid-tune (retired, so its nanny does not bring it back): the jobs
+    waiting for a build are sent again to be built where they are measured, and nothing is lost."""
+    import tuner.measure.cluster as C
+    monkeypatch.setattr(C, "POLL_S", 0.2)
+    log, said, errors = tmp_path / "b.jsonl", [], []
+    with ClusterRunner("local:1+1", TARGET1, progress=said.append) as runner:
+        (builder,) = runner.build_workers()
+
+        def run():
+            try:
+                tune([SMALL], target=TARGET1, trials=24, log=str(log), progress=False, batch_size=4, runner=runner)
+            except BaseException as e:      # noqa: BLE001  (reported below)
+                errors.append(e)
+
+        th = threading.Thread(target=run)
+        th.start()
+        deadline = time.time() + 60
+        while time.time() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 2):
+            time.sleep(0.02)
+        assert th.is_alive()
+        runner.client.retire_workers([builder], close_workers=True)
+        th.join(120)
+        assert not runner.build_workers()
+    assert not errors and not th.is_alive()
+    recs = records.load(str(log), warn=False).records
+    assert len(recs) == 24 and len({r.code_hash for r in recs}) == 24
+    assert all(r.ok for r in recs), [r.message for r in recs if not r.ok]
+    assert any("the measuring workers build their own jobs" in m for m in said), said

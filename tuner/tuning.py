@@ -247,8 +247,8 @@ class _Loop:
         batches are small, each followed by fine-tuning). A runner whose `ahead` is k > 0 (a cluster;
         read before each proposal, as it may grow with the workers) gets up to k batches beyond the
         one whose results are being read: they are proposed without those results, and measured
-        meanwhile. Results are recorded in the order batches were
-        proposed, so a replayed tune logs the same whatever the runner, for the same `ahead`."""
+        meanwhile. Results are recorded in the order batches were proposed, so a replayed tune
+        logs the same whatever the runner, for the same `ahead`."""
         session = self.session
         sent = collections.deque()            # (round, batch, its results: a generator), oldest first
         rnd, no_more = None, False

@@ -45,8 +45,9 @@ JOBS_ENV = "TUNER_BUILD_JOBS"  # on a build worker: compiler calls at once (defa
 _LIBRARY = re.compile(r"[0-9a-f]{24}-[0-9a-f]{16}\.(so|cubin)")     # builder.library_name, and nvcc's
 _LIBRARY_DIRS = {"so": "kernels", "cubin": "cuda"}                    # builder.cache_dir(name) of each
 _RUNNERS: dict = {}          # on a worker: (target, config, replay) -> its Runner, kept between jobs
-_TASKS: collections.OrderedDict = collections.OrderedDict()   # on a worker: (spec, layout, target) -> Task,
-TASKS_KEPT = 8                                                 # the last few (a model tune has hundreds)
+_TASKS = collections.OrderedDict()   # on a worker: (spec, layout, target) -> Task, for the last
+TASKS_KEPT = 8                       # few tasks (a model tune has hundreds)
+POLL_S = 2.0                 # how often a tuner waiting for a job checks that the workers it needs are there
 
 
 def measure_resource(target) -> str:
@@ -272,24 +273,26 @@ class ClusterRunner:
         size = -(-len(batch) // parts)
         chunks = [batch[k:k + size] for k in range(0, len(batch), size)]
         tag = f"{chunks[0][0].code_hash}-{time.monotonic_ns()}"
-        futures = []
-        for k, chunk in enumerate(chunks):
+
+        def submit(k: int, chunk: list, build: bool) -> list:
+            """[its build job or None, its measuring job]"""
             built = None
-            if builders:
+            if build:
                 built = self.client.submit(_build_on_worker, target, chunk, resources={BUILD: 1}, pure=False,
                                            key=f"build-{tag}-{k}")
-            futures.append((built, self.client.submit(
+            return [built, self.client.submit(
                 _measure_on_worker, w.spec, w.layout, target, chunk, self.config, self.replay, built,
-                resources={self.resource: 1}, pure=False, key=f"measure-{tag}-{k}")))
-        return self._results(chunks, futures)
+                resources={self.resource: 1}, pure=False, key=f"measure-{tag}-{k}{'-here' * (not build)}")]
+        jobs = [submit(k, chunk, bool(builders)) for k, chunk in enumerate(chunks)]
+        return self._results(chunks, jobs, submit)
 
-    def _results(self, chunks: list, futures: list):
+    def _results(self, chunks: list, jobs: list, submit):
         from distributed.scheduler import KilledWorker
         done = 0
         try:       # all run at once; results are read in batch order, so a log does not depend on timing
-            for chunk, (built, fut) in zip(chunks, futures):
+            for k, chunk in enumerate(chunks):
                 try:
-                    results, busy, build_busy = fut.result()
+                    results, busy, build_busy = self._wait(k, chunk, jobs, submit)
                     self.busy_s += busy
                     self.build_busy_s += build_busy
                 except KilledWorker:
@@ -298,8 +301,29 @@ class ClusterRunner:
                 done += 1
                 yield from zip(chunk, results)
         finally:
-            if done < len(futures):              # stopped midway: nothing left running for us
-                self.client.cancel([f for pair in futures[done:] for f in pair if f is not None])
+            if done < len(jobs):              # stopped midway: nothing left running for us
+                self.client.cancel([f for pair in jobs[done:] for f in pair if f is not None])
+
+    def _wait(self, k: int, chunk: list, jobs: list, submit):
+        """Job k's result. Every POLL_S while it is out: a job whose build is not done and has no
+        build worker left to run on is sent again, to be built by its measuring worker; a
+        cluster with no measuring worker left for the target says so (once; a worker that joins
+        gets the job)."""
+        said = False
+        while True:
+            built, fut = jobs[k]
+            try:
+                return fut.result(timeout=POLL_S)
+            except TimeoutError:
+                pass
+            if built is not None and built.status != "finished" and not self.build_workers():
+                self.say("cluster: no build worker left; the measuring workers build their own jobs")
+                self.client.cancel([built, fut])
+                jobs[k] = submit(k, chunk, False)
+            if not said and not self.measuring_workers():
+                self.say(f"cluster: no worker measuring for {self.target} is left; waiting for one to join "
+                         f"(`tuner worker {self.client.scheduler.address} --measure`)")
+                said = True
 
     def status(self) -> str:
         """The workers and the share of their time they waited for jobs (the tuner proposing,
