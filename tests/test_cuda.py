@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import re
 import shutil
 
 import numpy as np
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 
 from tuner.codegen.c import generate_c
 from tuner.codegen.cuda import serial_copy
+from tuner.codegen.cuda_emulate import build_emulation, emulate
 from tuner.measure.builder import build_batch
 from tuner.measure.worker import check_output
 from tuner.schedule.schedule import ScheduleError
@@ -25,6 +27,7 @@ from tuner.te.workloads import make, resolve
 from conftest import TARGET1, run_kernel
 
 SM90 = parse_target("cuda -arch=sm_90")
+needs_gxx = pytest.mark.skipif(not shutil.which("g++"), reason="g++ is not installed (the CUDA C emulation)")
 needs_nvcc = pytest.mark.skipif(
     not (shutil.which("nvcc") or shutil.which("/usr/local/cuda/bin/nvcc")),
     reason="nvcc (the CUDA toolkit) is not installed")
@@ -53,7 +56,8 @@ def _points(task: Task, n: int, seed: int = 0) -> list:
 
 def _emulate(cases: list) -> None:
     """cases: [(task, steps)]; each loop nest run serially on the CPU (codegen.cuda.serial_copy)
-    against the workload's NumPy reference."""
+    against the workload's NumPy reference, then (where g++ is) its CUDA C run thread by thread
+    between barriers, in thread order and the other way (codegen.cuda_emulate)."""
     funcs = [generate_c(dataclasses.replace(serial_copy(t.lowered(s)), name=f"e{k}"), TARGET1.lanes, 1)
              for k, (t, s) in enumerate(cases)]
     built = build_batch([(f"e{k}", src) for k, (src, _) in enumerate(funcs)], TARGET1)
@@ -64,7 +68,28 @@ def _emulate(cases: list) -> None:
         problem = check_output(run_kernel(b.lib, b.index, inputs, ref.shape), ref, 1e-3, 1e-4)
         if problem:
             failures.append(f"{t.workload.label} steps={steps}: {problem}")
+    if shutil.which("g++"):
+        failures += [f"{t.workload.label} steps={steps} as CUDA C: {p}"
+                     for (t, steps), p in zip(cases, _threads([(t, t.candidate(steps).launch) for t, steps in cases]))
+                     if p]
     assert not failures, "\n".join(failures)
+
+
+def _threads(kernels: list) -> list:
+    """[(task, CudaKernel)] -> per kernel, what is wrong with it (None: nothing) when its CUDA C
+    runs thread by thread on the CPU, in thread order and the other way."""
+    lib = build_emulation([k for _, k in kernels])
+    out = []
+    for i, (t, k) in enumerate(kernels):
+        inputs, ref = t.data
+        problems = []
+        for reverse in (False, True):
+            got, err = emulate(lib, i, k, inputs, ref.shape, reverse)
+            problem = err or check_output(got, ref, 1e-3, 1e-4)
+            if problem:
+                problems.append(f"{'reverse' if reverse else 'thread'} order: {problem}")
+        out.append("; ".join(problems) or None)
+    return out
 
 
 # ---------------------------------------------------------------- target
@@ -213,6 +238,53 @@ def test_every_operator_emulated_matches_numpy(tmp_cache):
     _emulate(cases)
 
 
+def _sampled_kernels(n: int = 3) -> list:
+    out = []
+    for wl in SMALL:
+        t = Task(wl, SM90)
+        out += [(t, t.candidate(t.space.steps(p)).launch) for p in _points(t, n, seed=1)[1:]]
+    return out
+
+
+def _mutated(kernels: list, old: str, new: str, count: int = -1) -> list:
+    return [(t, dataclasses.replace(k, source=k.source.replace(old, new, count))) for t, k in kernels
+            if old in k.source]
+
+
+@needs_gxx
+def test_the_thread_emulation_catches_missing_barriers_and_divergent_ones(tmp_cache):
+    """The same kernels pass as generated; without their barriers nearly all go wrong (a thread
+    reads a tile the others have not filled, or overwrites one they still read); a barrier only
+    thread 0 reaches is named."""
+    kernels = _sampled_kernels()
+    assert not any(_threads(kernels))
+    bare = _mutated(kernels, "__syncthreads();", "")
+    caught = [p for p in _threads(bare) if p]
+    assert len(bare) >= 20 and len(caught) >= 0.8 * len(bare)
+    split = _mutated([(t, k) for t, k in kernels if k.block > 1], "__syncthreads();",
+                     "if (threadIdx.x == 0) __syncthreads();", 1)
+    problems = _threads(split)
+    assert problems and all(p and "barrier divergence" in p for p in problems), problems
+
+
+@needs_gxx
+def test_the_thread_emulation_catches_out_of_bounds_and_misaligned_float4(tmp_cache):
+    kernels = _sampled_kernels()
+    short = [(t, dataclasses.replace(k, source=re.sub(r"float (\w+)\[(\d+)\];",
+                                                      lambda m: f"float {m[1]}[{int(m[2]) - 1}];", k.source, count=1)))
+             for t, k in kernels if "__shared__" in k.source]
+    problems = _threads(short)
+    assert problems and all(p and "is out of bounds" in p for p in problems), problems
+    dense = Task(make("dense", dict(N=8, C=32, K=32)), SM90)
+    d = next(p for p in (dense.space.sample(random.Random(s)) for s in range(500))
+             if "float4" in dense.candidate(dense.space.steps(p)).launch.source)
+    k = dense.candidate(dense.space.steps(d)).launch
+    assert _threads([(dense, k)]) == [None]
+    shifted = re.sub(r"\(const float4\*\)&(\w+)\[", r"(const float4*)&\1[1 + ", k.source, count=1)
+    (problem,) = _threads([(dense, dataclasses.replace(k, source=shifted))])
+    assert problem and "misaligned" in problem, problem
+
+
 def test_an_injective_workload_has_a_gpu_schedule_too(tmp_cache):
     t = Task(make("layout_transform", dict(C=16, H=5, W=5, dst="NCHW8c"), "NCHW"), SM90)
     assert t.space.kind == "injective"
@@ -221,8 +293,8 @@ def test_an_injective_workload_has_a_gpu_schedule_too(tmp_cache):
     _emulate([(t, t.space.steps(p)) for p in _points(t, 3)])
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(seed=st.integers(0, 10**6), which=st.sampled_from([0, 1, 2, 3]))
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10**6), which=st.sampled_from(range(len(SMALL))))
 def test_property_sampled_gpu_schedules_compute_the_reference(seed, which, tmp_cache):
     t = Task(SMALL[which], SM90)
     p = t.space.sample(random.Random(seed))
