@@ -140,23 +140,33 @@ def test_a_killed_worker_loses_no_record_and_duplicates_none(tmp_path, tmp_cache
     log = tmp_path / "k.jsonl"
     with local_cluster(2, {measure_resource(TARGET1): 1}) as cluster, Client(cluster) as client:
         pids = client.run(os.getpid)
-        errors = []
-
-        def run():
-            try:
-                tune([SMALL], target=TARGET1, trials=24, log=str(log), cluster=cluster.scheduler_address,
-                     progress=False, batch_size=8)
-            except BaseException as e:      # noqa: BLE001  (reported below)
-                errors.append(e)
-
-        th = threading.Thread(target=run)
-        th.start()
-        deadline = time.time() + 60
-        while time.time() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 4):
-            time.sleep(0.05)
-        assert th.is_alive()                            # killed mid-tune
+        th, errors = _tune_until(log, 4, cluster=cluster.scheduler_address, batch_size=8)
         os.kill(next(iter(pids.values())), signal.SIGKILL)
         th.join(120)
+    _all_24_once(log, th, errors)
+
+
+def _tune_until(log, n: int, **kw) -> tuple:
+    """A 24-trial tune of SMALL started in a thread, returned once `log` holds n records (still
+    running); (the thread, the errors it met)."""
+    errors = []
+
+    def run():
+        try:
+            tune([SMALL], target=TARGET1, trials=24, log=str(log), progress=False, **kw)
+        except BaseException as e:      # noqa: BLE001  (reported by _all_24_once)
+            errors.append(e)
+
+    th = threading.Thread(target=run)
+    th.start()
+    deadline = time.time() + 60
+    while time.time() < deadline and (not log.exists() or len(log.read_text().splitlines()) < n):
+        time.sleep(0.02)
+    assert th.is_alive()                            # the fault comes mid-tune
+    return th, errors
+
+
+def _all_24_once(log, th, errors):
     assert not errors and not th.is_alive()
     recs = records.load(str(log), warn=False).records
     assert len(recs) == 24 and len({r.code_hash for r in recs}) == 24
@@ -237,27 +247,12 @@ def test_a_tune_whose_only_build_worker_leaves_builds_on_its_measuring_workers(t
     waiting for a build are sent again to be built where they are measured, and nothing is lost."""
     import tuner.measure.cluster as C
     monkeypatch.setattr(C, "POLL_S", 0.2)
-    log, said, errors = tmp_path / "b.jsonl", [], []
+    log, said = tmp_path / "b.jsonl", []
     with ClusterRunner("local:1+1", TARGET1, progress=said.append) as runner:
         (builder,) = runner.build_workers()
-
-        def run():
-            try:
-                tune([SMALL], target=TARGET1, trials=24, log=str(log), progress=False, batch_size=4, runner=runner)
-            except BaseException as e:      # noqa: BLE001  (reported below)
-                errors.append(e)
-
-        th = threading.Thread(target=run)
-        th.start()
-        deadline = time.time() + 60
-        while time.time() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 2):
-            time.sleep(0.02)
-        assert th.is_alive()
+        th, errors = _tune_until(log, 2, batch_size=4, runner=runner)
         runner.client.retire_workers([builder], close_workers=True)
         th.join(120)
         assert not runner.build_workers()
-    assert not errors and not th.is_alive()
-    recs = records.load(str(log), warn=False).records
-    assert len(recs) == 24 and len({r.code_hash for r in recs}) == 24
-    assert all(r.ok for r in recs), [r.message for r in recs if not r.ok]
+    _all_24_once(log, th, errors)
     assert any("the measuring workers build their own jobs" in m for m in said), said
