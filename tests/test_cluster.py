@@ -256,3 +256,34 @@ def test_a_tune_whose_only_build_worker_leaves_builds_on_its_measuring_workers(t
         assert not runner.build_workers()
     _all_24_once(log, th, errors)
     assert any("the measuring workers build their own jobs" in m for m in said), said
+
+
+def test_tuner_worker_processes_measure_and_build_for_a_tune(tmp_path, tmp_cache):
+    """The README's commands: a scheduler, `tuner worker ADDRESS --measure` and `tuner worker
+    ADDRESS --build` as processes of their own, and a tune with --cluster ADDRESS."""
+    import subprocess
+    import sys
+
+    from distributed import Client, Scheduler, SpecCluster
+    with SpecCluster(workers={}, scheduler={"cls": Scheduler, "options": {"host": "127.0.0.1", "port": 0,
+                                                                          "dashboard_address": None}}) as cluster:
+        address = cluster.scheduler_address
+        start = "import sys; from tuner.cli import main; sys.exit(main(sys.argv[1:]))"
+        procs = [subprocess.Popen([sys.executable, "-c", start, "worker", address, *role], stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
+                 for role in (["--measure", "--threads", "1"], ["--build", "--jobs", "1"])]
+        try:
+            with Client(address) as client:
+                client.wait_for_workers(2, timeout=60)
+            log = tmp_path / "w.jsonl"
+            with ClusterRunner(address, TARGET1) as runner:
+                assert len(runner.measuring_workers()) == 1 and len(runner.build_workers()) == 1
+                s = tune([SMALL], target=TARGET1, trials=8, log=str(log), progress=False, batch_size=4, runner=runner)
+                assert runner.build_busy_s > 0
+        finally:
+            for p in procs:
+                p.terminate()
+            said = [p.communicate(timeout=30)[0] for p in procs]
+    recs = records.load(str(log), warn=False).records
+    assert s.new == 8 and len(recs) == 8 and all(r.ok and r.host for r in recs)
+    assert "measures for 'cpu" in said[0] and "builds, 1 compiler call at once" in said[1], said
