@@ -212,6 +212,8 @@ def test_a_model_tune_through_the_cluster_logs_and_plans_what_a_local_one_does(t
     (["--measure", "--build"], "say what this worker does: --measure"),
     ([], "say what this worker does: --measure"),
     (["--build", "--jobs", "0"], "--jobs 0: give at least 1"),
+    (["--build", "--threads", "2"], "a build worker (--build) compiles for whichever target"),
+    (["--measure", "--jobs", "2"], "--jobs sets a build worker's compiler calls"),
 ])
 def test_a_worker_without_one_role_is_one_line(argv, says, capsys):
     from tuner.cli import main

@@ -219,7 +219,12 @@ def _cmd_worker(args) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise UserError(f"--jobs {args.jobs}: give at least 1 compiler call at once")
     if args.build:
+        if args.threads is not None or args.target != "cpu":
+            raise UserError("--target and --threads say what a measuring worker measures for; a build worker "
+                            "(--build) compiles for whichever target a job names: leave them out")
         return run_worker(args.scheduler, None, args.name, args.jobs)
+    if args.jobs is not None:
+        raise UserError("--jobs sets a build worker's compiler calls; a measuring worker builds with one per core")
     return run_worker(args.scheduler, parse_target(args.target, args.threads), args.name)
 
 
