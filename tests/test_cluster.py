@@ -260,20 +260,51 @@ def test_a_tune_whose_only_build_worker_leaves_builds_on_its_measuring_workers(t
     assert any("the measuring workers build their own jobs" in m for m in said), said
 
 
+def _bare_scheduler():
+    from distributed import Scheduler, SpecCluster
+    return SpecCluster(workers={}, scheduler={"cls": Scheduler, "options": {"host": "127.0.0.1", "port": 0,
+                                                                             "dashboard_address": None}})
+
+
+def _tuner_worker(address: str, *role: str):
+    """`tuner worker ADDRESS ROLE...` as a process of its own."""
+    import subprocess
+    import sys
+    start = "import sys; from tuner.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.Popen([sys.executable, "-c", start, "worker", address, *role], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def test_a_measuring_worker_that_joins_mid_tune_gets_work(tmp_path, tmp_cache):
+    from distributed import Client
+    log, said = tmp_path / "j.jsonl", []
+    with _bare_scheduler() as cluster:
+        address = cluster.scheduler_address
+        procs = [_tuner_worker(address, "--measure", "--threads", "1")]
+        try:
+            with Client(address) as client:
+                client.wait_for_workers(1, timeout=60)
+                with ClusterRunner(address, TARGET1, progress=said.append) as runner:
+                    th, errors = _tune_until(log, 2, batch_size=2, runner=runner)
+                    procs.append(_tuner_worker(address, "--measure", "--threads", "1"))
+                    th.join(120)
+                    _all_24_once(log, th, errors)
+                measured = client.run(lambda: len(__import__("tuner.measure.cluster").measure.cluster._RUNNERS))
+        finally:
+            for p in procs:
+                p.terminate()
+                p.communicate(timeout=30)
+    assert any("1 measuring worker(s) joined; 2 now" in m for m in said), said
+    assert len(measured) == 2 and all(measured.values()), measured       # both measured something
+
+
 def test_tuner_worker_processes_measure_and_build_for_a_tune(tmp_path, tmp_cache):
     """The README's commands: a scheduler, `tuner worker ADDRESS --measure` and `tuner worker
     ADDRESS --build` as processes of their own, and a tune with --cluster ADDRESS."""
-    import subprocess
-    import sys
-
-    from distributed import Client, Scheduler, SpecCluster
-    with SpecCluster(workers={}, scheduler={"cls": Scheduler, "options": {"host": "127.0.0.1", "port": 0,
-                                                                          "dashboard_address": None}}) as cluster:
+    from distributed import Client
+    with _bare_scheduler() as cluster:
         address = cluster.scheduler_address
-        start = "import sys; from tuner.cli import main; sys.exit(main(sys.argv[1:]))"
-        procs = [subprocess.Popen([sys.executable, "-c", start, "worker", address, *role], stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True)
-                 for role in (["--measure", "--threads", "1"], ["--build", "--jobs", "1"])]
+        procs = [_tuner_worker(address, *role) for role in (["--measure", "--threads", "1"], ["--build", "--jobs", "1"])]
         try:
             with Client(address) as client:
                 client.wait_for_workers(2, timeout=60)
