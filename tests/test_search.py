@@ -450,3 +450,26 @@ def test_feature_pool_does_not_outlive_a_runner_that_fails_to_start(monkeypatch,
              progress=False, cost_model_from=["none"])
     # closed: its workers were started and are gone
     assert started and all(proc.poll() is not None for proc in started)
+
+
+def test_a_depthwise_conv_is_held_to_depthwise_rates_not_a_dense_convs():
+    """The optimistic bound compares FLOP rates within a family: a depthwise conv far below a
+    dense conv's rate is not promised that rate. With one family for both (as before), the big
+    depthwise conv took nearly every round although it stopped improving."""
+    from tuner.search.scheduler import family
+    dense = make("conv2d", dict(C=64, H=28, W=28, K=64, R=1, S=1), "NCHW8c")
+    dw = make("conv2d", dict(C=96, H=112, W=112, K=96, R=3, S=3, stride=2, pad=1, groups=96), "NCHW8c")
+    assert family(dense) != family(dw) and family(dw).endswith("/depthwise")
+    assert family(make("conv2d", dict(C=16, H=8, W=8, K=32, R=3, S=3, pad=1, groups=4), "NCHW")).endswith("/grouped")
+
+    def picks(tags):
+        # MobileNetV2's figures at 1 thread: 1x1 convs near 170 GFLOPS, still improving a little;
+        # its biggest depthwise conv flat at 27 GFLOPS (0.2 ms) from its first look
+        flops = [21.7e6] * 4 + [dw.flops]
+        tasks = [TaskProgress(f"t{k}", 1, f, tag) for k, (f, tag) in enumerate(zip(flops, tags))]
+        return _simulate(GradientScheduler, tasks, 60,
+                         lambda k, r: flops[k] / (27e9 if k == 4 else 170e9 * (1 + 0.01 * r)))
+    lumped = picks([family(dense)] * 5)
+    assert lumped.count(4) > 45                    # the old tag: the flat depthwise conv takes most rounds
+    split = picks([family(dense)] * 4 + [family(dw)])
+    assert split.count(4) < 25 and all(split.count(k) >= 7 for k in range(4)), split

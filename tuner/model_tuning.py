@@ -48,6 +48,7 @@ from .graph.layout_plan import ModelLayouts, Plan, model_layouts
 from .measure.peak import peak_gflops
 from .measure.result import WEIGHTS
 from .measure.runner import RunConfig, Runner
+from .search.scheduler import family
 from .task import Task
 from .runtime.compiler import graph_digest, plan_summary
 from .target import parse_target
@@ -158,14 +159,14 @@ def cost_ratio(cost: float, chosen: float) -> float:
 def reachable_prices(tasks) -> dict:
     """{workload key: the price a task is pruned on} for (workload, best latency, trials) triples: its
     best, or with fewer than TUNED_TRIALS trials the lower of that and its FLOPs at the best FLOP
-    rate any task of its operator and layout reached (see PRUNE_RATIO)."""
+    rate any similar task reached (scheduler.family: its operator, layout and, for a conv, how its
+    channels are grouped; see PRUNE_RATIO)."""
     rate: dict = {}
     for wl, best, _ in tasks:
         if math.isfinite(best) and best > 0 and wl.flops > 0:
-            tag = (wl.op, wl.layout)
-            rate[tag] = max(rate.get(tag, 0.0), wl.flops / best)
-    return {wl.key: min(best, wl.flops / rate[(wl.op, wl.layout)])
-            if trials < TUNED_TRIALS and wl.flops > 0 and (wl.op, wl.layout) in rate else best
+            rate[family(wl)] = max(rate.get(family(wl), 0.0), wl.flops / best)
+    return {wl.key: min(best, wl.flops / rate[family(wl)])
+            if trials < TUNED_TRIALS and wl.flops > 0 and family(wl) in rate else best
             for wl, best, trials in tasks}
 
 

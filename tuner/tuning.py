@@ -26,7 +26,7 @@ from .measure.replay import ReplayRunner
 from .measure.result import OK
 from .measure.runner import RUNNERS, RunConfig
 from .search import PolicyFactory, policy_factory
-from .search.scheduler import SCHEDULERS, TaskProgress
+from .search.scheduler import SCHEDULERS, TaskProgress, family
 from .target import Target, parse_target
 from .task import Candidate, Task
 from .te.workloads import Workload, resolve
@@ -186,7 +186,7 @@ class _Loop:
             pol = factory.make(task, seed + len(previous))
             pol.observe(previous)
             self.states.append(_TaskState(task, pol, {r.code_hash for r in previous}, s, bool(previous)))
-            row = TaskProgress(task.name, weight, wl.flops, f"{wl.op}/{wl.layout}")
+            row = TaskProgress(task.name, weight, wl.flops, family(wl))
             if previous:
                 row.history.append(s.best_latency)
                 row.rounds = 1
