@@ -73,7 +73,10 @@ class GradientScheduler:
         g1 = t.best - t.best / max(t.rounds, 1)
         rates = [s.flops / s.best for s in self.tasks if s.tag == t.tag and math.isfinite(s.best) and s.best > 0]
         g2 = self.beta * t.flops / max(rates) if rates else math.inf
-        fwd = min(g1, g2) - t.best
+        # the similar tasks' rate is a promise; a task whose best has not moved in the last window
+        # of rounds has shown it cannot keep it, and keeps only its own fading 1/rounds estimate
+        stalled = len(h) > self.window and h[-1] >= h[-1 - self.window]
+        fwd = (g1 if stalled else min(g1, g2)) - t.best
         grad = t.weight * (self.alpha * back + (1 - self.alpha) * fwd)
         return grad, back, fwd
 
