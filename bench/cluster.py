@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 from bench.common import write_results
-from tuner.measure.cluster import ClusterRunner, local_cluster, measure_resource, parse_local
+from tuner.measure.cluster import ClusterRunner, idle_share, start_local
 from tuner.measure.runner import RunConfig
-from tuner.target import host_cores, parse_target
+from tuner.target import parse_target
 from tuner.te.workloads import resolve
 from tuner.tuning import tune
 
@@ -40,9 +40,7 @@ def one_run(wl, target, variant: str, trials: int, batch: int, policy: str, seed
         os.environ["TUNER_CACHE_DIR"] = cache
         cluster = runner = None
         if variant != "local":
-            n, builders = parse_local(variant)
-            cluster = local_cluster(n, {measure_resource(target): 1}, env={"TUNER_CACHE_DIR": cache},
-                                    build=builders, build_jobs=max(1, (host_cores() - n) // max(builders, 1)))
+            cluster = start_local(variant, target, env={"TUNER_CACHE_DIR": cache})
             runner = ClusterRunner(cluster.scheduler_address, target, config, progress=lambda msg: None)
         try:
             t0, cpu0 = time.perf_counter(), time.process_time()
@@ -52,16 +50,16 @@ def one_run(wl, target, variant: str, trials: int, batch: int, policy: str, seed
             row = {"new": s.new, "seconds": wall, "per_minute": 60.0 * s.new / wall,
                    "best_ms": s.tasks[0].best_latency * 1e3 if s.tasks[0].best else None}
             if runner is not None:
-                n, b = len(runner.measuring_workers()), len(runner.build_workers())
+                n, b = (len(w) for w in runner.workers())
                 row["workers"], row["build_workers"] = n, b
-                row["idle_share"] = max(0.0, 1.0 - runner.busy_s / (n * wall))
+                row["idle_share"] = idle_share(runner.busy_s, n, wall)
                 # what one driver could feed: the driver's CPU per candidate (proposing, C generation,
                 # logging, the Dask client) against a measuring worker's seconds per candidate
                 row["driver_cpu_ms_per_candidate"] = 1e3 * cpu / s.new
                 row["worker_ms_per_candidate"] = 1e3 * runner.busy_s / s.new
                 row["workers_one_driver_feeds"] = runner.busy_s / cpu
                 if b:
-                    row["build_idle_share"] = max(0.0, 1.0 - runner.build_busy_s / (b * wall))
+                    row["build_idle_share"] = idle_share(runner.build_busy_s, b, wall)
         finally:
             if runner is not None:
                 runner.close()

@@ -260,12 +260,6 @@ def test_a_tune_whose_only_build_worker_leaves_builds_on_its_measuring_workers(t
     assert any("the measuring workers build their own jobs" in m for m in said), said
 
 
-def _bare_scheduler():
-    from distributed import Scheduler, SpecCluster
-    return SpecCluster(workers={}, scheduler={"cls": Scheduler, "options": {"host": "127.0.0.1", "port": 0,
-                                                                             "dashboard_address": None}})
-
-
 def _tuner_worker(address: str, *role: str):
     """`tuner worker ADDRESS ROLE...` as a process of its own."""
     import subprocess
@@ -278,7 +272,7 @@ def _tuner_worker(address: str, *role: str):
 def test_a_measuring_worker_that_joins_mid_tune_gets_work(tmp_path, tmp_cache):
     from distributed import Client
     log, said = tmp_path / "j.jsonl", []
-    with _bare_scheduler() as cluster:
+    with local_cluster(0, {}) as cluster:
         address = cluster.scheduler_address
         procs = [_tuner_worker(address, "--measure", "--threads", "1")]
         try:
@@ -302,7 +296,7 @@ def test_tuner_worker_processes_measure_and_build_for_a_tune(tmp_path, tmp_cache
     """The README's commands: a scheduler, `tuner worker ADDRESS --measure` and `tuner worker
     ADDRESS --build` as processes of their own, and a tune with --cluster ADDRESS."""
     from distributed import Client
-    with _bare_scheduler() as cluster:
+    with local_cluster(0, {}) as cluster:
         address = cluster.scheduler_address
         procs = [_tuner_worker(address, *role) for role in (["--measure", "--threads", "1"], ["--build", "--jobs", "1"])]
         try:

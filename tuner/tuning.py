@@ -256,6 +256,9 @@ class _Loop:
         def out_of_time() -> bool:
             return time_limit is not None and time.perf_counter() - start >= time_limit
 
+        def in_flight(r) -> bool:
+            return any(q is r for q, _, _ in sent)
+
         try:
             while True:
                 while len(sent) <= runner.ahead and not no_more and not out_of_time():
@@ -280,7 +283,7 @@ class _Loop:
                     if batch:
                         rnd.batches += 1
                         sent.append((rnd, batch, runner.measure(rnd.state.task, batch)))
-                    elif not any(r is rnd for r, _, _ in sent):
+                    elif not in_flight(rnd):
                         self._end_round(bar, rnd)
                 if not sent:
                     if rnd is not None and rnd.batches and not rnd.ended:
@@ -301,7 +304,7 @@ class _Loop:
                 results.close()
                 if cut:
                     r.closed = True
-                if r.closed and not any(q is r for q, _, _ in sent):
+                if r.closed and not in_flight(r):
                     self._end_round(bar, r)
                 if cut:
                     return

@@ -1,7 +1,7 @@
 """Runs generated CUDA C on the CPU, block by block and thread by thread, as a GPU would be
 obliged to: a check of kernels that needs no GPU.
 
-The kernel's own source is compiled with g++ against a small runtime: every CUDA thread of a
+The kernel's own source is compiled as C++ (builder.compile_library) against a small runtime: every CUDA thread of a
 block is a coroutine (ucontext) with its own stack, and `__syncthreads()` hands control back to
 a scheduler that runs each thread of the block up to its next barrier before any passes it. So
 what the barriers promise holds and nothing more: a thread runs its whole stretch between two
@@ -15,19 +15,14 @@ filled with NaN, so a read of what no thread wrote shows in the output.
 """
 from __future__ import annotations
 
-import ctypes
-import hashlib
 import re
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
+from functools import lru_cache
 
 import numpy as np
+from cffi import FFI
 
-from ..errors import SetupError
-from ..measure.builder import cache_dir
-from ..measure.library import aligned_copy, aligned_empty
+from ..measure.builder import compile_library
+from ..measure.library import aligned_copy, aligned_empty, open_library, pointer_array
 from .cuda import PRELUDE
 
 RUNTIME = r"""
@@ -203,39 +198,43 @@ def emulation_source(kernels: list) -> str:
     return "\n".join(parts) + "\n"
 
 
+# g++'s front end through the kernel builder's compiler: the runtime needs no C++ library
+FLAGS = ["-x", "c++", "-std=c++17", "-fno-exceptions", "-fno-rtti", "-fno-threadsafe-statics", "-O1", "-w"]
+CDEF = "int tuner_emulate(int i, float** args, const long long* lens, int grid, int block, int reverse, " \
+       "char* message, int size);"
+
+
 def build_emulation(kernels: list) -> str:
-    """The path of a shared library emulating `kernels` (cached by source in the kernel cache)."""
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        raise SetupError("emulating CUDA kernels needs a C++ compiler (g++): install it")
-    src = emulation_source(kernels)
-    d = cache_dir("cuda-emulation")
-    out = d / f"{hashlib.sha256(src.encode()).hexdigest()[:24]}.so"
-    if not out.exists():
-        with tempfile.TemporaryDirectory(prefix=".build-", dir=d) as tmp:
-            cpp = Path(tmp) / "emulate.cpp"
-            cpp.write_text(src)
-            proc = subprocess.run([cxx, "-O1", "-std=c++17", "-w", "-fPIC", "-shared", "-o", str(Path(tmp) / "e.so"),
-                                   str(cpp)], capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise RuntimeError(f"the emulation of {len(kernels)} CUDA kernels did not compile:\n"
-                                   f"{proc.stderr[-3000:]}")
-            (Path(tmp) / "e.so").replace(out)
-    return str(out)
+    """The path of a shared library emulating `kernels`, built and cached as the kernel
+    libraries are (builder.compile_library: named by what it holds, checked before loading)."""
+    path, error = compile_library(emulation_source(kernels), FLAGS)
+    if path is None:
+        raise RuntimeError(f"the emulation of {len(kernels)} CUDA kernels did not compile:\n{error}")
+    return path
+
+
+@lru_cache(maxsize=1)
+def _ffi() -> FFI:
+    f = FFI()
+    f.cdef(CDEF)
+    return f
+
+
+@lru_cache(maxsize=8)
+def _open(lib: str):
+    return open_library(lib, _ffi())
 
 
 def emulate(lib: str, index: int, kernel, inputs: list, out_shape, reverse: bool = False):
     """Run kernel `index` of an emulation library on `inputs` (float32 arrays) with `kernel`'s
     launch (grid x block). Returns (output, None), or (None, what went wrong) when an index was
     out of bounds, a float4 misaligned or the block's threads met different barriers."""
-    so = ctypes.CDLL(lib)
+    f = _ffi()
     arrays = [aligned_copy(np.asarray(a, dtype=np.float32)) for a in inputs]   # as a GPU allocation is
     out = aligned_empty(out_shape)
     out[...] = np.nan
     arrays.append(out)
-    ptrs = (ctypes.POINTER(ctypes.c_float) * len(arrays))(
-        *[a.ctypes.data_as(ctypes.POINTER(ctypes.c_float)) for a in arrays])
-    lens = (ctypes.c_longlong * len(arrays))(*[a.size for a in arrays])
-    message = ctypes.create_string_buffer(512)
-    rc = so.tuner_emulate(index, ptrs, lens, kernel.grid, kernel.block, int(reverse), message, 512)
-    return (None, message.value.decode()) if rc else (out, None)
+    message = f.new("char[]", 512)
+    rc = _open(lib).tuner_emulate(index, pointer_array(arrays, f), f.new("long long[]", [a.size for a in arrays]),
+                                  kernel.grid, kernel.block, int(reverse), message, 512)
+    return (None, f.string(message).decode()) if rc else (out, None)

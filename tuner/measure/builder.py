@@ -12,7 +12,6 @@ instead of being recorded against every candidate.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -26,7 +25,7 @@ from pathlib import Path
 from ..codegen.c import PRELUDE
 from ..errors import SetupError
 from ..target import Target
-from .library import library_name, verified
+from .library import LIBRARY_DIRS, library_name, source_digest, verified
 
 # The one timing rule in C, for kernels (HARNESS) and compiled models (runtime.compiler):
 # warm up once, pick `number` so that one repeat lasts at least min_repeat_ms (number <= 0), then
@@ -166,8 +165,8 @@ def library_source(functions: list) -> str:
 def compile_library(source: str, flags: list) -> tuple:
     """(path of the cached .so, None) or (None, compiler message); SetupError when the machine fails."""
     cc, version = compiler()
-    digest = hashlib.sha256("\0".join([source, " ".join(flags), version]).encode()).hexdigest()[:24]
-    d = cache_dir()
+    digest = source_digest(source, flags, version)
+    d = cache_dir(LIBRARY_DIRS[".so"])
     for cached in sorted(d.glob(f"{digest}-*.so")):
         if verified(cached):
             return str(cached), None

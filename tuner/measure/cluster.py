@@ -35,15 +35,14 @@ import time
 from pathlib import Path
 
 from ..errors import SetupError, UserError
+from ..target import host_cores
 from .builder import BuildResult, cache_dir
-from .library import verified
+from .library import LIBRARY_DIRS, LIBRARY_NAME, verified
 from .result import RUNTIME_ERROR, MeasureResult
 
 LOCAL = "local:"
 BUILD = "tuner-build"          # the resource a build worker declares
 JOBS_ENV = "TUNER_BUILD_JOBS"  # on a build worker: compiler calls at once (default: its cores)
-_LIBRARY = re.compile(r"[0-9a-f]{24}-[0-9a-f]{16}\.(so|cubin)")     # builder.library_name, and nvcc's
-_LIBRARY_DIRS = {"so": "kernels", "cubin": "cuda"}                    # builder.cache_dir(name) of each
 _RUNNERS: dict = {}          # on a worker: (target, config, replay) -> its Runner, kept between jobs
 _TASKS = collections.OrderedDict()   # on a worker: (spec, layout, target) -> Task, for the last
 TASKS_KEPT = 8                       # few tasks (a model tune has hundreds)
@@ -79,10 +78,10 @@ def _unpack(built: tuple) -> list:
     libs, out, _ = built
     paths = {}
     for name, data in libs.items():
-        m = _LIBRARY.fullmatch(name)
+        m = LIBRARY_NAME.fullmatch(name)
         if m is None:
             raise RuntimeError(f"a build worker sent a library named {name!r}, not a name the builder gives")
-        path = cache_dir(_LIBRARY_DIRS[m.group(1)]) / name
+        path = cache_dir(LIBRARY_DIRS[m.group(1)]) / name
         if not verified(path):
             tmp = path.with_name(f".{name}.{os.getpid()}.part")
             tmp.write_bytes(data)
@@ -176,6 +175,19 @@ def local_cluster(n: int, resources: dict, env: dict | None = None, build: int =
                                           "dashboard_address": None}})
 
 
+def start_local(address: str, target, env: dict | None = None):
+    """The local cluster `local:M[+B]` names for `target`'s measurements: its build workers share
+    the cores the measuring workers leave."""
+    n, builders = parse_local(address)
+    return local_cluster(n, {measure_resource(target): 1}, env, build=builders,
+                         build_jobs=max(1, (host_cores() - n) // max(builders, 1)))
+
+
+def idle_share(busy_s: float, workers: int, wall_s: float) -> float:
+    """The share of `workers`' time over `wall_s` they were not on a job (busy_s in all)."""
+    return max(0.0, 1.0 - busy_s / (workers * wall_s)) if workers and wall_s > 0 else 0.0
+
+
 def parse_local(address: str) -> tuple:
     """`local:M` or `local:M+B`: (M measuring workers, B build workers)."""
     m = re.fullmatch(r"local:(\d+)(?:\+(\d+))?", address)
@@ -197,7 +209,6 @@ class ClusterRunner:
         except ImportError:
             raise UserError("--cluster needs Dask's distributed, which is not installed: pip install -e "
                             "'.[cluster]'") from None
-        from ..target import host_cores
         from .runner import RunConfig
         self.target = target
         self.config = config or RunConfig()
@@ -208,9 +219,7 @@ class ClusterRunner:
         self._cluster = None
         self.say = progress
         if address.startswith(LOCAL):
-            n, builders = parse_local(address)
-            self._cluster = local_cluster(n, {self.resource: 1}, build=builders,
-                                          build_jobs=max(1, (host_cores() - n) // max(builders, 1)))
+            self._cluster = start_local(address, target)
             address = self._cluster.scheduler_address
         try:
             self.client = Client(address, timeout="5s")
@@ -232,21 +241,23 @@ class ClusterRunner:
         that workers do not wait while the tuner proposes."""
         if self._ahead is not None:
             return self._ahead
-        return max(1, -(-len(self.workers_seen) // max(self._last_batch, 1)) if self._last_batch else 1)
+        return max(1, -(-len(self.workers_seen) // max(self._last_batch, 1)))
 
-    def _workers(self, resource: str) -> list:
+    def workers(self) -> tuple:
+        """(measuring workers, build workers) now: one question to the scheduler."""
         info = self.client.scheduler_info(n_workers=-1)["workers"]
-        return [w for w, d in info.items() if d.get("resources", {}).get(resource)]
+        return tuple([w for w, d in info.items() if d.get("resources", {}).get(r)] for r in (self.resource, BUILD))
 
     def measuring_workers(self) -> list:
-        return self._workers(self.resource)
+        return self.workers()[0]
 
     def build_workers(self) -> list:
-        return self._workers(BUILD)
+        return self.workers()[1]
 
     def _census(self) -> tuple:
         """The measuring and build workers now, with a line when some joined or left."""
-        workers, builders = self.measuring_workers(), ([] if self.replay else self.build_workers())
+        workers, builders = self.workers()
+        builders = [] if self.replay else builders
         if not workers:
             raise SetupError(f"no worker of the cluster measures for {self.target} (resource {self.resource}): "
                              f"start one on a matching machine with `tuner worker {self.client.scheduler.address} "
@@ -316,11 +327,12 @@ class ClusterRunner:
                 return fut.result(timeout=POLL_S)
             except TimeoutError:
                 pass
-            if built is not None and built.status != "finished" and not self.build_workers():
+            workers, builders = self.workers()
+            if built is not None and built.status != "finished" and not builders:
                 self.say("cluster: no build worker left; the measuring workers build their own jobs")
                 self.client.cancel([built, fut])
                 jobs[k] = submit(k, chunk, False)
-            if not said and not self.measuring_workers():
+            if not said and not workers:
                 self.say(f"cluster: no worker measuring for {self.target} is left; waiting for one to join "
                          f"(`tuner worker {self.client.scheduler.address} --measure`)")
                 said = True
@@ -332,11 +344,8 @@ class ClusterRunner:
         if not n or self._first is None:
             return ""
         wall = time.perf_counter() - self._first
-
-        def idle(busy: float, k: int) -> str:
-            return f"{max(0.0, 1.0 - busy / (k * wall)):.0%}" if wall > 0 else "0%"
-        line = f" | {n} measuring, idle {idle(self.busy_s, n)}"
-        return line + (f"; {b} building, idle {idle(self.build_busy_s, b)}" if b else "")
+        line = f" | {n} measuring, idle {idle_share(self.busy_s, n, wall):.0%}"
+        return line + (f"; {b} building, idle {idle_share(self.build_busy_s, b, wall):.0%}" if b else "")
 
     def close(self):
         self.client.close()

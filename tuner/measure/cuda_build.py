@@ -10,7 +10,6 @@ machine is at fault (SetupError).
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -23,7 +22,7 @@ from ..codegen.cuda import PRELUDE
 from ..errors import SetupError
 from ..target import MAX_REGS_PER_THREAD
 from .builder import BuildResult, _trim, cache_dir
-from .library import content_hash, verified
+from .library import LIBRARY_DIRS, library_name, source_digest, verified
 
 CANARY = 'extern "C" __global__ void tuner_canary(float* x) { x[threadIdx.x] = 0.0f; }\n'
 
@@ -59,8 +58,8 @@ def compile_cubin(source: str, target) -> tuple:
     """(path of the cached cubin, None) or (None, nvcc's message); SetupError when the machine fails."""
     cc, version = nvcc()
     flags = list(target.nvcc_flags)
-    digest = hashlib.sha256("\0".join([source, " ".join(flags), version]).encode()).hexdigest()[:24]
-    d = cache_dir("cuda")
+    digest = source_digest(source, flags, version)
+    d = cache_dir(LIBRARY_DIRS[".cubin"])
     for cached in sorted(d.glob(f"{digest}-*.cubin")):
         if verified(cached):
             return str(cached), None
@@ -75,7 +74,7 @@ def compile_cubin(source: str, target) -> tuple:
                 _check_nvcc_works(cc, flags, Path(tmp))
                 return None, _trim(proc.stderr or proc.stdout)
             data = out_tmp.read_bytes()
-            out = d / f"{digest}-{content_hash(data)}.cubin"
+            out = d / library_name(digest, data, ".cubin")
             os.replace(out_tmp, out)
     except OSError as e:
         raise SetupError(f"cannot build CUDA kernels in {d}: {e.strerror or e}; free space there or set "

@@ -10,6 +10,7 @@ import ctypes
 import ctypes.util
 import hashlib
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -82,15 +83,27 @@ def pointer_array(arrays: list, lib_ffi: FFI | None = None):
 
 
 CONTENT_HASH_CHARS = 16
+SOURCE_DIGEST_CHARS = 24
+# per kind of built file, by suffix: the kernel cache's subdirectory it is kept in (builder.cache_dir)
+LIBRARY_DIRS = {".so": "kernels", ".cubin": "cuda"}
+# every name library_name gives (a file sent from elsewhere must have one: cluster build workers)
+LIBRARY_NAME = re.compile(rf"[0-9a-f]{{{SOURCE_DIGEST_CHARS}}}-[0-9a-f]{{{CONTENT_HASH_CHARS}}}"
+                          rf"({'|'.join(re.escape(k) for k in LIBRARY_DIRS)})")
 
 
 def content_hash(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:CONTENT_HASH_CHARS]
 
 
-def library_name(source_digest: str, data: bytes) -> str:
+def source_digest(source: str, flags: list, compiler_version: str) -> str:
+    """What a library is built from: its source, the compiler's flags and version."""
+    return hashlib.sha256("\0".join([source, " ".join(flags), compiler_version]).encode()).hexdigest()[
+        :SOURCE_DIGEST_CHARS]
+
+
+def library_name(digest: str, data: bytes, suffix: str = ".so") -> str:
     """The cache file name of a built library: what it was built from, then what it holds."""
-    return f"{source_digest}-{content_hash(data)}.so"
+    return f"{digest}-{content_hash(data)}{suffix}"
 
 
 def verified(path) -> bool:
