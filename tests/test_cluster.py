@@ -298,7 +298,8 @@ def test_tuner_worker_processes_measure_and_build_for_a_tune(tmp_path, tmp_cache
     from distributed import Client
     with local_cluster(0, {}) as cluster:
         address = cluster.scheduler_address
-        procs = [_tuner_worker(address, *role) for role in (["--measure", "--threads", "1"], ["--build", "--jobs", "1"])]
+        procs = [_tuner_worker(address, *role)
+                 for role in (["--measure", "--threads", "1"], ["--build", "--jobs", "1"])]
         try:
             with Client(address) as client:
                 client.wait_for_workers(2, timeout=60)

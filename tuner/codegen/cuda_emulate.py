@@ -1,10 +1,10 @@
 """Runs generated CUDA C on the CPU, block by block and thread by thread, as a GPU would be
 obliged to: a check of kernels that needs no GPU.
 
-The kernel's own source is compiled as C++ (builder.compile_library) against a small runtime: every CUDA thread of a
-block is a coroutine (ucontext) with its own stack, and `__syncthreads()` hands control back to
-a scheduler that runs each thread of the block up to its next barrier before any passes it. So
-what the barriers promise holds and nothing more: a thread runs its whole stretch between two
+The kernel's own source is compiled as C++ (builder.compile_library) against a small runtime:
+every CUDA thread of a block is a coroutine (ucontext) with its own stack, and `__syncthreads()`
+hands control back to a scheduler that runs each thread of the block up to its next barrier
+before any passes it. So what the barriers promise holds and nothing more: a thread runs its whole stretch between two
 barriers before the next thread starts its own, in thread order or (reverse=True) the other
 way, and a barrier left out shows as a wrong result in one of the two orders. On top of the
 serial emulation of the loop nest (codegen.cuda.serial_copy) this checks the source nvcc gets:
@@ -189,7 +189,8 @@ def emulation_source(kernels: list) -> str:
         params = re.findall(r"tuner_buf (\w+)", header)
         assert len(params) == nargs, header
         call = ", ".join(f'tuner_buf{{args[{a}], lens[{a}], "{n}"}}' for a, n in enumerate(params))
-        parts.append(f"static void tuner_launch_{len(table)}(float** args, const long long* lens) {{ {name}({call}); }}")
+        parts.append(f"static void tuner_launch_{len(table)}(float** args, const long long* lens) "
+                     f"{{ {name}({call}); }}")
         table.append(f"tuner_launch_{len(table)}")
     parts.append(f"static const tuner_launch_fn tuner_table[] = {{ {', '.join(table)} }};")
     parts.append('extern "C" int tuner_emulate(int i, float** args, const long long* lens, int grid, int block, '
