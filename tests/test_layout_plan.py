@@ -240,6 +240,52 @@ def test_with_fused_reads_a_mixed_block_plan_keeps_no_transform_between_convs():
     assert data_path_transforms(optimize(g, layout="NCHW16c", layout_plan=plain.layouts)) > single
 
 
+def test_a_conv_whose_channels_a_block_does_not_take_still_reads_it(tmp_cache):
+    """MobileNetV2's convs writing 24 channels cannot write NCHW16c; with NCHW8c and NCHW16c among
+    the choices they also get NCHW16c>NCHW8c (and no other conv does), so when NCHW16c is cheaper
+    everywhere (synthetic prices) the plan runs the whole model in NCHW16c blocks and keeps only
+    the model's NCHW boundaries: no transform between convs, none for 24 channels whose NCHW8c and
+    NCHW16c blocks are the same 8 (te.layouts.same_data), in the plan's price or in the compiled
+    model, which matches ONNX Runtime."""
+    from tuner.graph.passes import optimize
+    from tuner.graph.passes.convert_layout import data_path_transforms
+    g = mobilenet_v2(image=32)
+    space = model_layouts(g, ("NCHW8c", "NCHW16c"))
+    k = {n.name: n.inputs[1].shape[0] for n in g.nodes if n.op == "conv2d"}
+    reads = {v for v, d in space.domains.items() if "NCHW16c>NCHW8c" in d}
+    assert reads and reads == {v for v in space.domains if k[v] % 16 and k[v] % 8 == 0}
+    assert all(space.domains[v] == ("NCHW8c", "NCHW16c>NCHW8c") for v in reads)
+
+    def price(wl):
+        if wl.op == "layout_transform":
+            return 1.0
+        return 0.0 if wl.op != "conv2d" or wl.layout == "NCHW16c" or wl.p.get("ib") == 16 else 5.0
+    plan = solve(space.problem(price))
+    assert {v for v, lay in plan.layouts.items() if lay == "NCHW16c>NCHW8c"} == reads
+    assert plan.cost == data_path_transforms(optimize(g, layout="NCHW16c")) == 2
+    m = compile_model(g, threads=1, layout_plan=plan.layouts)
+    assert_matches_onnxruntime(m, g)
+    assert sum(s.workload.startswith("layout_transform") for s in m.steps) == 2
+
+
+@given(st.integers(1, 64), st.sampled_from(["NCHW", "NHWC", "NCHW4c", "NCHW8c", "NCHW16c"]),
+       st.sampled_from(["NCHW", "NHWC", "NCHW4c", "NCHW8c", "NCHW16c"]))
+@settings(max_examples=60, deadline=None)
+def test_layouts_are_the_same_data_exactly_when_their_arrays_are(c, a, b):
+    """te.layouts.same_data, which lets a plan and ConvertLayout skip a transform, holds exactly when
+    the two layouts lay out c channels as the same array (for blocked layouts; NCHW and NHWC only
+    with themselves)."""
+    import numpy as np
+    from tuner.te import layouts as L
+    x = np.random.default_rng(c).standard_normal((1, c, 3, 2)).astype(np.float32)
+    xa, xb = L.act_from_nchw(x, a), L.act_from_nchw(x, b)
+    same = xa.shape == xb.shape and np.array_equal(xa, xb)
+    if L.same_data(a, b, c):
+        assert same
+    elif L.block_of(a) and L.block_of(b):
+        assert not same
+
+
 def test_a_dense_weight_packing_is_a_choice_of_the_plan(tmp_cache):
     """With packings among the choices, a dense is a variable of its own (no edges: its packing
     moves no activation); the plan's packing is the task the compiled model runs; a packing given

@@ -192,7 +192,14 @@ def _conv_layouts(n, layouts) -> tuple:
     a Winograd choice (te.winograd.parse_choice) where it applies (3x3, stride 1; a blocked one
     where its block divides the output channels); reading one blocked layout and writing another
     (convert_layout.fused_read) for ordinary convs whose output channels the second's block
-    divides; NCHW alone when none of these fits (other grouped convs)."""
+    divides; NCHW alone when none of these fits (other grouped convs).
+
+    An ordinary conv whose output channels a blocked layout of `layouts` does not take (24 in
+    NCHW16c) also gets that layout as a read (NCHW16c>NCHW8c, writing the largest block of
+    `layouts` that does take them), when that reads its input in a different block than the
+    write layout alone would: its neighbours can then stay in NCHW16c with no transform kernel
+    between them and it. On MobileNetV2 the two convs writing 24 channels had only NCHW8c, so
+    their 56x56 stage ran in NCHW8c behind a 16c->8c transform."""
     from ..te import layouts as L
     from ..te import winograd as WG
     from .passes.convert_layout import fused_read, winograd_applies
@@ -215,6 +222,15 @@ def _conv_layouts(n, layouts) -> tuple:
         b = L.block_of(lay)
         if lay == "NCHW" or (groups == 1 and (not b or k % b == 0)) or (groups == c == k and b and k % b == 0):
             out.append(lay)
+    if groups == 1:                    # a block the output channels do not take is still read (the note above)
+        blocked = [lay for lay in layouts if L.block_of(lay) and not (fused_read(lay) or WG.parse_choice(lay))]
+        writes = [lay for lay in blocked if k % L.block_of(lay) == 0]
+        for lay in blocked:
+            fits = [w for w in writes if L.fit_block(c, L.block_of(w)) != L.fit_block(c, L.block_of(lay))]
+            if k % L.block_of(lay) and fits:
+                read = f"{lay}>{max(fits, key=L.block_of)}"
+                if read not in out:
+                    out.append(read)
     return tuple(sorted(out, key=lambda lay: lay != "NCHW")) or ("NCHW",)
 
 
@@ -299,7 +315,7 @@ def model_layouts(graph, layouts=("NCHW", "NHWC", "NCHW8c", "NCHW16c")) -> Model
         t = pairs.setdefault((u, v), {})
         for a in domains[u]:
             for b in domains[v]:
-                if out_of(a) != read(b):
+                if not L.same_data(out_of(a), read(b), shape[1]):
                     t.setdefault((a, b), []).append(transform_task(shape, out_of(a), read(b)))
 
     used = uses(pre)

@@ -80,6 +80,16 @@ def fit_block(channels: int, block: int) -> int:
     return max(b for b in range(1, min(block, channels) + 1) if channels % b == 0)
 
 
+def same_data(a: str, b: str, channels: int) -> bool:
+    """Whether `channels` channels in activation layout `a` are the same bytes as in `b`: the same
+    layout, or two blocked ones whose fitted blocks agree (24 channels: NCHW8c and NCHW16c both
+    take blocks of 8), so that going from one to the other moves nothing."""
+    if a == b:
+        return True
+    ba, bb = block_of(a), block_of(b)
+    return bool(ba and bb) and fit_block(channels, ba) == fit_block(channels, bb)
+
+
 def act_shape(layout: str, n: int, c: int, h: int, w: int, block: int | None = None) -> tuple:
     if layout == "NCHW":
         return (n, c, h, w)
