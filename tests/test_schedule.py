@@ -109,6 +109,40 @@ def test_an_epilogue_fused_or_apart_computes_the_reference(wl):
     assert SearchSpace(make("conv2d", dict(C=8, H=6, W=6, K=16, R=3, S=3, pad=1), "NCHW8c"), TARGET1).epilogues == ()
 
 
+@pytest.mark.parametrize("wl", [make("conv2d", dict(C=16, H=4, W=8, K=32, R=1, S=1, bias=1, relu=1), "NCHW16c"),
+                                make("conv2d", dict(C=8, H=6, W=6, K=16, R=3, S=3, pad=1, stride=2), "NCHW8c"),
+                                make("conv2d", dict(C=8, H=5, W=6, K=8, R=3, S=3, pad=1, bias=1), "NHWC")],
+                         ids=["conv1x1", "conv3x3-stride2", "conv3x3-nhwc"])
+def test_the_register_tiles_loop_order_is_a_decision_that_computes_the_reference(wl):
+    """`order`: the register tile's unrolled loops in the output's axis order or reversed, the vector
+    axis innermost either way; a point logged without it is the axis order; a mutation can flip it
+    alone; both orders compute the reference."""
+    space = SearchSpace(wl, TARGET1)
+    tile = [[1, 1, 1] for _ in space.out_shape]
+    unrolled = [d for d, e in enumerate(space.out_shape[:-1]) if e > 1][:2]
+    assert len(unrolled) == 2
+    for d in unrolled:
+        tile[d][2] = 2
+    tile[-1][2] = max(space.last_options)
+    axes = dict(space.default(), tile=tile)
+    assert axes["order"] == "axes"
+    rev = dict(axes, order="reversed")
+    steps = {o: space.steps(d) for o, d in (("axes", axes), ("reversed", rev))}
+    local = space.reduction_stage(axes)
+    inner = {o: [a for a in next(s for s in st if s[:2] == ["reorder", local])[2] if a.endswith(".1")]
+             for o, st in steps.items()}
+    names = [f"{space.local_axes[d]}.1" for d in unrolled]
+    assert [a for a in inner["axes"] if a in names] == names
+    assert [a for a in inner["reversed"] if a in names] == names[::-1]
+    assert inner["axes"][-1] == inner["reversed"][-1] == f"{space.local_axes[-1]}.1"
+    assert space.steps({k: v for k, v in axes.items() if k != "order"}) == steps["axes"]     # older logs
+    check_schedules([(wl, steps["axes"]), (wl, steps["reversed"])])
+    rng = random.Random(0)
+    flips = [m for m in (mutate(space, axes, rng) for _ in range(200)) if m and m["order"] == "reversed"]
+    assert flips and all(dict(m, order="axes") == axes for m in flips)
+    assert {space.sample(rng)["order"] for _ in range(40)} == {"axes", "reversed"}
+
+
 WINOGRAD_TRANSFORMS = [make("winograd_input", dict(C=16, H=9, W=9, pad=1, m=4)),
                        make("winograd_input", dict(C=12, H=7, W=7, pad=1, m=2)),
                        make("winograd_output", dict(K=16, H=9, W=9, pad=1, m=4, bias=1, relu=1)),

@@ -29,7 +29,7 @@ def _key(dec: dict) -> str:
 
 def _structure(dec: dict) -> str:
     """The decisions that change the loop nest's structure rather than its numbers."""
-    return json.dumps([dec.get("pad", {}), dec.get("epilogue", "fused")], sort_keys=True)
+    return json.dumps([dec.get("pad", {}), dec.get("epilogue", "fused"), dec.get("order", "axes")], sort_keys=True)
 
 
 def _by_structure(decs) -> dict:

@@ -2,7 +2,8 @@
 
 Each mutation changes one decision and keeps the point legal: a tile mutation moves a prime
 factor of an axis from one tiling level to another (the product stays the axis extent); the
-others pick a different reduce split, auto-unroll depth, pad placement or epilogue placement.
+others pick a different reduce split, auto-unroll depth, pad placement, epilogue placement or
+register-tile loop order.
 A point of a flat sketch (injective, table) gets another option for one of its decisions.
 """
 from __future__ import annotations
@@ -10,10 +11,10 @@ from __future__ import annotations
 import copy
 import random
 
-from .sketch import UNROLL_CHOICES, SearchSpace, divisors
+from .sketch import ORDERS, UNROLL_CHOICES, SearchSpace, divisors
 
 # how often each kind of mutation is tried: tiling matters most
-WEIGHTS = {"tile": 0.6, "reduce": 0.15, "unroll": 0.15, "pad": 0.1, "epilogue": 0.05}
+WEIGHTS = {"tile": 0.6, "reduce": 0.15, "unroll": 0.15, "pad": 0.1, "epilogue": 0.05, "order": 0.1}
 
 
 def _prime_factors(n: int) -> list:
@@ -71,6 +72,8 @@ def mutate(space: SearchSpace, dec: dict, rng: random.Random, attempts: int = 20
             new["unroll"] = rng.choice([u for u in UNROLL_CHOICES if u != new["unroll"]])
         elif kind == "epilogue":
             new["epilogue"] = "apart" if new.get("epilogue", "fused") == "fused" else "fused"
+        elif kind == "order":
+            new["order"] = rng.choice([o for o in ORDERS if o != new.get("order", ORDERS[0])])
         else:
             p = rng.choice(space.pads)
             new["pad"][p] = "root" if new["pad"][p] == "inline" else "inline"

@@ -14,6 +14,11 @@ Tiled sketch, for a DAG with one reduction (conv2d, dense, pooling):
     whole output (vectorised, parallel), the cost of running it as its own kernel without the call;
   * the reduction is tiled "SSRSRS": R0 S2 R1 S3 over its tile, S3 being the register tile
     (innermost axis vectorised, the others unrolled) and an auto-unroll depth;
+  * the register tile's unrolled loops run in the output's axis order or reversed (a decision,
+    `order`; the vector axis stays innermost): for NCHW[x]c, reversed puts the pixels outside
+    the channel blocks, so each input broadcast feeds every channel block while the weight vectors
+    stay in registers, as MLAS's AVX-512 kernels do (a 4x7 tile: 0.506 ms against 0.549 in axis
+    order on ResNet-50's 256-to-64 1x1 conv, AVX-512), and wider tiles fit the registers;
   * outer tiles fused and parallel when the target has more than one thread.
 Table sketch, for a reduction over a small constant matrix (the Winograd transforms: its stage's
 `table` names the axes that pick matrix entries): those axes and the reduction are unrolled, so
@@ -39,6 +44,7 @@ from ..te.workloads import Workload
 MAX_ACCUMULATORS = 32        # vector registers of AVX-512 (AVX2 has 16; spills only cost speed)
 MAX_TILE_FLOATS = 16384      # a 64 KiB accumulator tile stays on the stack and in L1/L2
 UNROLL_CHOICES = (0, 16, 64, 512)
+ORDERS = ("axes", "reversed")  # the register tile's unrolled loops: the output's axis order, or reversed
 
 
 def divisors(n: int) -> list:
@@ -158,6 +164,7 @@ class SearchSpace(DagSketch):
         }
         if self.epilogues:
             dec["epilogue"] = rng.choice(self.epilogues)
+        dec["order"] = rng.choice(ORDERS)
         return dec
 
     def default(self) -> dict:
@@ -189,7 +196,7 @@ class SearchSpace(DagSketch):
                 tile[d][2] = max(x for x in divisors(shape[d]) if x * acc <= 24)
                 acc *= tile[d][2]
         dec = {"pad": {p: "root" for p in self.pads}, "tile": tile,
-               "reduce": [1 for _ in self.reduce_axes], "unroll": 64}
+               "reduce": [1 for _ in self.reduce_axes], "unroll": 64, "order": ORDERS[0]}
         if self.epilogues:
             dec["epilogue"] = "fused"
         return dec
@@ -224,8 +231,11 @@ class SearchSpace(DagSketch):
         for (ax, _), r1 in zip(self.reduce_axes, dec["reduce"]):
             steps.append(["split", local, ax, [r1]])
         red = [r for r, _ in self.reduce_axes]
+        unrolled = self.local_axes[:-1]        # points logged before `order` was a decision: axes
+        if dec.get("order") == "reversed":
+            unrolled = unrolled[::-1]
         steps.append(["reorder", local, [f"{r}.0" for r in red] + [f"{a}.0" for a in self.local_axes]
-                      + [f"{r}.1" for r in red] + [f"{a}.1" for a in self.local_axes]])
+                      + [f"{r}.1" for r in red] + [f"{a}.1" for a in unrolled + self.local_axes[-1:]]])
         if tile[-1][2] % 4 == 0:
             steps.append(["annotate", local, f"{self.local_axes[-1]}.1", "vectorize"])
         elif tile[-1][2] > 1:
