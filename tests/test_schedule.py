@@ -141,6 +141,8 @@ def test_the_register_tiles_loop_order_is_a_decision_that_computes_the_reference
     flips = [m for m in (mutate(space, axes, rng) for _ in range(200)) if m and m["order"] == "reversed"]
     assert flips and all(dict(m, order="axes") == axes for m in flips)
     assert {space.sample(rng)["order"] for _ in range(40)} == {"axes", "reversed"}
+    from tuner.search.optuna_search import _parameter_table
+    assert ("order", ("order",), ["axes", "reversed"]) in _parameter_table(space)
 
 
 WINOGRAD_TRANSFORMS = [make("winograd_input", dict(C=16, H=9, W=9, pad=1, m=4)),

@@ -11,7 +11,7 @@ from __future__ import annotations
 from ..errors import UserError
 from . import Policy
 from ..schedule.schedule import ScheduleError
-from ..space.sketch import MAX_ACCUMULATORS, ORDERS, UNROLL_CHOICES, divisors
+from ..space.sketch import MAX_ACCUMULATORS, UNROLL_CHOICES, divisors
 
 SAMPLERS = ("tpe", "cmaes", "random")
 
@@ -58,8 +58,8 @@ class OptunaSearch(Policy):
                 continue
             if self.space.epilogues:
                 dec = {"epilogue": "fused", **dec}          # logged before the epilogue was a decision
-            if self.space.kind == "tiled":
-                dec = {"order": ORDERS[0], **dec}           # logged before the loop order was one
+            if self.space.orders:
+                dec = {"order": self.space.orders[0], **dec}   # logged before the loop order was one
             try:
                 params = self._params(dec)
             except (ValueError, KeyError, IndexError, TypeError):   # decisions of another space
@@ -137,7 +137,7 @@ def _parameter_table(space) -> list:
         rows.append((f"tile.{d}", ("tile", d), sorted(opts, key=lambda t: (t[2], t[1], t[0]))))
     rows += [(f"reduce.{r}", ("reduce", j), divisors(e)) for j, (r, e) in enumerate(space.reduce_axes)]
     rows.append(("unroll", ("unroll",), list(UNROLL_CHOICES)))
-    rows.append(("order", ("order",), list(ORDERS)))
+    rows += [("order", ("order",), list(space.orders))] if space.orders else []
     return rows
 
 

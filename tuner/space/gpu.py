@@ -48,6 +48,7 @@ class GpuSearchSpace(DagSketch):
         self._pad_stages = self.pads
         self.pads = []                       # always inlined, into the shared copy: no decision
         self.epilogues = ()
+        self.orders = ()          # the register tile's loop order is a CPU decision (space.sketch)
         if self.anchor:
             self.reads = sorted({t.name for t in self.anchor_op.inputs})
             self._loads = [n for n in walk(self.anchor_op.body.source) if isinstance(n, Load)]

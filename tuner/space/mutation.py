@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import random
 
-from .sketch import ORDERS, UNROLL_CHOICES, SearchSpace, divisors
+from .sketch import UNROLL_CHOICES, SearchSpace, divisors
 
 # how often each kind of mutation is tried: tiling matters most
 WEIGHTS = {"tile": 0.6, "reduce": 0.15, "unroll": 0.15, "pad": 0.1, "epilogue": 0.05, "order": 0.1}
@@ -38,7 +38,7 @@ def mutate(space: SearchSpace, dec: dict, rng: random.Random, attempts: int = 20
             return None
         name = rng.choice(names)
         return {**dec, name: rng.choice(options[name])}
-    present = {"pad": space.pads, "reduce": space.reduce_axes, "epilogue": space.epilogues}
+    present = {"pad": space.pads, "reduce": space.reduce_axes, "epilogue": space.epilogues, "order": space.orders}
     kinds = [k for k in WEIGHTS if present.get(k, True)]
     for _ in range(attempts):
         kind = rng.choices(kinds, weights=[WEIGHTS[k] for k in kinds])[0]
@@ -73,7 +73,7 @@ def mutate(space: SearchSpace, dec: dict, rng: random.Random, attempts: int = 20
         elif kind == "epilogue":
             new["epilogue"] = "apart" if new.get("epilogue", "fused") == "fused" else "fused"
         elif kind == "order":
-            new["order"] = rng.choice([o for o in ORDERS if o != new.get("order", ORDERS[0])])
+            new["order"] = rng.choice([o for o in space.orders if o != new.get("order", space.orders[0])])
         else:
             p = rng.choice(space.pads)
             new["pad"][p] = "root" if new["pad"][p] == "inline" else "inline"

@@ -120,6 +120,11 @@ class SearchSpace(DagSketch):
         """Where the epilogue can run: ("fused", "apart") when there is one, else ()."""
         return ("fused", "apart") if self.anchor and not self.cache_write else ()
 
+    @property
+    def orders(self) -> tuple:
+        """The register tile's loop orders (decision `order`): ORDERS for the tiled sketch, else ()."""
+        return ORDERS if self.kind == "tiled" else ()
+
     # ------------------------------------------------------------ per-axis options
     @cached_property
     def last_options(self) -> list:
