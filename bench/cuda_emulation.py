@@ -12,27 +12,18 @@ import random
 import time
 
 from bench.common import write_results
-from tuner.codegen.cuda_emulate import build_emulation, emulate
+from tuner.codegen.cuda_emulate import build_emulation, emulate, small_workloads
 from tuner.measure.worker import check_output
 from tuner.target import parse_target
 from tuner.task import Task
 from tuner.te.workloads import make
 
-WORKLOADS = [
-    make("conv2d", dict(C=8, H=10, W=10, K=16, R=3, S=3, pad=1), "NCHW"),
-    make("conv2d", dict(C=8, H=10, W=10, K=16, R=3, S=3, pad=1), "NHWC"),
-    make("conv2d", dict(C=8, H=11, W=11, K=16, R=3, S=3, stride=2, pad=1, bias=1, relu=1), "NCHW"),
-    make("conv2d", dict(N=2, C=16, H=8, W=8, K=16, R=3, S=3, pad=1, groups=16, residual=1), "NHWC"),
-    make("conv2d", dict(C=16, H=8, W=8, K=32, R=3, S=3, pad=1, groups=4, bias=1), "NCHW"),
-    make("conv2d", dict(C=16, H=6, W=6, K=16, R=1, S=1), "NCHW8c"),
+# the tests' small set, then a few larger kernels and a layout transform
+WORKLOADS = small_workloads() + [
     make("conv2d", dict(C=32, H=14, W=14, K=32, R=3, S=3, pad=1, bias=1, relu=1), "NCHW"),
     make("conv2d", dict(C=32, H=14, W=14, K=32, R=3, S=3, pad=1), "NHWC"),
     make("conv2d", dict(C=32, H=7, W=7, K=64, R=1, S=1), "NCHW16c"),
-    make("dense", dict(N=8, C=32, K=24, bias=1, relu=1)),
     make("dense", dict(N=16, C=64, K=64, bias=1)),
-    make("maxpool", dict(C=8, H=9, W=9, R=3, S=3, stride=2, pad=1), "NCHW"),
-    make("avgpool", dict(C=8, H=8, W=8, R=3, S=3, pad=1), "NHWC"),
-    make("globalavgpool", dict(C=16, H=5, W=5), "NCHW"),
     make("layout_transform", dict(C=16, H=6, W=6, dst="NHWC"), "NCHW"),
 ]
 

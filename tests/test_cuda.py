@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from tuner.codegen.c import generate_c
 from tuner.codegen.cuda import serial_copy
-from tuner.codegen.cuda_emulate import build_emulation, emulate
+from tuner.codegen.cuda_emulate import build_emulation, emulate, small_workloads
 from tuner.measure.builder import build_batch
 from tuner.measure.worker import check_output
 from tuner.schedule.schedule import ScheduleError
@@ -32,19 +32,7 @@ needs_nvcc = pytest.mark.skipif(
     not (shutil.which("nvcc") or shutil.which("/usr/local/cuda/bin/nvcc")),
     reason="nvcc (the CUDA toolkit) is not installed")
 
-# every operator and layout the CUDA sketch covers, small enough to emulate on a CPU quickly
-SMALL = [
-    make("conv2d", dict(C=8, H=10, W=10, K=16, R=3, S=3, pad=1), "NCHW"),
-    make("conv2d", dict(C=8, H=10, W=10, K=16, R=3, S=3, pad=1), "NHWC"),
-    make("conv2d", dict(C=8, H=11, W=11, K=16, R=3, S=3, stride=2, pad=1, bias=1, relu=1), "NCHW"),
-    make("conv2d", dict(N=2, C=16, H=8, W=8, K=16, R=3, S=3, pad=1, groups=16, residual=1), "NHWC"),
-    make("conv2d", dict(C=16, H=8, W=8, K=32, R=3, S=3, pad=1, groups=4, bias=1), "NCHW"),
-    make("conv2d", dict(C=16, H=6, W=6, K=16, R=1, S=1), "NCHW8c"),
-    make("dense", dict(N=8, C=32, K=24, bias=1, relu=1)),
-    make("maxpool", dict(C=8, H=9, W=9, R=3, S=3, stride=2, pad=1), "NCHW"),
-    make("avgpool", dict(C=8, H=8, W=8, R=3, S=3, pad=1), "NHWC"),
-    make("globalavgpool", dict(C=16, H=5, W=5), "NCHW"),
-]
+SMALL = small_workloads()
 
 
 def _points(task: Task, n: int, seed: int = 0) -> list:

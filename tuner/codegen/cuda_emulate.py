@@ -205,6 +205,24 @@ CDEF = "int tuner_emulate(int i, float** args, const long long* lens, int grid, 
        "char* message, int size);"
 
 
+def small_workloads() -> list:
+    """Every operator and layout the CUDA sketch covers, small enough to emulate on a CPU quickly:
+    the tests' set, and the start of bench/cuda_emulation.py's."""
+    from ..te.workloads import make
+    return [
+        make("conv2d", dict(C=8, H=10, W=10, K=16, R=3, S=3, pad=1), "NCHW"),
+        make("conv2d", dict(C=8, H=10, W=10, K=16, R=3, S=3, pad=1), "NHWC"),
+        make("conv2d", dict(C=8, H=11, W=11, K=16, R=3, S=3, stride=2, pad=1, bias=1, relu=1), "NCHW"),
+        make("conv2d", dict(N=2, C=16, H=8, W=8, K=16, R=3, S=3, pad=1, groups=16, residual=1), "NHWC"),
+        make("conv2d", dict(C=16, H=8, W=8, K=32, R=3, S=3, pad=1, groups=4, bias=1), "NCHW"),
+        make("conv2d", dict(C=16, H=6, W=6, K=16, R=1, S=1), "NCHW8c"),
+        make("dense", dict(N=8, C=32, K=24, bias=1, relu=1)),
+        make("maxpool", dict(C=8, H=9, W=9, R=3, S=3, stride=2, pad=1), "NCHW"),
+        make("avgpool", dict(C=8, H=8, W=8, R=3, S=3, pad=1), "NHWC"),
+        make("globalavgpool", dict(C=16, H=5, W=5), "NCHW"),
+    ]
+
+
 def build_emulation(kernels: list) -> str:
     """The path of a shared library emulating `kernels`, built and cached as the kernel
     libraries are (builder.compile_library: named by what it holds, checked before loading)."""

@@ -223,14 +223,12 @@ def _conv_layouts(n, layouts) -> tuple:
         if lay == "NCHW" or (groups == 1 and (not b or k % b == 0)) or (groups == c == k and b and k % b == 0):
             out.append(lay)
     if groups == 1:                    # a block the output channels do not take is still read (the note above)
-        blocked = [lay for lay in layouts if L.block_of(lay) and not (fused_read(lay) or WG.parse_choice(lay))]
-        writes = [lay for lay in blocked if k % L.block_of(lay) == 0]
-        for lay in blocked:
-            fits = [w for w in writes if L.fit_block(c, L.block_of(w)) != L.fit_block(c, L.block_of(lay))]
-            if k % L.block_of(lay) and fits:
-                read = f"{lay}>{max(fits, key=L.block_of)}"
-                if read not in out:
-                    out.append(read)
+        blocked = [lay for lay in layouts if L.block_of(lay)]      # plain NCHW[x]c only
+        for lay in (lay for lay in blocked if k % L.block_of(lay)):
+            fits = [w for w in blocked if k % L.block_of(w) == 0 and not L.same_data(w, lay, c)]
+            read = f"{lay}>{max(fits, key=L.block_of)}" if fits else None
+            if read and read not in out:
+                out.append(read)
     return tuple(sorted(out, key=lambda lay: lay != "NCHW")) or ("NCHW",)
 
 

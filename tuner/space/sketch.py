@@ -170,7 +170,7 @@ class SearchSpace(DagSketch):
         }
         if self.epilogues:
             dec["epilogue"] = rng.choice(self.epilogues)
-        dec["order"] = rng.choice(ORDERS)
+        dec["order"] = rng.choice(self.orders)
         return dec
 
     def default(self) -> dict:
@@ -202,7 +202,7 @@ class SearchSpace(DagSketch):
                 tile[d][2] = max(x for x in divisors(shape[d]) if x * acc <= 24)
                 acc *= tile[d][2]
         dec = {"pad": {p: "root" for p in self.pads}, "tile": tile,
-               "reduce": [1 for _ in self.reduce_axes], "unroll": 64, "order": ORDERS[0]}
+               "reduce": [1 for _ in self.reduce_axes], "unroll": 64, "order": self.orders[0]}
         if self.epilogues:
             dec["epilogue"] = "fused"
         return dec

@@ -80,14 +80,18 @@ def fit_block(channels: int, block: int) -> int:
     return max(b for b in range(1, min(block, channels) + 1) if channels % b == 0)
 
 
+def in_blocks_of(block: int, layout: str, channels: int) -> bool:
+    """Whether `channels` channels held in blocks of `block` are already blocked layout `layout`'s
+    data: its block fitted to them is `block` (24 channels in blocks of 8 are NCHW16c's)."""
+    b = block_of(layout)
+    return bool(b) and block == fit_block(channels, b)
+
+
 def same_data(a: str, b: str, channels: int) -> bool:
     """Whether `channels` channels in activation layout `a` are the same bytes as in `b`: the same
     layout, or two blocked ones whose fitted blocks agree (24 channels: NCHW8c and NCHW16c both
     take blocks of 8), so that going from one to the other moves nothing."""
-    if a == b:
-        return True
-    ba, bb = block_of(a), block_of(b)
-    return bool(ba and bb) and fit_block(channels, ba) == fit_block(channels, bb)
+    return a == b or (bool(block_of(a)) and in_blocks_of(fit_block(channels, block_of(a)), b, channels))
 
 
 def act_shape(layout: str, n: int, c: int, h: int, w: int, block: int | None = None) -> tuple:

@@ -39,9 +39,8 @@ class _Converter:
         """`x` in layout `dst` (x must be a 4-D activation or constant)."""
         if not x.layout or x.layout == dst:
             return x
-        blk = x.shape[4] if len(x.shape) == 5 else 0     # the block x's data is in (a concat's may be smaller)
-        if blk and L.block_of(dst) and blk == L.fit_block(x.shape[1] * blk, L.block_of(dst)):
-            return x                # already in dst's fitted block (L.same_data): a copy would move nothing
+        if len(x.shape) == 5 and L.in_blocks_of(x.shape[4], dst, x.shape[1] * x.shape[4]):
+            return x    # its data (in the block it has: a concat's may be smaller) is dst's: a copy would move nothing
         key = (id(x), dst)
         if key in self.memo:
             return self.memo[key]
