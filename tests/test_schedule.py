@@ -145,6 +145,70 @@ def test_the_register_tiles_loop_order_is_a_decision_that_computes_the_reference
     assert ("order", ("order",), ["axes", "reversed"]) in _parameter_table(space)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("wl", [make("conv2d", dict(C=8, H=9, W=9, K=16, R=3, S=3, pad=1, stride=2, bias=1, relu=1),
+                                     "NCHW8c"),
+                                make("conv2d", dict(C=8, H=6, W=5, K=8, R=3, S=3, pad=1, groups=8), "NHWC"),
+                                make("maxpool", dict(C=16, H=7, W=7, R=3, S=3, stride=2, pad=1), "NCHW16c")],
+                         ids=["conv3x3-stride2", "depthwise-nhwc", "maxpool"])
+def test_a_pad_computed_per_tile_computes_the_reference(wl, threads):
+    """`pad: tile`: the padded copy is made at the reduction's outermost loop and covers what one
+    output tile reads (a buffer smaller than the padded input when there are several tiles); with
+    the epilogue fused or apart, on one thread or two, it computes the reference; sampling,
+    mutation and the Optuna table all offer it."""
+    target = parse_target("cpu", threads=threads)
+    space = SearchSpace(wl, target)
+    (pad,) = space.pads
+    dec = space.default()
+    rows = 2 if len(space.out_shape) == 5 else 1       # the output rows' axis (NCHW[x]c, NHWC)
+    dec["tile"][rows] = [1, 1, 1]                     # one output row per tile: several tiles
+    tiled = dict(dec, pad={pad: "tile"})
+    steps = space.steps(tiled)
+    local = space.reduction_stage(tiled)
+    red = [r for r, _ in space.reduce_axes]
+    assert [s for s in steps if s[0] == "compute_at" and s[1] == pad] == [["compute_at", pad, local, f"{red[0]}.0"]]
+    buf = lower(space.schedule(steps)).buffers[pad]
+    full = space.schedule(steps).shape_of(pad)
+    assert buf.scope == "local" and buf.shape[rows] < full[rows]
+    cases = [(wl, steps), (wl, space.steps(dict(tiled, pad={pad: "root"})))]
+    if space.epilogues:
+        cases.append((wl, space.steps(dict(tiled, epilogue="apart"))))
+    check_schedules(cases, target)
+    rng = random.Random(0)
+    assert {space.sample(rng)["pad"][pad] for _ in range(60)} == {"inline", "root", "tile"}
+    moved = [m["pad"][pad] for m in (mutate(space, tiled, rng) for _ in range(300)) if m and m["pad"] != tiled["pad"]]
+    assert set(moved) == {"inline", "root"}
+    from tuner.search.optuna_search import _parameter_table
+    assert (f"pad.{pad}", ("pad", pad), ["inline", "root", "tile"]) in _parameter_table(space)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_tile_buffer_too_big_for_the_stack_is_allocated_once_outside_parallel_loops(threads):
+    """A pad computed per tile of 16 output rows, 64 channels x 18 x 34 (153 KiB), is no stack
+    array: on one thread the kernel allocates it once, before its first loop, for both tiles;
+    inside a parallel loop each iteration allocates its own. Both compute the reference."""
+    wl = make("conv2d", dict(C=64, H=32, W=32, K=16, R=3, S=3, pad=1), "NCHW16c")
+    target = parse_target("cpu", threads=threads)
+    space = SearchSpace(wl, target)
+    dec = dict(space.default(), pad={"conv_pad": "tile"})
+    dec["tile"] = [[1, e // s3, s3] for e, (_, _, s3) in zip(space.out_shape, dec["tile"])]
+    dec["tile"][2] = [1, 16, 1]                                   # two tiles of 16 output rows
+    dec["reduce"] = [e for _, e in space.reduce_axes]             # every input channel in one step
+    steps = space.steps(dec)
+    src, _ = generate_c(lower(space.schedule(steps)), target.lanes, target.threads)
+    lines = src.splitlines()
+    allocs = [k for k, line in enumerate(lines) if "conv_pad = (float*)aligned_alloc(64, 156672)" in line]
+    first_loop = next(k for k, line in enumerate(lines) if line.lstrip().startswith(("for (", "#pragma")))
+    assert len(allocs) == 1 and src.count("free(conv_pad)") == 1
+    if threads == 1:
+        assert allocs[0] < first_loop
+        assert lines[allocs[0] + 1].strip() == "if (!conv_pad) return -1;"
+    else:
+        parallel = next(k for k, line in enumerate(lines) if "omp parallel for" in line)
+        assert allocs[0] > parallel
+    check_schedules([(wl, steps)], target)
+
+
 WINOGRAD_TRANSFORMS = [make("winograd_input", dict(C=16, H=9, W=9, pad=1, m=4)),
                        make("winograd_input", dict(C=12, H=7, W=7, pad=1, m=2)),
                        make("winograd_output", dict(K=16, H=9, W=9, pad=1, m=4, bias=1, relu=1)),

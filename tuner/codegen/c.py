@@ -76,6 +76,7 @@ class CGen:
         self.in_parallel = False
         self.unroll_budget = 0
         self.uses_openmp = False
+        self.hoisted = _hoistable(func.body, threads)
 
     # ------------------------------------------------------------ entry
     def generate(self) -> str:
@@ -83,12 +84,13 @@ class CGen:
         self.emit(0, f"int {f.name}(float** restrict args) {{")
         for k, b in enumerate(f.args):
             self.emit(1, f"float* restrict {c_name(b.name)} = args[{k}];")
-        for t in f.temps:
-            self.emit(1, f"float* restrict {c_name(t.name)} = (float*)aligned_alloc(64, {_alloc_bytes(t.shape)});")
-            self.emit(1, f"if (!{c_name(t.name)}) return -1;")
+        heap = [(t.name, t.shape) for t in f.temps] + list(self.hoisted.items())
+        for name, shape in heap:
+            self.emit(1, f"float* restrict {c_name(name)} = (float*)aligned_alloc(64, {_alloc_bytes(shape)});")
+            self.emit(1, f"if (!{c_name(name)}) return -1;")
         self.stmt(f.body, 1)
-        for t in f.temps:
-            self.emit(1, f"free({c_name(t.name)});")
+        for name, _ in heap:
+            self.emit(1, f"free({c_name(name)});")
         self.emit(1, "return 0;")
         self.emit(0, "}")
         return "\n".join(self.lines) + "\n"
@@ -118,7 +120,9 @@ class CGen:
             name = c_name(s.buffer)
             nbytes = _alloc_bytes(s.shape)
             self.emit(d, "{")
-            if nbytes <= STACK_LIMIT_BYTES:
+            if s.buffer in self.hoisted:          # allocated once, at the top of the function
+                self.stmt(s.body, d + 1)
+            elif nbytes <= STACK_LIMIT_BYTES:
                 self.emit(d + 1, f"float {name}[{nbytes // 4}] __attribute__((aligned(64)));")
                 self.stmt(s.body, d + 1)
             else:
@@ -340,6 +344,26 @@ def nest_steps(s: ir.Stmt) -> int:
     if isinstance(s, (ir.IfThen, ir.Allocate)):
         return nest_steps(s.body)
     return 1
+
+
+def _hoistable(s: ir.Stmt, threads: int, in_parallel: bool = False) -> dict:
+    """{buffer: shape} of the local buffers too big for the stack that no parallel loop encloses:
+    the kernel allocates each once, at its top, rather than on every iteration of the loops
+    around it (a pad computed per tile: one allocation per tile otherwise). Inside a parallel
+    loop each thread needs its own, so those stay where they are."""
+    out: dict = {}
+    if isinstance(s, ir.Allocate):
+        if not in_parallel and _alloc_bytes(s.shape) > STACK_LIMIT_BYTES:
+            out[s.buffer] = s.shape
+        out.update(_hoistable(s.body, threads, in_parallel))
+    elif isinstance(s, ir.For):
+        out.update(_hoistable(s.body, threads, in_parallel or (s.kind == "parallel" and threads > 1)))
+    elif isinstance(s, ir.Seq):
+        for x in s.stmts:
+            out.update(_hoistable(x, threads, in_parallel))
+    elif isinstance(s, ir.IfThen):
+        out.update(_hoistable(s.body, threads, in_parallel))
+    return out
 
 
 def _alloc_bytes(shape: tuple) -> int:

@@ -128,7 +128,7 @@ def _parameter_table(space) -> list:
     """
     if space.kind != "tiled":
         return [(name, (name,), list(opts)) for name, opts in space.choices().items()]
-    rows = [(f"pad.{p}", ("pad", p), ["inline", "root"]) for p in space.pads]
+    rows = [(f"pad.{p}", ("pad", p), list(space.pad_places)) for p in space.pads]
     rows += [("epilogue", ("epilogue",), list(space.epilogues))] if space.epilogues else []
     for d, e in enumerate(space.out_shape):
         last = d == len(space.out_shape) - 1

@@ -2,7 +2,7 @@
 
 Each mutation changes one decision and keeps the point legal: a tile mutation moves a prime
 factor of an axis from one tiling level to another (the product stays the axis extent); the
-others pick a different reduce split, auto-unroll depth, pad placement, epilogue placement or
+others pick a different reduce split, auto-unroll depth, pad placement (of three), epilogue placement or
 register-tile loop order.
 A point of a flat sketch (injective, table) gets another option for one of its decisions.
 """
@@ -76,7 +76,7 @@ def mutate(space: SearchSpace, dec: dict, rng: random.Random, attempts: int = 20
             new["order"] = rng.choice([o for o in space.orders if o != new.get("order", space.orders[0])])
         else:
             p = rng.choice(space.pads)
-            new["pad"][p] = "root" if new["pad"][p] == "inline" else "inline"
+            new["pad"][p] = rng.choice([w for w in space.pad_places if w != new["pad"][p]])
         if new != dec:
             return new
     return None
