@@ -259,3 +259,35 @@ def test_cli_compile_run_and_errors(tmp_path):
               tmp_path / "odd.onnx")
     p = _cli("compile", str(tmp_path / "odd.onnx"), "-o", str(tmp_path / "odd"), env=env)
     assert p.returncode == 2 and "max_pool2d node 'oddpool': different strides per axis" in p.stderr, p.stderr
+
+
+def _vm_flags(address: int) -> list:
+    """The VmFlags of the mapping of this process that holds `address` (Linux /proc/self/smaps)."""
+    flags, inside = None, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and all(c in "0123456789abcdef-" for c in head):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and head == "VmFlags:":
+                flags = line.split()[1:]
+    return flags
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="transparent huge pages are a Linux feature")
+def test_weights_and_arena_of_2_mib_or_more_are_advised_huge_pages_and_small_ones_are_not():
+    """Storage of 2 MiB or more starts on a 2 MiB boundary in a mapping advised MADV_HUGEPAGE
+    (VmFlags `hg`), zeroed and writable; smaller storage is 64-byte aligned without the advice."""
+    import mmap
+    from tuner.runtime.model import HUGE_PAGE, _aligned_bytes
+    if not hasattr(mmap, "MADV_HUGEPAGE"):
+        pytest.skip("this Python's mmap has no MADV_HUGEPAGE")
+    big, huge = _aligned_bytes(HUGE_PAGE + 100)
+    assert huge and big.ctypes.data % HUGE_PAGE == 0 and big.nbytes >= HUGE_PAGE + 100
+    assert not big.any()
+    big[-1] = 1.0
+    assert "hg" in _vm_flags(big.ctypes.data)
+    small, huge = _aligned_bytes(1000)
+    assert not huge and small.ctypes.data % 64 == 0 and small.nbytes >= 1000
+    assert "hg" not in (_vm_flags(small.ctypes.data) or [])
