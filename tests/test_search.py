@@ -7,8 +7,6 @@ import signal
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from tuner import records
 from tuner.cost_model.features import extract, feature_names, num_features
@@ -18,7 +16,6 @@ from tuner.measure.runner import RunConfig
 from tuner.schedule.lower import lower
 from tuner.search.scheduler import GradientScheduler, RoundRobinScheduler, TaskProgress
 from tuner.target import TargetError, parse_target
-from tuner.space.sketch import SearchSpace
 from tuner.task import Task
 from tuner.te.layouts import CONV_LAYOUTS
 from tuner.te.workloads import make
@@ -485,66 +482,3 @@ def test_a_task_that_stopped_improving_loses_the_promise_of_its_familys_rate():
     rate = [170e9] * 4 + [27e9, 60e9]
     picks = _simulate(GradientScheduler, tasks, 80, lambda k, r: flops[k] / (rate[k] * (1 + 0.01 * r * (k < 4))))
     assert picks.count(4) < 25 and all(picks.count(k) >= 10 for k in range(4)), picks
-
-
-ADAPT_SPACES = [make("conv2d", dict(C=16, H=8, W=8, K=32, R=1, S=1, bias=1, relu=1), "NCHW8c"),
-                make("conv2d", dict(C=8, H=9, W=9, K=16, R=3, S=3, pad=1, stride=2), "NCHW8c"),
-                make("conv2d", dict(C=24, H=6, W=10, K=8, R=3, S=3, pad=1, bias=1, residual=1), "NCHW8c")]
-
-
-@settings(max_examples=40, deadline=None)
-@given(src=st.sampled_from(range(len(ADAPT_SPACES))), dst=st.sampled_from(range(len(ADAPT_SPACES))),
-       seed=st.integers(0, 10**6))
-def test_a_point_adapted_from_a_sibling_space_is_a_legal_point_and_its_own_is_unchanged(src, dst, seed):
-    """For any sampled point of one conv space, `adapt` into another with the same signature gives
-    a point whose tiles fit, whose steps lower, and whose every factor divides its axis; a point
-    adapted into its own space is itself."""
-    a, b = (SearchSpace(ADAPT_SPACES[k], TARGET1) for k in (src, dst))
-    assert a.signature == b.signature is not None
-    dec = a.sample(random.Random(seed))
-    assert a.adapt(dec) == dec
-    got = b.adapt(dec)
-    if got is None:                    # only when the nearest factors overflow the registers or stack
-        return
-    assert b.valid_tile(got["tile"]) and set(got["pad"]) == set(b.pads)
-    for e, (s1, s2, s3) in zip(b.out_shape, got["tile"]):
-        assert e % (s1 * s2 * s3) == 0
-    assert all(e % r == 0 for (_, e), r in zip(b.reduce_axes, got["reduce"]))
-    assert set(got) == set(b.default())
-    lower(b.schedule(b.steps(got)))
-
-
-def test_a_task_measures_its_siblings_best_points_adapted_and_not_other_kinds():
-    """The best point of one conv task, noted in the shared model, is in the first batch another conv
-    task of the same signature proposes (adapted to its shapes), even when the cost model ranks it
-    last; a dense task is offered none."""
-    from tuner.search.evolutionary import EvolutionarySearch, SharedModel
-
-    class Dislikes:                 # a model that ranks one point (set below) last, the rest alike
-        name, pretrained, trained_on = "stub", True, 0
-        worst = None
-
-        def fit(self, *args):
-            pass
-
-        def predict(self, feats):
-            return np.asarray([-1.0 if np.array_equal(f, self.worst) else 0.0 for f in feats])
-
-    shared = SharedModel(Dislikes())
-    a, b = (Task(wl, TARGET1) for wl in ADAPT_SPACES[:2])
-    dense = Task(make("dense", dict(N=4, C=16, K=32, bias=1), "OI16o"), TARGET1)
-    best = dict(a.space.default(), tile=[[1, 1, 1], [1, 2, 1], [1, 1, 2], [2, 1, 4], [1, 1, 8]],
-                reduce=[2, 1, 1, 8], order="reversed", unroll=512)
-    worse = a.space.default()
-    shared.note(a, worse, 2.0)
-    shared.note(a, best, 1.0)
-    assert shared.bests(a) == [] and shared.bests(dense) == []
-    assert shared.bests(b) == [best, worse]
-    want = b.space.adapt(best)
-    assert want is not None and want != b.space.default()
-    shared.model.worst = shared.cache.of(b, b.space.steps(want))      # measured anyway: the transfer share
-    picked = [c.decisions for c in EvolutionarySearch(b, seed=0, shared=shared, first_batches=0).propose(16, set())]
-    assert want in picked
-    without = [c.decisions for c in EvolutionarySearch(b, seed=0, shared=SharedModel(Dislikes()), first_batches=0)
-               .propose(16, set())]
-    assert want not in without

@@ -5,14 +5,6 @@ generations; the cost model scores every new point and the best survive. The bat
 the top predicted points not measured before (by code hash), with a fraction eps picked at random
 so that the model also sees what it does not yet believe in. The model is retrained on every
 measurement of the session (and on the log it resumed from).
-
-Tasks learn from each other twice: through the one cost model, and through their best points.
-The best points of the session's other tasks of the same kind (same anchor and reduction axes:
-two 1x1 convs in one layout, say) are adapted to this task's shapes (`SearchSpace.adapt`), join
-the parents, and the model's favourite few of them are measured in each batch until they have
-been. A model tune gives most tasks a few dozen trials; a register tile and loop order that won
-on a sibling task is a better start than what the sampler and a model fitted on other machines
-find in that many.
 """
 from __future__ import annotations
 
@@ -53,7 +45,7 @@ class EvolutionarySearch(Policy):
 
     def __init__(self, task, seed: int = 0, model=None, population: int = 32, generations: int = 2,
                  eps: float = 0.1, warmup: int | None = None, shared=None, first_pool: int = 256,
-                 first_batches: int = 8, transfer: int = 2):
+                 first_batches: int = 8):
         self.task = task
         self.seed = seed
         self.rng = random.Random(seed)
@@ -65,7 +57,6 @@ class EvolutionarySearch(Policy):
         self.warmup = warmup
         self.first_pool = first_pool          # points a pre-trained model ranks before anything is measured
         self.first_batches = first_batches    # early batches this small, so fine-tuning starts sooner
-        self.transfer = transfer              # other tasks' best points (adapted) measured per batch
         self.measured: list = []            # (decisions, code_hash, latency)
         self.proposed = 0
 
@@ -76,7 +67,6 @@ class EvolutionarySearch(Policy):
         for r in recs:
             if r.decisions is not None and self._gives(r.decisions, r.steps):
                 self.measured.append((r.decisions, r.code_hash, r.latency))
-                self.shared.note(self.task, r.decisions, r.latency)
 
     def _gives(self, decisions: dict, steps: list) -> bool:
         """Whether logged decisions are a point of this space that gives the logged steps (a parent
@@ -92,7 +82,6 @@ class EvolutionarySearch(Policy):
         self.shared.add(self.task, cand, result.latency)
         if cand.decisions is not None:
             self.measured.append((cand.decisions, cand.code_hash, result.latency))
-            self.shared.note(self.task, cand.decisions, result.latency)
 
     # ------------------------------------------------------------ proposing
     def propose(self, n: int, seen: set, first: bool = False) -> list:
@@ -116,9 +105,7 @@ class EvolutionarySearch(Policy):
             # refined; without it a search could spend hundreds of trials in the wrong one
             groups = _by_structure(d for d, _ in scored)
             share = take // (2 * len(groups)) if len(groups) > 1 else 0
-            foreign = {_key(d) for d in self._foreign()}
-            order = [d for d, _ in scored if _key(d) in foreign][: self.transfer]
-            order += [d for g in groups.values() for d in g[:share]] + [d for d, _ in scored]
+            order = [d for g in groups.values() for d in g[:share]] + [d for d, _ in scored]
             for dec in order:
                 if len(out) >= n - n_random:
                     break
@@ -145,7 +132,6 @@ class EvolutionarySearch(Policy):
         each = self.population // (4 * len(by_structure)) if len(by_structure) > 1 else 0
         pop = [d for g in by_structure.values() for d in g[:each]]
         pop += [m[0] for m in best if m[0] not in pop][: max(0, self.population // 2 - len(pop))]
-        pop += [d for d in self._foreign() if d not in pop]
         fresh = self.population if best or not self.shared.model.pretrained else max(self.population, self.first_pool)
         while len(pop) < fresh:
             pop.append(space.sample(self.rng))
@@ -174,23 +160,6 @@ class EvolutionarySearch(Policy):
         return [(d, s) for d, s in sorted(scores.values(), key=lambda dp: -dp[1]) if _key(d) not in measured_keys]
 
 
-    def _foreign(self) -> list:
-        """The best points of the session's other tasks with this space's signature, adapted to
-        it (each task's best first); none that this task has measured."""
-        space = self.task.space
-        mine = {_key(m[0]) for m in self.measured}
-        out, keys = [], set()
-        for dec in self.shared.bests(self.task):
-            try:
-                ours = space.adapt(dec)
-            except (KeyError, IndexError, TypeError, ValueError):
-                ours = None
-            if ours is not None and _key(ours) not in mine and _key(ours) not in keys:
-                keys.add(_key(ours))
-                out.append(ours)
-        return out
-
-
 class SharedModel:
     """One cost model shared by the tasks of a tuning session, retrained when data arrives."""
 
@@ -206,26 +175,6 @@ class SharedModel:
         self.transfer_records = 0
         self.pool = None                   # a FeaturePool the tuning loop lends for the session
         self.stand_in = ""                 # "the cpu-avx512 model stands in for avx2" (pretrain.STAND_INS)
-        self._bests: dict = {}             # workload key -> (space signature, [(latency, decisions)] best first)
-
-    KEEP_BEST = 2                           # points per task offered to its siblings
-
-    def note(self, task, decisions: dict, latency: float) -> None:
-        """A measured point of `task`, kept when it is among the task's best (for `bests`)."""
-        sig = task.space.signature
-        if sig is None or not np.isfinite(latency):
-            return
-        _, best = self._bests.setdefault(task.workload.key, (sig, []))
-        if all(d != decisions for _, d in best):
-            best.append((latency, decisions))
-            best.sort(key=lambda p: p[0])
-            del best[self.KEEP_BEST:]
-
-    def bests(self, task) -> list:
-        """The kept best points of every other task with `task`'s space signature."""
-        sig = task.space.signature
-        return [d for key, (s, best) in self._bests.items() if s == sig and key != task.workload.key
-                for _, d in best] if sig is not None else []
 
     @property
     def ready(self) -> bool:

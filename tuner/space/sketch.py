@@ -7,9 +7,9 @@ Tiled sketch, for a DAG with one reduction (conv2d, dense, pooling):
   * pad producers are inlined, computed at root, or computed per tile (a decision, `pad`): per
     tile, the padded copy covers what one output tile reads and is made at the reduction's
     outermost loop, so it is written and read while in cache, where a copy at root goes through
-    memory first (ResNet-50's 128-channel 3x3 stride-2 conv on AVX-512, its search's best tile, L2
-    flushed before each call: 1.41 ms per tile against 1.59 at root; inlined, the pad's bounds test
-    sits in the innermost loop, 3.0 ms);
+    memory first (ResNet-50's 128-channel 3x3 stride-2 conv on AVX-512, one tiling, L2 flushed
+    before each call: 1.35 ms per tile against 1.54 at root; inlined, the pad's bounds test sits
+    in the innermost loop: 3.0 ms);
   * elementwise consumers (the epilogue: bias, residual, activation) are inlined into the output
     stage; with none, `cache_write` makes a local accumulator;
   * the epilogue is fused or apart (a decision, when there is one): fused, the output stage is
@@ -41,7 +41,6 @@ has structured decisions (a tile per axis).
 """
 from __future__ import annotations
 
-import math
 import random
 from functools import cached_property
 
@@ -138,44 +137,6 @@ class SearchSpace(DagSketch):
     def orders(self) -> tuple:
         """The register tile's loop orders (decision `order`): ORDERS for the tiled sketch, else ()."""
         return ORDERS if self.kind == "tiled" else ()
-
-    @property
-    def signature(self) -> tuple | None:
-        """What a tiled point's decisions are about: its anchor's axes and reduction axes, by name.
-        Two spaces with the same signature (two 1x1 convs in NCHW16c, say) can trade points
-        (`adapt`); None for the flat sketches."""
-        if self.kind != "tiled":
-            return None
-        return tuple(self.local_axes), tuple(r for r, _ in self.reduce_axes)
-
-    def adapt(self, dec: dict) -> dict | None:
-        """A point of this space as close as can be to `dec`, a point of another space with the
-        same signature: every tile and reduction split snapped to the nearest legal factor (in
-        ratio), pads this space has placed as in `dec` where it names them, at root otherwise.
-        None when the snapped tile does not fit the registers and the stack.
-
-        Why: a session's tasks are often the same operator at other shapes, and what one found
-        (a register tile, a loop order, a pad placement) is a far better first guess for the next
-        than a random sample; the search measures such points early (search.evolutionary)."""
-        def near(options, x):
-            return min(options, key=lambda o: (abs(math.log(o / x)), o))
-
-        tile = []
-        for d, (e, (s1, s2, s3)) in enumerate(zip(self.out_shape, dec["tile"])):
-            last = d == len(self.out_shape) - 1
-            t3 = near(self.last_options if last else [x for x in divisors(e) if x <= MAX_ACCUMULATORS], s3)
-            t2 = near(divisors(e // t3), s2)
-            t1 = near(divisors(e // (t3 * t2)), s1)
-            tile.append([t1, t2, t3])
-        if not self.valid_tile(tile):
-            return None
-        out = {"pad": {p: dec.get("pad", {}).get(p, "root") for p in self.pads}, "tile": tile,
-               "reduce": [near(divisors(e), r) for (_, e), r in zip(self.reduce_axes, dec["reduce"])],
-               "unroll": dec["unroll"] if dec["unroll"] in UNROLL_CHOICES else UNROLL_CHOICES[1]}
-        if self.epilogues:
-            out["epilogue"] = dec.get("epilogue") if dec.get("epilogue") in self.epilogues else self.epilogues[0]
-        out["order"] = dec.get("order") if dec.get("order") in self.orders else self.orders[0]
-        return out
 
     # ------------------------------------------------------------ per-axis options
     @cached_property
