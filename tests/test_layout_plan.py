@@ -551,21 +551,31 @@ def _counting_cold_prices(monkeypatch):
             assert self.config.cold_weights
             timed.append(task.workload.key)
             yield from super().measure(task, batch)
-    monkeypatch.setattr(MT, "Runner", Counting)
+    real = MT.cold_prices
+
+    def counting_cold_prices(*args, **kwargs):       # its Runner counts; confirm_bests' does not
+        with monkeypatch.context() as m:
+            m.setattr(MT, "Runner", Counting)
+            return real(*args, **kwargs)
+    monkeypatch.setattr(MT, "cold_prices", counting_cold_prices)
     return timed
 
 
 def test_a_model_tune_times_its_weights_cold_by_default(tmp_cache, tmp_path, monkeypatch):
     """Every task with weights is searched with them evicted before each timed call, and its records
-    say so; the others (pools, transforms) have none to evict. The plan is solved with those prices,
-    nothing is timed again, and a resume measures nothing."""
+    say so; the others (pools, transforms) have none to evict. Each front-runner is timed a second
+    time (confirm_bests); the plan is solved with those prices, nothing is timed warm, and a
+    resume measures nothing."""
     timed = _counting_cold_prices(monkeypatch)
     log = tmp_path / "cold.jsonl"
     res = tune_model("tiny", trials=9, log=str(log), target="cpu -threads=1", layouts=("NCHW16c",),
                      warmup_batch=1, progress=False)
     weighted = {wl.key for wl, _ in res.space.workloads() if wl.op in ("conv2d", "dense")}
     recs = records.load(log).records
-    assert len(weighted) == 5 and len(recs) == 9 and not timed
+    tried = [r for r in recs if r.policy != records.CONFIRM]
+    again_timed = [r for r in recs if r.policy == records.CONFIRM]      # each front-runner timed twice
+    assert len(weighted) == 5 and len(tried) == 9 and not timed
+    assert sorted(r.code_hash for r in again_timed) == sorted(r.code_hash for r in tried if r.ok)
     assert {r.workload.key for r in recs if r.cold} == weighted
     assert all(r.cold == (r.workload.key in weighted) for r in recs)
     rec = res.record
@@ -575,6 +585,7 @@ def test_a_model_tune_times_its_weights_cold_by_default(tmp_cache, tmp_path, mon
     again = tune_model("tiny", trials=9, log=str(log), target="cpu -threads=1", layouts=("NCHW16c",),
                        progress=False)
     assert again.session.new == 0 and not timed and again.record.layouts == rec.layouts
+    assert len(records.load(log).records) == len(recs)                  # nothing timed a third time
     with pytest.raises(UserError, match="--weights 'tepid' is not one of cold, warm"):
         tune_model("tiny", trials=9, log=str(log), weights="tepid", progress=False)
 
@@ -583,7 +594,8 @@ def test_a_warm_model_tune_prices_its_plan_with_weights_cold_too(tmp_cache, tmp_
     """With weights="warm" the search times kernels with their weights in cache; after it, every task
     with weights has its best kernel timed again with them evicted (RunConfig.cold_weights); the plan
     line keeps those prices and the plan's estimate under them, and a resume re-times nothing it
-    already priced. A cold tune of the same log does not take the warm records for its own: it
+    already priced. A cold tune of the same log does not take the warm records (5 tried, 5 timed
+    again) for its own: it
     measures the weighted tasks again, cold."""
     timed = _counting_cold_prices(monkeypatch)
     log = tmp_path / "warm.jsonl"
@@ -604,7 +616,7 @@ def test_a_warm_model_tune_prices_its_plan_with_weights_cold_too(tmp_cache, tmp_
     again = tune_model("tiny", trials=9, log=str(log), target="cpu -threads=1", layouts=("NCHW16c",),
                        progress=False, weights="warm")
     assert again.session.new == 0 and not timed and again.record.cold == rec.cold   # prices reused
-    with pytest.warns(UserWarning, match=r"5 records of these tasks were timed with the weights warm; this tune "
+    with pytest.warns(UserWarning, match=r"10 records of these tasks were timed with the weights warm; this tune "
                                          r"times them cold and does not count those \(--weights warm resumes them\)"):
         cold = tune_model("tiny", trials=9, log=str(log), target="cpu -threads=1", layouts=("NCHW16c",),
                           warmup_batch=1, progress=False)

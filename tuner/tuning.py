@@ -178,8 +178,10 @@ class _Loop:
                 warnings.warn(f"{log}: none of the {len(previous)} records of {wl.label} replays onto the "
                               "schedules this version of tuner generates; tuning it from the start", stacklevel=2)
                 previous = []
-            s = TuneSummary(wl, tgt, log, weight, trials=len(previous), skipped_lines=contents.skipped)
-            for r in previous:
+            # a second timing of a kernel (model_tuning.confirm_bests) is not a trial
+            tried = [r for r in previous if r.policy != records.CONFIRM]
+            s = TuneSummary(wl, tgt, log, weight, trials=len(tried), skipped_lines=contents.skipped)
+            for r in tried:
                 _count(s, r.error, r.message)
                 s.curve.append(min(s.curve[-1] if s.curve else math.inf, r.latency if r.ok else math.inf))
             s.best = best
