@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import Counter
 import time
 from dataclasses import dataclass, field
 
@@ -314,11 +315,8 @@ def confirm_bests(tasks, tgt, log: str, config: RunConfig, progress: bool = True
     with Runner(tgt, config) as runner:
         for s in tasks:
             recs = [r for r in contents.applicable(s.workload.key, str(tgt)) if r.cold == config.times_cold(s.workload)]
-            times = {}
-            for r in recs:
-                if r.ok:
-                    times[r.code_hash] = times.get(r.code_hash, 0) + 1
-            top = [r for r in records.fastest_that_replay(recs, CONFIRM_TOP) if times.get(r.code_hash) == 1]
+            times = Counter(r.code_hash for r in recs if r.ok)
+            top = [r for r in records.fastest_that_replay(recs, CONFIRM_TOP) if times[r.code_hash] == 1]
             if not top:
                 continue
             task = Task(s.workload, tgt)

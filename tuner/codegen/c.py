@@ -147,7 +147,7 @@ class CGen:
                 return
             except NotVectorizable:
                 self.emit(d, "#pragma omp simd")
-        elif s.kind == "parallel" and self.threads > 1 and not self.in_parallel:
+        elif _threaded(s, self.threads) and not self.in_parallel:
             self.emit(d, f"#pragma omp parallel for num_threads({self.threads})")
             self.uses_openmp = True
         elif s.kind == "unroll" or (self.unroll_budget and nest_steps(s) <= self.unroll_budget):
@@ -155,7 +155,7 @@ class CGen:
         v = c_name(s.var)
         self.emit(d, f"for (int {v} = 0; {v} < {s.extent}; ++{v}) {{")
         was_parallel = self.in_parallel
-        self.in_parallel = self.in_parallel or (s.kind == "parallel" and self.threads > 1)
+        self.in_parallel = self.in_parallel or _threaded(s, self.threads)
         self.ranges[s.var] = s.extent
         self.stmt(s.body, d + 1)
         del self.ranges[s.var]
@@ -346,24 +346,20 @@ def nest_steps(s: ir.Stmt) -> int:
     return 1
 
 
-def _hoistable(s: ir.Stmt, threads: int, in_parallel: bool = False) -> dict:
-    """{buffer: shape} of the local buffers too big for the stack that no parallel loop encloses:
+def _threaded(s: ir.For, threads: int) -> bool:
+    """Whether the C runs loop `s` on the target's threads (an OpenMP parallel for)."""
+    return s.kind == "parallel" and threads > 1
+
+
+def _hoistable(body: ir.Stmt, threads: int) -> dict:
+    """{buffer: shape} of the local buffers too big for the stack that no threaded loop encloses:
     the kernel allocates each once, at its top, rather than on every iteration of the loops
-    around it (a pad computed per tile: one allocation per tile otherwise). Inside a parallel
+    around it (a pad computed per tile: one allocation per tile otherwise). Inside a threaded
     loop each thread needs its own, so those stay where they are."""
-    out: dict = {}
-    if isinstance(s, ir.Allocate):
-        if not in_parallel and _alloc_bytes(s.shape) > STACK_LIMIT_BYTES:
-            out[s.buffer] = s.shape
-        out.update(_hoistable(s.body, threads, in_parallel))
-    elif isinstance(s, ir.For):
-        out.update(_hoistable(s.body, threads, in_parallel or (s.kind == "parallel" and threads > 1)))
-    elif isinstance(s, ir.Seq):
-        for x in s.stmts:
-            out.update(_hoistable(x, threads, in_parallel))
-    elif isinstance(s, ir.IfThen):
-        out.update(_hoistable(s.body, threads, in_parallel))
-    return out
+    per_thread = {id(x) for s in ir.stmts(body) if isinstance(s, ir.For) and _threaded(s, threads)
+                  for x in ir.stmts(s.body)}
+    return {s.buffer: s.shape for s in ir.stmts(body) if isinstance(s, ir.Allocate)
+            and id(s) not in per_thread and _alloc_bytes(s.shape) > STACK_LIMIT_BYTES}
 
 
 def _alloc_bytes(shape: tuple) -> int:

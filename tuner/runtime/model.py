@@ -85,7 +85,8 @@ class CompiledModel:
         self._weights, huge_w = _aligned_bytes(len(weights))
         self._weights.view(np.uint8)[:len(weights)] = np.frombuffer(weights, np.uint8)
         self._arena, huge_a = _aligned_bytes(meta["arena_bytes"])
-        self.huge_pages = huge_w or huge_a      # asked for 2 MiB pages (the report says so)
+        # which were asked for 2 MiB pages (the report says so)
+        self.huge_pages = tuple(name for name, asked in (("weights", huge_w), ("arena", huge_a)) if asked)
         self.steps = [Step.from_json(s) for s in meta["steps"]]
 
     # ------------------------------------------------------------ facts
@@ -218,10 +219,10 @@ class CompiledModel:
         rows.append("")
         rows.append(f"{m['model']} for {m['target']} (layout {m['layout']}): {len(self.steps)} steps, "
                     f"{m['kernels']} distinct kernels, compiled in {m['compile_s']:.1f} s")
+        huge = f"; {' and '.join(self.huge_pages)} in 2 MiB pages where the OS grants them" if self.huge_pages else ""
         rows.append(f"arena {m['arena_bytes'] / 2**20:.2f} MiB for {m['intermediate_bytes'] / 2**20:.2f} MiB of "
                     f"intermediates (largest live set {m['peak_live_bytes'] / 2**20:.2f} MiB); "
-                    f"weights {m['weights_bytes'] / 2**20:.1f} MiB"
-                    f"{'; both in 2 MiB pages where the OS grants them' if self.huge_pages else ''}")
+                    f"weights {m['weights_bytes'] / 2**20:.1f} MiB{huge}")
         if m.get("layout_plan"):
             rows.append(f"layout plan ({m.get('layout_plan_from') or 'given'}): {plan_summary(m['layout_plan'])}; "
                         f"the other convs run in {m['layout']}")

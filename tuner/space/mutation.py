@@ -2,8 +2,8 @@
 
 Each mutation changes one decision and keeps the point legal: a tile mutation moves a prime
 factor of an axis from one tiling level to another (the product stays the axis extent); the
-others pick a different reduce split, auto-unroll depth, pad placement (of three), epilogue placement or
-register-tile loop order.
+others pick a different reduce split, auto-unroll depth, pad placement (another of three),
+epilogue placement or register-tile loop order.
 A point of a flat sketch (injective, table) gets another option for one of its decisions.
 """
 from __future__ import annotations
