@@ -57,9 +57,9 @@ def _aligned_bytes(nbytes: int) -> tuple:
     of 2 MiB or more starts on a 2 MiB boundary and is advised MADV_HUGEPAGE, so that a kernel
     walking a layer's weights (several MiB in ResNet-50's late layers) is not also walking the
     page table: with 4 KiB pages every inference meets each layer's weights with a cold TLB,
-    which the tuner's timing of one kernel at a time does not see. ResNet-50 on the AVX-512 host:
-    47.9 ms against 49.2 with 4 KiB pages, interleaved. The OS may still give 4 KiB pages (no
-    free huge page, THP "never"); that costs only speed."""
+    which the tuner's timing of one kernel at a time does not see. ResNet-50 on the AVX-512 host,
+    against 4 KiB pages: 0.974x-1.000x depending on the kernels (bench/huge_pages.py). The OS may
+    still give 4 KiB pages (no free huge page, THP "never"); that costs only speed."""
     n = (max(nbytes, 4) + 3) // 4
     if 4 * n >= HUGE_PAGE and hasattr(mmap, "MADV_HUGEPAGE"):
         try:
