@@ -233,9 +233,33 @@ def test_every_point_of_the_winograd_transforms_table_sketch_computes_the_refere
         choices = space.choices()
         assert choices["vec"] and ("pad" in choices) == (wl.op == "winograd_input")
         assert ("acc" in choices) == (space.anchor == space.output.name)
+        assert ("blocks" in choices) == (wl.op == "winograd_output" and wl.layout != "NHWC")
         cases += [(wl, space.steps(dict(zip(choices, point)))) for point in itertools.product(*choices.values())]
     assert len(cases) >= 20
     check_schedules(cases, target)
+
+
+def test_a_blocked_output_transform_can_run_its_channel_blocks_inside_the_tiles():
+    """`blocks: inside` moves an NCHW16c output transform's channel-block loop inside the tile
+    loops, so each tile reads its alpha^2 rows of M once, contiguously, rather than a 64-byte
+    piece of each in every channel block's pass (ResNet-50's 64-channel F(4,3) output transform
+    at 56x56, AVX-512: 0.073 ms against 0.139). A point logged before the decision existed gives
+    the same steps as `outside`."""
+    wl = make("winograd_output", dict(K=32, H=8, W=8, pad=1, m=2, bias=1, relu=1), "NCHW16c")
+    space = SearchSpace(wl, TARGET1)
+    assert space.choices()["blocks"] == ["outside", "inside"]
+    dec = space.default()
+    assert dec["blocks"] == "outside"
+    old = {k: v for k, v in dec.items() if k != "blocks"}
+    assert space.steps(old) == space.steps(dec)
+
+    def loop_order(d):
+        src = Task(wl, TARGET1).candidate(space.steps(d)).source
+        return [line.split("int ")[1].split(" ")[0] for line in src.splitlines() if line.lstrip().startswith("for (int ")]
+    _, kk, oh, ow, _ = space.out_axes           # n, channel blocks, rows, columns, block
+    outside, inside = loop_order(dec), loop_order({**dec, "blocks": "inside"})
+    assert outside.index(kk) < outside.index(f"{oh}_0") and inside.index(kk) > inside.index(f"{ow}_0")
+    check_schedules([(wl, space.steps({**dec, "blocks": b})) for b in ("outside", "inside")], TARGET1)
 
 
 def test_the_table_sketch_unrolls_the_matrix_axes_so_the_entries_are_constants():

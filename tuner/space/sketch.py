@@ -52,6 +52,7 @@ MAX_TILE_FLOATS = 16384      # a 64 KiB accumulator tile stays on the stack and 
 UNROLL_CHOICES = (0, 16, 64, 512)
 PAD_PLACES = ("inline", "root", "tile")   # where a pad producer is computed (tile: per output tile)
 ORDERS = ("axes", "reversed")  # the register tile's unrolled loops: the output's axis order, or reversed
+BLOCK_PLACES = ("outside", "inside")   # a table sketch's channel-block loop: outside its tile loops, or inside
 
 
 def divisors(n: int) -> list:
@@ -111,8 +112,20 @@ class SearchSpace(DagSketch):
         if self.kind == "table":
             pads = [{p: where for p in self.pads} for where in self.pad_places] if self.pads else []
             return {"vec": list(self.last_options), **({"pad": pads} if pads else {}),
-                    **({"acc": ["local", "direct"]} if self.cache_write else {})}
+                    **({"acc": ["local", "direct"]} if self.cache_write else {}),
+                    **({"blocks": list(BLOCK_PLACES)} if self.table_blocks else {})}
         raise TypeError("the tiled sketch's decisions are not flat")
+
+    @cached_property
+    def table_blocks(self) -> bool:
+        """Whether the table sketch's output has a loop outside its tiles other than the vector's
+        (the channel blocks of an NCHW[x]c output) that can run inside the tile loops instead
+        (decision `blocks`)."""
+        if self.kind != "table":
+            return False
+        split = [i for i, a in enumerate(self.local_axes[:-1]) if self.table.get(a)]
+        return bool(split) and any(self.out_shape[i] > 1 and self.local_axes[i] not in self.table
+                                   for i in range(len(self.local_axes) - 1))
 
     def valid(self, dec: dict) -> bool:
         """Whether a point proposed by mutation or a sampler is legal in this space."""
@@ -290,7 +303,8 @@ class SearchSpace(DagSketch):
             anchor, axes = f"{anchor}.local", [f"{a}_" for a in self.local_axes]
         outer, inner = [], []            # the output's loops outside and inside the anchor's tile
         table, rest = [], []             # the anchor's axes that pick matrix entries, and the others
-        for a, ax in zip(self.local_axes[:-1], axes[:-1]):
+        blocks = []                      # loops outside the tiles that `blocks: inside` moves inside them
+        for a, ax, extent in zip(self.local_axes[:-1], axes[:-1], self.out_shape):
             (table if a in self.table else rest).append(a)
             period = self.table.get(a)
             if period:
@@ -299,8 +313,11 @@ class SearchSpace(DagSketch):
                 inner.append(f"{ax}.1")
             elif period == 0:
                 inner.append(ax)
+            elif dec.get("blocks", BLOCK_PLACES[0]) == "inside" and extent > 1:
+                blocks.append(ax)
             else:
                 outer.append(ax)
+        outer += blocks
         last = axes[-1]
         steps.append(["split", out, last, [vec]])
         outer.append(f"{last}.0")
