@@ -31,7 +31,10 @@ Table sketch, for a reduction over a small constant matrix (the Winograd transfo
 that the C compiler folds the entries into constants (the tiled sketch leaves them as select
 chains evaluated on every element); the innermost axis is split by a vector length (a decision)
 and vectorised inside them, pad producers inlined or at root (a decision), the epilogue computed
-from the unrolled tile, the outer loops fused and parallel.
+from the unrolled tile, the outer loops fused and parallel. A blocked output transform
+(NCHW[x]c: a channel-block axis outside the tile axes) also decides where that block loop runs
+(`blocks`): outside the tile loops, or inside them so that each tile reads its rows of the
+product once for all blocks.
 Injective sketch, for DAGs without a reduction: producers inlined, innermost axis vectorised,
 the rest fused and parallel.
 
