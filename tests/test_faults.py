@@ -142,7 +142,7 @@ def test_a_failed_append_leaves_no_torn_line_and_says_why(tmp_path, monkeypatch)
     (["analyze", "/tmp"], "is not a regular file"),
     (["tune", "--workload", SPEC, "--log", "/tmp"], "is not a regular file"),
     (["tune", "--workload", SPEC, "--log", "/proc/tuner/log.jsonl"], "choose another --log"),
-    (["tune", "tiny", "--trials", "5", "--log", "/tmp/tuner-never.jsonl"], "--trials 5 is less than the 39 tasks"),
+    (["tune", "tiny", "--trials", "5", "--log", "/tmp/tuner-never.jsonl"], "--trials 5 is less than the 43 tasks"),
     (["tune", "tiny", "--layouts", "NCHW,NCWH"], "unknown layout 'NCWH'"),
     (["tune", "tiny", "--workload", SPEC], "give a MODEL or --workload"),
     (["tune", "no_such_model"], "no built-in model or file 'no_such_model'"),
