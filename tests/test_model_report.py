@@ -38,6 +38,40 @@ def test_the_model_view_prices_the_logged_plan_like_the_tune(tuned):
         assert part in text
 
 
+
+def test_second_timings_of_front_runners_are_not_counted_as_trials(tuned, tmp_path):
+    """A model tune times each task's front-runners again (records.CONFIRM): the model view and the
+    per-task report count the search's trials only, and price a kernel timed twice at its slower timing."""
+    from dataclasses import replace
+
+    from tuner.analysis.report import analyze
+    log, res = tuned
+    [before] = analyze_model(str(log))
+    copy = tmp_path / "confirmed.jsonl"
+    copy.write_text(log.read_text())
+    plan_keys = {r.workload.key for r in before.rows if r.uses}
+    logged = records.load(copy).records
+    bests = [records.fastest([x for x in logged if x.workload.key == k]) for k in sorted(plan_keys)]
+    again = [replace(r, policy=records.CONFIRM, costs=tuple(c * 1.5 for c in r.costs)) for r in bests if r]
+    assert again
+    records.append(copy, again)
+    [rep] = analyze_model(str(copy))
+    assert rep.trials == before.trials == MODEL_REPLAY["trials"] and rep.second_timings == len(again)
+    assert [r.trials for r in rep.rows] == [r.trials for r in before.rows]
+    assert rep.curve[-1][0] == rep.trials and rep.estimate_s > before.estimate_s
+    assert f"(and {len(again)} second timings of front-runners)" in rep.table()
+    confirmed = records.load(copy).records
+    tasks = {(t.spec, t.layout): t for t in analyze(str(copy)).tasks}
+    plain = {(t.spec, t.layout): t for t in analyze(str(log)).tasks}
+    assert sum(t.trials for t in tasks.values()) == MODEL_REPLAY["trials"]
+    for r in again:
+        t, p = tasks[r.workload.spec, r.workload.layout], plain[r.workload.spec, r.workload.layout]
+        mine = [x for x in confirmed if x.workload.key == r.workload.key]
+        best = records.fastest(mine)        # the kernel timed twice counts as its slower timing
+        assert t.trials == p.trials and math.isclose(t.best_latency, best.latency)
+        assert [x for x in mine if x.policy != records.CONFIRM][t.best_trial - 1].code_hash == best.code_hash
+
+
 def test_analyze_cli_writes_a_self_contained_html_report_and_times_a_compiled_model(tuned, tmp_path, tmp_cache,
                                                                                     capsys):
     log, res = tuned

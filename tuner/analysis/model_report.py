@@ -104,15 +104,17 @@ class ModelReport:
     solved: Plan | None        # the solver on the same records
     solved_s: float
     curve: list                # [(trials, tuning seconds, estimate seconds)]
-    trials: int                # records of the space's tasks on this target
+    trials: int                # trial records of the space's tasks on this target
+    second_timings: int = 0    # records that time a logged kernel again (records.CONFIRM): not trials
     compiled: dict | None = None
 
     # ------------------------------------------------------------ content
     def sections(self) -> list:
         p, est = self.plan, self.estimate_s
         tuned_s = self.curve[-1][1] if self.curve else 0.0
+        again = f" (and {self.second_timings} second timings of front-runners)" if self.second_timings else ""
         lines = [f"model {p.model} (graph {p.model_hash}) on '{p.target}': {self.trials} trials of "
-                 f"{len(self.rows)} tasks in {_duration(tuned_s)} of tuning",
+                 f"{len(self.rows)} tasks{again} in {_duration(tuned_s)} of tuning",
                  f"layout plan logged {p.timestamp or '(no time)'}: {plan_summary(p.layouts)}"
                  f"{'' if p.exact else ' (beam search: not proven optimal)'}",
                  f"estimated model latency {_ms(est)} (the logged plan under the log's best records; the "
@@ -325,9 +327,12 @@ def _report(path, contents, plan, model, input_shapes, compiled, repeat) -> Mode
     keys = {wl.key for wl in wls}
     recs = [r for r in contents.records if r.workload.key in keys
             and records.code_target(r.target) == records.code_target(plan.target)]
-    by_key: dict = {}
+    by_key: dict = {}          # every record of a task (a best counts a kernel's second timing)
+    tried: dict = {}           # its trials: what the search measured, as the tune counted them
     for r in recs:
         by_key.setdefault(r.workload.key, []).append(r)
+        if r.policy != records.CONFIRM:
+            tried.setdefault(r.workload.key, []).append(r)
     fastest = {k: records.fastest(v) for k, v in by_key.items()}
     best = {k: records.latency(r) for k, r in fastest.items()}
     # the cold prices (model_tuning.cold_prices) of the kernels that are still each task's best; the
@@ -336,38 +341,43 @@ def _report(path, contents, plan, model, input_shapes, compiled, repeat) -> Mode
     if plan.priced == "cold":
         best.update(cold)
     uses = space.used(plan.layouts)
-    rows = [TaskRow(wl, uses.get(wl.key, 0), len(by_key.get(wl.key, [])), fastest.get(wl.key)) for wl in wls]
+    rows = [TaskRow(wl, uses.get(wl.key, 0), len(tried.get(wl.key, [])), fastest.get(wl.key)) for wl in wls]
     unary = space.problem(lambda wl: best.get(wl.key, math.inf)).unary   # per conv and layout, as the solver prices
-    reach = reachable_prices([(wl, best.get(wl.key, math.inf), len(by_key.get(wl.key, []))) for wl in wls])
+    reach = reachable_prices([(wl, best.get(wl.key, math.inf), len(tried.get(wl.key, []))) for wl in wls])
     ratios = layout_ratios(space, plan.layouts, best, reach)
-    lost = equal_effort_losers(space, plan.layouts, [TaskProgress.from_records(wl, by_key.get(wl.key, []))
+    lost = equal_effort_losers(space, plan.layouts, [TaskProgress.from_records(wl, tried.get(wl.key, []))
                                                      for wl in wls])
     choices = [Choice(v, plan.layouts[v], unary[v],
-                      {lay: len(by_key.get(space.unary[v][lay][0].key, [])) for lay in d if space.unary[v][lay]},
+                      {lay: len(tried.get(space.unary[v][lay][0].key, [])) for lay in d if space.unary[v][lay]},
                       ratios[v], {lay for lay in d if any(wl.key in lost for wl in space.unary[v][lay])})
                for v, d in space.domains.items()]
     solved, solved_s = space.plan(best)
+    n_trials = sum(map(len, tried.values()))
     rep = ModelReport(path, plan, space, rows, choices, space.estimate(plan.layouts, best), solved, solved_s,
-                      _curve(space, recs), len(recs))
+                      _curve(space, recs), n_trials, len(recs) - n_trials)
     if compiled:
         rep.compiled = _time_compiled(compiled, plan, repeat, {wl.key: wl for wl in wls})
     return rep
 
 
 def _curve(space: ModelLayouts, recs: list) -> list:
-    """[(trials, tuning seconds, estimate)] at up to CURVE_POINTS trials where the estimate is finite."""
+    """[(trials, tuning seconds, estimate)] at up to CURVE_POINTS records where the estimate is finite.
+    A second timing of a kernel (records.CONFIRM) is tuning time but not a trial, and moves no best."""
     if not recs:
         return []
     marks = {round(i * (len(recs) - 1) / (CURVE_POINTS - 1)) for i in range(CURVE_POINTS)}
     best: dict = {}
     out = []
+    trials = 0
     for i, (r, elapsed) in enumerate(zip(recs, tuning_seconds(recs))):
-        if r.ok and r.latency < best.get(r.workload.key, math.inf):
-            best[r.workload.key] = r.latency
+        if r.policy != records.CONFIRM:
+            trials += 1
+            if r.ok and r.latency < best.get(r.workload.key, math.inf):
+                best[r.workload.key] = r.latency
         if i in marks:
             plan, est = space.plan(best)
             if plan is not None and math.isfinite(est):
-                out.append((i + 1, elapsed, est))
+                out.append((trials, elapsed, est))
     return out
 
 
