@@ -38,7 +38,6 @@ def test_the_model_view_prices_the_logged_plan_like_the_tune(tuned):
         assert part in text
 
 
-
 def test_second_timings_of_front_runners_are_not_counted_as_trials(tuned, tmp_path):
     """A model tune times each task's front-runners again (records.CONFIRM): the model view and the
     per-task report count the search's trials only, and price a kernel timed twice at its slower timing."""

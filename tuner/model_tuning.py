@@ -38,8 +38,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections import Counter
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 from . import records

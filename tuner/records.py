@@ -93,6 +93,12 @@ class Record:
     def task_key(self) -> tuple:
         return self.workload.key, self.target
 
+    @property
+    def trial(self) -> bool:
+        """Whether the search measured it: a second timing of a logged kernel (policy CONFIRM,
+        model_tuning.confirm_bests) is not a trial, though a best counts it."""
+        return self.policy != CONFIRM
+
     def to_json(self) -> dict:
         d = {"format": self.format, "tool": self.tool, "workload": self.workload.to_json(), "target": self.target,
              "steps": self.steps, "code_hash": self.code_hash, "costs": list(self.costs), "error": self.error,

@@ -179,7 +179,7 @@ class _Loop:
                               "schedules this version of tuner generates; tuning it from the start", stacklevel=2)
                 previous = []
             # a second timing of a kernel (model_tuning.confirm_bests) is not a trial
-            tried = [r for r in previous if r.policy != records.CONFIRM]
+            tried = [r for r in previous if r.trial]
             s = TuneSummary(wl, tgt, log, weight, trials=len(tried), skipped_lines=contents.skipped)
             for r in tried:
                 _count(s, r.error, r.message)

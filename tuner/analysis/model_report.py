@@ -105,7 +105,7 @@ class ModelReport:
     solved_s: float
     curve: list                # [(trials, tuning seconds, estimate seconds)]
     trials: int                # trial records of the space's tasks on this target
-    second_timings: int = 0    # records that time a logged kernel again (records.CONFIRM): not trials
+    second_timings: int = 0    # records that time a logged kernel again (not Record.trial)
     compiled: dict | None = None
 
     # ------------------------------------------------------------ content
@@ -331,7 +331,7 @@ def _report(path, contents, plan, model, input_shapes, compiled, repeat) -> Mode
     tried: dict = {}           # its trials: what the search measured, as the tune counted them
     for r in recs:
         by_key.setdefault(r.workload.key, []).append(r)
-        if r.policy != records.CONFIRM:
+        if r.trial:
             tried.setdefault(r.workload.key, []).append(r)
     fastest = {k: records.fastest(v) for k, v in by_key.items()}
     best = {k: records.latency(r) for k, r in fastest.items()}
@@ -362,7 +362,7 @@ def _report(path, contents, plan, model, input_shapes, compiled, repeat) -> Mode
 
 def _curve(space: ModelLayouts, recs: list) -> list:
     """[(trials, tuning seconds, estimate)] at up to CURVE_POINTS records where the estimate is finite.
-    A second timing of a kernel (records.CONFIRM) is tuning time but not a trial, and moves no best."""
+    A second timing of a kernel (not Record.trial) is tuning time but not a trial, and moves no best."""
     if not recs:
         return []
     marks = {round(i * (len(recs) - 1) / (CURVE_POINTS - 1)) for i in range(CURVE_POINTS)}
@@ -370,7 +370,7 @@ def _curve(space: ModelLayouts, recs: list) -> list:
     out = []
     trials = 0
     for i, (r, elapsed) in enumerate(zip(recs, tuning_seconds(recs))):
-        if r.policy != records.CONFIRM:
+        if r.trial:
             trials += 1
             if r.ok and r.latency < best.get(r.workload.key, math.inf):
                 best[r.workload.key] = r.latency

@@ -226,8 +226,8 @@ def _conv_layouts(n, layouts) -> tuple:
         blocked = [lay for lay in layouts if L.block_of(lay)]      # plain NCHW[x]c only
         for lay in (lay for lay in blocked if k % L.block_of(lay)):
             fits = [w for w in blocked if k % L.block_of(w) == 0 and not L.same_data(w, lay, c)]
-            if fits and f"{lay}>{max(fits, key=L.block_of)}" not in out:
-                out.append(f"{lay}>{max(fits, key=L.block_of)}")
+            if fits and (read := f"{lay}>{max(fits, key=L.block_of)}") not in out:
+                out.append(read)
     return tuple(sorted(out, key=lambda lay: lay != "NCHW")) or ("NCHW",)
 
 

@@ -116,19 +116,17 @@ class SearchSpace(DagSketch):
             pads = [{p: where for p in self.pads} for where in self.pad_places] if self.pads else []
             return {"vec": list(self.last_options), **({"pad": pads} if pads else {}),
                     **({"acc": ["local", "direct"]} if self.cache_write else {}),
-                    **({"blocks": list(BLOCK_PLACES)} if self.table_blocks else {})}
+                    **({"blocks": list(BLOCK_PLACES)} if self.block_axes else {})}
         raise TypeError("the tiled sketch's decisions are not flat")
 
     @cached_property
-    def table_blocks(self) -> bool:
-        """Whether the table sketch's output has a loop outside its tiles other than the vector's
-        (the channel blocks of an NCHW[x]c output) that can run inside the tile loops instead
-        (decision `blocks`)."""
-        if self.kind != "table":
-            return False
-        split = [i for i, a in enumerate(self.local_axes[:-1]) if self.table.get(a)]
-        return bool(split) and any(self.out_shape[i] > 1 and self.local_axes[i] not in self.table
-                                   for i in range(len(self.local_axes) - 1))
+    def block_axes(self) -> frozenset:
+        """The table sketch's output axes, besides the vector's, that run outside its tiles and not
+        just once (the channel blocks of an NCHW[x]c output): the decision `blocks` runs them
+        outside the tile loops or inside them. Empty without tiles (no table axis with a period)."""
+        if self.kind != "table" or not any(self.table.get(a) for a in self.local_axes[:-1]):
+            return frozenset()
+        return frozenset(a for a, e in zip(self.local_axes[:-1], self.out_shape) if a not in self.table and e > 1)
 
     def valid(self, dec: dict) -> bool:
         """Whether a point proposed by mutation or a sampler is legal in this space."""
@@ -307,7 +305,7 @@ class SearchSpace(DagSketch):
         outer, inner = [], []            # the output's loops outside and inside the anchor's tile
         table, rest = [], []             # the anchor's axes that pick matrix entries, and the others
         blocks = []                      # loops outside the tiles that `blocks: inside` moves inside them
-        for a, ax, extent in zip(self.local_axes[:-1], axes[:-1], self.out_shape):
+        for a, ax in zip(self.local_axes[:-1], axes[:-1]):
             (table if a in self.table else rest).append(a)
             period = self.table.get(a)
             if period:
@@ -316,7 +314,7 @@ class SearchSpace(DagSketch):
                 inner.append(f"{ax}.1")
             elif period == 0:
                 inner.append(ax)
-            elif dec.get("blocks", BLOCK_PLACES[0]) == "inside" and extent > 1:
+            elif a in self.block_axes and dec.get("blocks", BLOCK_PLACES[0]) == "inside":
                 blocks.append(ax)
             else:
                 outer.append(ax)
