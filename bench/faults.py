@@ -14,6 +14,9 @@ Each case runs real `tuner` processes on a small convolution. Columns:
 - tracebacks: runs whose stderr holds a Python traceback or an internal-error report;
 - bad records: records that blame a candidate for the fault (a RUNTIME_ERROR for a worker killed
   from outside, a COMPILE_ERROR for a full disk);
+- wrong outputs: runs that returned (or printed) outputs that differ from the reference, or code
+  an attacker planted running;
+- signals: runs that ended by a signal the tuner did not send itself (SIGSEGV, SIGABRT, ...);
 - exit codes: how the runs ended (0 done, 2 bad input, 3 environment, 130/143 interrupted, -9 killed).
 
 Target: 0 in every column but runs and exit codes, and every bad input a one-line error.
@@ -53,6 +56,8 @@ class Row:
     orphans: int = 0
     tracebacks: int = 0
     bad_records: int = 0
+    wrong_outputs: int = 0
+    signals: int = 0
     exit_codes: Counter = field(default_factory=Counter)
     notes: list = field(default_factory=list)
 
@@ -593,7 +598,8 @@ def main(argv=None) -> int:
         print(seed.stderr)
         return 1
     rows = []
-    head = ["case", "runs", "lost", "dup", "torn", "overrun", "orphans", "tracebacks", "bad recs", "exit codes"]
+    head = ["case", "runs", "lost", "dup", "torn", "overrun", "orphans", "tracebacks", "bad recs", "wrong out",
+            "signals", "exit codes"]
     print("  ".join(f"{h:>10}" if k else f"{h:<40}" for k, h in enumerate(head)))
     for name in args.cases.split(","):
         t0 = time.perf_counter()
@@ -602,11 +608,13 @@ def main(argv=None) -> int:
         codes = " ".join(f"{k}:{v}" for k, v in sorted(row.exit_codes.items()))
         print(f"{row.case:<40}" + "".join(f"  {v:>10}" for v in (row.runs, row.lost, row.duplicated, row.torn,
                                                                  row.overrun, row.orphans, row.tracebacks,
-                                                                 row.bad_records)) + f"  {codes}"
+                                                                 row.bad_records, row.wrong_outputs,
+                                                                 row.signals)) + f"  {codes}"
               + f"   ({time.perf_counter() - t0:.0f} s)", flush=True)
         for note in row.notes[:5]:
             print(f"    note: {note}")
-    losses = sum(r.lost + r.duplicated + r.torn + r.overrun + r.orphans + r.tracebacks + r.bad_records for r in rows)
+    losses = sum(r.lost + r.duplicated + r.torn + r.overrun + r.orphans + r.tracebacks + r.bad_records
+                 + r.wrong_outputs + r.signals for r in rows)
     print(f"\n{'every loss column is 0' if not losses else f'{losses} failures in the loss columns'}")
     write_results("faults", args.out, {"args": vars(args), "rows": [
         {**asdict(r), "exit_codes": dict(r.exit_codes)} for r in rows]})
