@@ -293,7 +293,8 @@ def _cmd_inspect(args) -> int:
 def _cmd_compile(args) -> int:
     from .graph import parse_input_shapes
     from .runtime import compile_model
-    check_output_path(os.path.join(args.output, "model.json"), "-o")
+    from .runtime.model import check_artifact_dir
+    check_artifact_dir(Path(args.output))
     _require_logs(*(args.log or []), flag="--log")
     say = (lambda msg: print(msg, file=sys.stderr)) if args.verbose else None
     m = compile_model(args.model, log=args.log or [], target=args.target, threads=args.threads, layout=args.layout,
@@ -310,6 +311,8 @@ def _cmd_run(args) -> int:
 
     from .runtime import load as load_model
     m = load_model(args.model)
+    if args.random and args.input:
+        raise UserError("give either --input NAME=FILE.npy or --random, not both")
     if args.random:
         outs = m.run(*m.random_inputs(args.seed))
     elif not args.input:
@@ -321,21 +324,27 @@ def _cmd_run(args) -> int:
             if not eq or not name or not path:
                 raise UserError(f"cannot read --input {item!r}: expected NAME=FILE.npy")
             _require_logs(path, flag="--input")
-            try:
-                named[name] = np.load(path, allow_pickle=False)
-            except (ValueError, OSError) as e:
-                raise UserError(f"--input {path} is not a NumPy .npy file: {e}") from None
+            if name in named:
+                raise UserError(f"--input {name} is given twice")
+            try:      # mapped, not read: a header may promise more than the file holds
+                named[name] = np.load(path, mmap_mode="r", allow_pickle=False)
+            except (ValueError, OSError, MemoryError, EOFError) as e:
+                raise UserError(f"--input {path} is not a readable NumPy .npy file ({str(e)[:120]})") from None
         outs = m.run(**named)
     for spec, y in zip(m.outputs, outs):
-        print(f"{spec['name']}: {'x'.join(map(str, y.shape))} float32, min {y.min():.4g} max {y.max():.4g} "
-              f"mean {y.mean():.4g}" + (f", argmax {int(y.reshape(len(y), -1)[0].argmax())}" if y.ndim == 2 else ""))
+        print(f"{spec['name']}: {'x'.join(map(str, y.shape))} {y.dtype}, min {y.min():.4g} max {y.max():.4g} "
+              f"mean {y.mean():.4g}" + (f", argmax {int(y.reshape(len(y), -1)[0].argmax())}"
+                                        if y.ndim == 2 and y.size else ""))
     if args.output:
-        check_output_path(args.output, "-o")
-        if len(outs) == 1 and not args.output.endswith(".npz"):
-            np.save(args.output, outs[0])
-        else:
-            np.savez(args.output, **{s["name"]: y for s, y in zip(m.outputs, outs)})
-        print(f"wrote {args.output}")
+        one = len(outs) == 1 and not args.output.endswith(".npz")
+        out = args.output if args.output.endswith(".npy" if one else ".npz") else args.output + (".npy" if one else ".npz")
+        check_output_path(out, "-o")
+        with open(out, "wb") as f:
+            if one:
+                np.save(f, outs[0])
+            else:
+                np.savez(f, **{s["name"]: y for s, y in zip(m.outputs, outs)})
+        print(f"wrote {out}")
     return 0
 
 
@@ -439,7 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--scheduler", default="gradient", choices=["gradient", "round-robin"],
                    help="how rounds are shared between workloads")
     t.add_argument("--early-stopping", type=int, help="retire a workload after this many rounds without improvement")
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=_seed, default=0)
     t.add_argument("--batch-size", type=int, help="candidates built per round (default 32; 16 for a model)")
     t.add_argument("--timeout", type=float, default=10.0, help="seconds a candidate may run before it is killed")
     t.add_argument("--repeat", type=int, default=3, help="timed repeats per candidate")
@@ -516,7 +525,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("model", help="directory written by `tuner compile -o`")
     r.add_argument("--input", action="append", help="NAME=FILE.npy, one per model input")
     r.add_argument("--random", action="store_true", help="feed random inputs in [-1, 1)")
-    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--seed", type=_seed, default=0)
     r.add_argument("-o", "--output", help="write the output to FILE.npy (several outputs: FILE.npz)")
     r.set_defaults(fn=_cmd_run)
 
@@ -549,6 +558,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _seed(text: str) -> int:
+    """A random seed: a non-negative integer (NumPy's generators take no other)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
+    return value
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     warnings.simplefilter("always")
@@ -567,6 +587,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         _exit_interrupted(130)
+    except BrokenPipeError:       # stdout piped to a reader that stopped (`| head`): as other Unix tools, quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except Exception as e:  # a bug in tuner, not the user's input: say so, keep the traceback
         report = _crash_report(argv, e)
         print(f"internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}\n"

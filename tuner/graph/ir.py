@@ -136,3 +136,12 @@ def rebuild(graph: Graph, rewrite) -> Graph:
             out = b.add(n.op, ins, n.attrs, n.name)
         mapping[id(n.output)] = out
     return b.finish([mapping.get(id(v), v) for v in graph.outputs], graph.meta)
+
+
+def interface_names(graph: Graph) -> tuple:
+    """(input names, output names) as the model's file gives them: a value's name is also a C
+    identifier, so an importer that had to change one keeps the original in meta['interface']."""
+    io = graph.meta.get("interface")
+    if io:
+        return list(io["inputs"]), list(io["outputs"])
+    return [v.name for v in graph.inputs], [v.name for v in graph.outputs]

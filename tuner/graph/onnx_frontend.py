@@ -85,6 +85,7 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model") ->
     if opset is None or opset not in OPSETS:
         raise OnnxImportError(f"{source} uses opset {opset}; supported opsets are {OPSETS.start}-{OPSETS.stop - 1}")
     g = model.graph
+    _check_ssa(g)
     b = GraphBuilder(g.name or "onnx")
     env: dict = {}
     for init in g.initializer:
@@ -93,6 +94,7 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model") ->
     for inp in g.input:
         if inp.name in env:
             continue
+        _check_float(inp, "input")
         dims = []
         for _k, d in enumerate(inp.type.tensor_type.shape.dim):
             if d.HasField("dim_value") and d.dim_value > 0:
@@ -136,8 +138,41 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model") ->
     for o in g.output:
         if o.name not in env:
             raise OnnxImportError(f"graph output {o.name!r} is never computed")
+        _check_float(o, "output")
         outputs.append(env[o.name])
-    return b.finish(outputs, {"source": source, "opset": opset})
+    inputs = [i.name for i in g.input if i.name not in {t.name for t in g.initializer}]
+    return b.finish(outputs, {"source": source, "opset": opset,
+                              "interface": {"inputs": inputs, "outputs": [o.name for o in g.output]}})
+
+
+def _check_ssa(g) -> None:
+    """Refuse a graph where a value is defined twice (by two nodes, or by a node and an input or
+    initializer): ONNX graphs are in single static assignment form, and no definition may win."""
+    defined = {}
+    for v in g.input:
+        if v.name in defined:
+            raise OnnxImportError(f"graph input {v.name!r} is listed twice; the model is not valid ONNX")
+        defined[v.name] = "a graph input"
+    for init in g.initializer:
+        defined.setdefault(init.name, "an initializer")
+    for node in g.node:
+        for name in node.output:
+            if name and name in defined:
+                raise OnnxImportError(f"node {node.name!r} ({node.op_type}) defines {name!r}, which {defined[name]} "
+                                      "already defines; the model is not valid ONNX (each value has one definition)")
+            defined[name] = f"node {node.name!r}"
+
+
+def _check_float(v, what: str) -> None:
+    """Graph inputs and outputs keep their ONNX element type; this version computes float32 only."""
+    onnx, _ = _onnx()
+    if not v.type.HasField("tensor_type"):
+        raise OnnxImportError(f"graph {what} {v.name!r} is not a tensor; tuner compiles tensor {what}s only")
+    elem = v.type.tensor_type.elem_type
+    if elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.UNDEFINED):
+        kind = onnx.TensorProto.DataType.Name(elem) if elem in onnx.TensorProto.DataType.values() else f"type {elem}"
+        raise OnnxImportError(f"graph {what} {v.name!r} is {kind}; this version of "
+                              f"tuner compiles FLOAT (float32) {what}s only: export the model with a float32 {what}")
 
 
 class Importer:

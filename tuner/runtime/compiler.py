@@ -30,6 +30,7 @@ from .. import __version__, records
 from ..codegen.c import PRELUDE, generate_c
 from ..errors import UserError
 from ..graph import Graph, load
+from ..graph.ir import interface_names
 from ..graph.ops import Unsupported, flops, to_te
 from ..graph.passes import optimize
 from ..graph.passes.extract_tasks import group_summary, transform_workload, workload_of
@@ -356,14 +357,19 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
         raise UntunedError(f"--strict: {len(names)} task(s) have no record in {', '.join(logs) or 'any log'} or the "
                            f"shipped database for '{tgt}': {'; '.join(names[:5])}"
                            f"{' ...' if len(names) > 5 else ''}; tune them (tuner tune) or leave out --strict")
-    source = executor_source(list(kernels.values()), steps)
+    blob = weights.blob()
+    declared = {"model_hash": model_hash, "arena_bytes": arena_bytes, "weights_bytes": weights.size,
+                "weights_sha256": hashlib.sha256(blob).hexdigest(), "step_count": len(steps),
+                **{side: [{"name": name, "shape": list(v.shape), "dtype": v.dtype} for name, v in zip(names, values)]
+                   for side, names, values in zip(("inputs", "outputs"), interface_names(graph), (g.inputs, g.outputs))}}
+    source = executor_source(list(kernels.values()), steps, declared)
     say(f"building {len(kernels)} kernels for {len(steps)} steps")
     flags = list(tgt.cflags) + (["-fopenmp"] if any(k.openmp for k in kernels.values()) else [])
     lib, err = compile_library(source, flags)
     if lib is None:
         raise AssertionError(f"the generated model library does not compile: {err}")
     meta = {
-        "format": 1,
+        "format": 2,
         "tool": f"tuner {__version__}",
         "model": source_name,
         "model_hash": model_hash,
@@ -372,17 +378,14 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
         "layout_plan": dict(layout_plan or {}),
         "layout_plan_from": plan_from,
         "logs": [str(p) for p in logs],
-        "inputs": [{"name": v.name, "shape": list(v.shape), "dtype": v.dtype} for v in g.inputs],
-        "outputs": [{"name": v.name, "shape": list(v.shape), "dtype": v.dtype} for v in g.outputs],
-        "arena_bytes": arena_bytes,
+        **declared,
         "intermediate_bytes": sum(align(t.nbytes) for t in lives),
         "peak_live_bytes": peak_live_bytes(lives),
-        "weights_bytes": weights.size,
         "kernels": len(kernels),
         "compile_s": round(time.perf_counter() - t0, 3),
         "steps": [s.to_json() for s in steps],
     }
-    return CompiledModel(meta, lib, source, weights.blob())
+    return CompiledModel(meta, lib, source, blob)
 
 
 def plan_summary(layouts: dict) -> str:
@@ -406,12 +409,16 @@ typedef struct { float** inputs; float** outputs; char* arena; char* weights; } 
 typedef int (*tuner_step_fn)(const tuner_ctx*);
 static const tuner_step_fn tuner_steps[] = { %(table)s };
 int tuner_model_steps(void) { return %(count)d; }
+/* what this library was compiled for, as JSON (runtime.model checks model.json against it) */
+static const unsigned char tuner_declared[] = { %(declared)s, 0 };
+const char* tuner_model_declared(void) { return (const char*)tuner_declared; }
 int tuner_model_run(float** inputs, float** outputs, char* arena, char* weights) {
   tuner_ctx c = { inputs, outputs, arena, weights };
   for (int i = 0; i < %(count)d; ++i) { int rc = tuner_steps[i](&c); if (rc) return 1000 + i; }
   return 0;
 }
 static int tuner_call(int step, const tuner_ctx* c) {
+  if (step >= %(count)d) return -1;
   if (step >= 0) return tuner_steps[step](c);
   for (int i = 0; i < %(count)d; ++i) { int rc = tuner_steps[i](c); if (rc) return rc; }
   return 0;
@@ -448,7 +455,9 @@ _ARG_C = {"input": "c->inputs[%d]", "output": "c->outputs[%d]", "arena": "(float
           "weight": "(float*)(c->weights + %d)"}
 
 
-def executor_source(kernels: list, steps: list) -> str:
+def executor_source(kernels: list, steps: list, declared: dict) -> str:
+    """The library's C: kernels, the timing harness, one function per step and the executor, which
+    also declares `declared` (as bytes: names from a model file never become C text)."""
     parts = []
     for s in steps:
         args = ", ".join(_ARG_C[a.kind] % a.where for a in s.args)
@@ -457,5 +466,6 @@ def executor_source(kernels: list, steps: list) -> str:
                      f"return {s.func}(a); }}")
     return (PRELUDE + "\n".join(k.source for k in kernels) + TIMING
             + EXECUTOR % {"steps": "\n".join(parts), "table": ", ".join(f"step{s.index}" for s in steps),
-                          "count": len(steps)})
+                          "count": len(steps),
+                          "declared": ", ".join(str(b) for b in json.dumps(declared, sort_keys=True).encode())})
 

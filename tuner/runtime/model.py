@@ -8,9 +8,14 @@ the kernel, the workload, where its schedule came from and the latency its recor
 from __future__ import annotations
 
 import json
+import hashlib
 import mmap
 import os
+import re
+import secrets
 import shutil
+import threading
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
@@ -18,7 +23,7 @@ import numpy as np
 from cffi import FFI
 
 from .. import __version__
-from ..errors import UserError, check_output_path
+from ..errors import TunerError, UserError
 from ..measure.library import aligned_empty, content_hash, open_library, pointer_array
 from ..target import ISAS, host_isa, parse_target
 from .compiler import DEFAULT, GENERIC, SHIPPED, Step, plan_summary
@@ -28,11 +33,16 @@ WEIGHTS = "weights.bin"
 
 CDEF = """
 int tuner_model_steps(void);
+const char* tuner_model_declared(void);
 int tuner_model_run(float** inputs, float** outputs, char* arena, char* weights);
 int tuner_model_time(int step, float** inputs, float** outputs, char* arena, char* weights, int repeat,
                      double min_repeat_ms, double* costs);
 int tuner_model_profile(float** inputs, float** outputs, char* arena, char* weights, int runs, double* per_step);
 """
+# the model.json fields the library declares too (compiler.compile_model's `declared`)
+DECLARED = ("model_hash", "arena_bytes", "weights_bytes", "weights_sha256", "step_count", "inputs", "outputs")
+LIBRARY_NAME = re.compile(r"model-[0-9a-f]{16}\.so")
+ARTIFACT_FILES = re.compile(r"model\.json|model\.c|weights\.bin|model-[0-9a-f]{16}\.so")
 
 
 class ArtifactError(UserError):
@@ -75,7 +85,12 @@ def _aligned_bytes(nbytes: int) -> tuple:
 
 
 class CompiledModel:
-    """Runs the whole graph in C, one call per inference. Not re-entrant: one arena per object."""
+    """Runs the whole graph in C, one call per inference.
+
+    Safe to call from any number of threads at once: each call in flight takes an arena of its own
+    from a pool (`arena_bytes` each, kept for the next call), and all share the library and the
+    weights. Every buffer the C code reads or writes is referenced by the calling frame until the
+    call returns (cffi's pointers keep nothing alive)."""
 
     def __init__(self, meta: dict, lib_path: str, source: str, weights: bytes):
         self.meta = meta
@@ -84,10 +99,16 @@ class CompiledModel:
         self._lib = open_library(lib_path, _ffi())
         self._weights, huge_w = _aligned_bytes(len(weights))
         self._weights.view(np.uint8)[:len(weights)] = np.frombuffer(weights, np.uint8)
-        self._arena, huge_a = _aligned_bytes(meta["arena_bytes"])
+        arena, huge_a = _aligned_bytes(meta["arena_bytes"])
+        self._arenas = [arena]                   # free arenas; a call takes one, or makes one if none is free
+        self._arenas_lock = threading.Lock()
         # which were asked for 2 MiB pages (the report says so)
         self.huge_pages = tuple(name for name, asked in (("weights", huge_w), ("arena", huge_a)) if asked)
         self.steps = [Step.from_json(s) for s in meta["steps"]]
+
+    def declared(self) -> dict:
+        """What the library says it was compiled for (the DECLARED fields of model.json)."""
+        return json.loads(_ffi().string(self._lib.tuner_model_declared()).decode())
 
     # ------------------------------------------------------------ facts
     @property
@@ -129,32 +150,45 @@ class CompiledModel:
         out = []
         for a, s in zip(args, spec):
             a = np.asarray(a)
-            if a.dtype != np.dtype(s["dtype"]):
+            if a.dtype.newbyteorder("=") != np.dtype(s["dtype"]):
                 raise UserError(f"input {s['name']} must be {s['dtype']}, got {a.dtype} "
                                 f"(convert it with .astype(np.{s['dtype']}))")
             if list(a.shape) != s["shape"]:
                 raise UserError(f"input {s['name']} must have shape {'x'.join(map(str, s['shape']))}, "
                                 f"got {'x'.join(map(str, a.shape)) or 'a scalar'}")
-            out.append(np.ascontiguousarray(a))
+            out.append(np.ascontiguousarray(a, dtype=s["dtype"]))     # a copy unless C-ordered and native
         return out
 
-    def _call_args(self, inputs: list) -> tuple:
-        """(fresh output arrays, the executor's first four arguments for checked `inputs` and them);
-        the arrays must stay referenced while the call runs."""
+    @contextmanager
+    def _arena(self):
+        with self._arenas_lock:
+            arena = self._arenas.pop() if self._arenas else None
+        if arena is None:
+            arena, _ = _aligned_bytes(self.arena_bytes)
+        try:
+            yield arena
+        finally:
+            with self._arenas_lock:
+                self._arenas.append(arena)
+
+    def _call(self, fn, inputs: list, *extra) -> list:
+        """Fresh output arrays, filled by `fn(inputs, outputs, arena, weights, *extra)` for checked
+        `inputs`; inputs, outputs and arena stay referenced here until `fn` returns."""
         f = _ffi()
         outputs = [np.empty(s["shape"], np.dtype(s["dtype"])) for s in self.outputs]
-        return outputs, (pointer_array(inputs, f), pointer_array(outputs, f),
-                         f.cast("char*", f.from_buffer(self._arena)), f.cast("char*", f.from_buffer(self._weights)))
-
-    def run(self, *args, **kwargs) -> list:
-        """The graph's outputs (a list of NumPy arrays) for its inputs, by position or by name."""
-        outputs, call = self._call_args(self._inputs(args, kwargs))
-        rc = self._lib.tuner_model_run(*call)
+        with self._arena() as arena:
+            rc = fn(pointer_array(inputs, f), pointer_array(outputs, f), f.cast("char*", f.from_buffer(arena)),
+                    f.cast("char*", f.from_buffer(self._weights)), *extra)
         if rc:
             step = self.steps[rc - 1000] if 1000 <= rc < 1000 + len(self.steps) else None
             raise RuntimeError(f"step {step.index} ({step.summary}) failed (out of memory for a temporary?)"
                                if step else f"the model failed with code {rc}")
         return outputs
+
+    def run(self, *args, **kwargs) -> list:
+        """The graph's outputs (a list of NumPy arrays) for its inputs, by position or by name."""
+        inputs = self._inputs(args, kwargs)
+        return self._call(self._lib.tuner_model_run, inputs)
 
     def random_inputs(self, seed: int = 0) -> list:
         rng = np.random.default_rng(seed)
@@ -162,11 +196,13 @@ class CompiledModel:
 
     def time(self, inputs: list | None = None, step: int = -1, repeat: int = 5, min_repeat_ms: float = 100.0) -> list:
         """Seconds per call, `repeat` times, timed in C: of the whole model (step=-1) or of one step."""
-        outputs, call = self._call_args(self._inputs(inputs or self.random_inputs(), {}))
+        if not isinstance(step, int) or not -1 <= step < len(self.steps):
+            raise UserError(f"step must be -1 (the whole model) or a step index 0..{len(self.steps) - 1}, got {step}")
+        if repeat < 1:
+            raise UserError(f"repeat must be at least 1, got {repeat}")
+        inputs = self._inputs(inputs or self.random_inputs(), {})
         costs = _ffi().new("double[]", repeat)
-        rc = self._lib.tuner_model_time(step, *call, repeat, min_repeat_ms, costs)
-        if rc:
-            raise RuntimeError(f"timing failed with code {rc}")
+        self._call(lambda *a: self._lib.tuner_model_time(step, *a, repeat, min_repeat_ms, costs), inputs)
         return list(costs)
 
     def profile(self, inputs: list | None = None, runs: int = 20) -> tuple:
@@ -174,33 +210,39 @@ class CompiledModel:
         (runs,)): the model run whole `runs` times, each step timed where it runs, so caches hold
         what its producers left (unlike `time(step=i)`, which repeats one step on warm data). A
         run's time minus its steps' is the dispatch between them, measured in the same run."""
-        outputs, call = self._call_args(self._inputs(inputs or self.random_inputs(), {}))
+        if runs < 1:
+            raise UserError(f"runs must be at least 1, got {runs}")
+        inputs = self._inputs(inputs or self.random_inputs(), {})
         n = len(self.steps)
         per_step = _ffi().new("double[]", runs * (n + 1))
-        rc = self._lib.tuner_model_profile(*call, runs, per_step)
-        if rc:
-            raise RuntimeError(f"profiling failed with code {rc}")
+        self._call(self._lib.tuner_model_profile, inputs, runs, per_step)
         table = np.frombuffer(_ffi().buffer(per_step), dtype=np.float64).reshape(runs, n + 1).copy()
         return table[:, :n], table[:, n]
 
     # ------------------------------------------------------------ saving and loading
     def save(self, path: str | os.PathLike) -> Path:
-        """Write the artifact directory (created; files in it are replaced)."""
+        """Write the artifact directory: whole into a new directory beside it, then renamed into
+        place (an artifact already there is replaced; any other non-empty directory is refused)."""
         d = Path(path)
-        if d.exists() and not d.is_dir():
-            raise UserError(f"-o {d} is a file; give a directory for the compiled model")
-        check_output_path(d / META, "-o")
-        lib_name = f"model-{content_hash(Path(self._lib_path).read_bytes())}.so"
-        for old in d.glob("model-*.so"):
-            if old.name != lib_name:
-                old.unlink()
-        shutil.copyfile(self._lib_path, d / lib_name)
-        (d / "model.c").write_text(self.source)
-        (d / WEIGHTS).write_bytes(self._weights.view(np.uint8)[:self.meta["weights_bytes"]].tobytes())
-        meta = dict(self.meta, library=lib_name)
-        tmp = d / (META + ".tmp")
-        tmp.write_text(json.dumps(meta, indent=1))
-        os.replace(tmp, d / META)            # last: a half-written artifact has no model.json
+        check_artifact_dir(d)
+        tmp = d.parent / f".{d.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+        try:
+            os.mkdir(tmp)
+            shutil.copyfile(self._lib_path, tmp / _library_name(self._lib_path))
+            (tmp / "model.c").write_text(self.source)
+            (tmp / WEIGHTS).write_bytes(self._weights.view(np.uint8)[:self.meta["weights_bytes"]].tobytes())
+            meta = dict(self.meta, library=_library_name(self._lib_path))
+            (tmp / META).write_text(json.dumps(meta, indent=1))
+            if d.exists():
+                old = tmp.with_suffix(".old")
+                os.rename(d, old)
+                os.rename(tmp, d)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.rename(tmp, d)
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise UserError(f"cannot write the compiled model to {d} ({e.strerror or e}); choose another -o") from None
         return d
 
     # ------------------------------------------------------------ report
@@ -234,6 +276,34 @@ class CompiledModel:
         return "\n".join(rows)
 
 
+def _library_name(lib_path) -> str:
+    return f"model-{content_hash(Path(lib_path).read_bytes())}.so"
+
+
+def check_artifact_dir(d: Path, flag: str = "-o") -> None:
+    """Where a compiled model may be written: a new path, an empty directory, or an artifact to
+    replace (model.json and only an artifact's plain files); never a file, a link or someone's files."""
+    if d.is_symlink():
+        raise UserError(f"{flag} {d} is a symbolic link; give a real directory (tuner never writes through links)")
+    if d.exists():
+        if not d.is_dir():
+            raise UserError(f"{flag} {d} is a file; give a directory for the compiled model")
+        names = {e.name: e for e in d.iterdir()}
+        foreign = sorted(n for n, e in names.items()
+                         if not ARTIFACT_FILES.fullmatch(n) or e.is_symlink() or not e.is_file())
+        if names and (foreign or META not in names):
+            shown = ", ".join(foreign[:3] or sorted(names)[:3])
+            raise UserError(f"{flag} {d} is a directory that is not a compiled model (it holds {shown}); give a new "
+                            "or empty directory")
+    parent = d.absolute().parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create {parent} for {flag} {d} ({e.strerror}); choose another {flag}") from None
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write {flag} {d}: {parent} is not writable; choose another {flag}")
+
+
 def untuned_warning(steps: list) -> str:
     """One line naming the tasks left on the default schedule and their share of the FLOPs."""
     untuned = [s for s in steps if s.anchor and s.source == DEFAULT]
@@ -247,27 +317,83 @@ def untuned_warning(steps: list) -> str:
             f"tuning record and run the default schedule: {shown}")
 
 
+NoneType = type(None)
+# model.json's fields and their JSON types (ints are counts and byte sizes, never negative)
+META_TYPES = {"format": int, "tool": str, "model": str, "model_hash": str, "target": str, "layout": str,
+              "layout_plan": dict, "layout_plan_from": (str, NoneType), "logs": list, "inputs": list, "outputs": list,
+              "arena_bytes": int, "intermediate_bytes": int, "peak_live_bytes": int, "weights_bytes": int,
+              "weights_sha256": str, "step_count": int, "kernels": int, "compile_s": (int, float), "steps": list, "library": str}
+STEP_TYPES = {"index": int, "summary": str, "node": str, "func": str, "args": list, "workload": str,
+              "workload_key": (str, NoneType), "source": str, "expected_s": (int, float, NoneType),
+              "flops": (int, float), "code_hash": str, "steps": list}
+FORMAT = 2
+
+
+def _check_fields(obj, types: dict, where: str) -> None:
+    if not isinstance(obj, dict):
+        raise ArtifactError(f"{where} is not a JSON object")
+    for key, kind in types.items():
+        v = obj.get(key, ...)
+        if v is ... or not isinstance(v, kind) or isinstance(v, bool) or (isinstance(v, int) and v < 0):
+            raise ArtifactError(f"{where}: field {key!r} is missing or not a valid {getattr(kind, '__name__', kind)}")
+
+
 def load(path: str | os.PathLike) -> CompiledModel:
-    """Load an artifact directory written by CompiledModel.save / `tuner compile -o`."""
+    """Load an artifact directory written by CompiledModel.save / `tuner compile -o`.
+
+    An artifact holds native code: load only artifacts from sources you trust (as with any shared
+    library, or `torch.load`). What is checked protects against damage and mix-ups, not attackers:
+    model.json against what the library itself declares (arena, weights size and hash, inputs,
+    outputs, steps), the library against the hash in its name, the weights against their hash."""
     d = Path(path)
     meta_path = d / META
     if not meta_path.is_file():
         raise ArtifactError(f"{d} is not a compiled model (no {META}); make one with `tuner compile ... -o {d}`")
+    damaged = f"{meta_path} is damaged"
     try:
         meta = json.loads(meta_path.read_text())
-        lib = d / meta["library"]
+    except (ValueError, UnicodeDecodeError, OSError) as e:
+        raise ArtifactError(f"{damaged} ({type(e).__name__}); compile the model again") from None
+    if isinstance(meta, dict) and meta.get("format") != FORMAT:
+        raise ArtifactError(f"{d} has artifact format {meta.get('format')!r}; this tuner ({__version__}) reads "
+                            f"format {FORMAT}: compile the model again")
+    try:
+        _check_fields(meta, META_TYPES, damaged)
+        for k, st in enumerate(meta["steps"]):
+            _check_fields(st, STEP_TYPES, f"{damaged}, step {k}")
         isa = parse_target(meta["target"], check_host=False).isa
-    except (ValueError, KeyError, TypeError, UserError) as e:
-        raise ArtifactError(f"{meta_path} is damaged ({e}); compile the model again") from None
+    except UserError as e:
+        raise ArtifactError(f"{e}; compile the model again") from None
+    if not LIBRARY_NAME.fullmatch(meta["library"]):
+        raise ArtifactError(f"{damaged}: library {meta['library']!r} is not the name of a model library in {d} "
+                            "(model-<hash>.so); compile the model again")
     if ISAS[isa][0] > ISAS[host_isa()][0]:
         raise ArtifactError(f"{d} was compiled for {isa} and this host supports {host_isa()}: its kernels cannot "
-                            f"run here; compile the model on this host (tuner compile {meta.get('model', 'MODEL')})")
-    if meta.get("format") != 1:
-        raise ArtifactError(f"{d} has artifact format {meta.get('format')}; this tuner ({__version__}) reads format 1")
+                            f"run here; compile the model on this host (tuner compile {meta['model']})")
+    lib = d / meta["library"]
     if not lib.is_file():
         raise ArtifactError(f"{lib} is missing; compile the model again")
-    weights = (d / WEIGHTS).read_bytes() if (d / WEIGHTS).is_file() else None
-    if weights is None or len(weights) != meta["weights_bytes"]:
-        raise ArtifactError(f"{d / WEIGHTS} is missing or has the wrong size; compile the model again")
-    source = (d / "model.c").read_text() if (d / "model.c").is_file() else ""
+    try:
+        declared = json.loads(_ffi().string(open_library(str(lib), _ffi()).tuner_model_declared()).decode())
+    except (AttributeError, ValueError, OSError, TunerError) as e:
+        raise ArtifactError(f"{lib} is not a model library this tuner can read ({str(e)[:100]}); compile the model "
+                            "again") from None
+    for key in DECLARED:
+        if meta.get(key) != declared.get(key):
+            raise ArtifactError(f"{damaged}: its {key} {str(meta.get(key))[:80]} is not what {lib.name} was compiled "
+                                f"for ({str(declared.get(key))[:80]}); compile the model again")
+    if len(meta["steps"]) != declared["step_count"] or any(st["index"] != k for k, st in enumerate(meta["steps"])):
+        raise ArtifactError(f"{damaged}: its steps do not match {lib.name}; compile the model again")
+    try:
+        weights = (d / WEIGHTS).read_bytes()
+    except OSError:
+        weights = None
+    if weights is None or len(weights) != meta["weights_bytes"] \
+            or hashlib.sha256(weights).hexdigest() != declared["weights_sha256"]:
+        raise ArtifactError(f"{d / WEIGHTS} is missing, or not the weights {lib.name} was compiled with; compile the "
+                            "model again")
+    try:
+        source = (d / "model.c").read_text()
+    except (OSError, UnicodeDecodeError):
+        source = ""
     return CompiledModel(meta, str(lib), source, weights)
