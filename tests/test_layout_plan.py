@@ -352,6 +352,7 @@ def test_a_model_tune_replays_plans_resumes_and_compiles_with_its_plan(tmp_cache
     assert math.isclose(res.estimate_s, expect.cost + sum(best[wl.key] for wl in res.space.fixed))
     again = _replayed(out)                                                 # resume: nothing measured again
     assert again.session.new == 0 and again.plan.layouts == res.plan.layouts
+    assert len(records.load(out).plans) == 1                               # and no copy of its plan appended
     m = compile_model("tiny", log=str(out), target=REPLAY_TARGET)
     assert m.meta["layout_plan"] == res.plan.layouts and m.meta["layout_plan_from"] == str(out)
     assert "layout plan" in m.report()
@@ -622,3 +623,20 @@ def test_a_warm_model_tune_prices_its_plan_with_weights_cold_too(tmp_cache, tmp_
                           warmup_batch=1, progress=False)
     assert cold.session.new == 5 and not timed and cold.record.priced == "cold"
     assert {r.workload.key for r in records.load(log).records if r.cold} == weighted
+
+
+def test_a_plan_applies_to_the_same_model_exported_to_onnx_and_is_named_where_it_does_not(tmp_cache, tmp_path):
+    from tuner.graph.models import resnet
+    import onnx
+    from tuner.graph.onnx_frontend import to_onnx
+    out = tmp_path / "tiny.jsonl"
+    res = _replayed(out)
+    onnx_path = tmp_path / "tiny.onnx"
+    onnx.save(to_onnx(tiny()), str(onnx_path))
+    m = compile_model(str(onnx_path), log=str(out), target=REPLAY_TARGET)
+    assert m.meta["layout_plan"] == res.plan.layouts and m.meta["layout_plan_from"] == str(out)
+    with pytest.warns(UserWarning, match="holds a layout plan of tiny but none of this model"):
+        other = compile_model(resnet(18, image=32), log=str(out), target=REPLAY_TARGET)
+    assert other.meta["layout_plan"] == {}
+    with pytest.raises(UserError, match="names 1 conv or dense node.* does not have: nowhere"):
+        compile_model(tiny(), target=REPLAY_TARGET, layout_plan=dict(res.plan.layouts, nowhere="NHWC"))

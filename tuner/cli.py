@@ -172,10 +172,9 @@ def _model_view(args, models: list) -> int:
     for k, rep in enumerate(models):
         print(rep.table())
         png = None
-        if not args.no_plot or args.html:
+        if not args.no_plot:
             png = rep.plot(numbered(args.plot or str(Path(args.log).with_suffix(".png")), k))
-            if not args.no_plot:
-                print(f"\nplot: {png}")
+            print(f"\nplot: {png}")
         if args.html:
             print(f"report: {rep.html(numbered(args.html, k), png)}")
     return 0
@@ -459,7 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
     a = sub.add_parser("analyze", help="summarise a tuning log: tables and plots (a model tune's log: the model view)")
     a.add_argument("log")
     a.add_argument("--plot", help="PNG path (default: the log's path with .png)")
-    a.add_argument("--no-plot", action="store_true")
+    a.add_argument("--no-plot", action="store_true", help="draw no plot: no PNG, and none in the --html report")
     a.add_argument("--html", help="a model log: also write one self-contained HTML report here")
     a.add_argument("--model", help="a model log: the model (built-in name or .onnx) when the name in its plan "
                    "does not load here")

@@ -51,7 +51,7 @@ from .measure.result import WEIGHTS
 from .measure.runner import RunConfig, Runner
 from .search.scheduler import family
 from .task import Task
-from .runtime.compiler import graph_digest, plan_summary
+from .runtime.compiler import graph_digest, graph_structure, plan_summary
 from .target import parse_target
 from .graph.passes.convert_layout import check_choice
 from .te.layouts import DEFAULT_CHOICES
@@ -420,7 +420,7 @@ def tune_model(model, trials: int, log: str | None = None, target: str = "cpu", 
     cold: dict = {}
     cold_est = None
     if plan is not None and math.isfinite(est) and measured_here and not session.interrupted:
-        last = records.load(log, warn=False).plan(graph_digest(graph), str(tgt))
+        last = records.load(log, warn=False).plan(graph_digest(graph), str(tgt), graph_structure(graph))
         cold = cold_prices(session.tasks, tgt, last.cold if last else None, kwargs.get("progress", True), config)
         cold_best = dict(prices, **{k: s for k, (_, s) in cold.items()})
         if weights == "cold":       # cold already, but for the warm bests of an older log, priced just now
@@ -434,6 +434,9 @@ def tune_model(model, trials: int, log: str | None = None, target: str = "cpu", 
         # the host's peak goes with the plan (for `tuner analyze`'s fraction of peak)
         peak = peak_gflops(tgt, tgt.threads, 5_000_000) if measured_here else None
         rec = records.make_plan_record(name, graph_digest(graph), str(tgt), plan.layouts, est, plan.exact,
-                                       tuple(layouts), peak, cold, cold_est, weights)
-        records.append(log, [rec])
+                                       tuple(layouts), peak, cold, cold_est, weights, graph_structure(graph))
+        last = records.load(log, warn=False).plan(rec.model_hash, str(tgt))
+        if last is None or dataclasses.replace(last, timestamp=rec.timestamp, tool=rec.tool,
+                                               peak_gflops=rec.peak_gflops) != rec:
+            records.append(log, [rec])          # a tune run again after its end adds no copy of its plan
     return ModelTuneResult(name, space, session, plan, est, rec, prices, other, other_est)

@@ -178,6 +178,7 @@ class PlanRecord:
     cold: dict = field(default_factory=dict)
     cold_estimate_s: float | None = None   # this plan's estimate with those prices
     priced: str = "warm"                   # which prices the plan was solved with: "warm" or "cold"
+    structure: str = ""                    # the graph's shapes and operators without its weights (older logs: "")
 
     def to_json(self) -> dict:
         d = {"format": self.format, "kind": self.kind, "tool": self.tool, "model": self.model,
@@ -191,6 +192,8 @@ class PlanRecord:
             d["cold"] = {k: {"code_hash": h, "s": s} for k, (h, s) in self.cold.items()}
             d["cold_estimate_s"] = self.cold_estimate_s
         d["priced"] = self.priced
+        if self.structure:
+            d["structure"] = self.structure
         return d
 
     @classmethod
@@ -215,20 +218,22 @@ class PlanRecord:
         _want(obj.get("cold_estimate_s") is None or _positive(obj["cold_estimate_s"]),
               "plan cold_estimate_s is not positive")
         _want(obj.get("priced", "warm") in WEIGHTS, "plan priced is not 'warm' or 'cold'")
+        _want(isinstance(obj.get("structure", ""), str), "plan structure is not a string")
         return cls(obj["model"], obj["model_hash"], obj["target"], dict(lays), float(obj["estimate_s"]),
                    obj.get("exact", True), obj.get("timestamp", ""), obj.get("tool", ""), obj.get("format", FORMAT),
                    candidates=tuple(cands), peak_gflops=obj.get("peak_gflops"),
                    cold={k: (v["code_hash"], float(v["s"])) for k, v in cold.items()},
-                   cold_estimate_s=obj.get("cold_estimate_s"), priced=obj.get("priced", "warm"))
+                   cold_estimate_s=obj.get("cold_estimate_s"), priced=obj.get("priced", "warm"),
+                   structure=obj.get("structure", ""))
 
 
 def make_plan_record(model: str, model_hash: str, target: str, layouts: dict, estimate_s: float,
                      exact: bool, candidates=(), peak_gflops: float | None = None, cold: dict | None = None,
-                     cold_estimate_s: float | None = None, priced: str = "warm") -> PlanRecord:
+                     cold_estimate_s: float | None = None, priced: str = "warm", structure: str = "") -> PlanRecord:
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     return PlanRecord(model, model_hash, str(target), dict(layouts), estimate_s, exact, now, f"tuner {__version__}",
                       candidates=tuple(candidates), peak_gflops=peak_gflops, cold=dict(cold or {}),
-                      cold_estimate_s=cold_estimate_s, priced=priced)
+                      cold_estimate_s=cold_estimate_s, priced=priced, structure=structure)
 
 
 def _want(cond, reason: str) -> None:
@@ -255,11 +260,13 @@ class LogContents:
     reasons: Counter = field(default_factory=Counter)   # why lines that are not records were skipped
     plans: list = field(default_factory=list)           # [PlanRecord], in log order
 
-    def plan(self, model_hash: str, target: str) -> "PlanRecord | None":
-        """The newest layout plan of a model that applies on `target` (same rule as applicable)."""
+    def plan(self, model_hash: str, target: str, structure: str = "") -> "PlanRecord | None":
+        """The newest layout plan that applies on `target` (same rule as applicable) of a model: the
+        same graph, or one of the same structure (the same model exported and imported again, or
+        with other weights)."""
         want = code_target(target)
-        return next((p for p in reversed(self.plans) if p.model_hash == model_hash and code_target(p.target) == want),
-                    None)
+        return next((p for p in reversed(self.plans) if code_target(p.target) == want and (
+            p.model_hash == model_hash or (structure and p.structure == structure))), None)
 
     @property
     def skipped(self) -> int:

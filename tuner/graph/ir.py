@@ -77,6 +77,20 @@ class Graph:
         return print_graph(self)
 
 
+MAX_ELEMENTS = 2**31 - 1     # kernels index tensors with 32-bit ints
+
+
+def _check_size(v: Value, what: str) -> None:
+    n = 1
+    for d in v.shape:
+        if d < 1:
+            raise GraphError(f"{what} has shape {list(v.shape)}: every dimension must be at least 1")
+        n *= d
+    if n > MAX_ELEMENTS:
+        raise GraphError(f"{what} has shape {list(v.shape)}, {n} elements; tuner compiles tensors of at most "
+                         f"{MAX_ELEMENTS} elements: give a smaller --input-shape")
+
+
 class GraphBuilder:
     """Makes uniquely named values and nodes, in order; the way every pass builds its output."""
 
@@ -98,6 +112,7 @@ class GraphBuilder:
 
     def input(self, name: str, shape, dtype="float32", layout="") -> Value:
         v = Value(self.fresh(name), tuple(int(s) for s in shape), dtype, layout)
+        _check_size(v, f"input {name!r}")
         self.inputs.append(v)
         return v
 
@@ -113,6 +128,7 @@ class GraphBuilder:
         out = Value(self.fresh(name or op))
         node = Node(op, list(inputs), attrs, out, name or out.name)
         out.shape, out.dtype, out.layout = infer(node)
+        _check_size(out, f"the output of {node.op} node {node.name!r}")
         out.producer = node
         self.nodes.append(node)
         return out

@@ -89,7 +89,12 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model") ->
     b = GraphBuilder(g.name or "onnx")
     env: dict = {}
     for init in g.initializer:
-        env[init.name] = b.const(numpy_helper.to_array(init), init.name)
+        try:
+            data = numpy_helper.to_array(init)
+        except Exception as e:  # noqa: BLE001 - onnx raises ValueError, TypeError or its own on damaged data
+            raise OnnxImportError(f"initializer {init.name!r} cannot be read ({type(e).__name__}: {str(e)[:100]}); "
+                                  "the file is damaged: export the model again") from None
+        env[init.name] = b.const(data, init.name)
     input_shapes = dict(input_shapes or {})
     for inp in g.input:
         if inp.name in env:
@@ -107,6 +112,8 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model") ->
                 raise OnnxImportError(f"--input-shape {inp.name}={'x'.join(map(str, given))} does not match the "
                                       f"model's {['?' if x is None else x for x in dims]}")
             dims = given
+        if not dims:
+            raise OnnxImportError(f"input {inp.name!r} is a scalar (rank 0); tuner compiles inputs of rank 1 or more")
         if any(d is None for d in dims):
             shown = "x".join("?" if d is None else str(d) for d in dims)
             raise OnnxImportError(f"input {inp.name!r} has a dynamic shape {shown}; give a concrete one with "

@@ -21,6 +21,7 @@ import dataclasses
 import hashlib
 import json
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -120,6 +121,23 @@ def graph_digest(graph: Graph) -> str:
                 ins.append(names.get(id(v), "?"))
         names[id(n.output)] = f"v{len(names)}"
         h.update(json.dumps([n.op, sorted((k, str(a)) for k, a in n.attrs.items()), ins]).encode())
+    h.update(json.dumps([names.get(id(v), "?") for v in graph.outputs]).encode())
+    return h.hexdigest()[:20]
+
+
+def graph_structure(graph: Graph) -> str:
+    """A hash of what a layout plan depends on: operators, node names, integer attributes, shapes
+    and edges; not constants' values nor float attributes (an exporter rounds them to float32)."""
+    h = hashlib.sha256()
+    names: dict = {}
+    for v in graph.inputs:
+        names[id(v)] = f"in{len(names)}"
+        h.update(f"input {v.shape}".encode())
+    for n in graph.nodes:
+        ins = [f"const{v.data.shape}" if v.is_const else names.get(id(v), "?") for v in n.inputs]
+        names[id(n.output)] = f"v{len(names)}"
+        attrs = sorted((k, str(a)) for k, a in n.attrs.items() if not isinstance(a, float))
+        h.update(json.dumps([n.op, n.name, attrs, ins]).encode())
     h.update(json.dumps([names.get(id(v), "?") for v in graph.outputs]).encode())
     return h.hexdigest()[:20]
 
@@ -258,12 +276,22 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
     model_hash = graph_digest(graph)
     plan_from = "given" if layout_plan else None
     if layout_plan is None:             # the newest plan a model tune logged for this model and target
+        structure = graph_structure(graph)
         for where, c in contents:
-            found = c.plan(model_hash, str(tgt))
+            found = c.plan(model_hash, str(tgt), structure)
             if found is not None:
                 layout_plan, plan_from = found.layouts, where
                 say(f"layout plan from {where}: {plan_summary(found.layouts)}")
                 break
+        others = sorted({p.model for where, c in contents if where != SHIPPED for p in c.plans})
+        if layout_plan is None and others:
+            warnings.warn(f"the log holds a layout plan of {', '.join(others)} but none of this model on "
+                          f"'{tgt}': compiling {source_name} without one (every conv in {layout})")
+    planned = {n.name for n in graph.nodes if n.op in ("conv2d", "dense")}
+    unknown = sorted(set(layout_plan or {}) - planned)
+    if unknown:
+        raise UserError(f"the layout plan ({plan_from}) names {len(unknown)} conv or dense node(s) that {source_name} "
+                        f"does not have: {', '.join(unknown[:4])}; give a plan of this model")
     g = optimize(graph, layout=layout, layout_plan=layout_plan)
     say(f"optimised {graph.name}: {len(graph.nodes)} nodes -> {len(g.nodes)}, "
         f"{len(g.meta['fused_groups'])} fused groups")

@@ -44,6 +44,8 @@ has structured decisions (a tile per axis).
 """
 from __future__ import annotations
 
+import math
+
 import random
 from functools import cached_property
 
@@ -59,7 +61,8 @@ BLOCK_PLACES = ("outside", "inside")   # a table sketch's channel-block loop: ou
 
 
 def divisors(n: int) -> list:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 class DagSketch:
