@@ -270,3 +270,15 @@ def test_saving_over_an_artifact_replaces_it_whole(artifact, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]          # no temporary left beside it
     np.testing.assert_array_equal(load(art).run(*x)[0], want)
     assert len(list(art.glob("model-*.so"))) == 1
+
+
+def test_bench_refuses_an_artifact_whose_model_file_now_holds_another_model(tmp_cache, tmp_path):
+    from tuner.graph.onnx_frontend import to_onnx
+    from tuner.runtime.bench import _model_for
+    path = tmp_path / "m.onnx"
+    onnx.save(to_onnx(tiny()), str(path))
+    compile_model(str(path), threads=1, use_shipped=False).save(tmp_path / "art")
+    assert _model_for(str(tmp_path / "art"), 1, [])[0].meta["model_hash"]
+    onnx.save(to_onnx(tiny(seed=5)), str(path))
+    with pytest.raises(UserError, match="was compiled from another model than"):
+        _model_for(str(tmp_path / "art"), 1, [])

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import UserError, check_output_path
 from ..graph import load as load_graph
-from .compiler import compile_model
+from .compiler import compile_model, graph_digest
 from .model import META, load
 from .peers import interleaved, onnxruntime_runner, paired_ratios, torch_runner
 
@@ -38,7 +38,12 @@ def _model_for(model: str, threads: int, logs: list):
         m = compile_model(model, log=logs, threads=threads)
         source = model
     onnx_path = source if source.endswith(".onnx") else None
-    return m, load_graph(source), onnx_path
+    graph = load_graph(source)
+    if graph_digest(graph) != m.meta["model_hash"]:
+        raise UserError(f"{model} was compiled from another model than {source} now holds (graph "
+                        f"{m.meta['model_hash']} against {graph_digest(graph)}): its peers would run another model; "
+                        f"compile {source} again")
+    return m, graph, onnx_path
 
 
 def step_times(m, inputs, rounds: int = 5, runs: int = 20) -> tuple:
