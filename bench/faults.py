@@ -535,6 +535,148 @@ def case_hostile_onnx(work: Path, env, args) -> Row:
     return row
 
 
+# ---------------------------------------------------------------- compiled models
+
+def _ended(row: Row, out: subprocess.CompletedProcess, ok=(0, 2)) -> None:
+    """Count how a `tuner` run over an artifact ended: signals, tracebacks, messages over one line."""
+    row.runs += 1
+    row.exit_codes[str(out.returncode)] += 1
+    row.signals += out.returncode < 0
+    row.tracebacks += traceback_in(out.stderr)
+    if out.returncode == 2 and len(out.stderr.strip().splitlines()) != 1:
+        row.notes.append(f"not one line: {out.stderr.strip()[:200]}")
+    if out.returncode not in ok and out.returncode >= 0:
+        row.notes.append(f"exit {out.returncode}: {out.stderr.strip()[-200:]}")
+
+
+def _artifact(work: Path, env) -> tuple:
+    """(a compiled tiny, its output for `tuner run --random`) made once per fault run."""
+    art = work / "art"
+    if not (art / "model.json").exists():
+        subprocess.run(tuner_cmd("compile", "tiny", "--threads", "1", "-o", str(art)), env=env, check=True,
+                       capture_output=True)
+        subprocess.run(tuner_cmd("run", str(art), "--random", "-o", str(work / "want.npy")), env=env, check=True,
+                       capture_output=True)
+    import numpy as np
+    return art, np.load(work / "want.npy")
+
+
+INPUTS = r"""
+import sys, threading, numpy as np, tuner
+from tuner.graph.models import tiny
+layout, threads = sys.argv[1], int(sys.argv[2])
+m = tuner.compile(tiny(), threads=1, layout=layout, use_shipped=False)
+x = m.random_inputs(3)[0]
+want = m.run(x)[0]
+big = np.zeros((1, 3, 32, 32), np.float32); big[:, :, ::2, ::2] = x
+kinds = {"transposed": np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2), "sliced": big[:, :, ::2, ::2],
+         "fortran": np.asfortranarray(x), "negative": np.ascontiguousarray(x[..., ::-1])[..., ::-1],
+         "big-endian": x.astype(">f4")}
+bad = [k for k, v in kinds.items() for _ in range(3) if not np.array_equal(m.run(v)[0], want)]
+xs = [m.random_inputs(s)[0] for s in range(threads)]
+ys = [m.run(v)[0] for v in xs]
+def hammer(k):
+    for i in range(100):
+        j = (k + i) % threads
+        if not np.array_equal(m.run(xs[j])[0], ys[j]):
+            bad.append(f"thread {k}")
+ts = [threading.Thread(target=hammer, args=(k,)) for k in range(threads)]
+[t.start() for t in ts]; [t.join() for t in ts]
+print(len(bad), len(kinds) * 3 + 100 * threads, " ".join(sorted(set(bad))))
+"""
+
+
+def case_model_inputs(work: Path, env, args) -> Row:
+    """Non-contiguous inputs of each kind in each layout, and 2-8 threads running one model at once."""
+    row = Row("odd input memory, 2-8 threads per model")
+    for layout, threads in (("NCHW", 2), ("NHWC", 4), ("NCHW8c", 8)):
+        out = run([sys.executable, "-c", INPUTS, layout, str(threads)], env)
+        _ended(row, out, ok=(0,))
+        if out.returncode == 0:
+            wrong, total, which = (out.stdout.split(maxsplit=2) + [""])[:3]
+            row.wrong_outputs += int(wrong)
+            if int(wrong):
+                row.notes.append(f"{layout}: {wrong} of {total} runs wrong ({which.strip()})")
+    return row
+
+
+def _fuzz_value(rng: random.Random, v):
+    choices = [None, True, -1, 0, 4, -100, 2**40, 1e300, "", "../x.so", "/etc/passwd", [], {}, [1], {"name": 1}]
+    if isinstance(v, int) and not isinstance(v, bool):
+        choices += [v + rng.choice([-64, -1, 1, 64]), v * 2, v // 2]
+    if isinstance(v, list) and v:
+        return [_fuzz_value(rng, v[0])] + v[1:] if rng.random() < 0.5 else v[:-1]
+    if isinstance(v, dict) and v:
+        k = rng.choice(sorted(v))
+        return {**v, k: _fuzz_value(rng, v[k])}
+    return rng.choice(choices)
+
+
+def case_model_json(work: Path, env, args) -> Row:
+    """Every field of model.json damaged at random, and every file of the artifact swapped or cut:
+    `tuner run` prints the right output or says in one line that the artifact is damaged."""
+    import numpy as np
+    row, rng = Row("damaged model.json / artifact files"), random.Random(args.seed)
+    art, want = _artifact(work, env)
+    other = work / "other"
+    if not other.exists():
+        shutil.copytree(art, other)
+        meta = json.loads((other / "model.json").read_text())
+        w = np.fromfile(other / "weights.bin", np.uint8)
+        (other / "weights.bin").write_bytes((w[::-1]).tobytes())     # another model's weights of the same size
+    files = sorted(p.name for p in art.iterdir())
+    for k in range(args.hostile_artifacts):
+        bad = work / f"bad{k}"
+        shutil.copytree(art, bad)
+        meta = json.loads((bad / "model.json").read_text())
+        if k % 3:
+            key = rng.choice(sorted(meta))
+            meta[key] = _fuzz_value(rng, meta[key])
+            (bad / "model.json").write_text(json.dumps(meta))
+        else:
+            name = rng.choice(files)
+            data = (bad / name).read_bytes()
+            how = rng.choice(["truncate", "empty", "swap", "remove"])
+            if how == "remove":
+                (bad / name).unlink()
+            else:
+                (bad / name).write_bytes({"truncate": data[:len(data) // 2], "empty": b"",
+                                          "swap": (other / name).read_bytes() if (other / name).exists() else b"x"}[how])
+        out = run(tuner_cmd("run", str(bad), "--random", "-o", str(bad / "y.npy")), env, timeout=120)
+        _ended(row, out)
+        if out.returncode == 0 and not np.array_equal(np.load(bad / "y.npy"), want):
+            row.wrong_outputs += 1
+            row.notes.append(f"damage {k} gave another output: {(bad / 'model.json').read_text()[:160]}")
+        shutil.rmtree(bad, ignore_errors=True)
+    return row
+
+
+def case_compile_into(work: Path, env, args) -> Row:
+    """`tuner compile -o` into a directory of someone's files, one holding a link, a link itself and an
+    artifact: the first three refused with nothing touched, the last replaced whole."""
+    row = Row("compile into existing / linked dirs")
+    precious = work / "precious.txt"
+    for k in range(max(1, args.stops // 5)):
+        precious.write_text("keep me")
+        mine, linked, link, again = (work / f"{n}{k}" for n in ("mine", "linked", "link", "again"))
+        mine.mkdir()
+        (mine / "model.c").write_text("my code")
+        shutil.copytree(_artifact(work, env)[0], linked)
+        (linked / "weights.bin").unlink()
+        (linked / "weights.bin").symlink_to(precious)
+        link.symlink_to(work / f"elsewhere{k}", target_is_directory=True)
+        shutil.copytree(_artifact(work, env)[0], again)
+        for d, code in ((mine, 2), (linked, 2), (link, 2), (again, 0)):
+            out = run(tuner_cmd("compile", "tiny", "--threads", "1", "-o", str(d)), env)
+            _ended(row, out)
+            if out.returncode != code:
+                row.notes.append(f"-o {d.name}: exit {out.returncode}, expected {code}")
+        touched = [precious.read_text() != "keep me", (mine / "model.c").read_text() != "my code",
+                   (work / f"elsewhere{k}").exists(), not (again / "model.json").exists()]
+        row.wrong_outputs += sum(touched)
+    return row
+
+
 PLANT = r"""
 #include <stdio.h>
 #include <stdlib.h>
@@ -577,7 +719,8 @@ CASES = {"sigkill": case_sigkill, "sigterm": case_signal(signal.SIGTERM), "sigin
          "concurrent-2": case_concurrent(2), "concurrent-3": case_concurrent(3), "two-workloads": case_two_workloads,
          "disk-full": case_disk_full, "cache-full": case_cache_full, "worker-killed": case_worker_killed,
          "hung": case_hung, "hostile-records": case_hostile_records, "hostile-specs": case_hostile_specs,
-         "hostile-onnx": case_hostile_onnx, "cache": case_cache}
+         "hostile-onnx": case_hostile_onnx, "cache": case_cache, "model-inputs": case_model_inputs,
+         "model-json": case_model_json, "compile-into": case_compile_into}
 
 
 def main(argv=None) -> int:
@@ -588,6 +731,7 @@ def main(argv=None) -> int:
     ap.add_argument("--hostile-logs", type=int, default=5)
     ap.add_argument("--hostile-specs", type=int, default=500)
     ap.add_argument("--hostile-onnx", type=int, default=200)
+    ap.add_argument("--hostile-artifacts", type=int, default=60, help="damaged artifacts run")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
