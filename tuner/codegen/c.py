@@ -27,12 +27,17 @@ typedef int i32x16 __attribute__((vector_size(64), aligned(4)));
 typedef int i32x8 __attribute__((vector_size(32), aligned(4)));
 typedef int i32x4 __attribute__((vector_size(16), aligned(4)));
 #define TUNER_VSEL(W, m, a, b) ((f32x##W)((((i32x##W)(a)) & (m)) | (((i32x##W)(b)) & ~(m))))
-static inline f32x16 tuner_max16(f32x16 a, f32x16 b) { return TUNER_VSEL(16, a > b, a, b); }
-static inline f32x8 tuner_max8(f32x8 a, f32x8 b) { return TUNER_VSEL(8, a > b, a, b); }
-static inline f32x4 tuner_max4(f32x4 a, f32x4 b) { return TUNER_VSEL(4, a > b, a, b); }
-static inline f32x16 tuner_min16(f32x16 a, f32x16 b) { return TUNER_VSEL(16, a < b, a, b); }
-static inline f32x8 tuner_min8(f32x8 a, f32x8 b) { return TUNER_VSEL(8, a < b, a, b); }
-static inline f32x4 tuner_min4(f32x4 a, f32x4 b) { return TUNER_VSEL(4, a < b, a, b); }
+/* float max and min propagate a NaN from either operand, as np.maximum and ONNX Runtime do: a is
+   taken where it is greater (or, for min, smaller) or unordered with b (a is NaN), unless b is
+   NaN. With a constant b (ReLU's 0, a clip bound) b == b folds away: one compare, as before. */
+static inline f32x16 tuner_max16(f32x16 a, f32x16 b) { return TUNER_VSEL(16, ~(a <= b) & (b == b), a, b); }
+static inline f32x8 tuner_max8(f32x8 a, f32x8 b) { return TUNER_VSEL(8, ~(a <= b) & (b == b), a, b); }
+static inline f32x4 tuner_max4(f32x4 a, f32x4 b) { return TUNER_VSEL(4, ~(a <= b) & (b == b), a, b); }
+static inline f32x16 tuner_min16(f32x16 a, f32x16 b) { return TUNER_VSEL(16, ~(a >= b) & (b == b), a, b); }
+static inline f32x8 tuner_min8(f32x8 a, f32x8 b) { return TUNER_VSEL(8, ~(a >= b) & (b == b), a, b); }
+static inline f32x4 tuner_min4(f32x4 a, f32x4 b) { return TUNER_VSEL(4, ~(a >= b) & (b == b), a, b); }
+static inline float tuner_fmax(float a, float b) { return (!(a <= b) && b == b) ? a : b; }
+static inline float tuner_fmin(float a, float b) { return (!(a >= b) && b == b) ? a : b; }
 static inline int tuner_floordiv(int a, int b) { int q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
 static inline int tuner_floormod(int a, int b) { int r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 """
@@ -201,6 +206,8 @@ class CGen:
             return f"{fn}({self.expr(e.a)}, {self.expr(e.b)})"
         if isinstance(e, (Min, Max)):
             a, c = self.expr(e.a), self.expr(e.b)
+            if is_float(e):          # NaN from either operand propagates (PRELUDE)
+                return f"tuner_f{'min' if isinstance(e, Min) else 'max'}({a}, {c})"
             op = "<" if isinstance(e, Min) else ">"
             return f"(({a}) {op} ({c}) ? ({a}) : ({c}))"
         if isinstance(e, Cmp):

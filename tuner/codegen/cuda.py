@@ -7,7 +7,11 @@ cooperative fill of a shared buffer) must not be longer than the block; a shorte
 Shared buffers are declared once at the top of the kernel; the barriers around their filling are
 the IR's Sync statements. Local buffers (the accumulator tile) are arrays in the thread, which
 nvcc keeps in registers when every index is a constant after unrolling. Expressions print as in
-the C generator (one printer for index arithmetic), with device versions of its helpers.
+the C generator (one printer for index arithmetic), with device versions of its helpers: float
+max and min propagate a NaN from either operand (tuner_fmax, tuner_fmin, never fmaxf, which drops
+it). nvcc's --use_fast_math is --ftz=true --prec-div=false --prec-sqrt=false --fmad=true and fast
+intrinsics (__expf): none lets nvcc assume a value is not NaN, so the comparisons keep their IEEE
+unordered results and a NaN still propagates.
 
 Every kernel takes its buffers as `(const float* __restrict__ in..., float* __restrict__ out)`
 and is launched with `CudaKernel.grid` blocks of `CudaKernel.block` threads.
@@ -24,6 +28,8 @@ from ..te.expr import Cmp, Const, Load, Var, free_vars, from_linear, linear, sim
 from .c import CGen, NotVectorizable, _straight_stores, nest_steps
 
 PRELUDE = r"""#define TUNER_INF __int_as_float(0x7f800000)
+__device__ __forceinline__ float tuner_fmax(float a, float b) { return (!(a <= b) && b == b) ? a : b; }
+__device__ __forceinline__ float tuner_fmin(float a, float b) { return (!(a >= b) && b == b) ? a : b; }
 __device__ __forceinline__ int tuner_floordiv(int a, int b) { int q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
 __device__ __forceinline__ int tuner_floormod(int a, int b) { int r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 """

@@ -290,7 +290,8 @@ def linear(e: Expr):
     """Split `e` into ({term: coef}, const) where terms are non-constant sub-expressions.
 
     Vars are terms; anything non-affine (a div, a load, a product of two vars) is one opaque
-    term. Returns None for float-valued expressions. Memoised: the simplifier asks again for
+    term. Returns None for float-valued expressions, and where a term that reads a tensor would
+    cancel (_reads_a_tensor: x - x of a NaN is NaN, not 0). Memoised: the simplifier asks again for
     every node on the way up a tree, and lowering, codegen and features ask about the same
     indices. Callers must not mutate the returned dict.
     """
@@ -304,18 +305,29 @@ def linear(e: Expr):
         terms = dict(la[0])
         for t, c in lb[0].items():
             terms[t] = terms.get(t, 0) + sign * c
-        return {t: c for t, c in terms.items() if c != 0}, la[1] + sign * lb[1]
+        out = {t: c for t, c in terms.items() if c != 0}
+        if len(out) < len(terms) and _reads_a_tensor(t for t in terms if t not in out):
+            return None
+        return out, la[1] + sign * lb[1]
     if isinstance(e, Mul):
         la, lb = linear(e.a), linear(e.b)
         if la is not None and lb is not None:
-            if not la[0]:
-                return {t: c * la[1] for t, c in lb[0].items() if c * la[1] != 0}, la[1] * lb[1]
-            if not lb[0]:
-                return {t: c * lb[1] for t, c in la[0].items() if c * lb[1] != 0}, la[1] * lb[1]
+            for lc, lt in ((la, lb), (lb, la)):
+                if not lc[0]:
+                    if lc[1] == 0 and _reads_a_tensor(lt[0]):
+                        return None
+                    return {t: c * lc[1] for t, c in lt[0].items() if c * lc[1] != 0}, la[1] * lb[1]
         return {e: 1}, 0
     if isinstance(e, (Div, Call, Cast)):
         return None
     return {e: 1}, 0
+
+
+def _reads_a_tensor(terms) -> bool:
+    """Whether one of `terms` reads a tensor (a float value in an integer linear form): such a term
+    must not cancel, as x - x and 0 * x are NaN, not 0, where x is NaN or infinite. Asked only
+    when a term's coefficient came out 0; index terms never read a tensor."""
+    return any(isinstance(n, Load) for t in terms for n in walk(t))
 
 
 def from_linear(terms: Mapping, const: int) -> Expr:
@@ -476,8 +488,8 @@ def simplify(e: Expr, ranges: Ranges | None = None) -> Expr:
             return None
         if isinstance(n, Select) and isinstance(n.cond, Const):
             return n.then if n.cond.value else n.other
-        if isinstance(n, (Div,)) and isinstance(n.a, Const) and isinstance(n.b, Const):
-            return Const(n.a.value / n.b.value)
+        if isinstance(n, (Div,)) and isinstance(n.a, Const) and isinstance(n.b, Const) and n.b.value != 0:
+            return Const(n.a.value / n.b.value)      # x / 0 stays for C (inf or NaN; Python would raise)
         return None
 
     return transform(e, step)
