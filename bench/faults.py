@@ -715,12 +715,262 @@ def case_cache(work: Path, env, args) -> Row:
     return row
 
 
+# ---------------------------------------------------------------- a hostile cluster
+
+ROGUE = r"""
+import sys
+import tuner.measure.cluster as C
+real = C._measure_on_worker
+
+def forged(*args, **kwargs):
+    results, busy, build_busy = real(*args, **kwargs)
+    for r in results:
+        if r.ok:
+            r.costs, r.host = [1e-12] * len(r.costs), "trusted-host"
+    return results, busy, build_busy
+C._measure_on_worker = forged
+from tuner.cli import main
+sys.exit(main(["worker", sys.argv[1], "--measure", "--threads", "1"]))
+"""
+
+PLANT_MARKED = r"""
+#include <stdio.h>
+#include <stdlib.h>
+__attribute__((constructor)) static void planted(void) {
+  const char* p = getenv("PLANT_MARK"); FILE* f = p ? fopen(p, "w") : 0; if (f) fclose(f);
+}
+"""
+
+
+def _worker_on_a_scheduler(row: Row, argv: list, env):
+    """(a loopback Dask scheduler with a worker started as `argv` + its address, the worker process),
+    or None (noted) without Dask's distributed or when the worker does not join."""
+    try:
+        from distributed import Client
+
+        from tuner.measure.cluster import local_cluster
+    except ImportError:
+        row.notes.append("Dask's distributed is not installed: case skipped")
+        return None
+    cluster = local_cluster(0, {})
+    proc = subprocess.Popen(argv + [cluster.scheduler_address], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env)
+    try:
+        with Client(cluster.scheduler_address) as client:
+            client.wait_for_workers(1, timeout=60)
+    except (OSError, TimeoutError) as e:
+        proc.kill()
+        cluster.close()
+        row.notes.append(f"the worker did not join: {e}: {proc.communicate()[0][-200:]}")
+        return None
+    return cluster, proc
+
+
+def _stop(cluster, proc) -> None:
+    proc.terminate()
+    proc.communicate(timeout=30)
+    cluster.close()
+
+
+def case_rogue_worker(work: Path, env, args) -> Row:
+    """A measuring worker that times its jobs, then reports 1e-12 s per call from a forged host:
+    every such record logged as valid is a wrong output."""
+    row = Row("rogue worker (forged timings)")
+    started = _worker_on_a_scheduler(row, [sys.executable, "-c", ROGUE], env)
+    if started is None:
+        return row
+    try:
+        for k in range(max(1, args.stops // 5)):
+            log = work / f"rogue{k}.jsonl"
+            out = run(tune_cmd(log, 4) + ["--cluster", started[0].scheduler_address], env, timeout=120)
+            row.runs += 1
+            row.exit_codes[str(out.returncode)] += 1
+            row.tracebacks += traceback_in(out.stderr)
+            recs = [json.loads(line) for line in lines_of(log) if whole(line)]
+            row.wrong_outputs += sum(1 for r in recs if r["error"] == "OK")
+            if len(recs) != 4:
+                row.notes.append(f"{len(recs)} records of 4: {out.stderr.strip()[-200:]}")
+    finally:
+        _stop(*started)
+    return row
+
+
+def case_planted_through_cluster(work: Path, env, args) -> Row:
+    """A client of the cluster sends a measuring job whose library is named for the kernel a later
+    build on the worker's host compiles, but holds a constructor of its own: a wrong output if it
+    is left in that host's kernel cache, or if the later build loads it."""
+    from tuner.measure.cluster import _measure_on_worker, measure_resource
+    from tuner.measure.library import content_hash
+    from tuner.measure.runner import RunConfig
+    from tuner.target import parse_target
+    from tuner.task import Task
+    from tuner.te.workloads import resolve
+    row, cache, mark = Row("library planted through the cluster"), work / "plantcluster", work / "plant-cluster-ran"
+    env = dict(env, TUNER_CACHE_DIR=str(cache))
+    first = run([sys.executable, "-c", BUILD, SPEC], env)
+    libs = sorted((cache / "kernels").glob("*.so"))
+    if first.returncode or len(libs) != 1:
+        row.notes.append(f"first build failed: {first.stderr[-200:]}")
+        return row
+    digest = libs[0].name.split("-")[0]                  # what the later build looks up
+    (work / "plantm.c").write_text(PLANT_MARKED)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(work / "plantm.so"), str(work / "plantm.c")], check=True)
+    data = (work / "plantm.so").read_bytes()
+    name = f"{digest}-{content_hash(data)}.so"
+    started = _worker_on_a_scheduler(row, tuner_cmd("worker", "--measure", "--threads", "1"), env)
+    if started is None:
+        return row
+    target = parse_target("cpu", 1)
+    task = Task(resolve(SPEC, "NCHW8c"), target)
+    cand = task.candidate(task.space.steps(task.space.default()))
+    try:
+        from distributed import Client
+        with Client(started[0].scheduler_address) as client:
+            for _ in range(max(1, args.stops // 5)):
+                for lib in (cache / "kernels").glob("*.so"):
+                    lib.unlink()                         # the planted name would be the only one
+                job = client.submit(_measure_on_worker, SPEC, "NCHW8c", str(target), [cand], RunConfig(), None,
+                                    ({name: data}, [(name, 0, None, 0.1)], 0.1),
+                                    resources={measure_resource(target): 1}, pure=False)
+                try:
+                    job.result(timeout=120)
+                except Exception as e:  # noqa: BLE001 - a refusal is fine; what is left behind is counted
+                    row.notes.append(f"job: {type(e).__name__}: {str(e)[:120]}")
+                row.runs += 1
+                row.wrong_outputs += bool(list(cache.rglob(name)))
+                later = run([sys.executable, "-c", BUILD, SPEC], dict(env, PLANT_MARK=str(mark)))
+                row.exit_codes[str(later.returncode)] += 1
+                row.tracebacks += traceback_in(later.stderr)
+                row.wrong_outputs += mark.exists()
+                mark.unlink(missing_ok=True)
+    finally:
+        _stop(*started)
+    return row
+
+
+def case_no_tls(work: Path, env, args) -> Row:
+    """A scheduler on another machine named without TLS or --insecure: refused before any
+    connection, exit 2 with one line; a run that is not counts as a wrong output (the door open)."""
+    row = Row("worker reached without TLS")
+    for cmd in (tuner_cmd("worker", "tcp://192.0.2.1:8786", "--measure", "--threads", "1"),
+                tuner_cmd("worker", "192.0.2.1:8786", "--build"),
+                tune_cmd(work / "notls.jsonl", 4) + ["--cluster", "tcp://192.0.2.1:8786"]):
+        out = run(cmd, env, timeout=60)
+        row.runs += 1
+        row.exit_codes[str(out.returncode)] += 1
+        row.tracebacks += traceback_in(out.stderr)
+        lines = out.stderr.strip().splitlines()
+        if out.returncode != 2 or len(lines) != 1 or "TLS" not in out.stderr:
+            row.wrong_outputs += 1
+            row.notes.append(f"{' '.join(cmd[3:5])}: exit {out.returncode}: {out.stderr.strip()[-200:]}")
+    return row
+
+
+def case_nan_inf(work: Path, env, args) -> Row:
+    """NaN/Inf inputs against ONNX Runtime: a model of every operator that can meet a NaN (Conv+Relu,
+    Conv+Clip, MaxPool, AveragePool, Add+HardSwish, Sigmoid, GlobalAveragePool+Gemm+Softmax, and a
+    Conv and a Gemm whose weights hold a NaN and an Inf), compiled in three layouts, on inputs with
+    NaN, +Inf and -Inf at random places (some all NaN, some all infinite). A run is a wrong output
+    when a NaN mask differs from ONNX Runtime's or a finite value is not close. MaxPool is held to
+    NumPy (NaN wherever its window holds one): ONNX Runtime's keeps a NaN only when it is the last
+    of its window, so only its NaNs must be among ours."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tuner.graph import load
+    from tuner.graph.interp import run as interpret
+    row, rng = Row("NaN/Inf inputs against ONNX Runtime"), np.random.default_rng(args.seed)
+    script = ("import sys, numpy as np, tuner\n"
+              "m = tuner.compile(sys.argv[1], use_shipped=False, threads=1, layout=sys.argv[2])\n"
+              "xs = np.load(sys.argv[3])\n"
+              "np.savez(sys.argv[4], **{f'{k}__{j}': y for k in xs.files for j, y in enumerate(m.run(xs[k]))})\n")
+    c, h = 8, 6
+
+    def u(*shape):
+        return rng.uniform(-0.5, 0.5, shape).astype(np.float32)
+    w3, g2 = u(c, c, 3, 3), u(4, c)
+    w3[2, 3, 1, 1], w3[5, 1, 1, 1], g2[1, 3] = np.nan, np.inf, np.nan     # centre taps: see tests/test_nan.py
+    consts = {"w1": u(c, c, 3, 3), "b1": u(c), "w2": u(c, c, 1, 1), "g": u(4, c), "gb": u(4), "w3": w3, "g2": g2,
+              "lo": np.array(-0.5, np.float32), "hi": np.array(0.5, np.float32)}
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]), n("Relu", ["c1"], ["relu"]),
+             n("Conv", ["x", "w2"], ["c2"]), n("Clip", ["c2", "lo", "hi"], ["clip"]),
+             n("MaxPool", ["x"], ["maxpool"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             n("AveragePool", ["x"], ["avgpool"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2]),
+             n("Add", ["x", "relu"], ["add"]), n("HardSwish", ["add"], ["hswish"]), n("Sigmoid", ["x"], ["sig"]),
+             n("GlobalAveragePool", ["x"], ["gap"]), n("Flatten", ["gap"], ["flat"]),
+             n("Gemm", ["flat", "g", "gb"], ["gemm"], transB=1), n("Softmax", ["gemm"], ["softmax"], axis=1),
+             n("Conv", ["x", "w3"], ["c3"], pads=[1, 1, 1, 1]), n("Relu", ["c3"], ["nan_weights"]),
+             n("Gemm", ["flat", "g2"], ["gemm_nan_weights"], transB=1)]
+    outs = ["relu", "clip", "maxpool", "avgpool", "hswish", "sig", "softmax", "nan_weights", "gemm_nan_weights"]
+    graph = helper.make_graph(nodes, "nan", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, h, h])],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs],
+                              [numpy_helper.from_array(v, k) for k, v in consts.items()])
+    path = work / "nan.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    g = load(str(path))
+
+    def inputs() -> dict:
+        xs = {}
+        for k in range(max(4, 2 * args.stops)):
+            x = rng.uniform(-1, 1, (1, c, h, h)).astype(np.float32)
+            if k % 8 == 0:
+                x[:] = np.nan
+            elif k % 8 == 1:
+                x[:] = rng.choice([np.inf, -np.inf])
+            else:
+                for v in (np.nan, np.inf, -np.inf):
+                    x.reshape(-1)[rng.choice(x.size, int(rng.integers(0, 4)), replace=False)] = v
+            xs[f"x{k}"] = x
+        return xs
+
+    def differs(ours, ref) -> bool:
+        keep = ~np.isnan(ref)
+        return (ours.shape != ref.shape or not np.array_equal(np.isnan(ours), np.isnan(ref))
+                or not np.allclose(ours[keep], ref[keep], rtol=1e-4, atol=1e-5))
+
+    for layout in ("NCHW", "NHWC", "NCHW8c"):
+        xs = inputs()
+        np.savez(work / "nan_in.npz", **xs)
+        out = run([sys.executable, "-c", script, str(path), layout, str(work / "nan_in.npz"),
+                   str(work / "nan_out.npz")], env)
+        row.exit_codes[str(out.returncode)] += 1
+        row.tracebacks += traceback_in(out.stderr)
+        row.signals += out.returncode < 0
+        got = np.load(work / "nan_out.npz") if out.returncode == 0 else None
+        for k, x in xs.items():
+            row.runs += 1
+            if got is None:
+                row.wrong_outputs += 1
+                continue
+            ref = dict(zip(outs, sess.run(outs, {"x": x})))
+            with np.errstate(invalid="ignore", over="ignore"):
+                numpy_ref = dict(zip(outs, interpret(g, x)))
+            wrong = []
+            for j, o in enumerate(outs):
+                ours = got[f"{k}__{j}"]
+                if o == "maxpool":
+                    if differs(ours, numpy_ref[o]) or (np.isnan(ref[o]) & ~np.isnan(ours)).any():
+                        wrong.append(o)
+                elif differs(ours, ref[o]):
+                    wrong.append(o)
+            if wrong:
+                row.wrong_outputs += 1
+                row.notes.append(f"{layout} {k} (NaN {int(np.isnan(x).sum())}, Inf {int(np.isinf(x).sum())}): "
+                                 f"{', '.join(wrong)} differ")
+    return row
+
+
 CASES = {"sigkill": case_sigkill, "sigterm": case_signal(signal.SIGTERM), "sigint": case_signal(signal.SIGINT),
          "concurrent-2": case_concurrent(2), "concurrent-3": case_concurrent(3), "two-workloads": case_two_workloads,
          "disk-full": case_disk_full, "cache-full": case_cache_full, "worker-killed": case_worker_killed,
          "hung": case_hung, "hostile-records": case_hostile_records, "hostile-specs": case_hostile_specs,
          "hostile-onnx": case_hostile_onnx, "cache": case_cache, "model-inputs": case_model_inputs,
-         "model-json": case_model_json, "compile-into": case_compile_into}
+         "model-json": case_model_json, "compile-into": case_compile_into, "rogue-worker": case_rogue_worker,
+         "planted-cluster": case_planted_through_cluster, "no-tls": case_no_tls, "nan-inf": case_nan_inf}
 
 
 def main(argv=None) -> int:

@@ -94,17 +94,19 @@ def test_build_workers_build_and_measuring_workers_time(tmp_path, tmp_cache):
 
 
 def test_a_shipped_library_is_refused_unless_its_bytes_match_its_name(tmp_cache):
-    from tuner.measure.cluster import _unpack
+    from tuner.measure.cluster import _unpack, job_dir
     from tuner.measure.library import content_hash
     good = b"\x7fELF not really"
     name = f"{'a' * 24}-{content_hash(good)}.so"
-    (b,) = _unpack(({name: good}, [(name, 3, None, 0.5)], 1.0))
-    assert b.lib.endswith(name) and b.index == 3 and open(b.lib, "rb").read() == good
+    job = job_dir()
+    (b,) = _unpack(({name: good}, [(name, 3, None, 0.5)], 1.0), job)
+    assert b.lib == str(job / name) and b.index == 3 and open(b.lib, "rb").read() == good
+    assert not (tmp_cache / "kernels" / name).exists()             # the job's own directory, not the cache
     with pytest.raises(RuntimeError, match="does not hold the bytes"):
-        _unpack(({f"{'b' * 24}-{content_hash(good)}.so": good + b"!"}, [], 1.0))
+        _unpack(({f"{'b' * 24}-{content_hash(good)}.so": good + b"!"}, [], 1.0), job)
     with pytest.raises(RuntimeError, match="not a name the builder gives"):
-        _unpack(({"../../evil.so": good}, [], 1.0))
-    (failed,) = _unpack(({}, [(None, 0, "error: x", 0.1)], 1.0))
+        _unpack(({"../../evil.so": good}, [], 1.0), job)
+    (failed,) = _unpack(({}, [(None, 0, "error: x", 0.1)], 1.0), job)
     assert failed.lib is None and failed.error == "error: x"
 
 

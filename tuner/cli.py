@@ -63,7 +63,7 @@ def _cmd_tune(args) -> int:
                    time_limit=args.time_limit, policy=args.search, seed=args.seed, batch_size=args.batch_size,
                    run_config=cfg, progress=not args.no_progress, replay=args.replay,
                    cost_model_from=args.cost_model_from, scheduler=args.scheduler,
-                   early_stopping=args.early_stopping, cluster=args.cluster)
+                   early_stopping=args.early_stopping, cluster=_cluster(args))
     for s in session.tasks:
         fails = ", ".join(f"{k} {v}" for k, v in sorted(s.errors.items()) if k != "OK") or "none"
         best = (f"best {s.best_latency * 1e3:.4f} ms = {s.best_gflops:.1f} GFLOPS{' (weights cold)' * s.best.cold}"
@@ -92,7 +92,7 @@ def _tune_model(args) -> int:
                      layouts=layouts, input_shapes=parse_input_shapes(args.input_shape),
                      batch_size=args.batch_size, policy=args.search, time_limit=args.time_limit, seed=args.seed,
                      run_config=cfg, progress=not args.no_progress, replay=args.replay,
-                     cost_model_from=args.cost_model_from, early_stopping=args.early_stopping, cluster=args.cluster,
+                     cost_model_from=args.cost_model_from, early_stopping=args.early_stopping, cluster=_cluster(args),
                      **({"weights": args.weights} if args.weights else {}))
     session = res.session
     print(res.table())
@@ -209,6 +209,25 @@ def _cmd_show(args) -> int:
     return 0
 
 
+def _cluster(args):
+    """The tune's --cluster with its TLS options (measure.cluster.Cluster), or None; checked now."""
+    tls = (args.tls_ca_file, args.tls_cert, args.tls_key)
+    if not args.cluster:
+        if any(tls) or args.insecure:
+            raise UserError("--tls-ca-file, --tls-cert, --tls-key and --insecure go with --cluster ADDRESS")
+        return None
+    from .measure.cluster import LOCAL, Cluster, security
+    spec = Cluster(args.cluster, *tls, insecure=args.insecure)
+    if not args.cluster.startswith(LOCAL):
+        try:
+            import distributed  # noqa: F401
+        except ImportError:
+            raise UserError("--cluster needs Dask's distributed, which is not installed: pip install -e "
+                            "'.[cluster]'") from None
+        security(args.cluster, "client", *tls, insecure=args.insecure, flag="--cluster ")
+    return spec
+
+
 def _cmd_worker(args) -> int:
     from .measure.cluster import run_worker
     from .target import parse_target
@@ -217,14 +236,16 @@ def _cmd_worker(args) -> int:
                         "(compile them); for both, start two workers")
     if args.jobs is not None and args.jobs < 1:
         raise UserError(f"--jobs {args.jobs}: give at least 1 compiler call at once")
+    net = dict(listen=args.listen_address, tls=(args.tls_ca_file, args.tls_cert, args.tls_key),
+               insecure=args.insecure)
     if args.build:
         if args.threads is not None or args.target != "cpu":
             raise UserError("--target and --threads say what a measuring worker measures for; a build worker "
                             "(--build) compiles for whichever target a job names: leave them out")
-        return run_worker(args.scheduler, None, args.name, args.jobs)
+        return run_worker(args.scheduler, None, args.name, args.jobs, **net)
     if args.jobs is not None:
         raise UserError("--jobs sets a build worker's compiler calls; a measuring worker builds with one per core")
-    return run_worker(args.scheduler, parse_target(args.target, args.threads), args.name)
+    return run_worker(args.scheduler, parse_target(args.target, args.threads), args.name, **net)
 
 
 def _cmd_distill(args) -> int:
@@ -400,6 +421,16 @@ def _cmd_passes(args) -> int:
     return 0
 
 
+def _tls_options(p, whose: str) -> None:
+    """The cluster's TLS options (Dask's distributed.Security underneath) and --insecure."""
+    p.add_argument("--tls-ca-file", metavar="PEM", help="with a tls:// scheduler: the cluster's CA certificate")
+    p.add_argument("--tls-cert", metavar="PEM",
+                   help=f"with a tls:// scheduler: {whose} certificate, signed by that CA")
+    p.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert (default: in that file)")
+    p.add_argument("--insecure", action="store_true", help="join a scheduler on another machine without TLS: anyone "
+                   "who reaches the cluster then runs code as its users")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .measure.result import WEIGHTS
     from .te.layouts import DEFAULT_CHOICES
@@ -433,9 +464,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--threads", type=int, help="kernel threads (default: all cores); part of the target")
     t.add_argument("--trials", type=int, default=64, help="total measurements (of all the workloads) in the log")
     t.add_argument("--time-limit", type=float, help="stop after this many seconds")
-    t.add_argument("--cluster", help="measure on a Dask cluster: the scheduler's address (tcp://host:8786; workers "
-                   "started with `tuner worker ADDRESS --measure` or --build), or local:M (M measuring workers "
-                   "here) or local:M+B (and B build workers)")
+    t.add_argument("--cluster", help="measure on a Dask cluster: the scheduler's address (tls://host:8786 with the "
+                   "--tls-* options; tcp:// on this machine or with --insecure; workers started with `tuner worker "
+                   "ADDRESS --measure` or --build), or local:M (M measuring workers here) or local:M+B (and B build "
+                   "workers)")
+    _tls_options(t, "the tuner's")
     t.add_argument("--log", help="JSONL log to append to and resume from (default logs/<workload>.<layout>.jsonl)")
     t.add_argument("--search", default="evolutionary",
                    help="evolutionary (cost-model guided), random, optuna:tpe, optuna:cmaes or optuna:random")
@@ -553,6 +586,10 @@ def build_parser() -> argparse.ArgumentParser:
     wk.add_argument("--target", default="cpu", help="what this worker measures for: 'cpu' (this host) or 'cuda'")
     wk.add_argument("--threads", type=int, help="kernel threads, as `tuner tune --threads` (part of the target)")
     wk.add_argument("--name", help="the worker's name on the cluster (default: host and process id)")
+    wk.add_argument("--listen-address", metavar="HOST[:PORT]", help="the interface this worker listens on for the "
+                    "scheduler, the tuner and other workers (default: the one that reaches the scheduler; loopback "
+                    "for a loopback scheduler; 0.0.0.0: every interface)")
+    _tls_options(wk, "this worker's")
     wk.set_defaults(fn=_cmd_worker)
     return p
 

@@ -137,7 +137,8 @@ def tune(workloads: list, target: str | Target = "cpu", trials: int = 64, log: s
     Workload giving it; a model tune has hundreds of tasks and gives each a short first look
     before the scheduler picks.
     cluster: a Dask scheduler's address, or local:N for a cluster of N measuring workers on this
-    machine: candidates are measured there (measure.cluster), the log is written here.
+    machine, or a measure.cluster.Cluster (an address with TLS files): candidates are measured
+    there (measure.cluster), the log is written here.
     on_round: called with the session's TuneSummaries after every round; it returns (weights or
     None, a status for the progress line or None); new weights steer the task scheduler (the
     summaries keep their occurrence counts as `weight`).

@@ -2,13 +2,14 @@
 
 Each library exports `tuner_count`, `tuner_run(i, args)` and `tuner_time(i, ...)`, a timing
 loop in C, so a runner never times a tiny call from a Python loop. Libraries are cached by a
-hash of source + flags + compiler and of their own bytes (library.library_name), built inside the
-cache directory (so the final rename never crosses file systems) and renamed into place
-atomically. The cache directory is private to the user (0700) and refused when someone else owns
-it or may write to it. When a batch fails to compile it is bisected so that one bad candidate only
-costs itself; when a single candidate fails, a trivial file is compiled the same way, and if that
-fails too the machine is at fault (no space, no compiler), which stops the tune (SetupError)
-instead of being recorded against every candidate.
+hash of source + flags + compiler and of their own bytes (library.library_name), one per source
+(a build is deterministic: a second is warned of and removed), built inside the cache directory
+(so the final rename never crosses file systems) and renamed into place atomically. The cache
+directory is private to the user (0700) and refused when someone else owns it or may write to
+it. When a batch fails to compile it is bisected so that one bad candidate only costs itself;
+when a single candidate fails, a trivial file is compiled the same way, and if that fails too
+the machine is at fault (no space, no compiler), which stops the tune (SetupError) instead of
+being recorded against every candidate.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
@@ -162,15 +164,39 @@ def library_source(functions: list) -> str:
     return PRELUDE + body + HARNESS % {"table": table, "count": len(functions)}
 
 
+def cached_library(d: Path, digest: str, suffix: str) -> tuple:
+    """(the library built from `digest` in cache directory d or None, the others under that
+    digest). Files whose bytes do not match their name are removed. A build is deterministic, so
+    two that match are one too many: neither is used, with a warning; the caller rebuilds and
+    removes the one that is not its build (remove_others)."""
+    good = []
+    for cached in sorted(d.glob(f"{digest}-*{suffix}")):
+        if verified(cached):
+            good.append(cached)
+        else:
+            cached.unlink(missing_ok=True)     # planted, truncated or empty: rebuilt
+    if len(good) > 1:
+        warnings.warn(f"kernel cache {d} holds {len(good)} libraries built from one source "
+                      f"({', '.join(p.name for p in good)}), where a build gives one: rebuilding it and removing "
+                      "the others; check who else writes to the kernel cache (TUNER_CACHE_DIR)", stacklevel=3)
+        return None, good
+    return (good[0] if good else None), []
+
+
+def remove_others(others: list, built: Path) -> None:
+    for p in others:
+        if p != built:
+            p.unlink(missing_ok=True)
+
+
 def compile_library(source: str, flags: list) -> tuple:
     """(path of the cached .so, None) or (None, compiler message); SetupError when the machine fails."""
     cc, version = compiler()
     digest = source_digest(source, flags, version)
     d = cache_dir(LIBRARY_DIRS[".so"])
-    for cached in sorted(d.glob(f"{digest}-*.so")):
-        if verified(cached):
-            return str(cached), None
-        cached.unlink(missing_ok=True)         # planted, truncated or empty: rebuilt below
+    cached, others = cached_library(d, digest, ".so")
+    if cached is not None:
+        return str(cached), None
     try:
         with tempfile.TemporaryDirectory(prefix=".build-", dir=d) as tmp:
             c_file = Path(tmp) / f"{digest}.c"
@@ -183,6 +209,7 @@ def compile_library(source: str, flags: list) -> tuple:
                 return None, _trim(proc.stderr or proc.stdout)
             out = d / library_name(digest, tmp_so.read_bytes())
             os.replace(tmp_so, out)
+            remove_others(others, out)
     except OSError as e:
         raise SetupError(f"cannot build kernels in {d}: {e.strerror or e}; free space there or set "
                          "TUNER_CACHE_DIR to another directory") from None

@@ -10,8 +10,10 @@ results. The roles:
     a crash or hang there is handled as on one machine;
   * a build worker (`tuner worker ADDRESS --build`) declares one unit of BUILD and compiles
     jobs' candidates with `--jobs` compiler calls at once; the libraries travel to the measuring
-    worker with the job (their file names carry a hash of their bytes, checked on arrival).
-    Without build workers, each measuring job builds its own candidates first;
+    worker with the job (their file names carry a hash of their bytes, checked on arrival), into
+    a directory of that job's, deleted after it: never into the kernel cache, since the source
+    digest in their names is the sender's word. Without build workers, each measuring job builds
+    its own candidates first;
   * the driver (`tuner tune`) proposes, splits each batch into jobs (one per measuring worker;
     two per measuring worker with build workers, so the second half is built while the first is
     timed), collects the results in batch order and appends them to its log itself (the log
@@ -22,23 +24,34 @@ Faults: a job whose worker dies is re-sent once (the scheduler's `allowed-failur
 for a local cluster; a scheduler of your own decides for itself), then recorded as a
 RUNTIME_ERROR; a tuner stopped midway (Ctrl-C, its time limit) cancels the jobs not yet
 finished. No worker for the task's target is a one-line error, not a silent wait.
+Trust: whoever reaches the scheduler or a worker runs code as the workers' user, and a worker's
+results are unpickled in the tuner. A worker listens on the interface that reaches its scheduler
+(loopback for a loopback one); a scheduler on another machine is joined only over TLS (Dask's
+Security, from --tls-ca-file/--tls-cert/--tls-key) or with --insecure. Timings that come back
+are bounded by the target's ceiling (plausible.check).
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import ipaddress
 import logging
+import math
 import os
 import re
+import shutil
 import socket
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SetupError, UserError
 from ..target import host_cores
+from . import plausible
 from .builder import BuildResult, cache_dir
-from .library import LIBRARY_DIRS, LIBRARY_NAME, verified
-from .result import RUNTIME_ERROR, MeasureResult
+from .library import LIBRARY_NAME, verified
+from .result import ERROR_KINDS, RUNTIME_ERROR, MeasureResult
 
 LOCAL = "local:"
 BUILD = "tuner-build"          # the resource a build worker declares
@@ -47,6 +60,101 @@ _RUNNERS: dict = {}          # on a worker: (target, config, replay) -> its Runn
 _TASKS = collections.OrderedDict()   # on a worker: (spec, layout, target) -> Task, for the last
 TASKS_KEPT = 8                       # few tasks (a model tune has hundreds)
 POLL_S = 2.0                 # how often a tuner waiting for a job checks that the workers it needs are there
+CONNECT_S = 5.0              # how long a tuner tries to reach its scheduler
+JOBS_DIR = "jobs"            # under the cache root: one directory per job's shipped libraries, deleted after it
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A Dask scheduler to measure on (`tuner tune --cluster`): its address, and the TLS files
+    (None: from Dask's config, distributed.comm.tls.*); `insecure` joins a scheduler on another
+    machine without TLS."""
+    address: str
+    tls_ca_file: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    insecure: bool = False
+
+
+def _host_port(address: str) -> tuple:
+    from distributed.comm import parse_address, parse_host_port
+    try:
+        return parse_host_port(parse_address(address)[1], 8786)
+    except ValueError as e:
+        raise UserError(f"scheduler address {address!r}: {e}; give e.g. tls://sched:8786") from None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether every address `host` names is this machine's loopback."""
+    try:
+        addrs = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return False
+    return bool(addrs) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addrs)
+
+
+def security(address: str, role: str, ca: str | None = None, cert: str | None = None, key: str | None = None,
+             insecure: bool = False, flag: str = ""):
+    """The distributed.Security to reach `address` as `role` ('client' or 'worker'): TLS for a
+    tls:// address (these files, else Dask's config), None for a plain one, which must be on
+    this machine unless `insecure`. Bad or missing files are a one-line UserError."""
+    from distributed import Security
+    proto = address.split("://")[0] if "://" in address else "tcp"
+    given = {k: v for k, v in (("tls_ca_file", ca), (f"tls_{role}_cert", cert), (f"tls_{role}_key", key)) if v}
+    if proto != "tls":
+        if given:
+            raise UserError(f"{flag}{address}: --tls-ca-file, --tls-cert and --tls-key need a tls:// address "
+                            "(tls://HOST:PORT of a scheduler started with TLS)")
+        if not insecure and not is_loopback(_host_port(address)[0]):
+            raise UserError(f"{flag}{address}: a scheduler on another machine is joined only over TLS (anyone who "
+                            "reaches a cluster runs code as its users): give tls://HOST:PORT with --tls-ca-file, "
+                            "--tls-cert and --tls-key (README: Security), or --insecure on a network you trust")
+        return None
+    for opt, path in (("--tls-ca-file", ca), ("--tls-cert", cert), ("--tls-key", key)):
+        if path and not os.path.isfile(path):
+            raise UserError(f"{opt} {path}: no such file")
+    sec = Security(require_encryption=True, **given)
+    tls = sec.get_tls_config_for_role(role)
+    if not tls["ca_file"] or not tls["cert"]:
+        raise UserError(f"{flag}{address}: TLS needs the cluster's CA (--tls-ca-file) and a certificate it signed "
+                        "(--tls-cert, with --tls-key unless the key is in that file)")
+    try:
+        sec.get_connection_args(role)
+    except (OSError, ValueError) as e:       # ssl.SSLError is an OSError
+        raise UserError(f"--tls-ca-file {tls['ca_file']}, --tls-cert {tls['cert']}, --tls-key {tls['key']}: "
+                        f"cannot load them: {e}") from None
+    return sec
+
+
+def listen_host(address: str) -> str:
+    """This machine's address on the interface that reaches the scheduler at `address`."""
+    from distributed.utils import get_ip
+    host, port = _host_port(address)
+    try:
+        ip = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][4][0]
+    except OSError as e:
+        raise SetupError(f"cannot reach the Dask scheduler at {address}: {e}; check the address") from None
+    return get_ip(ip, port)
+
+
+def parse_listen(text: str) -> tuple:
+    """`--listen-address HOST[:PORT]`: (host, port; 0 for any)."""
+    from distributed.comm import parse_host_port
+    try:
+        host, port = parse_host_port(text, 0)
+    except ValueError:
+        host = None
+    if not host or "://" in text:
+        raise UserError(f"--listen-address {text!r}: give this machine's HOST or HOST:PORT, e.g. 10.0.0.7 or "
+                        "10.0.0.7:9000 (0.0.0.0: every interface)")
+    try:                                      # bound once here, so that a wrong address is one line
+        family, kind, _, _, where = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind) as s:
+            s.bind(where)
+    except OSError as e:
+        raise UserError(f"--listen-address {text}: cannot listen there ({e.strerror or e}); give an address of "
+                        "this machine's, and a free port") from None
+    return host, int(port)
 
 
 def measure_resource(target) -> str:
@@ -71,24 +179,31 @@ def _build_on_worker(target_text: str, cands: list) -> tuple:
     return libs, out, time.perf_counter() - start
 
 
-def _unpack(built: tuple) -> list:
-    """On a measuring worker: a build worker's libraries written into this worker's kernel cache
-    (each under its own name, which holds a hash of its bytes: anything else is refused), and one
-    builder.BuildResult per candidate."""
+def job_dir() -> Path:
+    """A private directory for one job's shipped libraries (the caller deletes it); those of this
+    host's jobs whose worker died are deleted first."""
+    d = cache_dir(JOBS_DIR)
+    me = socket.gethostname()
+    for old in d.glob(f"{me}-*-*"):
+        pid = old.name[len(me) + 1:].split("-", 1)[0]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{me}-{os.getpid()}-", dir=d))
+
+
+def _unpack(built: tuple, into: Path) -> list:
+    """On a measuring worker: a build worker's libraries written into `into`, this job's own
+    directory (each under its own name, which holds a hash of its bytes: anything else is
+    refused), and one builder.BuildResult per candidate."""
     libs, out, _ = built
     paths = {}
     for name, data in libs.items():
-        m = LIBRARY_NAME.fullmatch(name)
-        if m is None:
+        if not isinstance(name, str) or LIBRARY_NAME.fullmatch(name) is None or not isinstance(data, bytes):
             raise RuntimeError(f"a build worker sent a library named {name!r}, not a name the builder gives")
-        path = cache_dir(LIBRARY_DIRS[m.group(1)]) / name
+        path = into / name
+        path.write_bytes(data)
         if not verified(path):
-            tmp = path.with_name(f".{name}.{os.getpid()}.part")
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
-            if not verified(path):
-                path.unlink(missing_ok=True)
-                raise RuntimeError(f"library {name} from a build worker does not hold the bytes its name promises")
+            raise RuntimeError(f"library {name} from a build worker does not hold the bytes its name promises")
         paths[name] = str(path)
     return [BuildResult(paths[name] if name else None, index, error, seconds) for name, index, error, seconds in out]
 
@@ -118,22 +233,32 @@ def _measure_on_worker(spec: str, layout: str, target_text: str, cands: list, co
             _TASKS.popitem(last=False)
     _TASKS.move_to_end(tkey)
     host = socket.gethostname()
-    results = []
-    for _, res in (runner.measure(task, cands) if built is None else runner.measure_built(task, cands, _unpack(built))):
-        res.host = host
-        results.append(res)
+    job = job_dir() if built is not None else None
+    try:
+        results = []
+        for _, res in (runner.measure(task, cands) if job is None else
+                       runner.measure_built(task, cands, _unpack(built, job))):
+            res.host = host
+            results.append(res)
+    finally:
+        if job is not None:
+            shutil.rmtree(job, ignore_errors=True)
     return results, time.perf_counter() - start, built[2] if built is not None else 0.0
 
 
-def run_worker(address: str, target=None, name: str | None = None, jobs: int | None = None) -> int:
+def run_worker(address: str, target=None, name: str | None = None, jobs: int | None = None,
+               listen: str | None = None, tls: tuple = (None, None, None), insecure: bool = False) -> int:
     """`tuner worker ADDRESS --measure` (a `target`) or `--build` (no target; `jobs` compiler
     calls at once): a Dask worker with one slot, until the scheduler goes away or the process is
-    stopped."""
+    stopped. It listens on `listen` (HOST[:PORT]; default: the interface that reaches the
+    scheduler), over TLS with `tls` (CA, certificate, key) for a tls:// address."""
     try:
         from distributed import Worker
     except ImportError:
         raise UserError("`tuner worker` needs Dask's distributed, which is not installed: pip install -e "
                         "'.[cluster]'") from None
+    sec = security(address, "worker", *tls, insecure=insecure)
+    host, port = parse_listen(listen) if listen else (listen_host(address), 0)
     resource = measure_resource(target) if target is not None else BUILD
     if target is None and jobs:
         os.environ[JOBS_ENV] = str(jobs)
@@ -143,13 +268,15 @@ def run_worker(address: str, target=None, name: str | None = None, jobs: int | N
     logging.getLogger("distributed").setLevel(logging.WARNING)      # its INFO lines drown ours
 
     async def serve():
-        async with Worker(address, nthreads=1, resources={resource: 1}, name=name, death_timeout=15) as w:
-            print(f"worker {name}: {role} (resource {resource}); scheduler {address}", flush=True)
+        async with Worker(address, nthreads=1, resources={resource: 1}, name=name, death_timeout=15, host=host,
+                          port=port, security=sec) as w:
+            print(f"worker {name}: {role} (resource {resource}); scheduler {address}; listening on {w.address}",
+                  flush=True)
             await w.finished()
 
     try:
         asyncio.run(serve())
-    except (OSError, TimeoutError) as e:
+    except (OSError, TimeoutError, RuntimeError) as e:
         raise SetupError(f"cannot reach the Dask scheduler at {address}: {e}; start it with `dask scheduler` "
                          "and check the address") from None
     except KeyboardInterrupt:
@@ -197,18 +324,58 @@ def parse_local(address: str) -> tuple:
     return int(m.group(1)), int(m.group(2) or 0)
 
 
+def _done(fut, timeout: float) -> bool:
+    """Whether `fut` finished (or failed) within `timeout` seconds. Polled: a result(timeout) that
+    times out leaves Dask's frames, holding the job, to the cyclic garbage collector, so a tuner
+    stopped midway would keep the job's result on its worker."""
+    deadline = time.monotonic() + timeout
+    while not fut.done():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _job_result(out) -> tuple:
+    """(results, measuring seconds, building seconds) of a measuring job, as _measure_on_worker
+    returns them; (None, 0, 0) for anything else."""
+    if isinstance(out, tuple) and len(out) == 3 and _number(out[1]) and _number(out[2]):
+        return out
+    return None, 0.0, 0.0
+
+
+def _sane(r) -> bool:
+    return (isinstance(r, MeasureResult) and r.error in ERROR_KINDS and isinstance(r.message, str)
+            and isinstance(r.host, str) and _number(r.build_s) and _number(r.run_s))
+
+
 class ClusterRunner:
     """The tuning loop's runner (`measure(task, batch)`, `status()`, `close()`, `ahead`) on a Dask cluster."""
 
-    def __init__(self, address: str, target, config=None, progress=print, replay: str | None = None,
+    def __init__(self, cluster: str | Cluster, target, config=None, progress=print, replay: str | None = None,
                  ahead: int | None = None):
-        """ahead: batches sent beyond the one whose results the tuner reads; None: enough to give
-        every measuring worker a job (at least 1; see `ahead`)."""
+        """cluster: the scheduler's address, local:M[+B], or a Cluster (with TLS files). ahead:
+        batches sent beyond the one whose results the tuner reads; None: enough to give every
+        measuring worker a job (at least 1; see `ahead`)."""
         try:
             from distributed import Client
         except ImportError:
             raise UserError("--cluster needs Dask's distributed, which is not installed: pip install -e "
                             "'.[cluster]'") from None
+        spec = cluster if isinstance(cluster, Cluster) else Cluster(cluster)
+        address, tls = spec.address, (spec.tls_ca_file, spec.tls_cert, spec.tls_key)
+        if address.startswith(LOCAL):
+            parse_local(address)
+            if any(tls):
+                raise UserError(f"--cluster {address}: a local cluster runs on this machine's loopback; the --tls-* "
+                                "options are for a tls:// scheduler address")
+            sec = None
+        else:
+            sec = security(address, "client", *tls, insecure=spec.insecure, flag="--cluster ")
         from .runner import RunConfig
         self.target = target
         self.config = config or RunConfig()
@@ -222,7 +389,7 @@ class ClusterRunner:
             self._cluster = start_local(address, target)
             address = self._cluster.scheduler_address
         try:
-            self.client = Client(address, timeout="5s")
+            self.client = Client(address, timeout=f"{CONNECT_S}s", security=sec)
         except (OSError, TimeoutError) as e:
             if self._cluster is not None:
                 self._cluster.close()
@@ -295,22 +462,30 @@ class ClusterRunner:
                 _measure_on_worker, w.spec, w.layout, target, chunk, self.config, self.replay, built,
                 resources={self.resource: 1}, pure=False, key=f"measure-{tag}-{k}{'-here' * (not build)}")]
         jobs = [submit(k, chunk, bool(builders)) for k, chunk in enumerate(chunks)]
-        return self._results(chunks, jobs, submit)
+        return self._results(w, chunks, jobs, submit)
 
-    def _results(self, chunks: list, jobs: list, submit):
+    def _checked(self, workload, results, n: int) -> list:
+        """A worker's results as the tuner logs them: n MeasureResults of known kinds, each timing
+        within the target's ceiling (plausible.check), whatever the worker sent."""
+        if not isinstance(results, list) or len(results) != n or not all(map(_sane, results)):
+            return [MeasureResult(RUNTIME_ERROR, "a worker returned something other than its results")
+                    for _ in range(n)]
+        return [plausible.check(workload, self.target, r) for r in results]
+
+    def _results(self, workload, chunks: list, jobs: list, submit):
         from distributed.scheduler import KilledWorker
         done = 0
         try:       # all run at once; results are read in batch order, so a log does not depend on timing
             for k, chunk in enumerate(chunks):
                 try:
-                    results, busy, build_busy = self._wait(k, chunk, jobs, submit)
+                    results, busy, build_busy = _job_result(self._wait(k, chunk, jobs, submit))
                     self.busy_s += busy
                     self.build_busy_s += build_busy
                 except KilledWorker:
                     results = [MeasureResult(RUNTIME_ERROR, "the workers measuring or building it died, twice "
                                              "(each on another worker)") for _ in chunk]
                 done += 1
-                yield from zip(chunk, results)
+                yield from zip(chunk, self._checked(workload, results, len(chunk)))
         finally:
             if done < len(jobs):              # stopped midway: nothing left running for us
                 self.client.cancel([f for pair in jobs[done:] for f in pair if f is not None])
@@ -323,10 +498,8 @@ class ClusterRunner:
         said = False
         while True:
             built, fut = jobs[k]
-            try:
-                return fut.result(timeout=POLL_S)
-            except TimeoutError:
-                pass
+            if _done(fut, POLL_S):
+                return fut.result()
             workers, builders = self.workers()
             if built is not None and built.status != "finished" and not builders:
                 self.say("cluster: no build worker left; the measuring workers build their own jobs")

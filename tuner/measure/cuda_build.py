@@ -21,8 +21,8 @@ from pathlib import Path
 from ..codegen.cuda import PRELUDE
 from ..errors import SetupError
 from ..target import MAX_REGS_PER_THREAD
-from .builder import BuildResult, _trim, cache_dir
-from .library import LIBRARY_DIRS, library_name, source_digest, verified
+from .builder import BuildResult, _trim, cache_dir, cached_library, remove_others
+from .library import LIBRARY_DIRS, library_name, source_digest
 
 CANARY = 'extern "C" __global__ void tuner_canary(float* x) { x[threadIdx.x] = 0.0f; }\n'
 
@@ -60,10 +60,9 @@ def compile_cubin(source: str, target) -> tuple:
     flags = list(target.nvcc_flags)
     digest = source_digest(source, flags, version)
     d = cache_dir(LIBRARY_DIRS[".cubin"])
-    for cached in sorted(d.glob(f"{digest}-*.cubin")):
-        if verified(cached):
-            return str(cached), None
-        cached.unlink(missing_ok=True)
+    cached, others = cached_library(d, digest, ".cubin")
+    if cached is not None:
+        return str(cached), None
     try:
         with tempfile.TemporaryDirectory(prefix=".build-", dir=d) as tmp:
             cu = Path(tmp) / f"{digest}.cu"
@@ -76,6 +75,7 @@ def compile_cubin(source: str, target) -> tuple:
             data = out_tmp.read_bytes()
             out = d / library_name(digest, data, ".cubin")
             os.replace(out_tmp, out)
+            remove_others(others, out)
     except OSError as e:
         raise SetupError(f"cannot build CUDA kernels in {d}: {e.strerror or e}; free space there or set "
                          "TUNER_CACHE_DIR to another directory") from None

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..errors import SetupError, check_bound
 from ..target import Target
-from . import worker
+from . import plausible, worker
 from .builder import build_batch
 from .result import COMPILE_ERROR, OK, RUNTIME_ERROR, TIMEOUT, MeasureResult
 
@@ -196,6 +196,7 @@ class Runner:
                          f"`{sys.executable} -m {self.WORKER}` to see why")
 
     # ------------------------------------------------------------ measuring
+    peak_here = True   # timings bounded by this host's measured peak (plausible.check); else the target's ceiling
     ahead = 0      # batches the tuning loop may propose before this one's results are in (nothing runs meanwhile)
 
     def measure(self, task, batch: list):
@@ -215,7 +216,7 @@ class Runner:
                 continue
             result = self._run(self._message(cand, b))
             result.build_s, result.cold = b.seconds, cold
-            yield cand, result
+            yield cand, plausible.check(task.workload, self.target, result, here=self.peak_here)
         self._release()
 
     def _message(self, cand, built) -> tuple:
@@ -279,6 +280,7 @@ class CudaRunner(Runner):
     builds are runner.build's for kind 'cuda'."""
 
     WORKER = "tuner.measure.cuda_worker"
+    peak_here = False
 
     def _start(self):
         self._proc, self._conn = worker.spawn(self.WORKER, {})

@@ -1,0 +1,90 @@
+"""Timings faster than the target allows are refused; the kernel cache holds one library per source."""
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+import warnings
+from pathlib import Path
+
+import pytest
+
+from tuner import records
+from tuner.measure import plausible
+from tuner.measure.result import OK, RUNTIME_ERROR, MeasureResult
+from tuner.measure.runner import Runner
+from tuner.te.workloads import make
+from tuner.tuning import tune
+
+from conftest import REPLAY_WORKLOADS, TARGET1
+
+SMALL = REPLAY_WORKLOADS[0][0]
+GFLOP = make("dense", dict(N=1000, C=500, K=1000))          # 1 GFLOP a call
+
+
+def test_a_forged_local_timing_is_logged_as_a_runtime_error(tmp_path, tmp_cache, monkeypatch):
+    monkeypatch.setattr(Runner, "_attempt", lambda self, message: (MeasureResult(OK, costs=[1e-12, 1e-12]), False))
+    log = tmp_path / "f.jsonl"
+    tune([SMALL], target=TARGET1, trials=4, log=str(log), policy="random", progress=False, batch_size=4)
+    recs = records.load(str(log), warn=False).records
+    assert len(recs) == 4
+    assert all(r.error == RUNTIME_ERROR and r.message.startswith("timing refused: 1e-12 s per call") for r in recs)
+
+
+def test_a_timing_beyond_twice_the_measured_peak_is_refused_after_measuring_the_peak_again(monkeypatch):
+    peaks = [10.0, 12.0, 11.0]          # a busy host measures it low, then less low
+    monkeypatch.setattr(plausible, "_PEAKS", {})
+    monkeypatch.setattr("tuner.measure.peak.peak_gflops", lambda target, threads, iters: peaks.pop(0))
+    assert GFLOP.flops == pytest.approx(1e9)
+    fine = plausible.check(GFLOP, TARGET1, MeasureResult(OK, costs=[1 / 15, 1 / 14]), here=True)
+    assert fine.ok                                  # 15 GFLOPS: within 2 x 10, measured once
+    kept = plausible.check(GFLOP, TARGET1, MeasureResult(OK, costs=[1 / 22]), here=True)
+    assert kept.ok                                  # 22: beyond 2 x 10, within 2 x 12 measured again
+    refused = plausible.check(GFLOP, TARGET1, MeasureResult(OK, costs=[1 / 30], host="h"), here=True)
+    assert refused.error == RUNTIME_ERROR and "timing refused (from h)" in refused.message
+    assert "2x this host's measured peak" in refused.message and "(24 GFLOPS" in refused.message
+    assert refused.host == "h" and not peaks        # measured again before refusing: the highest peak counts
+    elsewhere = plausible.check(GFLOP, TARGET1, MeasureResult(OK, costs=[1 / 30]))
+    assert elsewhere.ok                             # timed elsewhere: only the target's ceiling bounds it
+    ceiling = plausible.ceiling_gflops(TARGET1)
+    beyond = plausible.check(GFLOP, TARGET1, MeasureResult(OK, costs=[0.9 / ceiling]))
+    assert beyond.error == RUNTIME_ERROR and "the ceiling of its ISA and threads" in beyond.message
+
+
+@pytest.mark.parametrize("costs", [[], [0.0], [-1.0], [math.nan], [math.inf], ["0.001"], [True], None])
+def test_costs_that_are_not_positive_seconds_are_refused(costs):
+    r = plausible.check(GFLOP, TARGET1, MeasureResult(OK, costs=costs))
+    assert r.error == RUNTIME_ERROR and "not positive finite seconds" in r.message
+
+
+def test_a_failed_measurement_passes_unchanged():
+    r = MeasureResult("WRONG_ANSWER", "x differs")
+    assert plausible.check(GFLOP, TARGET1, r, here=True) is r
+
+
+PLANT = "__attribute__((constructor)) static void planted(void) {}\nint tuner_count(void) { return 0; }\n"
+
+
+def test_two_libraries_for_one_source_are_warned_of_and_the_stranger_removed(tmp_path, tmp_cache):
+    from tuner.measure.builder import compile_library
+    from tuner.measure.library import content_hash
+    if not shutil.which("gcc"):
+        pytest.skip("no gcc")
+    flags = list(TARGET1.cflags)
+    real, err = compile_library("int f(void) { return 1; }\n", flags)
+    assert err is None
+    (tmp_path / "p.c").write_text(PLANT)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / "p.so"), str(tmp_path / "p.c")], check=True)
+    data = (tmp_path / "p.so").read_bytes()
+    digest, real_hash = Path(real).stem.split("-")
+    while content_hash(data) > real_hash:          # its name sorts first, as the builder looks them up
+        data += b"\0"
+    planted = Path(real).with_name(f"{digest}-{content_hash(data)}.so")
+    planted.write_bytes(data)
+    assert sorted(Path(real).parent.glob(f"{digest}-*.so"))[0] == planted
+    with pytest.warns(UserWarning, match=r"holds 2 libraries built from one source .*removing the others"):
+        again, _ = compile_library("int f(void) { return 1; }\n", flags)
+    assert again == real and not planted.exists()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert compile_library("int f(void) { return 1; }\n", flags)[0] == real
