@@ -343,13 +343,14 @@ def _cmd_run(args) -> int:
             name, eq, path = item.partition("=")
             if not eq or not name or not path:
                 raise UserError(f"cannot read --input {item!r}: expected NAME=FILE.npy")
-            _require_logs(path, flag="--input")
             if name in named:
                 raise UserError(f"--input {name} is given twice")
             try:      # mapped, not read: a header may promise more than the file holds
                 named[name] = np.load(path, mmap_mode="r", allow_pickle=False)
             except (ValueError, OSError, MemoryError, EOFError) as e:
                 raise UserError(f"--input {path} is not a readable NumPy .npy file ({str(e)[:120]})") from None
+            if not isinstance(named[name], np.ndarray):
+                raise UserError(f"--input {path} holds several arrays (.npz); give one .npy file per input")
         outs = m.run(**named)
     for spec, y in zip(m.outputs, outs):
         print(f"{spec['name']}: {'x'.join(map(str, y.shape))} {y.dtype}, min {y.min():.4g} max {y.max():.4g} "
@@ -359,13 +360,34 @@ def _cmd_run(args) -> int:
         one = len(outs) == 1 and not args.output.endswith(".npz")
         out = args.output if args.output.endswith(".npy" if one else ".npz") else args.output + (".npy" if one else ".npz")
         check_output_path(out, "-o")
-        with open(out, "wb") as f:
-            if one:
-                np.save(f, outs[0])
-            else:
-                np.savez(f, **{s["name"]: y for s, y in zip(m.outputs, outs)})
+        _write_arrays(out, None if one else [s["name"] for s in m.outputs], outs)
         print(f"wrote {out}")
     return 0
+
+
+def _write_arrays(path: str, names, arrays: list) -> None:
+    """One array as .npy (names None), or several as .npz keyed by the model's output names (any
+    string, even one of np.savez's own parameters); written beside `path`, then renamed onto it."""
+    import tempfile
+    import zipfile
+
+    import numpy as np
+    fd, tmp = tempfile.mkstemp(prefix=".tuner-", suffix=".tmp", dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if names is None:
+                np.save(f, arrays[0])
+            else:
+                with zipfile.ZipFile(f, "w") as z:
+                    for name, y in zip(names, arrays, strict=True):
+                        with z.open(f"{name}.npy", "w", force_zip64=True) as member:
+                            np.lib.format.write_array(member, y)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise UserError(f"cannot write -o {path} ({e.strerror or e}); choose another -o") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def _cmd_bench(args) -> int:
@@ -623,15 +645,32 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         _exit_interrupted(130)
-    except BrokenPipeError:       # stdout piped to a reader that stopped (`| head`): as other Unix tools, quietly
+    except BrokenPipeError as e:   # stdout piped to a reader that stopped (`| head`): as other Unix tools, quietly
+        if not _stdout_closed():
+            return _internal_error(argv, e)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except Exception as e:  # a bug in tuner, not the user's input: say so, keep the traceback
-        report = _crash_report(argv, e)
-        print(f"internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}\n"
-              f"  this is a bug in tuner, not a problem with your input; the traceback is in {report}\n"
-              "  please report it with that file", file=sys.stderr)
-        return INTERNAL_ERROR_EXIT
+        return _internal_error(argv, e)
+
+
+def _internal_error(argv, e: BaseException) -> int:
+    report = _crash_report(argv, e)
+    print(f"internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}\n"
+          f"  this is a bug in tuner, not a problem with your input; the traceback is in {report}\n"
+          "  please report it with that file", file=sys.stderr)
+    return INTERNAL_ERROR_EXIT
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reader has gone (poll reports an error on its write end)."""
+    import select
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _crash_report(argv, exc) -> str:

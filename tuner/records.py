@@ -264,9 +264,9 @@ class LogContents:
         """The newest layout plan that applies on `target` (same rule as applicable) of a model: the
         same graph, or one of the same structure (the same model exported and imported again, or
         with other weights)."""
-        want = code_target(target)
-        return next((p for p in reversed(self.plans) if code_target(p.target) == want and (
-            p.model_hash == model_hash or (structure and p.structure == structure))), None)
+        here = [p for p in reversed(self.plans) if code_target(p.target) == code_target(target)]
+        return next((p for p in here if p.model_hash == model_hash), None) or next(
+            (p for p in here if structure and p.structure == structure), None)
 
     @property
     def skipped(self) -> int:

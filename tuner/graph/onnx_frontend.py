@@ -147,7 +147,8 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model") ->
             raise OnnxImportError(f"graph output {o.name!r} is never computed")
         _check_float(o, "output")
         outputs.append(env[o.name])
-    inputs = [i.name for i in g.input if i.name not in {t.name for t in g.initializer}]
+    consts = {t.name for t in g.initializer}
+    inputs = [i.name for i in g.input if i.name not in consts]
     return b.finish(outputs, {"source": source, "opset": opset,
                               "interface": {"inputs": inputs, "outputs": [o.name for o in g.output]}})
 
@@ -161,7 +162,9 @@ def _check_ssa(g) -> None:
             raise OnnxImportError(f"graph input {v.name!r} is listed twice; the model is not valid ONNX")
         defined[v.name] = "a graph input"
     for init in g.initializer:
-        defined.setdefault(init.name, "an initializer")
+        if defined.get(init.name) == "an initializer":
+            raise OnnxImportError(f"initializer {init.name!r} is listed twice; the model is not valid ONNX")
+        defined.setdefault(init.name, "an initializer")     # an input's default value may share its name
     for node in g.node:
         for name in node.output:
             if name and name in defined:

@@ -104,42 +104,36 @@ class UntunedError(UserError):
     """--strict and some anchor task has no record."""
 
 
-def graph_digest(graph: Graph) -> str:
-    """A hash of a graph: operators, attributes, shapes and constant bytes, in order."""
+def _graph_hash(graph: Graph, structure: bool) -> str:
+    """The hash of graph_digest, or (structure) of graph_structure: one walk, in node order."""
     h = hashlib.sha256()
     names: dict = {}
     for v in graph.inputs:
         names[id(v)] = f"in{len(names)}"
-        h.update(f"input {v.shape} {v.dtype}".encode())
+        h.update(f"input {v.shape}{'' if structure else f' {v.dtype}'}".encode())
     for n in graph.nodes:
         ins = []
         for v in n.inputs:
-            if v.is_const:
+            if v.is_const and not structure:
                 h.update(np.ascontiguousarray(v.data).tobytes())
-                ins.append(f"const{v.data.shape}{v.data.dtype}")
-            else:
-                ins.append(names.get(id(v), "?"))
+            ins.append((f"const{v.data.shape}" + ("" if structure else str(v.data.dtype))) if v.is_const
+                       else names.get(id(v), "?"))
         names[id(n.output)] = f"v{len(names)}"
-        h.update(json.dumps([n.op, sorted((k, str(a)) for k, a in n.attrs.items()), ins]).encode())
+        attrs = sorted((k, str(a)) for k, a in n.attrs.items() if not (structure and isinstance(a, float)))
+        h.update(json.dumps([n.op, n.name, attrs, ins] if structure else [n.op, attrs, ins]).encode())
     h.update(json.dumps([names.get(id(v), "?") for v in graph.outputs]).encode())
     return h.hexdigest()[:20]
+
+
+def graph_digest(graph: Graph) -> str:
+    """A hash of a graph: operators, attributes, shapes and constant bytes, in order."""
+    return _graph_hash(graph, structure=False)
 
 
 def graph_structure(graph: Graph) -> str:
     """A hash of what a layout plan depends on: operators, node names, integer attributes, shapes
     and edges; not constants' values nor float attributes (an exporter rounds them to float32)."""
-    h = hashlib.sha256()
-    names: dict = {}
-    for v in graph.inputs:
-        names[id(v)] = f"in{len(names)}"
-        h.update(f"input {v.shape}".encode())
-    for n in graph.nodes:
-        ins = [f"const{v.data.shape}" if v.is_const else names.get(id(v), "?") for v in n.inputs]
-        names[id(n.output)] = f"v{len(names)}"
-        attrs = sorted((k, str(a)) for k, a in n.attrs.items() if not isinstance(a, float))
-        h.update(json.dumps([n.op, n.name, attrs, ins]).encode())
-    h.update(json.dumps([names.get(id(v), "?") for v in graph.outputs]).encode())
-    return h.hexdigest()[:20]
+    return _graph_hash(graph, structure=True)
 
 
 class _Weights:
@@ -287,11 +281,14 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
         if layout_plan is None and others:
             warnings.warn(f"the log holds a layout plan of {', '.join(others)} but none of this model on "
                           f"'{tgt}': compiling {source_name} without one (every conv in {layout})")
-    planned = {n.name for n in graph.nodes if n.op in ("conv2d", "dense")}
-    unknown = sorted(set(layout_plan or {}) - planned)
+    unknown = sorted(set(layout_plan or {}) - {n.name for n in graph.nodes if n.op in ("conv2d", "dense")})
     if unknown:
-        raise UserError(f"the layout plan ({plan_from}) names {len(unknown)} conv or dense node(s) that {source_name} "
-                        f"does not have: {', '.join(unknown[:4])}; give a plan of this model")
+        said = (f"the layout plan ({plan_from}) names {len(unknown)} conv or dense node(s) that {source_name} does "
+                f"not have: {', '.join(unknown[:4])}")
+        if plan_from == "given":
+            raise UserError(f"{said}; give a plan of this model")
+        warnings.warn(f"{said} (its nodes were renamed?): compiling without it (every conv in {layout})")
+        layout_plan, plan_from = None, None
     g = optimize(graph, layout=layout, layout_plan=layout_plan)
     say(f"optimised {graph.name}: {len(graph.nodes)} nodes -> {len(g.nodes)}, "
         f"{len(g.meta['fused_groups'])} fused groups")
@@ -386,16 +383,6 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
                            f"shipped database for '{tgt}': {'; '.join(names[:5])}"
                            f"{' ...' if len(names) > 5 else ''}; tune them (tuner tune) or leave out --strict")
     blob = weights.blob()
-    declared = {"model_hash": model_hash, "arena_bytes": arena_bytes, "weights_bytes": weights.size,
-                "weights_sha256": hashlib.sha256(blob).hexdigest(), "step_count": len(steps),
-                **{side: [{"name": name, "shape": list(v.shape), "dtype": v.dtype} for name, v in zip(names, values)]
-                   for side, names, values in zip(("inputs", "outputs"), interface_names(graph), (g.inputs, g.outputs))}}
-    source = executor_source(list(kernels.values()), steps, declared)
-    say(f"building {len(kernels)} kernels for {len(steps)} steps")
-    flags = list(tgt.cflags) + (["-fopenmp"] if any(k.openmp for k in kernels.values()) else [])
-    lib, err = compile_library(source, flags)
-    if lib is None:
-        raise AssertionError(f"the generated model library does not compile: {err}")
     meta = {
         "format": 2,
         "tool": f"tuner {__version__}",
@@ -406,14 +393,37 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
         "layout_plan": dict(layout_plan or {}),
         "layout_plan_from": plan_from,
         "logs": [str(p) for p in logs],
-        **declared,
+        **{side: [{"name": name, "shape": list(v.shape), "dtype": v.dtype}
+                  for name, v in zip(names, values, strict=True)]
+           for side, names, values in zip(("inputs", "outputs"), interface_names(graph), (g.inputs, g.outputs))},
+        "arena_bytes": arena_bytes,
         "intermediate_bytes": sum(align(t.nbytes) for t in lives),
         "peak_live_bytes": peak_live_bytes(lives),
+        "weights_bytes": weights.size,
+        "weights_sha256": hashlib.sha256(blob).hexdigest(),
         "kernels": len(kernels),
-        "compile_s": round(time.perf_counter() - t0, 3),
         "steps": [s.to_json() for s in steps],
     }
+    source = executor_source(list(kernels.values()), steps, declaration(meta))
+    say(f"building {len(kernels)} kernels for {len(steps)} steps")
+    flags = list(tgt.cflags) + (["-fopenmp"] if any(k.openmp for k in kernels.values()) else [])
+    lib, err = compile_library(source, flags)
+    if lib is None:
+        raise AssertionError(f"the generated model library does not compile: {err}")
+    meta["compile_s"] = round(time.perf_counter() - t0, 3)
     return CompiledModel(meta, lib, source, blob)
+
+
+# what the library declares of its model.json (runtime.model.load checks the file against it): the
+# facts running it depends on, and a hash of every field but those known only after it is built
+DECLARED = ("target", "arena_bytes", "weights_bytes", "weights_sha256", "inputs", "outputs")
+UNDECLARED = ("library", "compile_s")
+
+
+def declaration(meta: dict) -> dict:
+    fields = json.loads(json.dumps({k: v for k, v in meta.items() if k not in UNDECLARED}))   # as read back
+    text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    return {**{k: fields.get(k) for k in DECLARED}, "meta_sha256": hashlib.sha256(text.encode()).hexdigest()}
 
 
 def plan_summary(layouts: dict) -> str:

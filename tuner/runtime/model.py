@@ -26,7 +26,7 @@ from .. import __version__
 from ..errors import TunerError, UserError
 from ..measure.library import aligned_empty, content_hash, open_library, pointer_array
 from ..target import ISAS, host_isa, parse_target
-from .compiler import DEFAULT, GENERIC, SHIPPED, Step, plan_summary
+from .compiler import DECLARED, DEFAULT, GENERIC, SHIPPED, Step, declaration, plan_summary
 
 META = "model.json"
 WEIGHTS = "weights.bin"
@@ -39,10 +39,10 @@ int tuner_model_time(int step, float** inputs, float** outputs, char* arena, cha
                      double min_repeat_ms, double* costs);
 int tuner_model_profile(float** inputs, float** outputs, char* arena, char* weights, int runs, double* per_step);
 """
-# the model.json fields the library declares too (compiler.compile_model's `declared`)
-DECLARED = ("model_hash", "arena_bytes", "weights_bytes", "weights_sha256", "step_count", "inputs", "outputs")
+FORMAT = 2
 LIBRARY_NAME = re.compile(r"model-[0-9a-f]{16}\.so")
 ARTIFACT_FILES = re.compile(r"model\.json|model\.c|weights\.bin|model-[0-9a-f]{16}\.so")
+PARTIAL = re.compile(r"\.tuner-[0-9]+-[0-9a-f]{8}\.tmp")     # a save that was stopped (removed by the next)
 
 
 class ArtifactError(UserError):
@@ -92,11 +92,11 @@ class CompiledModel:
     weights. Every buffer the C code reads or writes is referenced by the calling frame until the
     call returns (cffi's pointers keep nothing alive)."""
 
-    def __init__(self, meta: dict, lib_path: str, source: str, weights: bytes):
+    def __init__(self, meta: dict, lib_path: str, source: str, weights: bytes, lib=None):
         self.meta = meta
         self.source = source
         self._lib_path = lib_path
-        self._lib = open_library(lib_path, _ffi())
+        self._lib = lib or open_library(lib_path, _ffi())
         self._weights, huge_w = _aligned_bytes(len(weights))
         self._weights.view(np.uint8)[:len(weights)] = np.frombuffer(weights, np.uint8)
         arena, huge_a = _aligned_bytes(meta["arena_bytes"])
@@ -105,10 +105,6 @@ class CompiledModel:
         # which were asked for 2 MiB pages (the report says so)
         self.huge_pages = tuple(name for name, asked in (("weights", huge_w), ("arena", huge_a)) if asked)
         self.steps = [Step.from_json(s) for s in meta["steps"]]
-
-    def declared(self) -> dict:
-        """What the library says it was compiled for (the DECLARED fields of model.json)."""
-        return json.loads(_ffi().string(self._lib.tuner_model_declared()).decode())
 
     # ------------------------------------------------------------ facts
     @property
@@ -185,7 +181,7 @@ class CompiledModel:
                                if step else f"the model failed with code {rc}")
         return outputs
 
-    def run(self, *args, **kwargs) -> list:
+    def run(self, /, *args, **kwargs) -> list:
         """The graph's outputs (a list of NumPy arrays) for its inputs, by position or by name."""
         inputs = self._inputs(args, kwargs)
         return self._call(self._lib.tuner_model_run, inputs)
@@ -196,13 +192,19 @@ class CompiledModel:
 
     def time(self, inputs: list | None = None, step: int = -1, repeat: int = 5, min_repeat_ms: float = 100.0) -> list:
         """Seconds per call, `repeat` times, timed in C: of the whole model (step=-1) or of one step."""
-        if not isinstance(step, int) or not -1 <= step < len(self.steps):
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or not -1 <= step < len(self.steps):
             raise UserError(f"step must be -1 (the whole model) or a step index 0..{len(self.steps) - 1}, got {step}")
-        if repeat < 1:
-            raise UserError(f"repeat must be at least 1, got {repeat}")
-        inputs = self._inputs(inputs or self.random_inputs(), {})
-        costs = _ffi().new("double[]", repeat)
-        self._call(lambda *a: self._lib.tuner_model_time(step, *a, repeat, min_repeat_ms, costs), inputs)
+        if not isinstance(repeat, (int, np.integer)) or repeat < 1:
+            raise UserError(f"repeat must be a whole number, at least 1; got {repeat}")
+        if not 0 <= min_repeat_ms <= 3_600_000:
+            raise UserError(f"min_repeat_ms must be 0 to 3600000 (an hour), got {min_repeat_ms}")
+        inputs = self._inputs(self.random_inputs() if inputs is None else inputs, {})
+        costs = _ffi().new("double[]", int(repeat))
+
+        def timed(*a):      # the whole model first, so that a step is timed on the data it would see
+            return self._lib.tuner_model_run(*a) or self._lib.tuner_model_time(int(step), *a, int(repeat),
+                                                                              float(min_repeat_ms), costs)
+        self._call(timed, inputs)
         return list(costs)
 
     def profile(self, inputs: list | None = None, runs: int = 20) -> tuple:
@@ -210,9 +212,9 @@ class CompiledModel:
         (runs,)): the model run whole `runs` times, each step timed where it runs, so caches hold
         what its producers left (unlike `time(step=i)`, which repeats one step on warm data). A
         run's time minus its steps' is the dispatch between them, measured in the same run."""
-        if runs < 1:
-            raise UserError(f"runs must be at least 1, got {runs}")
-        inputs = self._inputs(inputs or self.random_inputs(), {})
+        if not isinstance(runs, (int, np.integer)) or runs < 1:
+            raise UserError(f"runs must be a whole number, at least 1; got {runs}")
+        inputs = self._inputs(self.random_inputs() if inputs is None else inputs, {})
         n = len(self.steps)
         per_step = _ffi().new("double[]", runs * (n + 1))
         self._call(self._lib.tuner_model_profile, inputs, runs, per_step)
@@ -221,27 +223,33 @@ class CompiledModel:
 
     # ------------------------------------------------------------ saving and loading
     def save(self, path: str | os.PathLike) -> Path:
-        """Write the artifact directory: whole into a new directory beside it, then renamed into
-        place (an artifact already there is replaced; any other non-empty directory is refused)."""
-        d = Path(path)
+        """Write the artifact directory. New files are written whole into a directory of their own
+        first; an artifact already at `path` is then replaced file by file, model.json last, so
+        that a save stopped at any point leaves the old artifact, the new one, or one that load
+        refuses, never a mix that runs. A directory of anything else is refused."""
+        d = Path(os.path.abspath(path))
         check_artifact_dir(d)
-        tmp = d.parent / f".{d.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+        existed = d.exists()
+        tmp = (d if existed else d.parent) / f".tuner-{os.getpid()}-{secrets.token_hex(4)}.tmp"
+        lib_name = _library_name(self._lib_path)
         try:
-            os.mkdir(tmp)
-            shutil.copyfile(self._lib_path, tmp / _library_name(self._lib_path))
-            (tmp / "model.c").write_text(self.source)
-            (tmp / WEIGHTS).write_bytes(self._weights.view(np.uint8)[:self.meta["weights_bytes"]].tobytes())
-            meta = dict(self.meta, library=_library_name(self._lib_path))
-            (tmp / META).write_text(json.dumps(meta, indent=1))
-            if d.exists():
-                old = tmp.with_suffix(".old")
-                os.rename(d, old)
-                os.rename(tmp, d)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.rename(tmp, d)
+            try:
+                os.mkdir(tmp)
+                shutil.copyfile(self._lib_path, tmp / lib_name)
+                (tmp / "model.c").write_text(self.source)
+                (tmp / WEIGHTS).write_bytes(self._weights.view(np.uint8)[:self.meta["weights_bytes"]].tobytes())
+                (tmp / META).write_text(json.dumps(dict(self.meta, library=lib_name), indent=1))
+                if not existed:
+                    os.rename(tmp, d)
+                    return d
+                old = [e for e in d.iterdir() if LIBRARY_NAME.fullmatch(e.name) and e.name != lib_name]
+                for name in (lib_name, "model.c", WEIGHTS, META):
+                    os.replace(tmp / name, d / name)
+                for e in old:
+                    e.unlink()
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
         except OSError as e:
-            shutil.rmtree(tmp, ignore_errors=True)
             raise UserError(f"cannot write the compiled model to {d} ({e.strerror or e}); choose another -o") from None
         return d
 
@@ -282,26 +290,38 @@ def _library_name(lib_path) -> str:
 
 def check_artifact_dir(d: Path, flag: str = "-o") -> None:
     """Where a compiled model may be written: a new path, an empty directory, or an artifact to
-    replace (model.json and only an artifact's plain files); never a file, a link or someone's files."""
-    if d.is_symlink():
-        raise UserError(f"{flag} {d} is a symbolic link; give a real directory (tuner never writes through links)")
-    if d.exists():
-        if not d.is_dir():
-            raise UserError(f"{flag} {d} is a file; give a directory for the compiled model")
-        names = {e.name: e for e in d.iterdir()}
-        foreign = sorted(n for n, e in names.items()
-                         if not ARTIFACT_FILES.fullmatch(n) or e.is_symlink() or not e.is_file())
-        if names and (foreign or META not in names):
-            shown = ", ".join(foreign[:3] or sorted(names)[:3])
-            raise UserError(f"{flag} {d} is a directory that is not a compiled model (it holds {shown}); give a new "
-                            "or empty directory")
-    parent = d.absolute().parent
+    replace (a model.json that tuner wrote and only an artifact's plain files); never a file, a
+    link or someone's files. Leftovers of a stopped save are removed."""
     try:
+        if d.is_symlink():
+            raise UserError(f"{flag} {d} is a symbolic link; give a real directory (tuner never writes through links)")
+        if d.exists():
+            if not d.is_dir():
+                raise UserError(f"{flag} {d} is a file; give a directory for the compiled model")
+            names = {e.name: e for e in d.iterdir()}
+            for n in [n for n, e in names.items() if PARTIAL.fullmatch(n) and e.is_dir() and not e.is_symlink()]:
+                shutil.rmtree(names.pop(n), ignore_errors=True)
+            foreign = sorted(n for n, e in names.items()
+                             if not ARTIFACT_FILES.fullmatch(n) or e.is_symlink() or not e.is_file())
+            if names and (foreign or not _written_by_tuner(d / META)):
+                shown = ", ".join(foreign[:3] or sorted(names)[:3])
+                raise UserError(f"{flag} {d} is a directory that is not a compiled model (it holds {shown}); give a "
+                                "new or empty directory")
+        parent = d.absolute().parent
         parent.mkdir(parents=True, exist_ok=True)
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise UserError(f"cannot write {flag} {d}: {parent} is not writable; choose another {flag}")
     except OSError as e:
-        raise UserError(f"cannot create {parent} for {flag} {d} ({e.strerror}); choose another {flag}") from None
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UserError(f"cannot write {flag} {d}: {parent} is not writable; choose another {flag}")
+        raise UserError(f"cannot use {flag} {d} ({e.strerror or e}); choose another {flag}") from None
+
+
+def _written_by_tuner(meta_path: Path) -> bool:
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+        return False
+    return isinstance(meta, dict) and isinstance(meta.get("tool"), str) and meta["tool"].startswith("tuner ") \
+        and isinstance(meta.get("format"), int)
 
 
 def untuned_warning(steps: list) -> str:
@@ -317,83 +337,64 @@ def untuned_warning(steps: list) -> str:
             f"tuning record and run the default schedule: {shown}")
 
 
-NoneType = type(None)
-# model.json's fields and their JSON types (ints are counts and byte sizes, never negative)
-META_TYPES = {"format": int, "tool": str, "model": str, "model_hash": str, "target": str, "layout": str,
-              "layout_plan": dict, "layout_plan_from": (str, NoneType), "logs": list, "inputs": list, "outputs": list,
-              "arena_bytes": int, "intermediate_bytes": int, "peak_live_bytes": int, "weights_bytes": int,
-              "weights_sha256": str, "step_count": int, "kernels": int, "compile_s": (int, float), "steps": list, "library": str}
-STEP_TYPES = {"index": int, "summary": str, "node": str, "func": str, "args": list, "workload": str,
-              "workload_key": (str, NoneType), "source": str, "expected_s": (int, float, NoneType),
-              "flops": (int, float), "code_hash": str, "steps": list}
-FORMAT = 2
-
-
-def _check_fields(obj, types: dict, where: str) -> None:
-    if not isinstance(obj, dict):
-        raise ArtifactError(f"{where} is not a JSON object")
-    for key, kind in types.items():
-        v = obj.get(key, ...)
-        if v is ... or not isinstance(v, kind) or isinstance(v, bool) or (isinstance(v, int) and v < 0):
-            raise ArtifactError(f"{where}: field {key!r} is missing or not a valid {getattr(kind, '__name__', kind)}")
-
-
 def load(path: str | os.PathLike) -> CompiledModel:
     """Load an artifact directory written by CompiledModel.save / `tuner compile -o`.
 
     An artifact holds native code: load only artifacts from sources you trust (as with any shared
     library, or `torch.load`). What is checked protects against damage and mix-ups, not attackers:
-    model.json against what the library itself declares (arena, weights size and hash, inputs,
-    outputs, steps), the library against the hash in its name, the weights against their hash."""
+    the library's name is a plain file name whose hash its bytes match, the library declares its
+    target, arena, inputs, outputs, weights hash and a hash of every other field of model.json
+    (compiler.declaration), and model.json and weights.bin must agree with it."""
     d = Path(path)
     meta_path = d / META
-    if not meta_path.is_file():
-        raise ArtifactError(f"{d} is not a compiled model (no {META}); make one with `tuner compile ... -o {d}`")
     damaged = f"{meta_path} is damaged"
     try:
-        meta = json.loads(meta_path.read_text())
-    except (ValueError, UnicodeDecodeError, OSError) as e:
-        raise ArtifactError(f"{damaged} ({type(e).__name__}); compile the model again") from None
-    if isinstance(meta, dict) and meta.get("format") != FORMAT:
-        raise ArtifactError(f"{d} has artifact format {meta.get('format')!r}; this tuner ({__version__}) reads "
-                            f"format {FORMAT}: compile the model again")
-    try:
-        _check_fields(meta, META_TYPES, damaged)
-        for k, st in enumerate(meta["steps"]):
-            _check_fields(st, STEP_TYPES, f"{damaged}, step {k}")
-        isa = parse_target(meta["target"], check_host=False).isa
-    except UserError as e:
-        raise ArtifactError(f"{e}; compile the model again") from None
-    if not LIBRARY_NAME.fullmatch(meta["library"]):
-        raise ArtifactError(f"{damaged}: library {meta['library']!r} is not the name of a model library in {d} "
+        text = meta_path.read_text() if meta_path.is_file() else None
+        meta = None if text is None else json.loads(text)
+    except (ValueError, UnicodeDecodeError, OSError, RecursionError) as e:
+        raise ArtifactError(f"cannot read {meta_path} ({type(e).__name__}); compile the model again") from None
+    if text is None:
+        raise ArtifactError(f"{d} is not a compiled model (no {META}); make one with `tuner compile ... -o {d}`")
+    if not isinstance(meta, dict):
+        raise ArtifactError(f"{damaged} (not a JSON object); compile the model again")
+    if meta.get("format") != FORMAT:
+        raise ArtifactError(f"{d} has artifact format {str(meta.get('format'))[:20]}; this tuner ({__version__}) "
+                            f"reads format {FORMAT}: compile the model again")
+    library, compile_s = meta.get("library"), meta.get("compile_s")
+    if not isinstance(library, str) or not LIBRARY_NAME.fullmatch(library):
+        raise ArtifactError(f"{damaged}: library {str(library)[:80]!r} is not the name of a model library in {d} "
                             "(model-<hash>.so); compile the model again")
+    if isinstance(compile_s, bool) or not isinstance(compile_s, (int, float)) or not 0 <= compile_s < 1e9:
+        raise ArtifactError(f"{damaged}: compile_s is not a number of seconds; compile the model again")
+    try:
+        isa = parse_target(meta.get("target"), check_host=False).isa
+    except (UserError, TypeError, AttributeError):
+        raise ArtifactError(f"{damaged}: target {str(meta.get('target'))[:80]!r}; compile the model again") from None
     if ISAS[isa][0] > ISAS[host_isa()][0]:
         raise ArtifactError(f"{d} was compiled for {isa} and this host supports {host_isa()}: its kernels cannot "
-                            f"run here; compile the model on this host (tuner compile {meta['model']})")
-    lib = d / meta["library"]
-    if not lib.is_file():
-        raise ArtifactError(f"{lib} is missing; compile the model again")
+                            f"run here; compile the model on this host (tuner compile {str(meta.get('model'))[:200]})")
+    lib_path = d / library
     try:
-        declared = json.loads(_ffi().string(open_library(str(lib), _ffi()).tuner_model_declared()).decode())
+        lib = open_library(str(lib_path), _ffi())
+        declared = json.loads(_ffi().string(lib.tuner_model_declared()).decode())
     except (AttributeError, ValueError, OSError, TunerError) as e:
-        raise ArtifactError(f"{lib} is not a model library this tuner can read ({str(e)[:100]}); compile the model "
-                            "again") from None
+        raise ArtifactError(f"{lib_path} is missing or not a model library this tuner can read ({str(e)[:100]}); "
+                            "compile the model again") from None
     for key in DECLARED:
         if meta.get(key) != declared.get(key):
-            raise ArtifactError(f"{damaged}: its {key} {str(meta.get(key))[:80]} is not what {lib.name} was compiled "
+            raise ArtifactError(f"{damaged}: its {key} {str(meta.get(key))[:80]} is not what {library} was compiled "
                                 f"for ({str(declared.get(key))[:80]}); compile the model again")
-    if len(meta["steps"]) != declared["step_count"] or any(st["index"] != k for k, st in enumerate(meta["steps"])):
-        raise ArtifactError(f"{damaged}: its steps do not match {lib.name}; compile the model again")
+    if declaration(meta)["meta_sha256"] != declared.get("meta_sha256"):
+        raise ArtifactError(f"{damaged}: it was changed after {library} was compiled; compile the model again")
     try:
         weights = (d / WEIGHTS).read_bytes()
     except OSError:
         weights = None
-    if weights is None or len(weights) != meta["weights_bytes"] \
-            or hashlib.sha256(weights).hexdigest() != declared["weights_sha256"]:
-        raise ArtifactError(f"{d / WEIGHTS} is missing, or not the weights {lib.name} was compiled with; compile the "
+    if weights is None or hashlib.sha256(weights).hexdigest() != declared["weights_sha256"]:
+        raise ArtifactError(f"{d / WEIGHTS} is missing, or not the weights {library} was compiled with; compile the "
                             "model again")
     try:
         source = (d / "model.c").read_text()
     except (OSError, UnicodeDecodeError):
         source = ""
-    return CompiledModel(meta, str(lib), source, weights)
+    return CompiledModel(meta, str(lib_path), source, weights, lib)
