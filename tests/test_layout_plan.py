@@ -352,7 +352,7 @@ def test_a_model_tune_replays_plans_resumes_and_compiles_with_its_plan(tmp_cache
     assert math.isclose(res.estimate_s, expect.cost + sum(best[wl.key] for wl in res.space.fixed))
     again = _replayed(out)                                                 # resume: nothing measured again
     assert again.session.new == 0 and again.plan.layouts == res.plan.layouts
-    assert len(records.load(out).plans) == 1                               # and no copy of its plan appended
+    assert len(records.load(out).plans) == 1 and not again.appended        # and no copy of its plan appended
     m = compile_model("tiny", log=str(out), target=REPLAY_TARGET)
     assert m.meta["layout_plan"] == res.plan.layouts and m.meta["layout_plan_from"] == str(out)
     assert "layout plan" in m.report()

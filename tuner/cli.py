@@ -99,7 +99,8 @@ def _tune_model(args) -> int:
     rate = 60.0 * session.new / session.seconds if session.seconds else 0.0
     print(f"{len(session.tasks)} tasks, {session.trials} trials in the log ({session.new} new) in "
           f"{session.seconds:.1f} s ({rate:.0f} candidates/min)")
-    print(f"log: {session.log}" + (" (layout plan appended; `tuner compile` applies it)" if res.record else ""))
+    print(f"log: {session.log}" + (" (layout plan appended; `tuner compile` applies it)" if res.appended else
+                                    " (its layout plan is already the newest there)" if res.record else ""))
     return _session_end(session)
 
 

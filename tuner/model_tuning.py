@@ -121,6 +121,7 @@ class ModelTuneResult:
     prices: dict = field(default_factory=dict)   # workload key -> seconds the plan was solved with
     other_plan: Plan | None = None               # weights="warm": the plan the cold prices give
     other_estimate_s: float = math.inf           # its estimate under those prices
+    appended: bool = False                       # whether `record` was appended (not the log's newest already)
 
     def table(self) -> str:
         """The tasks the plan uses (with occurrences, trials, best latency, share) and the plan."""
@@ -429,7 +430,7 @@ def tune_model(model, trials: int, log: str | None = None, target: str = "cpu", 
         else:
             other, other_est = space.plan(cold_best)
         cold_est = space.estimate(plan.layouts, cold_best) if cold else None   # (what the plan line keeps)
-    rec = None
+    rec, appended = None, False
     if plan is not None and math.isfinite(est):
         # the host's peak goes with the plan (for `tuner analyze`'s fraction of peak)
         peak = peak_gflops(tgt, tgt.threads, 5_000_000) if measured_here else None
@@ -439,4 +440,5 @@ def tune_model(model, trials: int, log: str | None = None, target: str = "cpu", 
         if last is None or dataclasses.replace(last, timestamp=rec.timestamp, tool=rec.tool,
                                                peak_gflops=rec.peak_gflops) != rec:
             records.append(log, [rec])          # a tune run again after its end adds no copy of its plan
-    return ModelTuneResult(name, space, session, plan, est, rec, prices, other, other_est)
+            appended = True
+    return ModelTuneResult(name, space, session, plan, est, rec, prices, other, other_est, appended)
