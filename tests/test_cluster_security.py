@@ -237,3 +237,22 @@ def test_a_rogue_workers_forged_timings_are_logged_as_errors(tmp_path, tmp_cache
     assert len(recs) == 4 and not any(r.ok for r in recs)
     assert all(r.error == RUNTIME_ERROR and r.message.startswith("timing refused (from trusted-host): 1e-12 s")
                for r in recs), [r.message for r in recs]
+
+
+def test_a_job_that_raises_on_its_worker_is_logged_as_errors_and_the_tune_goes_on(tmp_path, tmp_cache):
+    def go_broken():
+        import tuner.measure.cluster as C
+
+        def broken(*args, **kwargs):
+            raise ValueError("library abc-123.so does not match its name\nsecond line")
+        C._measure_on_worker = broken
+        return True
+
+    log = tmp_path / "broken.jsonl"
+    with ClusterRunner("local:1", TARGET1) as runner:
+        assert all(runner.client.run(go_broken).values())
+        tune([SMALL], target=TARGET1, trials=4, log=str(log), policy="random", progress=False, batch_size=4,
+             runner=runner)
+    recs = records.load(str(log), warn=False).records
+    assert len(recs) == 4 and all(r.error == RUNTIME_ERROR and "ValueError: library abc-123.so does not match"
+                                  in r.message and "\n" not in r.message for r in recs), [r.message for r in recs]

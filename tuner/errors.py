@@ -37,9 +37,12 @@ def check_output_path(path, flag: str) -> None:
     try:
         if p.exists() and not p.is_file():
             raise UserError(f"{flag} {path} is not a regular file (it is a directory or a device); give a file path")
-        p.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"cannot use {flag} {path} ({e.strerror}); choose another {flag}") from None
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create {p.parent} for {flag} {path} ({e.strerror}); choose another {flag}") from None
     if not os.access(p.parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise UserError(f"cannot write {flag} {path}: permission denied; choose another {flag}")
 

@@ -484,6 +484,9 @@ class ClusterRunner:
                 except KilledWorker:
                     results = [MeasureResult(RUNTIME_ERROR, "the workers measuring or building it died, twice "
                                              "(each on another worker)") for _ in chunk]
+                except Exception as e:  # noqa: BLE001 - a worker's word: what it raised is recorded, not raised here
+                    why = f"{type(e).__name__}: {str(e)[:200]}".replace("\n", " ")
+                    results = [MeasureResult(RUNTIME_ERROR, f"the job failed on its worker ({why})") for _ in chunk]
                 done += 1
                 yield from zip(chunk, self._checked(workload, results, len(chunk)))
         finally:
