@@ -213,6 +213,15 @@ def test_a_library_planted_through_the_cluster_never_enters_the_kernel_cache(tmp
     assert not mark.exists()
 
 
+def _tuned_on_a_patched_worker(log, patch) -> list:
+    """The records of a 4-trial tune on a local cluster whose worker first ran `patch`."""
+    with ClusterRunner("local:1", TARGET1) as runner:
+        assert all(runner.client.run(patch).values())
+        tune([SMALL], target=TARGET1, trials=4, log=str(log), policy="random", progress=False, batch_size=4,
+             runner=runner)
+    return records.load(str(log), warn=False).records
+
+
 def test_a_rogue_workers_forged_timings_are_logged_as_errors(tmp_path, tmp_cache):
     """A worker that times its job, then reports 1e-12 s per call and another host's name."""
     def go_rogue():
@@ -228,12 +237,7 @@ def test_a_rogue_workers_forged_timings_are_logged_as_errors(tmp_path, tmp_cache
         C._measure_on_worker = forged
         return True
 
-    log = tmp_path / "rogue.jsonl"
-    with ClusterRunner("local:1", TARGET1) as runner:
-        assert all(runner.client.run(go_rogue).values())
-        tune([SMALL], target=TARGET1, trials=4, log=str(log), policy="random", progress=False, batch_size=4,
-             runner=runner)
-    recs = records.load(str(log), warn=False).records
+    recs = _tuned_on_a_patched_worker(tmp_path / "rogue.jsonl", go_rogue)
     assert len(recs) == 4 and not any(r.ok for r in recs)
     assert all(r.error == RUNTIME_ERROR and r.message.startswith("timing refused (from trusted-host): 1e-12 s")
                for r in recs), [r.message for r in recs]
@@ -248,11 +252,6 @@ def test_a_job_that_raises_on_its_worker_is_logged_as_errors_and_the_tune_goes_o
         C._measure_on_worker = broken
         return True
 
-    log = tmp_path / "broken.jsonl"
-    with ClusterRunner("local:1", TARGET1) as runner:
-        assert all(runner.client.run(go_broken).values())
-        tune([SMALL], target=TARGET1, trials=4, log=str(log), policy="random", progress=False, batch_size=4,
-             runner=runner)
-    recs = records.load(str(log), warn=False).records
+    recs = _tuned_on_a_patched_worker(tmp_path / "broken.jsonl", go_broken)
     assert len(recs) == 4 and all(r.error == RUNTIME_ERROR and "ValueError: library abc-123.so does not match"
                                   in r.message and "\n" not in r.message for r in recs), [r.message for r in recs]
