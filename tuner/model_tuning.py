@@ -420,8 +420,9 @@ def tune_model(model, trials: int, log: str | None = None, target: str = "cpu", 
     other, other_est = None, math.inf
     cold: dict = {}
     cold_est = None
+    logged = records.load(log, warn=False)          # its plans: the last one's cold prices, and no copy of it
     if plan is not None and math.isfinite(est) and measured_here and not session.interrupted:
-        last = records.load(log, warn=False).plan(graph_digest(graph), str(tgt), graph_structure(graph))
+        last = logged.plan(graph_digest(graph), str(tgt), graph_structure(graph))
         cold = cold_prices(session.tasks, tgt, last.cold if last else None, kwargs.get("progress", True), config)
         cold_best = dict(prices, **{k: s for k, (_, s) in cold.items()})
         if weights == "cold":       # cold already, but for the warm bests of an older log, priced just now
@@ -436,7 +437,7 @@ def tune_model(model, trials: int, log: str | None = None, target: str = "cpu", 
         peak = peak_gflops(tgt, tgt.threads, 5_000_000) if measured_here else None
         rec = records.make_plan_record(name, graph_digest(graph), str(tgt), plan.layouts, est, plan.exact,
                                        tuple(layouts), peak, cold, cold_est, weights, graph_structure(graph))
-        last = records.load(log, warn=False).plan(rec.model_hash, str(tgt))
+        last = logged.plan(rec.model_hash, str(tgt))
         if last is None or dataclasses.replace(last, timestamp=rec.timestamp, tool=rec.tool,
                                                peak_gflops=rec.peak_gflops) != rec:
             records.append(log, [rec])          # a tune run again after its end adds no copy of its plan

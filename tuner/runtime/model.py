@@ -41,7 +41,7 @@ int tuner_model_profile(float** inputs, float** outputs, char* arena, char* weig
 """
 FORMAT = 2
 LIBRARY_NAME = re.compile(r"model-[0-9a-f]{16}\.so")
-ARTIFACT_FILES = re.compile(r"model\.json|model\.c|weights\.bin|model-[0-9a-f]{16}\.so")
+ARTIFACT_FILES = re.compile(rf"model\.json|model\.c|weights\.bin|{LIBRARY_NAME.pattern}")
 PARTIAL = re.compile(r"\.tuner-[0-9]+-[0-9a-f]{8}\.tmp")     # a save that was stopped (removed by the next)
 
 

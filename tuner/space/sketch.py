@@ -45,7 +45,6 @@ has structured decisions (a tile per axis).
 from __future__ import annotations
 
 import math
-
 import random
 from functools import cached_property
 
