@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import json
+import platform
+import shlex
+import sys
 import time
 from pathlib import Path
 
@@ -15,9 +18,31 @@ def bench_workload(name: str, conv_layout: str):
     return resolve(name, conv_layout if resolve(name).op == "conv2d" else None)
 
 
+def host_facts() -> dict:
+    """The machine a result was measured on: CPU model, ISA tuner targets on it, cores it may use."""
+    from tuner.target import host_cores, host_isa
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"cpu": model or platform.processor() or platform.machine(), "isa": host_isa(), "cores": host_cores()}
+
+
+def command_line() -> str:
+    """The command that is running, as `python -m bench.NAME ARGS` when it is a bench script."""
+    script = Path(sys.argv[0])
+    head = f"python -m bench.{script.stem}" if script.parent.name == "bench" else shlex.quote(sys.argv[0])
+    return " ".join([head, *map(shlex.quote, sys.argv[1:])])
+
+
 def write_results(kind: str, out: str | None, payload: dict) -> Path:
-    """Write `payload` to `out`, or to bench/results/<kind>-<time>.json; say where."""
+    """Write `payload` to `out`, or to bench/results/<kind>-<time>.json; say where. The payload gets the
+    command, the host (host_facts) and the date unless it has them; `python -m bench.report` renders it."""
     path = Path(out or f"bench/results/{kind}-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    payload = {"command": command_line(), "host": host_facts(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+               **payload}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=1))
     print(f"wrote {path}")
