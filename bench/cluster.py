@@ -27,8 +27,8 @@ from pathlib import Path
 from bench.common import write_results
 from tuner.measure.cluster import ClusterRunner, idle_share, start_local
 from tuner.measure.runner import RunConfig
+from tuner.ops import resolve
 from tuner.target import parse_target
-from tuner.te.workloads import resolve
 from tuner.tuning import tune
 
 VARIANTS = ("local", "local:1", "local:2", "local:1+1")

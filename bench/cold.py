@@ -14,11 +14,11 @@ import dataclasses
 import statistics
 
 from bench.common import write_results
-from tuner import records
-from tuner.measure.runner import RunConfig, Runner
+from tuner.database import records
+from tuner.measure.runner import CpuRunner, RunConfig
+from tuner.ops import parse_spec
 from tuner.target import parse_target
 from tuner.task import Task
-from tuner.te.workloads import parse_spec
 
 
 def main(argv=None) -> int:
@@ -38,14 +38,14 @@ def main(argv=None) -> int:
     warm_cfg = RunConfig(repeat=3)
     cold_cfg = dataclasses.replace(warm_cfg, cold_weights=True)
     for (key, target), ref in tasks.items():
-        rec = records.best(c, key, target)
+        rec = records.best_of(c.applicable(key, target))
         if rec is None:
             continue
         wl = parse_spec(ref.spec, ref.layout)
         task = Task(wl, parse_target(target))
         cand = task.candidate(rec.steps)
         times: dict = {"warm": [], "cold": []}
-        with Runner(task.target, warm_cfg) as warm, Runner(task.target, cold_cfg) as cold:
+        with CpuRunner(task.target, warm_cfg) as warm, CpuRunner(task.target, cold_cfg) as cold:
             for _ in range(args.rounds):
                 for kind, runner in (("warm", warm), ("cold", cold)):
                     for _, res in runner.measure(task, [cand]):

@@ -14,7 +14,7 @@ SEARCH_WORKLOADS = "r50.s1.conv3x3,r50.s1.conv1x1c,r50.s4.conv3x3,dense.2048x100
 
 def bench_workload(name: str, conv_layout: str):
     """A workload by name or spec; convolutions in `conv_layout`, other operators in their own."""
-    from tuner.te.workloads import resolve
+    from tuner.ops import resolve
     return resolve(name, conv_layout if resolve(name).op == "conv2d" else None)
 
 

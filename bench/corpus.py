@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from bench.common import SEARCH_WORKLOADS, bench_workload
-from tuner.te.workloads import BUILTIN, resolve
+from tuner.ops import BUILTIN, resolve
 from tuner.tuning import tune
 
 # MobileNetV2's pointwise (1x1) convolutions whose channels fit the 16-lane layouts: another

@@ -19,10 +19,10 @@ import glob
 import time
 
 from bench.common import SEARCH_WORKLOADS, write_results
-from tuner import records
 from tuner.cost_model.dataset import FeatureCache, from_records
 from tuner.cost_model.metrics import pairwise_accuracy, top_k_recall, top_k_score
 from tuner.cost_model.model import RandomModel, XGBModel, normalised_throughput
+from tuner.database import records
 
 
 def evaluate(model, train, test) -> dict:

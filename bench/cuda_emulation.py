@@ -14,9 +14,9 @@ import time
 from bench.common import write_results
 from tuner.codegen.cuda_emulate import build_emulation, emulate, small_workloads
 from tuner.measure.worker import check_output
+from tuner.ops import make
 from tuner.target import parse_target
 from tuner.task import Task
-from tuner.te.workloads import make
 
 # the tests' small set, then a few larger kernels and a layout transform
 WORKLOADS = small_workloads() + [

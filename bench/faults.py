@@ -338,7 +338,7 @@ from tuner.measure.runner import RunConfig
 from tuner.search import PolicyFactory
 from tuner.search.random_search import RandomSearch
 from tuner.task import Candidate, code_hash
-from tuner.te.workloads import resolve
+from tuner.ops import resolve
 from tuner.tuning import tune
 
 class Hang(RandomSearch):
@@ -418,7 +418,7 @@ def case_hostile_records(work: Path, env, args) -> Row:
     row, rng = Row("hostile log records"), random.Random(args.seed)
     seed_lines = lines_of(work / "seed.jsonl")
     valid = json.loads(seed_lines[0])
-    from tuner.te.workloads import resolve
+    from tuner.ops import resolve
     best_gflops = resolve(SPEC, "NCHW8c").flops / min(sorted(json.loads(line)["costs"])[0] for line in seed_lines) / 1e9
     for k in range(args.hostile_logs):
         log = work / f"hostile{k}.jsonl"
@@ -452,14 +452,14 @@ def case_hostile_records(work: Path, env, args) -> Row:
 def case_hostile_specs(work: Path, env, args) -> Row:
     """Random workload specs and layouts: a workload or a one-line UserError, never a hang."""
     from tuner.errors import UserError
-    from tuner.te.workloads import resolve
+    from tuner.ops import resolve
     row, rng = Row("hostile specs"), random.Random(args.seed)
     keys = ["N", "C", "H", "W", "K", "R", "S", "stride", "pad", "dilation", "groups", "bias", "relu", "zz"]
     vals = ["-1", "0", "1", "3", "8", "1.2", "1.1.1", "-1.0", "x", "", "99999999999999999999", "100000", "1e3"]
-    valid = {"conv2d": dict(C=8, H=8, W=8, K=8, R=3, S=3), "dense": dict(C=16, K=16), "maxpool": dict(
-        C=8, H=8, W=8, R=2, S=2), "avgpool": dict(C=8, H=8, W=8, R=2, S=2), "globalavgpool": dict(C=8, H=4, W=4)}
+    valid = {"conv2d": dict(C=8, H=8, W=8, K=8, R=3, S=3), "dense": dict(C=16, K=16), "max_pool2d": dict(
+        C=8, H=8, W=8, R=2, S=2), "avg_pool2d": dict(C=8, H=8, W=8, R=2, S=2), "global_avg_pool2d": dict(C=8, H=4, W=4)}
     for _ in range(args.hostile_specs):
-        op = rng.choice(["conv2d", "dense", "maxpool", "avgpool", "globalavgpool", "nope", ""])
+        op = rng.choice(["conv2d", "dense", "max_pool2d", "avg_pool2d", "global_avg_pool2d", "nope", ""])
         params = {k: str(v) for k, v in valid.get(op, {}).items()} if rng.random() < 0.6 else {}
         for _ in range(rng.randint(0, 3 if params else 9)):     # a valid spec with a few values changed
             params[rng.choice(keys)] = rng.choice(vals)
@@ -683,7 +683,7 @@ PLANT = r"""
 __attribute__((constructor)) static void planted(void) { FILE* f = fopen(getenv("PLANT_MARK"), "w"); if (f) fclose(f); }
 """
 
-BUILD = ("import sys, numpy as np, tuner\nfrom tuner.te.workloads import resolve\n"
+BUILD = ("import sys, numpy as np, tuner\nfrom tuner.ops import resolve\n"
          "wl = resolve(sys.argv[1], 'NCHW8c')\nk = tuner.build_op(wl, threads=1, use_shipped=False, quiet=True)\n"
          "x = wl.random_inputs(seed=1)\nassert np.allclose(k(*x), wl.reference(x), rtol=1e-3, atol=1e-3)\n")
 
@@ -800,11 +800,11 @@ def case_planted_through_cluster(work: Path, env, args) -> Row:
     build on the worker's host compiles, but holds a constructor of its own: a wrong output if it
     is left in that host's kernel cache, or if the later build loads it."""
     from tuner.measure.cluster import _measure_on_worker, measure_resource
-    from tuner.measure.library import content_hash
     from tuner.measure.runner import RunConfig
+    from tuner.ops import resolve
     from tuner.target import parse_target
     from tuner.task import Task
-    from tuner.te.workloads import resolve
+    from tuner.toolchain.library import content_hash
     row, cache, mark = Row("library planted through the cluster"), work / "plantcluster", work / "plant-cluster-ran"
     env = dict(env, TUNER_CACHE_DIR=str(cache))
     first = run([sys.executable, "-c", BUILD, SPEC], env)

@@ -25,8 +25,8 @@ from bench.ops import _geomean, _table, torch_callables
 from tuner.analysis.report import task_report
 from tuner.build import build_op
 from tuner.measure.cuda_worker import time_launches
+from tuner.ops import BUILTIN, make
 from tuner.target import parse_target
-from tuner.te.workloads import BUILTIN, make
 from tuner.tuning import tune_op
 
 R50 = [n for n in BUILTIN if n.startswith("r50.")]

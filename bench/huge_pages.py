@@ -16,10 +16,10 @@ import statistics
 import numpy as np
 
 from bench.common import write_results
+from tuner.compare.peers import interleaved, onnxruntime_runner, paired_ratios
+from tuner.compiler import compile_model
 from tuner.graph import load
-from tuner.measure.library import aligned_empty
-from tuner.runtime.compiler import compile_model
-from tuner.runtime.peers import interleaved, onnxruntime_runner, paired_ratios
+from tuner.toolchain.library import aligned_empty
 
 
 def small_pages(m):

@@ -2,7 +2,7 @@
 
     python -m bench.models [--models resnet50,resnet18,mobilenet_v2] [--threads 1,2] [--rounds 7]
 
-Each model (batch 1, 224x224) is compiled with the shipped schedules (schedules/, plus --log),
+Each model (batch 1, 224x224) is compiled with the shipped schedules (tuner/schedules/, plus --log),
 then timed in one run, interleaved round by round, at each thread count: the compiled model
 (`CompiledModel.run`), ONNX Runtime (default CPU provider, all graph optimisations, the same
 thread count) and PyTorch eager (best of NCHW and channels_last). Prints latency medians,
@@ -37,16 +37,16 @@ import time
 from pathlib import Path
 
 from bench.common import write_results
-from tuner import records
 from tuner.analysis.model_report import tuning_seconds
+from tuner.compare.bench import bench_model
+from tuner.compare.peers import interleaved, onnxruntime_runner, paired_ratios, torch_runner
+from tuner.compiler import compile_model
+from tuner.database import records
+from tuner.database.result import WEIGHTS
 from tuner.graph import load as load_graph
 from tuner.measure.peak import peak_gflops
 from tuner.model_tuning import tune_model
-from tuner.runtime import compile_model
-from tuner.runtime.bench import bench_model
-from tuner.runtime.peers import interleaved, onnxruntime_runner, paired_ratios, torch_runner
 from tuner.target import parse_target
-from tuner.measure.result import WEIGHTS
 from tuner.te.layouts import CONV_LAYOUTS, DEFAULT_CHOICES
 
 

@@ -16,10 +16,10 @@ import random
 import numpy as np
 
 from bench.common import SEARCH_WORKLOADS, write_results
-from tuner import records
 from tuner.cost_model.dataset import FeatureCache
 from tuner.cost_model.metrics import pairwise_accuracy
-from tuner.measure.runner import Runner
+from tuner.database import records
+from tuner.measure.runner import CpuRunner
 
 
 def main(argv=None):
@@ -42,7 +42,7 @@ def main(argv=None):
             sample = rng.sample(group, min(args.per_workload, len(group)))
             task = cache.task_for(sample[0])
             batch = [task.candidate(r.steps) for r in sample]
-            with Runner(task.target) as runner:
+            with CpuRunner(task.target) as runner:
                 new = np.asarray([res.latency for _, res in runner.measure(task, batch)])
             old = np.asarray([r.latency for r in sample])
             ok = np.isfinite(new)

@@ -25,12 +25,11 @@ import numpy as np  # noqa: E402
 from bench.common import bench_workload, write_results  # noqa: E402
 from tuner.analysis.report import task_report  # noqa: E402
 from tuner.build import build_op  # noqa: E402
+from tuner.measure.peak import peak_gflops  # noqa: E402
+from tuner.ops import BUILTIN  # noqa: E402
 from tuner.target import parse_target  # noqa: E402
 from tuner.te.layouts import act_to_nchw, conv_weight_to_oihw, dense_weight_to_oi  # noqa: E402
-from tuner.te.workloads import BUILTIN  # noqa: E402
 from tuner.tuning import tune_op  # noqa: E402
-
-from tuner.measure.peak import peak_gflops  # noqa: E402
 
 DEFAULT_WORKLOADS = [n for n in BUILTIN if n.startswith("r50.")] + ["dense.512x1000", "dense.2048x1000"]
 

@@ -17,9 +17,9 @@ import itertools
 import statistics
 
 from bench.common import write_results
+from tuner.compare.peers import interleaved, onnxruntime_runner, paired_ratios
+from tuner.compiler import compile_model
 from tuner.graph import load as load_graph
-from tuner.runtime import compile_model
-from tuner.runtime.peers import interleaved, onnxruntime_runner, paired_ratios
 
 
 def main(argv=None) -> int:

@@ -1,7 +1,7 @@
 """Two schedule databases on one model, against ONNX Runtime, in one interleaved run.
 
     git show cf426de:schedules/cpu.jsonl > /tmp/before.jsonl      # e.g. before `distill --remeasure`
-    python -m bench.schedules_ab resnet50 /tmp/before.jsonl schedules/cpu.jsonl --threads 1 --rounds 11
+    python -m bench.schedules_ab resnet50 /tmp/before.jsonl tuner/schedules/cpu.jsonl --threads 1 --rounds 11
 
 Each database is used alone (no shipped fallback). Every round times the two compiled models and
 ONNX Runtime one after the other; prints medians and the median of each round's ratio to ONNX
@@ -14,9 +14,9 @@ import argparse
 import statistics
 
 from bench.common import write_results
+from tuner.compare.peers import interleaved, onnxruntime_runner
+from tuner.compiler import compile_model
 from tuner.graph import load
-from tuner.runtime.compiler import compile_model
-from tuner.runtime.peers import interleaved, onnxruntime_runner
 
 
 def main(argv=None) -> int:

@@ -16,11 +16,11 @@ import statistics
 import numpy as np
 
 from bench.common import write_results
-from tuner import records
 from tuner.cost_model.dataset import FeatureCache, from_records
 from tuner.cost_model.metrics import pairwise_accuracy
 from tuner.cost_model.model import XGBModel, normalised_throughput
 from tuner.cost_model.pretrain import PRETRAINED_DIR
+from tuner.database import records
 
 
 def main(argv=None) -> int:

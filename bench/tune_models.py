@@ -1,8 +1,8 @@
-"""Tune every task of the built-in models, for the shipped schedule database (schedules/).
+"""Tune every task of the built-in models, for the shipped schedule database (tuner/schedules/).
 
     python -m bench.tune_models --models resnet50,mobilenet_v2,resnet18 --threads 1 \
         --trials-per-task 48 --log logs/models-t1.jsonl
-    tuner distill logs/models-t1.jsonl -o schedules/cpu.jsonl --remeasure 6   # re-time each task's 6
+    tuner distill logs/models-t1.jsonl -o tuner/schedules/cpu.jsonl --remeasure 6   # re-time each task's 6
                                                    # fastest, keep the best now, merge into the shipped file
 
 Tasks are extracted as `tuner compile` sees them (default layout NCHW16c, fused bias / residual /
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import argparse
 
+from tuner.compiler import DEFAULT_LAYOUT
 from tuner.graph import load
 from tuner.graph.passes import optimize
-from tuner.runtime.compiler import DEFAULT_LAYOUT
 from tuner.search.scheduler import SCHEDULERS
 from tuner.tuning import tune
 

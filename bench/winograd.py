@@ -4,7 +4,7 @@
                              [--shapes 64x56,128x28,256x14,512x7] [--rounds 7]
 
 For each shape (C = K channels at H = W, bias and ReLU as in ResNet-50) the three Winograd
-kernels (te.winograd: input transform, batched GEMM, output transform) are tuned from an empty
+kernels (ops.winograd: input transform, batched GEMM, output transform) are tuned from an empty
 log, --trials each, for F(2x2,3x3) and F(4x4,3x3) (logs under logs/bench/winograd/, --resume keeps
 them). The direct convolution is the best record of --direct-log in any layout (what a model tune
 found for it). Every kernel's best schedule is then timed again in one run, interleaved round by
@@ -22,11 +22,11 @@ import time
 from pathlib import Path
 
 from bench.common import write_results
-from tuner import records
 from tuner.build import Kernel
+from tuner.database import records
+from tuner.ops import make, parse_spec
 from tuner.target import parse_target
 from tuner.task import Task
-from tuner.te.workloads import make, parse_spec
 from tuner.tuning import tune
 
 OCCURS = {(64, 56): 3, (128, 28): 3, (256, 14): 5, (512, 7): 2}     # 3x3 stride-1 convs of ResNet-50's stages

@@ -5,12 +5,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from tuner.measure.builder import build_batch
-from tuner.measure.library import open_library, pointer_array
 from tuner.measure.worker import check_output
+from tuner.ops import make
 from tuner.target import parse_target
 from tuner.task import Task
-from tuner.te.workloads import make
+from tuner.toolchain.library import open_library, pointer_array
 
 TARGET1 = parse_target("cpu", threads=1)
 

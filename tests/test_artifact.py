@@ -9,11 +9,13 @@ import threading
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from tuner.compiler import compile_model
 from tuner.errors import UserError
 from tuner.graph.models import mobilenet_v2, tiny
-from tuner.runtime import compile_model, load
+from tuner.runtime import load
 from tuner.runtime.model import ArtifactError
 
 onnx = pytest.importorskip("onnx")
@@ -359,8 +361,8 @@ def test_names_that_are_python_parameters_work_as_inputs_and_outputs(tmp_cache, 
 
 
 def test_bench_refuses_an_artifact_whose_model_file_now_holds_another_model(tmp_cache, tmp_path):
+    from tuner.compare.bench import _model_for
     from tuner.graph.onnx_frontend import to_onnx
-    from tuner.runtime.bench import _model_for
     path = tmp_path / "m.onnx"
     onnx.save(to_onnx(tiny()), str(path))
     compile_model(str(path), threads=1, use_shipped=False).save(tmp_path / "art")

@@ -11,15 +11,15 @@ import pytest
 
 pytest.importorskip("distributed", reason="Dask's distributed is not installed (pip install -e '.[cluster]')")
 
-from tuner import records  # noqa: E402
+from conftest import REPLAY_LOG, REPLAY_TARGET, REPLAY_WORKLOADS, TARGET1  # noqa: E402
+
+from tuner.database import records  # noqa: E402
 from tuner.errors import SetupError, UserError  # noqa: E402
-from tuner.measure.replay import ReplayRunner  # noqa: E402
 from tuner.measure.cluster import ClusterRunner, local_cluster, measure_resource  # noqa: E402
+from tuner.measure.replay import ReplayRunner  # noqa: E402
 from tuner.target import TargetError, parse_target  # noqa: E402
 from tuner.task import Task  # noqa: E402
 from tuner.tuning import tune  # noqa: E402
-
-from conftest import REPLAY_LOG, REPLAY_TARGET, REPLAY_WORKLOADS, TARGET1  # noqa: E402
 
 SMALL = REPLAY_WORKLOADS[0][0]
 
@@ -95,7 +95,7 @@ def test_build_workers_build_and_measuring_workers_time(tmp_path, tmp_cache):
 
 def test_a_shipped_library_is_refused_unless_its_bytes_match_its_name(tmp_cache):
     from tuner.measure.cluster import _unpack, job_dir
-    from tuner.measure.library import content_hash
+    from tuner.toolchain.library import content_hash
     good = b"\x7fELF not really"
     name = f"{'a' * 24}-{content_hash(good)}.so"
     job = job_dir()
@@ -195,9 +195,9 @@ def test_stopping_midway_cancels_what_is_left(tmp_cache):
 def test_a_model_tune_through_the_cluster_logs_and_plans_what_a_local_one_does(tmp_path):
     """Every task of a small model (convs, pools and layout transforms) goes through the workers;
     the records and the plan are those of a local replayed tune proposing as far ahead."""
-    from tuner.model_tuning import tune_model
-
     from conftest import MODEL_REPLAY, MODEL_REPLAY_LOG
+
+    from tuner.model_tuning import tune_model
     target = _replay_target()
     kw = dict(target=REPLAY_TARGET, policy="random", progress=False, **MODEL_REPLAY)
     here = tune_model(log=str(tmp_path / "here.jsonl"), runner=ReplayRunner(str(MODEL_REPLAY_LOG), ahead=1), **kw)
@@ -206,7 +206,7 @@ def test_a_model_tune_through_the_cluster_logs_and_plans_what_a_local_one_does(t
     a, b = _lines(tmp_path / "here.jsonl"), _lines(tmp_path / "there.jsonl")
     assert len(a) == MODEL_REPLAY["trials"] and b == a
     ops = {r.workload.spec.split(":")[0] for r in records.load(str(tmp_path / "there.jsonl"), warn=False).records}
-    assert {"conv2d", "maxpool", "layout_transform"} <= ops
+    assert {"conv2d", "max_pool2d", "layout_transform"} <= ops
     assert there.plan.layouts == here.plan.layouts
 
 

@@ -14,14 +14,14 @@ import pytest
 
 pytest.importorskip("distributed", reason="Dask's distributed is not installed (pip install -e '.[cluster]')")
 
-from tuner import records  # noqa: E402
+from conftest import REPLAY_WORKLOADS, TARGET1  # noqa: E402
+
+from tuner.database import records  # noqa: E402
+from tuner.database.result import RUNTIME_ERROR  # noqa: E402
 from tuner.errors import SetupError, UserError  # noqa: E402
 from tuner.measure.cluster import Cluster, ClusterRunner, local_cluster, measure_resource, security  # noqa: E402
-from tuner.measure.result import RUNTIME_ERROR  # noqa: E402
 from tuner.task import Task  # noqa: E402
 from tuner.tuning import tune  # noqa: E402
-
-from conftest import REPLAY_WORKLOADS, TARGET1  # noqa: E402
 
 SMALL = REPLAY_WORKLOADS[0][0]
 TUNE = ["tune", "--workload", SMALL.spec, "--layout", SMALL.layout, "--threads", "1", "--trials", "4",
@@ -186,10 +186,11 @@ def test_a_library_planted_through_the_cluster_never_enters_the_kernel_cache(tmp
     that source gives (and loads) the real library."""
     from distributed import Client
 
-    from tuner.measure.builder import build_batch, compiler, library_source
+    from tuner.measure.builder import build_batch, library_source
     from tuner.measure.cluster import _measure_on_worker
-    from tuner.measure.library import content_hash, open_library, source_digest
     from tuner.measure.runner import RunConfig
+    from tuner.toolchain.cc import compiler
+    from tuner.toolchain.library import content_hash, open_library, source_digest
     task = Task(SMALL, TARGET1)
     cand = task.from_decisions(task.space.sample(random.Random(0)))
     flags = list(TARGET1.cflags) + (["-fopenmp"] if cand.openmp else [])

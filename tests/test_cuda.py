@@ -11,6 +11,7 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import TARGET1, run_kernel
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -19,12 +20,10 @@ from tuner.codegen.cuda import serial_copy
 from tuner.codegen.cuda_emulate import build_emulation, emulate, small_workloads
 from tuner.measure.builder import build_batch
 from tuner.measure.worker import check_output
+from tuner.ops import make, resolve
 from tuner.schedule.schedule import ScheduleError
 from tuner.target import CudaTarget, TargetError, parse_target
 from tuner.task import Task
-from tuner.te.workloads import make, resolve
-
-from conftest import TARGET1, run_kernel
 
 SM90 = parse_target("cuda -arch=sm_90")
 needs_gxx = pytest.mark.skipif(not shutil.which("g++"), reason="g++ is not installed (the CUDA C emulation)")
@@ -117,9 +116,9 @@ def test_cuda_alone_without_pycuda_says_what_to_install():
 
 
 def test_model_tuning_and_compiling_refuse_a_cuda_target_clearly():
+    from tuner.compiler import compile_model
     from tuner.errors import UserError
     from tuner.model_tuning import tune_model
-    from tuner.runtime.compiler import compile_model
     with pytest.raises(UserError, match="CPU targets"):
         tune_model("tiny", trials=100, target="cuda -arch=sm_90")
     with pytest.raises(UserError, match="CPU targets"):
@@ -353,7 +352,7 @@ class EmulatingRunner:
         self.seen = []
 
     def measure(self, task, batch):
-        from tuner.measure.result import OK, WRONG_ANSWER, MeasureResult
+        from tuner.database.result import OK, WRONG_ANSWER, MeasureResult
         cases = [(task, c.steps) for c in batch]
         funcs = [generate_c(dataclasses.replace(serial_copy(t.lowered(s)), name=f"e{k}"), TARGET1.lanes, 1)
                  for k, (t, s) in enumerate(cases)]
@@ -375,7 +374,7 @@ class EmulatingRunner:
 
 @pytest.mark.parametrize("policy", ["random", "evolutionary", "optuna:tpe"])
 def test_every_policy_tunes_a_cuda_task_through_the_loop(policy, tmp_cache, tmp_path):
-    from tuner import records
+    from tuner.database import records
     from tuner.tuning import tune
     wl = SMALL[0]
     runner = EmulatingRunner()

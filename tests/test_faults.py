@@ -8,16 +8,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import TARGET1, start_tune
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tuner import records
 from tuner.analysis.distill import distill
 from tuner.analysis.report import analyze
 from tuner.build import build_op
-from tuner.te.workloads import make
-
-from conftest import TARGET1, start_tune
+from tuner.database import records
+from tuner.ops import make
 
 SMALL = make("conv2d", dict(C=8, H=6, W=6, K=8, R=3, S=3, pad=1), "NCHW8c")
 SPEC = "conv2d:N=1,C=8,H=6,W=6,K=8,R=3,S=3,stride=1,pad=1"
@@ -29,7 +28,7 @@ def tuner(*args, **kw):
 
 def _valid_record(seed=0, cost=1e-4) -> dict:
     """A record of SMALL's default schedule as the tuner writes it (not measured: costs given)."""
-    from tuner.measure.result import MeasureResult
+    from tuner.database.result import MeasureResult
     from tuner.task import Task
     cand = Task(SMALL, TARGET1).default_candidate()
     rec = records.make_record(SMALL, TARGET1, cand.steps, MeasureResult("OK", "", [cost]), cand.code_hash,
@@ -76,7 +75,7 @@ def test_hostile_records_are_skipped_or_read_never_a_traceback(tmp_path, recs):
         assert all(isinstance(c, float) and 0 < c < float("inf") for c in r.costs)
     rep = analyze(str(log))
     assert rep.tasks and all(t.best_gflops < 1e6 for t in rep.tasks)
-    best = records.best(contents, SMALL.key, str(TARGET1))
+    best = records.best_of(contents.applicable(SMALL.key, str(TARGET1)))
     assert best is not None and records.replays(best)
 
 
@@ -213,7 +212,7 @@ def test_the_cache_is_private_and_a_foreign_or_open_one_is_refused(tmp_path, mon
     import os
 
     from tuner.errors import SetupError
-    from tuner.measure.builder import cache_dir
+    from tuner.toolchain.cc import cache_dir
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "mine"))
     d = cache_dir()
     assert d.stat().st_mode & 0o777 == 0o700 and d.parent.stat().st_mode & 0o777 == 0o700
@@ -272,7 +271,7 @@ from tuner.measure.runner import RunConfig
 from tuner.search import PolicyFactory
 from tuner.search.random_search import RandomSearch
 from tuner.task import Candidate, code_hash
-from tuner.te.workloads import make
+from tuner.ops import make
 from tuner.tuning import tune
 from tuner.target import parse_target
 
@@ -375,13 +374,13 @@ INTS = st.integers(-3, 9) | st.sampled_from([0, 10**6, 10**20])
 
 
 @settings(max_examples=120, deadline=None)
-@given(op=st.sampled_from(["conv2d", "dense", "maxpool", "avgpool", "globalavgpool"]),
+@given(op=st.sampled_from(["conv2d", "dense", "max_pool2d", "avg_pool2d", "global_avg_pool2d"]),
        params=st.dictionaries(st.sampled_from(["N", "C", "H", "W", "K", "R", "S", "stride", "pad", "dilation",
                                                 "groups", "bias", "relu", "zz"]), INTS, max_size=12),
        layout=st.sampled_from([None, "NCHW", "NHWC", "NCHW8c", "NCHW0c", "NCHW999c", "OI", "OI16o", "OI0o", "x"]))
 def test_hostile_specs_are_a_workload_or_a_user_error(op, params, layout):
     from tuner.errors import UserError
-    from tuner.te.workloads import resolve
+    from tuner.ops import resolve
     spec = f"{op}:" + ",".join(f"{k}={v}" for k, v in params.items())
     try:
         wl = resolve(spec, layout)
@@ -439,10 +438,10 @@ def test_bad_onnx_attributes_are_named(tmp_path, conv, pool, message):
 @pytest.mark.parametrize("policy", ["random", "evolutionary", "optuna:tpe"])
 def test_every_policy_resumes_from_a_log_with_junk_records(tmp_path, policy):
     """Junk decisions, steps that do not replay and tiny costs in the log a tune resumes from."""
+    from conftest import REPLAY_LOG, REPLAY_TARGET, REPLAY_WORKLOADS
+
     from tuner.target import TargetError, parse_target
     from tuner.tuning import tune
-
-    from conftest import REPLAY_LOG, REPLAY_TARGET, REPLAY_WORKLOADS
     try:
         parse_target(REPLAY_TARGET)
     except TargetError:
@@ -477,7 +476,7 @@ def test_distill_remeasure_keeps_what_is_fast_now_not_the_lucky_record(tmp_path,
     import random as _random
 
     from tuner.build import Kernel
-    from tuner.measure.result import MeasureResult
+    from tuner.database.result import MeasureResult
     from tuner.task import Task
 
     task = Task(SMALL, TARGET1)

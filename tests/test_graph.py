@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 
 from tuner.graph import interp, load
-from tuner.graph.ir import GraphBuilder, GraphError
+from tuner.graph.builder import GraphBuilder
+from tuner.graph.ir import GraphError
 from tuner.graph.models import MODELS, load_model, mobilenet_v2, resnet, tiny
-from tuner.graph.ops import BINARY, OPS
 from tuner.graph.passes import DEFAULT_PIPELINE, PassContext, PassTiming, PrintIR, get, optimize
 from tuner.graph.passes.convert_layout import data_path_transforms
+from tuner.ops import BINARY, OPS
 
 LAYOUTS = [None, "NHWC", "NCHW8c", "NCHW16c"]
 
@@ -61,7 +62,7 @@ def test_resnet50_structure_fusion_and_tasks():
     # blocks' reduce and 3x3 (stage 1: the later 3x3 equals the first, leaving 5 + 6 + 6 + 6 + 1)
     assert len(convs) == 24
     assert sum(t.weight for t in convs) == 53
-    assert {t.workload.op for t in tasks if t.tunable} == {"conv2d", "maxpool", "globalavgpool", "dense"}
+    assert {t.workload.op for t in tasks if t.tunable} == {"conv2d", "max_pool2d", "global_avg_pool2d", "dense"}
     assert all(t.workload.layout == "NCHW16c" for t in convs)
 
 
@@ -75,7 +76,7 @@ def test_resnet50_keeps_two_layout_transforms_and_none_on_weights(layout):
 
 
 def test_task_keys_match_the_kernel_side():
-    from tuner.te.workloads import make
+    from tuner.ops import make
     out = optimize(load_model("resnet50"), layout="NCHW16c")
     keys = {t.workload.key for t in out.meta["tasks"] if t.tunable}
     expected = make("conv2d", dict(C=64, H=56, W=56, K=64, R=3, S=3, stride=1, pad=1, bias=1, relu=1), "NCHW16c")
@@ -258,7 +259,7 @@ def test_cli_models_inspect_export(tmp_path):
     out = tuner_cli("inspect", "resnet50", "--layout", "NCHW16c")
     assert out.returncode == 0, out.stderr
     assert "layout transforms on the data path: 2" in out.stdout
-    assert "tasks: 27 unique tunable workloads" in out.stdout   # 24 convs, dense, maxpool, global pooling
+    assert "tasks: 27 unique tunable workloads" in out.stdout   # 24 convs, dense, max pooling, global pooling
     path = tmp_path / "r18.onnx"
     out = tuner_cli("export-onnx", "resnet18", "-o", str(path))
     assert out.returncode == 0 and path.stat().st_size > 1e6
@@ -360,19 +361,17 @@ def test_every_exported_operator_round_trips_through_onnx_runtime(tmp_path, op):
 
 def test_the_operator_registry_is_consistent():
     from tuner.graph.onnx_frontend import IMPORTERS
-    from tuner.te.workloads import WORKLOADS
+    from tuner.ops import WORKLOADS
     owners: dict = {}
     for name, d in OPS.items():
         for onnx_type in d.onnx_in:
             owners.setdefault(onnx_type, []).append(name)
-        if d.task is not None:                   # an anchor: its workload exists and takes its parameters
-            assert d.workload in WORKLOADS, name
-        else:
-            assert d.workload == "", name
+        if d.task is not None:                   # an anchor: the workload of its name exists
+            assert name in WORKLOADS, name
     assert {t: o for t, o in owners.items() if len(o) > 1} == {}        # one importer per ONNX op type
     assert set(owners) <= set(IMPORTERS)
     assert {"Conv", "Gemm", "MatMul", "Relu", "Clip", "ReduceMean", "Softmax"} <= set(owners)
     assert len(EXPORTED) >= 20
-    anchors = {d.workload for d in OPS.values() if d.workload}
-    assert anchors == {"conv2d", "dense", "maxpool", "avgpool", "globalavgpool",
+    anchors = {name for name, d in OPS.items() if d.task is not None}
+    assert anchors == {"conv2d", "dense", "max_pool2d", "avg_pool2d", "global_avg_pool2d",
                        "winograd_input", "winograd_gemm", "winograd_output"}

@@ -4,7 +4,8 @@ from __future__ import annotations
 import math
 import time
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tuner.graph.layout_plan import LayoutProblem, brute_force, solve
 
@@ -102,7 +103,8 @@ from tuner.graph.models import googlenet, mobilenet_v2, resnet, tiny  # noqa: E4
 
 pytest.importorskip("onnxruntime")
 from test_runtime import _inception_like, assert_matches_onnxruntime  # noqa: E402
-from tuner.runtime import compile_model  # noqa: E402
+
+from tuner.compiler import compile_model  # noqa: E402
 
 
 def _kernels_as_priced(m, space, plan: dict) -> tuple:
@@ -276,6 +278,7 @@ def test_layouts_are_the_same_data_exactly_when_their_arrays_are(c, a, b):
     the two layouts lay out c channels as the same array (for blocked layouts; NCHW and NHWC only
     with themselves)."""
     import numpy as np
+
     from tuner.te import layouts as L
     x = np.random.default_rng(c).standard_normal((1, c, 3, 2)).astype(np.float32)
     xa, xb = L.act_from_nchw(x, a), L.act_from_nchw(x, b)
@@ -327,10 +330,10 @@ def test_a_plan_that_runs_a_strided_conv_as_winograd_is_refused(tmp_cache):
 # ---------------------------------------------------------------- a whole-model tune, replayed
 
 from conftest import MODEL_REPLAY, MODEL_REPLAY_LOG, REPLAY_TARGET  # noqa: E402
-from tuner import records  # noqa: E402
+
+from tuner.database import records  # noqa: E402
 from tuner.errors import UserError  # noqa: E402
-from tuner.model_tuning import (OUT_OF_PLAN_WEIGHT, TUNED_TRIALS, _latencies, _weights,  # noqa: E402
-                                 reachable_prices, tune_model)
+from tuner.model_tuning import OUT_OF_PLAN_WEIGHT, TUNED_TRIALS, _latencies, _weights, reachable_prices, tune_model  # noqa: E402
 
 
 def _replayed(log, **kw):
@@ -502,10 +505,10 @@ def test_steering_weights_do_not_compound_over_rounds(tmp_path):
     def on_round(tasks):
         seen.append([t.weight for t in tasks])
         return [0.1 * t.weight for t in tasks], None
-    from tuner.tuning import tune
+    from tuner.tuning import RoundHook, tune
     space = model_layouts(tiny(), ("NCHW", "NHWC"))
     tune(space.workloads()[:3], target=REPLAY_TARGET, trials=6, log=str(tmp_path / "w.jsonl"), policy="random",
-         replay=str(MODEL_REPLAY_LOG), progress=False, batch_size=2, on_round=on_round)
+         replay=str(MODEL_REPLAY_LOG), progress=False, batch_size=2, callbacks=[RoundHook(on_round)])
     assert len(seen) > 1 and all(w == seen[0] for w in seen)     # the occurrence counts, every round
 
 
@@ -529,6 +532,7 @@ def test_no_plan_while_a_needed_transform_is_unmeasured():
     """Every conv has a measured layout, but the only ones measured need a transform between them that
     is not: no finite plan yet, which a tune must take as 'not yet', not as an error."""
     from types import SimpleNamespace as W
+
     from tuner.graph.layout_plan import ModelLayouts, NoPlan
     a_x, b_y, t_xy = W(key="a.X"), W(key="b.Y"), W(key="t.XY")
     space = ModelLayouts("g", {"a": ("X", "Y"), "b": ("X", "Y")},
@@ -544,19 +548,19 @@ def test_no_plan_while_a_needed_transform_is_unmeasured():
 def _counting_cold_prices(monkeypatch):
     """The workload keys model_tuning.cold_prices times again (with the weights evicted)."""
     import tuner.model_tuning as MT
-    from tuner.measure.runner import Runner
+    from tuner.measure.runner import CpuRunner
     timed = []
 
-    class Counting(Runner):
+    class Counting(CpuRunner):
         def measure(self, task, batch):
             assert self.config.cold_weights
             timed.append(task.workload.key)
             yield from super().measure(task, batch)
     real = MT.cold_prices
 
-    def counting_cold_prices(*args, **kwargs):       # its Runner counts; confirm_bests' does not
+    def counting_cold_prices(*args, **kwargs):       # its CpuRunner counts; confirm_bests' does not
         with monkeypatch.context() as m:
-            m.setattr(MT, "Runner", Counting)
+            m.setattr(MT, "CpuRunner", Counting)
             return real(*args, **kwargs)
     monkeypatch.setattr(MT, "cold_prices", counting_cold_prices)
     return timed
@@ -626,8 +630,9 @@ def test_a_warm_model_tune_prices_its_plan_with_weights_cold_too(tmp_cache, tmp_
 
 
 def test_a_plan_applies_to_the_same_model_exported_to_onnx_and_is_named_where_it_does_not(tmp_cache, tmp_path):
-    from tuner.graph.models import resnet
     import onnx
+
+    from tuner.graph.models import resnet
     from tuner.graph.onnx_frontend import to_onnx
     out = tmp_path / "tiny.jsonl"
     res = _replayed(out)

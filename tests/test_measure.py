@@ -1,13 +1,13 @@
 """Bad candidates become recorded errors and the tune goes on."""
-from tuner import records
+from conftest import TARGET1
+
+from tuner.database import records
 from tuner.measure.runner import RunConfig
+from tuner.ops import make
 from tuner.search import PolicyFactory
 from tuner.search.random_search import RandomSearch
 from tuner.task import Candidate, code_hash
-from tuner.te.workloads import make
 from tuner.tuning import tune_op
-
-from conftest import TARGET1
 
 SMALL = make("conv2d", dict(C=8, H=6, W=6, K=8, R=3, S=3, pad=1), "NCHW8c")
 FAST = RunConfig(timeout=3.0, repeat=1, min_repeat_ms=0.5)
@@ -61,12 +61,12 @@ def test_single_thread_measurements_stay_on_one_core_with_aligned_buffers():
 
     import numpy as np
 
-    from tuner.measure.library import aligned_copy, aligned_empty
-    from tuner.measure.runner import Runner
+    from tuner.measure.runner import CpuRunner
     from tuner.target import parse_target
+    from tuner.toolchain.library import aligned_copy, aligned_empty
 
     one, two = parse_target("cpu", threads=1), parse_target("cpu", threads=2)
-    with Runner(one) as runner, Runner(one) as other, Runner(two) as multi, Runner(one, RunConfig(pin=False)) as free:
+    with CpuRunner(one) as runner, CpuRunner(one) as other, CpuRunner(two) as multi, CpuRunner(one, RunConfig(pin=False)) as free:
         for r in (runner, other, multi, free):
             r._start()
         allowed = open(f"/proc/{runner._proc.pid}/status").read().split("Cpus_allowed_list:")[1].split()[0]
@@ -76,7 +76,7 @@ def test_single_thread_measurements_stay_on_one_core_with_aligned_buffers():
         assert other.cpu is None or other.cpu != runner.cpu
         assert multi.cpu is None and free.cpu is None
         first = runner.cpu
-    with Runner(one) as again:              # closing released the claim
+    with CpuRunner(one) as again:              # closing released the claim
         again._start()
         assert again.cpu == first
     for shape in [(3,), (5, 7), (1, 16, 3, 3, 16)]:
@@ -91,9 +91,9 @@ def test_cold_weights_evict_exactly_the_constant_inputs_and_still_check_the_outp
     (tuner_time_cold) and the activations kept; a wrong kernel is still caught first."""
     import numpy as np
 
-    from tuner.measure.runner import Runner
-    from tuner.task import Task
+    from tuner.measure.runner import CpuRunner
     from tuner.target import parse_target
+    from tuner.task import Task
     wl = make("conv2d", dict(C=8, H=6, W=6, K=16, R=3, S=3, pad=1, bias=1, residual=1), "NCHW8c")
     assert wl.constant_inputs == (1, 2)                      # data, weight, bias, residual
     assert make("winograd_gemm", dict(C=8, H=6, W=6, K=8)).constant_inputs == (1,)
@@ -103,7 +103,7 @@ def test_cold_weights_evict_exactly_the_constant_inputs_and_still_check_the_outp
     size = int(np.prod(wl.reference(task.data[0]).shape))
     src = BAD_SOURCES["wrong"].replace("args[2]", "args[4]").format(name="kbad", size=size)
     bad = Candidate([["bad", "wrong"]], src, "kbad", False, code_hash(src, "kbad"))
-    with Runner(task.target, RunConfig(cold_weights=True, repeat=2, min_repeat_ms=1.0)) as runner:
+    with CpuRunner(task.target, RunConfig(cold_weights=True, repeat=2, min_repeat_ms=1.0)) as runner:
         results = [res for _, res in runner.measure(task, [good, bad])]
         inputs = task.data[0]
         assert runner._cold == [0, inputs[1].nbytes, inputs[2].nbytes, 0, 0]

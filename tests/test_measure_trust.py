@@ -8,22 +8,21 @@ import warnings
 from pathlib import Path
 
 import pytest
-
-from tuner import records
-from tuner.measure import plausible
-from tuner.measure.result import OK, RUNTIME_ERROR, MeasureResult
-from tuner.measure.runner import Runner
-from tuner.te.workloads import make
-from tuner.tuning import tune
-
 from conftest import REPLAY_WORKLOADS, TARGET1
+
+from tuner.database import records
+from tuner.database.result import OK, RUNTIME_ERROR, MeasureResult
+from tuner.measure import plausible
+from tuner.measure.runner import CpuRunner
+from tuner.ops import make
+from tuner.tuning import tune
 
 SMALL = REPLAY_WORKLOADS[0][0]
 GFLOP = make("dense", dict(N=1000, C=500, K=1000))          # 1 GFLOP a call
 
 
 def test_a_forged_local_timing_is_logged_as_a_runtime_error(tmp_path, tmp_cache, monkeypatch):
-    monkeypatch.setattr(Runner, "_attempt", lambda self, message: (MeasureResult(OK, costs=[1e-12, 1e-12]), False))
+    monkeypatch.setattr(CpuRunner, "_attempt", lambda self, message: (MeasureResult(OK, costs=[1e-12, 1e-12]), False))
     log = tmp_path / "f.jsonl"
     tune([SMALL], target=TARGET1, trials=4, log=str(log), policy="random", progress=False, batch_size=4)
     recs = records.load(str(log), warn=False).records
@@ -66,8 +65,8 @@ PLANT = "__attribute__((constructor)) static void planted(void) {}\nint tuner_co
 
 
 def test_two_libraries_for_one_source_are_warned_of_and_the_stranger_removed(tmp_path, tmp_cache):
-    from tuner.measure.builder import compile_library
-    from tuner.measure.library import content_hash
+    from tuner.toolchain.cc import compile_library
+    from tuner.toolchain.library import content_hash
     if not shutil.which("gcc"):
         pytest.skip("no gcc")
     flags = list(TARGET1.cflags)

@@ -4,12 +4,13 @@ import math
 
 import pytest
 from conftest import MODEL_REPLAY, MODEL_REPLAY_LOG, REPLAY_TARGET
-from tuner import records
+
+import tuner
 from tuner.analysis.model_report import analyze_model
 from tuner.cli import main
+from tuner.database import records
 from tuner.errors import UserError
 from tuner.graph.models import tiny
-import tuner
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +51,7 @@ def test_second_timings_of_front_runners_are_not_counted_as_trials(tuned, tmp_pa
     copy.write_text(log.read_text())
     plan_keys = {r.workload.key for r in before.rows if r.uses}
     logged = records.load(copy).records
-    bests = [records.fastest([x for x in logged if x.workload.key == k]) for k in sorted(plan_keys)]
+    bests = [records.best_of([x for x in logged if x.workload.key == k]) for k in sorted(plan_keys)]
     again = [replace(r, policy=records.CONFIRM, costs=tuple(c * 1.5 for c in r.costs)) for r in bests if r]
     assert again
     records.append(copy, again)
@@ -66,7 +67,7 @@ def test_second_timings_of_front_runners_are_not_counted_as_trials(tuned, tmp_pa
     for r in again:
         t, p = tasks[r.workload.spec, r.workload.layout], plain[r.workload.spec, r.workload.layout]
         mine = [x for x in confirmed if x.workload.key == r.workload.key]
-        best = records.fastest(mine)        # the kernel timed twice counts as its slower timing
+        best = records.best_of(mine)        # the kernel timed twice counts as its slower timing
         assert t.trials == p.trials and math.isclose(t.best_latency, best.latency)
         assert [x for x in mine if x.policy != records.CONFIRM][t.best_trial - 1].code_hash == best.code_hash
 

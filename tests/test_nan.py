@@ -10,6 +10,7 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import TARGET1, run_kernel
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
@@ -17,14 +18,12 @@ from hypothesis.extra.numpy import arrays
 from tuner.codegen.c import generate_c
 from tuner.codegen.cuda import generate_cuda
 from tuner.measure.builder import build_batch
+from tuner.ops import make
 from tuner.schedule.lower import lower
 from tuner.schedule.schedule import replay
 from tuner.task import Task
 from tuner.te.expr import Const, Load, Max, Sub, Var, max_expr, min_expr, simplify
 from tuner.te.tensor import compute, max_reduce, placeholder, reduce_axis
-from tuner.te.workloads import make
-
-from conftest import TARGET1, run_kernel
 
 N = 16          # vector loops of 16, 8 and 4 lanes
 ODD = 18        # not a multiple of 4: the vectorize annotation falls back to a scalar loop under omp simd
@@ -131,7 +130,7 @@ def test_the_generated_c_spells_float_max_with_the_nan_propagating_helpers():
 
 def test_integer_min_and_max_in_index_arithmetic_stay_plain_comparisons():
     """An average pool's window count is min/max of indices: ints, not the float helpers."""
-    pool = make("avgpool", dict(C=8, H=9, W=9, R=3, S=3, stride=2, pad=1), "NCHW")
+    pool = make("avg_pool2d", dict(C=8, H=9, W=9, R=3, S=3, stride=2, pad=1), "NCHW")
     src = Task(pool, TARGET1).default_candidate().source
     assert "tuner_f" not in src and ") < (9) ?" in src and ") > (0) ?" in src
 

@@ -1,10 +1,9 @@
 """Every operator in every layout computes the NumPy reference (default schedules, small shapes)."""
 import pytest
-
-from tuner.te.workloads import make
-from tuner.te.layouts import CONV_LAYOUTS
-
 from conftest import check_schedules
+
+from tuner.ops import make
+from tuner.te.layouts import CONV_LAYOUTS
 
 CONV_CASES = [
     dict(C=16, H=7, W=7, K=16, R=3, S=3, stride=1, pad=1),
@@ -38,10 +37,10 @@ def test_dense(layout):
 def test_pooling_and_elementwise(layout):
     shape = dict(C=16, H=9, W=9)
     check_schedules([
-        (make("maxpool", dict(shape, R=3, S=3, stride=2, pad=1), layout), None),
-        (make("avgpool", dict(shape, R=3, S=3, stride=2, pad=1), layout), None),
-        (make("avgpool", dict(shape, R=2, S=2, stride=1, pad=1, count_include_pad=1), layout), None),
-        (make("globalavgpool", shape, layout), None),
+        (make("max_pool2d", dict(shape, R=3, S=3, stride=2, pad=1), layout), None),
+        (make("avg_pool2d", dict(shape, R=3, S=3, stride=2, pad=1), layout), None),
+        (make("avg_pool2d", dict(shape, R=2, S=2, stride=1, pad=1, count_include_pad=1), layout), None),
+        (make("global_avg_pool2d", shape, layout), None),
         (make("relu", shape, layout), None),
         (make("sigmoid", shape, layout), None),
         (make("clip", dict(shape, lo=-0.5, hi=0.25), layout), None),

@@ -5,14 +5,14 @@ import subprocess
 import sys
 
 import pytest
-
-from tuner import records
-from tuner.build import build_op
-from tuner.measure.runner import RunConfig
-from tuner.te.workloads import make
-from tuner.tuning import tune_op
-
 from conftest import TARGET1
+
+from tuner.build import build_op
+from tuner.database import records
+from tuner.database.union import Database
+from tuner.measure.runner import RunConfig
+from tuner.ops import make
+from tuner.tuning import tune_op
 
 SMALL = make("conv2d", dict(C=8, H=6, W=6, K=8, R=3, S=3, pad=1), "NCHW8c")
 FAST = RunConfig(timeout=5.0, repeat=1, min_repeat_ms=0.5)
@@ -71,10 +71,10 @@ def test_record_fields(tuned_log):
 
 
 def test_a_record_builds_the_same_code_in_another_process(tuned_log):
-    best = records.best(tuned_log, SMALL.key, str(TARGET1))
+    best, _ = Database.open(tuned_log, TARGET1, use_shipped=False).best(SMALL, TARGET1)
     script = (
         "import json,sys\n"
-        "from tuner.task import Task\nfrom tuner.target import parse_target\nfrom tuner.te.workloads import parse_spec\n"
+        "from tuner.task import Task\nfrom tuner.target import parse_target\nfrom tuner.ops import parse_spec\n"
         "rec = json.loads(sys.stdin.read())\n"
         "wl = parse_spec(rec['workload']['spec'], rec['workload']['layout'])\n"
         "assert wl.key == rec['workload']['key']\n"
@@ -87,7 +87,7 @@ def test_a_record_builds_the_same_code_in_another_process(tuned_log):
 
 def test_build_op_applies_the_best_record(tuned_log):
     k = build_op(SMALL, target=TARGET1, log=str(tuned_log), use_shipped=False)
-    best = records.best(tuned_log, SMALL.key, str(TARGET1))
+    best, _ = Database.open(tuned_log, TARGET1, use_shipped=False).best(SMALL, TARGET1)
     assert k.tuned and k.steps == best.steps and k.code_hash == best.code_hash
     arrays = SMALL.random_inputs(seed=7)
     import numpy as np
@@ -104,7 +104,7 @@ def test_a_process_that_loaded_an_openmp_kernel_exits_cleanly():
     """cffi closes libraries at exit; the OpenMP runtime must outlive its threads (no segfault)."""
     script = (
         "import warnings; warnings.simplefilter('ignore')\n"
-        "from tuner.build import build_op\nfrom tuner.te.workloads import make\n"
+        "from tuner.build import build_op\nfrom tuner.ops import make\n"
         "wl = make('conv2d', dict(C=8, H=6, W=6, K=8, R=3, S=3, pad=1), 'NCHW8c')\n"
         "k = build_op(wl, threads=2, use_shipped=False, quiet=True)\n"
         "assert 'omp parallel' in k.source\n"
@@ -159,11 +159,11 @@ def test_records_timed_with_the_weights_cold_are_a_measurement_of_their_own(tune
     with pytest.warns(UserWarning, match="6 records of these tasks were timed with the weights warm"):
         again = tune_op(SMALL, target=TARGET1, trials=3, log=str(log), run_config=cold_cfg, progress=False)
     assert again.new == 0                                   # resumes from its own kind of record
-    warm = records.fastest(c.records[:6])
+    warm = records.best_of(c.records[:6])
     faster = dataclasses.replace(warm, costs=(min(r.latency for r in c.records) / 10,), code_hash=None)
-    assert records.fastest(c.records + [faster]).cold
-    assert records.fastest(c.records + [faster]).latency == min(r.latency for r in c.records[6:])
-    assert records.fastest(c.records[:6] + [faster]) is faster
+    assert records.best_of(c.records + [faster]).cold
+    assert records.best_of(c.records + [faster]).latency == min(r.latency for r in c.records[6:])
+    assert records.best_of(c.records[:6] + [faster]) is faster
     with pytest.raises(records.RecordError, match="weights is not 'warm' or 'cold'"):
         records.Record.from_json(dict(lines[0], weights="tepid"))
 
@@ -177,8 +177,8 @@ def test_a_kernel_timed_twice_counts_as_its_slower_timing(tuned_log):
     assert len(ranked) == 2 and ranked[0].latency < ranked[1].latency
     lucky, next_best = ranked
     again = dataclasses.replace(lucky, costs=(2 * next_best.latency,), policy=records.CONFIRM)
-    assert records.fastest(recs + [again]) is next_best
+    assert records.best_of(recs + [again]) is next_best
     standing = records.fastest_that_replay(recs + [again], len(recs))
     assert any(r is again for r in standing) and not any(r is lucky for r in standing)
     held = dataclasses.replace(lucky, costs=(lucky.latency / 2,), policy=records.CONFIRM)
-    assert records.fastest(recs + [held]) is lucky
+    assert records.best_of(recs + [held]) is lucky

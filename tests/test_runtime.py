@@ -8,19 +8,21 @@ import sys
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from tuner import records
-from tuner.graph.ir import GraphBuilder
+from tuner.compiler import compile_model
+from tuner.compiler.memory import Lifetime, peak_live_bytes, plan
+from tuner.database import records
+from tuner.graph.builder import GraphBuilder
 from tuner.graph.models import _Net, googlenet, mobilenet_v2, resnet, tiny
-from tuner.runtime import compile_model, load
-from tuner.runtime.memory import Lifetime, peak_live_bytes, plan
+from tuner.runtime import load
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
-from tuner.runtime.peers import onnxruntime_runner  # noqa: E402
-
 from test_graph import _torch_style_model  # noqa: E402
+
+from tuner.compare.peers import onnxruntime_runner  # noqa: E402
 
 
 def assert_matches_onnxruntime(m, graph, onnx_path=None, seed=0):
@@ -165,7 +167,7 @@ def test_tensors_alive_together_never_share_memory(items):
 def _record_for(task, target: str, cost: float):
     steps = task.space.steps(task.space.default())
     cand = task.candidate(steps, func_name="kernel")
-    from tuner.measure.result import MeasureResult
+    from tuner.database.result import MeasureResult
     return records.make_record(task.workload, target, steps, MeasureResult("OK", costs=[cost] * 3), cand.code_hash,
                                "test", 0)
 
@@ -192,7 +194,7 @@ def test_a_record_applies_on_any_core_count_with_the_same_isa_and_threads(tmp_ca
 
 
 def test_untuned_tasks_are_named_in_one_warning_and_strict_fails(tmp_cache):
-    from tuner.runtime.compiler import UntunedError
+    from tuner.compiler import UntunedError
     m = compile_model(tiny(), threads=1, use_shipped=False)
     report = m.report()
     assert report.count("warning:") == 1 and "7 task(s)" in report and "99.9% of the model's FLOPs" in report
@@ -281,6 +283,7 @@ def test_weights_and_arena_of_2_mib_or_more_are_advised_huge_pages_and_small_one
     (VmFlags `hg`), zeroed and writable; smaller storage is 64-byte aligned and not asked for (its
     heap mapping may share flags with a neighbour, so its VmFlags are not checked)."""
     import mmap
+
     from tuner.runtime.model import HUGE_PAGE, _aligned_bytes
     if not hasattr(mmap, "MADV_HUGEPAGE"):
         pytest.skip("this Python's mmap has no MADV_HUGEPAGE")

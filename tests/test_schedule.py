@@ -4,21 +4,19 @@ import json
 import random
 
 import pytest
+from conftest import TARGET1, check_schedules
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from tuner.codegen.c import generate_c
+from tuner.ops import make
 from tuner.schedule.lower import lower
 from tuner.schedule.schedule import ScheduleError, replay
 from tuner.space.mutation import mutate
 from tuner.space.sketch import SearchSpace
 from tuner.target import parse_target
 from tuner.task import Task
-from tuner.codegen.c import generate_c
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from tuner.te.expr import Const, FloorDiv, FloorMod, Var, coefficient, simplify
-from tuner.te.workloads import make
-
-from conftest import TARGET1, check_schedules
 
 CONV = make("conv2d", dict(C=16, H=6, W=6, K=16, R=3, S=3, pad=1), "NCHW16c")
 
@@ -91,9 +89,10 @@ def test_an_epilogue_fused_or_apart_computes_the_reference(wl):
     as a second loop nest over the whole output after the reduction's own accumulator."""
     import random
 
+    from conftest import TARGET1
+
     from tuner.space.mutation import mutate
     from tuner.space.sketch import SearchSpace
-    from conftest import TARGET1
     space = SearchSpace(wl, TARGET1)
     assert space.epilogues == ("fused", "apart") and space.default()["epilogue"] == "fused"
     fused = space.default()
@@ -149,8 +148,8 @@ def test_the_register_tiles_loop_order_is_a_decision_that_computes_the_reference
 @pytest.mark.parametrize("wl", [make("conv2d", dict(C=8, H=9, W=9, K=16, R=3, S=3, pad=1, stride=2, bias=1, relu=1),
                                      "NCHW8c"),
                                 make("conv2d", dict(C=8, H=6, W=5, K=8, R=3, S=3, pad=1, groups=8), "NHWC"),
-                                make("maxpool", dict(C=16, H=7, W=7, R=3, S=3, stride=2, pad=1), "NCHW16c")],
-                         ids=["conv3x3-stride2", "depthwise-nhwc", "maxpool"])
+                                make("max_pool2d", dict(C=16, H=7, W=7, R=3, S=3, stride=2, pad=1), "NCHW16c")],
+                         ids=["conv3x3-stride2", "depthwise-nhwc", "max_pool2d"])
 def test_a_pad_computed_per_tile_computes_the_reference(wl, threads):
     """`pad: tile`: the padded copy is made at the reduction's outermost loop and covers what one
     output tile reads (a buffer smaller than the padded input when there are several tiles); with

@@ -7,13 +7,12 @@ accumulator's loops at a random depth (bound inference over overlapping windows)
 """
 import random
 
+from conftest import TARGET1, check_schedules
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tuner.ops import make
 from tuner.space.sketch import SearchSpace
-from tuner.te.workloads import make
-
-from conftest import TARGET1, check_schedules
 
 SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -7,21 +7,20 @@ import signal
 
 import numpy as np
 import pytest
+from conftest import REPLAY_LOG, REPLAY_TARGET, REPLAY_WORKLOADS, TARGET1
 
-from tuner import records
 from tuner.cost_model.features import extract, feature_names, num_features
 from tuner.cost_model.model import FINETUNE_ROUNDS, RandomModel, XGBModel, normalised_throughput
+from tuner.database import records
 from tuner.errors import UserError
 from tuner.measure.runner import RunConfig
+from tuner.ops import make
 from tuner.schedule.lower import lower
 from tuner.search.scheduler import GradientScheduler, RoundRobinScheduler, TaskProgress
 from tuner.target import TargetError, parse_target
 from tuner.task import Task
 from tuner.te.layouts import CONV_LAYOUTS
-from tuner.te.workloads import make
 from tuner.tuning import tune
-
-from conftest import REPLAY_LOG, REPLAY_TARGET, REPLAY_WORKLOADS, TARGET1
 
 (SMALL, _), (OTHER, _) = REPLAY_WORKLOADS
 FAST = RunConfig(timeout=5.0, repeat=1, min_repeat_ms=0.5)
@@ -156,8 +155,8 @@ def _all_op_workloads():
     for lay in CONV_LAYOUTS:
         out += [make("conv2d", dict(shape, K=16, R=3, S=3, pad=1, bias=1, residual=1, relu=1), lay),
                 make("conv2d", dict(shape, K=16, R=3, S=3, stride=2, pad=1, groups=16), lay),
-                make("maxpool", dict(shape, R=3, S=3, stride=2, pad=1), lay),
-                make("avgpool", dict(shape, R=3, S=3, pad=1), lay), make("globalavgpool", shape, lay),
+                make("max_pool2d", dict(shape, R=3, S=3, stride=2, pad=1), lay),
+                make("avg_pool2d", dict(shape, R=3, S=3, pad=1), lay), make("global_avg_pool2d", shape, lay),
                 make("relu", shape, lay), make("sigmoid", shape, lay), make("add", shape, lay),
                 make("layout_transform", dict(shape, dst="NHWC" if lay != "NHWC" else "NCHW"), lay)]
     return out
@@ -430,7 +429,7 @@ def test_a_hung_or_dead_feature_worker_costs_a_timeout_not_the_search(monkeypatc
 
 
 def test_feature_pool_does_not_outlive_a_runner_that_fails_to_start(monkeypatch, tmp_path):
-    import tuner.tuning
+    import tuner.measure.runner
     from tuner.cost_model import parallel
 
     def broken_runner(*_):
@@ -444,7 +443,7 @@ def test_feature_pool_does_not_outlive_a_runner_that_fails_to_start(monkeypatch,
         started.extend(w.proc for w in self.workers)
 
     monkeypatch.setattr(parallel.FeaturePool, "__init__", init)
-    monkeypatch.setitem(tuner.tuning.RUNNERS, "cpu", broken_runner)
+    monkeypatch.setitem(tuner.measure.runner.RUNNERS, "cpu", broken_runner)
     with pytest.raises(RuntimeError, match="no runner today"):
         tune([SMALL], target=TARGET1, trials=4, log=str(tmp_path / "x.jsonl"), policy="evolutionary",
              progress=False, cost_model_from=["none"])

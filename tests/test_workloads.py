@@ -2,10 +2,10 @@
 import subprocess
 import sys
 
-import pytest
 import numpy as np
+import pytest
 
-from tuner.te.workloads import BUILTIN, WorkloadError, builtin, make, parse_spec, resolve
+from tuner.ops import BUILTIN, WorkloadError, builtin, make, parse_spec, resolve
 
 
 def test_key_ignores_spelling_order_and_name():
@@ -18,7 +18,7 @@ def test_key_ignores_spelling_order_and_name():
 
 def test_key_is_identical_in_another_process():
     wl = builtin("r50.s2.conv1x1a", "NCHW16c")
-    code = "from tuner.te.workloads import builtin; print(builtin('r50.s2.conv1x1a', 'NCHW16c').key)"
+    code = "from tuner.ops import builtin; print(builtin('r50.s2.conv1x1a', 'NCHW16c').key)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**__import__("os").environ, "PYTHONHASHSEED": "99"})
     assert out.stdout.strip() == wl.key
@@ -77,9 +77,11 @@ def test_bad_layout_and_unknown_name():
 
 # ---------------------------------------------------------------- Winograd
 
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
-from tuner.te import ops as te_ops, winograd as WG  # noqa: E402
+from tuner.ops import winograd as WG  # noqa: E402
+from tuner.ops.conv import conv2d_ref  # noqa: E402
 
 
 @settings(max_examples=40, deadline=None)
@@ -93,7 +95,7 @@ def test_the_three_winograd_stages_compute_the_3x3_convolution(h, w, c, k, pad, 
     x, wt = rng.uniform(-1, 1, (1, h, w, c)), rng.uniform(-1, 1, (3, 3, c, k))
     out_h, out_w = h + 2 * pad - 2, w + 2 * pad - 2
     y = WG.output_ref(WG.gemm_ref(WG.input_ref(x, pad, m), WG.weight_transform(wt, m)), out_h, out_w, m)
-    ref = te_ops.conv2d_ref(x.transpose(0, 3, 1, 2), wt.transpose(3, 2, 0, 1), 1, (pad,) * 4).transpose(0, 2, 3, 1)
+    ref = conv2d_ref(x.transpose(0, 3, 1, 2), wt.transpose(3, 2, 0, 1), 1, (pad,) * 4).transpose(0, 2, 3, 1)
     assert y.shape == ref.shape == (1, out_h, out_w, k)
     np.testing.assert_allclose(y, ref, rtol=1e-9, atol=1e-9)
 
@@ -114,10 +116,11 @@ def test_winograd_specs_name_their_tile_and_layout():
 def test_winograd_transforms_in_a_blocked_layout_equal_nhwc_re_laid(layout, channels):
     """The input transform reading NCHW[x]c and the output transform (with its epilogue) writing it
     give what the NHWC kernels give on the same data re-laid (12 channels: a block of 4)."""
+    from conftest import TARGET1
+
     from tuner.build import Kernel
     from tuner.task import Task
     from tuner.te import layouts as L
-    from conftest import TARGET1
     rng = np.random.default_rng(0)
     checked = 0
     for op, p in [("winograd_input", dict(C=channels, H=9, W=7, pad=1, m=4)),

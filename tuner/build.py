@@ -1,15 +1,21 @@
 """Apply-best for one operator: build the best logged schedule into a callable kernel."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
-from . import records
+from .database import records
+from .database.union import Database
 from .errors import UserError
 from .measure.builder import build_batch
-from .measure.library import ffi, open_library, pointer_array
+from .measure.cuda_build import build_cuda_batch
+from .measure.cuda_worker import time_launches
+from .ops import Workload, resolve
+from .runtime.artifact import SHIPPED
 from .target import Target, parse_target
 from .task import Task
-from .te.workloads import Workload, resolve
+from .toolchain.library import ffi, open_library, pointer_array
 
 
 class _OpKernel:
@@ -85,7 +91,6 @@ class CudaKernel(_OpKernel):
 
     def __init__(self, task: Task, steps: list, record: dict | None, source_log: str | None):
         super().__init__(task, steps, record, source_log)
-        from .measure.cuda_build import build_cuda_batch
         cand = task.candidate(steps, func_name="tuner_kernel")
         self.source, self.code_hash, self.launch = cand.source, cand.code_hash, cand.launch
         [built] = build_cuda_batch([cand], self.target)
@@ -131,7 +136,7 @@ class CudaKernel(_OpKernel):
         """Seconds per launch over `repeat` repeats, timed with CUDA events on device copies."""
         import pycuda.driver as drv
         import pycuda.gpuarray as ga
-        from .measure.cuda_worker import time_launches
+
         args = [a if isinstance(a, ga.GPUArray) else ga.to_gpu(np.ascontiguousarray(a, dtype=np.float32))
                 for a in arrays]
         out = ga.empty(self.output_shape, np.float32)
@@ -150,7 +155,14 @@ def build_op(workload: str | Workload, layout: str | None = None, target: str | 
     wl = workload if isinstance(workload, Workload) else resolve(workload, layout)
     tgt = parse_target(target, threads)
     task = Task(wl, tgt)
-    logs = [log] + ([records.shipped_database(tgt)] if use_shipped else [])
-    rec, where = records.apply_best(logs, wl, str(tgt), quiet=quiet)
+    db = Database.open(log, tgt, use_shipped, missing="skip", warn=not quiet)
+    rec, where = db.best(wl, tgt)
+    if rec is None:
+        where = None
+        if not quiet:
+            warnings.warn(f"no tuning record for {wl.label} on '{tgt}' in {db.searched()}; "
+                          "using the default (untuned) schedule", stacklevel=2)
+    elif where == SHIPPED:
+        where = str(records.shipped_database(tgt))
     steps = rec.steps if rec else task.space.steps(task.space.default())
     return KERNELS[tgt.kind](task, steps, rec, where)

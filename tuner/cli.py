@@ -12,7 +12,7 @@ from .errors import INTERNAL_ERROR_EXIT, TunerError, UserError, check_bound, che
 
 
 def _cmd_workloads(args) -> int:
-    from .te.workloads import BUILTIN, builtin
+    from .ops import BUILTIN, builtin
     rows = [("name", "op", "GFLOP", "spec")]
     for name in BUILTIN:
         wl = builtin(name)
@@ -27,7 +27,7 @@ def _cmd_workloads(args) -> int:
 
 def _require_logs(*paths, flag: str = "") -> None:
     """A one-line error (exit 2) for a log path that does not exist or is not a regular file."""
-    from .records import check_readable
+    from .database.records import check_readable
     for path in paths:
         if path is not None:
             check_readable(path, flag)
@@ -47,7 +47,7 @@ def split_workloads(text: str) -> list:
 
 
 def _cmd_tune(args) -> int:
-    from .te.workloads import resolve
+    from .ops import resolve
     from .tuning import tune
     if args.model:
         return _tune_model(args)
@@ -136,9 +136,9 @@ def _check_tune_options(args) -> None:
 
 
 def _cmd_analyze(args) -> int:
-    from . import records
     from .analysis.model_report import analyze_model
     from .analysis.report import analyze
+    from .database import records
     from .graph import parse_input_shapes
     _require_logs(args.log)
     for path, flag in ((args.plot, "--plot"), (args.html, "--html")):
@@ -182,14 +182,15 @@ def _model_view(args, models: list) -> int:
 
 
 def _cmd_show(args) -> int:
-    from . import records
+    from .database import records
+    from .database.union import Database
+    from .ops import resolve
     from .target import parse_target
     from .task import Task
-    from .te.workloads import resolve
     wl = resolve(args.workload, args.layout)
     tgt = parse_target(args.target, args.threads)
     _require_logs(args.log)
-    rec = records.best(args.log, wl.key, str(tgt))
+    rec, _ = Database.open(args.log, tgt, use_shipped=False).best(wl, tgt)
     if rec is None:
         targets = sorted({r.target for r in records.load(args.log, warn=False).records if r.workload.key == wl.key})
         hint = f" (it has records for targets: {'; '.join(targets)})" if targets else ""
@@ -312,8 +313,8 @@ def _cmd_inspect(args) -> int:
 
 
 def _cmd_compile(args) -> int:
+    from .compiler import compile_model
     from .graph import parse_input_shapes
-    from .runtime import compile_model
     from .runtime.model import check_artifact_dir
     check_artifact_dir(Path(args.output))
     _require_logs(*(args.log or []), flag="--log")
@@ -392,7 +393,7 @@ def _write_arrays(path: str, names, arrays: list) -> None:
 
 
 def _cmd_bench(args) -> int:
-    from .runtime.bench import bench_model
+    from .compare.bench import bench_model
     try:
         threads = [int(t) for t in args.thread_counts.split(",")] if args.thread_counts else None
     except ValueError:
@@ -455,7 +456,7 @@ def _tls_options(p, whose: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .measure.result import WEIGHTS
+    from .database.result import WEIGHTS
     from .te.layouts import DEFAULT_CHOICES
     p = argparse.ArgumentParser(prog="tuner", description="Autotuning scheduler for deep-learning operators.")
     from . import __version__
@@ -533,7 +534,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--code", action="store_true", help="print the generated C (or CUDA C) source")
     s.set_defaults(fn=_cmd_show)
 
-    d = sub.add_parser("distill", help="keep the best record per workload and target (e.g. for schedules/)")
+    d = sub.add_parser("distill", help="keep the best record per workload and target (e.g. for tuner/schedules/)")
     d.add_argument("logs", nargs="+")
     d.add_argument("-o", "--output", required=True, help="database to write (merged with what it holds)")
     d.add_argument("--remeasure", type=int, default=0, metavar="K",
@@ -572,7 +573,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--layout", help="activation layout of convolutions: NCHW, NHWC, NCHW8c, NCHW16c (default)")
     c.add_argument("--input-shape", action="append", help="NAME=1x3x224x224 for inputs with dynamic dims")
     c.add_argument("--strict", action="store_true", help="fail when any task has no tuning record")
-    c.add_argument("--no-shipped", action="store_true", help="do not fall back on the shipped schedules/")
+    c.add_argument("--no-shipped", action="store_true", help="do not fall back on the shipped tuner/schedules/")
     c.add_argument("-v", "--verbose", action="store_true", help="say what each step does")
     c.set_defaults(fn=_cmd_compile)
 

@@ -20,6 +20,10 @@ class UserError(TunerError, ValueError):
     exit_code = 2
 
 
+class GraphError(UserError):
+    """A model's graph is invalid or cannot be compiled (names the node)."""
+
+
 class SetupError(TunerError, RuntimeError):
     """The environment failed (not a candidate, not the input): stop and say what to fix."""
     exit_code = 3

@@ -25,10 +25,9 @@ Weights are timed cold (weights="cold", the default; `--weights`): a kernel time
 on the same inputs keeps its weights in cache, while a compiled model reads them once per
 inference (ResNet-50's are 100 MB; a Winograd GEMM's transformed weights 1.8x or 4x the conv's).
 So every task with constant inputs is searched with them evicted before each timed call
-(RunConfig.cold_weights; its records say so, Record.cold): on this host the same kernels ran up
-to 2.9x slower cold (ResNet-50's classifier) and 1.64x (its Winograd GEMMs; `python -m
-bench.cold`), and the search then finds other schedules (the 128x28x28 F(4,3) GEMM: 0.93 ms cold
-against 1.36 ms for the warm search's best, README). With weights="warm" the search times them
+(RunConfig.cold_weights; its records say so, Record.cold): cold, the same kernels run slower and
+the search finds other schedules (`python -m bench.cold`; docs/model-tuning-history.md). With
+weights="warm" the search times them
 warm, as an operator tune does, and the plan is solved with those prices; each weighted task's
 best kernel is then timed again cold (`cold_prices`, also for a task whose best record predates
 cold timing), and the estimate is given both ways. The plan is appended to the log as a
@@ -42,71 +41,54 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from . import records
+from .database import records
+from .database.result import WEIGHTS
 from .errors import UserError
 from .graph import Graph, load
+from .graph.ir import graph_digest, graph_structure
 from .graph.layout_plan import ModelLayouts, Plan, model_layouts
-from .measure.peak import peak_gflops
-from .measure.result import WEIGHTS
-from .measure.runner import RunConfig, Runner
-from .search.scheduler import family
-from .task import Task
-from .runtime.compiler import graph_digest, graph_structure, plan_summary
-from .target import parse_target
 from .graph.passes.convert_layout import check_choice
-from .te.layouts import DEFAULT_CHOICES
-from .tuning import Session, tune
+from .measure.peak import peak_gflops
+from .measure.runner import CpuRunner, RunConfig
+from .search.scheduler import family
+from .target import parse_target
+from .task import Task
+from .te.layouts import DEFAULT_CHOICES, plan_summary
+from .tuning import RoundHook, Session, tune
 
 OUT_OF_PLAN_WEIGHT = 0.1
 # A task outside the plan whose every conv layout costs over PRUNE_RATIO x the layout the plan
 # chose for that conv is pruned (weight 0: no rounds after its first look while the plan stands).
-# Soft weights alone did not prune: the gradient scheduler's optimistic estimate grows with a
-# task's latency, so the slowest layout looked the most promising (a 3000-trial ResNet-50 tune
-# gave NCHW 1252 trials, more than any other layout, and the plan used none).
+# Soft weights alone do not prune: the gradient scheduler's optimistic estimate grows with a
+# task's latency, so the slowest layout looks the most promising (docs/model-tuning-history.md).
 PRUNE_RATIO = 1.25
 # ... judged on what a task could reach: one with fewer than TUNED_TRIALS measurements (a first look)
 # is priced for pruning at the lower of its best and its FLOPs at the best FLOP rate a task of the
-# same operator and layout has reached (reachable_prices). A first look priced ResNet-50's convs
-# 1.3-1.7x above what tuning later found, so pruning on it at 1.25x kept whichever layout happened
-# to be tuned first: two cold tunes from empty logs differed by up to 1.5 ms on one conv that way
-# (a 512x7x7 F(2,3) GEMM pruned at 3.9 ms after 16 trials in one, tuned to 2.4 ms in the other).
+# same operator and layout has reached (reachable_prices): a first look prices a conv well above
+# what tuning later finds, and pruning on it would keep whichever layout happened to be tuned first.
 TUNED_TRIALS = 20
 # operators whose first look is this many measurements (others: warmup_batch). A layout transform
-# is a copy with few schedules worth trying; most of a model's tasks are transforms (138 of
-# ResNet-50's 243 in four layouts), so four looks each would spend half of a 1000-trial budget
-# on a fraction of a percent of the model. A Winograd GEMM's default schedule and the stand-in cost
-# model's guesses are far from what tuning finds (ResNet-50's 256x14x14 F(2,3) GEMM: 3.29 ms after
-# four looks, 1.43 ms after 96 trials), so four looks priced its layout out of the plan and pruned
-# it; sixteen give it a fair first price. After the first look the scheduler weighs them like any task.
+# is a copy with few schedules worth trying, and most of a model's tasks are transforms: one look
+# each. A Winograd GEMM's default schedule and the cost model's first guesses are far from what
+# tuning finds: sixteen looks give it a fair first price. After the first look the scheduler
+# weighs them like any task (docs/model-tuning-history.md).
 FIRST_LOOK = {"layout_transform": 1, "winograd_gemm": 16}
 # A task outside the plan whose conv layout, priced at equal effort (projected_prices), would cost
 # under EXPLORE_RATIO x the layout the plan chose gets its full weight, like a task of the plan,
-# until its own trials say otherwise. Without it the layout tuned first kept the plan: on a
-# 3000-trial MobileNetV2 tune the first looks (4-12 trials) favoured NCHW16c, so the plan ran 33
-# convs in NCHW16c tuned 56-200 trials each against NCHW8c tasks left at 4-12; at the same
-# number of trials most of those NCHW8c tasks were within 0.8-1.13x of the NCHW16c ones, and
-# NCHW8c alone, tuned as long, beat 22 of those 28 convs and measured 8.20 ms against the joint
-# plan's 8.84 ms (bench/results/models-tune-1000-3000.json). Alone it moved trials to NCHW8c
-# (1590 against 1004) but the plan stayed 1.07x NCHW8c alone (models-mnv2-explore.json): the
-# budget was split between close layouts, which the duels below end.
+# until its own trials say otherwise: without it the layout tuned first keeps the plan. Alone it
+# splits the budget between close layouts, which the duels below end (docs/model-tuning-history.md).
 EXPLORE_RATIO = 1.0
 # Two direct-convolution layouts of a conv (NCHW8c and NCHW16c) run the same kind of kernel, so
 # their searches progress alike and can be compared at equal effort: once the task of a layout
 # the plan does not pick has had TUNED_TRIALS trials and its best is still behind what the chosen
 # layout's task had after as many trials, it loses the duel and is pruned (equal_effort_losers).
-# Without it close layouts were both tuned to the end: a 3000-trial MobileNetV2 tune spent 88-152
-# trials on each of NCHW8c and NCHW16c for convs within 2% of each other, and the joint plan
-# ended 4% slower than NCHW8c alone, tuned with the same budget over a third of the tasks
-# (bench/results/models-mnv2-avx2model.json); with duels 0.8% slower, its plan 42 of 52 convs in
-# NCHW8c, 0.900x ONNX Runtime (models-mnv2-duel.json). A Winograd layout is left out of duels:
-# its GEMM starts far from where tuning takes it (FIRST_LOOK).
+# Without it close layouts are both tuned to the end (docs/model-tuning-history.md). A Winograd
+# layout is left out of duels: its GEMM starts far from where tuning takes it (FIRST_LOOK).
 DUEL_OPS = ("conv2d",)
 # A direct layout the plan does not pick, not clearly worse (PRUNE_RATIO) and still short of
-# TUNED_TRIALS while the chosen one has them, is tuned to its duel before it is dismissed. Without
-# it the plan's first pick kept convs whose other layout had 12 trials: on MobileNetV2, NCHW16c
-# for 960->160 at 0.187 ms where NCHW8c, tuned as long alone, reached 0.156. Two 3000-trial tunes
-# each, timed in one run: estimates 7.76 and 7.72 ms against 7.82 and 7.87, measured 1.002-1.005x
-# NCHW8c alone against 1.029-1.045x (bench/results/models-mnv2-pending.json).
+# TUNED_TRIALS while the chosen one has them, is tuned to its duel before it is dismissed:
+# without it the plan's first pick keeps convs whose other layout had only a first look
+# (docs/model-tuning-history.md).
 DUEL_BEFORE_DISMISS = True
 
 
@@ -306,14 +288,12 @@ def confirm_bests(tasks, tgt, log: str, config: RunConfig, progress: bool = True
 
     Why: every timing on a shared machine is noisy, and the best of a task is the fastest of up to
     hundreds of them, which is where a timing that came out too fast ends up. Such a kernel
-    misleads the plan and the estimate, and the model it goes into is slower than promised. On
-    the 2-core AVX-512 host, one of ResNet-50's two 512-channel 3x3 convs was logged at 1.46 ms and
-    timed 1.92-1.96 ms three times after; its tune's model ran 0.99x ONNX Runtime, a tune whose
-    best there held up 0.93x. Timing each front-runner twice and keeping the slower costs a few
-    seconds per hundred kernels: the builds are cached."""
+    misleads the plan and the estimate, and the model it goes into is slower than promised
+    (docs/history.md). Timing each front-runner twice and keeping the slower costs a few seconds
+    per hundred kernels: the builds are cached."""
     contents = records.load(log, warn=False)
     t0, timed = time.perf_counter(), 0
-    with Runner(tgt, config) as runner:
+    with CpuRunner(tgt, config) as runner:
         for s in tasks:
             recs = [r for r in contents.applicable(s.workload.key, str(tgt)) if r.cold == config.times_cold(s.workload)]
             times = Counter(r.code_hash for r in recs if r.ok)
@@ -326,7 +306,7 @@ def confirm_bests(tasks, tgt, log: str, config: RunConfig, progress: bool = True
                    for r, (cand, res) in zip(top, runner.measure(task, [task.candidate(r.steps) for r in top]))]
             records.append(log, new)
             timed += len(new)
-            s.best = records.fastest(recs + new) or s.best
+            s.best = records.best_of(recs + new) or s.best
     if timed and progress:
         print(f"confirmed: {timed} front-running kernels timed a second time in "
               f"{time.perf_counter() - t0:.1f} s; each counts as its slower timing", flush=True)
@@ -345,7 +325,7 @@ def cold_prices(tasks, tgt, known: dict | None = None, progress: bool = True,
            if known.get(s.workload.key, (None,))[0] == s.best.code_hash}
     todo = [s for s in todo if s.workload.key not in out]
     t0 = time.perf_counter()
-    with Runner(tgt, dataclasses.replace(config or RunConfig(), cold_weights=True)) as runner:
+    with CpuRunner(tgt, dataclasses.replace(config or RunConfig(), cold_weights=True)) as runner:
         for s in todo:
             task = Task(s.workload, tgt)
             for cand, res in runner.measure(task, [task.candidate(s.best.steps)]):
@@ -410,7 +390,8 @@ def tune_model(model, trials: int, log: str | None = None, target: str = "cpu", 
 
     config = dataclasses.replace(kwargs.pop("run_config", None) or RunConfig(), cold_weights=weights == "cold")
     session = tune(pairs, target=tgt, trials=trials, log=log, policy=policy, batch_size=batch_size,
-                   scheduler="gradient", warmup_batch=first_look, on_round=on_round, run_config=config, **kwargs)
+                   scheduler="gradient", warmup_batch=first_look, run_config=config,
+                   callbacks=[RoundHook(on_round)], **kwargs)
     # a replayed tune's costs are another machine's, a cluster's its workers': nothing timed here after it
     measured_here = not (kwargs.get("replay") or kwargs.get("runner") or kwargs.get("cluster"))
     if measured_here and not session.interrupted:

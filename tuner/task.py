@@ -13,11 +13,11 @@ from functools import cached_property
 from .codegen.c import generate_c
 from .codegen.cuda import generate_cuda
 from .errors import UserError
+from .ops import Workload, tensor_bytes
 from .schedule.lower import lower
 from .space.gpu import GpuSearchSpace
 from .space.sketch import SearchSpace
 from .target import Target
-from .te.workloads import Workload, tensor_bytes
 
 MEMORY_COPIES = 3      # tensors held at once: here (inputs, reference) and in the worker (copies, output)
 

@@ -1,9 +1,8 @@
 """Distil logs into a best-schedule database: one best valid record per workload and target.
 
 The fastest logged record is the minimum over many noisy measurements, so it is biased towards a
-schedule that was timed in a lucky moment (the winner's curse). On this project's shared machine
-the record logged at 2.02 ms for ResNet-50's 3x3 conv at 28x28 ran at 3.26 ms ten minutes later,
-while the third-fastest record (2.12 ms) ran at 2.36 ms. With `remeasure=K`, the K fastest
+schedule that was timed in a lucky moment (the winner's curse; docs/history.md has a case). With
+`remeasure=K`, the K fastest
 distinct schedules of each task this host can run are timed again, interleaved over `rounds`
 rounds, and the one with the lowest median is kept; its record is that new measurement (policy
 "remeasure", one cost per round), not the lucky old one.
@@ -15,11 +14,15 @@ import datetime as _dt
 import os
 import statistics
 
-from .. import __version__, records
+from .. import __version__
+from ..build import Kernel
+from ..database import records
+from ..ops import parse_spec
+from ..target import host_cores, host_isa, parse_target
+from ..task import Task
 
 
 def _runnable_here(target: str) -> bool:
-    from ..target import host_cores, host_isa
     ct = records.code_target(target)
     return ct is not None and ct[0] == "cpu" and ct[1] == host_isa() and ct[2] <= host_cores()
 
@@ -27,10 +30,6 @@ def _runnable_here(target: str) -> bool:
 def remeasure(recs: list, rounds: int = 5) -> records.Record:
     """Time `recs` (schedules of one task) again, interleaved round by round; the one with the
     lowest median, as a new record whose costs are its per-round times."""
-    from ..build import Kernel
-    from ..target import parse_target
-    from ..task import Task
-    from ..te.workloads import parse_spec
     first = recs[0]
     task = Task(parse_spec(first.workload.spec, first.workload.layout), parse_target(first.target, check_host=False))
     kernels = [Kernel(task, r.steps, r, None) for r in recs]
@@ -64,7 +63,7 @@ def distill(logs: list, out: str, remeasure_top: int = 0, rounds: int = 5, progr
                          f"(rank {next(k for k, c in enumerate(cands) if c.code_hash == b.code_hash) + 1} "
                          f"of {len(cands)})")
         else:
-            b = records.fastest(recs)
+            b = records.best_of(recs)
         if b is not None:
             best.append(b)
     ordered = sorted(best, key=lambda r: (r.target, r.workload.title, r.workload.layout))

@@ -29,13 +29,15 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import records
+from ..compare.bench import step_times
+from ..database import records
 from ..errors import UserError
+from ..graph import Graph, load
+from ..graph.ir import graph_digest
 from ..graph.layout_plan import ModelLayouts, Plan, model_layouts
-from ..model_tuning import (PRUNE_RATIO, TUNED_TRIALS, TaskProgress, equal_effort_losers, layout_ratios,
-                            reachable_prices)
-from ..runtime.compiler import plan_summary
-from ..te.layouts import CONV_LAYOUTS
+from ..model_tuning import PRUNE_RATIO, TUNED_TRIALS, TaskProgress, equal_effort_losers, layout_ratios, reachable_prices
+from ..runtime import load as load_artifact
+from ..te.layouts import CONV_LAYOUTS, plan_summary
 
 CURVE_POINTS = 150
 PAUSE_S = 600.0
@@ -43,7 +45,7 @@ PAUSE_S = 600.0
 
 @dataclass
 class TaskRow:
-    workload: object           # te.workloads.Workload
+    workload: object           # ops.Workload
     uses: int                  # how often the logged plan runs it (0: not in the plan)
     trials: int
     best: records.Record | None
@@ -297,8 +299,6 @@ def analyze_model(path: str, model=None, input_shapes: dict | None = None, compi
 
 
 def _graph(plan, model, input_shapes):
-    from ..graph import Graph, load
-    from ..runtime.compiler import graph_digest
     if isinstance(model, Graph):
         graph, given = model, "the given graph"
     else:
@@ -333,7 +333,7 @@ def _report(path, contents, plan, model, input_shapes, compiled, repeat) -> Mode
         by_key.setdefault(r.workload.key, []).append(r)
         if r.trial:
             tried.setdefault(r.workload.key, []).append(r)
-    fastest = {k: records.fastest(v) for k, v in by_key.items()}
+    fastest = {k: records.best_of(v) for k, v in by_key.items()}
     best = {k: records.latency(r) for k, r in fastest.items()}
     # the cold prices (model_tuning.cold_prices) of the kernels that are still each task's best; the
     # plan's own prices when it was solved with them
@@ -404,10 +404,8 @@ def _when(rec) -> float | None:
 def _time_compiled(path: str, plan, repeat: int, workloads: dict) -> dict:
     """The artifact timed whole (median of `repeat` rounds), and its steps by kind: as logged (the
     records the estimate sums), each timed alone now, and each timed where it runs in the whole
-    model (runtime.bench.step_times)."""
-    from ..runtime import load
-    from ..runtime.bench import step_times
-    m = load(path)
+    model (compare.bench.step_times)."""
+    m = load_artifact(path)
     if m.meta.get("model_hash") != plan.model_hash:
         raise UserError(f"--compiled {path} is another model than the log's plan ({m.meta.get('model')!r}); "
                         "give the directory `tuner compile` wrote for this model")

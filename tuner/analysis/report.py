@@ -5,9 +5,9 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import records
+from ..database import records
 from ..errors import UserError
-from ..te.workloads import parse_spec
+from ..ops import parse_spec
 
 
 @dataclass
@@ -102,7 +102,7 @@ def analyze(path: str, contents: records.LogContents | None = None) -> Report:
     for recs in by_task.values():
         w = recs[0].workload
         t = TaskReport(w.title, w.spec, w.layout, recs[0].target, _flops(w))
-        best = records.fastest(recs)
+        best = records.best_of(recs)
         best_so_far = float("inf")
         for rec in recs:
             if not rec.trial:

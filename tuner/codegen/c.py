@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import math
 
-from ..te.expr import (Add, And, Call, Cast, Cmp, Const, Div, Expr, FloorDiv, FloorMod, Load, Max, Min, Mul,
-                       Select, Sub, Var, bounds, free_vars, from_linear, linear, simplify, substitute)
 from ..schedule import ir
 from ..schedule.lower import c_name
+from ..te.expr import (Add, And, Call, Cast, Cmp, Const, Div, Expr, FloorDiv, FloorMod, Load, Max, Min, Mul, Select,
+                       Sub, Var, bounds, free_vars, from_linear, linear, simplify, substitute)
 
 STACK_LIMIT_BYTES = 64 * 1024
 

@@ -1,7 +1,7 @@
 """Runs generated CUDA C on the CPU, block by block and thread by thread, as a GPU would be
 obliged to: a check of kernels that needs no GPU.
 
-The kernel's own source is compiled as C++ (builder.compile_library) against a small runtime:
+The kernel's own source is compiled as C++ (toolchain.cc.compile_library) against a small runtime:
 every CUDA thread of a block is a coroutine (ucontext) with its own stack, and `__syncthreads()`
 hands control back to a scheduler that runs each thread of the block up to its next barrier
 before any passes it. So what the barriers promise holds and nothing more: a thread runs its whole stretch between two
@@ -21,8 +21,9 @@ from functools import lru_cache
 import numpy as np
 from cffi import FFI
 
-from ..measure.builder import compile_library
-from ..measure.library import aligned_copy, aligned_empty, open_library, pointer_array
+from ..ops import make
+from ..toolchain.cc import compile_library
+from ..toolchain.library import aligned_copy, aligned_empty, open_library, pointer_array
 from .cuda import PRELUDE
 
 RUNTIME = r"""
@@ -208,7 +209,6 @@ CDEF = "int tuner_emulate(int i, float** args, const long long* lens, int grid, 
 def small_workloads() -> list:
     """Every operator and layout the CUDA sketch covers, small enough to emulate on a CPU quickly:
     the tests' set, and the start of bench/cuda_emulation.py's."""
-    from ..te.workloads import make
     return [
         make("conv2d", dict(C=8, H=10, W=10, K=16, R=3, S=3, pad=1), "NCHW"),
         make("conv2d", dict(C=8, H=10, W=10, K=16, R=3, S=3, pad=1), "NHWC"),
@@ -217,15 +217,15 @@ def small_workloads() -> list:
         make("conv2d", dict(C=16, H=8, W=8, K=32, R=3, S=3, pad=1, groups=4, bias=1), "NCHW"),
         make("conv2d", dict(C=16, H=6, W=6, K=16, R=1, S=1), "NCHW8c"),
         make("dense", dict(N=8, C=32, K=24, bias=1, relu=1)),
-        make("maxpool", dict(C=8, H=9, W=9, R=3, S=3, stride=2, pad=1), "NCHW"),
-        make("avgpool", dict(C=8, H=8, W=8, R=3, S=3, pad=1), "NHWC"),
-        make("globalavgpool", dict(C=16, H=5, W=5), "NCHW"),
+        make("max_pool2d", dict(C=8, H=9, W=9, R=3, S=3, stride=2, pad=1), "NCHW"),
+        make("avg_pool2d", dict(C=8, H=8, W=8, R=3, S=3, pad=1), "NHWC"),
+        make("global_avg_pool2d", dict(C=16, H=5, W=5), "NCHW"),
     ]
 
 
 def build_emulation(kernels: list) -> str:
     """The path of a shared library emulating `kernels`, built and cached as the kernel
-    libraries are (builder.compile_library: named by what it holds, checked before loading)."""
+    libraries are (toolchain.cc.compile_library: named by what it holds, checked before loading)."""
     path, error = compile_library(emulation_source(kernels), FLAGS)
     if path is None:
         raise RuntimeError(f"the emulation of {len(kernels)} CUDA kernels did not compile:\n{error}")

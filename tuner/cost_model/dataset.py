@@ -5,9 +5,10 @@ import json
 
 import numpy as np
 
+from ..ops import WorkloadError, parse_spec
 from ..schedule.schedule import ScheduleError
 from ..target import TargetError, parse_target
-from ..te.workloads import WorkloadError, parse_spec
+from ..task import Task
 from .features import extract_for
 
 
@@ -53,7 +54,6 @@ class FeatureCache:
 
     def task_for(self, rec: dict):
         """The Task a record belongs to (rebuilt from its spec, layout and target)."""
-        from ..task import Task
         key = rec.task_key
         if key not in self._tasks:
             w = rec.workload

@@ -2,15 +2,16 @@
 
 Messages, pickled on stdin/stdout: ("tasks", {key: (workload, target)}) adds tasks;
 ("features", key, [step list]) is answered with [features or None]. The pool kills it when done;
-the end of stdin also ends it, and it never outlives the tuner (measure.worker.die_with_parent).
+the end of stdin also ends it, and it never outlives the tuner (toolchain.process.die_with_parent).
 """
 from __future__ import annotations
 
+from ..task import Task
+from ..toolchain.process import messages, serve
+from .dataset import features_or_none
+
 
 def main(channel) -> None:
-    from ..task import Task
-    from ..measure.worker import messages
-    from .dataset import features_or_none
 
     tasks: dict = {}
     built: dict = {}
@@ -26,5 +27,4 @@ def main(channel) -> None:
 
 
 if __name__ == "__main__":
-    from ..measure.worker import serve
     serve(main)

@@ -16,9 +16,10 @@ from functools import lru_cache
 import numpy as np
 
 from ..codegen.c import is_float, nest_steps, vector_lanes
+from ..codegen.cuda import launch_shape
 from ..schedule import ir
-from ..te.expr import (Add, And, Call, Cmp, Const, Div, Expr, FloorDiv, FloorMod, Load, Max, Min, Mul, Select, Sub,
-                       Var, free_vars, walk)
+from ..te.expr import (Add, And, Call, Cmp, Const, Div, Expr, FloorDiv, FloorMod, Load, Max, Min, Mul, Select, Sub, Var,
+                       free_vars, walk)
 
 MAX_BUFFERS = 5
 CURVE_POINTS = 10
@@ -362,7 +363,6 @@ class _GpuExtractor(_Extractor):
         return row
 
     def run(self) -> np.ndarray:
-        from ..codegen.cuda import launch_shape
         self._visit(self.func.body, [], [], (), 0)
         t = self.target
         grid, block, shared, local = launch_shape(self.func)

@@ -5,9 +5,8 @@ Labels are per-task normalised throughputs: best latency of the task / latency o
 model. Two objectives:
   * "pack-sum" (Ansor): every store statement of a candidate is a row; the candidate's score is
     the sum of its rows' predictions, fitted by squared error to the log of the label. The log
-    makes the model order the slow majority too (random schedules are mostly at 10-50% of the
-    best), which raised held-out pairwise accuracy over fitting the label itself
-    (bench/cost_model.py);
+    makes the model order the slow majority of random schedules too, which raises held-out
+    pairwise accuracy over fitting the label itself (bench/cost_model.py);
   * "rank": one row per candidate (its statements' features summed), XGBoost's rank:pairwise with
     one query group per task.
 

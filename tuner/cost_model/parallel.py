@@ -17,8 +17,8 @@ from __future__ import annotations
 import time
 import warnings
 
-from ..measure.worker import spawn
 from ..target import host_cores
+from ..toolchain.process import spawn
 from . import feature_worker
 from .dataset import features_or_none
 

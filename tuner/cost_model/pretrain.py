@@ -2,14 +2,14 @@
 
 A model trained on other tasks' measurements already orders a new task's candidates well
 (bench/cost_model.py, "transfer"), so a search that starts from one skips its random warm-up.
-`schedules/` ships the best schedules; `tuner/cost_model/pretrained/` ships one model per ISA,
+`tuner/schedules/` ships the best schedules; `tuner/cost_model/pretrained/` ships one model per ISA,
 trained on this project's benchmark logs by `tuner pretrain`.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from .. import records
+from ..database import records
 from ..errors import UserError
 from .dataset import FeatureCache, from_records
 from .model import XGBModel, normalised_throughput

@@ -4,6 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from .ir import Graph, GraphError
+from .models import MODELS, load_model
+from .onnx_frontend import load_onnx
 
 
 def parse_input_shapes(items) -> dict:
@@ -23,8 +25,6 @@ def parse_input_shapes(items) -> dict:
 
 def load(model: str, input_shapes: dict | None = None) -> Graph:
     """A built-in model by name, or an ONNX file by path."""
-    from .models import MODELS, load_model
-    from .onnx_frontend import load_onnx
     if model in MODELS:
         if input_shapes:
             raise GraphError(f"{model} is a built-in model with a fixed input shape; --input-shape is for ONNX files")

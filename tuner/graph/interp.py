@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ops import evaluate, infer
 from .ir import Graph, GraphError
-from .ops import evaluate, infer
 
 
 def run(graph: Graph, *inputs: np.ndarray) -> list:

@@ -2,19 +2,18 @@
 
 Values are produced by exactly one node (or are graph inputs / constants); nodes list their
 input values, so use-def edges are explicit. Graphs are treated as immutable: passes build new
-ones with `GraphBuilder`.
+ones with `builder.GraphBuilder`.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import UserError
-
-
-class GraphError(UserError):
-    pass
+from ..errors import GraphError
+from .printer import print_graph
 
 
 @dataclass(eq=False)
@@ -73,14 +72,13 @@ class Graph:
         return sum(1 for n in self.nodes if n.op == op)
 
     def __str__(self) -> str:
-        from .printer import print_graph
         return print_graph(self)
 
 
 MAX_ELEMENTS = 2**31 - 1     # kernels index tensors with 32-bit ints
 
 
-def _check_size(v: Value, what: str) -> None:
+def check_size(v: Value, what: str) -> None:
     n = 1
     for d in v.shape:
         if d < 1:
@@ -91,69 +89,6 @@ def _check_size(v: Value, what: str) -> None:
                          f"{MAX_ELEMENTS} elements: give a smaller --input-shape")
 
 
-class GraphBuilder:
-    """Makes uniquely named values and nodes, in order; the way every pass builds its output."""
-
-    def __init__(self, name: str = "graph"):
-        self.name = name
-        self.nodes: list = []
-        self.inputs: list = []
-        self._names: set = set()
-        self._counter = 0
-
-    def fresh(self, hint: str = "v") -> str:
-        base = "".join(c if c.isalnum() or c in "_." else "_" for c in hint) or "v"
-        name = base
-        while name in self._names:
-            self._counter += 1
-            name = f"{base}_{self._counter}"
-        self._names.add(name)
-        return name
-
-    def input(self, name: str, shape, dtype="float32", layout="") -> Value:
-        v = Value(self.fresh(name), tuple(int(s) for s in shape), dtype, layout)
-        _check_size(v, f"input {name!r}")
-        self.inputs.append(v)
-        return v
-
-    def const(self, data: np.ndarray, name: str = "c") -> Value:
-        data = np.asarray(data)
-        if data.dtype == np.float64:
-            data = data.astype(np.float32)
-        return Value(self.fresh(name), tuple(data.shape), str(data.dtype), "", None, data)
-
-    def add(self, op: str, inputs: list, attrs: dict | None = None, name: str = "") -> Value:
-        from .ops import infer
-        attrs = dict(attrs or {})
-        out = Value(self.fresh(name or op))
-        node = Node(op, list(inputs), attrs, out, name or out.name)
-        out.shape, out.dtype, out.layout = infer(node)
-        _check_size(out, f"the output of {node.op} node {node.name!r}")
-        out.producer = node
-        self.nodes.append(node)
-        return out
-
-    def finish(self, outputs: list, meta: dict | None = None) -> Graph:
-        return Graph(list(self.inputs), list(outputs), list(self.nodes), self.name, dict(meta or {}))
-
-
-def rebuild(graph: Graph, rewrite) -> Graph:
-    """Copy `graph` node by node; `rewrite(builder, node, new_inputs)` returns the new output value
-    (or None to copy the node unchanged). Inputs and constants are carried over as they are."""
-    b = GraphBuilder(graph.name)
-    mapping: dict = {}
-    for v in graph.inputs:
-        nv = b.input(v.name, v.shape, v.dtype, v.layout)
-        mapping[id(v)] = nv
-    for n in graph.nodes:
-        ins = [mapping.get(id(v), v) for v in n.inputs]
-        out = rewrite(b, n, ins)
-        if out is None:
-            out = b.add(n.op, ins, n.attrs, n.name)
-        mapping[id(n.output)] = out
-    return b.finish([mapping.get(id(v), v) for v in graph.outputs], graph.meta)
-
-
 def interface_names(graph: Graph) -> tuple:
     """(input names, output names) as the model's file gives them: a value's name is also a C
     identifier, so an importer that had to change one keeps the original in meta['interface']."""
@@ -161,3 +96,35 @@ def interface_names(graph: Graph) -> tuple:
     if io:
         return list(io["inputs"]), list(io["outputs"])
     return [v.name for v in graph.inputs], [v.name for v in graph.outputs]
+
+
+def _graph_hash(graph: Graph, structure: bool) -> str:
+    """The hash of graph_digest, or (structure) of graph_structure: one walk, in node order."""
+    h = hashlib.sha256()
+    names: dict = {}
+    for v in graph.inputs:
+        names[id(v)] = f"in{len(names)}"
+        h.update(f"input {v.shape}{'' if structure else f' {v.dtype}'}".encode())
+    for n in graph.nodes:
+        ins = []
+        for v in n.inputs:
+            if v.is_const and not structure:
+                h.update(np.ascontiguousarray(v.data).tobytes())
+            ins.append((f"const{v.data.shape}" + ("" if structure else str(v.data.dtype))) if v.is_const
+                       else names.get(id(v), "?"))
+        names[id(n.output)] = f"v{len(names)}"
+        attrs = sorted((k, str(a)) for k, a in n.attrs.items() if not (structure and isinstance(a, float)))
+        h.update(json.dumps([n.op, n.name, attrs, ins] if structure else [n.op, attrs, ins]).encode())
+    h.update(json.dumps([names.get(id(v), "?") for v in graph.outputs]).encode())
+    return h.hexdigest()[:20]
+
+
+def graph_digest(graph: Graph) -> str:
+    """A hash of a graph: operators, attributes, shapes and constant bytes, in order."""
+    return _graph_hash(graph, structure=False)
+
+
+def graph_structure(graph: Graph) -> str:
+    """A hash of what a layout plan depends on: operators, node names, integer attributes, shapes
+    and edges; not constants' values nor float attributes (an exporter rounds them to float32)."""
+    return _graph_hash(graph, structure=True)

@@ -27,6 +27,13 @@ import time
 from dataclasses import dataclass, field
 
 from ..errors import UserError
+from ..ops import BINARY, UNARY
+from ..ops import winograd as WG
+from ..te import layouts as L
+from .passes import optimize
+from .passes.convert_layout import (AGNOSTIC_POOLS, followed_operand, fused_read, io_layouts, uses, winograd_applies,
+                                    winograd_conv)
+from .passes.extract_tasks import transform_task, workload_of
 
 
 class NoPlan(UserError):
@@ -189,7 +196,7 @@ class ModelLayouts:
 def _conv_layouts(n, layouts) -> tuple:
     """The candidate layouts of a conv node (in NCHW), NCHW first: of `layouts`, NCHW; NHWC and
     NCHW[x]c where x divides the output channels for ordinary convs; NCHW[x]c for depthwise ones;
-    a Winograd choice (te.winograd.parse_choice) where it applies (3x3, stride 1; a blocked one
+    a Winograd choice (ops.winograd.parse_choice) where it applies (3x3, stride 1; a blocked one
     where its block divides the output channels); reading one blocked layout and writing another
     (convert_layout.fused_read) for ordinary convs whose output channels the second's block
     divides; NCHW alone when none of these fits (other grouped convs).
@@ -200,9 +207,6 @@ def _conv_layouts(n, layouts) -> tuple:
     write layout alone would: its neighbours can then stay in NCHW16c with no transform kernel
     between them and it. On MobileNetV2 the two convs writing 24 channels had only NCHW8c, so
     their 56x56 stage ran in NCHW8c behind a 16c->8c transform."""
-    from ..te import layouts as L
-    from ..te import winograd as WG
-    from .passes.convert_layout import fused_read, winograd_applies
     k = n.inputs[1].shape[0]
     c = n.inputs[0].shape[1]
     groups = n.attrs.get("groups", 1)
@@ -238,37 +242,51 @@ def model_layouts(graph, layouts=("NCHW", "NHWC", "NCHW8c", "NCHW16c")) -> Model
     te.layouts.DENSE_PACKING, a fixed group). A dense's packing moves no activation, so its
     variable has no edges: the solver picks its fastest packing. The tasks come from compiling the
     graph's passes once per choice, so they are the tasks `tuner compile` meets under any plan."""
-    from .passes import optimize
-    from .passes.convert_layout import AGNOSTIC_POOLS, followed_operand, fused_read, io_layouts, uses, winograd_conv
-    from .passes.extract_tasks import transform_task, workload_of
-    from .ops import BINARY, UNARY
-    from ..te import layouts as L
-    from ..te import winograd as WG
     pre = optimize(graph, passes=PRE_LAYOUT)
-    names = [n.name for n in pre.nodes]
     packings = tuple(lay for lay in layouts if L.is_dense_packing(lay))
-    candidates = {"conv2d": lambda n: _conv_layouts(n, layouts), "dense": lambda n: packings}
-    domains = {n.name: candidates[n.op](n) for n in pre.nodes
-               if n.op in candidates and n.inputs[1].is_const and len(n.inputs) == 2 and names.count(n.name) == 1}
-    domains = {v: d for v, d in domains.items() if d}
-    # the tasks of each variable's group (and of the pools that carry its layout), per layout
-    group_task: dict = {}                # (node name, layout) -> Workload
-    base_groups: list = []               # anchor names of the task groups under the base layout
-    carried: set = set()                 # pools that take a variable's layout
+    domains = _domains(pre, layouts, packings)
     base = "NCHW16c" if "NCHW16c" in layouts else \
         next((lay for lay in layouts if not (WG.parse_choice(lay) or fused_read(lay) or L.is_dense_packing(lay))),
              "NCHW")
-    extra: dict = {}                     # (conv name, Winograd choice) -> [its input and GEMM tasks]
-    for lay in dict.fromkeys([base] + [lay for d in domains.values() for lay in d]):
-        if WG.parse_choice(lay):         # every conv that can runs as `lay`, the others in its activation layout
-            g = optimize(graph, layout=WG.activation_layout(lay),
-                         layout_plan={v: lay for v, d in domains.items() if lay in d})
-        elif io := fused_read(lay):      # every conv that can reads io[0] and writes io[1], the others in io[1]
-            g = optimize(graph, layout=io[1], layout_plan={v: lay for v, d in domains.items() if lay in d})
-        elif lay in packings:            # every dense in packing `lay`, the convs in the base layout
-            g = optimize(graph, layout=base, layout_plan={v: lay for v, d in domains.items() if lay in d})
-        else:
-            g = optimize(graph, layout=lay)
+    tasks = _GroupTasks(graph, domains, packings, base)
+    domains = tasks.runnable(domains, packings)
+    edges = _Edges(domains, {v: {lay: tasks.of(v, lay) for lay in d} for v, d in domains.items()})
+    carried = _follow_activations(pre, domains, tasks, edges)
+    fixed = [tasks.group[(a, base)] for a in tasks.base_groups if a not in domains and a not in carried]
+    return ModelLayouts(graph.name, domains, edges.unary, edges.pairs, fixed)
+
+
+def _domains(pre, layouts, packings) -> dict:
+    """conv or dense node name -> its candidate layouts, for nodes with constant weights and a
+    unique name that have any."""
+    names = [n.name for n in pre.nodes]
+    candidates = {"conv2d": lambda n: _conv_layouts(n, layouts), "dense": lambda n: packings}
+    domains = {n.name: candidates[n.op](n) for n in pre.nodes
+               if n.op in candidates and n.inputs[1].is_const and len(n.inputs) == 2 and names.count(n.name) == 1}
+    return {v: d for v, d in domains.items() if d}
+
+
+class _GroupTasks:
+    """The tasks of each variable's fused group (and of the pools that carry its layout), per
+    layout: the graph compiled once per candidate layout."""
+
+    def __init__(self, graph, domains: dict, packings: tuple, base: str):
+        self.group: dict = {}            # (node name, layout) -> Workload
+        self.base_groups: list = []      # anchor names of the task groups under the base layout
+        self.winograd: dict = {}         # (conv name, Winograd choice) -> [its input and GEMM tasks]
+        for lay in dict.fromkeys([base] + [lay for d in domains.values() for lay in d]):
+            plan = {v: lay for v, d in domains.items() if lay in d}
+            if WG.parse_choice(lay):     # every conv that can runs as `lay`, the others in its activation layout
+                g = optimize(graph, layout=WG.activation_layout(lay), layout_plan=plan)
+            elif io := fused_read(lay):  # every conv that can reads io[0] and writes io[1], the others in io[1]
+                g = optimize(graph, layout=io[1], layout_plan=plan)
+            elif lay in packings:        # every dense in packing `lay`, the convs in the base layout
+                g = optimize(graph, layout=base, layout_plan=plan)
+            else:
+                g = optimize(graph, layout=lay)
+            self._collect(g, lay, base)
+
+    def _collect(self, g, lay: str, base: str) -> None:
         for grp in g.meta["fused_groups"]:
             if grp.anchor is None:
                 continue
@@ -277,51 +295,80 @@ def model_layouts(graph, layouts=("NCHW", "NHWC", "NCHW8c", "NCHW16c")) -> Model
             if wl is None:
                 continue
             if conv := winograd_conv(node):
-                extra.setdefault((conv, lay), []).append(wl)
+                self.winograd.setdefault((conv, lay), []).append(wl)
                 continue
-            group_task[(node.name, lay)] = wl
+            self.group[(node.name, lay)] = wl
             if lay == base:
-                base_groups.append(node.name)
-    for v, d in list(domains.items()):   # a layout whose group is no task (an epilogue the library lacks) is out
-        ok = tuple(lay for lay in d if (v, lay) in group_task)
-        if ok or d != packings:
-            domains[v] = ok or ("NCHW",)
-        else:                               # a dense no packing can run: a fixed group
-            del domains[v]
-    unary = {v: {lay: extra.get((v, lay), []) + [group_task[(v, lay)]] if (v, lay) in group_task else []
-                 for lay in d} for v, d in domains.items()}
-    pairs: dict = {}
-    out_of = lambda lay: io_layouts(lay)[1]  # noqa: E731
-    in_of = lambda lay: io_layouts(lay)[0]   # noqa: E731
+                self.base_groups.append(node.name)
 
-    def edge(u, v, shape, read=out_of):
+    def runnable(self, domains: dict, packings: tuple) -> dict:
+        """The domains without layouts whose group is no task (an epilogue the library lacks); a
+        dense no packing can run is a fixed group."""
+        out = {}
+        for v, d in domains.items():
+            ok = tuple(lay for lay in d if (v, lay) in self.group)
+            if ok or d != packings:
+                out[v] = ok or ("NCHW",)
+        return out
+
+    def of(self, v: str, lay: str) -> list:
+        """The tasks a variable's layout costs on its own: its Winograd kernels and its group."""
+        return self.winograd.get((v, lay), []) + [self.group[(v, lay)]] if (v, lay) in self.group else []
+
+
+def _out_of(lay: str) -> str:
+    return io_layouts(lay)[1]
+
+
+def _in_of(lay: str) -> str:
+    return io_layouts(lay)[0]
+
+
+class _Edges:
+    """The layout transforms a plan can need: on a variable's own cost (to and from the fixed NCHW
+    boundaries) or on a pair of variables."""
+
+    def __init__(self, domains: dict, unary: dict):
+        self.domains, self.unary = domains, unary
+        self.pairs: dict = {}            # (u, v) -> {(layout u, layout v): [Workload]}
+
+    def add(self, u, v, shape, read=_out_of) -> None:
         """The value of `shape` leaves u's layout (the one it writes) for v's: the one v's conv reads
-        (read=in_of, its data input) or writes (a residual operand following it). None: fixed NCHW."""
+        (read=_in_of, its data input) or writes (a residual operand following it). None: fixed NCHW."""
         if u == v or (u is None and v is None):
             return
         if u is None:
-            for lay in domains[v]:
+            for lay in self.domains[v]:
                 if read(lay) != "NCHW":
-                    unary[v][lay].append(transform_task(shape, "NCHW", read(lay)))
+                    self.unary[v][lay].append(transform_task(shape, "NCHW", read(lay)))
             return
         if v is None:
-            for lay in domains[u]:
-                if out_of(lay) != "NCHW":
-                    unary[u][lay].append(transform_task(shape, out_of(lay), "NCHW"))
+            for lay in self.domains[u]:
+                if _out_of(lay) != "NCHW":
+                    self.unary[u][lay].append(transform_task(shape, _out_of(lay), "NCHW"))
             return
-        t = pairs.setdefault((u, v), {})
-        for a in domains[u]:
-            for b in domains[v]:
-                if not L.same_data(out_of(a), read(b), shape[1]):
-                    t.setdefault((a, b), []).append(transform_task(shape, out_of(a), read(b)))
+        t = self.pairs.setdefault((u, v), {})
+        for a in self.domains[u]:
+            for b in self.domains[v]:
+                if not L.same_data(_out_of(a), read(b), shape[1]):
+                    t.setdefault((a, b), []).append(transform_task(shape, _out_of(a), read(b)))
 
+
+def _follow_activations(pre, domains: dict, tasks: _GroupTasks, edges: _Edges) -> set:
+    """Walk the graph once, tracking which variable's layout each 4-D activation carries, and add
+    the transforms where it meets another layout; returns the pools that carry a variable's layout
+    (their tasks are priced with it)."""
     used = uses(pre)
+    carried: set = set()
     src: dict = {id(v): None for v in pre.inputs}         # value -> the variable whose layout it carries
-    acts = lambda n: [x for x in n.inputs if not x.is_const and len(x.shape) == 4]  # noqa: E731
+
+    def acts(n):
+        return [x for x in n.inputs if not x.is_const and len(x.shape) == 4]
+
     for n in pre.nodes:
         ins = acts(n)
         if n.name in domains and n.op == "conv2d":
-            edge(src.get(id(n.inputs[0])), n.name, n.inputs[0].shape, read=in_of)
+            edges.add(src.get(id(n.inputs[0])), n.name, n.inputs[0].shape, read=_in_of)
             src[id(n.output)] = n.name
         elif ins and (n.op in UNARY or n.op in AGNOSTIC_POOLS):
             s = src.get(id(ins[0]))
@@ -329,21 +376,20 @@ def model_layouts(graph, layouts=("NCHW", "NHWC", "NCHW8c", "NCHW16c")) -> Model
             if n.op in AGNOSTIC_POOLS and s is not None:
                 carried.add(n.name)
                 for lay in domains[s]:
-                    wl = group_task.get((n.name, lay))
+                    wl = tasks.group.get((n.name, lay))
                     if wl is not None:
-                        unary[s][lay].append(wl)
+                        edges.unary[s][lay].append(wl)
         elif ins and ((n.op in BINARY and len(n.output.shape) == 4) or (n.op == "concat" and n.attrs["axis"] == 1)):
             ref = n.inputs[followed_operand(n, used)] if n.op in BINARY else ins[0]
             for x in ins:
                 if x is not ref:
-                    edge(src.get(id(x)), src.get(id(ref)), x.shape)
+                    edges.add(src.get(id(x)), src.get(id(ref)), x.shape)
             src[id(n.output)] = src.get(id(ref))
         else:
             for x in ins:
-                edge(src.get(id(x)), None, x.shape)
+                edges.add(src.get(id(x)), None, x.shape)
             src[id(n.output)] = None
     for x in pre.outputs:
         if len(x.shape) == 4:
-            edge(src.get(id(x)), None, x.shape)
-    fixed = [group_task[(a, base)] for a in base_groups if a not in domains and a not in carried]
-    return ModelLayouts(graph.name, domains, unary, pairs, fixed)
+            edges.add(src.get(id(x)), None, x.shape)
+    return carried

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import UserError
-from .ir import Graph, GraphBuilder
+from .builder import GraphBuilder
+from .ir import Graph
 
 
 class _Net:

@@ -4,7 +4,7 @@ Import covers what PyTorch's exporter writes for CNNs, e.g. global average pooli
 ReduceMean over H and W (imported as global_avg_pool2d so layout conversion can carry it).
 Every failure is an OnnxImportError that names the problem and, where there is one, the node.
 
-Which ONNX op types are read, and how, is each operator's own business: `graph.ops.OpDef.onnx_in`
+Which ONNX op types are read, and how, is each operator's own business: `ops.OpDef.onnx_in`
 and `onnx_out`. This module walks the ONNX graph and gives those converters an `Importer` or
 `Exporter`: the builder, the node's name and the attribute checks, so every error names its node.
 """
@@ -13,8 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import UserError
-from .ir import Graph, GraphBuilder, GraphError, Value
-from .ops import OPS
+from ..ops import OPS
+from .builder import GraphBuilder
+from .ir import Graph, GraphError, Value
 
 
 def _identity(cx, ins, a):

@@ -6,7 +6,7 @@ results. The roles:
     starts and declares one unit of the resource `measure_resource(target)` (e.g.
     `tuner-cpu-avx2-t1`); a measuring job asks for one unit, so a worker measures one job at a
     time, and only workers whose target matches the task's get its jobs. A job is built and
-    timed in the worker's own measurement process (runner.Runner, held per worker process), so
+    timed in the worker's own measurement process (runner.CpuRunner, held per worker process), so
     a crash or hang there is handled as on one machine;
   * a build worker (`tuner worker ADDRESS --build`) declares one unit of BUILD and compiles
     jobs' candidates with `--jobs` compiler calls at once; the libraries travel to the measuring
@@ -46,17 +46,22 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..database.result import ERROR_KINDS, RUNTIME_ERROR, MeasureResult
 from ..errors import SetupError, UserError
-from ..target import host_cores
+from ..ops import parse_spec
+from ..target import host_cores, parse_target
+from ..task import Task
+from ..toolchain.cc import cache_dir
+from ..toolchain.library import LIBRARY_NAME, verified
 from . import plausible
-from .builder import BuildResult, cache_dir
-from .library import LIBRARY_NAME, verified
-from .result import ERROR_KINDS, RUNTIME_ERROR, MeasureResult
+from .builder import BuildResult
+from .local import local_runner
+from .runner import RunConfig, build
 
 LOCAL = "local:"
 BUILD = "tuner-build"          # the resource a build worker declares
 JOBS_ENV = "TUNER_BUILD_JOBS"  # on a build worker: compiler calls at once (default: its cores)
-_RUNNERS: dict = {}          # on a worker: (target, config, replay) -> its Runner, kept between jobs
+_RUNNERS: dict = {}          # on a worker: (target, config, replay) -> its CpuRunner, kept between jobs
 _TASKS = collections.OrderedDict()   # on a worker: (spec, layout, target) -> Task, for the last
 TASKS_KEPT = 8                       # few tasks (a model tune has hundreds)
 POLL_S = 2.0                 # how often a tuner waiting for a job checks that the workers it needs are there
@@ -108,7 +113,7 @@ def security(address: str, role: str, ca: str | None = None, cert: str | None = 
         if not insecure and not is_loopback(_host_port(address)[0]):
             raise UserError(f"{flag}{address}: a scheduler on another machine is joined only over TLS (anyone who "
                             "reaches a cluster runs code as its users): give tls://HOST:PORT with --tls-ca-file, "
-                            "--tls-cert and --tls-key (README: Security), or --insecure on a network you trust")
+                            "--tls-cert and --tls-key (docs/cluster.md: Security), or --insecure on a network you trust")
         return None
     for opt, path in (("--tls-ca-file", ca), ("--tls-cert", cert), ("--tls-key", key)):
         if path and not os.path.isfile(path):
@@ -166,8 +171,6 @@ def _build_on_worker(target_text: str, cands: list) -> tuple:
     """Runs on a build worker: compile a chunk of candidates for the measuring target. Returns
     ({library file name: its bytes}, [(library name or None, index, error, seconds)] per
     candidate, the seconds the worker spent)."""
-    from ..target import parse_target
-    from .runner import build
     start = time.perf_counter()
     jobs = int(os.environ.get(JOBS_ENV) or 0) or None
     libs, out = {}, []
@@ -215,16 +218,12 @@ def _measure_on_worker(spec: str, layout: str, target_text: str, cands: list, co
     here first (one compiler call per core), or look them up in `replay`, a log (for tests and
     replayed tunes). Returns the results, the seconds this worker spent and those the build
     worker spent."""
-    from ..target import parse_target
-    from ..task import Task
-    from ..te.workloads import parse_spec
-    from ..tuning import make_runner
     start = time.perf_counter()
     target = parse_target(target_text, check_host=False)
     key = (target_text, repr(config), replay)
     runner = _RUNNERS.get(key)
     if runner is None:
-        runner = _RUNNERS[key] = make_runner(target, config, replay)
+        runner = _RUNNERS[key] = local_runner(target, config, replay)
     tkey = (spec, layout, target_text)
     task = _TASKS.get(tkey)
     if task is None:                    # its inputs and reference are made once per worker and task
@@ -376,7 +375,6 @@ class ClusterRunner:
             sec = None
         else:
             sec = security(address, "client", *tls, insecure=spec.insecure, flag="--cluster ")
-        from .runner import RunConfig
         self.target = target
         self.config = config or RunConfig()
         self.resource = measure_resource(target)

@@ -21,8 +21,9 @@ from pathlib import Path
 from ..codegen.cuda import PRELUDE
 from ..errors import SetupError
 from ..target import MAX_REGS_PER_THREAD
-from .builder import BuildResult, _trim, cache_dir, cached_library, remove_others
-from .library import LIBRARY_DIRS, library_name, source_digest
+from ..toolchain.cc import cache_dir, cached_library, remove_others, trim_errors
+from ..toolchain.library import LIBRARY_DIRS, library_name, source_digest
+from .builder import BuildResult
 
 CANARY = 'extern "C" __global__ void tuner_canary(float* x) { x[threadIdx.x] = 0.0f; }\n'
 
@@ -71,7 +72,7 @@ def compile_cubin(source: str, target) -> tuple:
             proc = subprocess.run([cc, *flags, "-cubin", "-o", str(out_tmp), str(cu)], capture_output=True, text=True)
             if proc.returncode != 0:
                 _check_nvcc_works(cc, flags, Path(tmp))
-                return None, _trim(proc.stderr or proc.stdout)
+                return None, trim_errors(proc.stderr or proc.stdout)
             data = out_tmp.read_bytes()
             out = d / library_name(digest, data, ".cubin")
             os.replace(out_tmp, out)
@@ -89,7 +90,7 @@ def _check_nvcc_works(cc: str, flags: list, tmp: Path) -> None:
                           text=True)
     if proc.returncode != 0:
         raise SetupError("nvcc fails on a trivial kernel too, so the machine is at fault, not the candidate: "
-                         f"{_trim(proc.stderr or proc.stdout, 300)}")
+                         f"{trim_errors(proc.stderr or proc.stdout, 300)}")
 
 
 def build_cuda_batch(batch: list, target) -> list:

@@ -1,6 +1,6 @@
 """The GPU measurement process: owns the CUDA context, checks each kernel, times it with events.
 
-Spawned and served like the CPU worker (worker.spawn / worker.serve), so the runner's crash,
+Spawned and served like the CPU worker (toolchain.process: spawn / serve), so the runner's crash,
 hang and restart handling is the same. A launch that fails (an illegal address, too many
 resources) leaves a CUDA context that cannot be trusted: the error is reported, then this
 process exits and the runner starts a fresh one for the next candidate.
@@ -16,7 +16,8 @@ import time
 
 import numpy as np
 
-from .worker import check_output, messages, serve
+from ..toolchain.process import messages, serve
+from .worker import check_output
 
 
 def time_launches(drv, launch, repeat: int, min_ms: float, number: int = 0, before_repeat=None) -> list:

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from cffi import FFI
 
-from .builder import compile_library
-from .library import open_library
 from ..target import Target
+from ..toolchain.cc import compile_library
+from ..toolchain.library import open_library
 
 _SOURCE = r"""
 #include <time.h>

@@ -1,6 +1,6 @@
 """The fastest a kernel can run on its target: a timing beyond it is refused, as an error record.
 
-Timed on this host (runner.Runner): PEAK_SLACK times the FP32 FMA peak measured here at the
+Timed on this host (runner.CpuRunner): PEAK_SLACK times the FP32 FMA peak measured here at the
 target's threads (peak.py), measured again before a refusal (a busy host measures it low).
 Timed elsewhere (a cluster's workers, whose word is not trusted) or on a GPU: the target's
 ceiling, which no machine of its ISA and threads can beat.
@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 import threading
 
-from .result import RUNTIME_ERROR, MeasureResult
+from ..database.result import RUNTIME_ERROR, MeasureResult
+from . import peak
 
 PEAK_SLACK = 2.0        # a faster core than the peak's, a peak measured while the host was busy
 MAX_GHZ = 6.5           # above any CPU's boost clock
@@ -31,11 +32,10 @@ def ceiling_gflops(target) -> float:
 
 def measured_peak(target, again: bool = False) -> float:
     """This host's FP32 FMA peak at the target's threads: the highest of the measurements so far."""
-    from .peak import peak_gflops
     with _LOCK:
         key = str(target)
         if again or key not in _PEAKS:
-            _PEAKS[key] = max(_PEAKS.get(key, 0.0), peak_gflops(target, target.threads, PEAK_ITERS))
+            _PEAKS[key] = max(_PEAKS.get(key, 0.0), peak.peak_gflops(target, target.threads, PEAK_ITERS))
         return _PEAKS[key]
 
 
@@ -62,10 +62,10 @@ def check(workload, target, result: MeasureResult, here: bool = False) -> Measur
     gflops = flops / min(costs) / 1e9
     bound, what = ceiling_gflops(target), "the ceiling of its ISA and threads"
     if here and target.kind == "cpu":
-        peak = measured_peak(target)
-        if gflops > PEAK_SLACK * peak:
-            peak = measured_peak(target, again=True)
-        bound, what = min(bound, PEAK_SLACK * peak), f"{PEAK_SLACK:g}x this host's measured peak"
+        highest = measured_peak(target)
+        if gflops > PEAK_SLACK * highest:
+            highest = measured_peak(target, again=True)
+        bound, what = min(bound, PEAK_SLACK * highest), f"{PEAK_SLACK:g}x this host's measured peak"
     if gflops <= bound:
         return result
     return refuse(f"{min(costs):.3g} s per call is {gflops:.4g} GFLOPS, beyond what '{target}' can do "

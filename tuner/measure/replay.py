@@ -7,9 +7,9 @@ This is how search strategies are compared deterministically and tested without 
 """
 from __future__ import annotations
 
-from .. import records
+from ..database import records
+from ..database.result import NOT_IN_LOG, MeasureResult
 from ..errors import UserError
-from .result import NOT_IN_LOG, MeasureResult
 from .runner import RunConfig
 
 
@@ -25,7 +25,7 @@ class ReplayRunner:
         self._by_code = {(*r.task_key, r.cold, r.code_hash): r for r in contents.records}
 
     def measure(self, task, batch: list):
-        """Yield (candidate, result) with the logged result of the same code, as Runner.measure does."""
+        """Yield (candidate, result) with the logged result of the same code, as CpuRunner.measure does."""
         cold = self.config.times_cold(task.workload)
         for cand in batch:
             rec = self._by_code.get((task.workload.key, str(task.target), cold, cand.code_hash))

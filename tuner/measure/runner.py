@@ -12,11 +12,13 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..database.result import COMPILE_ERROR, OK, RUNTIME_ERROR, TIMEOUT, MeasureResult
 from ..errors import SetupError, check_bound
 from ..target import Target
+from ..toolchain.process import spawn
 from . import plausible, worker
 from .builder import build_batch
-from .result import COMPILE_ERROR, OK, RUNTIME_ERROR, TIMEOUT, MeasureResult
+from .cuda_build import build_cuda_batch
 
 
 @dataclass
@@ -47,10 +49,9 @@ class RunConfig:
 class CoreClaim:
     """The core a single-thread target's kernels are timed on, held by this process alone.
 
-    On a shared (virtual) machine the cores are not alike: one kernel timed 70 GFLOPS on one core
-    and 114 on the other of this project's machine in the same minute, so a measurement process
-    that migrates between cores mixes the two speeds into one session's ranking. Two tuners pinned
-    to one core time each other (one code 2.46x apart), so each core is claimed with a lock on a
+    On a shared (virtual) machine the cores are not alike (docs/history.md), so a measurement
+    process that migrates between cores mixes their speeds into one session's ranking. Two tuners
+    pinned to one core time each other, so each core is claimed with a lock on a
     file in a machine-wide directory (whatever the users' caches; the kernel drops the lock of a
     tuner that dies); when every core is claimed, the process is not pinned and a warning says
     the timings will interfere.
@@ -92,7 +93,7 @@ class CoreClaim:
         self.cpu, self._fd = None, None
 
 
-class Runner:
+class CpuRunner:
     """A measurement process, restarted whenever a candidate crashes or hangs in it."""
 
     WORKER = worker.__name__
@@ -109,11 +110,11 @@ class Runner:
 
     # ------------------------------------------------------------ process lifecycle
     def _start(self):
-        # In its own session (worker.spawn), so a Ctrl-C meant for the tuner does not kill a
+        # In its own session (toolchain.process.spawn), so a Ctrl-C meant for the tuner does not kill a
         # measurement midway. The kernels' OpenMP gets the target's threads and spins only briefly,
         # so it does not starve the tuner's own OpenMP (xgboost) on a small machine; NumPy's BLAS
         # stays single.
-        proc, self._conn = worker.spawn(worker.__name__, dict(
+        proc, self._conn = spawn(worker.__name__, dict(
             OMP_NUM_THREADS=str(self.target.threads), GOMP_SPINCOUNT="10000", OPENBLAS_NUM_THREADS="1",
             MKL_NUM_THREADS="1"))
         if self._core is None:
@@ -273,7 +274,7 @@ class Runner:
                 self._kill()
 
 
-class CudaRunner(Runner):
+class CudaRunner(CpuRunner):
     """Measures CUDA candidates: one nvcc call per batch (cuda_build), then each kernel checked
     and timed with CUDA events in a process that owns the GPU (cuda_worker). The crash, hang and
     restart handling is the CPU runner's; no core is claimed (the GPU is the measured device). Its
@@ -283,7 +284,7 @@ class CudaRunner(Runner):
     peak_here = False
 
     def _start(self):
-        self._proc, self._conn = worker.spawn(self.WORKER, {})
+        self._proc, self._conn = spawn(self.WORKER, {})
         self._data_id = None
 
     def _message(self, cand, built) -> tuple:
@@ -298,12 +299,11 @@ def _build_cpu(batch: list, target: Target, jobs: int | None = None) -> list:
 
 
 def _build_cuda(batch: list, target: Target, jobs: int | None = None) -> list:
-    from .cuda_build import build_cuda_batch
     return build_cuda_batch(batch, target)          # one nvcc call: `jobs` does not apply
 
 
 # per target kind: its measurement process, and how a batch of its candidates is built
-RUNNERS = {"cpu": Runner, "cuda": CudaRunner}
+RUNNERS = {"cpu": CpuRunner, "cuda": CudaRunner}
 BUILDERS = {"cpu": _build_cpu, "cuda": _build_cuda}
 
 

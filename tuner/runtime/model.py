@@ -7,8 +7,8 @@ the kernel, the workload, where its schedule came from and the latency its recor
 """
 from __future__ import annotations
 
-import json
 import hashlib
+import json
 import mmap
 import os
 import re
@@ -24,9 +24,10 @@ from cffi import FFI
 
 from .. import __version__
 from ..errors import TunerError, UserError
-from ..measure.library import aligned_empty, content_hash, open_library, pointer_array
 from ..target import ISAS, host_isa, parse_target
-from .compiler import DECLARED, DEFAULT, GENERIC, SHIPPED, Step, declaration, plan_summary
+from ..te.layouts import plan_summary
+from ..toolchain.library import aligned_empty, content_hash, open_library, pointer_array
+from .artifact import DECLARED, DEFAULT, GENERIC, SHIPPED, Step, declaration
 
 META = "model.json"
 WEIGHTS = "weights.bin"
@@ -67,8 +68,8 @@ def _aligned_bytes(nbytes: int) -> tuple:
     of 2 MiB or more starts on a 2 MiB boundary and is advised MADV_HUGEPAGE, so that a kernel
     walking a layer's weights (several MiB in ResNet-50's late layers) is not also walking the
     page table: with 4 KiB pages every inference meets each layer's weights with a cold TLB,
-    which the tuner's timing of one kernel at a time does not see. ResNet-50 on the AVX-512 host,
-    against 4 KiB pages: 0.974x-1.000x depending on the kernels (bench/huge_pages.py). The OS may
+    which the tuner's timing of one kernel at a time does not see (bench/huge_pages.py measures
+    the difference; docs/history.md). The OS may
     still give 4 KiB pages (no free huge page, THP "never"); that costs only speed."""
     n = (max(nbytes, 4) + 3) // 4
     if 4 * n >= HUGE_PAGE and hasattr(mmap, "MADV_HUGEPAGE"):
@@ -344,7 +345,7 @@ def load(path: str | os.PathLike) -> CompiledModel:
     library, or `torch.load`). What is checked protects against damage and mix-ups, not attackers:
     the library's name is a plain file name whose hash its bytes match, the library declares its
     target, arena, inputs, outputs, weights hash and a hash of every other field of model.json
-    (compiler.declaration), and model.json and weights.bin must agree with it."""
+    (artifact.declaration), and model.json and weights.bin must agree with it."""
     d = Path(path)
     meta_path = d / META
     damaged = f"{meta_path} is damaged"

@@ -10,10 +10,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..te.expr import (And, Cmp, Const, Expr, FloorDiv, FloorMod, Load, Max, Reduce, Var, bounds,
-                       free_vars, from_linear, linear, substitute, transform)
+from ..te.expr import (And, Cmp, Const, Expr, FloorDiv, FloorMod, Load, Max, Reduce, Var, bounds, free_vars,
+                       from_linear, linear, substitute, transform, walk)
 from . import ir
 from .schedule import Schedule, ScheduleError, Stage
+from .vthread import inject_virtual_threads
 
 _NAME = re.compile(r"[^0-9A-Za-z_]")
 
@@ -436,7 +437,6 @@ def _guard(stmt, guards, axis_val, global_val):
 
 
 def _walk_body(body: Expr):
-    from ..te.expr import walk
     if isinstance(body, Reduce):
         yield from walk(body.source)
     else:
@@ -447,5 +447,4 @@ _RELAXED = ("threadIdx.x", "vthread")     # loops a shared buffer serves all of
 
 
 def lower(sch: Schedule, func_name: str = "kernel") -> ir.Func:
-    from .vthread import inject_virtual_threads
     return inject_virtual_threads(Lowerer(sch, func_name).lower())

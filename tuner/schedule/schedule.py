@@ -181,7 +181,8 @@ class Schedule:
                 raise ScheduleError(f"{r.name} does not read {tensor}")
         copy_t = compute(src.shape, lambda *i: src[i], name, tag="elemwise", inputs=[src],
                          axis_names=[f"ax{k}" for k in range(len(src.shape))])
-        fn = lambda n: Load(name, n.indices) if isinstance(n, Load) and n.buffer == tensor else None
+        def fn(n):
+            return Load(name, n.indices) if isinstance(n, Load) and n.buffer == tensor else None
         for r in rs:
             body = r.op.body
             new_body = (Reduce(body.combiner, transform(body.source, fn), body.axes, body.init)

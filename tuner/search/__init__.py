@@ -14,57 +14,14 @@ not change.
 """
 from __future__ import annotations
 
-from typing import Protocol
-
+from ..cost_model.parallel import FeaturePool
 from ..errors import UserError
+from .evolutionary import EvolutionarySearch, shared_model
+from .optuna_search import OptunaSearch
+from .policy import Policy, PolicyFactory, SearchPolicy
+from .random_search import RandomSearch
 
-
-class SearchPolicy(Protocol):
-    name: str
-    seed: int
-
-    def propose(self, n: int, seen: set, first: bool = False) -> list:
-        """Up to `n` candidates whose code hash is not in `seen` (which it extends); `first`: the
-        task's first round, when the default schedule goes first."""
-
-    def observe(self, records: list) -> None:
-        """The log's records of this task (resuming)."""
-
-    def update(self, cand, result) -> None:
-        """One new measurement of a candidate this policy proposed."""
-
-
-class Policy:
-    """Defaults for policies that learn nothing from measurements."""
-    name = "custom"
-    seed = 0
-
-    def observe(self, records: list) -> None:
-        pass
-
-    def update(self, cand, result) -> None:
-        pass
-
-
-class PolicyFactory:
-    """Makes one policy per task for a session; shares nothing unless a subclass does."""
-
-    def __init__(self, name: str, make):
-        self.name = name
-        self._make = make
-
-    def make(self, task, seed: int) -> SearchPolicy:
-        return self._make(task, seed)
-
-    def start(self, tasks: list) -> None:
-        """The session's tasks are known and measuring begins."""
-
-    def describe(self) -> str:
-        """A line for the progress output ('' for nothing to say)."""
-        return ""
-
-    def close(self) -> None:
-        pass
+__all__ = ["POLICIES", "POLICY_NAMES", "Policy", "PolicyFactory", "SearchPolicy", "policy_factory"]
 
 
 class EvolutionaryFactory(PolicyFactory):
@@ -73,12 +30,10 @@ class EvolutionaryFactory(PolicyFactory):
     the session runs, a pool of worker processes featurises the candidates a round ranks."""
 
     def __init__(self, target, seed: int, cost_model_from: list | None):
-        from .evolutionary import EvolutionarySearch, shared_model
         self.shared = shared_model(target, seed, cost_model_from)
         super().__init__("evolutionary", lambda task, s: EvolutionarySearch(task, s, shared=self.shared))
 
     def start(self, tasks: list) -> None:
-        from ..cost_model.parallel import FeaturePool
         if self.shared.pool is None:
             self.shared.pool = FeaturePool(tasks)
 
@@ -92,13 +47,11 @@ class EvolutionaryFactory(PolicyFactory):
 
 
 def _random(target, seed, cost_model_from):
-    from .random_search import RandomSearch
     return PolicyFactory("random", RandomSearch)
 
 
 def _optuna(sampler: str):
     def factory(target, seed, cost_model_from):
-        from .optuna_search import OptunaSearch
         return PolicyFactory(f"optuna:{sampler}", lambda task, s: OptunaSearch(task, s, sampler))
     return factory
 

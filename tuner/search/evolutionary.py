@@ -13,13 +13,14 @@ import random
 
 import numpy as np
 
-from .. import records
 from ..cost_model.dataset import FeatureCache, from_records, group_of
 from ..cost_model.model import XGBModel, normalised_throughput
+from ..cost_model.pretrain import shipped_model
+from ..database import records
+from ..errors import UserError
 from ..schedule.schedule import ScheduleError
 from ..space.mutation import mutate
-from ..errors import UserError
-from . import Policy
+from .policy import Policy
 from .random_search import RandomSearch
 
 
@@ -228,7 +229,6 @@ def shared_model(tgt, seed: int, cost_model_from: list | None) -> "SharedModel":
     """The session's cost model. cost_model_from: None for the shipped pre-trained model of the
     target's ISA (if any), ["none"] for none, else logs (*.jsonl, trained on together with the
     session's records) and at most one saved model (fine-tuned)."""
-    from ..cost_model.pretrain import shipped_model
     sources = list(cost_model_from) if cost_model_from is not None else None
     stand_in = ""
     if sources is None:

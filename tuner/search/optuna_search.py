@@ -9,9 +9,10 @@ is told as failed without being measured; measured GFLOPS are told back to the s
 from __future__ import annotations
 
 from ..errors import UserError
-from . import Policy
 from ..schedule.schedule import ScheduleError
 from ..space.sketch import MAX_ACCUMULATORS, UNROLL_CHOICES, divisors
+from .policy import Policy
+from .random_search import RandomSearch
 
 SAMPLERS = ("tpe", "cmaes", "random")
 
@@ -32,7 +33,6 @@ class OptunaSearch(Policy):
         self.study = optuna.create_study(direction="maximize", sampler=made)
         self.pending: dict = {}
         self.values: dict = {}          # code hash -> GFLOPS told, for re-proposed code
-        from .random_search import RandomSearch
         self.random = RandomSearch(task, seed)   # when the sampler only re-proposes measured code
         self.space = task.space
         self.table = _parameter_table(task.space)   # [(parameter name, path into decisions, options)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import random
 
 from ..schedule.schedule import ScheduleError
-from . import Policy
+from .policy import Policy
 
 
 class RandomSearch(Policy):

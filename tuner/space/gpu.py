@@ -30,8 +30,8 @@ import math
 import random
 from functools import cached_property
 
+from ..ops import Workload
 from ..te.expr import Load, Var, linear, walk
-from ..te.workloads import Workload
 from .sketch import UNROLL_CHOICES, DagSketch, divisors
 
 MAX_THREAD_TILE = 64        # accumulators per thread: beyond it, registers spill (255 per thread)

@@ -7,9 +7,7 @@ Tiled sketch, for a DAG with one reduction (conv2d, dense, pooling):
   * pad producers are inlined, computed at root, or computed per tile (a decision, `pad`): per
     tile, the padded copy covers what one output tile reads and is made at the reduction's
     outermost loop, so it is written and read while in cache, where a copy at root goes through
-    memory first (ResNet-50's 128-channel 3x3 stride-2 conv on AVX-512, one tiling, L2 flushed
-    before each call: 1.35 ms per tile against 1.54 at root; inlined, the pad's bounds test sits
-    in the innermost loop: 3.0 ms);
+    memory first; inlined, the pad's bounds test sits in the innermost loop (docs/history.md);
   * elementwise consumers (the epilogue: bias, residual, activation) are inlined into the output
     stage; with none, `cache_write` makes a local accumulator;
   * the epilogue is fused or apart (a decision, when there is one): fused, the output stage is
@@ -22,9 +20,7 @@ Tiled sketch, for a DAG with one reduction (conv2d, dense, pooling):
   * the register tile's unrolled loops run in the output's axis order or reversed (a decision,
     `order`; the vector axis stays innermost): for NCHW[x]c, reversed puts the pixels outside
     the channel blocks, so each input broadcast feeds every channel block while the weight
-    vectors stay in registers, as MLAS's AVX-512 kernels do, and wider tiles fit the registers
-    (ResNet-50's 256-to-64 1x1 conv on AVX-512, by hand: 4x7 reversed 0.504 ms, 4x4 in axis
-    order 0.538);
+    vectors stay in registers, as MLAS's AVX-512 kernels do, and wider tiles fit the registers;
   * outer tiles fused and parallel when the target has more than one thread.
 Table sketch, for a reduction over a small constant matrix (the Winograd transforms: its stage's
 `table` names the axes that pick matrix entries): those axes and the reduction are unrolled, so
@@ -48,8 +44,8 @@ import math
 import random
 from functools import cached_property
 
+from ..ops import Workload
 from ..schedule.schedule import Schedule, replay
-from ..te.workloads import Workload
 
 MAX_ACCUMULATORS = 32        # vector registers of AVX-512 (AVX2 has 16; spills only cost speed)
 MAX_TILE_FLOATS = 16384      # a 64 KiB accumulator tile stays on the stack and in L1/L2

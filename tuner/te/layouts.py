@@ -13,12 +13,11 @@ from ..errors import UserError
 
 CONV_LAYOUTS = ("NCHW", "NHWC", "NCHW8c", "NCHW16c")
 # The conv choices a model tune weighs unless told otherwise (model_tuning.tune_model, `tuner tune
-# MODEL`): the two blocked layouts and Winograd F(2x2,3x3) and F(4x4,3x3) (te.winograd.CHOICES)
-# reading and writing each of them, so a Winograd conv between blocked convs needs no transform
-# (on ResNet-50, 3000 trials, the plan measured 0.975x the one with NHWC Winograd kernels and
-# their transforms: README). With NCHW and NHWC as well, the first looks took over half of a
-# 1000-trial budget and the joint plan lost to a single layout (README, "Against every single
-# layout"); they stay available, as does NHWC Winograd (`winograd2`, `winograd4`).
+# MODEL`): the two blocked layouts and Winograd F(2x2,3x3) and F(4x4,3x3) (ops.winograd.CHOICES)
+# reading and writing each of them, so a Winograd conv between blocked convs needs no transform.
+# With NCHW and NHWC as well, the first looks take over half of a small budget and the joint plan
+# loses to a single layout (docs/model-tuning-history.md); they stay available, as does NHWC
+# Winograd (`winograd2`, `winograd4`).
 DEFAULT_CHOICES = ("NCHW8c", "NCHW16c", "winograd2@NCHW8c", "winograd4@NCHW8c", "winograd2@NCHW16c",
                    "winograd4@NCHW16c")
 # A dense's weight packing unless a layout plan names another (OI, OI8o, ... in --layouts make
@@ -157,3 +156,16 @@ def dense_weight_to_oi(w: np.ndarray, block: int) -> np.ndarray:
         return w
     kb, c, b = w.shape
     return np.ascontiguousarray(w.transpose(0, 2, 1).reshape(kb * b, c))
+
+
+def plan_summary(layouts: dict) -> str:
+    """'30 NCHW16c, 3 NHWC (convs); 1 OI (dense)'."""
+    parts = []
+    for dense, what in ((False, "convs"), (True, "dense")):
+        counts: dict = {}
+        for lay in (lay for lay in layouts.values() if is_dense_packing(lay) == dense):
+            counts[lay] = counts.get(lay, 0) + 1
+        if counts:
+            parts.append(", ".join(f"{n} {lay}" for lay, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+                         + f" ({what})")
+    return "; ".join(parts)

@@ -5,7 +5,7 @@ Every activation value carries the layout its data is in. Walking the graph in o
     what the graph-level solver chose, see graph.layout_plan) or else the desired layout (NCHW,
     NHWC, NCHW8c, NCHW16c); its input is transformed if needed and its constant weight is
     re-laid out now, at compile time (no transform left on weights); a plan's `winograd<m>`
-    turns a 3x3 stride-1 conv into the three Winograd nodes (te.winograd) on NHWC activations,
+    turns a 3x3 stride-1 conv into the three Winograd nodes (ops.winograd) on NHWC activations,
     `winograd<m>@NCHW<x>c` on blocked ones, the weight transformed now;
   * layout-agnostic ops carry their input's layout through: elementwise ops, broadcast ops (whose
     constant operands are re-laid to match), pooling, batch_norm; a binary op takes the layout of
@@ -19,11 +19,11 @@ inverse pair disappears), and transforming the same value twice reuses the first
 """
 from __future__ import annotations
 
-
+from ...ops import BINARY, UNARY, kernel_layout, nchw_dims
+from ...ops import winograd as WG
 from ...te import layouts as L
-from ...te import winograd as WG
-from ..ir import Graph, GraphBuilder
-from ..ops import BINARY, UNARY, kernel_layout, nchw_dims
+from ..builder import GraphBuilder
+from ..ir import Graph
 from .base import register
 
 AGNOSTIC_POOLS = ("max_pool2d", "avg_pool2d", "global_avg_pool2d", "batch_norm")
@@ -142,7 +142,7 @@ def io_layouts(choice: str) -> tuple:
 
 
 def check_choice(choice: str) -> None:
-    """A layout plan's value: a conv's activation layout, a Winograd choice (te.winograd.parse_choice)
+    """A layout plan's value: a conv's activation layout, a Winograd choice (ops.winograd.parse_choice)
     or a blocked layout read as another (fused_read), or a dense weight packing (OI, OI[x]o)."""
     if WG.parse_choice(choice) or fused_read(choice):
         return
@@ -169,7 +169,7 @@ def _plan_choice(n, plan: dict, desired: str) -> str:
 
 
 def winograd_applies(n) -> bool:
-    """Whether conv node `n` (OIHW weight) can run as a Winograd choice (te.winograd.applies)."""
+    """Whether conv node `n` (OIHW weight) can run as a Winograd choice (ops.winograd.applies)."""
     a = n.attrs
     return WG.applies(n.inputs[1].shape[2:], a["strides"], a["dilations"], a.get("groups", 1), a["pads"])
 

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...te.workloads import EPILOGUE_ACTS, WORKLOADS, Workload, WorkloadError, make
+from ...ops import EPILOGUE_ACTS, OPS, WORKLOADS, NoTask, Workload, WorkloadError, act_params, make, nchw_dims
 from ..ir import Graph
-from ..ops import OPS, NoTask, act_params, nchw_dims
 from .base import register
 
 
@@ -79,7 +78,7 @@ def workload_of(graph: Graph, group) -> tuple:
     d = OPS.get(n.op)
     if d is None or d.task is None:
         return None, f"{n.op} has no kernel-side workload yet"
-    wdef = WORKLOADS[d.workload]
+    wdef = WORKLOADS[d.name]
     try:
         params, layout = d.task(n)
         if wdef.epilogue:
@@ -92,7 +91,7 @@ def workload_of(graph: Graph, group) -> tuple:
             params.update({k: v for k, v in flags.items() if k not in _SWITCHES or k in wdef.defaults})
         elif len(group.nodes) > 1:
             return None, f"{group_summary(graph, group.nodes)}: a fused epilogue on {n.op} is not in the kernel library yet"
-        return make(d.workload, params, layout), ""
+        return make(d.name, params, layout), ""
     except NoTask as e:
         return None, str(e)
     except WorkloadError as e:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ...ops import PATTERN, Pattern
 from ..ir import Graph
-from ..ops import BROADCAST, ELEMWISE, INJECTIVE, COMM_REDUCE, OPAQUE, OUT_EWISE_FUSABLE, PATTERN
 from .base import register
 
 MAX_FUSE_DEPTH = 256
@@ -59,14 +59,14 @@ def _edges(graph: Graph):
     index = {id(n.output): k for k, n in enumerate(graph.nodes)}
     outs = [[] for _ in graph.nodes]
     for k, n in enumerate(graph.nodes):
-        pat = PATTERN.get(n.op, OPAQUE)
+        pat = PATTERN.get(n.op, Pattern.OPAQUE)
         for v in n.inputs:
             src = index.get(id(v))
             if src is None:
                 continue
             edge = pat
-            if pat == BROADCAST and tuple(v.shape) == tuple(n.output.shape):
-                edge = ELEMWISE
+            if pat == Pattern.BROADCAST and tuple(v.shape) == tuple(n.output.shape):
+                edge = Pattern.ELEMWISE
             outs[src].append((k, edge))
     extern = {index[id(v)] for v in graph.outputs if id(v) in index}
     return outs, extern
@@ -92,9 +92,9 @@ def post_dominator_tree(graph: Graph, outs, extern) -> list:
     tree: list = [None] * len(graph.nodes)
     for k in range(len(graph.nodes) - 1, -1, -1):
         if k in extern or not outs[k]:
-            tree[k] = _TreeNode(None, 1, OPAQUE, k)
+            tree[k] = _TreeNode(None, 1, Pattern.OPAQUE, k)
             continue
-        pattern = [ELEMWISE]
+        pattern = [Pattern.ELEMWISE]
         parent = None
         for j, (consumer, edge) in enumerate(outs[k]):
             node = tree[consumer]
@@ -110,8 +110,8 @@ def fuse(graph: Graph, max_depth: int = MAX_FUSE_DEPTH) -> list:
     tree = post_dominator_tree(graph, outs, extern)
     groups = []
     for k, n in enumerate(graph.nodes):
-        pat = PATTERN.get(n.op, OPAQUE)
-        groups.append(_Group(pat, anchor=k if pat == OUT_EWISE_FUSABLE else None))
+        pat = PATTERN.get(n.op, Pattern.OPAQUE)
+        groups.append(_Group(pat, anchor=k if pat == Pattern.OUT_EWISE_FUSABLE else None))
 
     def path(src: int, sink: int) -> list:
         """src and every node on a path from it to its post-dominator `sink` (included), preorder."""
@@ -151,7 +151,7 @@ def fuse(graph: Graph, max_depth: int = MAX_FUSE_DEPTH) -> list:
     for phase in range(2):
         for k in range(len(graph.nodes)):
             own = groups[k].pattern          # this node's own group, as in TVM (not its root's)
-            if own == OPAQUE:
+            if own == Pattern.OPAQUE:
                 continue
             dom = tree[k]
             if dom.parent is None:
@@ -161,23 +161,23 @@ def fuse(graph: Graph, max_depth: int = MAX_FUSE_DEPTH) -> list:
                 continue
             if count_with(k, sink) > max_depth:
                 continue
-            if own == OUT_EWISE_FUSABLE:
+            if own == Pattern.OUT_EWISE_FUSABLE:
                 if phase != 0:
                     continue
-                if dom.pattern == ELEMWISE and check_path(k, sink, lambda p, is_sink: p <= BROADCAST):
+                if dom.pattern == Pattern.ELEMWISE and check_path(k, sink, lambda p, is_sink: p <= Pattern.BROADCAST):
                     commit(k, sink)
-            elif own <= BROADCAST:
-                if dom.pattern <= INJECTIVE or dom.pattern == COMM_REDUCE:
+            elif own <= Pattern.BROADCAST:
+                if dom.pattern <= Pattern.INJECTIVE or dom.pattern == Pattern.COMM_REDUCE:
                     def cond(p, is_sink):
                         if not is_sink:
-                            return p <= INJECTIVE
-                        return p <= BROADCAST or p in (COMM_REDUCE, INJECTIVE, OUT_EWISE_FUSABLE)
+                            return p <= Pattern.INJECTIVE
+                        return p <= Pattern.BROADCAST or p in (Pattern.COMM_REDUCE, Pattern.INJECTIVE, Pattern.OUT_EWISE_FUSABLE)
                     if check_path(k, sink, cond):
                         commit(k, sink)
-            elif own == INJECTIVE:
+            elif own == Pattern.INJECTIVE:
                 if phase != 1:
                     continue
-                if check_path(k, sink, lambda p, is_sink: p <= INJECTIVE):
+                if check_path(k, sink, lambda p, is_sink: p <= Pattern.INJECTIVE):
                     commit(k, sink)
     by_root: dict = {}
     for k in range(len(graph.nodes)):

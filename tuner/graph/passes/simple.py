@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...ops import evaluate
+from ..builder import GraphBuilder, rebuild
 from ..interp import verify
-from ..ir import Graph, GraphBuilder, rebuild
-from ..ops import evaluate
+from ..ir import Graph
 from .base import register
 
 FOLD_LIMIT = 1 << 26  # bytes; folding never materialises a constant larger than this

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir import Graph, rebuild
-from ...te.ops import channel_bias_shape
-from ..ops import nchw_dims
+from ...ops import channel_bias_shape, nchw_dims
+from ..builder import rebuild
+from ..ir import Graph
 from .base import register
+from .simple import dead_code_elimination
 
 
 def _channel_shape(x, channels: int):
@@ -116,7 +117,6 @@ def simplify_inference(graph: Graph, ctx) -> Graph:
             return emit(b, "add", [y, _bias_const(b, bias - mean * a, x, "bn_shift")], n.name + "_shift")
         return rule(b, n.op, ins, n.name)
 
-    from .simple import dead_code_elimination
     return dead_code_elimination(rebuild(graph, rw), ctx)
 
 

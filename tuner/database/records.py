@@ -8,8 +8,8 @@ Every line read becomes a `Record` through one parser (`Record.from_json`) that 
 field's type and that costs are positive finite numbers; a line that fails is skipped and counted
 with its reason, so one bad line (hand-edited, from another tool, hostile) cannot break a command.
 Whether a record's steps still produce its code is checked where a record is *used* as the best
-one (`best`, `apply_best`, `distill`, `analyze`): the fastest record that does not replay is
-passed over for the next.
+one (`best_of`, and through it database.union.Database, `distill`, `analyze`): the fastest
+record that does not replay is passed over for the next.
 """
 from __future__ import annotations
 
@@ -24,13 +24,18 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
+from importlib import resources
 from pathlib import Path
 
 from filelock import FileLock
 
-from . import __version__
-from .errors import SetupError, UserError
-from .measure.result import ERROR_KINDS, NOT_IN_LOG, OK, WEIGHTS, median_cost
+from .. import __version__
+from ..errors import SetupError, UserError
+from ..ops import parse_spec
+from ..schedule.schedule import ScheduleError
+from ..target import parse_target
+from ..task import Task
+from .result import ERROR_KINDS, NOT_IN_LOG, OK, WEIGHTS, median_cost
 
 FORMAT = 1
 MAX_LINE = 1 << 20          # a record is a few KB; a longer line is damage, skipped without reading it whole
@@ -298,7 +303,6 @@ def code_target(target: str) -> tuple | None:
     The core count is left out on purpose: it does not change the generated code (the thread count
     is compiled in, the ISA picks the vectors), so a record measured with `-cores=2 -threads=1`
     applies on a 16-core host running 1 thread. None for a target this version cannot read."""
-    from .target import parse_target
     try:
         t = parse_target(target, check_host=False)
     except UserError:
@@ -446,10 +450,6 @@ def load(path: str | os.PathLike, warn: bool = True) -> LogContents:
 
 def replays(rec: Record) -> bool:
     """Whether a record's steps still replay onto its workload and give the code it logged."""
-    from .schedule.schedule import ScheduleError
-    from .target import parse_target
-    from .task import Task
-    from .te.workloads import parse_spec
     try:
         wl = parse_spec(rec.workload.spec, rec.workload.layout)
         if wl.key != rec.workload.key:
@@ -464,7 +464,7 @@ def fastest_that_replay(recs, k: int) -> list:
     """The `k` fastest successful records with distinct code whose steps still replay (junk steps
     with a tiny cost are passed over), fastest first. A code timed more than once counts as its
     slowest timing, and that record stands for it: on a shared machine one timing can come out
-    far too fast (a ResNet-50 conv logged at 1.46 ms timed 1.92-1.96 ms three times after), and
+    far too fast (docs/history.md), and
     the fastest of thousands of timings is where such luck collects (`confirm` times the
     front-runners again)."""
     ok = [r for r in recs if r.ok]
@@ -489,38 +489,12 @@ def first_that_replays(recs):
     return next(iter(fastest_that_replay(recs, 1)), None)
 
 
-def fastest(recs):
+def best_of(recs):
     """The best of one workload's records: the fastest that replays among those timed with the
     weights cold (as a compiled model meets them), else among the others; a cold time and a warm
-    one are never compared (the same kernel is up to 2.9x slower cold: bench/cold.py)."""
+    one are never compared (the same kernel is much slower cold: bench/cold.py)."""
     recs = list(recs)
     return first_that_replays([r for r in recs if r.cold]) or first_that_replays([r for r in recs if not r.cold])
-
-
-def best(log: str | os.PathLike | LogContents, key: str, target: str):
-    """The best record (`fastest`) of a workload that applies on `target` (LogContents.applicable),
-    or None: the apply-best rule of build_op and tuner compile alike."""
-    contents = log if isinstance(log, LogContents) else load(log)
-    return fastest(contents.applicable(key, target))
-
-
-def apply_best(logs: list, workload, target: str, quiet: bool = False):
-    """The best record for `workload` over `logs` (user logs first, then shipped databases).
-
-    Returns (record or None, where it came from). Says loudly, by workload name, when nothing
-    matched and the default schedule will be used.
-    """
-    for log in logs:
-        if log is None or not Path(log).exists():
-            continue
-        rec = best(load(log, warn=not quiet), workload.key, str(target))
-        if rec is not None:
-            return rec, str(log)
-    if not quiet:
-        searched = ", ".join(str(p) for p in logs if p) or "no log"
-        warnings.warn(f"no tuning record for {workload.label} on '{target}' in {searched}; "
-                      "using the default (untuned) schedule", stacklevel=2)
-    return None, None
 
 
 def latency(rec: Record | None) -> float:
@@ -533,6 +507,6 @@ def measured(recs) -> list:
 
 
 def shipped_database(target) -> Path:
-    """schedules/<backend>.jsonl: the best records shipped with tuner."""
-    return Path(__file__).resolve().parent.parent / "schedules" / f"{str(target).split()[0]}.jsonl"
+    """tuner/schedules/<backend>.jsonl: the best records shipped with tuner (package data)."""
+    return Path(str(resources.files("tuner") / "schedules" / f"{str(target).split()[0]}.jsonl"))
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import SetupError, UserError
 from ..graph import Graph
+from ..graph.onnx_frontend import to_onnx
 
 
 def onnxruntime_runner(graph: Graph, threads: int, onnx_path: str | None = None):
@@ -29,7 +30,6 @@ def onnxruntime_runner(graph: Graph, threads: int, onnx_path: str | None = None)
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if onnx_path is None:
-        from ..graph.onnx_frontend import to_onnx
         model = to_onnx(graph).SerializeToString()
     else:
         model = onnx_path

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..compiler import compile_model
 from ..errors import UserError, check_output_path
 from ..graph import load as load_graph
-from .compiler import compile_model, graph_digest
-from .model import META, load
+from ..graph.ir import graph_digest
+from ..runtime.model import META, load
 from .peers import interleaved, onnxruntime_runner, paired_ratios, torch_runner
 
 PEERS = ("onnxruntime", "torch")

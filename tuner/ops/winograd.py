@@ -26,10 +26,15 @@ import re
 
 import numpy as np
 
-from .expr import And, Cmp, Const, Expr, as_expr, select
-from .layouts import LayoutError, act_shape, block_of
-from .tensor import Tensor, compute, reduce_axis, sum_reduce
-from . import ops
+from ..te import layouts as L
+from ..te.expr import And, Cmp, Const, Expr, as_expr, select
+from ..te.layouts import LayoutError, act_shape, block_of
+from ..te.tensor import Tensor, compute, placeholder, reduce_axis, sum_reduce
+from .common import f32, nchw_dims, pad_spatial
+from .elementwise import epilogue, epilogue_ref
+from .layout import layout_transform
+from .registry import OpDef, Pattern, WorkloadDef, WorkloadError, register
+from .workload import make
 
 # (BT, G, AT) of F(m, 3), from Lavin and Gray (interpolation points 0, +-1 for m = 2; 0, +-1, +-2 for m = 4)
 MATRICES = {
@@ -43,6 +48,8 @@ MATRICES = {
         np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]],
                  dtype=np.float64)),
 }
+
+
 TILES = tuple(MATRICES)
 
 
@@ -87,8 +94,6 @@ def const_matrix(mat: np.ndarray, i, j, integer: bool = False) -> Expr:
     return out
 
 
-# ---------------------------------------------------------------- the three stages as tensor expressions
-
 def sparse_rows(mat: np.ndarray) -> tuple:
     """(columns, values), each rows x width: row i's non-zero entries of `mat` in column order,
     padded with (column 0, value 0) to the widest row's count."""
@@ -110,11 +115,11 @@ def input_transform(data: Tensor, pad: int, m: int, name: str = "winograd_input"
     An NCHW[x]c input is read through a layout_transform stage to NHWC that the sketches inline
     into these loads: the transform fused into its consumer."""
     if layout != "NHWC":
-        data = ops.layout_transform(data, layout, "NHWC", name=f"{name}_nhwc")
+        data = layout_transform(data, layout, "NHWC", name=f"{name}_nhwc")
     cols, vals = sparse_rows(MATRICES[m][0])
     width = cols.shape[1]
     n_, h_, w_, c_ = data.shape
-    padded = ops.pad(data, (1, 2), tile_pads(h_, w_, pad, m), 0.0, name=f"{name}_pad")
+    padded = pad_spatial(data, (1, 2), tile_pads(h_, w_, pad, m), 0.0, name=f"{name}_pad")
     i, j = reduce_axis(width, "i"), reduce_axis(width, "j")
     return compute(
         v_shape(n_, h_, w_, pad, m, c_),
@@ -163,8 +168,6 @@ def output_transform(mm: Tensor, out_h: int, out_w: int, m: int, name: str = "wi
                    table={"oh": m, "ow": m})
 
 
-# ---------------------------------------------------------------- NumPy references (float64)
-
 def input_ref(x: np.ndarray, pad: int, m: int) -> np.ndarray:
     bt = MATRICES[m][0]
     top, left, bottom, right = tile_pads(x.shape[1], x.shape[2], pad, m)
@@ -191,9 +194,9 @@ def weight_transform(w_hwio: np.ndarray, m: int) -> np.ndarray:
     return np.einsum("ar,bs,rsck->abck", g, g, w_hwio.astype(np.float64), optimize=True)
 
 
-# ---------------------------------------------------------------- Winograd as a convolution's layout choice
-
 CHOICES = {f"winograd{m}": m for m in TILES}    # the NHWC choices; winograd<m>@NCHW<x>c also parses (parse_choice)
+
+
 _CHOICE = re.compile(r"^winograd(\d+)(?:@(.*))?$")
 
 
@@ -229,3 +232,172 @@ def applies(kernel: tuple, strides, dilations, groups: int, pads) -> bool:
     groups, the same padding (at most 2) on every side."""
     return (tuple(kernel) == (3, 3) and tuple(strides) == (1, 1) and tuple(dilations) == (1, 1) and groups == 1
             and len(set(pads)) == 1 and 0 <= pads[0] <= 2)
+
+
+def _wino_attrs(node) -> tuple:
+    a = node.attrs
+    return a["pad"], a["m"], a["H"], a["W"]
+
+
+def _wino_layout(node) -> str:
+    return node.attrs.get("layout", "NHWC")
+
+
+def _wino_v_infer(node):
+    pad, m, h, w = _wino_attrs(node)
+    x = node.inputs[0]
+    if node.op == "winograd_input":
+        n_, ch = nchw_dims(x.shape, _wino_layout(node))[:2]
+    else:
+        n_, ch = x.shape[2], node.inputs[1].shape[3]
+    return v_shape(n_, h, w, pad, m, ch), "float32", ""
+
+
+def _wino_out_infer(node):
+    pad, m, h, w = _wino_attrs(node)
+    mm, lay = node.inputs[0], _wino_layout(node)
+    return L.act_shape(lay, mm.shape[2], mm.shape[5], *out_size(h, w, pad)), "float32", lay
+
+
+def _wino_task(node):
+    pad, m, h, w = _wino_attrs(node)
+    params = dict(H=h, W=w, pad=pad, m=m)
+    if node.op == "winograd_input":
+        n_, c = nchw_dims(node.inputs[0].shape, _wino_layout(node))[:2]
+        params.update(N=n_, C=c)
+    elif node.op == "winograd_gemm":
+        params.update(N=node.inputs[0].shape[2], C=node.inputs[0].shape[5], K=node.inputs[1].shape[3])
+        return params, "NHWC"
+    else:
+        params.update(N=node.inputs[0].shape[2], K=node.inputs[0].shape[5])
+    return params, _wino_layout(node)
+
+
+def _wino_flops(node) -> float:
+    params, lay = _wino_task(node)
+    return make(node.op, params, lay).flops
+
+
+def _wino_input_eval(node, args):
+    return f32(input_ref(_nhwc(_wino_layout(node), args[0]), node.attrs["pad"], node.attrs["m"]))
+
+
+def _wino_output_eval(node, args):
+    pad, m, h, w = _wino_attrs(node)
+    return f32(_from_nhwc(_wino_layout(node), output_ref(args[0], *out_size(h, w, pad), m)))
+
+
+def _wino_out(p: dict) -> tuple:
+    return out_size(p["H"], p["W"], p["pad"])
+
+
+def _wino_products(p: dict) -> tuple:
+    """(alpha, tiles): the transform size and how many tiles cover the output."""
+    th, tw = tiles(*_wino_out(p), p["m"])
+    return alpha(p["m"]), p["N"] * th * tw
+
+
+def _wino_v_shape(p: dict, channels: int) -> tuple:
+    return v_shape(p["N"], p["H"], p["W"], p["pad"], p["m"], channels)
+
+
+def _wino_input_build(wl):
+    p = wl.p
+    data = placeholder(L.act_shape(wl.layout, p["N"], p["C"], p["H"], p["W"], wl.blocks[0] or None), "data")
+    return [data], input_transform(data, p["pad"], p["m"], layout=wl.layout)
+
+
+def _wino_gemm_build(wl):
+    p = wl.p
+    al = alpha(p["m"])
+    v = placeholder(_wino_v_shape(p, p["C"]), "data")
+    u = placeholder((al, al, p["C"], p["K"]), "weight")
+    return [v, u], batch_gemm(v, u)
+
+
+def _wino_output_build(wl):
+    p = wl.p
+    mm = placeholder(_wino_v_shape(p, p["K"]), "data")
+    return epilogue(wl, [mm], output_transform(mm, *_wino_out(p), p["m"], layout=wl.layout), wl.blocks[1])
+
+
+def _wino_output_ref(wl, arrays: list):
+    p = wl.p
+    y = output_ref(arrays[0], *_wino_out(p), p["m"])
+    rest = list(arrays[1:])
+    if p["bias"]:
+        y = y + _nhwc(wl.layout, rest.pop(0))
+    if p["residual"]:
+        y = y + _nhwc(wl.layout, rest.pop(0))
+    return _from_nhwc(wl.layout, epilogue_ref(p, y))
+
+
+def _nhwc(layout: str, a: np.ndarray) -> np.ndarray:
+    """An activation (or a bias in the layout's channel_bias_shape) in `layout` as NHWC."""
+    if layout == "NHWC":
+        return a
+    if a.ndim < 5:                                   # a blocked bias: (channel blocks, 1, 1, block)
+        return a.reshape(-1)
+    return L.act_to_nchw(a, layout).transpose(0, 2, 3, 1)
+
+
+def _from_nhwc(layout: str, y: np.ndarray) -> np.ndarray:
+    return y if layout == "NHWC" else L.act_from_nchw(y.transpose(0, 3, 1, 2), layout)
+
+
+def _wino_check(wl):
+    p = wl.p
+    if p["m"] not in TILES:
+        raise WorkloadError(f"{wl.op}: tile size m={p['m']} is not one of {', '.join(map(str, TILES))}")
+    if wl.layout != "NHWC" and not (wl.op != "winograd_gemm" and L.block_of(wl.layout)):
+        raise WorkloadError(f"{wl.op} runs in NHWC{'' if wl.op == 'winograd_gemm' else ' or NCHW[x]c'}, "
+                            f"not {wl.layout}")
+    if not 0 <= p["pad"] <= 2 or min(_wino_out(p)) < 1:
+        raise WorkloadError(f"{wl.op}: a 3x3 window with pad={p['pad']} does not fit input {p['H']}x{p['W']}")
+
+
+def _wino_input_flops(wl) -> float:
+    """What the kernel computes: per V element, BT's non-zero entries of two rows (ops.winograd.sparse_rows)."""
+    al, t = _wino_products(wl.p)
+    width = sparse_rows(MATRICES[wl.p["m"]][0])[0].shape[1]
+    return 2.0 * al * al * width * width * t * wl.p["C"]
+
+
+def _wino_gemm_flops(wl) -> float:
+    al, t = _wino_products(wl.p)
+    return 2.0 * al * al * t * wl.p["C"] * wl.p["K"]
+
+
+def _wino_output_flops(wl) -> float:
+    """Per output element, AT's non-zero entries of two rows."""
+    p = wl.p
+    oh, ow = _wino_out(p)
+    width = sparse_rows(MATRICES[p["m"]][2])[0].shape[1]
+    return 2.0 * width * width * p["N"] * oh * ow * p["K"]
+
+
+_WINO = dict(N=1, pad=1, m=2)
+
+
+register(
+    OpDef(name="winograd_input", pattern=Pattern.OUT_EWISE_FUSABLE, infer=_wino_v_infer, evaluate=_wino_input_eval,
+          te=lambda n, ins, name: input_transform(ins[0], n.attrs["pad"], n.attrs["m"], name, _wino_layout(n)),
+          flops=_wino_flops, task=_wino_task),
+    OpDef(name="winograd_gemm", pattern=Pattern.OUT_EWISE_FUSABLE, infer=_wino_v_infer,
+          evaluate=lambda n, args: f32(gemm_ref(args[0], args[1])),
+          te=lambda n, ins, name: batch_gemm(ins[0], ins[1], name),
+          flops=_wino_flops, task=_wino_task),
+    OpDef(name="winograd_output", pattern=Pattern.OUT_EWISE_FUSABLE, infer=_wino_out_infer, evaluate=_wino_output_eval,
+          te=lambda n, ins, name: output_transform(ins[0], *out_size(*_wino_attrs(n)[2:], n.attrs["pad"]),
+                                                   n.attrs["m"], name, _wino_layout(n)),
+          flops=_wino_flops, task=_wino_task),
+    WorkloadDef(name="winograd_input", required=("C", "H", "W"), defaults=dict(_WINO), build=_wino_input_build,
+                reference=lambda wl, a: input_ref(_nhwc(wl.layout, a[0]), wl.p["pad"], wl.p["m"]), flops=_wino_input_flops,
+                check=_wino_check, example="winograd_input:C=256,H=14,W=14,pad=1,m=2", layout="NHWC"),
+    WorkloadDef(name="winograd_gemm", required=("C", "H", "W", "K"), defaults=dict(_WINO), build=_wino_gemm_build,
+                reference=lambda wl, a: gemm_ref(a[0], a[1]), flops=_wino_gemm_flops, check=_wino_check,
+                example="winograd_gemm:C=256,H=14,W=14,K=256,pad=1,m=2", layout="NHWC"),
+    WorkloadDef(name="winograd_output", required=("H", "W", "K"), defaults=dict(_WINO, bias=0, relu=0, residual=0),
+                build=_wino_output_build, reference=_wino_output_ref, flops=_wino_output_flops, check=_wino_check,
+                example="winograd_output:H=14,W=14,K=256,pad=1,m=2,bias=1,relu=1", epilogue=True, layout="NHWC"),
+)

@@ -1,0 +1,68 @@
+"""Compiled artifacts of one model, timed in one interleaved run beside ONNX Runtime.
+
+    python -m bench.artifacts --model resnet50 old=build/old new=build/new [--rounds 15] [--threads 1,2]
+
+Each NAME=DIR is an artifact (`tuner compile -o DIR`, by any version of tuner whose artifacts this
+one loads); all must be of --model. They are timed round by round in turn with ONNX Runtime at each
+thread count, so artifacts built by two versions of the compiler (or from two logs) are compared in
+the same minutes. Prints each one's median, its ratio to ONNX Runtime (paired per round) and every
+pair's paired ratio, and whether two artifacts hold the same library (the same generated C: the
+library's name is a hash of its source); writes JSON under bench/results/.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+
+from bench.common import write_results
+from tuner.compare.peers import interleaved, onnxruntime_runner, paired_ratios
+from tuner.graph import load as load_graph
+from tuner.graph.ir import graph_digest
+from tuner.runtime import load
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("artifacts", nargs="+", metavar="NAME=DIR")
+    ap.add_argument("--model", default="resnet50")
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--threads", default="1", help="ONNX Runtime's thread counts, e.g. 1,2 (the artifacts run "
+                                                   "with the threads they were compiled for)")
+    ap.add_argument("--out")
+    args = ap.parse_args(argv)
+    dirs = dict(a.split("=", 1) if "=" in a else (a, a) for a in args.artifacts)
+    graph = load_graph(args.model)
+    models = {name: load(d) for name, d in dirs.items()}
+    for name, m in models.items():
+        if m.meta["model_hash"] != graph_digest(graph):
+            raise SystemExit(f"{name} ({dirs[name]}) is not an artifact of {args.model}")
+    libraries = {name: m.meta["library"] for name, m in models.items()}
+    inputs = next(iter(models.values())).random_inputs(seed=1)
+    result = {"model": args.model, "rounds": args.rounds, "artifacts": dirs, "libraries": libraries, "threads": {}}
+    for threads in (int(t) for t in args.threads.split(",")):
+        runners = {name: (lambda ins, m=m: m.run(*ins)) for name, m in models.items()}
+        runners["onnxruntime"] = onnxruntime_runner(graph, threads)
+        t = interleaved(runners, inputs, args.rounds, progress=lambda s: print(f"  {s}", flush=True))
+        med = {k: statistics.median(v) for k, v in t.items()}
+        ort = med["onnxruntime"]
+        print(f"\n{args.model}, ONNX Runtime at {threads} thread(s), {args.rounds} rounds: {ort * 1e3:.2f} ms")
+        rows = {}
+        for name in models:
+            paired = statistics.median(paired_ratios(t[name], t["onnxruntime"]))
+            rows[name] = {"dir": dirs[name], "target": models[name].meta["target"], "median_s": med[name],
+                          "vs_onnxruntime_paired": paired}
+            print(f"{name:<12} {med[name] * 1e3:8.2f} ms  vs ONNX Runtime {paired:.3f}x paired  "
+                  f"({models[name].meta['target']})")
+        pairs = {f"{a}/{b}": statistics.median(paired_ratios(t[a], t[b])) for a, b in itertools.combinations(models, 2)}
+        for k, v in pairs.items():
+            a, b = k.split("/")
+            same = " (the same library)" if libraries[a] == libraries[b] else ""
+            print(f"{k:<25} {v:.3f}x paired{same}")
+        result["threads"][threads] = {"artifacts": rows, "pairs": pairs, "onnxruntime_s": ort, "rounds_s": t}
+    write_results("artifacts", args.out, result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""A compiled model against its peers (ONNX Runtime, PyTorch): `tuner bench`."""

@@ -1,0 +1,373 @@
+"""`tuner compile`: a model and tuning logs -> one shared library, one weights file, one arena plan.
+
+Every fused group of the optimised graph becomes one kernel call (a step):
+  * a group that is a task (an anchor with its epilogue: `ExtractTasks`' workload) gets the best
+    record of the given logs, then of the shipped database (`tuner/schedules/`), else the default
+    schedule of its search space: apply-best, loud about misses;
+  * a group that is one layout transform of an activation takes the best record of its
+    `layout_transform` workload when a log has one (a model tune measures every transform its
+    layout plan can need), else it is generic like the rest;
+  * every other group (layout transforms, flatten, concat, softmax, broadcast chains, ...) gets a
+    tensor expression built node by node from the operator registry (`ops.OPS`) and the
+    default schedule of the same search space (producers inlined, inner loop vectorised, outer
+    loops parallel); a DAG that space cannot schedule is computed stage by stage.
+Kernels with equal code are compiled once and shared. The steps run in graph order from a
+generated C entry point over one arena (compiler.memory); weights are laid out in their kernels'
+layouts at compile time and stored in one binary file.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .. import __version__
+from ..codegen.c import generate_c
+from ..database.union import Database
+from ..errors import UserError
+from ..graph import Graph, load
+from ..graph.ir import graph_digest, graph_structure, interface_names
+from ..graph.passes import optimize
+from ..graph.passes.extract_tasks import group_summary, transform_workload, workload_of
+from ..ops import Unsupported, flops, to_te
+from ..runtime.artifact import DEFAULT, GENERIC, Arg, Step, declaration
+from ..runtime.model import CompiledModel
+from ..schedule.lower import lower
+from ..schedule.schedule import ScheduleError, replay
+from ..space.sketch import SearchSpace
+from ..target import Target, parse_target
+from ..task import Task, code_hash
+from ..te import layouts as L
+from ..te.layouts import plan_summary
+from ..te.tensor import placeholder
+from ..toolchain.cc import compile_library
+from .executor import executor_source
+from .memory import Lifetime, align, peak_live_bytes, plan
+
+DEFAULT_LAYOUT = "NCHW16c"
+
+@dataclass
+class Kernel:
+    func: str
+    source: str
+    openmp: bool
+    code_hash: str
+
+
+class UntunedError(UserError):
+    """--strict and some anchor task has no record."""
+
+
+class _Weights:
+    """Constants packed into one 64-byte aligned blob, each stored once."""
+
+    def __init__(self):
+        self.chunks: list = []
+        self.size = 0
+        self.offsets: dict = {}
+
+    def add(self, key, data: np.ndarray) -> int:
+        if key in self.offsets:
+            return self.offsets[key]
+        data = np.ascontiguousarray(data, dtype=np.float32)
+        off = self.size
+        self.chunks.append((off, data.tobytes()))
+        self.size = align(off + data.nbytes)
+        self.offsets[key] = off
+        return off
+
+    def blob(self) -> bytes:
+        out = bytearray(self.size)
+        for off, b in self.chunks:
+            out[off:off + len(b)] = b
+        return bytes(out)
+
+
+def _group_io(graph: Graph, nodes: list, uses: dict, outputs: set):
+    """(input values in order of first use, the output value) of a fused group."""
+    inside = {id(graph.nodes[k].output) for k in nodes}
+    ins, seen = [], set()
+    for k in nodes:
+        for v in graph.nodes[k].inputs:
+            if id(v) not in inside and id(v) not in seen:
+                seen.add(id(v))
+                ins.append(v)
+    group_nodes = {id(graph.nodes[k]) for k in nodes}
+    outs = [graph.nodes[k].output for k in nodes
+            if id(graph.nodes[k].output) in outputs
+            or any(id(c) not in group_nodes for c in uses.get(id(graph.nodes[k].output), []))]
+    if len(outs) != 1:
+        raise AssertionError(f"fused group {group_summary(graph, nodes)} has {len(outs)} outputs; FuseOps "
+                             "must give every group exactly one")
+    return ins, outs[0]
+
+
+def _task_binding(graph: Graph, group, wl, ins_wl: list) -> list:
+    """The graph values (or arrays to store as weights) behind each argument of a task's kernel."""
+    anchor = graph.nodes[group.anchor]
+    binding = dict(zip(("data", "weight"), anchor.inputs))
+    cur = anchor.output
+    for n in (graph.nodes[k] for k in group.nodes if k != group.anchor):
+        if n.op == "add":
+            other = next(v for v in n.inputs if v is not cur)
+            binding["bias" if other.is_const else "residual"] = other
+        cur = n.output
+    out = []
+    for t in ins_wl:
+        v = binding[t.name]
+        if t.name == "weight" and wl.op == "dense" and wl.blocks[1]:
+            out.append(L.dense_weight_from_oi(v.data, wl.blocks[1]))      # packed now, once
+            continue
+        if int(np.prod(v.shape)) != int(np.prod(t.shape)) or (t.name == "weight" and tuple(v.shape) != t.shape):
+            raise AssertionError(f"{wl.label}: argument {t.name} {list(t.shape)} bound to {v.name} {list(v.shape)}")
+        out.append(v)
+    return out
+
+
+def _generic_dag(graph: Graph, nodes: list, ins: list, out_value):
+    """(placeholders, output tensor) of a group built from the operator registry."""
+    tensors, phs = {}, []
+    for k, v in enumerate(ins):
+        t = placeholder(v.shape, f"in{k}")
+        tensors[id(v)] = t
+        phs.append(t)
+    for j, k in enumerate(nodes):
+        n = graph.nodes[k]
+        tensors[id(n.output)] = to_te(n, [tensors[id(v)] for v in n.inputs], f"s{j}_{n.op}")
+    return phs, tensors[id(out_value)]
+
+
+def _generic_kernel(dag: tuple, target: Target, func: str):
+    """(steps, C source, uses OpenMP) of a generic group: the default point of its search space,
+    else every stage computed whole, one after the other (always legal)."""
+    tries = [[]]
+    try:
+        space = SearchSpace(None, target, dag)
+        tries.insert(0, space.steps(space.default()))
+    except (ValueError, ScheduleError):
+        pass                     # more than one reduction (softmax): stage by stage
+    last_error = None
+    for steps in tries:
+        try:
+            fn = lower(replay(dag[0], dag[1], steps))
+        except (ScheduleError, ValueError) as e:
+            last_error = e
+            continue
+        src, omp = generate_c(dataclasses.replace(fn, name=func), target.lanes, target.threads)
+        return steps, src, omp
+    raise AssertionError(f"no schedule lowers for {dag[1].name}: {last_error}")
+
+
+def compile_model(model, log=None, target: str | Target = "cpu", threads: int | None = None,
+                  layout: str | None = None, input_shapes: dict | None = None, strict: bool = False,
+                  use_shipped: bool = True, progress=None, choose=None, layout_plan: dict | None = None):
+    """Compile a built-in model, an ONNX file or a Graph with the best schedules of `log` (a path or
+    a list of paths). Returns a runtime.model.CompiledModel.
+
+    layout_plan: {conv node name: layout} for convolutions that run in another layout
+    than `layout` (graph.layout_plan: what the solver chose).
+
+    choose: for tests, a function Task -> steps that replaces apply-best (its steps are reported
+    as coming from 'chosen')."""
+    t0 = time.perf_counter()
+    say = progress or (lambda msg: None)
+    tgt = parse_target(target, threads)
+    if tgt.kind != "cpu":
+        raise UserError(f"a whole model compiles for CPU targets in this version, not {tgt.kind}: "
+                        "use --target cpu")
+    layout = layout or DEFAULT_LAYOUT
+    L.check_activation_layout(layout)
+    graph = model if isinstance(model, Graph) else load(str(model), input_shapes)
+    source_name = graph.name if isinstance(model, Graph) else str(model)
+    logs = [str(p) for p in ([log] if isinstance(log, (str, Path)) else list(log or []))]
+    db = Database.open(logs, tgt, use_shipped)
+    model_hash = graph_digest(graph)
+    layout_plan, plan_from = _layout_plan(db, graph, model_hash, tgt, layout, layout_plan, source_name, say)
+    g = optimize(graph, layout=layout, layout_plan=layout_plan)
+    say(f"optimised {graph.name}: {len(graph.nodes)} nodes -> {len(g.nodes)}, "
+        f"{len(g.meta['fused_groups'])} fused groups")
+    io = _Interface(g)
+    low = _lower_groups(g, io, db, tgt, choose, say)
+    lives, arena_bytes, weights = _place_arguments(low, io)
+    if strict:
+        _check_tuned(low.steps, logs, tgt)
+    blob = weights.blob()
+    meta = {
+        "format": 2,
+        "tool": f"tuner {__version__}",
+        "model": source_name,
+        "model_hash": model_hash,
+        "target": str(tgt),
+        "layout": layout,
+        "layout_plan": dict(layout_plan or {}),
+        "layout_plan_from": plan_from,
+        "logs": logs,
+        **{side: [{"name": name, "shape": list(v.shape), "dtype": v.dtype}
+                  for name, v in zip(names, values, strict=True)]
+           for side, names, values in zip(("inputs", "outputs"), interface_names(graph), (g.inputs, g.outputs))},
+        "arena_bytes": arena_bytes,
+        "intermediate_bytes": sum(align(t.nbytes) for t in lives),
+        "peak_live_bytes": peak_live_bytes(lives),
+        "weights_bytes": weights.size,
+        "weights_sha256": hashlib.sha256(blob).hexdigest(),
+        "kernels": len(low.kernels),
+        "steps": [s.to_json() for s in low.steps],
+    }
+    lib, source = _build_library(low, tgt, meta, say)
+    meta["compile_s"] = round(time.perf_counter() - t0, 3)
+    return CompiledModel(meta, lib, source, blob)
+
+
+def _layout_plan(db, graph, model_hash, tgt, layout, layout_plan, source_name, say) -> tuple:
+    """(the layout plan to compile with: the given one, else the newest the logs hold for this
+    model and target, else None; where it came from), refusing a given plan of another model."""
+    plan_from = "given" if layout_plan else None
+    if layout_plan is None:
+        found, where = db.plan(model_hash, tgt, graph_structure(graph))
+        if found is not None:
+            layout_plan, plan_from = found.layouts, where
+            say(f"layout plan from {where}: {plan_summary(found.layouts)}")
+        elif db.planned_models():
+            warnings.warn(f"the log holds a layout plan of {', '.join(db.planned_models())} but none of this model "
+                          f"on '{tgt}': compiling {source_name} without one (every conv in {layout})")
+    unknown = sorted(set(layout_plan or {}) - {n.name for n in graph.nodes if n.op in ("conv2d", "dense")})
+    if unknown:
+        said = (f"the layout plan ({plan_from}) names {len(unknown)} conv or dense node(s) that {source_name} does "
+                f"not have: {', '.join(unknown[:4])}")
+        if plan_from == "given":
+            raise UserError(f"{said}; give a plan of this model")
+        warnings.warn(f"{said} (its nodes were renamed?): compiling without it (every conv in {layout})")
+        return None, None
+    return layout_plan, plan_from
+
+
+class _Interface:
+    """Where the optimised graph's inputs and outputs are (by position); every output must be
+    computed by a kernel of its own."""
+
+    def __init__(self, g: Graph):
+        self.uses = g.consumers()
+        self.outputs = {id(v) for v in g.outputs}
+        self.inputs = {id(v): k for k, v in enumerate(g.inputs)}
+        self.out_index: dict = {}
+        for k, v in enumerate(g.outputs):
+            if id(v) in self.out_index or id(v) in self.inputs or v.is_const:
+                raise Unsupported(f"graph output {k} ({v.name}) is a graph input, a constant or another output; "
+                                  "tuner compile needs every output computed by a kernel of its own")
+            self.out_index[id(v)] = k
+
+    def outside_arena(self, v) -> bool:
+        return isinstance(v, np.ndarray) or v.is_const or id(v) in self.inputs or id(v) in self.out_index
+
+
+@dataclass
+class _Lowered:
+    kernels: dict = field(default_factory=dict)     # code hash -> Kernel
+    steps: list = field(default_factory=list)
+    step_args: list = field(default_factory=list)   # per step: [(value or array)]
+    lifetimes: dict = field(default_factory=dict)   # value id -> [first step, last step, bytes]
+
+
+def _lower_groups(g: Graph, io: _Interface, db, tgt, choose, say) -> _Lowered:
+    """One step per fused group, in graph order: a task's best record (else its default), or a
+    generic kernel; kernels with equal code are shared."""
+    low = _Lowered()
+    for gi, grp in enumerate(g.meta["fused_groups"]):
+        ins, out_v = _group_io(g, grp.nodes, io.uses, io.outputs)
+        func = f"kernel{len(low.kernels)}"
+        wl, _why = workload_of(g, grp)
+        if wl is None and (lt := transform_workload(g, grp)) is not None and db.best(lt, tgt)[0] is not None:
+            wl = lt                  # a transform a model tune measured: its record, not the generic kernel
+        if wl is not None:
+            kern, args, sched, where, label, expected = _task_kernel(g, grp, wl, ins, db, tgt, choose, func)
+        else:
+            kern, args, sched = _generic_group(g, grp.nodes, ins, out_v, tgt, func)
+            where, label, expected = GENERIC, f"{group_summary(g, grp.nodes)} -> {out_v.type_str()}", None
+        kern = low.kernels.setdefault(kern.code_hash, kern)
+        anchor = g.nodes[grp.anchor] if grp.anchor is not None else g.nodes[grp.nodes[0]]
+        low.steps.append(Step(gi, group_summary(g, grp.nodes), anchor.name, kern.func, [], label,
+                              wl.key if wl is not None else None, where, expected,
+                              sum(flops(g.nodes[k]) for k in grp.nodes), kern.code_hash, sched))
+        low.step_args.append(args + [out_v])
+        for v in args + [out_v]:
+            if not io.outside_arena(v):
+                life = low.lifetimes.setdefault(id(v), [gi, gi, 4 * int(np.prod(v.shape))])
+                life[1] = max(life[1], gi)
+        say(f"[{gi + 1}/{len(g.meta['fused_groups'])}] {low.steps[-1].summary}: {where}")
+    return low
+
+
+def _task_kernel(g: Graph, grp, wl, ins: list, db, tgt, choose, func: str) -> tuple:
+    """(Kernel, its arguments, steps, where they came from, label, the latency the record promises)
+    of a group that is a task: apply-best."""
+    task = Task(wl, tgt)
+    rec, where = db.best(wl, tgt)
+    sched = rec.steps if rec is not None else task.space.steps(task.space.default())
+    if choose is not None:
+        rec, where, sched = None, "chosen", choose(task)
+    cand = task.candidate(sched, func_name=func)
+    if rec is not None and rec.code_hash and cand.code_hash != rec.code_hash:
+        raise AssertionError(f"{wl.label}: the record's steps give other code than it logged")
+    if wl.op == "layout_transform":
+        if tuple(ins[0].shape) != tuple(task.space.inputs[0].shape):
+            raise AssertionError(f"{wl.label}: input {list(ins[0].shape)} is not the workload's "
+                                 f"{list(task.space.inputs[0].shape)}")
+        args = list(ins)
+    else:
+        args = _task_binding(g, grp, wl, task.space.inputs)
+    return (Kernel(func, cand.source, cand.openmp, cand.code_hash), args, sched, where, wl.label,
+            rec.latency if rec is not None else None)
+
+
+def _generic_group(g: Graph, nodes: list, ins: list, out_v, tgt, func: str) -> tuple:
+    """(Kernel, its arguments, steps) of a group that is no task, built from the operator registry."""
+    sched, src, omp = _generic_kernel(_generic_dag(g, nodes, ins, out_v), tgt, func)
+    return Kernel(func, src, omp, code_hash(src, func)), list(ins), sched
+
+
+def _place_arguments(low: _Lowered, io: _Interface) -> tuple:
+    """(lifetimes, arena bytes, weights): every step argument placed in the arena (planned from
+    the lifetimes), the weights blob, or the model's inputs and outputs."""
+    lives = [Lifetime(str(k), n, a, b) for k, (a, b, n) in low.lifetimes.items()]
+    offsets, arena_bytes = plan(lives)
+    weights = _Weights()
+    for st, args in zip(low.steps, low.step_args):
+        for v in args:
+            if isinstance(v, np.ndarray):
+                st.args.append(Arg("weight", weights.add(("packed", st.index, len(st.args)), v)))
+            elif v.is_const:
+                if v.data.dtype != np.float32:
+                    raise Unsupported(f"constant {v.name} is {v.data.dtype}; kernels take float32 tensors")
+                st.args.append(Arg("weight", weights.add(id(v), v.data)))
+            elif id(v) in io.inputs:
+                st.args.append(Arg("input", io.inputs[id(v)]))
+            elif id(v) in io.out_index:
+                st.args.append(Arg("output", io.out_index[id(v)]))
+            else:
+                st.args.append(Arg("arena", offsets[str(id(v))]))
+    return lives, arena_bytes, weights
+
+
+def _check_tuned(steps: list, logs: list, tgt) -> None:
+    """--strict: every task has a record."""
+    names = sorted({s.workload for s in steps if s.anchor and s.source == DEFAULT})
+    if names:
+        raise UntunedError(f"--strict: {len(names)} task(s) have no record in {', '.join(logs) or 'any log'} or the "
+                           f"shipped database for '{tgt}': {'; '.join(names[:5])}"
+                           f"{' ...' if len(names) > 5 else ''}; tune them (tuner tune) or leave out --strict")
+
+
+def _build_library(low: _Lowered, tgt, meta: dict, say) -> tuple:
+    """(path of the model's library, its C source): kernels, steps and the executor, declaring meta."""
+    source = executor_source(list(low.kernels.values()), low.steps, declaration(meta))
+    say(f"building {len(low.kernels)} kernels for {len(low.steps)} steps")
+    flags = list(tgt.cflags) + (["-fopenmp"] if any(k.openmp for k in low.kernels.values()) else [])
+    lib, err = compile_library(source, flags)
+    if lib is None:
+        raise AssertionError(f"the generated model library does not compile: {err}")
+    return lib, source

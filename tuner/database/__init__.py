@@ -1,0 +1,1 @@
+"""What tuning found: measure results (result), the JSONL record format and its queries (records)."""

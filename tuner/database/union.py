@@ -1,0 +1,66 @@
+"""The database a compile reads: an ordered union of sources (the user's logs, then the shipped
+schedules); a workload's best record comes from the first source that has one, else the task's
+default schedule. `tuner compile` and `build_op` both apply the best through it."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import UserError
+from ..runtime.artifact import DEFAULT, SHIPPED
+from . import records
+
+
+@dataclass
+class Source:
+    name: str                        # the log's path, or SHIPPED
+    contents: records.LogContents
+
+
+@dataclass
+class Database:
+    sources: list                    # [Source], first wins
+    _best: dict = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, logs, target, use_shipped: bool = True, missing: str = "error", warn: bool = True) -> "Database":
+        """The user's `logs` (a path or a list) in order, then the shipped database of the target's
+        backend. missing: "error" (a UserError naming the log) or "skip" for a log that does not exist."""
+        paths = [logs] if isinstance(logs, (str, Path)) else [p for p in logs or [] if p is not None]
+        sources = []
+        for p in paths:
+            if not Path(p).exists():
+                if missing == "error":
+                    raise UserError(f"log {p} does not exist; give the log `tuner tune --log` wrote")
+                continue
+            sources.append(Source(str(p), records.load(p, warn=warn)))
+        shipped = records.shipped_database(target)
+        if use_shipped and shipped.exists():
+            sources.append(Source(SHIPPED, records.load(shipped, warn=False)))
+        return cls(sources)
+
+    def best(self, workload, target) -> tuple:
+        """(the best record of `workload` on `target` in the first source that has one, that
+        source's name), or (None, DEFAULT)."""
+        key = (workload.key, str(target))
+        if key not in self._best:
+            self._best[key] = next(((rec, s.name) for s in self.sources
+                                    if (rec := records.best_of(s.contents.applicable(workload.key, str(target))))),
+                                   (None, DEFAULT))
+        return self._best[key]
+
+    def plan(self, model_hash: str, target, structure: str = "") -> tuple:
+        """(the newest layout plan of the model on `target` in the first source that has one, that
+        source's name), or (None, None)."""
+        for s in self.sources:
+            found = s.contents.plan(model_hash, str(target), structure)
+            if found is not None:
+                return found, s.name
+        return None, None
+
+    def planned_models(self) -> list:
+        """The models the user's logs hold layout plans of (the shipped database's are not theirs)."""
+        return sorted({p.model for s in self.sources if s.name != SHIPPED for p in s.contents.plans})
+
+    def searched(self) -> str:
+        return ", ".join(s.name for s in self.sources) or "no log"

@@ -1,0 +1,253 @@
+"""conv2d: 2-D convolution in NCHW (OIHW weights), NHWC (HWIO) or NCHW[x]c (OIHW[i]i[o]o), strided,
+padded, dilated, grouped and depthwise, with its fused epilogue."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import GraphError
+from ..te import layouts as L
+from ..te.tensor import Tensor, compute, placeholder, reduce_axis, sum_reduce
+from .common import (conv_out_size, data_placeholder, export_as, f32, from_nchw, hw_dims, kernel_layout, nchw_dims,
+                     nchw_in, pad_ref, pad_spatial, pads4, pads_param, to_nchw, unsupported, window_out)
+from .elementwise import epilogue, epilogue_ref
+from .registry import NoTask, OpDef, Pattern, WorkloadDef, WorkloadError, output_elements, register
+
+
+def conv2d(data: Tensor, kernel: Tensor, layout: str, stride: int, pads: tuple,
+           dilation: int = 1, groups: int = 1, name: str = "conv") -> Tensor:
+    """conv2d in NCHW (OIHW weights), NHWC (HWIO) or NCHW[x]c (OIHW[i]i[o]o)."""
+    padded = pad_spatial(data, hw_dims(layout), pads, 0.0, name=f"{name}_pad") if any(pads) else data
+    s, d = stride, dilation
+    if layout == "NCHW":
+        n_, c_, h_, w_ = data.shape
+        k_, cg, r_, s_ = kernel.shape
+        oh = conv_out_size(h_, r_, s, pads[0], pads[2], d)
+        ow = conv_out_size(w_, s_, s, pads[1], pads[3], d)
+        kg = k_ // groups
+        rc, rh, rw = reduce_axis(cg, "rc"), reduce_axis(r_, "rh"), reduce_axis(s_, "rw")
+        return compute(
+            (n_, k_, oh, ow),
+            lambda n, k, y, x: sum_reduce(
+                padded[n, (k // kg) * cg + rc.var if groups > 1 else rc.var, y * s + rh.var * d, x * s + rw.var * d]
+                * kernel[k, rc.var, rh.var, rw.var], [rc, rh, rw]),
+            name, tag="conv2d", inputs=[padded, kernel], axis_names=["n", "k", "oh", "ow"])
+    if layout == "NHWC":
+        n_, h_, w_, c_ = data.shape
+        r_, s_, cg, k_ = kernel.shape
+        oh = conv_out_size(h_, r_, s, pads[0], pads[2], d)
+        ow = conv_out_size(w_, s_, s, pads[1], pads[3], d)
+        kg = k_ // groups
+        rh, rw, rc = reduce_axis(r_, "rh"), reduce_axis(s_, "rw"), reduce_axis(cg, "rc")
+        return compute(
+            (n_, oh, ow, k_),
+            lambda n, y, x, k: sum_reduce(
+                padded[n, y * s + rh.var * d, x * s + rw.var * d, (k // kg) * cg + rc.var if groups > 1 else rc.var]
+                * kernel[rh.var, rw.var, rc.var, k], [rh, rw, rc]),
+            name, tag="conv2d", inputs=[padded, kernel], axis_names=["n", "oh", "ow", "k"])
+    # NCHW[x]c
+    n_, icc, h_, w_, ib = data.shape
+    occ, _, r_, s_, kib, ob = kernel.shape
+    oh = conv_out_size(h_, r_, s, pads[0], pads[2], d)
+    ow = conv_out_size(w_, s_, s, pads[1], pads[3], d)
+    if groups == 1:
+        rcc, rh, rw, rcb = (reduce_axis(icc, "rcc"), reduce_axis(r_, "rh"), reduce_axis(s_, "rw"),
+                            reduce_axis(ib, "rcb"))
+        return compute(
+            (n_, occ, oh, ow, ob),
+            lambda n, kc, y, x, kb: sum_reduce(
+                padded[n, rcc.var, y * s + rh.var * d, x * s + rw.var * d, rcb.var]
+                * kernel[kc, rcc.var, rh.var, rw.var, rcb.var, kb], [rcc, rh, rw, rcb]),
+            name, tag="conv2d", inputs=[padded, kernel], axis_names=["n", "kc", "oh", "ow", "kb"])
+    # depthwise: one input channel per output channel, same blocking
+    rh, rw = reduce_axis(r_, "rh"), reduce_axis(s_, "rw")
+    return compute(
+        (n_, occ, oh, ow, ob),
+        lambda n, kc, y, x, kb: sum_reduce(
+            padded[n, kc, y * s + rh.var * d, x * s + rw.var * d, kb]
+            * kernel[kc, 0, rh.var, rw.var, 0, kb], [rh, rw]),
+        name, tag="conv2d", inputs=[padded, kernel], axis_names=["n", "kc", "oh", "ow", "kb"])
+
+
+
+def conv2d_ref(x: np.ndarray, w: np.ndarray, stride, pads: tuple, dilation=1, groups: int = 1) -> np.ndarray:
+    """NCHW x OIHW convolution in float64 through sliding windows and tensordot.
+
+    stride and dilation are one number or an (h, w) pair.
+    """
+    sh, sw = (stride, stride) if isinstance(stride, int) else stride
+    dh, dw = (dilation, dilation) if isinstance(dilation, int) else dilation
+    x = pad_ref(x.astype(np.float64), (2, 3), pads)
+    w = w.astype(np.float64)
+    k, cg, r, s = w.shape
+    win = np.lib.stride_tricks.sliding_window_view(x, (dh * (r - 1) + 1, dw * (s - 1) + 1), axis=(2, 3))
+    win = win[:, :, ::sh, ::sw, ::dh, ::dw]  # n c oh ow r s
+    kg = k // groups
+    outs = []
+    for g in range(groups):
+        xs = win[:, g * cg:(g + 1) * cg]
+        ws = w[g * kg:(g + 1) * kg]
+        outs.append(np.einsum("ncyxrs,kcrs->nkyx", xs, ws, optimize=True))
+    return np.concatenate(outs, axis=1)
+
+
+# FLOPs, one rule per operator kind (workloads and graph nodes both count with these)
+def conv2d_flops(out_elements: float, in_channels_per_group: int, r: int, s: int) -> float:
+    return 2.0 * out_elements * in_channels_per_group * r * s
+
+
+def _conv_out(node):
+    x, w = node.inputs[:2]
+    a = node.attrs
+    lay = a.get("layout", "NCHW")
+    n, c, h, wd = nchw_dims(x.shape, lay)
+    k, cg, r, s = _oihw_shape(w.shape, a.get("kernel_layout", kernel_layout(lay)))
+    if c != cg * a["groups"]:
+        raise GraphError(f"conv2d {node.name}: input has {c} channels but the weight expects "
+                         f"{cg} x {a['groups']} groups")
+    pt, pl, pb, pr = a["pads"]
+    oh = conv_out_size(h, r, a["strides"][0], pt, pb, a["dilations"][0])
+    ow = conv_out_size(wd, s, a["strides"][1], pl, pr, a["dilations"][1])
+    if oh < 1 or ow < 1:
+        raise GraphError(f"conv2d {node.name}: kernel {r}x{s} does not fit input {h}x{wd}")
+    return L.act_shape(lay, n, k, oh, ow, L.fit_block(k, L.block_of(lay)) if L.block_of(lay) else None), lay
+
+
+def _oihw_shape(shape: tuple, klayout: str) -> tuple:
+    if klayout == "OIHW":
+        return tuple(shape)
+    if klayout == "HWIO":
+        r, s, i, o = shape
+        return (o, i, r, s)
+    oc, ic, r, s, ib, ob = shape
+    return (oc * ob, ic * ib, r, s)
+
+
+def _conv_infer(node):
+    shape, lay = _conv_out(node)
+    return shape, "float32", lay
+
+
+def _conv_eval(node, args):
+    a = node.attrs
+    lay = a.get("layout", "NCHW")
+    kl = a.get("kernel_layout", kernel_layout(lay))
+    w_oihw = args[1] if kl == "OIHW" else L.conv_weight_to_oihw(args[1], "NHWC" if kl == "HWIO" else "NCHW16c")
+    y = conv2d_ref(to_nchw(args[0], lay), w_oihw, tuple(a["strides"]), tuple(a["pads"]),
+                          tuple(a["dilations"]), a["groups"])
+    return f32(from_nchw(y, lay))
+
+
+def _conv_te(node, ins, name):
+    a = node.attrs
+    lay = a.get("layout", "NCHW")
+    if a["strides"][0] != a["strides"][1] or a["dilations"][0] != a["dilations"][1]:
+        unsupported(node, "different strides or dilations per axis")
+    if a.get("kernel_layout", kernel_layout(lay)) != kernel_layout(lay):
+        unsupported(node, f"weight layout {a['kernel_layout']} with activation layout {lay}")
+    if L.block_of(lay) and a["groups"] > 1 and node.inputs[1].shape[1] != 1:
+        unsupported(node, "a grouped (not depthwise) convolution in a blocked layout")
+    return conv2d(ins[0], ins[1], lay, a["strides"][0], tuple(a["pads"]), a["dilations"][0], a["groups"],
+                         name=name)
+
+
+def _conv_flops(node):
+    lay = node.attrs.get("layout", "NCHW")
+    _, cg, r, s = _oihw_shape(node.inputs[1].shape, node.attrs.get("kernel_layout", kernel_layout(lay)))
+    return conv2d_flops(output_elements(node), cg, r, s)
+
+
+def _onnx_conv(cx, ins, a):
+    x = ins[0]
+    w = cx.const(ins[1], "the weight")
+    if len(w.shape) != 4:
+        raise cx.fail("only 2-D convolutions are supported")
+    k, strides, dil = cx.window(a, list(w.shape[2:]))
+    pads = cx.pads(a, x.shape[2:], k, strides, dil)
+    y = cx.add("conv2d", [x, ins[1]], {"strides": strides, "pads": pads, "dilations": dil,
+                                       "groups": a.get("group", 1), "layout": "NCHW", "kernel_layout": "OIHW"})
+    if len(ins) > 2 and ins[2] is not None:
+        bias = cx.const(ins[2], "the bias")
+        y = cx.add("add", [y, cx.constant(bias.reshape(-1, 1, 1), "_bias")], {}, "_bias_add")
+    return [y]
+
+
+def _conv_task(n):
+    a, lay = n.attrs, n.attrs.get("layout", "NCHW")
+    if a["strides"][0] != a["strides"][1] or a["dilations"][0] != a["dilations"][1]:
+        raise NoTask("conv2d with different strides or dilations per axis")
+    nn, c, h, w = nchw_dims(n.inputs[0].shape, lay)
+    k = nchw_dims(n.output.shape, lay)[1]
+    wshape = n.inputs[1].shape
+    r, s = (wshape[0], wshape[1]) if lay == "NHWC" else (wshape[2], wshape[3])
+    # a blocked input read in its own block (a fused layout transform, convert_layout.fused_read);
+    # make() leaves ib out of the key when it is the layout's own
+    ib = dict(ib=n.inputs[0].shape[4]) if L.block_of(lay) and a["groups"] == 1 and len(n.inputs[0].shape) == 5 else {}
+    return dict(N=nn, C=c, H=h, W=w, K=k, R=r, S=s, stride=a["strides"][0], pad=pads_param(a["pads"]),
+                dilation=a["dilations"][0], groups=a["groups"], **ib), lay
+
+
+def _conv_build(wl):
+    p, lay = wl.p, wl.layout
+    ib, ob = wl.blocks
+    g = p["groups"]
+    if lay == "NCHW":
+        wshape = (p["K"], p["C"] // g, p["R"], p["S"])
+    elif lay == "NHWC":
+        wshape = (p["R"], p["S"], p["C"] // g, p["K"])
+    else:
+        wshape = ((p["K"] // ob, 1, p["R"], p["S"], 1, ob) if g > 1
+                  else (p["K"] // ob, p["C"] // ib, p["R"], p["S"], ib, ob))
+    data, weight = data_placeholder(wl), placeholder(wshape, "weight")
+    out = conv2d(data, weight, lay, p["stride"], pads4(p["pad"]), p["dilation"], g)
+    return epilogue(wl, [data, weight], out, ob)
+
+
+def _conv_ref(wl, arrays: list):
+    p = wl.p
+    w = L.conv_weight_to_oihw(arrays[1], wl.layout)
+    y = conv2d_ref(nchw_in(wl, arrays), w, p["stride"], pads4(p["pad"]), p["dilation"], p["groups"])
+    rest = list(arrays[2:])
+    if p["bias"]:
+        # every bias layout flattens to channel order: (K,1,1), (K,), (K/b,1,1,b)
+        y = y + rest.pop(0).reshape(-1)[None, :, None, None]
+    y = L.act_from_nchw(y, wl.layout, wl.blocks[1] or None)
+    if p["residual"]:
+        y = y + rest.pop(0)
+    return epilogue_ref(p, y)
+
+
+def _conv_check(wl):
+    p = wl.p
+    g = p["groups"]
+    if "ib" in p and not (L.block_of(wl.layout) and g == 1 and 1 <= p["ib"] <= L.MAX_BLOCK and p["C"] % p["ib"] == 0):
+        raise WorkloadError(f"conv2d: ib={p['ib']} (the input's channel block, when it is read in another block "
+                            f"than the output's) needs a blocked layout, groups=1 and a block dividing C={p['C']}")
+    if p["C"] % g or p["K"] % g:
+        raise WorkloadError(f"conv2d: groups={g} must divide C={p['C']} and K={p['K']}")
+    if L.block_of(wl.layout) and g > 1 and not (g == p["C"] == p["K"]):
+        raise WorkloadError(f"conv2d in {wl.layout} supports groups=1 or depthwise (groups=C=K); "
+                            f"groups={g} needs layout NCHW or NHWC")
+    if min(window_out(p, p["dilation"])) < 1:
+        raise WorkloadError(f"conv2d: kernel {p['R']}x{p['S']} does not fit input {p['H']}x{p['W']}")
+
+
+def _conv_wl_flops(wl):
+    p = wl.p
+    oh, ow = window_out(p, p["dilation"])
+    return conv2d_flops(p["N"] * p["K"] * oh * ow, p["C"] // p["groups"], p["R"], p["S"])
+
+
+register(
+    OpDef(name="conv2d", pattern=Pattern.OUT_EWISE_FUSABLE, infer=_conv_infer, evaluate=_conv_eval, te=_conv_te,
+          flops=_conv_flops, onnx_in={"Conv": _onnx_conv},
+          onnx_out=export_as("Conv", lambda n: {"kernel_shape": list(n.inputs[1].shape[2:]), "strides": n.attrs["strides"],
+                                                "pads": n.attrs["pads"], "dilations": n.attrs["dilations"],
+                                                "group": n.attrs["groups"]}), task=_conv_task),
+    WorkloadDef(name="conv2d", required=("C", "H", "W", "K", "R", "S"),
+                defaults=dict(N=1, stride=1, pad=0, dilation=1, groups=1, bias=0, relu=0, residual=0),
+                build=_conv_build, reference=_conv_ref, flops=_conv_wl_flops, check=_conv_check,
+                example="conv2d:N=1,C=64,H=56,W=56,K=64,R=3,S=3,stride=1,pad=1", epilogue=True,
+                # ib: a blocked conv reading its input in another channel block than it writes
+                # (NCHW16c in, NCHW8c out): the layout transform fused into its loads
+                optional=("ib",), layout="NCHW16c"),
+)

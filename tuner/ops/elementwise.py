@@ -1,0 +1,253 @@
+"""Elementwise and broadcast operators: the activations (one table: ACTIVATIONS), the binary
+arithmetic ops (BINARY_FNS), batch_norm, and the epilogue a conv, dense or Winograd output kernel
+fuses (bias, residual, activation)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import GraphError
+from ..te.expr import Call, Const, max_expr, min_expr
+from ..te.tensor import Tensor, compute, placeholder
+from .common import data_placeholder, export_as, f32, from_nchw, nchw_in, nchw_out, onnx_plain, same, to_nchw, unary
+from .registry import OpDef, Pattern, WorkloadDef, register
+
+
+def _clamp(e, lo: float, hi: float):
+    return min_expr(max_expr(e, Const(float(lo))), Const(float(hi)))
+
+
+# name -> (parameters with defaults, TE element formula, NumPy formula on float64)
+ACTIVATIONS = {
+    "relu": ({}, lambda e, p: max_expr(e, Const(0.0)), lambda x, p: np.maximum(x, 0.0)),
+    "clip": ({"lo": 0.0, "hi": 6.0}, lambda e, p: _clamp(e, p["lo"], p["hi"]),
+             lambda x, p: np.clip(x, p["lo"], p["hi"])),
+    "sigmoid": ({}, lambda e, p: Const(1.0) / (Const(1.0) + Call("exp", (Const(-1.0) * e,))),
+                lambda x, p: 1.0 / (1.0 + np.exp(-x))),
+    "hard_sigmoid": ({"alpha": 0.2, "beta": 0.5}, lambda e, p: _clamp(Const(float(p["alpha"])) * e
+                                                                      + Const(float(p["beta"])), 0.0, 1.0),
+                     lambda x, p: np.clip(p["alpha"] * x + p["beta"], 0.0, 1.0)),
+    "hard_swish": ({}, lambda e, p: e * _clamp(e * Const(1.0 / 6.0) + Const(0.5), 0.0, 1.0),
+                   lambda x, p: x * np.clip(x / 6.0 + 0.5, 0.0, 1.0)),
+}
+
+
+def activation(x: Tensor, kind: str, params: dict | None = None, name: str | None = None) -> Tensor:
+    _, fn, _ = ACTIVATIONS[kind]
+    p = {**ACTIVATIONS[kind][0], **(params or {})}
+    name = name or kind
+    return compute(x.shape, lambda *i: fn(x[i], p), name, tag="elemwise", inputs=[x],
+                   axis_names=[f"{name}_i{k}" for k in range(x.ndim)])
+
+
+def activation_ref(x: np.ndarray, kind: str, params: dict | None = None) -> np.ndarray:
+    p = {**ACTIVATIONS[kind][0], **(params or {})}
+    return ACTIVATIONS[kind][2](x.astype(np.float64), p)
+
+
+def relu(x: Tensor, name: str = "relu") -> Tensor:
+    return activation(x, "relu", name=name)
+
+
+def add(a: Tensor, b: Tensor, name: str = "add") -> Tensor:
+    return _binary(a, b, lambda u, v: u + v, name)
+
+
+def _binary(a: Tensor, b: Tensor, fn, name: str) -> Tensor:
+    """NumPy-style broadcast of `b` against `a` (b's dims align to a's trailing dims)."""
+    if b.ndim > a.ndim:
+        raise ValueError(f"{name}: cannot broadcast {list(b.shape)} onto {list(a.shape)}")
+    off = a.ndim - b.ndim
+    for k, e in enumerate(b.shape):
+        if e not in (1, a.shape[off + k]):
+            raise ValueError(f"{name}: cannot broadcast {list(b.shape)} onto {list(a.shape)}")
+
+    def f(*i):
+        bi = tuple(0 if b.shape[k] == 1 else i[off + k] for k in range(b.ndim))
+        return fn(a[i], b[bi])
+
+    tag = "elemwise" if b.shape == a.shape else "broadcast"
+    return compute(a.shape, f, name, tag=tag, inputs=[a, b], axis_names=[f"{name}_i{k}" for k in range(a.ndim)])
+
+
+BINARY_FNS = {"add": (lambda u, v: u + v, np.add), "sub": (lambda u, v: u - v, np.subtract),
+              "mul": (lambda u, v: u * v, np.multiply), "div": (lambda u, v: u / v, np.divide)}
+
+
+def broadcast_binary(kind: str, a: Tensor, b: Tensor, name: str | None = None) -> Tensor:
+    """NumPy broadcasting of two tensors in either direction (trailing dims aligned)."""
+    fn = BINARY_FNS[kind][0]
+    shape = tuple(np.broadcast_shapes(a.shape, b.shape))
+    nd = len(shape)
+
+    def index(t: Tensor, i):
+        off = nd - t.ndim
+        return tuple(0 if t.shape[k] == 1 and shape[off + k] != 1 else i[off + k] for k in range(t.ndim))
+
+    name = name or kind
+    tag = "elemwise" if a.shape == b.shape == shape else "broadcast"
+    return compute(shape, lambda *i: fn(a[index(a, i)], b[index(b, i)]), name, tag=tag, inputs=[a, b],
+                   axis_names=[f"{name}_i{k}" for k in range(nd)])
+
+
+def channel_bias_shape(layout: str, k: int, block: int = 0) -> tuple:
+    """Shape of a per-output-channel vector broadcast against an activation in `layout`."""
+    if layout == "NCHW":
+        return (k, 1, 1)
+    if layout == "NHWC":
+        return (k,)
+    return (k // block, 1, 1, block)
+
+
+def _broadcast(node):
+    try:
+        shape = np.broadcast_shapes(*(v.shape for v in node.inputs))
+    except ValueError:
+        raise GraphError(f"{node.op} {node.name}: shapes {' and '.join(str(list(v.shape)) for v in node.inputs)} "
+                         "do not broadcast") from None
+    act = [v for v in node.inputs if not v.is_const and v.shape == shape]
+    return tuple(shape), (act[0].layout if act else node.inputs[0].layout)
+
+
+def _binary_infer(node):
+    shape, lay = _broadcast(node)
+    return shape, node.inputs[0].dtype, lay
+
+
+# activation -> (its ONNX op type, {ops.elementwise.ACTIVATIONS parameter: (node attribute, value when the
+# attribute is absent)}); node attributes are named and defaulted as ONNX's
+_ACTS = {"relu": ("Relu", {}), "sigmoid": ("Sigmoid", {}), "hard_swish": ("HardSwish", {}),
+         "clip": ("Clip", {"lo": ("min", -np.inf), "hi": ("max", np.inf)}),
+         "hard_sigmoid": ("HardSigmoid", {"alpha": ("alpha", 0.2), "beta": ("beta", 0.5)})}
+
+
+def _act_attrs(op: str, given: dict) -> dict:
+    """An activation's node attributes, from `given` (ONNX or node attributes) or their defaults."""
+    return {attr: given.get(attr, dflt) for attr, dflt in _ACTS[op][1].values()}
+
+
+def act_params(node) -> dict:
+    """The ops.elementwise.ACTIVATIONS parameters of an activation node (clip's min/max are lo/hi there)."""
+    return {p: float(node.attrs.get(attr, dflt)) for p, (attr, dflt) in _ACTS[node.op][1].items()}
+
+
+def _bn_eval(node, args):
+    lay = node.attrs.get("layout", "NCHW")
+    scale, bias, mean, var = (v.astype(np.float64) for v in args[1:5])
+    y = to_nchw(args[0], lay).astype(np.float64)
+    sh = (1, -1, 1, 1) if y.ndim == 4 else (1, -1)
+    y = (y - mean.reshape(sh)) / np.sqrt(var.reshape(sh) + node.attrs["epsilon"]) * scale.reshape(sh) + bias.reshape(sh)
+    return f32(from_nchw(y, lay))
+
+
+def _bn_te(node, ins, name):
+    x = node.inputs[0]
+    lay = node.attrs.get("layout", "NCHW")
+    eps = float(node.attrs["epsilon"])
+    data, scale, bias, mean, var = ins
+
+    def channel(i):
+        if len(i) == 2 or lay == "NCHW":
+            return i[1]
+        if lay == "NHWC":
+            return i[3]
+        return i[1] * Const(x.shape[4]) + i[4]
+
+    def f(*i):
+        c = channel(i)
+        return (data[i] - mean[c]) / Call("sqrt", (var[c] + Const(eps),)) * scale[c] + bias[c]
+
+    return compute(x.shape, f, name, tag="broadcast", inputs=[data, scale, bias, mean, var],
+                   axis_names=[f"{name}_i{k}" for k in range(len(x.shape))])
+
+
+def _onnx_clip(cx, ins, a):
+    lo, hi = a.get("min", -np.inf), a.get("max", np.inf)
+    if len(ins) > 1 and ins[1] is not None:
+        lo = cx.scalar(cx.const(ins[1], "min"), "min")
+    if len(ins) > 2 and ins[2] is not None:
+        hi = cx.scalar(cx.const(ins[2], "max"), "max")
+    return [cx.add("clip", ins[:1], {"min": float(lo), "max": float(hi)})]
+
+
+def _onnx_act(op: str):
+    """Importer of a one-input activation whose ONNX attributes are named as ours (_ACTS)."""
+    return lambda cx, ins, a: [cx.add(op, ins[:1], _act_attrs(op, a))]
+
+
+def _onnx_bn(cx, ins, a):
+    for k, what in ((1, "scale"), (2, "bias"), (3, "mean"), (4, "var")):
+        cx.const(ins[k], what)
+    return [cx.add("batch_norm", ins[:5], {"epsilon": a.get("epsilon", 1e-5), "layout": "NCHW"})]
+
+
+def _export_clip(ex, n, ins):
+    ex.emit(n, "Clip", ins + [ex.scalar(f"{n.name}_min", n.attrs["min"]), ex.scalar(f"{n.name}_max", n.attrs["max"])])
+
+
+def epilogue(wl, inputs: list, out: Tensor, ob: int):
+    """bias, residual, then relu or act=..., each an input and a stage when its parameter is set."""
+    p = wl.p
+    if p.get("bias"):
+        shape = (p["K"],) if wl.op == "dense" else channel_bias_shape(wl.layout, p["K"], ob)
+        bias = placeholder(shape, "bias")
+        inputs.append(bias)
+        out = add(out, bias, name="bias_add")
+    if p.get("residual"):
+        res = placeholder(out.shape, "residual")
+        inputs.append(res)
+        out = add(out, res, name="residual_add")
+    if p.get("relu"):
+        out = relu(out)
+    if p.get("act"):
+        out = activation(out, p["act"], p, name=p["act"])
+    return inputs, out
+
+
+def epilogue_ref(p: dict, y: np.ndarray) -> np.ndarray:
+    if p.get("relu"):
+        y = activation_ref(y, "relu")
+    if p.get("act"):
+        y = activation_ref(y, p["act"], p)
+    return y
+
+
+def _add_build(wl):
+    data = data_placeholder(wl)
+    other = placeholder(data.shape, "other")
+    return [data, other], add(data, other)
+
+
+def _binary_def(op: str) -> OpDef:
+    np_fn = BINARY_FNS[op][1]
+    onnx_type = op.capitalize()          # Add, Sub, Mul, Div
+    return OpDef(name=op, pattern=Pattern.BROADCAST, infer=_binary_infer,
+                 evaluate=lambda node, args: f32(np_fn(args[0].astype(np.float64), args[1].astype(np.float64))),
+                 te=lambda node, ins, name: broadcast_binary(op, ins[0], ins[1], name),
+                 onnx_in={onnx_type: onnx_plain(op)}, onnx_out=export_as(onnx_type))
+
+
+def _act_def(op: str) -> OpDef:
+    onnx_type = _ACTS[op][0]
+    return OpDef(name=op, pattern=Pattern.ELEMWISE, infer=same,
+                 evaluate=lambda node, args: f32(activation_ref(args[0], op, act_params(node))),
+                 te=lambda node, ins, name: activation(ins[0], op, act_params(node), name),
+                 onnx_in={onnx_type: _onnx_clip if op == "clip" else _onnx_act(op)},
+                 onnx_out=_export_clip if op == "clip" else export_as(onnx_type, lambda n: _act_attrs(op, n.attrs)))
+
+
+def _act_workload(op: str) -> WorkloadDef:
+    return WorkloadDef(name=op, required=("C", "H", "W"), defaults=dict(N=1, **ACTIVATIONS[op][0]),
+                       build=unary(lambda d, wl: activation(d, op, wl.p)),
+                       reference=lambda wl, a: nchw_out(wl, activation_ref(nchw_in(wl, a), op, wl.p)))
+
+
+register(
+    *(_binary_def(op) for op in BINARY_FNS),
+    *(_act_def(op) for op in ACTIVATIONS),
+    OpDef(name="batch_norm", pattern=Pattern.OPAQUE, infer=same, evaluate=_bn_eval, te=_bn_te,
+          onnx_in={"BatchNormalization": _onnx_bn},
+          onnx_out=export_as("BatchNormalization", lambda n: {"epsilon": n.attrs["epsilon"]})),
+    *(_act_workload(op) for op in ("relu", "sigmoid", "clip")),
+    WorkloadDef(name="add", required=("C", "H", "W"), defaults=dict(N=1), build=_add_build,
+                reference=lambda wl, a: nchw_out(wl, BINARY_FNS["add"][1](nchw_in(wl, a), nchw_in(wl, a[1:])))),
+)

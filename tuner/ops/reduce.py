@@ -1,0 +1,109 @@
+"""Reductions: mean over axes and softmax over one axis (ReduceMean over H and W of a 4-D tensor,
+as PyTorch writes global pooling, imports as global_avg_pool2d)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..te.expr import Call, Const
+from ..te.tensor import Tensor, compute, max_reduce, reduce_axis, sum_reduce
+from .common import export_as, f32, same
+from .registry import OpDef, Pattern, output_elements, register
+
+
+def reduce_mean(x: Tensor, axes: list, keepdims: bool, name: str = "mean") -> Tensor:
+    axes = sorted(a % x.ndim for a in axes)
+    raxes = [reduce_axis(x.shape[a], f"{name}_r{a}") for a in axes]
+    kept = [k for k in range(x.ndim) if k not in axes]
+    shape = [1 if k in axes else x.shape[k] for k in range(x.ndim)] if keepdims else [x.shape[k] for k in kept]
+    count = float(np.prod([x.shape[a] for a in axes]))
+
+    def f(*i):
+        src, pos = [], 0
+        for k in range(x.ndim):
+            if k in axes:
+                src.append(raxes[axes.index(k)].var)
+                if keepdims:
+                    pos += 1
+            else:
+                src.append(i[pos])
+                pos += 1
+        return sum_reduce(x[tuple(src)], raxes)
+
+    acc = compute(shape, f, f"{name}_sum", tag="reduction", inputs=[x],
+                  axis_names=[f"{name}_s{k}" for k in range(len(shape))])
+    return compute(shape, lambda *i: acc[i] * Const(1.0 / count), name, tag="elemwise", inputs=[acc],
+                   axis_names=[f"{name}_i{k}" for k in range(len(shape))])
+
+
+def softmax(x: Tensor, axis: int, name: str = "softmax") -> Tensor:
+    nd = x.ndim
+    red_shape = [1 if k == axis else d for k, d in enumerate(x.shape)]
+
+    def over(r):
+        return lambda *i: tuple(r.var if k == axis else i[k] for k in range(nd))
+
+    r1, r2 = reduce_axis(x.shape[axis], f"{name}_r1"), reduce_axis(x.shape[axis], f"{name}_r2")
+    mx = compute(red_shape, lambda *i: max_reduce(x[over(r1)(*i)], [r1]), f"{name}_max", tag="reduction",
+                 inputs=[x], axis_names=[f"{name}_m{k}" for k in range(nd)])
+
+    def keep(i):
+        return tuple(Const(0) if k == axis else i[k] for k in range(nd))
+
+    e = compute(x.shape, lambda *i: Call("exp", (x[i] - mx[keep(i)],)), f"{name}_exp", tag="elemwise",
+                inputs=[x, mx], axis_names=[f"{name}_e{k}" for k in range(nd)])
+    s = compute(red_shape, lambda *i: sum_reduce(e[over(r2)(*i)], [r2]), f"{name}_sum", tag="reduction",
+                inputs=[e], axis_names=[f"{name}_s{k}" for k in range(nd)])
+    return compute(x.shape, lambda *i: e[i] / s[keep(i)], name, tag="elemwise", inputs=[e, s],
+                   axis_names=[f"{name}_i{k}" for k in range(nd)])
+
+
+def _mean_infer(node):
+    x, a = node.inputs[0], node.attrs
+    axes = [ax % len(x.shape) for ax in a["axes"]]
+    if a.get("keepdims", 1):
+        return tuple(1 if k in axes else d for k, d in enumerate(x.shape)), x.dtype, ""
+    return tuple(d for k, d in enumerate(x.shape) if k not in axes), x.dtype, ""
+
+
+def _mean_eval(node, args):
+    return f32(args[0].astype(np.float64).mean(axis=tuple(node.attrs["axes"]),
+                                                keepdims=bool(node.attrs.get("keepdims", 1))))
+
+
+def _softmax_eval(node, args):
+    xd = args[0].astype(np.float64)
+    e = np.exp(xd - xd.max(axis=node.attrs["axis"], keepdims=True))
+    return f32(e / e.sum(axis=node.attrs["axis"], keepdims=True))
+
+
+def _onnx_reduce_mean(cx, ins, a):
+    """ReduceMean over H and W of a 4-D tensor (how PyTorch writes global pooling) becomes
+    global_avg_pool2d, so that layout conversion can carry it; other axes stay a mean."""
+    x = ins[0]
+    axes = a.get("axes")
+    if axes is None and len(ins) > 1 and ins[1] is not None:
+        axes = [int(v) for v in cx.const(ins[1], "axes")]
+    axes = sorted(ax % len(x.shape) for ax in (axes if axes is not None else range(len(x.shape))))
+    keep = a.get("keepdims", 1)
+    if len(x.shape) == 4 and axes == [2, 3]:
+        y = cx.add("global_avg_pool2d", [x], {"layout": "NCHW"})
+        return [y if keep else cx.add("reshape", [y], {"shape": [x.shape[0], x.shape[1]]}, "_squeeze")]
+    return [cx.add("mean", [x], {"axes": axes, "keepdims": keep})]
+
+
+def _onnx_softmax(cx, ins, a):
+    x = ins[0]
+    axis = a.get("axis", -1 if cx.opset >= 13 else 1) % len(x.shape)
+    if cx.opset < 13 and axis != len(x.shape) - 1:
+        raise cx.fail(f"opset {cx.opset} softmax over a non-last axis is not supported")
+    return [cx.add("softmax", [x], {"axis": axis})]
+
+
+register(
+    OpDef(name="mean", pattern=Pattern.COMM_REDUCE, infer=_mean_infer, evaluate=_mean_eval,
+          te=lambda n, ins, name: reduce_mean(ins[0], n.attrs["axes"], bool(n.attrs.get("keepdims", 1)), name),
+          onnx_in={"ReduceMean": _onnx_reduce_mean}),
+    OpDef(name="softmax", pattern=Pattern.OPAQUE, infer=same, evaluate=_softmax_eval,
+          te=lambda n, ins, name: softmax(ins[0], n.attrs["axis"], name), flops=lambda n: 3.0 * output_elements(n),
+          onnx_in={"Softmax": _onnx_softmax}, onnx_out=export_as("Softmax", lambda n: {"axis": n.attrs["axis"]})),
+)
