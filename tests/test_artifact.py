@@ -34,6 +34,7 @@ def _layouts_of(x: np.ndarray) -> dict:
             "read-only": np.frombuffer(x.tobytes(), np.float32).reshape(x.shape)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC", "NCHW8c"])
 def test_inputs_in_any_memory_layout_give_the_outputs_of_a_contiguous_copy(tmp_cache, layout):
     m = compile_model(tiny(), threads=1, layout=layout, use_shipped=False)
@@ -52,6 +53,7 @@ def test_inputs_in_any_memory_layout_give_the_outputs_of_a_contiguous_copy(tmp_c
         assert m.profile([v], runs=1)[0].shape == (1, len(m.steps))
 
 
+@pytest.mark.slow
 def test_many_threads_running_one_model_each_get_their_own_outputs(tmp_cache):
     m = compile_model(mobilenet_v2(image=32), threads=1, use_shipped=False)
     inputs = [m.random_inputs(seed)[0] for seed in range(8)]
@@ -173,6 +175,7 @@ def _damaged(data, v):
     return data.draw(JSON | st.just(v))
 
 
+@pytest.mark.slow
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_every_field_of_model_json_damaged_is_refused_or_harmless(artifact, tmp_path_factory, data):
@@ -332,6 +335,7 @@ def test_a_directory_with_a_model_json_of_its_own_is_not_an_artifact(artifact, t
     assert (mine / "model.json").read_text() == '{"my": "precious config"}'
 
 
+@pytest.mark.slow
 def test_names_that_are_python_parameters_work_as_inputs_and_outputs(tmp_cache, tmp_path):
     import subprocess
     import sys

@@ -17,6 +17,7 @@ def test_workloads_lists_the_builtin_set():
     assert "r50.s1.conv3x3" in out.stdout and "mbv2.dw32.112s1" in out.stdout and "dense.2048x1000" in out.stdout
 
 
+@pytest.mark.slow
 def test_tune_analyze_show(tmp_path):
     log = tmp_path / "conv.jsonl"
     out = tuner("tune", "--workload", SMALL, "--layout", "NHWC", "--threads", "1", "--trials", "4",
@@ -35,6 +36,7 @@ def test_tune_analyze_show(tmp_path):
     assert "matches the logged code hash" in show.stdout and "int kernel(float** restrict args)" in show.stdout
 
 
+@pytest.mark.slow
 def test_an_operator_tune_can_time_its_weights_cold(tmp_path):
     """--weights cold on an operator tune evicts the weights before every timed call, as a model tune
     does by default; its records and its summary line say so."""
@@ -48,6 +50,7 @@ def test_an_operator_tune_can_time_its_weights_cold(tmp_path):
     assert len(lines) == 3 and all(ln["weights"] == "cold" for ln in lines)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (["tune", "--workload", "r50.nope"], "unknown workload"),
     (["tune", "--workload", SMALL, "--layout", "NCWH"], "unknown layout"),
@@ -62,6 +65,7 @@ def test_bad_input_is_one_line_and_exit_code_2(args, message):
     assert len(out.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_ctrl_c_keeps_the_log_intact_and_the_same_command_resumes(tmp_path):
     import json
     import signal

@@ -21,6 +21,8 @@ from tuner.target import TargetError, parse_target  # noqa: E402
 from tuner.task import Task  # noqa: E402
 from tuner.tuning import tune  # noqa: E402
 
+pytestmark = pytest.mark.cluster
+
 SMALL = REPLAY_WORKLOADS[0][0]
 
 
@@ -35,6 +37,7 @@ def _replay_target():
         pytest.skip(f"the replay log is for {REPLAY_TARGET}, which this host cannot read back")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["random", "evolutionary"])
 @pytest.mark.parametrize("ahead", [0, 1])
 def test_a_tune_through_the_cluster_logs_what_a_local_tune_logs(policy, ahead, tmp_path):
@@ -79,6 +82,7 @@ def test_a_tune_sends_the_next_batch_before_reading_this_ones_results(tmp_path):
         assert s.new == 24 and len(records.load(str(log), warn=False).records) == 24
 
 
+@pytest.mark.slow
 def test_build_workers_build_and_measuring_workers_time(tmp_path, tmp_cache):
     """local:1+1: every candidate compiled by the build worker, its library shipped to the measuring
     worker, checked against the reference there and timed."""
@@ -116,6 +120,7 @@ def test_a_bad_local_cluster_is_one_line(address):
         ClusterRunner(address, TARGET1)
 
 
+@pytest.mark.slow
 def test_records_name_the_host_that_measured_them(tmp_path, tmp_cache):
     log = tmp_path / "x.jsonl"
     tune([SMALL], target=TARGET1, trials=4, log=str(log), cluster="local:1", progress=False, batch_size=4)
@@ -123,6 +128,7 @@ def test_records_name_the_host_that_measured_them(tmp_path, tmp_cache):
     assert len(recs) == 4 and all(r.ok and r.host for r in recs)
 
 
+@pytest.mark.slow
 def test_a_task_no_worker_can_measure_is_reported(tmp_path):
     cuda = parse_target("cuda -arch=sm_90")
     with local_cluster(1, {measure_resource(cuda): 1}) as cluster:
@@ -131,12 +137,14 @@ def test_a_task_no_worker_can_measure_is_reported(tmp_path):
                  progress=False)
 
 
+@pytest.mark.slow
 def test_an_unreachable_scheduler_is_one_line():
     with pytest.raises(SetupError, match="cannot reach the Dask scheduler at tcp://127.0.0.1:9") as e:
         ClusterRunner("tcp://127.0.0.1:9", TARGET1)
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.slow
 def test_a_killed_worker_loses_no_record_and_duplicates_none(tmp_path, tmp_cache):
     from distributed import Client
     log = tmp_path / "k.jsonl"
@@ -175,6 +183,7 @@ def _all_24_once(log, th, errors):
     assert all(r.ok for r in recs), [r.message for r in recs if not r.ok]
 
 
+@pytest.mark.slow
 def test_stopping_midway_cancels_what_is_left(tmp_cache):
     task = Task(SMALL, TARGET1)
     batch = [task.from_decisions(task.space.sample(__import__("random").Random(k))) for k in range(6)]
@@ -192,6 +201,7 @@ def test_stopping_midway_cancels_what_is_left(tmp_cache):
         assert left == 0
 
 
+@pytest.mark.slow
 def test_a_model_tune_through_the_cluster_logs_and_plans_what_a_local_one_does(tmp_path):
     """Every task of a small model (convs, pools and layout transforms) goes through the workers;
     the records and the plan are those of a local replayed tune proposing as far ahead."""
@@ -232,6 +242,7 @@ def test_a_tune_on_a_bad_local_cluster_is_one_line(capsys):
     assert "--cluster 'local:two': give local:M" in err and err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_a_cluster_sends_enough_batches_ahead_to_give_every_worker_a_job(tmp_path):
     """Batches of one candidate on two measuring workers: two batches beyond the one being read."""
     target = _replay_target()
@@ -246,6 +257,7 @@ def test_a_cluster_sends_enough_batches_ahead_to_give_every_worker_a_job(tmp_pat
         assert s.new == 6
 
 
+@pytest.mark.slow
 def test_a_tune_whose_only_build_worker_leaves_builds_on_its_measuring_workers(tmp_path, tmp_cache, monkeypatch):
     """The build worker leaves mid-tune (retired, so its nanny does not bring it back): the jobs
     waiting for a build are sent again to be built where they are measured, and nothing is lost."""
@@ -271,6 +283,7 @@ def _tuner_worker(address: str, *role: str):
                             stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.mark.slow
 def test_a_measuring_worker_that_joins_mid_tune_gets_work(tmp_path, tmp_cache):
     from distributed import Client
     log, said = tmp_path / "j.jsonl", []
@@ -294,6 +307,7 @@ def test_a_measuring_worker_that_joins_mid_tune_gets_work(tmp_path, tmp_cache):
     assert len(measured) == 2 and all(measured.values()), measured       # both measured something
 
 
+@pytest.mark.slow
 def test_tuner_worker_processes_measure_and_build_for_a_tune(tmp_path, tmp_cache):
     """The README's commands: a scheduler, `tuner worker ADDRESS --measure` and `tuner worker
     ADDRESS --build` as processes of their own, and a tune with --cluster ADDRESS."""

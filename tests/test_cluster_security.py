@@ -23,6 +23,8 @@ from tuner.measure.cluster import Cluster, ClusterRunner, local_cluster, measure
 from tuner.task import Task  # noqa: E402
 from tuner.tuning import tune  # noqa: E402
 
+pytestmark = pytest.mark.cluster
+
 SMALL = REPLAY_WORKLOADS[0][0]
 TUNE = ["tune", "--workload", SMALL.spec, "--layout", SMALL.layout, "--threads", "1", "--trials", "4",
         "--batch-size", "4", "--search", "random", "--no-progress"]
@@ -99,6 +101,7 @@ def _listening(pid: int) -> set:
     return {c.laddr.ip for c in psutil.Process(pid).net_connections("inet") if c.status == psutil.CONN_LISTEN}
 
 
+@pytest.mark.slow
 def test_a_tls_cluster_measures_a_tune_and_keeps_out_a_certificate_of_another_ca(tmp_path, tmp_cache, monkeypatch):
     """The README's recipe with a throw-away CA: `tuner worker tls://... --tls-*` and `tuner tune
     --cluster tls://... --tls-*`; the worker listens on loopback only (its scheduler's interface);
@@ -180,6 +183,7 @@ __attribute__((constructor)) static void planted(void) { FILE* f = fopen("%s", "
 """
 
 
+@pytest.mark.slow
 def test_a_library_planted_through_the_cluster_never_enters_the_kernel_cache(tmp_path, tmp_cache):
     """A job whose library is named for a real kernel's source but holds other code: measured from
     a directory of its own, which is gone after it; the cache never holds it, and a later build of
@@ -223,6 +227,7 @@ def _tuned_on_a_patched_worker(log, patch) -> list:
     return records.load(str(log), warn=False).records
 
 
+@pytest.mark.slow
 def test_a_rogue_workers_forged_timings_are_logged_as_errors(tmp_path, tmp_cache):
     """A worker that times its job, then reports 1e-12 s per call and another host's name."""
     def go_rogue():
@@ -244,6 +249,7 @@ def test_a_rogue_workers_forged_timings_are_logged_as_errors(tmp_path, tmp_cache
                for r in recs), [r.message for r in recs]
 
 
+@pytest.mark.slow
 def test_a_job_that_raises_on_its_worker_is_logged_as_errors_and_the_tune_goes_on(tmp_path, tmp_cache):
     def go_broken():
         import tuner.measure.cluster as C

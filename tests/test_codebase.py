@@ -129,6 +129,7 @@ def test_an_unknown_api_name_is_an_attribute_error():
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_a_wheel_installed_in_a_fresh_environment_finds_the_shipped_schedules(tmp_path):
     """A regular (not editable) install: the wheel carries tuner/schedules/ and the compiler finds
     it through the package; with a host that matches a shipped target, steps take its records."""

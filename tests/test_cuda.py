@@ -155,6 +155,7 @@ def _kernels(task: Task, n: int, seed: int = 0) -> list:
     return [task.candidate(task.space.steps(p), func_name=f"k{seed}_{k}") for k, p in enumerate(_points(task, n, seed))]
 
 
+@pytest.mark.slow
 @needs_nvcc
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_sampled_schedules_of_every_operator_compile_with_nvcc(arch, tmp_cache):
@@ -217,6 +218,7 @@ def test_the_shared_estimate_is_the_lowered_size_for_affine_reads():
 
 
 # ---------------------------------------------------------------- CPU emulation
+@pytest.mark.slow
 def test_every_operator_emulated_matches_numpy(tmp_cache):
     cases = []
     for k, wl in enumerate(SMALL):
@@ -238,6 +240,7 @@ def _mutated(kernels: list, old: str, new: str, count: int = -1) -> list:
             if old in k.source]
 
 
+@pytest.mark.slow
 @needs_gxx
 def test_the_thread_emulation_catches_missing_barriers_and_divergent_ones(tmp_cache):
     """The same kernels pass as generated; without their barriers nearly all go wrong (a thread
@@ -254,6 +257,7 @@ def test_the_thread_emulation_catches_missing_barriers_and_divergent_ones(tmp_ca
     assert problems and all(p and "barrier divergence" in p for p in problems), problems
 
 
+@pytest.mark.slow
 @needs_gxx
 def test_the_thread_emulation_catches_out_of_bounds_and_misaligned_float4(tmp_cache):
     kernels = _sampled_kernels()
@@ -280,6 +284,7 @@ def test_an_injective_workload_has_a_gpu_schedule_too(tmp_cache):
     _emulate([(t, t.space.steps(p)) for p in _points(t, 3)])
 
 
+@pytest.mark.slow
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 10**6), which=st.sampled_from(range(len(SMALL))))
 def test_property_sampled_gpu_schedules_compute_the_reference(seed, which, tmp_cache):
@@ -300,6 +305,7 @@ def _gpu_or_skip():
     return parse_target("cuda")
 
 
+@pytest.mark.gpu
 def test_gpu_every_operator_measures_correct(tmp_cache):
     from tuner.measure.runner import CudaRunner, RunConfig
     target = _gpu_or_skip()
@@ -313,6 +319,7 @@ def test_gpu_every_operator_measures_correct(tmp_cache):
     assert n == 3 * len(SMALL)
 
 
+@pytest.mark.gpu
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 10**6), which=st.sampled_from(range(len(SMALL))))
 def test_gpu_property_sampled_schedules_measure_correct(seed, which, tmp_cache):
@@ -325,6 +332,7 @@ def test_gpu_property_sampled_schedules_measure_correct(seed, which, tmp_cache):
     assert res.ok, f"{t.workload.label} {cand.decisions}: {res.error} {res.message}"
 
 
+@pytest.mark.gpu
 def test_gpu_a_crashing_and_a_hanging_kernel_become_records_and_measuring_goes_on(tmp_cache):
     from tuner.measure.runner import CudaRunner, RunConfig
     target = _gpu_or_skip()
@@ -372,6 +380,7 @@ class EmulatingRunner:
         pass
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["random", "evolutionary", "optuna:tpe"])
 def test_every_policy_tunes_a_cuda_task_through_the_loop(policy, tmp_cache, tmp_path):
     from tuner.database import records
@@ -391,6 +400,7 @@ def test_every_policy_tunes_a_cuda_task_through_the_loop(policy, tmp_cache, tmp_
     assert again.new == 0 and len(runner.seen) == 12            # resumed: nothing measured twice
 
 
+@pytest.mark.gpu
 def test_gpu_features_see_the_launch_and_how_threads_meet_memory():
     from tuner.cost_model.dataset import features_or_none
     from tuner.cost_model.features import gpu_feature_names, num_features
@@ -425,6 +435,7 @@ def test_build_op_for_cuda_builds_then_says_what_running_it_needs(tmp_cache):
     assert list((tmp_cache / "cuda").glob("*.cubin"))         # it was compiled before it was refused
 
 
+@pytest.mark.gpu
 def test_gpu_build_op_runs_on_numpy_and_on_gpu_arrays(tmp_cache):
     from tuner.build import build_op
     _gpu_or_skip()
@@ -439,6 +450,7 @@ def test_gpu_build_op_runs_on_numpy_and_on_gpu_arrays(tmp_cache):
     assert len(k.time(*arrays, repeat=2, min_repeat_ms=1)) == 2
 
 
+@pytest.mark.slow
 def test_shared_tiles_fill_with_float4_where_rows_and_offsets_allow(tmp_cache):
     dense = Task(make("dense", dict(N=64, C=128, K=96)), SM90)
     d = dict(dense.space.default(), vec=4)

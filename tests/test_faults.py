@@ -63,6 +63,7 @@ def hostile(draw):
 _VALID = _valid_record()
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(hostile(), min_size=1, max_size=4))
 def test_hostile_records_are_skipped_or_read_never_a_traceback(tmp_path, recs):
@@ -79,6 +80,7 @@ def test_hostile_records_are_skipped_or_read_never_a_traceback(tmp_path, recs):
     assert best is not None and records.replays(best)
 
 
+@pytest.mark.slow
 def test_a_junk_record_with_a_tiny_cost_is_passed_over_everywhere(tmp_path):
     """The fastest record's steps do not replay: apply-best, distill and analyze take the next one."""
     good = _valid_record(cost=1e-4)
@@ -132,6 +134,7 @@ def test_a_failed_append_leaves_no_torn_line_and_says_why(tmp_path, monkeypatch)
     assert len(records.load(log).records) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (["tune", "--workload", SPEC, "--timeout", "0"], "--timeout must be more than 0"),
     (["tune", "--workload", SPEC, "--repeat", "-1"], "--repeat must be at least 1"),
@@ -181,6 +184,7 @@ def _cached(tmp_cache):
     return sorted((tmp_cache / "kernels").glob("*.so"))
 
 
+@pytest.mark.slow
 def test_planted_truncated_and_empty_libraries_are_rebuilt_never_loaded(tmp_cache, tmp_path, monkeypatch):
     import numpy as np
     mark = tmp_path / "planted-ran"
@@ -249,6 +253,7 @@ def test_a_temp_dir_on_another_file_system_still_builds(tmp_cache, monkeypatch, 
     assert k.code_hash
 
 
+@pytest.mark.slow
 def test_a_machine_that_cannot_compile_stops_the_tune_and_records_nothing(tmp_cache, tmp_path):
     """A compiler that fails on everything is the machine's fault: exit 3, no COMPILE_ERROR records."""
     import os
@@ -304,6 +309,7 @@ def _workers_of(pid: int) -> list:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
 def test_a_hung_kernel_never_outlives_the_tuner(tmp_path, tmp_cache, sig):
     import os
@@ -330,6 +336,7 @@ def test_a_hung_kernel_never_outlives_the_tuner(tmp_path, tmp_cache, sig):
     assert "BrokenPipe" not in proc.stderr.read()
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_tune_as_cleanly_as_ctrl_c(tmp_path, tmp_cache):
     import signal
     log = tmp_path / "term.jsonl"
@@ -344,6 +351,7 @@ def test_sigterm_stops_the_tune_as_cleanly_as_ctrl_c(tmp_path, tmp_cache):
     assert len(lines) >= 4 and all(records.Record.from_json(json.loads(line)) for line in lines)
 
 
+@pytest.mark.slow
 def test_a_second_tuner_on_the_same_workload_and_log_is_refused(tmp_path, tmp_cache):
     import time
     log = tmp_path / "shared.jsonl"
@@ -422,6 +430,7 @@ def test_hostile_onnx_attributes_import_or_give_a_user_error(tmp_path, conv, poo
         assert str(e) and "\n" not in str(e)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("conv, pool, message", [
     ({"strides": [0, 0]}, {"kernel_shape": [2, 2]}, "strides must be two positive integers"),
     ({}, {"kernel_shape": [2, 2], "strides": [0, 0]}, "strides must be two positive integers"),
@@ -435,6 +444,7 @@ def test_bad_onnx_attributes_are_named(tmp_path, conv, pool, message):
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["random", "evolutionary", "optuna:tpe"])
 def test_every_policy_resumes_from_a_log_with_junk_records(tmp_path, policy):
     """Junk decisions, steps that do not replay and tiny costs in the log a tune resumes from."""
@@ -459,6 +469,7 @@ def test_every_policy_resumes_from_a_log_with_junk_records(tmp_path, policy):
     assert s.tasks[0].new == 8 and s.tasks[0].best.costs != (1e-12,)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (["export-onnx", "tiny", "-o", "/proc/tuner/x.onnx"], "cannot create"),
     (["analyze", "LOG", "--plot", "/proc/tuner/x.png"], "cannot create"),

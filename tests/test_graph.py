@@ -28,6 +28,7 @@ def small_models():
             "mobilenet_v2": mobilenet_v2(image=32)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tiny", "resnet18", "resnet50", "mobilenet_v2"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_every_pass_keeps_the_interpreters_output(small_models, name, layout):
@@ -41,6 +42,7 @@ def test_every_pass_keeps_the_interpreters_output(small_models, name, layout):
         _close(interp.run(cur, x)[0], ref)
 
 
+@pytest.mark.slow
 def test_resnet50_structure_fusion_and_tasks():
     g = load_model("resnet50")
     assert g.count("conv2d") == 53
@@ -66,6 +68,7 @@ def test_resnet50_structure_fusion_and_tasks():
     assert all(t.workload.layout == "NCHW16c" for t in convs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW16c"])
 def test_resnet50_keeps_two_layout_transforms_and_none_on_weights(layout):
     out = optimize(load_model("resnet50"), layout=layout)
@@ -144,6 +147,7 @@ def _ort(path, x):
     return sess.run(None, {sess.get_inputs()[0].name: x})[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tiny", "resnet18", "mobilenet_v2"])
 def test_exported_models_import_and_match_onnxruntime(tmp_path, name):
     g = {"tiny": tiny(), "resnet18": resnet(18, image=64), "mobilenet_v2": mobilenet_v2(image=64)}[name]
@@ -227,6 +231,7 @@ def tuner_cli(*args):
     return subprocess.run([sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_bad_files_are_one_line_errors_with_exit_code_2(tmp_path):
     junk = tmp_path / "junk.onnx"
     junk.write_bytes(b"this is not a protobuf at all \x00\x01\x02")
@@ -253,6 +258,7 @@ def test_bad_files_are_one_line_errors_with_exit_code_2(tmp_path):
         assert len(out.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_cli_models_inspect_export(tmp_path):
     out = tuner_cli("models")
     assert out.returncode == 0 and all(m in out.stdout for m in MODELS)
@@ -271,6 +277,7 @@ def test_cli_models_inspect_export(tmp_path):
     assert out.returncode == 0 and "ConvertLayout" in out.stdout and "FuseOps" in out.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dynamo", [False, True])
 def test_files_written_by_torch_onnx_export_import(tmp_path, dynamo):
     torch = pytest.importorskip("torch", reason="torch is an optional benchmark dependency")

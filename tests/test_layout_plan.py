@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import time
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -54,6 +55,7 @@ def branchy_graphs(draw):
     return _problem(draw, sorted(edges), n)
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(st.one_of(chains(), residual_graphs(), branchy_graphs()))
 def test_the_plan_is_as_cheap_as_brute_force(problem):
@@ -96,8 +98,6 @@ def test_a_frontier_past_the_state_limit_is_cut_and_the_plan_says_so():
 
 import random  # noqa: E402
 
-import pytest  # noqa: E402
-
 from tuner.graph.layout_plan import model_layouts  # noqa: E402
 from tuner.graph.models import googlenet, mobilenet_v2, resnet, tiny  # noqa: E402
 
@@ -116,6 +116,7 @@ def _kernels_as_priced(m, space, plan: dict) -> tuple:
     return tasks, priced
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make", [tiny, _inception_like, lambda: resnet(18, image=32), lambda: googlenet(image=32),
                                   lambda: mobilenet_v2(image=32)],
                          ids=["tiny", "inception", "resnet18", "googlenet", "mobilenet_v2"])
@@ -137,6 +138,7 @@ def test_a_mixed_layout_plan_compiles_to_the_same_output_and_to_the_tasks_it_was
     assert all(n <= priced[k] for k, n in runs.items())
 
 
+@pytest.mark.slow
 def test_winograd_is_a_conv_choice_the_plan_prices_and_compiles(tmp_cache):
     """3x3 stride-1 convs may run as Winograd F(2x2,3x3) or F(4x4,3x3): three kernels priced as
     the conv's cost in that choice, NHWC around it (no transform to an NHWC neighbour)."""
@@ -160,6 +162,7 @@ def test_winograd_is_a_conv_choice_the_plan_prices_and_compiles(tmp_cache):
         sum(lay.startswith("winograd") for lay in plan.values())
 
 
+@pytest.mark.slow
 def test_a_blocked_winograd_choice_needs_no_transform_among_blocked_convs(tmp_cache):
     """winograd<m>@NCHW16c reads and writes NCHW16c: beside NCHW16c convs its edges cost nothing,
     its transforms are tasks in that layout, and a plan of it compiles with no transform between
@@ -189,6 +192,7 @@ def test_a_blocked_winograd_choice_needs_no_transform_among_blocked_convs(tmp_ca
     _kernels_as_priced(m, space, mixed)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make", [lambda: resnet(18, image=32), lambda: mobilenet_v2(image=32), _inception_like],
                          ids=["resnet18", "mobilenet_v2", "inception"])
 def test_a_conv_reading_another_block_fuses_the_transform_into_its_loads(tmp_cache, make):
@@ -218,6 +222,7 @@ def test_a_conv_reading_another_block_fuses_the_transform_into_its_loads(tmp_cac
     assert any("ib=16" in s.workload for s in tasks)
 
 
+@pytest.mark.slow
 def test_with_fused_reads_a_mixed_block_plan_keeps_no_transform_between_convs():
     """Synthetic prices: a conv is cheap in NCHW8c when it has 64 or 256 output channels, else in
     NCHW16c; a transform costs 1 (so a plan's cost counts its transforms). Without fused reads ResNet-18's plan pays for transforms between
@@ -242,6 +247,7 @@ def test_with_fused_reads_a_mixed_block_plan_keeps_no_transform_between_convs():
     assert data_path_transforms(optimize(g, layout="NCHW16c", layout_plan=plain.layouts)) > single
 
 
+@pytest.mark.slow
 def test_a_conv_whose_channels_a_block_does_not_take_still_reads_it(tmp_cache):
     """MobileNetV2's convs writing 24 channels cannot write NCHW16c; with NCHW8c and NCHW16c among
     the choices they also get NCHW16c>NCHW8c (and no other conv does), so when NCHW16c is cheaper
@@ -289,6 +295,7 @@ def test_layouts_are_the_same_data_exactly_when_their_arrays_are(c, a, b):
         assert not same
 
 
+@pytest.mark.slow
 def test_a_dense_weight_packing_is_a_choice_of_the_plan(tmp_cache):
     """With packings among the choices, a dense is a variable of its own (no edges: its packing
     moves no activation); the plan's packing is the task the compiled model runs; a packing given
@@ -341,6 +348,7 @@ def _replayed(log, **kw):
                       progress=False, **dict(MODEL_REPLAY, **kw))
 
 
+@pytest.mark.slow
 def test_a_model_tune_replays_plans_resumes_and_compiles_with_its_plan(tmp_cache, tmp_path):
     out = tmp_path / "tiny.jsonl"
     res = _replayed(out)
@@ -512,6 +520,7 @@ def test_steering_weights_do_not_compound_over_rounds(tmp_path):
     assert len(seen) > 1 and all(w == seen[0] for w in seen)     # the occurrence counts, every round
 
 
+@pytest.mark.slow
 def test_a_model_tune_stops_at_its_time_limit_within_one_measurement(tmp_path):
     from tuner.measure.replay import ReplayRunner
 
@@ -566,6 +575,7 @@ def _counting_cold_prices(monkeypatch):
     return timed
 
 
+@pytest.mark.slow
 def test_a_model_tune_times_its_weights_cold_by_default(tmp_cache, tmp_path, monkeypatch):
     """Every task with weights is searched with them evicted before each timed call, and its records
     say so; the others (pools, transforms) have none to evict. Each front-runner is timed a second
@@ -595,6 +605,7 @@ def test_a_model_tune_times_its_weights_cold_by_default(tmp_cache, tmp_path, mon
         tune_model("tiny", trials=9, log=str(log), weights="tepid", progress=False)
 
 
+@pytest.mark.slow
 def test_a_warm_model_tune_prices_its_plan_with_weights_cold_too(tmp_cache, tmp_path, monkeypatch):
     """With weights="warm" the search times kernels with their weights in cache; after it, every task
     with weights has its best kernel timed again with them evicted (RunConfig.cold_weights); the plan
@@ -629,6 +640,7 @@ def test_a_warm_model_tune_prices_its_plan_with_weights_cold_too(tmp_cache, tmp_
     assert {r.workload.key for r in records.load(log).records if r.cold} == weighted
 
 
+@pytest.mark.slow
 def test_a_plan_applies_to_the_same_model_exported_to_onnx_and_is_named_where_it_does_not(tmp_cache, tmp_path):
     import onnx
 

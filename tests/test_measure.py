@@ -1,4 +1,5 @@
 """Bad candidates become recorded errors and the tune goes on."""
+import pytest
 from conftest import TARGET1
 
 from tuner.database import records
@@ -8,6 +9,8 @@ from tuner.search import PolicyFactory
 from tuner.search.random_search import RandomSearch
 from tuner.task import Candidate, code_hash
 from tuner.tuning import tune_op
+
+pytestmark = pytest.mark.slow
 
 SMALL = make("conv2d", dict(C=8, H=6, W=6, K=8, R=3, S=3, pad=1), "NCHW8c")
 FAST = RunConfig(timeout=3.0, repeat=1, min_repeat_ms=0.5)

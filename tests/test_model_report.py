@@ -72,6 +72,7 @@ def test_second_timings_of_front_runners_are_not_counted_as_trials(tuned, tmp_pa
         assert [x for x in mine if x.policy != records.CONFIRM][t.best_trial - 1].code_hash == best.code_hash
 
 
+@pytest.mark.slow
 def test_analyze_cli_writes_a_self_contained_html_report_and_times_a_compiled_model(tuned, tmp_path, tmp_cache,
                                                                                     capsys):
     log, res = tuned

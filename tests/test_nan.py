@@ -25,6 +25,8 @@ from tuner.task import Task
 from tuner.te.expr import Const, Load, Max, Sub, Var, max_expr, min_expr, simplify
 from tuner.te.tensor import compute, max_reduce, placeholder, reduce_axis
 
+pytestmark = pytest.mark.slow
+
 N = 16          # vector loops of 16, 8 and 4 lanes
 ODD = 18        # not a multiple of 4: the vectorize annotation falls back to a scalar loop under omp simd
 

@@ -17,11 +17,13 @@ CONV_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", CONV_LAYOUTS)
 def test_conv2d_every_layout(layout):
     check_schedules([(make("conv2d", p, layout), None) for p in CONV_CASES])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_grouped_conv2d(layout):
     check_schedules([(make("conv2d", dict(C=8, H=6, W=6, K=12, R=3, S=3, pad=1, groups=4), layout), None)])
@@ -33,6 +35,7 @@ def test_dense(layout):
                      (make("dense", dict(N=3, C=20, K=40, bias=1, relu=1), layout), None)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", CONV_LAYOUTS)
 def test_pooling_and_elementwise(layout):
     shape = dict(C=16, H=9, W=9)
@@ -48,12 +51,14 @@ def test_pooling_and_elementwise(layout):
     ])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("src", CONV_LAYOUTS)
 def test_layout_transform(src):
     check_schedules([(make("layout_transform", dict(C=32, H=5, W=6, dst=dst), src), None)
                      for dst in CONV_LAYOUTS if dst != src])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("act", ["clip", "sigmoid", "hard_sigmoid", "hard_swish"])
 def test_activation_epilogues(act):
     extra = {"clip": dict(lo=-0.5, hi=0.75), "hard_sigmoid": dict(alpha=0.25, beta=0.4)}.get(act, {})

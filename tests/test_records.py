@@ -25,6 +25,7 @@ def tuned_log(tmp_path_factory):
     return log
 
 
+@pytest.mark.slow
 def test_corrupt_and_truncated_lines_are_skipped_and_counted(tuned_log, tmp_path):
     damaged = tmp_path / "damaged.jsonl"
     lines = tuned_log.read_text().splitlines()
@@ -38,6 +39,7 @@ def test_corrupt_and_truncated_lines_are_skipped_and_counted(tuned_log, tmp_path
     assert len(records.load(damaged, warn=False).records) == 2
 
 
+@pytest.mark.slow
 def test_resume_counts_the_log_and_never_remeasures(tuned_log, tmp_path):
     log = tmp_path / "resume.jsonl"
     log.write_text(tuned_log.read_text())
@@ -100,6 +102,7 @@ def test_build_op_says_loudly_when_it_falls_back(tmp_path):
     assert not k.tuned
 
 
+@pytest.mark.slow
 def test_a_process_that_loaded_an_openmp_kernel_exits_cleanly():
     """cffi closes libraries at exit; the OpenMP runtime must outlive its threads (no segfault)."""
     script = (
@@ -114,6 +117,7 @@ def test_a_process_that_loaded_an_openmp_kernel_exits_cleanly():
     assert float(out.stdout) < 1e-3
 
 
+@pytest.mark.slow
 def test_time_limit_stops_the_tune_early(tmp_path):
     log = tmp_path / "limited.jsonl"
     s = tune_op(SMALL, target=TARGET1, trials=10_000, log=str(log), run_config=FAST, progress=False,

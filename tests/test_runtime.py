@@ -38,6 +38,7 @@ def assert_matches_onnxruntime(m, graph, onnx_path=None, seed=0):
 
 # ---------------------------------------------------------------- models against ONNX Runtime
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make", [lambda: resnet(18, image=32), lambda: resnet(50, image=32),
                                   lambda: mobilenet_v2(image=32), lambda: googlenet(image=32)],
                          ids=["resnet18", "resnet50", "mobilenet_v2", "googlenet"])
@@ -49,6 +50,7 @@ def test_builtin_models_match_onnxruntime(tmp_cache, make):
     assert m.arena_bytes < m.meta["intermediate_bytes"]   # tensors that never live together share memory
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC", "NCHW8c"])
 def test_other_layouts_and_two_threads(tmp_cache, layout):
     g = tiny()
@@ -80,6 +82,7 @@ def _squeeze_excitation():
     return net.b.finish([net.head(x, 16, 5)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make", [_inception_like, _squeeze_excitation], ids=["inception", "squeeze_excitation"])
 def test_branchy_models_match_onnxruntime(tmp_cache, make):
     g = make()
@@ -99,6 +102,7 @@ def test_a_conv_after_a_concat_of_fitted_blocks_reads_them_as_they_are(tmp_cache
     assert_matches_onnxruntime(m, g)
 
 
+@pytest.mark.slow
 def test_an_onnx_file_with_many_operators_matches_onnxruntime(tmp_cache, tmp_path):
     path = str(_torch_style_model(tmp_path / "torchish.onnx"))     # clip, hard_swish, concat, pad, softmax, ...
     from tuner.graph import load as load_graph
@@ -125,6 +129,7 @@ def test_a_torch_exported_model_matches_onnxruntime(tmp_cache, tmp_path):
 
 # ---------------------------------------------------------------- every schedule is right in context
 
+@pytest.mark.slow
 def test_random_legal_schedules_give_the_default_output(tmp_cache):
     """apply-best applies what it is given, and any legal schedule of any task is correct next to its
     neighbours' layouts: random points of every task's space give the default schedules' output."""
@@ -172,6 +177,7 @@ def _record_for(task, target: str, cost: float):
                                "test", 0)
 
 
+@pytest.mark.slow
 def test_a_record_applies_on_any_core_count_with_the_same_isa_and_threads(tmp_cache, tmp_path):
     from tuner.graph.passes import optimize
     from tuner.target import host_isa, parse_target
@@ -233,6 +239,7 @@ def _cli(*args, env=None):
     return subprocess.run([sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True, env=env)
 
 
+@pytest.mark.slow
 def test_cli_compile_run_and_errors(tmp_path):
     import os
     env = dict(os.environ, TUNER_CACHE_DIR=str(tmp_path / "cache"))

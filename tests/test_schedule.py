@@ -144,6 +144,7 @@ def test_the_register_tiles_loop_order_is_a_decision_that_computes_the_reference
     assert ("order", ("order",), ["axes", "reversed"]) in _parameter_table(space)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("wl", [make("conv2d", dict(C=8, H=9, W=9, K=16, R=3, S=3, pad=1, stride=2, bias=1, relu=1),
                                      "NCHW8c"),
@@ -219,6 +220,7 @@ WINOGRAD_TRANSFORMS = [make("winograd_input", dict(C=16, H=9, W=9, pad=1, m=4)),
                             "NCHW16c")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("threads", [1, 2])
 def test_every_point_of_the_winograd_transforms_table_sketch_computes_the_reference(threads):
     """The transforms' spaces are small enough to check whole: vector lengths, pad placement and
@@ -310,6 +312,7 @@ def _value(e, env):
     return ops[type(e)](_value(e.a, env), _value(e.b, env))
 
 
+@pytest.mark.slow
 @given(coefs=st.lists(st.integers(-24, 24), min_size=1, max_size=3), const=st.integers(-20, 20),
        his=st.lists(st.integers(0, 9), min_size=3, max_size=3), c=st.integers(2, 24))
 @settings(max_examples=300, deadline=None)

@@ -7,12 +7,15 @@ accumulator's loops at a random depth (bound inference over overlapping windows)
 """
 import random
 
+import pytest
 from conftest import TARGET1, check_schedules
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tuner.ops import make
 from tuner.space.sketch import SearchSpace
+
+pytestmark = pytest.mark.slow
 
 SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

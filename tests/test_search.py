@@ -42,6 +42,7 @@ def _replay(measured_log, out, policy, trials, seed=0, workloads=(SMALL,), **kw)
                 replay=str(measured_log), progress=False, batch_size=8, **kw)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", POLICIES)
 def test_policy_respects_budget_never_remeasures_and_resumes(measured_log, tmp_path, policy):
     out = tmp_path / "replayed.jsonl"
@@ -57,6 +58,7 @@ def test_policy_respects_budget_never_remeasures_and_resumes(measured_log, tmp_p
     assert {r.error for r in recs} <= {"OK", "NOT_IN_LOG", "WRONG_ANSWER", "COMPILE_ERROR"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", POLICIES)
 def test_same_seed_same_sequence(measured_log, tmp_path, policy):
     a = tmp_path / "a.jsonl"
@@ -174,6 +176,7 @@ def test_features_have_fixed_length_and_no_nan_on_every_operator():
             assert np.isfinite(f).all(), wl.label
 
 
+@pytest.mark.slow
 def test_features_see_the_unrolling_and_vector_width_the_c_generator_emits():
     """The C generator unrolls small nests under auto_unroll_max_step and picks the vector width;
     features that guessed otherwise misled the model (dense: 0.856 -> 0.881 pairwise)."""
@@ -311,6 +314,7 @@ def test_an_isa_without_a_shipped_model_gets_a_stand_in_and_says_so():
     assert not shared_model(sse, 0, ["none"]).model.pretrained
 
 
+@pytest.mark.slow
 def test_pretrain_leaves_out_excluded_workloads_and_tune_starts_from_it(measured_log, tmp_path, capsys):
     from tuner.cli import main
     from tuner.cost_model.pretrain import pretrain
@@ -328,6 +332,7 @@ def test_pretrain_leaves_out_excluded_workloads_and_tune_starts_from_it(measured
     assert len({r.code_hash for r in recs}) == 16 and any(r.ok for r in recs)
 
 
+@pytest.mark.slow
 def test_a_first_look_larger_than_the_policys_first_batch_is_measured_whole(measured_log, tmp_path):
     """With a pre-trained model, evolutionary search proposes small first batches (8); a task whose
     first look is 16 (a Winograd GEMM in a model tune) still gets all 16 in its first round."""
@@ -350,6 +355,7 @@ def test_int_and_float_constants_are_different_expressions():
     assert linear(Add(Var("i"), Const(1.0))) is None         # the memo of the int form must not answer
 
 
+@pytest.mark.slow
 def test_evolutionary_batch_keeps_the_structure_the_model_ranks_second():
     """A model that always prefers pads computed at root still gets inlined-pad schedules measured."""
     from tuner.search.evolutionary import EvolutionarySearch, SharedModel
@@ -399,6 +405,7 @@ def test_feature_pool_computes_what_the_search_would_and_marks_illegal_schedules
         np.testing.assert_array_equal(g, w)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum, why", [(signal.SIGSTOP, "gave no answer"), (signal.SIGKILL, "is gone|died")])
 def test_a_hung_or_dead_feature_worker_costs_a_timeout_not_the_search(monkeypatch, signum, why):
     """A worker that never answers (stopped, as one waiting on a lock would be) is given up on

@@ -112,6 +112,7 @@ def test_winograd_specs_name_their_tile_and_layout():
         parse_spec("winograd_input:C=8,H=14,W=14", "NCHW")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout, channels", [("NCHW16c", 32), ("NCHW8c", 16), ("NCHW16c", 12)])
 def test_winograd_transforms_in_a_blocked_layout_equal_nhwc_re_laid(layout, channels):
     """The input transform reading NCHW[x]c and the output transform (with its epilogue) writing it
