@@ -39,7 +39,8 @@ def main(argv=None) -> int:
             raise SystemExit(f"{name} ({dirs[name]}) is not an artifact of {args.model}")
     libraries = {name: m.meta["library"] for name, m in models.items()}
     inputs = next(iter(models.values())).random_inputs(seed=1)
-    result = {"model": args.model, "rounds": args.rounds, "artifacts": dirs, "libraries": libraries, "threads": {}}
+    result = {"model": args.model, "rounds": args.rounds, "artifacts": dirs, "libraries": libraries, "rows": [],
+              "pairs": [], "rounds_s": {}}
     for threads in (int(t) for t in args.threads.split(",")):
         runners = {name: (lambda ins, m=m: m.run(*ins)) for name, m in models.items()}
         runners["onnxruntime"] = onnxruntime_runner(graph, threads)
@@ -47,19 +48,19 @@ def main(argv=None) -> int:
         med = {k: statistics.median(v) for k, v in t.items()}
         ort = med["onnxruntime"]
         print(f"\n{args.model}, ONNX Runtime at {threads} thread(s), {args.rounds} rounds: {ort * 1e3:.2f} ms")
-        rows = {}
         for name in models:
             paired = statistics.median(paired_ratios(t[name], t["onnxruntime"]))
-            rows[name] = {"dir": dirs[name], "target": models[name].meta["target"], "median_s": med[name],
-                          "vs_onnxruntime_paired": paired}
+            result["rows"].append({"ort_threads": threads, "artifact": name, "target": models[name].meta["target"],
+                                   "median_ms": med[name] * 1e3, "onnxruntime_ms": ort * 1e3,
+                                   "vs_onnxruntime_paired": paired})
             print(f"{name:<12} {med[name] * 1e3:8.2f} ms  vs ONNX Runtime {paired:.3f}x paired  "
                   f"({models[name].meta['target']})")
-        pairs = {f"{a}/{b}": statistics.median(paired_ratios(t[a], t[b])) for a, b in itertools.combinations(models, 2)}
-        for k, v in pairs.items():
-            a, b = k.split("/")
-            same = " (the same library)" if libraries[a] == libraries[b] else ""
-            print(f"{k:<25} {v:.3f}x paired{same}")
-        result["threads"][threads] = {"artifacts": rows, "pairs": pairs, "onnxruntime_s": ort, "rounds_s": t}
+        for a, b in itertools.combinations(models, 2):
+            v = statistics.median(paired_ratios(t[a], t[b]))
+            same = libraries[a] == libraries[b]
+            print(f"{a + '/' + b:<25} {v:.3f}x paired{' (the same library)' if same else ''}")
+            result["pairs"].append({"ort_threads": threads, "pair": f"{a}/{b}", "paired_ratio": v, "same_library": same})
+        result["rounds_s"][threads] = t
     write_results("artifacts", args.out, result)
     return 0
 
