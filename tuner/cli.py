@@ -1,4 +1,7 @@
-"""The `tuner` command line: parses arguments, calls the API, prints. Nothing else."""
+"""The `tuner` command line: parses arguments, calls the API, prints. Nothing else.
+
+Each command imports what it uses when it runs, so `tuner --help` starts fast
+and `tuner run` never loads the compiler (docs/design.md)."""
 from __future__ import annotations
 
 import argparse

@@ -91,27 +91,37 @@ def remove_others(others: list, built: Path) -> None:
 
 def compile_library(source: str, flags: list) -> tuple:
     """(path of the cached .so, None) or (None, compiler message); SetupError when the machine fails."""
-    cc, version = compiler()
+    return cached_build(source, flags, compiler(), ".c", ".so", _check_compiler_works, "kernels",
+                        lambda cc, fl, out, src: [cc, *fl, "-fPIC", "-shared", "-o", str(out), str(src), "-lm"])
+
+
+def cached_build(source: str, flags: list, tool: tuple, src_suffix: str, suffix: str, check_works, what: str,
+                 command) -> tuple:
+    """(path of the `suffix` file `tool` (path, version) builds from `source` with `flags`, None), or
+    (None, the tool's message): from the cache when it was built before, else built by
+    `command(tool path, flags, out, src)` in a temporary directory inside the cache and renamed
+    into place. A failed build calls `check_works(tool path, flags, that directory)`, which raises
+    SetupError when a trivial source fails too (the machine, not the source, is at fault)."""
+    path, version = tool
     digest = source_digest(source, flags, version)
-    d = cache_dir(LIBRARY_DIRS[".so"])
-    cached, others = cached_library(d, digest, ".so")
+    d = cache_dir(LIBRARY_DIRS[suffix])
+    cached, others = cached_library(d, digest, suffix)
     if cached is not None:
         return str(cached), None
     try:
         with tempfile.TemporaryDirectory(prefix=".build-", dir=d) as tmp:
-            c_file = Path(tmp) / f"{digest}.c"
-            c_file.write_text(source)
-            tmp_so = Path(tmp) / f"{digest}.so"
-            proc = subprocess.run([cc, *flags, "-fPIC", "-shared", "-o", str(tmp_so), str(c_file), "-lm"],
-                                  capture_output=True, text=True)
+            src = Path(tmp) / f"{digest}{src_suffix}"
+            src.write_text(source)
+            built = Path(tmp) / f"{digest}{suffix}"
+            proc = subprocess.run(command(path, flags, built, src), capture_output=True, text=True)
             if proc.returncode != 0:
-                _check_compiler_works(cc, flags, Path(tmp))
+                check_works(path, flags, Path(tmp))
                 return None, trim_errors(proc.stderr or proc.stdout)
-            out = d / library_name(digest, tmp_so.read_bytes())
-            os.replace(tmp_so, out)
+            out = d / library_name(digest, built.read_bytes(), suffix)
+            os.replace(built, out)
             remove_others(others, out)
     except OSError as e:
-        raise SetupError(f"cannot build kernels in {d}: {e.strerror or e}; free space there or set "
+        raise SetupError(f"cannot build {what} in {d}: {e.strerror or e}; free space there or set "
                          "TUNER_CACHE_DIR to another directory") from None
     return str(out), None
 
