@@ -67,6 +67,21 @@ def test_an_activation_epilogue_leaves_other_keys_alone():
     assert relu6.key != plain.key
 
 
+# keys that tuner 0.1.0 logged before the pooling workloads took their graph operators' names
+OLD_POOL_KEYS = [("maxpool:N=1,C=16,H=16,W=16,R=2,S=2,stride=2,pad=0", "NCHW16c", "e6805d52b931909a"),
+                 ("avgpool:N=1,C=8,H=9,W=9,R=3,S=3,stride=2,pad=1", "NCHW", "82da8fbcc34deed3"),
+                 ("globalavgpool:N=1,C=2048,H=7,W=7", "NCHW8c", "5b9fe9ec633f5ad0")]
+
+
+@pytest.mark.parametrize("spec, layout, key", OLD_POOL_KEYS)
+def test_a_pooling_spec_logged_under_its_old_name_reads_with_its_old_key(spec, layout, key):
+    old = parse_spec(spec, layout)
+    assert old.key == key and old.op == {"maxpool": "max_pool2d", "avgpool": "avg_pool2d",
+                                         "globalavgpool": "global_avg_pool2d"}[spec.split(":")[0]]
+    new = parse_spec(old.spec, layout)
+    assert old.spec.startswith(old.op + ":") and new.key == key
+
+
 def test_bad_layout_and_unknown_name():
     from tuner.te.layouts import LayoutError
     with pytest.raises(LayoutError, match="unknown layout 'NCWH'"):
