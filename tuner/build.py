@@ -155,14 +155,15 @@ def build_op(workload: str | Workload, layout: str | None = None, target: str | 
     wl = workload if isinstance(workload, Workload) else resolve(workload, layout)
     tgt = parse_target(target, threads)
     task = Task(wl, tgt)
-    db = Database.open(log, tgt, use_shipped, missing="skip", warn=not quiet)
-    rec, where = db.best(wl, tgt)
+    shipped = records.shipped_database(tgt)
+    rec, where = Database.open(log, tgt, use_shipped, missing="skip", warn=not quiet).best(wl, tgt)
     if rec is None:
         where = None
         if not quiet:
-            warnings.warn(f"no tuning record for {wl.label} on '{tgt}' in {db.searched()}; "
+            searched = ", ".join(str(p) for p in [log, shipped if use_shipped else None] if p) or "no log"
+            warnings.warn(f"no tuning record for {wl.label} on '{tgt}' in {searched}; "
                           "using the default (untuned) schedule", stacklevel=2)
     elif where == SHIPPED:
-        where = str(records.shipped_database(tgt))
+        where = str(shipped)
     steps = rec.steps if rec else task.space.steps(task.space.default())
     return KERNELS[tgt.kind](task, steps, rec, where)

@@ -31,9 +31,9 @@ from tqdm import tqdm
 from .database import records
 from .database.result import OK
 from .errors import check_output_path
-from .measure import Runner, make_runner
+from .measure.runners import Runner, make_runner
 from .measure.runner import RunConfig
-from .ops import Workload, resolve
+from .ops import WORKLOADS, Workload, resolve
 from .search import PolicyFactory, policy_factory
 from .search.scheduler import SCHEDULERS, TaskProgress, family
 from .target import Target, parse_target
@@ -174,7 +174,8 @@ class Session:
 
 
 def default_log(workload: Workload) -> str:
-    return str(Path("logs") / f"{(workload.name or workload.op).replace('/', '_')}.{workload.layout}.jsonl")
+    op = WORKLOADS[workload.op].key_name or workload.op      # the name its logs were first written under
+    return str(Path("logs") / f"{(workload.name or op).replace('/', '_')}.{workload.layout}.jsonl")
 
 
 def _merge(workloads: list) -> list:
@@ -190,14 +191,14 @@ def _merge(workloads: list) -> list:
 
 
 @_takes_options
-def tune(workloads: list, target: str | Target = "cpu", log: str | None = None, options: TuneOptions | None = None,
-         *, threads: int | None = None, runner: Runner | None = None, callbacks: Sequence[MeasureCallback] = (),
+def tune(workloads: list, target: str | Target = "cpu", *, log: str | None = None, options: TuneOptions | None = None,
+         threads: int | None = None, runner: Runner | None = None, callbacks: Sequence[MeasureCallback] = (),
          **changes) -> Session:
     """Tune `workloads` (Workloads or (Workload, weight) pairs) until `trials` records exist for them.
 
     target: a Target or its text, its thread count replaced by `threads` if given. log: default
     logs/NAME.LAYOUT.jsonl of the first workload. options: a TuneOptions (see its fields), and the
-    keywords named as its fields replace them. runner: a tuner.measure.Runner to measure with
+    keywords named as its fields replace them. runner: a tuner.measure.runners.Runner to measure with
     (default: this host, the replay log or the cluster that the options name); not closed here.
     callbacks: MeasureCallbacks called after the session's own (log, summary, policy), before the
     progress bar's (a model tune's RoundHook steers the scheduler).
@@ -217,14 +218,14 @@ def tune(workloads: list, target: str | Target = "cpu", log: str | None = None, 
 
 
 @_takes_options
-def tune_op(workload: str | Workload, layout: str | None = None, target: str | Target = "cpu",
-            log: str | None = None, options: TuneOptions | None = None, *, threads: int | None = None,
+def tune_op(workload: str | Workload, layout: str | None = None, target: str | Target = "cpu", *,
+            log: str | None = None, options: TuneOptions | None = None, threads: int | None = None,
             runner: Runner | None = None, callbacks: Sequence[MeasureCallback] = (), **changes) -> TuneSummary:
     """Tune one workload (a Workload, or a name or spec resolved with `layout`) until `trials`
     records exist for it in `log`; the other parameters and options as `tune`."""
     wl = workload if isinstance(workload, Workload) else resolve(workload, layout)
-    return tune([wl], target, log or default_log(wl), _options(options, changes, "tune_op"), threads=threads,
-                runner=runner, callbacks=callbacks).tasks[0]
+    return tune([wl], target, log=log or default_log(wl), options=_options(options, changes, "tune_op"),
+                threads=threads, runner=runner, callbacks=callbacks).tasks[0]
 
 
 class MeasureCallback(Protocol):

@@ -51,6 +51,7 @@ from .memory import Lifetime, align, peak_live_bytes, plan
 
 DEFAULT_LAYOUT = "NCHW16c"
 
+
 @dataclass
 class Kernel:
     func: str

@@ -61,6 +61,3 @@ class Database:
     def planned_models(self) -> list:
         """The models the user's logs hold layout plans of (the shipped database's are not theirs)."""
         return sorted({p.model for s in self.sources if s.name != SHIPPED for p in s.contents.plans})
-
-    def searched(self) -> str:
-        return ", ".join(s.name for s in self.sources) or "no log"

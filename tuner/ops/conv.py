@@ -68,7 +68,6 @@ def conv2d(data: Tensor, kernel: Tensor, layout: str, stride: int, pads: tuple,
         name, tag="conv2d", inputs=[padded, kernel], axis_names=["n", "kc", "oh", "ow", "kb"])
 
 
-
 def conv2d_ref(x: np.ndarray, w: np.ndarray, stride, pads: tuple, dilation=1, groups: int = 1) -> np.ndarray:
     """NCHW x OIHW convolution in float64 through sliding windows and tensordot.
 

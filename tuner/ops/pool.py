@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import GraphError
-from ..te import layouts as L
 from ..te.expr import Cast, Const, max_expr, min_expr
 from ..te.tensor import Tensor, compute, max_reduce, reduce_axis, sum_reduce
 from .common import (axis_names, conv_out_size, data_placeholder, export_as, f32, from_nchw, hw_dims, nchw_dims,
@@ -191,7 +190,7 @@ def _gap_task(n):
 def _pool_build(wl):
     p, data = wl.p, data_placeholder(wl)
     return [data], pool2d(data, wl.layout, wl.op[:3], (p["R"], p["S"]), p["stride"], pads4(p["pad"]),
-                              bool(p.get("count_include_pad", 0)), name=WORKLOADS[wl.op].key_name)
+                              bool(p.get("count_include_pad", 0)), name=WORKLOADS[wl.op].key_name or wl.op)
 
 
 def _pool_ref(wl, arrays: list):
@@ -232,7 +231,6 @@ register(
                 example="avg_pool2d:C=64,H=56,W=56,R=3,S=3,stride=1,pad=1", key_name="avgpool"),
     WorkloadDef(name="global_avg_pool2d", required=("C", "H", "W"), defaults=dict(N=1), key_name="globalavgpool",
                 build=unary(lambda d, wl: global_avg_pool(d, wl.layout)),
-                reference=lambda wl, a: L.act_from_nchw(global_avg_pool_ref(nchw_in(wl, a)), wl.layout,
-                                                        wl.blocks[0] or None),
+                reference=lambda wl, a: nchw_out(wl, global_avg_pool_ref(nchw_in(wl, a))),
                 example="global_avg_pool2d:C=2048,H=7,W=7"),
 )

@@ -30,7 +30,7 @@ from ..te import layouts as L
 from ..te.expr import And, Cmp, Const, Expr, as_expr, select
 from ..te.layouts import LayoutError, act_shape, block_of
 from ..te.tensor import Tensor, compute, placeholder, reduce_axis, sum_reduce
-from .common import f32, nchw_dims, pad_spatial
+from .common import data_placeholder, f32, nchw_dims, pad_spatial
 from .elementwise import epilogue, epilogue_ref
 from .layout import layout_transform
 from .registry import OpDef, Pattern, WorkloadDef, WorkloadError, register
@@ -303,7 +303,7 @@ def _wino_v_shape(p: dict, channels: int) -> tuple:
 
 def _wino_input_build(wl):
     p = wl.p
-    data = placeholder(L.act_shape(wl.layout, p["N"], p["C"], p["H"], p["W"], wl.blocks[0] or None), "data")
+    data = data_placeholder(wl)
     return [data], input_transform(data, p["pad"], p["m"], layout=wl.layout)
 
 

@@ -124,9 +124,9 @@ class Workload:
 
 
 def make(op: str, params: dict, layout: str | None = None, name: str = "") -> Workload:
-    op = next((d.name for d in WORKLOADS.values() if d.key_name == op), op)   # a name it was logged under
+    op = next((d.name for d in WORKLOADS.values() if d.key_name and d.key_name == op), op)   # a name it was logged under
     if op not in WORKLOADS:
-        raise WorkloadError(f"unknown operator {op!r}: choose one of {', '.join(WORKLOADS)}")
+        raise WorkloadError(f"unknown operator {op!r}: choose one of {', '.join(sorted(WORKLOADS))}")
     d = WORKLOADS[op]
     full = dict(d.defaults)
     full.update(params)

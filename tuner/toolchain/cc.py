@@ -78,7 +78,7 @@ def cached_library(d: Path, digest: str, suffix: str) -> tuple:
     if len(good) > 1:
         warnings.warn(f"kernel cache {d} holds {len(good)} libraries built from one source "
                       f"({', '.join(p.name for p in good)}), where a build gives one: rebuilding it and removing "
-                      "the others; check who else writes to the kernel cache (TUNER_CACHE_DIR)", stacklevel=3)
+                      "the others; check who else writes to the kernel cache (TUNER_CACHE_DIR)", stacklevel=4)
         return None, good
     return (good[0] if good else None), []
 
