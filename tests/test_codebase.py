@@ -109,6 +109,22 @@ def test_loading_a_compiled_model_loads_no_part_of_the_compiler():
     assert extra == set()
 
 
+MEASURING_ONLY = {"tuner", "tuner.errors", "tuner.measure"}
+
+
+@pytest.mark.parametrize("module", ["tuner.measure.worker", "tuner.measure.cuda_worker", "tuner.cost_model.feature_worker"])
+def test_a_worker_process_starts_without_warnings_and_ends_with_its_input(module):
+    """Started as the tuner starts it (python -m), with its input closed at once."""
+    out = subprocess.run([sys.executable, "-W", "error", "-X", "importtime", "-m", module], stdin=subprocess.DEVNULL,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    loaded = {ln.split("|")[-1].strip() for ln in out.stderr.splitlines() if ln.startswith("import time:")}
+    assert "tuner.toolchain.process" in loaded
+    if module == "tuner.measure.worker":       # the process restarted after every crash loads little
+        ours = {m for m in loaded if m == "tuner" or m.startswith("tuner.")}
+        assert {m for m in ours - MEASURING_ONLY if not m.startswith("tuner.toolchain")} == set()
+
+
 @pytest.mark.parametrize("name, params", [
     ("compile", {"model", "log", "target", "threads", "layout", "input_shapes", "strict"}),
     ("tune", {"model", "trials", "log"}),
