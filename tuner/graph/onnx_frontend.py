@@ -1,7 +1,9 @@
 """ONNX import (opsets 11-21, the operators CNNs use) and export of built-in models.
 
 Import covers what PyTorch's exporter writes for CNNs, e.g. global average pooling written as
-ReduceMean over H and W (imported as global_avg_pool2d so layout conversion can carry it).
+ReduceMean over H and W (imported as global_avg_pool2d so layout conversion can carry it); what
+it computes on constants and shapes (Shape -> Gather -> Unsqueeze -> Concat -> Reshape, Range,
+masks) becomes constants at import (onnx_fold).
 Every failure is an OnnxImportError that names the problem and, where there is one, the node.
 
 Which ONNX op types are read, and how, is each operator's own business: `ops.OpDef.onnx_in`
@@ -16,22 +18,32 @@ from ..errors import UserError
 from ..ops import OPS
 from .builder import GraphBuilder
 from .ir import Graph, GraphError, Value
+from .onnx_fold import fold, foldable
 
 
 def _identity(cx, ins, a):
     return [ins[0]]
 
 
+# Constant's attribute forms -> the array each gives
+_CONSTANT_FORMS = {"value": np.asarray, "value_float": lambda v: np.array(v, np.float32),
+                   "value_floats": lambda v: np.array(v, np.float32), "value_int": lambda v: np.array(v, np.int64),
+                   "value_ints": lambda v: np.array(v, np.int64)}
+
+
 def _constant(cx, ins, a):
-    if "value" not in a:
-        raise cx.fail("only the 'value' form is supported")
-    return [cx.b.const(a["value"], cx.node.output[0])]
+    form = next((k for k in _CONSTANT_FORMS if k in a), None)
+    if form is None:
+        raise cx.fail(f"only the {', '.join(_CONSTANT_FORMS)} forms are supported")
+    return [cx.b.const(_CONSTANT_FORMS[form](a[form]), cx.node.output[0])]
+
+
 
 
 # ONNX op type -> importer: every operator's own (OpDef.onnx_in), plus the ops that only name values
 IMPORTERS = {**{t: f for d in OPS.values() for t, f in d.onnx_in.items()},
              "Identity": _identity, "Dropout": _identity, "Constant": _constant}
-SUPPORTED = tuple(sorted(IMPORTERS))
+SUPPORTED = tuple(sorted(IMPORTERS))     # what a node on activations may be (onnx_fold: on constants)
 OPSETS = range(11, 22)
 
 
@@ -125,9 +137,6 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model") ->
     for node in g.node:
         if node.domain not in ("", "ai.onnx"):
             raise OnnxImportError(f"unsupported operator {node.domain}.{node.op_type} (node {node.name!r})")
-        if node.op_type not in SUPPORTED:
-            raise OnnxImportError(f"unsupported operator {node.op_type} (node {node.name!r}); supported: "
-                                  f"{', '.join(SUPPORTED)}")
         ins = []
         for name in node.input:
             if name == "":
@@ -136,6 +145,18 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model") ->
                 raise OnnxImportError(f"node {node.name!r} ({node.op_type}) reads {name!r}, which nothing defines")
             else:
                 ins.append(env[name])
+        if foldable(node.op_type, ins):
+            try:
+                outs = fold(node.op_type, ins, _attrs(node), opset)
+            except (ValueError, IndexError, KeyError, TypeError) as e:
+                raise OnnxImportError(f"node {node.name!r} ({node.op_type}) cannot be computed on its constant "
+                                      f"inputs: {type(e).__name__}: {str(e)[:120]}") from None
+            for name, y in zip(node.output, outs):
+                env[name] = b.const(y, name)
+            continue
+        if node.op_type not in SUPPORTED:
+            raise OnnxImportError(f"unsupported operator {node.op_type} (node {node.name!r}); supported: "
+                                  f"{', '.join(SUPPORTED)}")
         try:
             outs = IMPORTERS[node.op_type](Importer(b, node, opset), ins, _attrs(node))
         except GraphError as e:

@@ -1,0 +1,138 @@
+"""What an exporter computes on shapes and constants becomes constants at import (graph.onnx_fold)."""
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tuner.graph import interp
+from tuner.graph.onnx_frontend import OnnxImportError, load_onnx
+
+ort = pytest.importorskip("onnxruntime", reason="onnxruntime is the reference for imported models")
+
+
+def _model(nodes, inits, out_shape, path, opset=13, in_shape=(1, 3, 8, 8)):
+    g = helper.make_graph(nodes, "fold", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(in_shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(out_shape))],
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)]), str(path))
+    return path
+
+
+def _matches_onnxruntime(path, in_shape=(1, 3, 8, 8)):
+    x = np.random.default_rng(0).standard_normal(in_shape).astype(np.float32)
+    g = load_onnx(path)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(interp.run(g, x)[0], sess.run(None, {"x": x})[0], rtol=1e-5, atol=1e-6)
+    return g
+
+
+def test_a_flatten_written_as_shape_gather_unsqueeze_concat_reshape_imports_as_one_reshape(tmp_path):
+    # what torch writes for x.view(x.size(0), -1) after a conv
+    w = np.random.default_rng(1).standard_normal((4, 3, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Shape", ["c"], ["s"]),
+             helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+             helper.make_node("Unsqueeze", ["n", "axes0"], ["n1"]),
+             helper.make_node("Concat", ["n1", "minus1"], ["shape"], axis=0),
+             helper.make_node("Reshape", ["c", "shape"], ["r"]),
+             helper.make_node("Relu", ["r"], ["y"])]
+    inits = {"w": w, "zero": np.array(0, np.int64), "axes0": np.array([0], np.int64),
+             "minus1": np.array([-1], np.int64)}
+    g = _matches_onnxruntime(_model(nodes, inits, (1, 256), tmp_path / "flat.onnx"))
+    assert [n.op for n in g.nodes] == ["conv2d", "reshape", "relu"]
+
+
+def test_a_mask_built_from_range_cast_and_where_is_a_constant(tmp_path):
+    # positions < 4 keep the value, the others get -1e4 (an attention mask's shape of computation)
+    nodes = [helper.make_node("Flatten", ["x"], ["f"], axis=1),
+             helper.make_node("Range", ["start", "limit", "delta"], ["pos"]),
+             helper.make_node("Less", ["pos", "four"], ["keep"]),
+             helper.make_node("Cast", ["keep"], ["keepf"], to=TensorProto.FLOAT),
+             helper.make_node("Sub", ["one", "keepf"], ["drop"]),
+             helper.make_node("Mul", ["drop", "big"], ["mask"]),
+             helper.make_node("Add", ["f", "mask"], ["y"])]
+    inits = {"start": np.array(0, np.int64), "limit": np.array(192, np.int64), "delta": np.array(1, np.int64),
+             "four": np.array(4, np.int64), "one": np.array(1.0, np.float32), "big": np.array(-1e4, np.float32)}
+    g = _matches_onnxruntime(_model(nodes, inits, (1, 192), tmp_path / "mask.onnx"))
+    assert [n.op for n in g.nodes] == ["flatten", "add"]
+
+
+@pytest.mark.parametrize("opset", [11, 13])
+def test_unsqueeze_and_squeeze_fold_with_axes_as_attribute_or_input(tmp_path, opset):
+    axes = {"axes": [0, 2]} if opset < 13 else {}
+    more = [] if opset < 13 else ["ax"]
+    nodes = [helper.make_node("Unsqueeze", ["v", *more], ["u"], **axes),          # [3] -> [1, 3, 1]
+             helper.make_node("Squeeze", ["u", *more], ["sq"], **axes),           # -> [3]
+             helper.make_node("Cast", ["sq"], ["sqf"], to=TensorProto.FLOAT),
+             helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Slice", ["s", "one", "two"], ["c"]),              # [3]: the channels
+             helper.make_node("ConstantOfShape", ["c"], ["ones"], value=numpy_helper.from_array(np.ones(1, np.float32))),
+             helper.make_node("Mul", ["ones", "sqf"], ["scale"]),
+             helper.make_node("Reshape", ["scale", "cshape"], ["scale4"]),
+             helper.make_node("Mul", ["x", "scale4"], ["y"])]
+    inits = {"v": np.array([2, 3, 4], np.int64), "ax": np.array([0, 2], np.int64), "one": np.array([1], np.int64),
+             "two": np.array([2], np.int64), "cshape": np.array([1, 3, 1, 1], np.int64)}
+    g = _matches_onnxruntime(_model(nodes, inits, (1, 3, 8, 8), tmp_path / "sq.onnx", opset=opset))
+    assert [n.op for n in g.nodes] == ["mul"]
+
+
+def test_a_constant_index_outside_its_table_is_a_one_line_error_naming_the_node(tmp_path):
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "nine"], ["n"], name="pick"),
+             helper.make_node("Unsqueeze", ["n", "axes0"], ["n1"]),
+             helper.make_node("Concat", ["n1", "minus1"], ["shape"], axis=0),
+             helper.make_node("Reshape", ["x", "shape"], ["y"])]
+    inits = {"nine": np.array(9, np.int64), "axes0": np.array([0], np.int64), "minus1": np.array([-1], np.int64)}
+    path = _model(nodes, inits, (1, 192), tmp_path / "bad.onnx")
+    with pytest.raises(OnnxImportError, match=r"node 'pick' \(Gather\) cannot be computed on its constant inputs: "
+                                              r"IndexError") as e:
+        load_onnx(path)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("node, inits", [
+    (helper.make_node("ConstantOfShape", ["shape"], ["big"], name="huge"), {"shape": np.array([1 << 20, 1 << 20], np.int64)}),
+    (helper.make_node("Range", ["a", "b", "c"], ["big"], name="huge"),
+     {"a": np.array(0, np.int64), "b": np.array(1 << 40, np.int64), "c": np.array(1, np.int64)}),
+    (helper.make_node("Expand", ["one", "shape"], ["big"], name="huge"),
+     {"one": np.ones(1, np.float32), "shape": np.array([1 << 16, 1 << 16], np.int64)}),
+])
+def test_a_hostile_constant_computation_is_refused_before_it_is_computed(tmp_path, node, inits):
+    nodes = [node, helper.make_node("Identity", ["x"], ["y"])]
+    with pytest.raises(OnnxImportError, match=r"node 'huge' .* would have \d+ elements, over the"):
+        load_onnx(_model(nodes, inits, (1, 3, 8, 8), tmp_path / "huge.onnx"))
+
+
+def test_a_graph_without_constant_inputs_still_names_the_unsupported_operator(tmp_path):
+    nodes = [helper.make_node("Erf", ["x"], ["y"], name="gelu_erf")]
+    with pytest.raises(OnnxImportError, match=r"unsupported operator Erf \(node 'gelu_erf'\)"):
+        load_onnx(_model(nodes, {}, (1, 3, 8, 8), tmp_path / "erf.onnx"))
+
+
+@pytest.mark.parametrize("dynamic_batch", [False, True])
+def test_a_cnn_flattening_with_x_size_0_exported_by_torch_imports(tmp_path, dynamic_batch):
+    """Without the exporter's own folding: Unsqueeze and Concat of constants, and with a dynamic
+    batch axis Shape -> Gather as well (the batch given at import)."""
+    torch = pytest.importorskip("torch", reason="torch is an optional benchmark dependency")
+    nn = torch.nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c, self.fc = nn.Conv2d(3, 8, 3, 2, 1), nn.Linear(8 * 4 * 4, 10)
+
+        def forward(self, x):
+            y = torch.relu(self.c(x))
+            return self.fc(y.view(y.size(0), -1))
+
+    torch.manual_seed(0)
+    m = Net().eval()
+    x = torch.randn(1, 3, 8, 8)
+    path = tmp_path / "view.onnx"
+    axes = {"input_names": ["x"], "dynamic_axes": {"x": {0: "batch"}}} if dynamic_batch else {}
+    torch.onnx.export(m, (x,), str(path), opset_version=17, dynamo=False, do_constant_folding=False, **axes)
+    written = {n.op_type for n in onnx.load(str(path)).graph.node}
+    assert {"Unsqueeze", "Concat"} <= written and ("Shape" in written) == dynamic_batch
+    g = load_onnx(path, {"x": [1, 3, 8, 8]} if dynamic_batch else None)
+    assert [n.op for n in g.nodes] == ["conv2d", "add", "relu", "reshape", "dense", "add"]
+    np.testing.assert_allclose(interp.run(g, x.numpy())[0], m(x).detach().numpy(), rtol=1e-4, atol=1e-5)
