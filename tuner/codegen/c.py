@@ -42,7 +42,7 @@ static inline int tuner_floordiv(int a, int b) { int q = a / b; return (a % b !=
 static inline int tuner_floormod(int a, int b) { int r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 """
 
-_CALLS = {"exp": "expf", "sqrt": "sqrtf", "tanh": "tanhf", "log": "logf"}
+_CALLS = {"exp": "expf", "sqrt": "sqrtf", "tanh": "tanhf", "log": "logf", "erf": "erff"}
 
 
 class NotVectorizable(Exception):

@@ -3,6 +3,8 @@ arithmetic ops (BINARY_FNS), batch_norm, and the epilogue a conv, dense or Winog
 fuses (bias, residual, activation)."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..errors import GraphError
@@ -28,7 +30,16 @@ ACTIVATIONS = {
                      lambda x, p: np.clip(p["alpha"] * x + p["beta"], 0.0, 1.0)),
     "hard_swish": ({}, lambda e, p: e * _clamp(e * Const(1.0 / 6.0) + Const(0.5), 0.0, 1.0),
                    lambda x, p: x * np.clip(x / 6.0 + 0.5, 0.0, 1.0)),
+    # the pieces of GELU (erf and tanh forms) and of a decomposed LayerNorm
+    "erf": ({}, lambda e, p: Call("erf", (e,)), lambda x, p: _erf(x)),
+    "tanh": ({}, lambda e, p: Call("tanh", (e,)), lambda x, p: np.tanh(x)),
+    "exp": ({}, lambda e, p: Call("exp", (e,)), lambda x, p: np.exp(x)),
+    "sqrt": ({}, lambda e, p: Call("sqrt", (e,)), lambda x, p: np.sqrt(x)),
+    "neg": ({}, lambda e, p: Const(-1.0) * e, lambda x, p: -x),
 }
+
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
 def activation(x: Tensor, kind: str, params: dict | None = None, name: str | None = None) -> Tensor:
@@ -116,6 +127,7 @@ def _binary_infer(node):
 # activation -> (its ONNX op type, {ops.elementwise.ACTIVATIONS parameter: (node attribute, value when the
 # attribute is absent)}); node attributes are named and defaulted as ONNX's
 _ACTS = {"relu": ("Relu", {}), "sigmoid": ("Sigmoid", {}), "hard_swish": ("HardSwish", {}),
+         **{op: (op.capitalize(), {}) for op in ("erf", "tanh", "exp", "sqrt", "neg")},
          "clip": ("Clip", {"lo": ("min", -np.inf), "hi": ("max", np.inf)}),
          "hard_sigmoid": ("HardSigmoid", {"alpha": ("alpha", 0.2), "beta": ("beta", 0.5)})}
 
