@@ -108,8 +108,8 @@ FOLD = {
     "Concat": lambda ins, a, opset: [np.concatenate([np.asarray(v) for v in ins], axis=a["axis"])],
     "Reshape": _reshape,
     "Slice": _slice,
-    "Expand": lambda ins, a, opset: [np.asarray(ins[0]) * np.ones([int(d) for d in np.asarray(ins[1])],
-                                                                   dtype=np.asarray(ins[0]).dtype)],
+    "Expand": lambda ins, a, opset: [np.broadcast_to(ins[0], np.broadcast_shapes(
+        np.shape(ins[0]), tuple(int(d) for d in np.asarray(ins[1]).reshape(-1)))).copy()],
     "Transpose": lambda ins, a, opset: [np.transpose(np.asarray(ins[0]), a.get("perm"))],
     "Cast": lambda ins, a, opset: [np.asarray(ins[0]).astype(DTYPES[a["to"]])],
     "ConstantOfShape": _constant_of_shape,
