@@ -106,10 +106,16 @@ def test_a_compiled_model_keeps_the_onnx_names_of_its_inputs_and_outputs(tmp_cac
     assert [s["name"] for s in load(tmp_path / "art").outputs] == ["logits:0"]
 
 
-@pytest.mark.parametrize("elem", [TensorProto.INT64, TensorProto.DOUBLE, TensorProto.FLOAT16])
-def test_an_input_that_is_not_float32_is_refused_with_its_name_and_type(tmp_path, elem):
+@pytest.mark.parametrize("elem", [TensorProto.BOOL, TensorProto.DOUBLE, TensorProto.FLOAT16])
+def test_an_input_that_is_not_float32_or_an_integer_is_refused_with_its_name_and_type(tmp_path, elem):
     path = _onnx_model(tmp_path / "m.onnx", in_type=elem)
     with pytest.raises(UserError, match=f"input 'image/in' is {TensorProto.DataType.Name(elem)}"):
+        compile_model(path, threads=1)
+
+
+def test_an_integer_input_into_an_operator_that_computes_in_float_is_refused_naming_both(tmp_path):
+    path = _onnx_model(tmp_path / "m.onnx", in_type=TensorProto.INT64)
+    with pytest.raises(UserError, match="conv2d .*input image.in is int64; conv2d takes float32"):
         compile_model(path, threads=1)
 
 

@@ -12,6 +12,7 @@ from tuner.graph.models import MODELS, load_model, mobilenet_v2, resnet, tiny
 from tuner.graph.passes import DEFAULT_PIPELINE, PassContext, PassTiming, PrintIR, get, optimize
 from tuner.graph.passes.convert_layout import data_path_transforms
 from tuner.ops import BINARY, OPS
+from tuner.ops.elementwise import COMPARISONS
 
 LAYOUTS = [None, "NHWC", "NCHW8c", "NCHW16c"]
 
@@ -335,12 +336,24 @@ def _one_op_graph(op: str):
         "clip": ([x], {"min": -0.5, "max": 0.5}),
         "hard_sigmoid": ([x], {"alpha": 0.3, "beta": 0.4}),
         "softmax": ([x], {"axis": 1}),
+        "batch_matmul": ([x, x], {"trans_b": 0}),
+        "layer_norm": ([x, c(6), c(6)], {"axis": 3, "epsilon": 1e-5}),
+        "pow": ([x], {"exponent": 4.0}),
+        "slice": ([x], {"begin": [0, 1, 5, 0], "step": [1, 2, -1, 3], "shape": [1, 3, 4, 2]}),
     }
     if op == "dense":
         flat = b.add("flatten", [x], {"axis": 1})
         y = b.add("add", [b.add("dense", [flat, c(10, 288)]), c(10)])      # exported as one Gemm
     elif op in BINARY:
         y = b.add(op, [x, c(8, 1, 1)])
+    elif op in COMPARISONS or op in ("not", "where"):    # a boolean: selects between floats
+        cond = b.add(op if op in COMPARISONS else "less", [x, c(8, 1, 1)])
+        y = b.add("where", [b.add("not", [cond]) if op == "not" else cond, x, c(8, 1, 1)])
+    elif op in ("gather", "cast"):     # token ids 0..3 from x, looked up in a table
+        ids = b.add("cast", [b.add("clip", [x], {"min": 0.0, "max": 3.0})], {"to": "int64"})
+        y = b.add("gather", [c(5, 6), ids], {"axis": 0})
+    elif op == "isnan":
+        y = b.add("where", [b.add("isnan", [x]), c(8, 1, 1), x])
     elif op in attrs:
         ins, a = attrs[op]
         y = b.add(op, ins, a)
@@ -380,5 +393,5 @@ def test_the_operator_registry_is_consistent():
     assert {"Conv", "Gemm", "MatMul", "Relu", "Clip", "ReduceMean", "Softmax"} <= set(owners)
     assert len(EXPORTED) >= 20
     anchors = {name for name, d in OPS.items() if d.task is not None}
-    assert anchors == {"conv2d", "dense", "max_pool2d", "avg_pool2d", "global_avg_pool2d",
+    assert anchors == {"conv2d", "dense", "batch_matmul", "max_pool2d", "avg_pool2d", "global_avg_pool2d",
                        "winograd_input", "winograd_gemm", "winograd_output"}

@@ -42,7 +42,8 @@ static inline int tuner_floordiv(int a, int b) { int q = a / b; return (a % b !=
 static inline int tuner_floormod(int a, int b) { int r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 """
 
-_CALLS = {"exp": "expf", "sqrt": "sqrtf", "tanh": "tanhf", "log": "logf", "erf": "erff"}
+_CALLS = {"exp": "expf", "sqrt": "sqrtf", "tanh": "tanhf", "log": "logf", "erf": "erff", "pow": "powf",
+          "trunc": "truncf"}
 
 
 class NotVectorizable(Exception):
@@ -52,7 +53,9 @@ class NotVectorizable(Exception):
 def is_float(e: Expr) -> bool:
     if isinstance(e, Const):
         return not e.is_int
-    if isinstance(e, (Load, Cast, Call, Div)):
+    if isinstance(e, Cast):
+        return not e.dtype.startswith("int")
+    if isinstance(e, (Load, Call, Div)):
         return True
     if isinstance(e, Var):
         return False
@@ -219,7 +222,7 @@ class CGen:
         if isinstance(e, Call):
             return f"{_CALLS[e.name]}({', '.join(self.expr(a) for a in e.args)})"
         if isinstance(e, Cast):
-            return f"((float)({self.expr(e.value)}))"
+            return f"(({'int' if e.dtype.startswith('int') else 'float'})({self.expr(e.value)}))"
         raise TypeError(f"cannot generate C for {type(e).__name__}")
 
     # ------------------------------------------------------------ vectorisation

@@ -34,7 +34,7 @@ from ..graph import Graph, load
 from ..graph.ir import graph_digest, graph_structure, interface_names
 from ..graph.passes import optimize
 from ..graph.passes.extract_tasks import group_summary, transform_workload, workload_of
-from ..ops import Unsupported, flops, to_te
+from ..ops import WORKLOADS, Unsupported, flops, to_te
 from ..runtime.artifact import DEFAULT, GENERIC, Arg, Step, declaration
 from ..runtime.model import CompiledModel
 from ..schedule.lower import lower
@@ -111,7 +111,7 @@ def _group_io(graph: Graph, nodes: list, uses: dict, outputs: set):
 def _task_binding(graph: Graph, group, wl, ins_wl: list) -> list:
     """The graph values (or arrays to store as weights) behind each argument of a task's kernel."""
     anchor = graph.nodes[group.anchor]
-    binding = dict(zip(("data", "weight"), anchor.inputs))
+    binding = dict(zip(WORKLOADS[wl.op].operands, anchor.inputs))
     cur = anchor.output
     for n in (graph.nodes[k] for k in group.nodes if k != group.anchor):
         if n.op == "add":
@@ -208,7 +208,7 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
         "layout_plan": dict(layout_plan or {}),
         "layout_plan_from": plan_from,
         "logs": logs,
-        **{side: [{"name": name, "shape": list(v.shape), "dtype": v.dtype}
+        **{side: [{"name": name, "shape": list(v.shape), "dtype": v.dtype, **_carried(g, v)}
                   for name, v in zip(names, values, strict=True)]
            for side, names, values in zip(("inputs", "outputs"), interface_names(graph), (g.inputs, g.outputs))},
         "arena_bytes": arena_bytes,
@@ -222,6 +222,22 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
     lib, source = _build_library(low, tgt, meta, say)
     meta["compile_s"] = round(time.perf_counter() - t0, 3)
     return CompiledModel(meta, lib, source, blob)
+
+
+FLOAT_EXACT = 1 << 24      # integers up to this magnitude are exact in float32
+
+
+def _carried(g: Graph, v) -> dict:
+    """How an integer input travels: as float32 (kernels compute in float32), so its values must lie in
+    `range` [lo, hi): within every table a gather indexes with it, and exact in float32."""
+    if not v.dtype.startswith("int"):
+        return {}
+    lo, hi = -FLOAT_EXACT, FLOAT_EXACT
+    for n in g.nodes:
+        if n.op == "gather" and n.inputs[1] is v:
+            size = n.inputs[0].shape[n.attrs["axis"]]
+            lo, hi = max(lo, -size), min(hi, size)
+    return {"carried": "float32", "range": [lo, hi]}
 
 
 def _layout_plan(db, graph, model_hash, tgt, layout, layout_plan, source_name, say) -> tuple:

@@ -12,7 +12,7 @@ def run(graph: Graph, *inputs: np.ndarray) -> list:
         raise GraphError(f"{graph.name} takes {len(graph.inputs)} inputs, got {len(inputs)}")
     env: dict = {}
     for v, x in zip(graph.inputs, inputs):
-        x = np.asarray(x, dtype=np.float32)
+        x = np.asarray(x, dtype=v.dtype)
         if x.shape != v.shape:
             raise GraphError(f"input {v.name} must have shape {list(v.shape)}, got {list(x.shape)}")
         env[id(v)] = x

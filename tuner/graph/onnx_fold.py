@@ -95,6 +95,22 @@ def _trilu(ins, a, opset):
     return [np.triu(x, k) if a.get("upper", 1) else np.tril(x, k)]
 
 
+def _split(ins, a, opset):
+    x = np.asarray(ins[0])
+    axis = a.get("axis", 0) % x.ndim
+    if len(ins) > 1 and ins[1] is not None:
+        sizes = [int(v) for v in np.asarray(ins[1]).reshape(-1)]
+    elif "split" in a:
+        sizes = list(a["split"])
+    else:
+        n = a.get("num_outputs", a["_outputs"])
+        chunk = -(-x.shape[axis] // n)
+        sizes = [min(chunk, x.shape[axis] - k * chunk) for k in range(n)]
+    if sum(sizes) != x.shape[axis] or min(sizes) < 0:
+        raise ValueError(f"split sizes {sizes} do not add up to {x.shape[axis]}")
+    return np.split(x, np.cumsum(sizes)[:-1], axis=axis)
+
+
 def _elementwise(fn):
     return lambda ins, a, opset: [fn(*(np.asarray(v) for v in ins))]
 
@@ -103,6 +119,10 @@ FOLD = {
     "Shape": _shape,
     "Size": lambda ins, a, opset: [np.array(int(np.prod(ins[0].shape)), dtype=np.int64)],
     "Gather": lambda ins, a, opset: [np.take(np.asarray(ins[0]), np.asarray(ins[1]), axis=a.get("axis", 0))],
+    "GatherElements": lambda ins, a, opset: [np.take_along_axis(np.asarray(ins[0]), np.asarray(ins[1]).astype(np.int64)
+                                                                % np.shape(ins[0])[a.get("axis", 0)], axis=a.get("axis", 0))],
+    "Split": _split,
+    "IsNaN": _elementwise(np.isnan),
     "Unsqueeze": _unsqueeze,
     "Squeeze": _squeeze,
     "Concat": lambda ins, a, opset: [np.concatenate([np.asarray(v) for v in ins], axis=a["axis"])],

@@ -112,7 +112,7 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model") ->
     for inp in g.input:
         if inp.name in env:
             continue
-        _check_float(inp, "input")
+        dtype = _check_type(inp, "input")
         dims = []
         for _k, d in enumerate(inp.type.tensor_type.shape.dim):
             if d.HasField("dim_value") and d.dim_value > 0:
@@ -131,7 +131,7 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model") ->
             shown = "x".join("?" if d is None else str(d) for d in dims)
             raise OnnxImportError(f"input {inp.name!r} has a dynamic shape {shown}; give a concrete one with "
                                   f"--input-shape {inp.name}={'x'.join('1' if d is None else str(d) for d in dims)}")
-        env[inp.name] = b.input(inp.name, dims, layout="NCHW" if len(dims) == 4 else "")
+        env[inp.name] = b.input(inp.name, dims, dtype, layout="NCHW" if len(dims) == 4 and dtype == "float32" else "")
     if input_shapes:
         raise OnnxImportError(f"--input-shape names {', '.join(input_shapes)}, which the model has no input called")
     for node in g.node:
@@ -147,7 +147,7 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model") ->
                 ins.append(env[name])
         if foldable(node.op_type, ins):
             try:
-                outs = fold(node.op_type, ins, _attrs(node), opset)
+                outs = fold(node.op_type, ins, {**_attrs(node), "_outputs": len(node.output)}, opset)
             except (ValueError, IndexError, KeyError, TypeError) as e:
                 raise OnnxImportError(f"node {node.name!r} ({node.op_type}) cannot be computed on its constant "
                                       f"inputs: {type(e).__name__}: {str(e)[:120]}") from None
@@ -167,7 +167,7 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model") ->
     for o in g.output:
         if o.name not in env:
             raise OnnxImportError(f"graph output {o.name!r} is never computed")
-        _check_float(o, "output")
+        _check_type(o, "output")
         outputs.append(env[o.name])
     consts = {t.name for t in g.initializer}
     inputs = [i.name for i in g.input if i.name not in consts]
@@ -195,16 +195,23 @@ def _check_ssa(g) -> None:
             defined[name] = f"node {node.name!r}"
 
 
-def _check_float(v, what: str) -> None:
-    """Graph inputs and outputs keep their ONNX element type; this version computes float32 only."""
+# ONNX element types a graph input may have -> its dtype (integers: token ids, positions)
+INPUT_TYPES = {1: "float32", 0: "float32", 7: "int64", 6: "int32"}
+
+
+def _check_type(v, what: str) -> str:
+    """The dtype of a graph input (float32, int64 or int32) or output (float32)."""
     onnx, _ = _onnx()
     if not v.type.HasField("tensor_type"):
         raise OnnxImportError(f"graph {what} {v.name!r} is not a tensor; tuner compiles tensor {what}s only")
     elem = v.type.tensor_type.elem_type
-    if elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.UNDEFINED):
+    allowed = INPUT_TYPES if what == "input" else {1: "float32", 0: "float32"}
+    if elem not in allowed:
         kind = onnx.TensorProto.DataType.Name(elem) if elem in onnx.TensorProto.DataType.values() else f"type {elem}"
-        raise OnnxImportError(f"graph {what} {v.name!r} is {kind}; this version of "
-                              f"tuner compiles FLOAT (float32) {what}s only: export the model with a float32 {what}")
+        takes = "FLOAT (float32), INT64 or INT32" if what == "input" else "FLOAT (float32)"
+        raise OnnxImportError(f"graph {what} {v.name!r} is {kind}; this version of tuner compiles {takes} "
+                              f"{what}s only: export the model with such an {what}")
+    return allowed[elem]
 
 
 class Importer:
@@ -302,6 +309,11 @@ class Exporter:
 
     def scalar(self, name: str, value) -> str:
         return self.ref(Value(name, (), "float32", "", None, np.asarray(value, dtype=np.float32)))
+
+    def array(self, name: str, data: np.ndarray) -> str:
+        """A float32 initializer."""
+        data = np.ascontiguousarray(data, dtype=np.float32)
+        return self.ref(Value(name, data.shape, "float32", "", None, data))
 
     def tensor(self, name: str, ints) -> str:
         """An int64 initializer (shapes, axes)."""

@@ -1,5 +1,7 @@
-"""dense: a fully connected layer (activation rows x constant weight), its weight packed OI or
-OI[x]o, with its fused epilogue."""
+"""GEMM-shaped operators: dense (activation rows x constant weight: a fully connected layer or a
+transformer's projection, its weight packed OI or OI[x]o, with its fused epilogue) and batch_matmul
+(activation x activation, as attention's Q.K^T and P.V; layout NT: the second operand given
+transposed, N x K). ONNX MatMul of any rank imports as one of the two."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,6 +10,8 @@ from ..errors import GraphError
 from ..te import layouts as L
 from ..te.tensor import Tensor, compute, placeholder, reduce_axis, sum_reduce
 from .common import f32
+from .registry import NoTask
+from .shape import reshape
 from .elementwise import epilogue, epilogue_ref
 from .registry import OpDef, Pattern, WorkloadDef, register
 
@@ -33,11 +37,24 @@ def dense_flops(n: int, c: int, k: int) -> float:
     return 2.0 * n * c * k
 
 
+def _rows(shape) -> int:
+    return int(np.prod(shape[:-1], dtype=np.int64))
+
+
 def _dense_infer(node):
     x, w = node.inputs[:2]
-    if len(x.shape) != 2 or len(w.shape) != 2 or x.shape[1] != w.shape[1]:
+    if len(x.shape) < 2 or len(w.shape) != 2 or x.shape[-1] != w.shape[1]:
         raise GraphError(f"dense {node.name}: cannot multiply {list(x.shape)} by weight {list(w.shape)}")
-    return (x.shape[0], w.shape[0]), "float32", ""
+    return (*x.shape[:-1], w.shape[0]), "float32", ""
+
+
+def _dense_te(n, ins, name):
+    """Over the last axis of an activation of any rank: its leading axes are the rows."""
+    x = ins[0]
+    if x.ndim == 2:
+        return dense(x, ins[1], 0, name)
+    rows = reshape(x, (_rows(x.shape), x.shape[-1]), f"{name}_rows")
+    return reshape(dense(rows, ins[1], 0, f"{name}_2d"), n.output.shape, name)
 
 
 def _onnx_gemm(cx, ins, a):
@@ -57,18 +74,27 @@ def _onnx_gemm(cx, ins, a):
 
 
 def _onnx_matmul(cx, ins, a):
+    """ONNX MatMul (NumPy matmul semantics): by a constant 2-D weight it is dense over the rows of
+    the other operand; otherwise batch_matmul, batch dims broadcast."""
     x, w = ins[0], ins[1]
-    if w is None or not w.is_const or len(x.shape) != 2 or w.data.ndim != 2:
-        raise cx.fail("only 2-D activation x constant 2-D weight is supported")
-    return [cx.add("dense", [x, cx.constant(np.ascontiguousarray(w.data.T), "_w")], {})]
+    if len(x.shape) < 2 or len(w.shape) < 2:
+        raise cx.fail(f"a 1-D operand ({list(x.shape)} x {list(w.shape)}) is not supported; both need rank 2 or more")
+    if w.is_const and w.data.ndim == 2 and not x.is_const:
+        return [cx.add("dense", [x, cx.constant(np.ascontiguousarray(w.data.T), "_w")], {})]
+    return [cx.add("batch_matmul", [x, w], {"trans_b": 0})]
 
 
 def _export_dense(ex, n, ins):
-    """dense followed by its only consumer, an add of a 1-D constant, is one Gemm with a bias."""
+    """dense followed by its only consumer, an add of a 1-D constant, is one Gemm with a bias; over
+    more than two axes, a MatMul (and an Add)."""
     users = ex.consumers(n.output)
-    if len(users) == 1 and users[0].op == "add" and users[0].inputs[1].is_const and users[0].inputs[1].data.ndim == 1:
+    bias = users[0].inputs[1] if len(users) == 1 and users[0].op == "add" and users[0].inputs[1].is_const else None
+    if len(n.inputs[0].shape) > 2:
+        ex.emit(n, "MatMul", [ins[0], ex.array(f"{n.name}_wT", n.inputs[1].data.T)])
+        return
+    if bias is not None and bias.data.ndim == 1:
         ex.fold(users[0], n)
-        ins = ins + [ex.ref(users[0].inputs[1])]
+        ins = ins + [ex.ref(bias)]
     ex.emit(n, "Gemm", ins, transB=1)
 
 
@@ -85,21 +111,99 @@ def _dense_ref(wl, arrays: list):
     y = dense_ref(arrays[0], L.dense_weight_to_oi(arrays[1], wl.blocks[1]))
     if p["bias"]:
         y = y + arrays[2]
+    if p.get("residual"):
+        y = y + arrays[-1]
     return epilogue_ref(p, y)
 
 
 def _dense_task(n):
-    return (dict(N=n.inputs[0].shape[0], C=n.inputs[0].shape[1], K=n.inputs[1].shape[0]),
-            n.attrs.get("packing", L.DENSE_PACKING))
+    x = n.inputs[0].shape
+    return dict(N=_rows(x), C=x[-1], K=n.inputs[1].shape[0]), n.attrs.get("packing", L.DENSE_PACKING)
+
+
+# ---------------------------------------------------------------- batch_matmul
+
+def batch_matmul(a: Tensor, b: Tensor, trans_b: bool, name: str = "batch_matmul") -> Tensor:
+    """a (..., M, K) x b (..., K, N), or b (..., N, K) when trans_b; batch dims broadcast."""
+    k_ = a.shape[-1]
+    n_ = b.shape[-2] if trans_b else b.shape[-1]
+    batch = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+    nb = len(batch)
+    r = reduce_axis(k_, f"{name}_r")
+
+    def lead(t: Tensor, i):
+        off = nb - (t.ndim - 2)
+        return tuple(0 if t.shape[k] == 1 and batch[off + k] != 1 else i[off + k] for k in range(t.ndim - 2))
+
+    def f(*i):
+        m, n = i[nb], i[nb + 1]
+        rhs = b[lead(b, i) + ((n, r.var) if trans_b else (r.var, n))]
+        return sum_reduce(a[lead(a, i) + (m, r.var)] * rhs, [r])
+
+    return compute((*batch, a.shape[-2], n_), f, name, tag="batch_matmul", inputs=[a, b],
+                   axis_names=[f"b{k}" for k in range(nb)] + ["m", "n"])
+
+
+def _bmm_ref(a: np.ndarray, b: np.ndarray, trans_b: bool) -> np.ndarray:
+    b = np.swapaxes(b, -1, -2) if trans_b else b
+    return np.matmul(a.astype(np.float64), b.astype(np.float64))
+
+
+def _bmm_infer(node):
+    a, b = node.inputs[:2]
+    tb = node.attrs.get("trans_b", 0)
+    k_b, n_ = (b.shape[-1], b.shape[-2]) if tb else (b.shape[-2], b.shape[-1])
+    try:
+        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except ValueError:
+        batch = None
+    if len(a.shape) < 2 or len(b.shape) < 2 or a.shape[-1] != k_b or batch is None:
+        raise GraphError(f"batch_matmul {node.name}: cannot multiply {list(a.shape)} by {list(b.shape)}"
+                         f"{' (transposed)' if tb else ''}")
+    return (*batch, a.shape[-2], n_), "float32", ""
+
+
+def _bmm_flops(n) -> float:
+    return 2.0 * float(np.prod(n.output.shape)) * n.inputs[0].shape[-1]
+
+
+def _bmm_task(n):
+    a, b = n.inputs[:2]
+    if tuple(a.shape[:-2]) != tuple(b.shape[:-2]):
+        raise NoTask(f"batch dims {list(a.shape[:-2])} and {list(b.shape[:-2])} broadcast")
+    tb = n.attrs.get("trans_b", 0)
+    return (dict(B=int(np.prod(a.shape[:-2], dtype=np.int64)), M=a.shape[-2], K=a.shape[-1],
+                 N=b.shape[-2] if tb else b.shape[-1]), "NT" if tb else "NN")
+
+
+def _bmm_build(wl):
+    p = wl.p
+    a = placeholder((p["B"], p["M"], p["K"]), "data")
+    b = placeholder((p["B"], p["N"], p["K"]) if wl.layout == "NT" else (p["B"], p["K"], p["N"]), "rhs")
+    return [a, b], batch_matmul(a, b, wl.layout == "NT")
+
+
+def _export_bmm(ex, n, ins):
+    if n.attrs.get("trans_b", 0):
+        raise GraphError(f"batch_matmul {n.name}: export of the transposed form is not supported")
+    ex.emit(n, "MatMul", ins)
 
 
 register(
     OpDef(name="dense", pattern=Pattern.OUT_EWISE_FUSABLE, infer=_dense_infer,
-          evaluate=lambda n, args: f32(dense_ref(args[0], args[1])),
-          te=lambda n, ins, name: dense(ins[0], ins[1], 0, name),
-          flops=lambda n: dense_flops(n.inputs[0].shape[0], n.inputs[0].shape[1], n.inputs[1].shape[0]),
+          evaluate=lambda n, args: f32(dense_ref(args[0], args[1])), te=_dense_te,
+          flops=lambda n: dense_flops(_rows(n.inputs[0].shape), n.inputs[0].shape[-1], n.inputs[1].shape[0]),
           onnx_in={"Gemm": _onnx_gemm, "MatMul": _onnx_matmul}, onnx_out=_export_dense, task=_dense_task),
     WorkloadDef(name="dense", required=("C", "K"), defaults=dict(N=1, bias=0, relu=0), build=_dense_build,
                 reference=_dense_ref, flops=lambda wl: dense_flops(wl.p["N"], wl.p["C"], wl.p["K"]),
-                example="dense:N=1,C=2048,K=1000,bias=1", epilogue=True, layout="OI16o"),
+                example="dense:N=1,C=2048,K=1000,bias=1", epilogue=True, layout="OI16o", optional=("residual",)),
+    OpDef(name="batch_matmul", pattern=Pattern.OUT_EWISE_FUSABLE, infer=_bmm_infer,
+          evaluate=lambda n, args: f32(_bmm_ref(args[0], args[1], n.attrs.get("trans_b", 0))),
+          te=lambda n, ins, name: batch_matmul(ins[0], ins[1], bool(n.attrs.get("trans_b", 0)), name),
+          flops=_bmm_flops, onnx_out=_export_bmm, task=_bmm_task),
+    WorkloadDef(name="batch_matmul", required=("M", "K", "N"), defaults=dict(B=1), build=_bmm_build,
+                reference=lambda wl, a: _bmm_ref(a[0], a[1], wl.layout == "NT"),
+                flops=lambda wl: 2.0 * wl.p["B"] * wl.p["M"] * wl.p["N"] * wl.p["K"],
+                example="batch_matmul:B=12,M=128,K=64,N=128", layout="NN", layouts=("NN", "NT"),
+                operands=("data", "rhs")),
 )

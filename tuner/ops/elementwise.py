@@ -1,6 +1,9 @@
 """Elementwise and broadcast operators: the activations (one table: ACTIVATIONS), the binary
-arithmetic ops (BINARY_FNS), batch_norm, and the epilogue a conv, dense or Winograd output kernel
-fuses (bias, residual, activation)."""
+arithmetic ops (BINARY_FNS), comparisons (COMPARISONS), isnan, not, where and cast, batch_norm,
+and the epilogue a conv, dense or Winograd output kernel fuses (bias, residual, activation).
+
+Boolean values (comparisons, isnan, masks) are bool in the IR and in NumPy; compiled kernels carry
+them, like every tensor, as float32 (0 or 1)."""
 from __future__ import annotations
 
 import math
@@ -8,7 +11,7 @@ import math
 import numpy as np
 
 from ..errors import GraphError
-from ..te.expr import Call, Const, max_expr, min_expr
+from ..te.expr import Call, Cmp, Const, max_expr, min_expr, select
 from ..te.tensor import Tensor, compute, placeholder
 from .common import data_placeholder, export_as, f32, from_nchw, nchw_in, nchw_out, onnx_plain, same, to_nchw, unary
 from .registry import OpDef, Pattern, WorkloadDef, register
@@ -36,6 +39,8 @@ ACTIVATIONS = {
     "exp": ({}, lambda e, p: Call("exp", (e,)), lambda x, p: np.exp(x)),
     "sqrt": ({}, lambda e, p: Call("sqrt", (e,)), lambda x, p: np.sqrt(x)),
     "neg": ({}, lambda e, p: Const(-1.0) * e, lambda x, p: -x),
+    "pow": ({"exponent": 1.0}, lambda e, p: Call("pow", (e, Const(float(p["exponent"])))),
+            lambda x, p: np.power(x, p["exponent"])),
 }
 
 
@@ -128,6 +133,7 @@ def _binary_infer(node):
 # attribute is absent)}); node attributes are named and defaulted as ONNX's
 _ACTS = {"relu": ("Relu", {}), "sigmoid": ("Sigmoid", {}), "hard_swish": ("HardSwish", {}),
          **{op: (op.capitalize(), {}) for op in ("erf", "tanh", "exp", "sqrt", "neg")},
+         "pow": ("Pow", {"exponent": ("exponent", 1.0)}),
          "clip": ("Clip", {"lo": ("min", -np.inf), "hi": ("max", np.inf)}),
          "hard_sigmoid": ("HardSigmoid", {"alpha": ("alpha", 0.2), "beta": ("beta", 0.5)})}
 
@@ -181,6 +187,21 @@ def _onnx_clip(cx, ins, a):
     return [cx.add("clip", ins[:1], {"min": float(lo), "max": float(hi)})]
 
 
+def _onnx_pow(cx, ins, a):
+    """Pow by a constant exponent: x*x for 2 and x*x*x for 3 (as ONNX Runtime computes them, and the
+    form the LayerNorm and GELU rewrites look for), sqrt for 0.5, else powf."""
+    x = ins[0]
+    e = cx.scalar(cx.const(ins[1], "the exponent"), "the exponent")
+    if e == 1.0:
+        return [x]
+    if e == 0.5:
+        return [cx.add("sqrt", [x], {})]
+    if e in (2.0, 3.0):
+        sq = cx.add("mul", [x, x], {}, "_sq" if e == 3.0 else "")
+        return [cx.add("mul", [sq, x], {}) if e == 3.0 else sq]
+    return [cx.add("pow", [x], {"exponent": e})]
+
+
 def _onnx_act(op: str):
     """Importer of a one-input activation whose ONNX attributes are named as ours (_ACTS)."""
     return lambda cx, ins, a: [cx.add(op, ins[:1], _act_attrs(op, a))]
@@ -190,6 +211,10 @@ def _onnx_bn(cx, ins, a):
     for k, what in ((1, "scale"), (2, "bias"), (3, "mean"), (4, "var")):
         cx.const(ins[k], what)
     return [cx.add("batch_norm", ins[:5], {"epsilon": a.get("epsilon", 1e-5), "layout": "NCHW"})]
+
+
+def _export_pow(ex, n, ins):
+    ex.emit(n, "Pow", ins + [ex.scalar(f"{n.name}_exponent", n.attrs["exponent"])])
 
 
 def _export_clip(ex, n, ins):
@@ -243,14 +268,113 @@ def _act_def(op: str) -> OpDef:
     return OpDef(name=op, pattern=Pattern.ELEMWISE, infer=same,
                  evaluate=lambda node, args: f32(activation_ref(args[0], op, act_params(node))),
                  te=lambda node, ins, name: activation(ins[0], op, act_params(node), name),
-                 onnx_in={onnx_type: _onnx_clip if op == "clip" else _onnx_act(op)},
-                 onnx_out=_export_clip if op == "clip" else export_as(onnx_type, lambda n: _act_attrs(op, n.attrs)))
+                 onnx_in={onnx_type: {"clip": _onnx_clip, "pow": _onnx_pow}.get(op, _onnx_act(op))},
+                 onnx_out={"clip": _export_clip, "pow": _export_pow}.get(op, export_as(onnx_type, lambda n: _act_attrs(op, n.attrs))))
 
 
 def _act_workload(op: str) -> WorkloadDef:
     return WorkloadDef(name=op, required=("C", "H", "W"), defaults=dict(N=1, **ACTIVATIONS[op][0]),
                        build=unary(lambda d, wl: activation(d, op, wl.p)),
                        reference=lambda wl, a: nchw_out(wl, activation_ref(nchw_in(wl, a), op, wl.p)))
+
+
+# ---------------------------------------------------------------- booleans: comparisons, isnan, not, where, cast
+
+# name -> (ONNX op type, TE condition, NumPy function)
+COMPARISONS = {"equal": ("Equal", lambda u, v: Cmp("==", u, v), np.equal),
+               "less": ("Less", lambda u, v: u < v, np.less),
+               "less_equal": ("LessOrEqual", lambda u, v: u <= v, np.less_equal),
+               "greater": ("Greater", lambda u, v: u > v, np.greater),
+               "greater_equal": ("GreaterOrEqual", lambda u, v: u >= v, np.greater_equal)}
+
+
+def _truth(e):
+    """A boolean carried as float32 (0 or 1) -> a TE condition."""
+    return Cmp("==", e, Const(0.0))
+
+
+def _broadcast_te(ins: list, fn, name: str, tag: str = "broadcast") -> Tensor:
+    shape = tuple(np.broadcast_shapes(*(t.shape for t in ins)))
+    nd = len(shape)
+
+    def index(t: Tensor, i):
+        off = nd - t.ndim
+        return tuple(0 if t.shape[k] == 1 and shape[off + k] != 1 else i[off + k] for k in range(t.ndim))
+
+    return compute(shape, lambda *i: fn(*(t[index(t, i)] for t in ins)), name, tag=tag, inputs=list(ins),
+                   axis_names=[f"{name}_i{k}" for k in range(nd)])
+
+
+def _bool_infer(node):
+    shape, lay = _broadcast(node)
+    return shape, "bool", lay
+
+
+def _compare_def(op: str) -> OpDef:
+    onnx_type, cond, np_fn = COMPARISONS[op]
+    return OpDef(name=op, pattern=Pattern.BROADCAST, infer=_bool_infer,
+                 evaluate=lambda n, args: np_fn(args[0], args[1]),
+                 te=lambda n, ins, name: _broadcast_te(ins, lambda u, v: select(cond(u, v), Const(1.0), Const(0.0)),
+                                                       name),
+                 onnx_in={onnx_type: onnx_plain(op)}, onnx_out=export_as(onnx_type))
+
+
+def _where_infer(node):
+    c, x, y = node.inputs
+    shape, lay = _broadcast(node)
+    if c.dtype != "bool":
+        raise GraphError(f"where {node.name}: the condition is {c.dtype}, not bool")
+    return shape, x.dtype if x.dtype == y.dtype else "float32", lay
+
+
+# ONNX Cast's `to` (TensorProto element types) -> NumPy dtype the IR names it by
+_CAST_TYPES = {1: "float32", 9: "bool", 6: "int32", 7: "int64", 11: "float64"}
+
+
+def _cast_te(node, ins, name):
+    to = node.attrs["to"]
+    if to == "bool":
+        fn = lambda e: select(_truth(e), Const(0.0), Const(1.0))  # noqa: E731
+    elif to.startswith("int"):
+        fn = lambda e: Call("trunc", (e,))  # noqa: E731
+    else:
+        fn = lambda e: e  # noqa: E731
+    return compute(ins[0].shape, lambda *i: fn(ins[0][i]), name, tag="elemwise", inputs=[ins[0]],
+                   axis_names=[f"{name}_i{k}" for k in range(ins[0].ndim)])
+
+
+def _onnx_cast(cx, ins, a):
+    to = _CAST_TYPES.get(a.get("to"))
+    if to is None:
+        raise cx.fail(f"a cast to ONNX element type {a.get('to')} is not supported (float, double, bool, int32 and int64 are)")
+    return [cx.add("cast", ins[:1], {"to": to})]
+
+
+def _unary_te(fn):
+    return lambda n, ins, name: compute(ins[0].shape, lambda *i: fn(ins[0][i]), name, tag="elemwise",
+                                        inputs=[ins[0]], axis_names=[f"{name}_i{k}" for k in range(ins[0].ndim)])
+
+
+register(
+    *(_compare_def(op) for op in COMPARISONS),
+    OpDef(name="isnan", pattern=Pattern.ELEMWISE, infer=lambda n: (n.inputs[0].shape, "bool", n.inputs[0].layout),
+          evaluate=lambda n, args: np.isnan(args[0]),
+          te=_unary_te(lambda e: select(Cmp("==", e, e), Const(0.0), Const(1.0))),
+          onnx_in={"IsNaN": onnx_plain("isnan")}, onnx_out=export_as("IsNaN")),
+    OpDef(name="not", pattern=Pattern.ELEMWISE, infer=lambda n: (n.inputs[0].shape, "bool", n.inputs[0].layout),
+          evaluate=lambda n, args: np.logical_not(args[0]),
+          te=_unary_te(lambda e: select(_truth(e), Const(1.0), Const(0.0))),
+          onnx_in={"Not": onnx_plain("not")}, onnx_out=export_as("Not")),
+    OpDef(name="where", pattern=Pattern.BROADCAST, infer=_where_infer,
+          evaluate=lambda n, args: np.where(args[0], args[1], args[2]),
+          te=lambda n, ins, name: _broadcast_te(ins, lambda c, x, y: select(_truth(c), y, x), name),
+          onnx_in={"Where": onnx_plain("where")}, onnx_out=export_as("Where")),
+    OpDef(name="cast", pattern=Pattern.ELEMWISE, infer=lambda n: (n.inputs[0].shape, n.attrs["to"], n.inputs[0].layout),
+          evaluate=lambda n, args: (np.trunc(args[0]) if n.attrs["to"].startswith("int") and args[0].dtype.kind == "f"
+                                    else args[0]).astype(n.attrs["to"]),
+          te=_cast_te, onnx_in={"Cast": _onnx_cast},
+          onnx_out=export_as("Cast", lambda n: {"to": next(k for k, v in _CAST_TYPES.items() if v == n.attrs["to"])})),
+)
 
 
 register(

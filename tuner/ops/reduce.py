@@ -1,13 +1,16 @@
-"""Reductions: mean over axes and softmax over one axis (ReduceMean over H and W of a 4-D tensor,
-as PyTorch writes global pooling, imports as global_avg_pool2d)."""
+"""Reductions: mean over axes, softmax over one axis and layer_norm over the trailing axes
+(ReduceMean over H and W of a 4-D tensor, as PyTorch writes global pooling, imports as
+global_avg_pool2d; LayerNormalization's decomposed form is found by graph.passes' FuseLayerNorm)."""
 from __future__ import annotations
 
 import numpy as np
 
 from ..te.expr import Call, Const
 from ..te.tensor import Tensor, compute, max_reduce, reduce_axis, sum_reduce
+from ..errors import GraphError
 from .common import export_as, f32, same
 from .registry import OpDef, Pattern, output_elements, register
+from .shape import reshape
 
 
 def reduce_mean(x: Tensor, axes: list, keepdims: bool, name: str = "mean") -> Tensor:
@@ -55,6 +58,65 @@ def softmax(x: Tensor, axis: int, name: str = "softmax") -> Tensor:
                 inputs=[e], axis_names=[f"{name}_s{k}" for k in range(nd)])
     return compute(x.shape, lambda *i: e[i] / s[keep(i)], name, tag="elemwise", inputs=[e, s],
                    axis_names=[f"{name}_i{k}" for k in range(nd)])
+
+
+def layer_norm(x: Tensor, scale: Tensor, bias: Tensor, axis: int, eps: float, name: str = "layer_norm") -> Tensor:
+    """(x - mean) / sqrt(var + eps) * scale + bias over the axes from `axis` on (flattened: D)."""
+    d = int(np.prod(x.shape[axis:]))
+    rows = int(np.prod(x.shape[:axis]))
+    x2 = x if (x.ndim == 2 and axis == 1) else reshape(x, (rows, d), f"{name}_rows")
+    r1, r2 = reduce_axis(d, f"{name}_r1"), reduce_axis(d, f"{name}_r2")
+    total = compute((rows, 1), lambda i, _: sum_reduce(x2[i, r1.var], [r1]), f"{name}_sum", tag="reduction",
+                    inputs=[x2], axis_names=[f"{name}_m0", f"{name}_m1"])
+
+    def centred(i, j):
+        return x2[i, j] - total[i, Const(0)] * Const(1.0 / d)
+
+    sq = compute((rows, 1), lambda i, _: sum_reduce(centred(i, r2.var) * centred(i, r2.var), [r2]), f"{name}_sq",
+                 tag="reduction", inputs=[x2, total], axis_names=[f"{name}_v0", f"{name}_v1"])
+    out = compute((rows, d), lambda i, j: centred(i, j) / Call("sqrt", (sq[i, Const(0)] * Const(1.0 / d) + Const(eps),))
+                  * scale[j] + bias[j], name if x2 is x else f"{name}_2d", tag="broadcast",
+                  inputs=[x2, total, sq, scale, bias], axis_names=[f"{name}_i0", f"{name}_i1"])
+    return out if x2 is x else reshape(out, x.shape, name)
+
+
+def _ln_infer(node):
+    x, scale, bias = node.inputs
+    d = int(np.prod(x.shape[node.attrs["axis"]:]))
+    if scale.shape != (d,) or bias.shape != (d,):
+        raise GraphError(f"layer_norm {node.name}: scale {list(scale.shape)} and bias {list(bias.shape)} must be [{d}]")
+    return x.shape, x.dtype, ""
+
+
+def _ln_eval(node, args):
+    x, scale, bias = (a.astype(np.float64) for a in args)
+    axes = tuple(range(node.attrs["axis"], x.ndim))
+    shape = x.shape[node.attrs["axis"]:]
+    mean = x.mean(axis=axes, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
+    return f32((x - mean) / np.sqrt(var + node.attrs["epsilon"]) * scale.reshape(shape) + bias.reshape(shape))
+
+
+def _onnx_layer_norm(cx, ins, a):
+    x = ins[0]
+    if len(cx.node.output) > 1 and any(cx.node.output[1:]):
+        raise cx.fail("the Mean and InvStdDev outputs are not supported (only Y)")
+    axis = a.get("axis", -1) % len(x.shape)
+    norm = tuple(x.shape[axis:])
+    scale = np.broadcast_to(cx.const(ins[1], "the scale"), norm).reshape(-1)
+    bias = (np.broadcast_to(cx.const(ins[2], "the bias"), norm).reshape(-1) if len(ins) > 2 and ins[2] is not None
+            else np.zeros(scale.shape, np.float32))
+    return [cx.add("layer_norm", [x, cx.constant(np.ascontiguousarray(scale, np.float32), "_scale"),
+                                  cx.constant(np.ascontiguousarray(bias, np.float32), "_bias")],
+                   {"axis": axis, "epsilon": float(a.get("epsilon", 1e-5))})]
+
+
+def _export_ln(ex, n, ins):
+    x = n.inputs[0]
+    shape = list(x.shape[n.attrs["axis"]:])
+    ex.emit(n, "LayerNormalization", [ins[0], ex.array(f"{n.name}_s", n.inputs[1].data.reshape(shape)),
+                                      ex.array(f"{n.name}_b", n.inputs[2].data.reshape(shape))],
+            axis=n.attrs["axis"], epsilon=n.attrs["epsilon"])
 
 
 def _mean_infer(node):
@@ -106,4 +168,8 @@ register(
     OpDef(name="softmax", pattern=Pattern.OPAQUE, infer=same, evaluate=_softmax_eval,
           te=lambda n, ins, name: softmax(ins[0], n.attrs["axis"], name), flops=lambda n: 3.0 * output_elements(n),
           onnx_in={"Softmax": _onnx_softmax}, onnx_out=export_as("Softmax", lambda n: {"axis": n.attrs["axis"]})),
+    OpDef(name="layer_norm", pattern=Pattern.OPAQUE, infer=_ln_infer, evaluate=_ln_eval,
+          te=lambda n, ins, name: layer_norm(ins[0], ins[1], ins[2], n.attrs["axis"], n.attrs["epsilon"], name),
+          flops=lambda n: 8.0 * output_elements(n), onnx_in={"LayerNormalization": _onnx_layer_norm},
+          onnx_out=_export_ln),
 )

@@ -75,6 +75,8 @@ class WorkloadDef:
     layout: str = "NCHW"           # the layout of a spec given without one
     key_name: str = ""             # the name its keys are hashed with and logged specs may give, when it
                                    # was first logged under another (logs keep matching); its stage name too
+    operands: tuple = ("data", "weight")   # its input placeholders that are the anchor node's inputs, in order
+    layouts: tuple = ()            # the only layouts it takes (empty: activation layouts, or dense packings)
 
     def shown(self) -> set:
         """Parameters a spec always shows (the rest only when not the default)."""
@@ -100,10 +102,21 @@ def opdef(node) -> OpDef:
     return d
 
 
+# operators exact on integers carried as float32 (below 2^24): data movement, selection, comparison and
+# add/sub/mul/neg; every other operator takes float32 (an integer divides or rounds otherwise)
+INTEGER_OPS = frozenset({"reshape", "flatten", "transpose", "concat", "slice", "gather", "pad", "cast", "where",
+                         "equal", "less", "less_equal", "greater", "greater_equal", "add", "sub", "mul", "neg"})
+
+
 def infer(node) -> tuple:
     """(shape, dtype, layout) of the node's output."""
     if node.op not in OPS:
         raise GraphError(f"no shape rule for op {node.op!r}")
+    if node.op not in INTEGER_OPS:
+        bad = next((v for v in node.inputs if v.dtype.startswith("int")), None)
+        if bad is not None:
+            raise GraphError(f"{node.op} {node.name}: input {bad.name} is {bad.dtype}; {node.op} takes float32 "
+                             "(cast it to float first)")
     return OPS[node.op].infer(node)
 
 

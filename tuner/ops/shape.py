@@ -1,10 +1,12 @@
-"""Data movement: flatten, reshape, transpose, concat and pad (injective: fused into their consumers)."""
+"""Data movement: flatten, reshape, transpose, concat, pad and slice (injective: fused into their
+consumers). ONNX Squeeze and Unsqueeze of an activation import as reshape; Slice, Split and a
+Gather at constant indices as slices (and a reshape, or a concat of slices)."""
 from __future__ import annotations
 
 import numpy as np
 
 from ..errors import GraphError
-from ..te.expr import Const, all_of, select
+from ..te.expr import Cast, Const, all_of, max_expr, min_expr, select
 from ..te.tensor import Tensor, compute
 from .common import export_as, onnx_plain, unsupported
 from .registry import OpDef, Pattern, register
@@ -77,6 +79,152 @@ def pad_nd(x: Tensor, pads: list, value: float = 0.0, name: str = "pad") -> Tens
     return compute(shape, f, name, tag="pad", inputs=[x], axis_names=[f"{name}_i{k}" for k in range(nd)])
 
 
+def strided_slice(x: Tensor, begin: list, step: list, shape: tuple, name: str = "slice") -> Tensor:
+    """Element i of the output is x[begin + i * step] on every axis."""
+    return compute(tuple(shape), lambda *i: x[tuple(Const(b) + idx * Const(st) if st != 1 else idx + Const(b)
+                                                    for idx, b, st in zip(i, begin, step))],
+                   name, inputs=[x], axis_names=[f"{name}_i{k}" for k in range(len(shape))])
+
+
+def _slice_infer(node):
+    x, a = node.inputs[0], node.attrs
+    for d, b, st, n in zip(x.shape, a["begin"], a["step"], a["shape"]):
+        if n < 0 or st == 0 or (n and not (0 <= b < d and 0 <= b + (n - 1) * st < d)):
+            raise GraphError(f"slice {node.name}: begin {a['begin']}, step {a['step']}, shape {a['shape']} "
+                             f"reach outside {list(x.shape)}")
+    return tuple(a["shape"]), x.dtype, ""
+
+
+def _slice_eval(node, args):
+    a = node.attrs
+    return args[0][np.ix_(*[b + st * np.arange(n) for b, st, n in zip(a["begin"], a["step"], a["shape"])])]
+
+
+def _slice_nodes(cx, x, axis: int, ranges: list, suffix: str = "") -> list:
+    """One slice node per (start, stop, step) on `axis` (Python's slice semantics, clamped as ONNX)."""
+    out = []
+    for k, (start, stop, step) in enumerate(ranges):
+        begin, step_all, shape = [0] * len(x.shape), [1] * len(x.shape), list(x.shape)
+        r = range(*slice(start, stop, step).indices(x.shape[axis]))
+        begin[axis], step_all[axis], shape[axis] = (r.start if len(r) else 0), r.step, len(r)
+        out.append(cx.add("slice", [x], {"begin": begin, "step": step_all, "shape": shape},
+                          f"{suffix}_{k}" if len(ranges) > 1 else suffix))
+    return out
+
+
+def _ints(cx, v, what: str) -> list:
+    return [int(i) for i in np.asarray(cx.const(v, what)).reshape(-1)]
+
+
+def _onnx_slice(cx, ins, a):
+    x = ins[0]
+    starts, ends = _ints(cx, ins[1], "starts"), _ints(cx, ins[2], "ends")
+    axes = _ints(cx, ins[3], "axes") if len(ins) > 3 and ins[3] is not None else list(range(len(starts)))
+    steps = _ints(cx, ins[4], "steps") if len(ins) > 4 and ins[4] is not None else [1] * len(starts)
+    y = x
+    for ax, st, en, sp in zip(axes, starts, ends, steps):
+        if sp == 0:
+            raise cx.fail("a step of 0")
+        y = _slice_nodes(cx, y, ax % len(x.shape), [(st, en, sp)], f"_ax{ax % len(x.shape)}")[0]
+    return [y]
+
+
+def _onnx_split(cx, ins, a):
+    x = ins[0]
+    axis = a.get("axis", 0) % len(x.shape)
+    if len(ins) > 1 and ins[1] is not None:
+        sizes = _ints(cx, ins[1], "split")
+    elif "split" in a:
+        sizes = list(a["split"])
+    else:
+        n = a.get("num_outputs", len(cx.node.output))
+        chunk = -(-x.shape[axis] // n)
+        sizes = [min(chunk, x.shape[axis] - k * chunk) for k in range(n)]
+    if sum(sizes) != x.shape[axis] or min(sizes) < 0:
+        raise cx.fail(f"split sizes {sizes} do not add up to axis {axis} of {list(x.shape)}")
+    starts = np.cumsum([0] + sizes[:-1])
+    return _slice_nodes(cx, x, axis, [(int(s), int(s) + n, 1) for s, n in zip(starts, sizes)])
+
+
+def _onnx_squeeze(unsqueeze: bool):
+    def imp(cx, ins, a):
+        x = ins[0]
+        axes = _ints(cx, ins[1], "axes") if len(ins) > 1 and ins[1] is not None else a.get("axes")
+        shape = list(x.shape)
+        if unsqueeze:
+            rank = len(shape) + len(axes)
+            for ax in sorted(ax % rank for ax in axes):
+                shape.insert(ax, 1)
+        else:
+            drop = {ax % len(shape) for ax in axes} if axes is not None else {k for k, d in enumerate(shape) if d == 1}
+            if any(shape[ax] != 1 for ax in drop):
+                raise cx.fail(f"cannot squeeze axes {sorted(drop)} of {list(x.shape)}")
+            shape = [d for k, d in enumerate(shape) if k not in drop]
+        return [cx.add("reshape", [x], {"shape": shape})]
+    return imp
+
+
+def onnx_gather_at(cx, x, idx: np.ndarray, axis: int):
+    """Gather of an activation at constant indices: slices (and a reshape, or a concat)."""
+    d = x.shape[axis]
+    flat = [int(i) for i in idx.reshape(-1)]
+    if any(not -d <= i < d for i in flat):
+        raise cx.fail(f"index {next(i for i in flat if not -d <= i < d)} is outside axis {axis} of size {d}")
+    flat = [i % d for i in flat]
+    step = flat[1] - flat[0] if len(flat) > 1 else 1
+    if flat and step != 0 and flat == list(range(flat[0], flat[0] + step * len(flat), step)):
+        parts = _slice_nodes(cx, x, axis, [(flat[0], flat[0] + step * len(flat) if flat[0] + step * len(flat) >= 0
+                                            else None, step)])
+    elif 0 < len(flat) <= 64:
+        parts = [cx.add("concat", _slice_nodes(cx, x, axis, [(i, i + 1, 1) for i in flat]), {"axis": axis}, "_concat")]
+    else:
+        raise cx.fail(f"a gather of {len(flat)} scattered indices of an activation is not supported")
+    shape = list(x.shape[:axis]) + list(idx.shape) + list(x.shape[axis + 1:])
+    y = parts[0]
+    return y if list(y.shape) == shape else cx.add("reshape", [y], {"shape": shape}, "_shape")
+
+
+def gather(table: Tensor, idx: Tensor, axis: int, name: str = "gather") -> Tensor:
+    """ONNX Gather of `table` at the integer `idx` (carried as float32) along `axis`; an index
+    outside [-size, size) is clamped into the table (the runtime refuses such inputs first)."""
+    size, ni = table.shape[axis], idx.ndim
+    shape = tuple(table.shape[:axis]) + tuple(idx.shape) + tuple(table.shape[axis + 1:])
+
+    def f(*i):
+        raw = Cast("int32", idx[i[axis:axis + ni]])
+        k = min_expr(max_expr(select(raw < 0, raw + Const(size), raw), Const(0)), Const(size - 1))
+        return table[i[:axis] + (k,) + i[axis + ni:]]
+
+    return compute(shape, f, name, inputs=[table, idx], axis_names=[f"{name}_i{k}" for k in range(len(shape))])
+
+
+def _gather_infer(node):
+    table, idx = node.inputs
+    ax = node.attrs["axis"]
+    if not idx.dtype.startswith("int"):
+        raise GraphError(f"gather {node.name}: indices are {idx.dtype}, not integers")
+    return tuple(table.shape[:ax]) + tuple(idx.shape) + tuple(table.shape[ax + 1:]), table.dtype, ""
+
+
+def _gather_eval(node, args):
+    table, idx = args
+    size = table.shape[node.attrs["axis"]]
+    if idx.size and (idx.min() < -size or idx.max() >= size):
+        raise GraphError(f"gather {node.name}: index {int(idx.min() if idx.min() < -size else idx.max())} is "
+                         f"outside [-{size}, {size})")
+    return np.take(table, idx.astype(np.int64), axis=node.attrs["axis"])
+
+
+def _onnx_gather(cx, ins, a):
+    """Gather: of a constant table at activation indices (an embedding lookup), a gather node; of an
+    activation at constant indices, slices."""
+    x, idx = ins
+    axis = a.get("axis", 0) % len(x.shape)
+    if not idx.is_const:
+        return [cx.add("gather", [x, idx], {"axis": axis})]
+    return [onnx_gather_at(cx, x, np.asarray(idx.data), axis)]
+
+
 def _flatten_infer(node):
     x, ax = node.inputs[0], node.attrs["axis"]
     return (int(np.prod(x.shape[:ax], dtype=np.int64)), int(np.prod(x.shape[ax:], dtype=np.int64))), x.dtype, ""
@@ -127,6 +275,14 @@ def _onnx_reshape(cx, ins, a):
     return [cx.add("reshape", [x], {"shape": out})]
 
 
+def _export_slice(ex, n, ins):
+    a = n.attrs
+    ends = [b + st * k if b + st * k >= 0 else -(1 << 62) for b, st, k in zip(a["begin"], a["step"], a["shape"])]
+    ex.emit(n, "Slice", ins + [ex.tensor(f"{n.name}_starts", a["begin"]), ex.tensor(f"{n.name}_ends", ends),
+                               ex.tensor(f"{n.name}_axes", list(range(len(ends)))),
+                               ex.tensor(f"{n.name}_steps", a["step"])])
+
+
 def _onnx_pad(cx, ins, a):
     x = ins[0]
     if a.get("mode", "constant") != "constant":
@@ -154,7 +310,8 @@ register(
           onnx_out=export_as("Flatten", lambda n: {"axis": n.attrs["axis"]})),
     OpDef(name="reshape", pattern=Pattern.INJECTIVE, infer=_reshape_infer,
           evaluate=lambda n, args: args[0].reshape(n.attrs["shape"]),
-          te=lambda n, ins, name: reshape(ins[0], n.output.shape, name), onnx_in={"Reshape": _onnx_reshape},
+          te=lambda n, ins, name: reshape(ins[0], n.output.shape, name),
+          onnx_in={"Reshape": _onnx_reshape, "Squeeze": _onnx_squeeze(False), "Unsqueeze": _onnx_squeeze(True)},
           onnx_out=lambda ex, n, ins: ex.emit(n, "Reshape", ins + [ex.tensor(f"{n.name}_shape", n.attrs["shape"])])),
     OpDef(name="transpose", pattern=Pattern.INJECTIVE,
           infer=lambda n: (tuple(n.inputs[0].shape[p] for p in n.attrs["perm"]), n.inputs[0].dtype, ""),
@@ -170,4 +327,10 @@ register(
           onnx_out=export_as("Concat", lambda n: {"axis": n.attrs["axis"]})),
     OpDef(name="pad", pattern=Pattern.INJECTIVE, infer=_pad_infer, evaluate=_pad_eval, te=_pad_te,
           onnx_in={"Pad": _onnx_pad}),
+    OpDef(name="gather", pattern=Pattern.INJECTIVE, infer=_gather_infer, evaluate=_gather_eval,
+          te=lambda n, ins, name: gather(ins[0], ins[1], n.attrs["axis"], name),
+          onnx_in={"Gather": _onnx_gather}, onnx_out=export_as("Gather", lambda n: {"axis": n.attrs["axis"]})),
+    OpDef(name="slice", pattern=Pattern.INJECTIVE, infer=_slice_infer, evaluate=_slice_eval,
+          te=lambda n, ins, name: strided_slice(ins[0], n.attrs["begin"], n.attrs["step"], n.attrs["shape"], name),
+          onnx_in={"Slice": _onnx_slice, "Split": _onnx_split}, onnx_out=_export_slice),
 )

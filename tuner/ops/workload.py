@@ -19,7 +19,7 @@ from .common import pads4
 from .elementwise import ACTIVATIONS
 from .registry import WORKLOADS, WorkloadError
 
-_INT_PARAMS = {"N", "C", "H", "W", "K", "R", "S", "stride", "dilation", "groups", "bias", "relu",
+_INT_PARAMS = {"B", "M", "N", "C", "H", "W", "K", "R", "S", "stride", "dilation", "groups", "bias", "relu",
                "residual", "count_include_pad", "m", "ib"}
 
 
@@ -31,7 +31,7 @@ EPILOGUE_ACTS = ("clip", "sigmoid", "hard_sigmoid", "hard_swish")
 _FLOAT_PARAMS = {"lo", "hi", "alpha", "beta"}
 
 
-_SPEC_ORDER = ("N", "C", "H", "W", "K", "R", "S", "stride", "pad", "dilation", "groups", "ib", "bias", "residual",
+_SPEC_ORDER = ("B", "M", "N", "C", "H", "W", "K", "R", "S", "stride", "pad", "dilation", "groups", "ib", "bias", "residual",
                "relu", "m")
 
 
@@ -84,6 +84,8 @@ class Workload:
     def blocks(self) -> tuple:
         """(input channel block, output channel block) of a blocked layout, else (0, 0)."""
         p = self.p
+        if WORKLOADS[self.op].layouts:
+            return (0, 0)
         if self.op == "dense":
             return (0, L.fit_block(p["K"], L.dense_block(self.layout)) if L.dense_block(self.layout) else 0)
         b = L.block_of(self.layout)
@@ -159,7 +161,10 @@ def make(op: str, params: dict, layout: str | None = None, name: str = "") -> Wo
         t = pads4(full["pad"])
         full["pad"] = t[0] if len(set(t)) == 1 else t
     layout = layout or default_layout(op)
-    if op == "dense":
+    if d.layouts:
+        if layout not in d.layouts:
+            raise WorkloadError(f"{op} takes layout {' or '.join(d.layouts)}, not {layout!r}")
+    elif op == "dense":
         L.dense_block(layout)
     else:
         L.check_activation_layout(layout)
@@ -184,7 +189,7 @@ def _validate(wl: Workload) -> None:
             raise WorkloadError(f"{wl.op}: {k} must be a non-negative integer, got {v!r}")
         if k in _FLOAT_PARAMS and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
             raise WorkloadError(f"{wl.op}: {k} must be a finite number, got {v!r}")
-    for k in ("N", "C", "H", "W", "K", "R", "S", "stride", "dilation", "groups"):
+    for k in ("B", "M", "N", "C", "H", "W", "K", "R", "S", "stride", "dilation", "groups"):
         if k in p and p[k] < 1:
             raise WorkloadError(f"{wl.op}: {k} must be at least 1, got {p[k]}")
     check = WORKLOADS[wl.op].check

@@ -153,6 +153,14 @@ class CompiledModel:
             if list(a.shape) != s["shape"]:
                 raise UserError(f"input {s['name']} must have shape {'x'.join(map(str, s['shape']))}, "
                                 f"got {'x'.join(map(str, a.shape)) or 'a scalar'}")
+            if "carried" in s:                   # integers travel as float32, checked against their range
+                lo, hi = s["range"]
+                if a.size and (a.min() < lo or a.max() >= hi):
+                    bad = int(a.min() if a.min() < lo else a.max())
+                    raise UserError(f"input {s['name']} holds {bad}, outside [{lo}, {hi}): "
+                                    f"{'an index past the table it looks up' if hi < (1 << 24) else 'too large'}")
+                out.append(np.ascontiguousarray(a, dtype=s["carried"]))
+                continue
             out.append(np.ascontiguousarray(a, dtype=s["dtype"]))     # a copy unless C-ordered and native
         return out
 
@@ -189,7 +197,8 @@ class CompiledModel:
 
     def random_inputs(self, seed: int = 0) -> list:
         rng = np.random.default_rng(seed)
-        return [rng.uniform(-1, 1, s["shape"]).astype(s["dtype"]) for s in self.inputs]
+        return [rng.integers(*s["range"], size=s["shape"]).astype(s["dtype"]) if "range" in s
+                else rng.uniform(-1, 1, s["shape"]).astype(s["dtype"]) for s in self.inputs]
 
     def time(self, inputs: list | None = None, step: int = -1, repeat: int = 5, min_repeat_ms: float = 100.0) -> list:
         """Seconds per call, `repeat` times, timed in C: of the whole model (step=-1) or of one step."""

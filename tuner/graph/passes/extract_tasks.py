@@ -85,10 +85,12 @@ def workload_of(graph: Graph, group) -> tuple:
             flags, why = _epilogue_flags(graph, group.anchor, group.nodes)
             if flags is None:
                 return None, why
-            missing = [k for k in _SWITCHES if flags[k] and k not in wdef.defaults]
+            takes = set(wdef.defaults) | set(wdef.optional)
+            missing = [k for k in _SWITCHES if flags[k] and k not in takes]
             if missing:
                 return None, f"{n.op} with a {missing[0]} epilogue is not in the kernel library yet"
-            params.update({k: v for k, v in flags.items() if k not in _SWITCHES or k in wdef.defaults})
+            params.update({k: v for k, v in flags.items()
+                           if k not in _SWITCHES or k in wdef.defaults or (k in wdef.optional and v)})
         elif len(group.nodes) > 1:
             return None, f"{group_summary(graph, group.nodes)}: a fused epilogue on {n.op} is not in the kernel library yet"
         return make(d.name, params, layout), ""

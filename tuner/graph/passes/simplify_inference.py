@@ -18,8 +18,9 @@ from .simple import dead_code_elimination
 
 
 def _channel_shape(x, channels: int):
-    """Shape that broadcasts a per-channel vector against activation x (in x's layout)."""
-    if len(x.shape) == 2:
+    """Shape that broadcasts a per-channel vector against activation x (in x's layout; the last axis
+    of a tensor that is no image)."""
+    if len(x.shape) not in (4, 5):
         return (channels,)
     lay = x.layout or "NCHW"
     return channel_bias_shape(lay, channels, x.shape[4] if len(x.shape) == 5 else 0)
@@ -41,8 +42,8 @@ def _per_channel(const, out):
 
 
 def _channels(v) -> int:
-    if len(v.shape) == 2:
-        return v.shape[1]
+    if len(v.shape) not in (4, 5):
+        return v.shape[-1]
     return nchw_dims(v.shape, v.layout or "NCHW")[1]
 
 
