@@ -69,6 +69,22 @@ def test_sampled_dense_schedules_compute_the_reference(n, c, k, layout, bias, se
     check_schedules([(wl, _perturbed_steps(wl, seed, odd, False))])
 
 
+@SETTINGS
+@given(n=st.integers(1, 20), c=st.integers(3, 40), k=st.sampled_from([8, 16, 24]), residual=st.booleans(),
+       seed=st.integers(0, 10**6), odd=st.booleans())
+def test_sampled_dense_schedules_over_rows_with_a_residual_compute_the_reference(n, c, k, residual, seed, odd):
+    wl = make("dense", dict(N=n, C=c, K=k, bias=1, residual=int(residual)), "OI16o")
+    check_schedules([(wl, _perturbed_steps(wl, seed, odd, False))])
+
+
+@SETTINGS
+@given(b=st.integers(1, 6), m=st.integers(1, 20), k=st.integers(1, 24), n=st.integers(1, 20),
+       layout=st.sampled_from(["NN", "NT"]), seed=st.integers(0, 10**6), odd=st.booleans())
+def test_sampled_batch_matmul_schedules_compute_the_reference(b, m, k, n, layout, seed, odd):
+    wl = make("batch_matmul", dict(B=b, M=m, K=k, N=n), layout)
+    check_schedules([(wl, _perturbed_steps(wl, seed, odd, False))])
+
+
 @st.composite
 def winograd_workloads(draw):
     """One of the three Winograd kernels of a small 3x3 convolution, F(2,3) or F(4,3)."""

@@ -1,0 +1,155 @@
+"""Transformers end to end: exports by torch.onnx.export of real architectures (torch's own
+TransformerEncoder; Hugging Face BERT, ViT and GPT-2 built from small configs with random weights)
+import, compile and compute what ONNX Runtime computes; an integer input is checked against the
+embedding table it indexes; slices of activations as ONNX writes them."""
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+from tuner.compiler import compile_model
+from tuner.errors import UserError
+
+ort = pytest.importorskip("onnxruntime")
+
+
+def _ort(path, feeds: dict) -> list:
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _agree(path, feeds: dict) -> None:
+    """tuner's compiled model gives ONNX Runtime's outputs for `feeds`, to float32 rounding."""
+    ref = _ort(path, feeds)
+    m = compile_model(str(path), threads=1)
+    out = m.run(**feeds)
+    assert len(out) == len(ref) >= 1
+    for o, r in zip(out, ref):
+        assert o.shape == r.shape
+        np.testing.assert_allclose(o, r, rtol=1e-4, atol=1e-4 * float(np.abs(r).max()))
+
+
+def _export(torch, module, args, path, opset: int, dynamo: bool, names: list) -> None:
+    module.eval()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in module.parameters():       # every weight random, LayerNorm's scale and shift too
+            p.uniform_(-0.3, 0.3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, args, str(path), input_names=names, output_names=["out"], opset_version=opset,
+                          dynamo=dynamo)
+
+
+@pytest.mark.parametrize("dynamo,opset,norm_first", [(False, 14, False), (False, 17, True), (True, 17, False),
+                                                     (True, 18, True)])
+def test_a_torch_transformer_encoder_compiles_to_what_onnx_runtime_computes(tmp_path, dynamo, opset, norm_first):
+    """opset 14 writes LayerNorm decomposed (ReduceMean, Sub, Pow, Sqrt, Div), 17 as LayerNormalization;
+    the legacy exporter computes shapes in the graph (Shape, Gather, Slice, Concat), dynamo does not."""
+    torch = pytest.importorskip("torch")
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True, norm_first=norm_first,
+                                             activation="gelu")
+    enc = torch.nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+    x = torch.randn(2, 5, 16)
+    _export(torch, enc, (x,), tmp_path / "enc.onnx", opset, dynamo, ["x"])
+    _agree(tmp_path / "enc.onnx", {"x": x.numpy()})
+
+
+def _hf_model(name: str):
+    tf = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    small = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64)
+    if name == "bert":
+        m, kw = tf.BertModel(tf.BertConfig(vocab_size=100, max_position_embeddings=32, **small)), "input_ids"
+    elif name == "vit":
+        m, kw = tf.ViTModel(tf.ViTConfig(image_size=16, patch_size=8, **small), add_pooling_layer=False), "pixel_values"
+    else:
+        m, kw = tf.GPT2Model(tf.GPT2Config(vocab_size=100, n_positions=32, n_embd=32, n_layer=1, n_head=4)), "input_ids"
+    if kw == "input_ids":
+        m.config.use_cache = False
+
+    class Hidden(torch.nn.Module):           # the last hidden state, from one keyword input
+        def __init__(self):
+            super().__init__()
+            self.m = m
+
+        def forward(self, x):
+            return self.m(**{kw: x}).last_hidden_state
+
+    x = torch.randn(1, 3, 16, 16) if name == "vit" else torch.randint(0, 100, (1, 7))
+    return torch, Hidden(), x, kw
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,dynamo,opset", [("bert", False, 14), ("bert", True, 17), ("vit", False, 17),
+                                               ("vit", True, 18), ("gpt2", True, 18)])
+def test_hugging_face_models_with_random_weights_compile_to_what_onnx_runtime_computes(tmp_path, name, dynamo, opset):
+    torch, module, x, kw = _hf_model(name)
+    pytest.importorskip("onnxscript")
+    _export(torch, module, (x,), tmp_path / f"{name}.onnx", opset, dynamo, [kw])
+    _agree(tmp_path / f"{name}.onnx", {kw: x.numpy()})
+
+
+def _embedding_model(path, vocab: int = 10) -> np.ndarray:
+    table = np.random.default_rng(0).standard_normal((vocab, 4)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["emb"], "lookup"),
+                           helper.make_node("Relu", ["emb"], ["out"], "relu")], "emb",
+                          [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 5])],
+                          [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 5, 4])],
+                          [numpy_helper.from_array(table, "table")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return table
+
+
+def test_token_ids_index_the_embedding_table_as_onnx_runtime_does_and_one_past_it_is_refused(tmp_path):
+    path = tmp_path / "emb.onnx"
+    table = _embedding_model(path)
+    ids = np.array([[0, 9, 3, -1, -10], [5, 5, 2, 7, 1]], dtype=np.int64)      # negative ids count from the end
+    _agree(path, {"ids": ids})
+    m = compile_model(str(path), threads=1)
+    np.testing.assert_array_equal(m.run(ids=ids)[0], np.maximum(table[ids], 0))
+    for bad in (10, -11, 1 << 40):
+        with pytest.raises(UserError, match=f"input ids holds {bad}, outside \\[-10, 10\\)"):
+            m.run(ids=np.full((2, 5), bad, dtype=np.int64))
+    with pytest.raises(UserError, match="input ids must be int64, got float32"):
+        m.run(ids=ids.astype(np.float32))
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_slices_of_an_activation_compute_what_onnx_runtime_computes(tmp_path, data):
+    """ONNX Slice (any axes, negative and out-of-range starts and ends, negative steps) and Split."""
+    shape = data.draw(st.lists(st.integers(1, 6), min_size=2, max_size=4))
+    axes = data.draw(st.lists(st.integers(-len(shape), len(shape) - 1), min_size=1, max_size=len(shape),
+                              unique_by=lambda a: a % len(shape)))
+    starts, ends, steps = [], [], []
+    for ax in axes:
+        d = shape[ax]
+        step = data.draw(st.sampled_from([1, 2, -1, -2]))
+        starts.append(data.draw(st.integers(-d - 2, d + 2)))
+        ends.append(data.draw(st.integers(-d - 2, d + 2)))
+        steps.append(step)
+    index = [slice(None)] * len(shape)
+    for ax, start, end, step in zip(axes, starts, ends, steps):
+        index[ax % len(shape)] = slice(start, end, step)
+    expect = np.zeros(shape, np.float32)[tuple(index)].shape
+    if 0 in expect:
+        return                                                    # an empty result: nothing to compute
+    split_axis = data.draw(st.integers(0, len(shape) - 1))
+    inits = [numpy_helper.from_array(np.array(v, np.int64), n)
+             for v, n in ((starts, "starts"), (ends, "ends"), (axes, "axes"), (steps, "steps"))]
+    nodes = [helper.make_node("Slice", ["x", "starts", "ends", "axes", "steps"], ["s"], "slice"),
+             helper.make_node("Relu", ["s"], ["out"], "relu")]
+    outs = [helper.make_tensor_value_info("out", TensorProto.FLOAT, list(expect))]
+    if shape[split_axis] >= 2:
+        nodes.append(helper.make_node("Split", ["x"], ["a", "b"], "split", axis=split_axis))
+        outs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("a", "b")]
+    g = helper.make_graph(nodes, "slices", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)], outs, inits)
+    path = tmp_path / "slice.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), path)
+    _agree(path, {"x": np.random.default_rng(1).standard_normal(shape).astype(np.float32)})
