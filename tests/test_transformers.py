@@ -153,3 +153,47 @@ def test_slices_of_an_activation_compute_what_onnx_runtime_computes(tmp_path, da
     path = tmp_path / "slice.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), path)
     _agree(path, {"x": np.random.default_rng(1).standard_normal(shape).astype(np.float32)})
+
+
+def _gelu_graph(form: str):
+    from tuner.graph.builder import GraphBuilder
+    b = GraphBuilder(form)
+    x = b.input("x", (2, 8))
+    c = lambda v: b.const(np.float32(v))  # noqa: E731
+    one_plus = b.add("add", [b.add("erf", [b.add("div", [x, c(2 ** 0.5)]) if form != "mul" else
+                                          b.add("mul", [x, c(2 ** -0.5)])]), c(1.0)])
+    if form == "half_first":       # (x * 0.5) * (1 + erf(x / sqrt 2)): torch's dynamo export
+        y = b.add("mul", [b.add("mul", [x, c(0.5)]), one_plus])
+    elif form == "half_last":      # (x * (1 + erf)) * 0.5: torch's legacy export
+        y = b.add("mul", [b.add("mul", [x, one_plus]), c(0.5)])
+    else:                          # x * ((1 + erf(x * 1/sqrt 2)) * 0.5)
+        y = b.add("mul", [x, b.add("mul", [one_plus, c(0.5)])])
+    return b.finish([y])
+
+
+@pytest.mark.parametrize("form", ["half_first", "half_last", "mul"])
+def test_gelu_written_in_any_association_becomes_one_gelu_that_computes_the_same(form):
+    from tuner.graph import interp
+    from tuner.graph.passes import optimize
+    g = _gelu_graph(form)
+    fused = optimize(g, passes=["FuseTransformerOps"])
+    assert [n.op for n in fused.nodes] == ["gelu"]
+    x = np.linspace(-4, 4, 16, dtype=np.float32).reshape(2, 8)
+    np.testing.assert_allclose(interp.run(fused, x)[0], interp.run(g, x)[0], rtol=1e-6, atol=1e-7)
+
+
+def test_a_decomposed_layer_norm_and_gelu_become_one_kernel_each_and_their_dense_a_task(tmp_path):
+    """torch's legacy export at opset 14 writes LayerNorm as ReduceMean, Sub, Pow, Sqrt, Div, Mul, Add."""
+    torch = pytest.importorskip("torch")
+    from tuner.graph import load
+    from tuner.graph.passes import optimize
+    layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True, activation="gelu")
+    x = torch.randn(1, 5, 16)
+    _export(torch, torch.nn.TransformerEncoder(layer, 1, enable_nested_tensor=False), (x,), tmp_path / "layer.onnx",
+            14, False, ["x"])
+    g = optimize(load(str(tmp_path / "layer.onnx")))
+    ops = [n.op for n in g.nodes]
+    assert ops.count("layer_norm") == 2 and ops.count("gelu") == 1
+    assert not {"mean", "sqrt", "erf"} & set(ops)
+    specs = [t.workload.spec for t in g.meta["tasks"] if t.tunable]
+    assert any(s.startswith("dense:") and "act=gelu" in s for s in specs), specs

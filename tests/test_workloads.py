@@ -49,7 +49,7 @@ def test_builtin_set():
     ("conv2d", "expected op:key=value"),
     ("conv2d:C=6,H=5,W=5,K=6,R=3,S=3,groups=4", "must divide"),
     ("conv2d:C=8,H=2,W=2,K=8,R=3,S=3", "does not fit"),
-    ("conv2d:C=8,H=4,W=4,K=8,R=3,S=3,act=gelu", "not an epilogue activation"),
+    ("conv2d:C=8,H=4,W=4,K=8,R=3,S=3,act=softmax", "not an epilogue activation"),
     ("conv2d:C=8,H=4,W=4,K=8,R=3,S=3,relu=1,act=clip", "two activations"),
     ("conv2d:C=8,H=4,W=4,K=8,R=3,S=3,act=sigmoid,lo=1", "does not take lo"),
     ("conv2d:C=8,H=4,W=4,K=8,R=3,S=3,act=clip,hi=x", "is not a number"),

@@ -307,6 +307,12 @@ class Exporter:
         from onnx import helper
         self.nodes.append(helper.make_node(op_type, ins, [n.output.name], n.name, **attrs))
 
+    def node(self, op_type: str, ins: list, name: str, **attrs) -> str:
+        """An extra ONNX node (one output, named `name`) of a node exported as several."""
+        from onnx import helper
+        self.nodes.append(helper.make_node(op_type, ins, [name], name, **attrs))
+        return name
+
     def scalar(self, name: str, value) -> str:
         return self.ref(Value(name, (), "float32", "", None, np.asarray(value, dtype=np.float32)))
 

@@ -11,22 +11,23 @@ from ..te import layouts as L
 from ..te.tensor import Tensor, compute, placeholder, reduce_axis, sum_reduce
 from .common import f32
 from .registry import NoTask
-from .shape import reshape
 from .elementwise import epilogue, epilogue_ref
 from .registry import OpDef, Pattern, WorkloadDef, register
 
 
 def dense(data: Tensor, weight: Tensor, block: int, name: str = "dense") -> Tensor:
-    n_, c_ = data.shape
+    """data (..., C) x weight (K, C) (or packed K/b, C, b): over the last axis, the leading axes rows."""
+    lead, c_ = data.shape[:-1], data.shape[-1]
     rc = reduce_axis(c_, "rc")
+    nl = len(lead)
+    names = ["n"] if nl == 1 else [f"n{k}" for k in range(nl)]
     if block:
         kb, _, b = weight.shape
-        k_ = kb * b
-        return compute((n_, k_), lambda n, k: sum_reduce(data[n, rc.var] * weight[k // b, rc.var, k % b], [rc]),
-                       name, tag="dense", inputs=[data, weight], axis_names=["n", "k"])
-    k_ = weight.shape[0]
-    return compute((n_, k_), lambda n, k: sum_reduce(data[n, rc.var] * weight[k, rc.var], [rc]),
-                   name, tag="dense", inputs=[data, weight], axis_names=["n", "k"])
+        return compute((*lead, kb * b), lambda *i: sum_reduce(data[i[:nl] + (rc.var,)] * weight[i[nl] // b, rc.var, i[nl] % b],
+                                                              [rc]),
+                       name, tag="dense", inputs=[data, weight], axis_names=names + ["k"])
+    return compute((*lead, weight.shape[0]), lambda *i: sum_reduce(data[i[:nl] + (rc.var,)] * weight[i[nl], rc.var], [rc]),
+                   name, tag="dense", inputs=[data, weight], axis_names=names + ["k"])
 
 
 def dense_ref(x: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -46,15 +47,6 @@ def _dense_infer(node):
     if len(x.shape) < 2 or len(w.shape) != 2 or x.shape[-1] != w.shape[1]:
         raise GraphError(f"dense {node.name}: cannot multiply {list(x.shape)} by weight {list(w.shape)}")
     return (*x.shape[:-1], w.shape[0]), "float32", ""
-
-
-def _dense_te(n, ins, name):
-    """Over the last axis of an activation of any rank: its leading axes are the rows."""
-    x = ins[0]
-    if x.ndim == 2:
-        return dense(x, ins[1], 0, name)
-    rows = reshape(x, (_rows(x.shape), x.shape[-1]), f"{name}_rows")
-    return reshape(dense(rows, ins[1], 0, f"{name}_2d"), n.output.shape, name)
 
 
 def _onnx_gemm(cx, ins, a):
@@ -191,7 +183,8 @@ def _export_bmm(ex, n, ins):
 
 register(
     OpDef(name="dense", pattern=Pattern.OUT_EWISE_FUSABLE, infer=_dense_infer,
-          evaluate=lambda n, args: f32(dense_ref(args[0], args[1])), te=_dense_te,
+          evaluate=lambda n, args: f32(dense_ref(args[0], args[1])),
+          te=lambda n, ins, name: dense(ins[0], ins[1], 0, name),
           flops=lambda n: dense_flops(_rows(n.inputs[0].shape), n.inputs[0].shape[-1], n.inputs[1].shape[0]),
           onnx_in={"Gemm": _onnx_gemm, "MatMul": _onnx_matmul}, onnx_out=_export_dense, task=_dense_task),
     WorkloadDef(name="dense", required=("C", "K"), defaults=dict(N=1, bias=0, relu=0), build=_dense_build,

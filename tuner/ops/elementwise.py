@@ -39,6 +39,8 @@ ACTIVATIONS = {
     "exp": ({}, lambda e, p: Call("exp", (e,)), lambda x, p: np.exp(x)),
     "sqrt": ({}, lambda e, p: Call("sqrt", (e,)), lambda x, p: np.sqrt(x)),
     "neg": ({}, lambda e, p: Const(-1.0) * e, lambda x, p: -x),
+    "gelu": ({}, lambda e, p: e * Const(0.5) * (Const(1.0) + Call("erf", (e * Const(0.7071067811865476),))),
+             lambda x, p: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))),
     "pow": ({"exponent": 1.0}, lambda e, p: Call("pow", (e, Const(float(p["exponent"])))),
             lambda x, p: np.power(x, p["exponent"])),
 }
@@ -133,7 +135,7 @@ def _binary_infer(node):
 # attribute is absent)}); node attributes are named and defaulted as ONNX's
 _ACTS = {"relu": ("Relu", {}), "sigmoid": ("Sigmoid", {}), "hard_swish": ("HardSwish", {}),
          **{op: (op.capitalize(), {}) for op in ("erf", "tanh", "exp", "sqrt", "neg")},
-         "pow": ("Pow", {"exponent": ("exponent", 1.0)}),
+         "pow": ("Pow", {"exponent": ("exponent", 1.0)}), "gelu": ("Gelu", {}),
          "clip": ("Clip", {"lo": ("min", -np.inf), "hi": ("max", np.inf)}),
          "hard_sigmoid": ("HardSigmoid", {"alpha": ("alpha", 0.2), "beta": ("beta", 0.5)})}
 
@@ -213,6 +215,20 @@ def _onnx_bn(cx, ins, a):
     return [cx.add("batch_norm", ins[:5], {"epsilon": a.get("epsilon", 1e-5), "layout": "NCHW"})]
 
 
+def _onnx_gelu(cx, ins, a):
+    if a.get("approximate", "none") != "none":
+        raise cx.fail(f"approximate={a['approximate']!r} is not supported (only the exact, erf form)")
+    return [cx.add("gelu", ins[:1], {})]
+
+
+def _export_gelu(ex, n, ins):
+    """x * 0.5 * (1 + erf(x / sqrt 2)): Gelu itself is opset 20."""
+    e = ex.node("Erf", [ex.node("Mul", [ins[0], ex.scalar(f"{n.name}_r2", 0.7071067811865476)], f"{n.name}_z")],
+                f"{n.name}_erf")
+    half = ex.node("Mul", [ins[0], ex.scalar(f"{n.name}_half", 0.5)], f"{n.name}_halfx")
+    ex.emit(n, "Mul", [half, ex.node("Add", [e, ex.scalar(f"{n.name}_one", 1.0)], f"{n.name}_1p")])
+
+
 def _export_pow(ex, n, ins):
     ex.emit(n, "Pow", ins + [ex.scalar(f"{n.name}_exponent", n.attrs["exponent"])])
 
@@ -268,8 +284,9 @@ def _act_def(op: str) -> OpDef:
     return OpDef(name=op, pattern=Pattern.ELEMWISE, infer=same,
                  evaluate=lambda node, args: f32(activation_ref(args[0], op, act_params(node))),
                  te=lambda node, ins, name: activation(ins[0], op, act_params(node), name),
-                 onnx_in={onnx_type: {"clip": _onnx_clip, "pow": _onnx_pow}.get(op, _onnx_act(op))},
-                 onnx_out={"clip": _export_clip, "pow": _export_pow}.get(op, export_as(onnx_type, lambda n: _act_attrs(op, n.attrs))))
+                 onnx_in={onnx_type: {"clip": _onnx_clip, "pow": _onnx_pow, "gelu": _onnx_gelu}.get(op, _onnx_act(op))},
+                 onnx_out={"clip": _export_clip, "pow": _export_pow, "gelu": _export_gelu}.get(
+                     op, export_as(onnx_type, lambda n: _act_attrs(op, n.attrs))))
 
 
 def _act_workload(op: str) -> WorkloadDef:

@@ -61,23 +61,26 @@ def softmax(x: Tensor, axis: int, name: str = "softmax") -> Tensor:
 
 
 def layer_norm(x: Tensor, scale: Tensor, bias: Tensor, axis: int, eps: float, name: str = "layer_norm") -> Tensor:
-    """(x - mean) / sqrt(var + eps) * scale + bias over the axes from `axis` on (flattened: D)."""
-    d = int(np.prod(x.shape[axis:]))
-    rows = int(np.prod(x.shape[:axis]))
-    x2 = x if (x.ndim == 2 and axis == 1) else reshape(x, (rows, d), f"{name}_rows")
+    """(x - mean) / sqrt(var + eps) * scale + bias over the axes from `axis` on: over the last axis
+    directly, over several through a reshape to (rows, D)."""
+    if axis != x.ndim - 1:
+        rows = (int(np.prod(x.shape[:axis])), int(np.prod(x.shape[axis:])))
+        return reshape(layer_norm(reshape(x, rows, f"{name}_rows"), scale, bias, 1, eps, f"{name}_2d"), x.shape, name)
+    d, nl = x.shape[-1], x.ndim - 1
     r1, r2 = reduce_axis(d, f"{name}_r1"), reduce_axis(d, f"{name}_r2")
-    total = compute((rows, 1), lambda i, _: sum_reduce(x2[i, r1.var], [r1]), f"{name}_sum", tag="reduction",
-                    inputs=[x2], axis_names=[f"{name}_m0", f"{name}_m1"])
+    red = (*x.shape[:-1], 1)
+    names = [f"{name}_i{k}" for k in range(x.ndim)]
+    total = compute(red, lambda *i: sum_reduce(x[i[:nl] + (r1.var,)], [r1]), f"{name}_sum", tag="reduction",
+                    inputs=[x], axis_names=[f"{name}_m{k}" for k in range(x.ndim)])
 
     def centred(i, j):
-        return x2[i, j] - total[i, Const(0)] * Const(1.0 / d)
+        return x[i + (j,)] - total[i + (Const(0),)] * Const(1.0 / d)
 
-    sq = compute((rows, 1), lambda i, _: sum_reduce(centred(i, r2.var) * centred(i, r2.var), [r2]), f"{name}_sq",
-                 tag="reduction", inputs=[x2, total], axis_names=[f"{name}_v0", f"{name}_v1"])
-    out = compute((rows, d), lambda i, j: centred(i, j) / Call("sqrt", (sq[i, Const(0)] * Const(1.0 / d) + Const(eps),))
-                  * scale[j] + bias[j], name if x2 is x else f"{name}_2d", tag="broadcast",
-                  inputs=[x2, total, sq, scale, bias], axis_names=[f"{name}_i0", f"{name}_i1"])
-    return out if x2 is x else reshape(out, x.shape, name)
+    sq = compute(red, lambda *i: sum_reduce(centred(i[:nl], r2.var) * centred(i[:nl], r2.var), [r2]), f"{name}_sq",
+                 tag="reduction", inputs=[x, total], axis_names=[f"{name}_v{k}" for k in range(x.ndim)])
+    return compute(x.shape, lambda *i: centred(i[:nl], i[nl]) / Call("sqrt", (sq[i[:nl] + (Const(0),)] * Const(1.0 / d)
+                                                                              + Const(eps),)) * scale[i[nl]] + bias[i[nl]],
+                   name, tag="broadcast", inputs=[x, total, sq, scale, bias], axis_names=names)
 
 
 def _ln_infer(node):
