@@ -25,7 +25,7 @@ from tuner.runtime import load
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("artifacts", nargs="+", metavar="NAME=DIR")
-    ap.add_argument("--model", default="resnet50")
+    ap.add_argument("--model", default="resnet50", help="a built-in model or an ONNX file (ONNX Runtime runs the file)")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--threads", default="1", help="ONNX Runtime's thread counts, e.g. 1,2 (the artifacts run "
                                                    "with the threads they were compiled for)")
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
               "pairs": [], "rounds_s": {}}
     for threads in (int(t) for t in args.threads.split(",")):
         runners = {name: (lambda ins, m=m: m.run(*ins)) for name, m in models.items()}
-        runners["onnxruntime"] = onnxruntime_runner(graph, threads)
+        runners["onnxruntime"] = onnxruntime_runner(graph, threads, args.model if args.model.endswith(".onnx") else None)
         t = interleaved(runners, inputs, args.rounds, progress=lambda s: print(f"  {s}", flush=True))
         med = {k: statistics.median(v) for k, v in t.items()}
         ort = med["onnxruntime"]
