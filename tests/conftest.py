@@ -26,6 +26,13 @@ REPLAY_WORKLOADS = [(make("conv2d", dict(C=8, H=6, W=6, K=8, R=3, S=3, pad=1), "
                     (make("conv2d", dict(C=8, H=4, W=4, K=16, R=1, S=1), "NCHW8c"), 24)]
 
 
+def ort_run(path, feeds) -> list:
+    """ONNX Runtime's outputs (CPU provider) of the model at `path`, for inputs by name or one array."""
+    import onnxruntime as ort
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds if isinstance(feeds, dict) else {sess.get_inputs()[0].name: feeds})
+
+
 def run_kernel(lib_path: str, index: int, arrays: list, out_shape: tuple) -> np.ndarray:
     lib = open_library(lib_path)
     out = np.full(out_shape, np.nan, np.float32)

@@ -4,6 +4,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import ort_run
 
 from tuner.graph import interp, load
 from tuner.graph.builder import GraphBuilder
@@ -137,15 +138,10 @@ def test_verifier_and_shape_errors_name_the_node():
 # ---------------------------------------------------------------- ONNX
 
 onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from tuner.graph.onnx_frontend import OnnxImportError, load_onnx, to_onnx  # noqa: E402
-
-
-def _ort(path, x):
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return sess.run(None, {sess.get_inputs()[0].name: x})[0]
 
 
 @pytest.mark.slow
@@ -156,9 +152,9 @@ def test_exported_models_import_and_match_onnxruntime(tmp_path, name):
     onnx.save(to_onnx(g), path)
     imported = load_onnx(path)
     x = np.random.default_rng(2).standard_normal(g.inputs[0].shape).astype(np.float32)
-    np.testing.assert_allclose(interp.run(g, x)[0], _ort(path, x), rtol=1e-4, atol=1e-4)   # the export itself
+    np.testing.assert_allclose(interp.run(g, x)[0], ort_run(path, x)[0], rtol=1e-4, atol=1e-4)   # the export itself
     ours = interp.run(imported, x)[0]
-    np.testing.assert_allclose(ours, _ort(path, x), rtol=1e-4, atol=1e-5 * max(1, float(np.abs(ours).max())))
+    np.testing.assert_allclose(ours, ort_run(path, x)[0], rtol=1e-4, atol=1e-5 * max(1, float(np.abs(ours).max())))
     _close(interp.run(optimize(imported, layout="NCHW16c"), x)[0], ours)
 
 
@@ -205,7 +201,7 @@ def test_pytorch_style_onnx_imports_and_matches_onnxruntime(tmp_path):
     assert g.count("global_avg_pool2d") == 1                  # ReduceMean over H, W
     x = np.random.default_rng(3).standard_normal((1, 3, 12, 12)).astype(np.float32)
     ours = interp.run(g, x)[0]
-    np.testing.assert_allclose(ours, _ort(path, x), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(ours, ort_run(path, x)[0], rtol=1e-4, atol=1e-5)
     for layout in ("NHWC", "NCHW8c"):
         _close(interp.run(optimize(g, layout=layout), x)[0], ours)
 
@@ -310,7 +306,7 @@ def test_files_written_by_torch_onnx_export_import(tmp_path, dynamo):
     g = load_onnx(path)
     ours = interp.run(g, x.numpy())[0]
     np.testing.assert_allclose(ours, m(x).detach().numpy(), rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(ours, _ort(path, x.numpy()), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(ours, ort_run(path, x.numpy())[0], rtol=1e-4, atol=1e-5)
     _close(interp.run(optimize(g, layout="NCHW16c"), x.numpy())[0], ours)
 
 
@@ -373,7 +369,7 @@ def test_every_exported_operator_round_trips_through_onnx_runtime(tmp_path, op):
     onnx.save(to_onnx(g), path)
     x = np.random.default_rng(4).standard_normal((1, 8, 6, 6)).astype(np.float32)
     ours = interp.run(g, x)[0]
-    np.testing.assert_allclose(ours, _ort(path, x), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(ours, ort_run(path, x)[0], rtol=1e-4, atol=1e-5)
     back = load_onnx(path)
     if op == "gelu":                 # exported in pieces (Gelu is opset 20): one again after the pass
         back = optimize(back, passes=["FuseTransformerOps"])

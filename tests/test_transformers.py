@@ -7,6 +7,7 @@ import warnings
 import numpy as np
 import onnx
 import pytest
+from conftest import ort_run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
@@ -14,16 +15,12 @@ from onnx import TensorProto, helper, numpy_helper
 from tuner.compiler import compile_model
 from tuner.errors import UserError
 
-ort = pytest.importorskip("onnxruntime")
-
-
-def _ort(path, feeds: dict) -> list:
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+pytest.importorskip("onnxruntime")
 
 
 def _agree(path, feeds: dict) -> None:
     """tuner's compiled model gives ONNX Runtime's outputs for `feeds`, to float32 rounding."""
-    ref = _ort(path, feeds)
+    ref = ort_run(path, feeds)
     m = compile_model(str(path), threads=1)
     out = m.run(**feeds)
     assert len(out) == len(ref) >= 1
@@ -146,7 +143,7 @@ def test_slices_of_an_activation_compute_what_onnx_runtime_computes(tmp_path, da
     nodes = [helper.make_node("Slice", ["x", "starts", "ends", "axes", "steps"], ["s"], "slice"),
              helper.make_node("Relu", ["s"], ["out"], "relu")]
     outs = [helper.make_tensor_value_info("out", TensorProto.FLOAT, list(expect))]
-    if shape[split_axis] >= 2:
+    if shape[split_axis] % 2 == 0:                 # opset 13 splits evenly when no sizes are given
         nodes.append(helper.make_node("Split", ["x"], ["a", "b"], "split", axis=split_axis))
         outs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("a", "b")]
     g = helper.make_graph(nodes, "slices", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)], outs, inits)

@@ -3,6 +3,7 @@ Exp, Sqrt, Neg, imported, interpreted and compiled against ONNX Runtime."""
 import numpy as np
 import onnx
 import pytest
+from conftest import ort_run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
@@ -11,7 +12,7 @@ from tuner.compiler import compile_model
 from tuner.graph import interp
 from tuner.graph.onnx_frontend import load_onnx
 
-ort = pytest.importorskip("onnxruntime", reason="onnxruntime is the reference for imported models")
+pytest.importorskip("onnxruntime", reason="onnxruntime is the reference for imported models")
 
 OPS = ["Erf", "Tanh", "Exp", "Sqrt", "Neg"]
 
@@ -30,17 +31,13 @@ def _model(op: str, shape, path):
     return path
 
 
-def _ort(path, x):
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-
-
 @settings(max_examples=25, deadline=None)
 @given(op=st.sampled_from(OPS), shape=st.lists(st.integers(1, 6), min_size=1, max_size=4),
        seed=st.integers(0, 1000))
 def test_every_unary_op_interprets_as_onnxruntime_computes_it(tmp_path_factory, op, shape, seed):
     path = _model(op, shape, tmp_path_factory.mktemp("u") / "u.onnx")
     x = (np.random.default_rng(seed).standard_normal(shape) * 2).astype(np.float32)
-    np.testing.assert_allclose(interp.run(load_onnx(path), x)[0], _ort(path, x), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(interp.run(load_onnx(path), x)[0], ort_run(path, x)[0], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -48,7 +45,7 @@ def test_every_unary_op_compiles_to_what_onnxruntime_computes(tmp_path, tmp_cach
     path = _model(op, (1, 3, 5, 7), tmp_path / "u.onnx")
     x = (np.random.default_rng(1).standard_normal((1, 3, 5, 7)) * 2).astype(np.float32)
     m = compile_model(str(path), target="cpu -threads=1", use_shipped=False)
-    np.testing.assert_allclose(m.run(x)[0], _ort(path, x), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(m.run(x)[0], ort_run(path, x)[0], rtol=1e-5, atol=1e-6)
 
 
 def test_gelu_in_its_erf_form_compiles_to_what_onnxruntime_computes(tmp_path, tmp_cache):
@@ -65,4 +62,4 @@ def test_gelu_in_its_erf_form_compiles_to_what_onnxruntime_computes(tmp_path, tm
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     x = (np.random.default_rng(2).standard_normal(shape) * 3).astype(np.float32)
     m = compile_model(str(path), target="cpu -threads=1", use_shipped=False)
-    np.testing.assert_allclose(m.run(x)[0], _ort(path, x), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(m.run(x)[0], ort_run(path, x)[0], rtol=1e-5, atol=1e-6)

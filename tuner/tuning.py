@@ -33,7 +33,7 @@ from .database.result import OK
 from .errors import check_output_path
 from .measure.runners import Runner, make_runner
 from .measure.runner import RunConfig
-from .ops import WORKLOADS, Workload, resolve
+from .ops import Workload, resolve
 from .search import PolicyFactory, policy_factory
 from .search.scheduler import SCHEDULERS, TaskProgress, family
 from .target import Target, parse_target
@@ -174,8 +174,7 @@ class Session:
 
 
 def default_log(workload: Workload) -> str:
-    op = WORKLOADS[workload.op].key_name or workload.op      # the name its logs were first written under
-    return str(Path("logs") / f"{(workload.name or op).replace('/', '_')}.{workload.layout}.jsonl")
+    return str(Path("logs") / f"{(workload.name or workload.logged_op).replace('/', '_')}.{workload.layout}.jsonl")
 
 
 def _merge(workloads: list) -> list:

@@ -35,7 +35,7 @@ from ..graph.ir import graph_digest, graph_structure, interface_names
 from ..graph.passes import optimize
 from ..graph.passes.extract_tasks import group_summary, transform_workload, workload_of
 from ..ops import WORKLOADS, Unsupported, flops, to_te
-from ..runtime.artifact import DEFAULT, GENERIC, Arg, Step, declaration
+from ..runtime.artifact import DEFAULT, FLOAT_EXACT, GENERIC, Arg, Step, declaration
 from ..runtime.model import CompiledModel
 from ..schedule.lower import lower
 from ..schedule.schedule import ScheduleError, replay
@@ -222,9 +222,6 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
     lib, source = _build_library(low, tgt, meta, say)
     meta["compile_s"] = round(time.perf_counter() - t0, 3)
     return CompiledModel(meta, lib, source, blob)
-
-
-FLOAT_EXACT = 1 << 24      # integers up to this magnitude are exact in float32
 
 
 def _carried(g: Graph, v) -> dict:

@@ -13,6 +13,8 @@ import math
 
 import numpy as np
 
+from ..ops.shape import split_sizes, squeeze_shape, unsqueeze_shape
+
 # ONNX TensorProto data types -> NumPy (the ones exporters write for shapes, ids, masks and values)
 DTYPES = {1: np.float32, 2: np.uint8, 3: np.int8, 5: np.int16, 6: np.int32, 7: np.int64, 9: np.bool_,
           10: np.float16, 11: np.float64, 12: np.uint32, 13: np.uint64}
@@ -37,17 +39,12 @@ def _shape(ins, a, opset):
 
 def _unsqueeze(ins, a, opset):
     x = np.asarray(ins[0])
-    axes = _axes(ins, a, opset)
-    rank = x.ndim + len(axes)
-    for ax in sorted(ax % rank for ax in axes):
-        x = np.expand_dims(x, ax)
-    return [x]
+    return [x.reshape(unsqueeze_shape(x.shape, _axes(ins, a, opset)))]
 
 
 def _squeeze(ins, a, opset):
     x = np.asarray(ins[0])
-    axes = _axes(ins, a, opset)
-    return [np.squeeze(x) if axes is None else np.squeeze(x, axis=tuple(ax % x.ndim for ax in axes))]
+    return [x.reshape(squeeze_shape(x.shape, _axes(ins, a, opset)))]
 
 
 def _reshape(ins, a, opset):
@@ -98,16 +95,8 @@ def _trilu(ins, a, opset):
 def _split(ins, a, opset):
     x = np.asarray(ins[0])
     axis = a.get("axis", 0) % x.ndim
-    if len(ins) > 1 and ins[1] is not None:
-        sizes = [int(v) for v in np.asarray(ins[1]).reshape(-1)]
-    elif "split" in a:
-        sizes = list(a["split"])
-    else:
-        n = a.get("num_outputs", a["_outputs"])
-        chunk = -(-x.shape[axis] // n)
-        sizes = [min(chunk, x.shape[axis] - k * chunk) for k in range(n)]
-    if sum(sizes) != x.shape[axis] or min(sizes) < 0:
-        raise ValueError(f"split sizes {sizes} do not add up to {x.shape[axis]}")
+    given = np.asarray(ins[1]).reshape(-1) if len(ins) > 1 and ins[1] is not None else a.get("split")
+    sizes = split_sizes(x.shape[axis], given, a.get("num_outputs", a["_outputs"]))
     return np.split(x, np.cumsum(sizes)[:-1], axis=axis)
 
 

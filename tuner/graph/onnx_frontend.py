@@ -38,8 +38,6 @@ def _constant(cx, ins, a):
     return [cx.b.const(_CONSTANT_FORMS[form](a[form]), cx.node.output[0])]
 
 
-
-
 # ONNX op type -> importer: every operator's own (OpDef.onnx_in), plus the ops that only name values
 IMPORTERS = {**{t: f for d in OPS.values() for t, f in d.onnx_in.items()},
              "Identity": _identity, "Dropout": _identity, "Constant": _constant}
@@ -195,8 +193,9 @@ def _check_ssa(g) -> None:
             defined[name] = f"node {node.name!r}"
 
 
-# ONNX element types a graph input may have -> its dtype (integers: token ids, positions)
-INPUT_TYPES = {1: "float32", 0: "float32", 7: "int64", 6: "int32"}
+# ONNX element types a graph output and input may have -> its dtype (integer inputs: token ids, positions)
+OUTPUT_TYPES = {1: "float32", 0: "float32"}
+INPUT_TYPES = {**OUTPUT_TYPES, 7: "int64", 6: "int32"}
 
 
 def _check_type(v, what: str) -> str:
@@ -205,7 +204,7 @@ def _check_type(v, what: str) -> str:
     if not v.type.HasField("tensor_type"):
         raise OnnxImportError(f"graph {what} {v.name!r} is not a tensor; tuner compiles tensor {what}s only")
     elem = v.type.tensor_type.elem_type
-    allowed = INPUT_TYPES if what == "input" else {1: "float32", 0: "float32"}
+    allowed = INPUT_TYPES if what == "input" else OUTPUT_TYPES
     if elem not in allowed:
         kind = onnx.TensorProto.DataType.Name(elem) if elem in onnx.TensorProto.DataType.values() else f"type {elem}"
         takes = "FLOAT (float32), INT64 or INT32" if what == "input" else "FLOAT (float32)"
@@ -313,13 +312,12 @@ class Exporter:
         self.nodes.append(helper.make_node(op_type, ins, [name], name, **attrs))
         return name
 
-    def scalar(self, name: str, value) -> str:
-        return self.ref(Value(name, (), "float32", "", None, np.asarray(value, dtype=np.float32)))
-
-    def array(self, name: str, data: np.ndarray) -> str:
-        """A float32 initializer."""
-        data = np.ascontiguousarray(data, dtype=np.float32)
+    def array(self, name: str, data) -> str:
+        """A float32 initializer (a scalar too)."""
+        data = np.array(data, dtype=np.float32, order="C")       # a 0-d array stays 0-d
         return self.ref(Value(name, data.shape, "float32", "", None, data))
+
+    scalar = array
 
     def tensor(self, name: str, ints) -> str:
         """An int64 initializer (shapes, axes)."""

@@ -93,6 +93,12 @@ def from_nchw(x, lay):
     return L.act_from_nchw(x, lay) if lay not in ("", "NCHW") else x
 
 
+def broadcast_index(t_shape: tuple, shape: tuple, i: tuple) -> tuple:
+    """The index into a tensor of `t_shape` broadcast to `shape` (NumPy: trailing dims aligned) at `i`."""
+    off = len(shape) - len(t_shape)
+    return tuple(0 if d == 1 and shape[off + k] != 1 else i[off + k] for k, d in enumerate(t_shape))
+
+
 def same(node):
     x = node.inputs[0]
     return x.shape, x.dtype, x.layout

@@ -9,25 +9,23 @@ import numpy as np
 from ..errors import GraphError
 from ..te import layouts as L
 from ..te.tensor import Tensor, compute, placeholder, reduce_axis, sum_reduce
-from .common import f32
-from .registry import NoTask
+from .common import broadcast_index, f32
 from .elementwise import epilogue, epilogue_ref
-from .registry import OpDef, Pattern, WorkloadDef, register
+from .registry import NoTask, OpDef, Pattern, WorkloadDef, register
 
 
 def dense(data: Tensor, weight: Tensor, block: int, name: str = "dense") -> Tensor:
     """data (..., C) x weight (K, C) (or packed K/b, C, b): over the last axis, the leading axes rows."""
-    lead, c_ = data.shape[:-1], data.shape[-1]
-    rc = reduce_axis(c_, "rc")
-    nl = len(lead)
-    names = ["n"] if nl == 1 else [f"n{k}" for k in range(nl)]
+    lead, nl = data.shape[:-1], data.ndim - 1
+    rc = reduce_axis(data.shape[-1], "rc")
     if block:
-        kb, _, b = weight.shape
-        return compute((*lead, kb * b), lambda *i: sum_reduce(data[i[:nl] + (rc.var,)] * weight[i[nl] // b, rc.var, i[nl] % b],
-                                                              [rc]),
-                       name, tag="dense", inputs=[data, weight], axis_names=names + ["k"])
-    return compute((*lead, weight.shape[0]), lambda *i: sum_reduce(data[i[:nl] + (rc.var,)] * weight[i[nl], rc.var], [rc]),
-                   name, tag="dense", inputs=[data, weight], axis_names=names + ["k"])
+        b = weight.shape[2]
+        k_, w = weight.shape[0] * b, lambda k, r: weight[k // b, r, k % b]
+    else:
+        k_, w = weight.shape[0], lambda k, r: weight[k, r]
+    return compute((*lead, k_), lambda *i: sum_reduce(data[i[:nl] + (rc.var,)] * w(i[nl], rc.var), [rc]),
+                   name, tag="dense", inputs=[data, weight],
+                   axis_names=(["n"] if nl == 1 else [f"n{k}" for k in range(nl)]) + ["k"])
 
 
 def dense_ref(x: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -123,14 +121,10 @@ def batch_matmul(a: Tensor, b: Tensor, trans_b: bool, name: str = "batch_matmul"
     nb = len(batch)
     r = reduce_axis(k_, f"{name}_r")
 
-    def lead(t: Tensor, i):
-        off = nb - (t.ndim - 2)
-        return tuple(0 if t.shape[k] == 1 and batch[off + k] != 1 else i[off + k] for k in range(t.ndim - 2))
-
     def f(*i):
         m, n = i[nb], i[nb + 1]
-        rhs = b[lead(b, i) + ((n, r.var) if trans_b else (r.var, n))]
-        return sum_reduce(a[lead(a, i) + (m, r.var)] * rhs, [r])
+        rhs = b[broadcast_index(b.shape[:-2], batch, i[:nb]) + ((n, r.var) if trans_b else (r.var, n))]
+        return sum_reduce(a[broadcast_index(a.shape[:-2], batch, i[:nb]) + (m, r.var)] * rhs, [r])
 
     return compute((*batch, a.shape[-2], n_), f, name, tag="batch_matmul", inputs=[a, b],
                    axis_names=[f"b{k}" for k in range(nb)] + ["m", "n"])

@@ -13,7 +13,8 @@ import numpy as np
 from ..errors import GraphError
 from ..te.expr import Call, Cmp, Const, max_expr, min_expr, select
 from ..te.tensor import Tensor, compute, placeholder
-from .common import data_placeholder, export_as, f32, from_nchw, nchw_in, nchw_out, onnx_plain, same, to_nchw, unary
+from .common import (broadcast_index, data_placeholder, export_as, f32, from_nchw, nchw_in, nchw_out, onnx_plain,
+                     same, to_nchw, unary)
 from .registry import OpDef, Pattern, WorkloadDef, register
 
 
@@ -49,12 +50,16 @@ ACTIVATIONS = {
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
+def elementwise_map(x: Tensor, fn, name: str) -> Tensor:
+    """fn of every element of x."""
+    return compute(x.shape, lambda *i: fn(x[i]), name, tag="elemwise", inputs=[x],
+                   axis_names=[f"{name}_i{k}" for k in range(x.ndim)])
+
+
 def activation(x: Tensor, kind: str, params: dict | None = None, name: str | None = None) -> Tensor:
     _, fn, _ = ACTIVATIONS[kind]
     p = {**ACTIVATIONS[kind][0], **(params or {})}
-    name = name or kind
-    return compute(x.shape, lambda *i: fn(x[i], p), name, tag="elemwise", inputs=[x],
-                   axis_names=[f"{name}_i{k}" for k in range(x.ndim)])
+    return elementwise_map(x, lambda e: fn(e, p), name or kind)
 
 
 def activation_ref(x: np.ndarray, kind: str, params: dict | None = None) -> np.ndarray:
@@ -91,20 +96,16 @@ BINARY_FNS = {"add": (lambda u, v: u + v, np.add), "sub": (lambda u, v: u - v, n
               "mul": (lambda u, v: u * v, np.multiply), "div": (lambda u, v: u / v, np.divide)}
 
 
+def broadcast_te(ins: list, fn, name: str) -> Tensor:
+    """fn of the elements of `ins` under NumPy broadcasting (trailing dims aligned, in every direction)."""
+    shape = tuple(np.broadcast_shapes(*(t.shape for t in ins)))
+    tag = "elemwise" if all(t.shape == shape for t in ins) else "broadcast"
+    return compute(shape, lambda *i: fn(*(t[broadcast_index(t.shape, shape, i)] for t in ins)), name, tag=tag,
+                   inputs=list(ins), axis_names=[f"{name}_i{k}" for k in range(len(shape))])
+
+
 def broadcast_binary(kind: str, a: Tensor, b: Tensor, name: str | None = None) -> Tensor:
-    """NumPy broadcasting of two tensors in either direction (trailing dims aligned)."""
-    fn = BINARY_FNS[kind][0]
-    shape = tuple(np.broadcast_shapes(a.shape, b.shape))
-    nd = len(shape)
-
-    def index(t: Tensor, i):
-        off = nd - t.ndim
-        return tuple(0 if t.shape[k] == 1 and shape[off + k] != 1 else i[off + k] for k in range(t.ndim))
-
-    name = name or kind
-    tag = "elemwise" if a.shape == b.shape == shape else "broadcast"
-    return compute(shape, lambda *i: fn(a[index(a, i)], b[index(b, i)]), name, tag=tag, inputs=[a, b],
-                   axis_names=[f"{name}_i{k}" for k in range(nd)])
+    return broadcast_te([a, b], BINARY_FNS[kind][0], name or kind)
 
 
 def channel_bias_shape(layout: str, k: int, block: int = 0) -> tuple:
@@ -273,7 +274,7 @@ def _add_build(wl):
 def _binary_def(op: str) -> OpDef:
     np_fn = BINARY_FNS[op][1]
     onnx_type = op.capitalize()          # Add, Sub, Mul, Div
-    return OpDef(name=op, pattern=Pattern.BROADCAST, infer=_binary_infer,
+    return OpDef(name=op, pattern=Pattern.BROADCAST, infer=_binary_infer, integers=op != "div",
                  evaluate=lambda node, args: f32(np_fn(args[0].astype(np.float64), args[1].astype(np.float64))),
                  te=lambda node, ins, name: broadcast_binary(op, ins[0], ins[1], name),
                  onnx_in={onnx_type: onnx_plain(op)}, onnx_out=export_as(onnx_type))
@@ -281,7 +282,7 @@ def _binary_def(op: str) -> OpDef:
 
 def _act_def(op: str) -> OpDef:
     onnx_type = _ACTS[op][0]
-    return OpDef(name=op, pattern=Pattern.ELEMWISE, infer=same,
+    return OpDef(name=op, pattern=Pattern.ELEMWISE, infer=same, integers=op == "neg",
                  evaluate=lambda node, args: f32(activation_ref(args[0], op, act_params(node))),
                  te=lambda node, ins, name: activation(ins[0], op, act_params(node), name),
                  onnx_in={onnx_type: {"clip": _onnx_clip, "pow": _onnx_pow, "gelu": _onnx_gelu}.get(op, _onnx_act(op))},
@@ -310,18 +311,6 @@ def _truth(e):
     return Cmp("==", e, Const(0.0))
 
 
-def _broadcast_te(ins: list, fn, name: str, tag: str = "broadcast") -> Tensor:
-    shape = tuple(np.broadcast_shapes(*(t.shape for t in ins)))
-    nd = len(shape)
-
-    def index(t: Tensor, i):
-        off = nd - t.ndim
-        return tuple(0 if t.shape[k] == 1 and shape[off + k] != 1 else i[off + k] for k in range(t.ndim))
-
-    return compute(shape, lambda *i: fn(*(t[index(t, i)] for t in ins)), name, tag=tag, inputs=list(ins),
-                   axis_names=[f"{name}_i{k}" for k in range(nd)])
-
-
 def _bool_infer(node):
     shape, lay = _broadcast(node)
     return shape, "bool", lay
@@ -329,10 +318,10 @@ def _bool_infer(node):
 
 def _compare_def(op: str) -> OpDef:
     onnx_type, cond, np_fn = COMPARISONS[op]
-    return OpDef(name=op, pattern=Pattern.BROADCAST, infer=_bool_infer,
+    return OpDef(name=op, pattern=Pattern.BROADCAST, infer=_bool_infer, integers=True,
                  evaluate=lambda n, args: np_fn(args[0], args[1]),
-                 te=lambda n, ins, name: _broadcast_te(ins, lambda u, v: select(cond(u, v), Const(1.0), Const(0.0)),
-                                                       name),
+                 te=lambda n, ins, name: broadcast_te(ins, lambda u, v: select(cond(u, v), Const(1.0), Const(0.0)),
+                                                      name),
                  onnx_in={onnx_type: onnx_plain(op)}, onnx_out=export_as(onnx_type))
 
 
@@ -351,13 +340,10 @@ _CAST_TYPES = {1: "float32", 9: "bool", 6: "int32", 7: "int64", 11: "float64"}
 def _cast_te(node, ins, name):
     to = node.attrs["to"]
     if to == "bool":
-        fn = lambda e: select(_truth(e), Const(0.0), Const(1.0))  # noqa: E731
-    elif to.startswith("int"):
-        fn = lambda e: Call("trunc", (e,))  # noqa: E731
-    else:
-        fn = lambda e: e  # noqa: E731
-    return compute(ins[0].shape, lambda *i: fn(ins[0][i]), name, tag="elemwise", inputs=[ins[0]],
-                   axis_names=[f"{name}_i{k}" for k in range(ins[0].ndim)])
+        return elementwise_map(ins[0], lambda e: select(_truth(e), Const(0.0), Const(1.0)), name)
+    if to.startswith("int"):
+        return elementwise_map(ins[0], lambda e: Call("trunc", (e,)), name)
+    return elementwise_map(ins[0], lambda e: e, name)
 
 
 def _onnx_cast(cx, ins, a):
@@ -368,8 +354,7 @@ def _onnx_cast(cx, ins, a):
 
 
 def _unary_te(fn):
-    return lambda n, ins, name: compute(ins[0].shape, lambda *i: fn(ins[0][i]), name, tag="elemwise",
-                                        inputs=[ins[0]], axis_names=[f"{name}_i{k}" for k in range(ins[0].ndim)])
+    return lambda n, ins, name: elementwise_map(ins[0], fn, name)
 
 
 register(
@@ -382,11 +367,11 @@ register(
           evaluate=lambda n, args: np.logical_not(args[0]),
           te=_unary_te(lambda e: select(_truth(e), Const(1.0), Const(0.0))),
           onnx_in={"Not": onnx_plain("not")}, onnx_out=export_as("Not")),
-    OpDef(name="where", pattern=Pattern.BROADCAST, infer=_where_infer,
+    OpDef(name="where", pattern=Pattern.BROADCAST, infer=_where_infer, integers=True,
           evaluate=lambda n, args: np.where(args[0], args[1], args[2]),
-          te=lambda n, ins, name: _broadcast_te(ins, lambda c, x, y: select(_truth(c), y, x), name),
+          te=lambda n, ins, name: broadcast_te(ins, lambda c, x, y: select(_truth(c), y, x), name),
           onnx_in={"Where": onnx_plain("where")}, onnx_out=export_as("Where")),
-    OpDef(name="cast", pattern=Pattern.ELEMWISE, infer=lambda n: (n.inputs[0].shape, n.attrs["to"], n.inputs[0].layout),
+    OpDef(name="cast", pattern=Pattern.ELEMWISE, integers=True, infer=lambda n: (n.inputs[0].shape, n.attrs["to"], n.inputs[0].layout),
           evaluate=lambda n, args: (np.trunc(args[0]) if n.attrs["to"].startswith("int") and args[0].dtype.kind == "f"
                                     else args[0]).astype(n.attrs["to"]),
           te=_cast_te, onnx_in={"Cast": _onnx_cast},

@@ -10,7 +10,7 @@ from ..te.tensor import Tensor, compute, max_reduce, reduce_axis, sum_reduce
 from .common import (axis_names, conv_out_size, data_placeholder, export_as, f32, from_nchw, hw_dims, nchw_dims,
                      nchw_in, nchw_out, onnx_plain, pad_ref, pad_spatial, pads4, pads_param, relayout, to_nchw, unary,
                      unsupported, window_out)
-from .registry import WORKLOADS, NoTask, OpDef, Pattern, WorkloadDef, WorkloadError, output_elements, register
+from .registry import NoTask, OpDef, Pattern, WorkloadDef, WorkloadError, output_elements, register
 
 
 def pool2d(data: Tensor, layout: str, kind: str, kernel: tuple, stride: int, pads: tuple,
@@ -190,7 +190,7 @@ def _gap_task(n):
 def _pool_build(wl):
     p, data = wl.p, data_placeholder(wl)
     return [data], pool2d(data, wl.layout, wl.op[:3], (p["R"], p["S"]), p["stride"], pads4(p["pad"]),
-                              bool(p.get("count_include_pad", 0)), name=WORKLOADS[wl.op].key_name or wl.op)
+                              bool(p.get("count_include_pad", 0)), name=wl.logged_op)
 
 
 def _pool_ref(wl, arrays: list):

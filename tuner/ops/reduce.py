@@ -1,13 +1,13 @@
 """Reductions: mean over axes, softmax over one axis and layer_norm over the trailing axes
 (ReduceMean over H and W of a 4-D tensor, as PyTorch writes global pooling, imports as
-global_avg_pool2d; LayerNormalization's decomposed form is found by graph.passes' FuseLayerNorm)."""
+global_avg_pool2d; LayerNormalization's decomposed form is found by graph.passes' FuseTransformerOps)."""
 from __future__ import annotations
 
 import numpy as np
 
+from ..errors import GraphError
 from ..te.expr import Call, Const
 from ..te.tensor import Tensor, compute, max_reduce, reduce_axis, sum_reduce
-from ..errors import GraphError
 from .common import export_as, f32, same
 from .registry import OpDef, Pattern, output_elements, register
 from .shape import reshape

@@ -57,6 +57,8 @@ class OpDef:
     onnx_out: Callable | None = None  # exporter (ex, node, input names) -> None; None: not exported
     task: Callable | None = None      # node -> (params of its WorkloadDef, the one of the same name, layout);
                                       # raises NoTask
+    integers: bool = False            # exact on integers carried as float32 (below 2^24): data movement,
+                                      # selection, comparison, add/sub/mul/neg; the rest take float32 only
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,17 +104,11 @@ def opdef(node) -> OpDef:
     return d
 
 
-# operators exact on integers carried as float32 (below 2^24): data movement, selection, comparison and
-# add/sub/mul/neg; every other operator takes float32 (an integer divides or rounds otherwise)
-INTEGER_OPS = frozenset({"reshape", "flatten", "transpose", "concat", "slice", "gather", "pad", "cast", "where",
-                         "equal", "less", "less_equal", "greater", "greater_equal", "add", "sub", "mul", "neg"})
-
-
 def infer(node) -> tuple:
     """(shape, dtype, layout) of the node's output."""
     if node.op not in OPS:
         raise GraphError(f"no shape rule for op {node.op!r}")
-    if node.op not in INTEGER_OPS:
+    if not OPS[node.op].integers:
         bad = next((v for v in node.inputs if v.dtype.startswith("int")), None)
         if bad is not None:
             raise GraphError(f"{node.op} {node.name}: input {bad.name} is {bad.dtype}; {node.op} takes float32 "

@@ -100,6 +100,34 @@ def _slice_eval(node, args):
     return args[0][np.ix_(*[b + st * np.arange(n) for b, st, n in zip(a["begin"], a["step"], a["shape"])])]
 
 
+def unsqueeze_shape(shape, axes) -> list:
+    """ONNX Unsqueeze's output shape: a 1 inserted at each of `axes` (of the output's rank)."""
+    out, rank = list(shape), len(shape) + len(axes)
+    for ax in sorted(ax % rank for ax in axes):
+        out.insert(ax, 1)
+    return out
+
+
+def squeeze_shape(shape, axes) -> list:
+    """ONNX Squeeze's output shape: `axes` dropped (each must be 1), or every 1 when axes is None."""
+    drop = {ax % len(shape) for ax in axes} if axes is not None else {k for k, d in enumerate(shape) if d == 1}
+    if any(shape[ax] != 1 for ax in drop):
+        raise ValueError(f"cannot squeeze axes {sorted(drop)} of {list(shape)}")
+    return [d for k, d in enumerate(shape) if k not in drop]
+
+
+def split_sizes(dim: int, given, outputs: int) -> list:
+    """ONNX Split's part sizes along an axis of `dim`: `given`, else `outputs` parts, the last smaller."""
+    if given is not None:
+        sizes = [int(v) for v in given]
+    else:
+        chunk = -(-dim // outputs)
+        sizes = [min(chunk, dim - k * chunk) for k in range(outputs)]
+    if sum(sizes) != dim or min(sizes) < 0:
+        raise ValueError(f"split sizes {sizes} do not add up to {dim}")
+    return sizes
+
+
 def _slice_nodes(cx, x, axis: int, ranges: list, suffix: str = "") -> list:
     """One slice node per (start, stop, step) on `axis` (Python's slice semantics, clamped as ONNX)."""
     out = []
@@ -132,16 +160,11 @@ def _onnx_slice(cx, ins, a):
 def _onnx_split(cx, ins, a):
     x = ins[0]
     axis = a.get("axis", 0) % len(x.shape)
-    if len(ins) > 1 and ins[1] is not None:
-        sizes = _ints(cx, ins[1], "split")
-    elif "split" in a:
-        sizes = list(a["split"])
-    else:
-        n = a.get("num_outputs", len(cx.node.output))
-        chunk = -(-x.shape[axis] // n)
-        sizes = [min(chunk, x.shape[axis] - k * chunk) for k in range(n)]
-    if sum(sizes) != x.shape[axis] or min(sizes) < 0:
-        raise cx.fail(f"split sizes {sizes} do not add up to axis {axis} of {list(x.shape)}")
+    given = _ints(cx, ins[1], "split") if len(ins) > 1 and ins[1] is not None else a.get("split")
+    try:
+        sizes = split_sizes(x.shape[axis], given, a.get("num_outputs", len(cx.node.output)))
+    except ValueError as e:
+        raise cx.fail(f"{e} (axis {axis} of {list(x.shape)})") from None
     starts = np.cumsum([0] + sizes[:-1])
     return _slice_nodes(cx, x, axis, [(int(s), int(s) + n, 1) for s, n in zip(starts, sizes)])
 
@@ -150,21 +173,15 @@ def _onnx_squeeze(unsqueeze: bool):
     def imp(cx, ins, a):
         x = ins[0]
         axes = _ints(cx, ins[1], "axes") if len(ins) > 1 and ins[1] is not None else a.get("axes")
-        shape = list(x.shape)
-        if unsqueeze:
-            rank = len(shape) + len(axes)
-            for ax in sorted(ax % rank for ax in axes):
-                shape.insert(ax, 1)
-        else:
-            drop = {ax % len(shape) for ax in axes} if axes is not None else {k for k, d in enumerate(shape) if d == 1}
-            if any(shape[ax] != 1 for ax in drop):
-                raise cx.fail(f"cannot squeeze axes {sorted(drop)} of {list(x.shape)}")
-            shape = [d for k, d in enumerate(shape) if k not in drop]
+        try:
+            shape = unsqueeze_shape(x.shape, axes) if unsqueeze else squeeze_shape(x.shape, axes)
+        except ValueError as e:
+            raise cx.fail(str(e)) from None
         return [cx.add("reshape", [x], {"shape": shape})]
     return imp
 
 
-def onnx_gather_at(cx, x, idx: np.ndarray, axis: int):
+def _onnx_gather_at(cx, x, idx: np.ndarray, axis: int):
     """Gather of an activation at constant indices: slices (and a reshape, or a concat)."""
     d = x.shape[axis]
     flat = [int(i) for i in idx.reshape(-1)]
@@ -222,7 +239,7 @@ def _onnx_gather(cx, ins, a):
     axis = a.get("axis", 0) % len(x.shape)
     if not idx.is_const:
         return [cx.add("gather", [x, idx], {"axis": axis})]
-    return [onnx_gather_at(cx, x, np.asarray(idx.data), axis)]
+    return [_onnx_gather_at(cx, x, np.asarray(idx.data), axis)]
 
 
 def _flatten_infer(node):
@@ -303,34 +320,34 @@ def _onnx_pad(cx, ins, a):
 
 
 register(
-    OpDef(name="flatten", pattern=Pattern.INJECTIVE, infer=_flatten_infer,
+    OpDef(name="flatten", pattern=Pattern.INJECTIVE, integers=True, infer=_flatten_infer,
           evaluate=lambda n, args: args[0].reshape(n.output.shape),
           te=lambda n, ins, name: reshape(ins[0], n.output.shape, name),
           onnx_in={"Flatten": onnx_plain("flatten", lambda ins, a: {"axis": a.get("axis", 1) % max(1, len(ins[0].shape))})},
           onnx_out=export_as("Flatten", lambda n: {"axis": n.attrs["axis"]})),
-    OpDef(name="reshape", pattern=Pattern.INJECTIVE, infer=_reshape_infer,
+    OpDef(name="reshape", pattern=Pattern.INJECTIVE, integers=True, infer=_reshape_infer,
           evaluate=lambda n, args: args[0].reshape(n.attrs["shape"]),
           te=lambda n, ins, name: reshape(ins[0], n.output.shape, name),
           onnx_in={"Reshape": _onnx_reshape, "Squeeze": _onnx_squeeze(False), "Unsqueeze": _onnx_squeeze(True)},
           onnx_out=lambda ex, n, ins: ex.emit(n, "Reshape", ins + [ex.tensor(f"{n.name}_shape", n.attrs["shape"])])),
-    OpDef(name="transpose", pattern=Pattern.INJECTIVE,
+    OpDef(name="transpose", pattern=Pattern.INJECTIVE, integers=True,
           infer=lambda n: (tuple(n.inputs[0].shape[p] for p in n.attrs["perm"]), n.inputs[0].dtype, ""),
           evaluate=lambda n, args: np.ascontiguousarray(args[0].transpose(n.attrs["perm"])),
           te=lambda n, ins, name: transpose(ins[0], tuple(n.attrs["perm"]), name),
           onnx_in={"Transpose": onnx_plain("transpose", lambda ins, a: {
               "perm": a.get("perm", list(range(len(ins[0].shape)))[::-1])})},
           onnx_out=export_as("Transpose", lambda n: {"perm": n.attrs["perm"]})),
-    OpDef(name="concat", pattern=Pattern.INJECTIVE, infer=_concat_infer,
+    OpDef(name="concat", pattern=Pattern.INJECTIVE, integers=True, infer=_concat_infer,
           evaluate=lambda n, args: np.concatenate(args, axis=n.attrs["axis"]),
           te=lambda n, ins, name: concat(ins, n.attrs["axis"], name),
           onnx_in={"Concat": onnx_plain("concat", lambda ins, a: {"axis": a["axis"] % len(ins[0].shape)})},
           onnx_out=export_as("Concat", lambda n: {"axis": n.attrs["axis"]})),
-    OpDef(name="pad", pattern=Pattern.INJECTIVE, infer=_pad_infer, evaluate=_pad_eval, te=_pad_te,
+    OpDef(name="pad", pattern=Pattern.INJECTIVE, integers=True, infer=_pad_infer, evaluate=_pad_eval, te=_pad_te,
           onnx_in={"Pad": _onnx_pad}),
-    OpDef(name="gather", pattern=Pattern.INJECTIVE, infer=_gather_infer, evaluate=_gather_eval,
+    OpDef(name="gather", pattern=Pattern.INJECTIVE, integers=True, infer=_gather_infer, evaluate=_gather_eval,
           te=lambda n, ins, name: gather(ins[0], ins[1], n.attrs["axis"], name),
           onnx_in={"Gather": _onnx_gather}, onnx_out=export_as("Gather", lambda n: {"axis": n.attrs["axis"]})),
-    OpDef(name="slice", pattern=Pattern.INJECTIVE, infer=_slice_infer, evaluate=_slice_eval,
+    OpDef(name="slice", pattern=Pattern.INJECTIVE, integers=True, infer=_slice_infer, evaluate=_slice_eval,
           te=lambda n, ins, name: strided_slice(ins[0], n.attrs["begin"], n.attrs["step"], n.attrs["shape"], name),
           onnx_in={"Slice": _onnx_slice, "Split": _onnx_split}, onnx_out=_export_slice),
 )

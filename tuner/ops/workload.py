@@ -52,9 +52,14 @@ class Workload:
     def p(self) -> dict:
         return dict(self.params)
 
+    @property
+    def logged_op(self) -> str:
+        """The operator name its keys are hashed with and its logs were first written under."""
+        return WORKLOADS[self.op].key_name or self.op
+
     @cached_property
     def key(self) -> str:
-        blob = json.dumps({"op": WORKLOADS[self.op].key_name or self.op, "params": [list(kv) for kv in self.params], "layout": self.layout,
+        blob = json.dumps({"op": self.logged_op, "params": [list(kv) for kv in self.params], "layout": self.layout,
                            "dtype": self.dtype}, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 # where a step's schedule came from (besides a log path)
 SHIPPED, DEFAULT, GENERIC = "shipped", "default", "generic"
 
+FLOAT_EXACT = 1 << 24      # integers below this magnitude are exact in float32, as integer inputs travel
+
 
 @dataclass
 class Arg:

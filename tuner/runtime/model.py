@@ -27,7 +27,7 @@ from ..errors import TunerError, UserError
 from ..target import ISAS, host_isa, parse_target
 from ..te.layouts import plan_summary
 from ..toolchain.library import aligned_empty, content_hash, open_library, pointer_array
-from .artifact import DECLARED, DEFAULT, GENERIC, SHIPPED, Step, declaration
+from .artifact import DECLARED, DEFAULT, FLOAT_EXACT, GENERIC, SHIPPED, Step, declaration
 
 META = "model.json"
 WEIGHTS = "weights.bin"
@@ -158,7 +158,7 @@ class CompiledModel:
                 if a.size and (a.min() < lo or a.max() >= hi):
                     bad = int(a.min() if a.min() < lo else a.max())
                     raise UserError(f"input {s['name']} holds {bad}, outside [{lo}, {hi}): "
-                                    f"{'an index past the table it looks up' if hi < (1 << 24) else 'too large'}")
+                                    f"{'an index past the table it looks up' if hi < FLOAT_EXACT else 'too large'}")
                 out.append(np.ascontiguousarray(a, dtype=s["carried"]))
                 continue
             out.append(np.ascontiguousarray(a, dtype=s["dtype"]))     # a copy unless C-ordered and native

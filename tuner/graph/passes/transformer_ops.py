@@ -17,8 +17,13 @@ from .base import register
 from .simple import dead_code_elimination
 
 
-def _const(v, value: float) -> bool:
-    return v.is_const and v.data.size == 1 and abs(float(v.data.reshape(-1)[0]) - value) <= 1e-6 * abs(value)
+def _scalar(v) -> float | None:
+    """The value of a one-element constant, else None."""
+    return float(v.data.reshape(-1)[0]) if v.is_const and v.data.size == 1 else None
+
+
+def _near(a: float | None, b: float) -> bool:
+    return a is not None and abs(a - b) <= 1e-6 * abs(b)
 
 
 def _op(v, op: str):
@@ -26,57 +31,40 @@ def _op(v, op: str):
     return v.producer if v.producer is not None and v.producer.op == op else None
 
 
-def _other(node, v):
-    """The other operand of a binary node one of whose operands is v, else None."""
-    a, b = node.inputs
-    return b if a is v else a if b is v else None
+def _factors(v, depth: int) -> tuple:
+    """(values, constant) with v = product(values) * constant, looking through `depth` levels of
+    mul nodes and divisions by a constant."""
+    mul, div = _op(v, "mul"), _op(v, "div")
+    if depth and mul is not None:
+        (va, ca), (vb, cb) = (_factors(u, depth - 1) for u in mul.inputs)
+        return va + vb, ca * cb
+    if depth and div is not None and _scalar(div.inputs[1]):
+        vals, c = _factors(div.inputs[0], depth - 1)
+        return vals, c / _scalar(div.inputs[1])
+    c = _scalar(v)
+    return ((), c) if c is not None else ((v,), 1.0)
 
 
 def _erf_arg(v):
-    """x when v is 1 + erf(x / sqrt 2) (or erf(x * 1/sqrt 2) + 1), else None."""
+    """x when v is 1 + erf(x / sqrt 2) (the scale in any form _factors reads), else None."""
     add = _op(v, "add")
-    if add is None:
+    erf = next((_op(u, "erf") for u in add.inputs if _op(u, "erf") is not None), None) if add is not None else None
+    if erf is None or not _near(_scalar(add.inputs[1] if add.inputs[0] is erf.output else add.inputs[0]), 1.0):
         return None
-    erf = next((_op(u, "erf") for u in add.inputs if _op(u, "erf") is not None), None)
-    if erf is None or not _const(_other(add, erf.output), 1.0):
-        return None
-    z = erf.inputs[0]
-    div, mul = _op(z, "div"), _op(z, "mul")
-    if div is not None and _const(div.inputs[1], float(np.sqrt(2.0))):
-        return div.inputs[0]
-    if mul is not None:
-        for u in mul.inputs:
-            if _const(_other(mul, u), float(1 / np.sqrt(2.0))) and not u.is_const:
-                return u
-    return None
-
-
-def _halved(v, x) -> bool:
-    """v is x * 0.5 (or x / 2)."""
-    mul, div = _op(v, "mul"), _op(v, "div")
-    return ((mul is not None and _other(mul, x) is not None and _const(_other(mul, x), 0.5))
-            or (div is not None and div.inputs[0] is x and _const(div.inputs[1], 2.0)))
+    vals, c = _factors(erf.inputs[0], 1)
+    return vals[0] if len(vals) == 1 and _near(c, 2 ** -0.5) else None
 
 
 def _gelu_input(node):
-    """x when `node` (a mul) computes gelu(x) in one of the associations exporters write, else None."""
-    a, b = node.inputs
-    for p, q in ((a, b), (b, a)):
-        x = _erf_arg(p)
-        if x is not None and _halved(q, x):                # (x * 0.5) * (1 + erf)
+    """x when `node` (a mul) is x * (1 + erf(x / sqrt 2)) * 0.5, the three factors in any association
+    (as exporters write them), else None."""
+    (va, ca), (vb, cb) = (_factors(u, 1) for u in node.inputs)
+    vals, c = va + vb, ca * cb
+    if len(vals) != 2 or not _near(c, 0.5):
+        return None
+    for x, other in (vals, vals[::-1]):
+        if _erf_arg(other) is x:
             return x
-        inner = _op(p, "mul")                          # (x * (1 + erf)) * 0.5
-        if inner is not None and _const(q, 0.5):
-            for u in inner.inputs:
-                x = _erf_arg(u)
-                if x is not None and _other(inner, u) is x:
-                    return x
-        if not p.is_const:                             # x * ((1 + erf) * 0.5)
-            inner = _op(q, "mul")
-            if inner is not None:
-                for u in inner.inputs:
-                    if _erf_arg(u) is p and _const(_other(inner, u), 0.5):
-                        return p
     return None
 
 
@@ -96,13 +84,12 @@ def _layer_norm_parts(node):
         return None
     m2, eps = (add.inputs if add.inputs[1].is_const else add.inputs[::-1])
     mean2 = _op(m2, "mean")
-    if (mean2 is None or not eps.is_const or eps.data.size != 1 or mean2.attrs["axes"] != last
-            or not mean2.attrs.get("keepdims", 1)):
+    if mean2 is None or _scalar(eps) is None or mean2.attrs["axes"] != last or not mean2.attrs.get("keepdims", 1):
         return None
     sq = _op(mean2.inputs[0], "mul")
     if sq is None or sq.inputs[0] is not d or sq.inputs[1] is not d:
         return None
-    return x, float(eps.data.reshape(-1)[0])
+    return x, _scalar(eps)
 
 
 def _over_last_axis(c, x) -> np.ndarray | None:
