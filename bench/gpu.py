@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +42,12 @@ def workload(item: str, layout: str):
     name, _, batch = item.partition("@")
     wl = bench_workload(name, layout)
     return make(wl.op, {**wl.p, "N": int(batch)}, wl.layout) if batch else wl
+
+
+def gpu_name() -> str:
+    import pycuda.autoprimaryctx  # noqa: F401
+    import pycuda.driver as drv
+    return drv.Context.get_device().name()
 
 
 def peak_gflops() -> float:
@@ -79,9 +86,9 @@ def time_torch(fn, repeat: int = 3, min_ms: float = 30.0) -> float:
         return statistics.median(time_launches(_TorchEvents, fn, repeat, min_ms))
 
 
-def bench_one(item, layout, target, trials, log, rounds, progress, policy):
+def bench_one(item, layout, target, trials, log, rounds, progress, policy, time_limit=None):
     wl = workload(item, layout)
-    s = tune_op(wl, target=target, trials=trials, log=log, progress=progress, policy=policy)
+    s = tune_op(wl, target=target, trials=trials, log=log, progress=progress, policy=policy, time_limit=time_limit)
     kernel = build_op(wl, target=target, log=log, use_shipped=False, quiet=True)
     arrays = wl.random_inputs(seed=1)
     np.testing.assert_allclose(kernel(*arrays), wl.reference(arrays), rtol=2e-3, atol=2e-3)
@@ -110,6 +117,7 @@ def main(argv=None):
     ap.add_argument("--layout", default="NHWC", help="conv layout")
     ap.add_argument("--trials", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
+    ap.add_argument("--time-limit", type=float, default=None, help="seconds of tuning per workload at most")
     ap.add_argument("--search", default="evolutionary")
     ap.add_argument("--log-dir", default="logs/bench")
     ap.add_argument("--out", default=None)
@@ -122,23 +130,37 @@ def main(argv=None):
     peak = peak_gflops()
     Path(args.log_dir).mkdir(parents=True, exist_ok=True)
     log = str(Path(args.log_dir) / f"gpu.{target.arch}.{args.layout}.jsonl")
-    rows = []
-    for item in [w.strip() for w in args.workloads.split(";") if w.strip()]:
-        row = bench_one(item, args.layout, target, args.trials, log, args.rounds, not args.no_progress, args.search)
-        row["fraction_of_peak"] = row["tuner_gflops"] / peak
-        rows.append(row)
-        print(f"{item:<24} tuner {row['tuner_gflops']:8.0f} GFLOPS  torch {row['torch_gflops']:8.0f}  "
-              f"ratio {row['ratio_vs_torch']:.2f}  peak {row['fraction_of_peak']:.2f}", flush=True)
-    b16 = [r for r in rows if r["workload"].endswith("@16")]
-    rates = [r["candidates_per_minute"] for r in rows if r["candidates_per_minute"]]
-    summary = {"peak_gflops": peak,
-               "geomean_ratio_vs_torch_r50_b16": _geomean([r["ratio_vs_torch"] for r in b16]) if b16 else None,
-               "median_candidates_per_minute": statistics.median(rates) if rates else None}
+    rows, items = [], [w.strip() for w in args.workloads.split(";") if w.strip()]
+    try:
+        for item in items:
+            try:
+                row = bench_one(item, args.layout, target, args.trials, log, args.rounds, not args.no_progress,
+                                args.search, args.time_limit)
+            except Exception:           # one workload's failure is a finding; the others still run
+                traceback.print_exc()
+                print(f"{item}: FAILED (above)", flush=True)
+                continue
+            row["fraction_of_peak"] = row["tuner_gflops"] / peak
+            rows.append(row)
+            print(f"{item:<24} tuner {row['tuner_gflops']:8.0f} GFLOPS  torch {row['torch_gflops']:8.0f}  "
+                  f"ratio {row['ratio_vs_torch']:.2f}  peak {row['fraction_of_peak']:.2f}", flush=True)
+            _write(args, target, peak, rows, items)        # each row as it comes: a lease can end mid-run
+    except KeyboardInterrupt:
+        print(f"interrupted after {len(rows)} of {len(items)} workloads", flush=True)
     print()
     print(_table(rows))
-    print(summary)
-    write_results("gpu", args.out, {"machine": {"target": str(target)}, "args": vars(args), "summary": summary,
-                                    "rows": rows})
+    print(_write(args, target, peak, rows, items)["summary"])
+
+
+def _write(args, target, peak, rows, items) -> dict:
+    b16 = [r for r in rows if r["workload"].endswith("@16")]
+    rates = [r["candidates_per_minute"] for r in rows if r["candidates_per_minute"]]
+    summary = {"peak_gflops": peak, "workloads_done": f"{len(rows)}/{len(items)}",
+               "geomean_ratio_vs_torch_r50_b16": _geomean([r["ratio_vs_torch"] for r in b16]) if b16 else None,
+               "median_candidates_per_minute": statistics.median(rates) if rates else None}
+    payload = {"machine": {"target": str(target), "gpu": gpu_name()}, "args": vars(args), "summary": summary, "rows": rows}
+    write_results("gpu", args.out, payload)
+    return payload
 
 
 if __name__ == "__main__":
