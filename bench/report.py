@@ -34,12 +34,15 @@ def slug(text: str) -> str:
 
 
 def host_of(data: dict) -> dict:
-    """{cpu, isa, cores} as far as the file says: its `host` object, else a `target` string."""
+    """{cpu, isa, cores, gpu} as far as the file says: its `host` and `machine` objects, else a `target` string."""
     host = data.get("host") if isinstance(data.get("host"), dict) else {}
+    machine = data.get("machine") if isinstance(data.get("machine"), dict) else {}
     facts = {k: host[k] for k in ("cpu", "isa", "cores") if host.get(k) not in (None, "")}
+    if machine.get("gpu"):
+        facts["gpu"] = machine["gpu"]
     target = data.get("target")
-    if target is None and isinstance(data.get("machine"), dict):
-        target = data["machine"].get("target")
+    if target is None:
+        target = machine.get("target")
     if isinstance(target, str):
         for key, value in re.findall(r"-(isa|cores|arch)=(\S+)", target):
             facts.setdefault("isa" if key == "arch" else key, value)
@@ -49,7 +52,8 @@ def host_of(data: dict) -> dict:
 def host_slug(facts: dict) -> str:
     if not facts:
         return "host-unrecorded"
-    parts = [facts.get("cpu", ""), facts.get("isa", ""), f"{facts['cores']}c" if "cores" in facts else ""]
+    parts = [facts.get("gpu", ""), facts.get("cpu", ""), facts.get("isa", ""),
+             f"{facts['cores']}c" if "cores" in facts else ""]
     return slug(" ".join(p for p in parts if p))
 
 
@@ -59,7 +63,8 @@ def host_title(facts: dict) -> str:
     text = facts.get("cpu", "CPU model not recorded")
     extra = [f"ISA {facts['isa']}" if "isa" in facts else "", f"{facts['cores']} cores" if "cores" in facts else ""]
     extra = [e for e in extra if e]
-    return f"{text} ({', '.join(extra)})" if extra else text
+    text = f"{text} ({', '.join(extra)})" if extra else text
+    return f"{facts['gpu']} on {text}" if "gpu" in facts else text
 
 
 def date_of(path: Path, data: dict) -> str:

@@ -302,6 +302,25 @@ def test_shipped_pretrained_model_loads_with_these_features(isa):
     assert np.isfinite(m.predict(feats)).all() and m.base_info["records"] > 1000
 
 
+def test_the_shipped_gpu_model_ranks_the_shipped_gpu_schedules_and_stands_in_for_other_gpus():
+    from tuner.cost_model.dataset import FeatureCache, from_records
+    from tuner.cost_model.pretrain import shipped_model
+    from tuner.database import records
+    from tuner.search.evolutionary import shared_model
+    sm90 = parse_target("cuda -arch=sm_90")
+    path = shipped_model(sm90)
+    assert path is not None and path.stem == "cuda-sm_90", "tuner/cost_model/pretrained/cuda-sm_90.ubj is missing"
+    recs = records.load(str(records.shipped_database(sm90)), warn=False).records
+    feats, lats, _ = from_records(recs, FeatureCache())
+    assert len(feats) == len(recs) >= 8
+    m = XGBModel.pretrained_from(str(path))
+    assert np.isfinite(m.predict(feats)).all() and m.base_info["records"] > 1000
+    sm80 = parse_target("cuda -arch=sm_80")
+    assert shipped_model(sm80).stem == "cuda-sm_90"
+    assert "the cuda-sm_90 model stands in" in shared_model(sm80, 0, None).describe()
+    assert "stands in" not in shared_model(sm90, 0, None).describe()
+
+
 def test_an_isa_without_a_shipped_model_gets_a_stand_in_and_says_so():
     from tuner.cost_model.pretrain import shipped_model
     from tuner.search.evolutionary import shared_model

@@ -2,8 +2,8 @@
 
 A model trained on other tasks' measurements already orders a new task's candidates well
 (bench/cost_model.py, "transfer"), so a search that starts from one skips its random warm-up.
-`tuner/schedules/` ships the best schedules; `tuner/cost_model/pretrained/` ships one model per ISA,
-trained on this project's benchmark logs by `tuner pretrain`.
+`tuner/schedules/` ships the best schedules; `tuner/cost_model/pretrained/` ships one model per target
+kind and ISA (cpu-avx2, cuda-sm_90), trained on this project's benchmark logs by `tuner pretrain`.
 """
 from __future__ import annotations
 
@@ -27,12 +27,20 @@ STAND_INS = {"avx2": ("avx512",), "sse": ("avx2", "avx512"), "avx512": ("avx2",)
 
 
 def shipped_model(target) -> Path | None:
-    """The shipped pre-trained model for the target's ISA, else one that stands in (STAND_INS), or None."""
+    """The shipped pre-trained model for the target's kind and ISA (cpu-avx2, cuda-sm_90), else one
+    that stands in: STAND_INS for a CPU, the nearest compute capability shipped for a GPU; or None."""
     for isa in (target.isa, *STAND_INS.get(target.isa, ())):
-        path = PRETRAINED_DIR / f"cpu-{isa}.ubj"
+        path = PRETRAINED_DIR / f"{target.kind}-{isa}.ubj"
         if path.exists():
             return path
+    if target.kind == "cuda":
+        near = sorted(PRETRAINED_DIR.glob("cuda-sm_*.ubj"), key=lambda p: abs(_sm(p.stem) - _sm(target.isa)))
+        return near[0] if near else None
     return None
+
+
+def _sm(text: str) -> int:
+    return int(text.rpartition("sm_")[2] or 0)
 
 
 def pretrain(logs: list, exclude: set = frozenset(), objective: str = "pack-sum", seed: int = 0,

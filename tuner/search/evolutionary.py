@@ -234,7 +234,7 @@ def shared_model(tgt, seed: int, cost_model_from: list | None) -> "SharedModel":
     if sources is None:
         shipped = shipped_model(tgt)
         sources = [str(shipped)] if shipped else []
-        if shipped and shipped.stem != f"cpu-{tgt.isa}":
+        if shipped and shipped.stem != f"{tgt.kind}-{tgt.isa}":
             stand_in = f"no model is shipped for {tgt.isa}: the {shipped.stem} model stands in"
     sources = [p for p in sources if str(p).lower() != "none"]
     logs = [p for p in sources if str(p).endswith(".jsonl")]
