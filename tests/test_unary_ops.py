@@ -1,5 +1,7 @@
 """The unary ops transformers use (the pieces of GELU and of a decomposed LayerNorm): Erf, Tanh,
 Exp, Sqrt, Neg, imported, interpreted and compiled against ONNX Runtime."""
+import math
+
 import numpy as np
 import onnx
 import pytest
@@ -40,12 +42,70 @@ def test_every_unary_op_interprets_as_onnxruntime_computes_it(tmp_path_factory, 
     np.testing.assert_allclose(interp.run(load_onnx(path), x)[0], ort_run(path, x)[0], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("shape", [(1, 3, 5, 7), (2, 3, 32)], ids=["lane by lane", "vectorised"])
 @pytest.mark.parametrize("op", OPS)
-def test_every_unary_op_compiles_to_what_onnxruntime_computes(tmp_path, tmp_cache, op):
-    path = _model(op, (1, 3, 5, 7), tmp_path / "u.onnx")
-    x = (np.random.default_rng(1).standard_normal((1, 3, 5, 7)) * 2).astype(np.float32)
+def test_every_unary_op_compiles_to_what_onnxruntime_computes(tmp_path, tmp_cache, op, shape):
+    path = _model(op, shape, tmp_path / "u.onnx")
+    x = (np.random.default_rng(1).standard_normal(shape) * 2).astype(np.float32)
     m = compile_model(str(path), target="cpu -threads=1", use_shipped=False)
     np.testing.assert_allclose(m.run(x)[0], ort_run(path, x)[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def vector_math():
+    """The PRELUDE's W-lane erf and exp, each over an array, built for this host."""
+    import ctypes
+    from tuner.codegen.c import PRELUDE
+    from tuner.target import parse_target
+    from tuner.toolchain.cc import compile_library
+    loops = "".join(f"void {f}{w}(const float* a, float* b, int n) {{ for (int i = 0; i < n; i += {w}) "
+                    f"*(f32x{w}*)&b[i] = tuner_{f}{w}(*(const f32x{w}*)&a[i]); }}\n"
+                    for f in ("erf", "exp") for w in (4, 8, 16))
+    path, err = compile_library(PRELUDE + loops, list(parse_target("cpu -threads=1").cflags))
+    assert err is None, err
+    lib = ctypes.CDLL(path)
+
+    def run(name, x):
+        y = np.empty_like(x)
+        ptr = ctypes.POINTER(ctypes.c_float)
+        getattr(lib, name)(x.ctypes.data_as(ptr), y.ctypes.data_as(ptr), ctypes.c_int(len(x)))
+        return y
+    return run
+
+
+FLOATS = st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True) | st.floats(-120, 120, width=32),
+                  min_size=16, max_size=16)
+
+
+@settings(max_examples=200, deadline=None)
+@given(xs=FLOATS, lanes=st.sampled_from([4, 8, 16]))
+def test_vector_erf_and_exp_are_the_exact_functions_rounded_at_every_float(vector_math, xs, lanes):
+    x = np.array(xs, np.float32)
+    ref_erf = np.array([math.erf(float(v)) if v == v else v for v in x])
+    got = vector_math(f"erf{lanes}", x)
+    assert np.array_equal(np.isnan(got), np.isnan(x))
+    assert (np.abs(got - ref_erf) <= 5e-7)[~np.isnan(x)].all(), (x, got - ref_erf)
+    got = vector_math(f"exp{lanes}", x)
+    with np.errstate(over="ignore", invalid="ignore"):
+        ref = np.exp(x.astype(np.float64))
+        err = np.abs(got - ref)
+    normal = (ref >= 1.2e-38) & (ref <= 3.4e38)
+    assert np.array_equal(np.isnan(got), np.isnan(x))
+    assert (err <= 2e-7 * ref)[normal].all(), (x[normal], got[normal] / ref[normal] - 1)
+    assert (got[x > 88.73] == np.inf).all() and (got[x < -87.34] <= 1.2e-38).all()
+
+
+def test_a_gelu_epilogue_runs_vectorised_and_computes_the_reference(tmp_cache):
+    from tuner.build import build_op
+    from tuner.ops import resolve
+    from tuner.target import parse_target
+    from tuner.task import Task
+    wl = resolve("dense:N=8,C=32,K=64,bias=1,act=gelu", None)
+    target = parse_target("cpu -threads=1")
+    assert f"tuner_erf{target.lanes}(" in Task(wl, target).default_candidate().source
+    arrays = wl.random_inputs(seed=3)
+    np.testing.assert_allclose(build_op(wl, target=target, use_shipped=False, quiet=True)(*arrays),
+                               wl.reference(arrays), rtol=1e-5, atol=1e-6)
 
 
 def test_gelu_in_its_erf_form_compiles_to_what_onnxruntime_computes(tmp_path, tmp_cache):

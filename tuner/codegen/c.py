@@ -4,7 +4,8 @@ Every kernel has the signature `int name(float** args)` (inputs, then output), s
 can run and time any of them. Vectorised loops become explicit vector statements: a load whose
 address moves by one element per lane is a vector load, one that does not move is a scalar that
 broadcasts, anything else is gathered lane by lane. A body that cannot be vectorised (a condition
-or a math call that depends on the lane) falls back to a scalar loop under `omp simd`.
+or a math call other than erf and exp that depends on the lane) falls back to a scalar loop under
+`omp simd`: GCC calls the C library lane by lane there, so erf and exp have vector versions here.
 """
 from __future__ import annotations
 
@@ -38,12 +39,47 @@ static inline f32x8 tuner_min8(f32x8 a, f32x8 b) { return TUNER_VSEL(8, ~(a >= b
 static inline f32x4 tuner_min4(f32x4 a, f32x4 b) { return TUNER_VSEL(4, ~(a >= b) & (b == b), a, b); }
 static inline float tuner_fmax(float a, float b) { return (!(a <= b) && b == b) ? a : b; }
 static inline float tuner_fmin(float a, float b) { return (!(a >= b) && b == b) ? a : b; }
+/* erf and exp of W lanes, for vectorised loops (the C library's are called lane by lane).
+   erf: x P(x^2) / Q(x^2) on [-4, 4], where float erf is +-1 beyond (the rational approximation
+   Eigen and XLA use), 4.2e-7 from erf at most. exp: 2^n e^r with n = round(x / ln 2) and
+   r = x - n ln 2 (ln 2 in two parts), e^r by Cephes' degree-5 polynomial, 8.4e-8 relative at
+   most; 2^n as two powers made in the exponent bits; 0 below the normal floats, inf above the
+   largest; NaN stays NaN in both. */
+#define TUNER_VMATH(W) \\
+static inline f32x##W tuner_erf##W(f32x##W x) { \\
+  f32x##W four = (f32x##W){0} + 4.0f, c = TUNER_VSEL(W, x > four, four, x); \\
+  c = TUNER_VSEL(W, c < -four, -four, c); \\
+  f32x##W z = c * c, p = z * -2.72614225801306e-10f + 2.77068142495902e-08f, q = z * -1.45660718464996e-05f - 2.13374055278905e-04f; \\
+  p = p * z - 2.10102402082508e-06f; p = p * z - 5.69250639462346e-05f; p = p * z - 7.34990630326855e-04f; \\
+  p = p * z - 2.95459980854025e-03f; p = p * z - 1.60960333262415e-02f; \\
+  q = q * z - 1.68282697438203e-03f; q = q * z - 7.37332916720468e-03f; q = q * z - 1.42647390514189e-02f; \\
+  return c * p / q; \\
+} \\
+static inline f32x##W tuner_exp##W(f32x##W x) { \\
+  f32x##W hi = (f32x##W){0} + 88.7228391f, lo = (f32x##W){0} - 87.3365479f, zero = (f32x##W){0}; \\
+  f32x##W c = TUNER_VSEL(W, x > hi, hi, x); \\
+  c = TUNER_VSEL(W, c < lo, lo, c); \\
+  c = TUNER_VSEL(W, c == c, c, zero); \\
+  f32x##W n = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f; \\
+  f32x##W r = c - n * 0.693359375f + n * 2.12194440e-4f; \\
+  f32x##W p = r * 1.9875691500e-4f + 1.3981999507e-3f; \\
+  p = p * r + 8.3334519073e-3f; p = p * r + 4.1665795894e-2f; p = p * r + 1.6666665459e-1f; p = p * r + 5.0000001201e-1f; \\
+  i32x##W k = __builtin_convertvector(n, i32x##W), h = k >> 1; \\
+  f32x##W y = (p * r * r + r + 1.0f) * (f32x##W)((h + 127) << 23) * (f32x##W)((k - h + 127) << 23); \\
+  y = TUNER_VSEL(W, x > hi, zero + __builtin_inff(), y); \\
+  y = TUNER_VSEL(W, x < lo, zero, y); \\
+  return TUNER_VSEL(W, x == x, y, x); \\
+}
+TUNER_VMATH(16)
+TUNER_VMATH(8)
+TUNER_VMATH(4)
 static inline int tuner_floordiv(int a, int b) { int q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
 static inline int tuner_floormod(int a, int b) { int r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 """
 
 _CALLS = {"exp": "expf", "sqrt": "sqrtf", "tanh": "tanhf", "log": "logf", "erf": "erff", "pow": "powf",
           "trunc": "truncf"}
+VECTOR_CALLS = ("erf", "exp")      # with a W-lane version in PRELUDE (tuner_erfW, tuner_expW)
 
 
 class NotVectorizable(Exception):
@@ -304,6 +340,9 @@ class CGen:
             b = b if bv else f"(({vt}){{0}} + ({b}))"
             fn = f"tuner_{'max' if isinstance(e, Max) else 'min'}{lanes}"
             return f"{fn}({a}, {b})", True
+        if isinstance(e, Call) and e.name in VECTOR_CALLS:
+            a, av = self.vexpr(e.args[0], lane, lanes, extra)
+            return f"tuner_{e.name}{lanes}({a if av else f'(({vt}){{0}} + ({a}))'})", True
         if isinstance(e, Select) and lane not in free_vars(e.cond):
             a, av = self.vexpr(e.then, lane, lanes, extra)
             b, bv = self.vexpr(e.other, lane, lanes, extra)
