@@ -210,7 +210,9 @@ class SearchSpace(DagSketch):
         last = [d for d in self.last_options if d <= self.target.lanes]
         tile = [[1, 1, 1] for _ in shape]
         others = [d for d in range(len(shape) - 1) if shape[d] > 1]
-        if not others:
+        if len(shape) in (2, 3) and shape[-2] > 1 and self.reduce_axes and not self.table:
+            self._gemm_tile(tile)
+        elif not others:
             wide = [d for d in self.last_options if d <= 4 * self.target.lanes]
             tile[-1][2] = max(wide) if wide else 1
         else:
@@ -230,6 +232,20 @@ class SearchSpace(DagSketch):
         if self.epilogues:
             dec["epilogue"] = "fused"
         return dec
+
+    def _gemm_tile(self, tile: list) -> None:
+        """The default tile of a GEMM-shaped output ([batch,] rows, cols: dense, batch_matmul): a
+        register tile of up to 3 vectors of columns by as many rows as keep 3/4 of the vector
+        registers for accumulators (the rest hold the column vectors and a row's broadcast), and
+        every row tile inside each column tile, so that the constant operand's panel for those
+        columns stays in cache while all rows pass over it (rows outside: it streams from memory
+        once per row tile)."""
+        lanes, rows = self.target.lanes, self.out_shape[-2]
+        accumulators = (32 if lanes >= 16 else 16) * 3 // 4
+        wide = [d for d in self.last_options if d % lanes == 0 and d <= 3 * lanes]
+        tile[-1][2] = max(wide) if wide else max(self.last_options)
+        r = max(x for x in divisors(rows) if x * max(1, self._vectors(tile[-1][2])) <= accumulators)
+        tile[-2] = [rows // r, 1, r]
 
     # ------------------------------------------------------------ decisions -> steps
     def steps(self, dec: dict) -> list:
