@@ -123,3 +123,23 @@ def test_gelu_in_its_erf_form_compiles_to_what_onnxruntime_computes(tmp_path, tm
     x = (np.random.default_rng(2).standard_normal(shape) * 3).astype(np.float32)
     m = compile_model(str(path), target="cpu -threads=1", use_shipped=False)
     np.testing.assert_allclose(m.run(x)[0], ort_run(path, x)[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [[2, 3, 16, 32], [5, 7]])
+def test_a_softmax_runs_its_exp_vectorised_where_rows_allow_and_computes_what_onnxruntime_computes(
+        tmp_path, tmp_cache, shape):
+    from tuner.target import parse_target
+    g = helper.make_graph([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], "softmax",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
+    path = tmp_path / "s.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    m = compile_model(str(path), target="cpu -threads=1", use_shipped=False)
+    x = (np.random.default_rng(0).standard_normal(shape) * 4).astype(np.float32)
+    np.testing.assert_allclose(m.run(x)[0], ort_run(path, x)[0], rtol=1e-5, atol=1e-6)
+    m.save(str(tmp_path / "built"))
+    from tuner.codegen.c import PRELUDE
+    source = (tmp_path / "built" / "model.c").read_text()
+    assert PRELUDE in source
+    vectorised = "tuner_exp" in source.replace(PRELUDE, "")
+    assert vectorised == (shape[-1] % 4 == 0 and parse_target("cpu").lanes >= 4)

@@ -38,7 +38,7 @@ from ..ops import WORKLOADS, Unsupported, flops, to_te
 from ..runtime.artifact import DEFAULT, FLOAT_EXACT, GENERIC, Arg, Step, declaration
 from ..runtime.model import CompiledModel
 from ..schedule.lower import lower
-from ..schedule.schedule import ScheduleError, replay
+from ..schedule.schedule import Schedule, ScheduleError, replay
 from ..space.sketch import SearchSpace
 from ..target import Target, parse_target
 from ..task import Task, code_hash
@@ -145,13 +145,16 @@ def _generic_dag(graph: Graph, nodes: list, ins: list, out_value):
 
 def _generic_kernel(dag: tuple, target: Target, func: str):
     """(steps, C source, uses OpenMP) of a generic group: the default point of its search space,
-    else every stage computed whole, one after the other (always legal)."""
+    else every stage computed whole, one after the other, its elementwise stages vectorised (a
+    softmax's exp), else the same unvectorised (always legal)."""
     tries = [[]]
     try:
         space = SearchSpace(None, target, dag)
         tries.insert(0, space.steps(space.default()))
-    except (ValueError, ScheduleError):
-        pass                     # more than one reduction (softmax): stage by stage
+    except (ValueError, ScheduleError):   # more than one reduction (softmax): stage by stage
+        tries.insert(0, [["annotate", st.name, st.op.axes[-1].name, "vectorize"]
+                         for st in Schedule(*dag).stages
+                         if not st.op.is_reduction and st.op.axes and st.op.axes[-1].extent % 4 == 0])
     last_error = None
     for steps in tries:
         try:
