@@ -194,3 +194,39 @@ def test_a_decomposed_layer_norm_and_gelu_become_one_kernel_each_and_their_dense
     assert not {"mean", "sqrt", "erf"} & set(ops)
     specs = [t.workload.spec for t in g.meta["tasks"] if t.tunable]
     assert any(s.startswith("dense:") and "act=gelu" in s for s in specs), specs
+
+
+SMALL = {"bert": (dict(layers=2, hidden=32, heads=4, ffn=64, seq=8, vocab=50), "input_ids"),
+         "vit": (dict(layers=1, hidden=32, heads=4, ffn=64, image=32, patch=8), "pixel_values"),
+         "gpt2": (dict(layers=2, hidden=32, heads=4, seq=8, vocab=50), "input_ids")}
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_the_built_in_transformers_compute_what_onnx_runtime_computes_on_their_onnx_and_on_the_export(
+        tmp_path, tmp_cache, name):
+    """Written as the exporters write them and imported, with no torch: compiled, they agree with
+    ONNX Runtime on the ONNX they were built from and on `to_onnx` of the imported graph (integer
+    inputs keep their type there)."""
+    from tuner.graph import transformer_models
+    from tuner.graph.onnx_frontend import to_onnx
+    kw, inp = SMALL[name]
+    build = getattr(transformer_models, name)
+    onnx.save(build(**kw, as_onnx=True), str(tmp_path / "m.onnx"))
+    graph = build(**kw)
+    rng = np.random.default_rng(1)
+    shape = list(graph.inputs[0].shape)
+    x = (rng.integers(0, kw["vocab"], shape) if "vocab" in kw else rng.standard_normal(shape)).astype(
+        np.int64 if "vocab" in kw else np.float32)
+    onnx.save(to_onnx(graph, opset=17), str(tmp_path / "export.onnx"))
+    m = compile_model(graph, target="cpu -threads=1", use_shipped=False)
+    out = m.run(**{inp: x})[0]
+    for path in ("m.onnx", "export.onnx"):
+        ref = ort_run(tmp_path / path, {inp: x})[0]
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
+
+
+def test_the_built_in_transformers_are_models_the_cli_knows(capsys):
+    from tuner.cli import main
+    assert main(["models"]) == 0
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in ("bert_base", "vit_b16", "gpt2"))

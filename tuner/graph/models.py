@@ -1,4 +1,5 @@
-"""Built-in models with deterministic random weights: resnet18, resnet50, mobilenet_v2, googlenet, tiny.
+"""Built-in models with deterministic random weights: resnet18, resnet50, mobilenet_v2, googlenet, tiny,
+and the transformers bert_base, vit_b16 and gpt2 (graph.transformer_models).
 
 They are built the way PyTorch's exporter writes them (conv without bias, BatchNormalization,
 ReLU/Clip, residual Add, global pooling, Flatten, Gemm), so the same passes see the same shapes
@@ -157,7 +158,15 @@ MODELS = {
     "mobilenet_v2": mobilenet_v2,
     "googlenet": googlenet,
     "tiny": tiny,
+    "bert_base": lambda: _transformer("bert"),
+    "vit_b16": lambda: _transformer("vit"),
+    "gpt2": lambda: _transformer("gpt2"),
 }
+
+
+def _transformer(name: str) -> Graph:
+    from . import transformer_models
+    return getattr(transformer_models, name)()
 
 
 def load_model(name: str) -> Graph:
