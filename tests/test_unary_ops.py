@@ -53,14 +53,14 @@ def test_every_unary_op_compiles_to_what_onnxruntime_computes(tmp_path, tmp_cach
 
 @pytest.fixture(scope="module")
 def vector_math():
-    """The PRELUDE's W-lane erf and exp, each over an array, built for this host."""
+    """The PRELUDE's W-lane erf, tanh and exp, each over an array, built for this host."""
     import ctypes
     from tuner.codegen.c import PRELUDE
     from tuner.target import parse_target
     from tuner.toolchain.cc import compile_library
     loops = "".join(f"void {f}{w}(const float* a, float* b, int n) {{ for (int i = 0; i < n; i += {w}) "
                     f"*(f32x{w}*)&b[i] = tuner_{f}{w}(*(const f32x{w}*)&a[i]); }}\n"
-                    for f in ("erf", "exp") for w in (4, 8, 16))
+                    for f in ("erf", "tanh", "exp") for w in (4, 8, 16))
     path, err = compile_library(PRELUDE + loops, list(parse_target("cpu -threads=1").cflags))
     assert err is None, err
     lib = ctypes.CDLL(path)
@@ -79,12 +79,16 @@ FLOATS = st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True) | st.
 
 @settings(max_examples=200, deadline=None)
 @given(xs=FLOATS, lanes=st.sampled_from([4, 8, 16]))
-def test_vector_erf_and_exp_are_the_exact_functions_rounded_at_every_float(vector_math, xs, lanes):
+def test_vector_erf_tanh_and_exp_are_the_exact_functions_rounded_at_every_float(vector_math, xs, lanes):
     x = np.array(xs, np.float32)
-    ref_erf = np.array([math.erf(float(v)) if v == v else v for v in x])
-    got = vector_math(f"erf{lanes}", x)
-    assert np.array_equal(np.isnan(got), np.isnan(x))
-    assert (np.abs(got - ref_erf) <= 5e-7)[~np.isnan(x)].all(), (x, got - ref_erf)
+    for name, exact in (("erf", math.erf), ("tanh", math.tanh)):
+        ref = np.array([exact(float(v)) if v == v else v for v in x])
+        got = vector_math(f"{name}{lanes}", x)
+        assert np.array_equal(np.isnan(got), np.isnan(x))
+        err, ref = np.abs(got - ref)[~np.isnan(x)], ref[~np.isnan(x)]
+        assert (err <= 5e-7).all(), (name, x, got)
+        if name == "tanh":          # relative too: tanh is x itself near 0
+            assert (err <= 5e-7 * np.abs(ref) + 1e-30).all(), (x, got)
     got = vector_math(f"exp{lanes}", x)
     with np.errstate(over="ignore", invalid="ignore"):
         ref = np.exp(x.astype(np.float64))

@@ -4,8 +4,8 @@ Every kernel has the signature `int name(float** args)` (inputs, then output), s
 can run and time any of them. Vectorised loops become explicit vector statements: a load whose
 address moves by one element per lane is a vector load, one that does not move is a scalar that
 broadcasts, anything else is gathered lane by lane. A body that cannot be vectorised (a condition
-or a math call other than erf and exp that depends on the lane) falls back to a scalar loop under
-`omp simd`: GCC calls the C library lane by lane there, so erf and exp have vector versions here.
+or a math call other than erf, tanh and exp that depends on the lane) falls back to a scalar loop under
+`omp simd`: GCC calls the C library lane by lane there, so these three have vector versions here.
 """
 from __future__ import annotations
 
@@ -39,9 +39,10 @@ static inline f32x8 tuner_min8(f32x8 a, f32x8 b) { return TUNER_VSEL(8, ~(a >= b
 static inline f32x4 tuner_min4(f32x4 a, f32x4 b) { return TUNER_VSEL(4, ~(a >= b) & (b == b), a, b); }
 static inline float tuner_fmax(float a, float b) { return (!(a <= b) && b == b) ? a : b; }
 static inline float tuner_fmin(float a, float b) { return (!(a >= b) && b == b) ? a : b; }
-/* erf and exp of W lanes, for vectorised loops (the C library's are called lane by lane).
+/* erf, tanh and exp of W lanes, for vectorised loops (the C library's are called lane by lane).
    erf: x P(x^2) / Q(x^2) on [-4, 4], where float erf is +-1 beyond (the rational approximation
-   Eigen and XLA use), 4.2e-7 from erf at most. exp: 2^n e^r with n = round(x / ln 2) and
+   Eigen and XLA use), 4.2e-7 from erf at most. tanh: likewise on [-7.9, 7.9], x itself below
+   0.0004, 3.9e-7 at most. exp: 2^n e^r with n = round(x / ln 2) and
    r = x - n ln 2 (ln 2 in two parts), e^r by Cephes' degree-5 polynomial, 8.4e-8 relative at
    most; 2^n as two powers made in the exponent bits; 0 below the normal floats, inf above the
    largest; NaN stays NaN in both. */
@@ -54,6 +55,16 @@ static inline f32x##W tuner_erf##W(f32x##W x) { \\
   p = p * z - 2.95459980854025e-03f; p = p * z - 1.60960333262415e-02f; \\
   q = q * z - 1.68282697438203e-03f; q = q * z - 7.37332916720468e-03f; q = q * z - 1.42647390514189e-02f; \\
   return c * p / q; \\
+} \\
+static inline f32x##W tuner_tanh##W(f32x##W x) { \\
+  f32x##W top = (f32x##W){0} + 7.90531110763549805f, c = TUNER_VSEL(W, x > top, top, x); \\
+  c = TUNER_VSEL(W, c < -top, -top, c); \\
+  f32x##W z = c * c, p = z * -2.76076847742355e-16f + 2.00018790482477e-13f, q = z * 1.19825839466702e-06f + 1.18534705686654e-04f; \\
+  p = p * z - 8.60467152213735e-11f; p = p * z + 5.12229709037114e-08f; p = p * z + 1.48572235717979e-05f; \\
+  p = p * z + 6.37261928875436e-04f; p = p * z + 4.89352455891786e-03f; \\
+  q = q * z + 2.26843463243900e-03f; q = q * z + 4.89352518554385e-03f; \\
+  f32x##W ax = TUNER_VSEL(W, x < -x, -x, x); \\
+  return TUNER_VSEL(W, ax < 0.0004f, x, c * p / q); \\
 } \\
 static inline f32x##W tuner_exp##W(f32x##W x) { \\
   f32x##W hi = (f32x##W){0} + 88.7228391f, lo = (f32x##W){0} - 87.3365479f, zero = (f32x##W){0}; \\
@@ -79,7 +90,7 @@ static inline int tuner_floormod(int a, int b) { int r = a % b; return (r != 0 &
 
 _CALLS = {"exp": "expf", "sqrt": "sqrtf", "tanh": "tanhf", "log": "logf", "erf": "erff", "pow": "powf",
           "trunc": "truncf"}
-VECTOR_CALLS = ("erf", "exp")      # with a W-lane version in PRELUDE (tuner_erfW, tuner_expW)
+VECTOR_CALLS = ("erf", "tanh", "exp")      # with a W-lane version in PRELUDE (tuner_erfW, ...)
 
 
 class NotVectorizable(Exception):
