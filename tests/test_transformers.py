@@ -152,13 +152,19 @@ def test_slices_of_an_activation_compute_what_onnx_runtime_computes(tmp_path, da
     _agree(path, {"x": np.random.default_rng(1).standard_normal(shape).astype(np.float32)})
 
 
-def _gelu_graph(form: str):
+def _gelu_graph(form: str, tanh: bool = False):
     from tuner.graph.builder import GraphBuilder
     b = GraphBuilder(form)
     x = b.input("x", (2, 8))
     c = lambda v: b.const(np.float32(v))  # noqa: E731
-    one_plus = b.add("add", [b.add("erf", [b.add("div", [x, c(2 ** 0.5)]) if form != "mul" else
-                                          b.add("mul", [x, c(2 ** -0.5)])]), c(1.0)])
+    if tanh:        # 1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)), x^3 as Pow imports it, as HF's GPT-2 writes it
+        cube = b.add("mul", [b.add("mul", [x, x]), x])
+        inner = b.add("add", [x, b.add("mul", [cube, c(0.044715)]) if form != "mul" else
+                              b.add("mul", [c(0.044715), cube])])
+        one_plus = b.add("add", [c(1.0), b.add("tanh", [b.add("mul", [inner, c((2 / np.pi) ** 0.5)])])])
+    else:
+        one_plus = b.add("add", [b.add("erf", [b.add("div", [x, c(2 ** 0.5)]) if form != "mul" else
+                                              b.add("mul", [x, c(2 ** -0.5)])]), c(1.0)])
     if form == "half_first":       # (x * 0.5) * (1 + erf(x / sqrt 2)): torch's dynamo export
         y = b.add("mul", [b.add("mul", [x, c(0.5)]), one_plus])
     elif form == "half_last":      # (x * (1 + erf)) * 0.5: torch's legacy export
@@ -168,13 +174,14 @@ def _gelu_graph(form: str):
     return b.finish([y])
 
 
+@pytest.mark.parametrize("tanh", [False, True], ids=["erf", "tanh"])
 @pytest.mark.parametrize("form", ["half_first", "half_last", "mul"])
-def test_gelu_written_in_any_association_becomes_one_gelu_that_computes_the_same(form):
+def test_gelu_written_in_any_association_becomes_one_gelu_that_computes_the_same(form, tanh):
     from tuner.graph import interp
     from tuner.graph.passes import optimize
-    g = _gelu_graph(form)
+    g = _gelu_graph(form, tanh)
     fused = optimize(g, passes=["FuseTransformerOps"])
-    assert [n.op for n in fused.nodes] == ["gelu"]
+    assert [n.op for n in fused.nodes] == ["gelu_tanh" if tanh else "gelu"]
     x = np.linspace(-4, 4, 16, dtype=np.float32).reshape(2, 8)
     np.testing.assert_allclose(interp.run(fused, x)[0], interp.run(g, x)[0], rtol=1e-6, atol=1e-7)
 

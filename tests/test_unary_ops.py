@@ -99,14 +99,15 @@ def test_vector_erf_tanh_and_exp_are_the_exact_functions_rounded_at_every_float(
     assert (got[x > 88.73] == np.inf).all() and (got[x < -87.34] <= 1.2e-38).all()
 
 
-def test_a_gelu_epilogue_runs_vectorised_and_computes_the_reference(tmp_cache):
+@pytest.mark.parametrize("act, call", [("gelu", "erf"), ("gelu_tanh", "tanh")])
+def test_a_gelu_epilogue_runs_vectorised_and_computes_the_reference(tmp_cache, act, call):
     from tuner.build import build_op
     from tuner.ops import resolve
     from tuner.target import parse_target
     from tuner.task import Task
-    wl = resolve("dense:N=8,C=32,K=64,bias=1,act=gelu", None)
+    wl = resolve(f"dense:N=8,C=32,K=64,bias=1,act={act}", None)
     target = parse_target("cpu -threads=1")
-    assert f"tuner_erf{target.lanes}(" in Task(wl, target).default_candidate().source
+    assert f"tuner_{call}{target.lanes}(" in Task(wl, target).default_candidate().source
     arrays = wl.random_inputs(seed=3)
     np.testing.assert_allclose(build_op(wl, target=target, use_shipped=False, quiet=True)(*arrays),
                                wl.reference(arrays), rtol=1e-5, atol=1e-6)
@@ -147,3 +148,17 @@ def test_a_softmax_runs_its_exp_vectorised_where_rows_allow_and_computes_what_on
     assert PRELUDE in source
     vectorised = "tuner_exp" in source.replace(PRELUDE, "")
     assert vectorised == (shape[-1] % 4 == 0 and parse_target("cpu").lanes >= 4)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_onnx_gelu_in_either_form_compiles_to_what_onnxruntime_computes(tmp_path, tmp_cache, approximate):
+    shape = [2, 4, 24]
+    g = helper.make_graph([helper.make_node("Gelu", ["x"], ["y"], approximate=approximate)], "gelu",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
+    path = tmp_path / "g.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)]), str(path))
+    m = compile_model(str(path), target="cpu -threads=1", use_shipped=False)
+    assert [s.summary for s in m.steps] == ["gelu" if approximate == "none" else "gelu_tanh"]
+    x = (np.random.default_rng(2).standard_normal(shape) * 3).astype(np.float32)
+    np.testing.assert_allclose(m.run(x)[0], ort_run(path, x)[0], rtol=1e-5, atol=1e-6)

@@ -42,6 +42,10 @@ ACTIVATIONS = {
     "neg": ({}, lambda e, p: Const(-1.0) * e, lambda x, p: -x),
     "gelu": ({}, lambda e, p: e * Const(0.5) * (Const(1.0) + Call("erf", (e * Const(0.7071067811865476),))),
              lambda x, p: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))),
+    # GPT-2's: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), ONNX Gelu(approximate="tanh")
+    "gelu_tanh": ({}, lambda e, p: e * Const(0.5) * (Const(1.0) + Call("tanh", (
+        (e + Const(0.044715) * e * e * e) * Const(0.7978845608028654),))),
+        lambda x, p: 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))),
     "pow": ({"exponent": 1.0}, lambda e, p: Call("pow", (e, Const(float(p["exponent"])))),
             lambda x, p: np.power(x, p["exponent"])),
 }
@@ -133,10 +137,11 @@ def _binary_infer(node):
 
 
 # activation -> (its ONNX op type, {ops.elementwise.ACTIVATIONS parameter: (node attribute, value when the
-# attribute is absent)}); node attributes are named and defaulted as ONNX's
+# attribute is absent)}); node attributes are named and defaulted as ONNX's. None: imported through
+# another's (gelu_tanh is ONNX Gelu with approximate="tanh")
 _ACTS = {"relu": ("Relu", {}), "sigmoid": ("Sigmoid", {}), "hard_swish": ("HardSwish", {}),
          **{op: (op.capitalize(), {}) for op in ("erf", "tanh", "exp", "sqrt", "neg")},
-         "pow": ("Pow", {"exponent": ("exponent", 1.0)}), "gelu": ("Gelu", {}),
+         "pow": ("Pow", {"exponent": ("exponent", 1.0)}), "gelu": ("Gelu", {}), "gelu_tanh": (None, {}),
          "clip": ("Clip", {"lo": ("min", -np.inf), "hi": ("max", np.inf)}),
          "hard_sigmoid": ("HardSigmoid", {"alpha": ("alpha", 0.2), "beta": ("beta", 0.5)})}
 
@@ -217,17 +222,26 @@ def _onnx_bn(cx, ins, a):
 
 
 def _onnx_gelu(cx, ins, a):
-    if a.get("approximate", "none") != "none":
-        raise cx.fail(f"approximate={a['approximate']!r} is not supported (only the exact, erf form)")
-    return [cx.add("gelu", ins[:1], {})]
+    approx = a.get("approximate", "none")
+    if approx not in ("none", "tanh"):
+        raise cx.fail(f"approximate={approx!r} is not a GELU form (none or tanh)")
+    return [cx.add("gelu" if approx == "none" else "gelu_tanh", ins[:1], {})]
 
 
 def _export_gelu(ex, n, ins):
-    """x * 0.5 * (1 + erf(x / sqrt 2)): Gelu itself is opset 20."""
-    e = ex.node("Erf", [ex.node("Mul", [ins[0], ex.scalar(f"{n.name}_r2", 0.7071067811865476)], f"{n.name}_z")],
-                f"{n.name}_erf")
-    half = ex.node("Mul", [ins[0], ex.scalar(f"{n.name}_half", 0.5)], f"{n.name}_halfx")
-    ex.emit(n, "Mul", [half, ex.node("Add", [e, ex.scalar(f"{n.name}_one", 1.0)], f"{n.name}_1p")])
+    """x * 0.5 * (1 + erf(x / sqrt 2)), or with tanh(sqrt(2 / pi) (x + 0.044715 x^3)) for erf(x /
+    sqrt 2) (gelu_tanh): Gelu itself is opset 20."""
+    x, name = ins[0], n.name
+    if n.op == "gelu":
+        inner = ex.node("Erf", [ex.node("Mul", [x, ex.scalar(f"{name}_r2", 0.7071067811865476)], f"{name}_z")],
+                        f"{name}_erf")
+    else:
+        cube = ex.node("Mul", [ex.node("Mul", [x, x], f"{name}_x2"), x], f"{name}_x3")
+        z = ex.node("Add", [x, ex.node("Mul", [cube, ex.scalar(f"{name}_c", 0.044715)], f"{name}_cx3")], f"{name}_s")
+        inner = ex.node("Tanh", [ex.node("Mul", [z, ex.scalar(f"{name}_k", 0.7978845608028654)], f"{name}_z")],
+                        f"{name}_tanh")
+    half = ex.node("Mul", [x, ex.scalar(f"{name}_half", 0.5)], f"{name}_halfx")
+    ex.emit(n, "Mul", [half, ex.node("Add", [inner, ex.scalar(f"{name}_one", 1.0)], f"{name}_1p")])
 
 
 def _export_pow(ex, n, ins):
@@ -285,8 +299,10 @@ def _act_def(op: str) -> OpDef:
     return OpDef(name=op, pattern=Pattern.ELEMWISE, infer=same, integers=op == "neg",
                  evaluate=lambda node, args: f32(activation_ref(args[0], op, act_params(node))),
                  te=lambda node, ins, name: activation(ins[0], op, act_params(node), name),
-                 onnx_in={onnx_type: {"clip": _onnx_clip, "pow": _onnx_pow, "gelu": _onnx_gelu}.get(op, _onnx_act(op))},
-                 onnx_out={"clip": _export_clip, "pow": _export_pow, "gelu": _export_gelu}.get(
+                 onnx_in={onnx_type: {"clip": _onnx_clip, "pow": _onnx_pow, "gelu": _onnx_gelu}.get(op, _onnx_act(op))}
+                 if onnx_type else {},
+                 onnx_out={"clip": _export_clip, "pow": _export_pow, "gelu": _export_gelu,
+                           "gelu_tanh": _export_gelu}.get(
                      op, export_as(onnx_type, lambda n: _act_attrs(op, n.attrs))))
 
 

@@ -1,13 +1,16 @@
 """FuseTransformerOps: the transformer operators exporters write as pieces become one operator each.
 
     x * 0.5 * (1 + erf(x / sqrt 2))   (any association; / sqrt 2 or * 1/sqrt 2)   -> gelu(x)
+    x * 0.5 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))   (likewise)          -> gelu_tanh(x)
     d / sqrt(mean(d * d) + eps), d = x - mean(x)   (means over the last axis)      -> layer_norm(x, 1, 0)
     layer_norm(x, s, b) * c, layer_norm(x, s, b) + c   (c constant over the last axis, used once)
                                                                                     -> layer_norm(x, s*c, b*c), (x, s, b+c)
-so that gelu is a dense epilogue (one kernel with its GEMM, and a task) and LayerNorm one reduction.
+so that gelu (either form) is a dense epilogue (one kernel with its GEMM, and a task) and LayerNorm one reduction.
 Runs before SimplifyInference, which would otherwise distribute the constants of these patterns.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -55,16 +58,34 @@ def _erf_arg(v):
     return vals[0] if len(vals) == 1 and _near(c, 2 ** -0.5) else None
 
 
+def _tanh_arg(v):
+    """x when v is 1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)) (x^3 as the products Pow imports as),
+    else None."""
+    add = _op(v, "add")
+    tanh = next((_op(u, "tanh") for u in add.inputs if _op(u, "tanh") is not None), None) if add is not None else None
+    if tanh is None or not _near(_scalar(add.inputs[1] if add.inputs[0] is tanh.output else add.inputs[0]), 1.0):
+        return None
+    vals, c = _factors(tanh.inputs[0], 1)
+    inner = _op(vals[0], "add") if len(vals) == 1 and _near(c, math.sqrt(2.0 / math.pi)) else None
+    for x, cube in ((inner.inputs, inner.inputs[::-1]) if inner is not None else ()):
+        cvals, cc = _factors(cube, 3)
+        if len(cvals) == 3 and all(u is x for u in cvals) and _near(cc, 0.044715):
+            return x
+    return None
+
+
 def _gelu_input(node):
-    """x when `node` (a mul) is x * (1 + erf(x / sqrt 2)) * 0.5, the three factors in any association
-    (as exporters write them), else None."""
+    """(x, gelu or gelu_tanh) when `node` (a mul) is x * (1 + erf(x / sqrt 2)) * 0.5 or its tanh
+    form, the three factors in any association (as exporters write them), else None."""
     (va, ca), (vb, cb) = (_factors(u, 1) for u in node.inputs)
     vals, c = va + vb, ca * cb
     if len(vals) != 2 or not _near(c, 0.5):
         return None
     for x, other in (vals, vals[::-1]):
         if _erf_arg(other) is x:
-            return x
+            return x, "gelu"
+        if _tanh_arg(other) is x:
+            return x, "gelu_tanh"
     return None
 
 
@@ -112,8 +133,8 @@ def fuse_transformer_ops(graph: Graph, ctx) -> Graph:
 
     def rw(b, n, ins):
         probe = type(n)(n.op, ins, n.attrs, n.output, n.name)     # the node over its rebuilt inputs
-        if n.op == "mul" and (x := _gelu_input(probe)) is not None:
-            return b.add("gelu", [x], {}, n.name)
+        if n.op == "mul" and (found := _gelu_input(probe)) is not None:
+            return b.add(found[1], [found[0]], {}, n.name)
         if n.op == "div" and (parts := _layer_norm_parts(probe)) is not None:
             x, eps = parts
             d = x.shape[-1]
