@@ -329,13 +329,15 @@ def test_simplified_div_and_mod_equal_the_original_everywhere(coefs, const, his,
 
 
 GEMMS = [make("dense", dict(N=12, C=40, K=48, bias=1, act="gelu")), make("dense", dict(N=7, C=30, K=10)),
-         make("batch_matmul", dict(B=3, M=8, K=16, N=24)), make("dense", dict(N=16, C=8, K=64, bias=1, residual=1))]
+         make("batch_matmul", dict(B=3, M=8, K=16, N=24)), make("dense", dict(N=16, C=8, K=64, bias=1, residual=1)),
+         make("dense", dict(N=13, C=16, K=48, bias=1))]
 
 
 @pytest.mark.parametrize("isa", ["avx2", "avx512"])
 def test_the_default_gemm_tile_fits_the_registers_runs_every_row_under_a_column_tile_and_computes_the_reference(isa):
     """Accumulators in at most 3/4 of the vector registers (16 with AVX2, 32 with AVX-512), the
-    columns in up to 3 vectors, and all row tiles at the second level, inside each column tile."""
+    columns in up to 3 vectors, and all row tiles at the second level, inside each column tile; rows
+    with no divisor near the register budget (13) get full tiles and a guarded last one."""
     target = parse_target(f"cpu -isa={isa} -threads=1", check_host=False)
     cases = []
     for wl in GEMMS:
@@ -343,7 +345,7 @@ def test_the_default_gemm_tile_fits_the_registers_runs_every_row_under_a_column_
         dec = space.default()
         (r1, r2, r3), (c1, c2, c3) = dec["tile"][-2:]
         rows = space.out_shape[-2]
-        assert space.valid(dec) and r1 * r3 == rows and r2 == c1 == c2 == 1
+        assert space.valid(dec) and (r1 - 1) * r3 < rows <= r1 * r3 and r2 == c1 == c2 == 1
         assert c3 <= 3 * target.lanes and r3 * space._vectors(c3) <= (32 if target.lanes >= 16 else 16) * 3 // 4
         cases.append((wl, space.steps(dec)))
     assert cases

@@ -244,8 +244,11 @@ class SearchSpace(DagSketch):
         accumulators = (32 if lanes >= 16 else 16) * 3 // 4
         wide = [d for d in self.last_options if d % lanes == 0 and d <= 3 * lanes]
         tile[-1][2] = max(wide) if wide else max(self.last_options)
-        r = max(x for x in divisors(rows) if x * max(1, self._vectors(tile[-1][2])) <= accumulators)
-        tile[-2] = [rows // r, 1, r]
+        fit = accumulators // max(1, self._vectors(tile[-1][2]))
+        r = max(x for x in divisors(rows) if x <= max(fit, 1))
+        if 2 * r <= fit < rows:         # rows with no divisor near the register budget (ViT's 197): the last
+            r = fit                     # tile is guarded, rather than every tile a few rows short
+        tile[-2] = [-(-rows // r), 1, r]
 
     # ------------------------------------------------------------ decisions -> steps
     def steps(self, dec: dict) -> list:

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...ops import EPILOGUE_ACTS, OPS, WORKLOADS, NoTask, Workload, WorkloadError, act_params, make, nchw_dims
+from ...ops import (EPILOGUE_ACTS, OPS, PATTERN, WORKLOADS, NoTask, Pattern, Workload, WorkloadError, act_params, make,
+                   nchw_dims)
 from ..ir import Graph
+from .fuse_ops import FusedGroup
 from .base import register
 
 
@@ -138,9 +140,33 @@ def extract(graph: Graph) -> list:
     return sorted(tasks.values(), key=lambda t: -t.flops * t.weight)
 
 
+def split_epilogue(graph: Graph, group) -> list:
+    """[group], or, when its anchor has a workload but not with all of the epilogue fused to it,
+    [the anchor with the longest epilogue prefix its workload takes, the rest as a group of its
+    own]: a tunable operator is never compiled as a generic kernel for an epilogue op it lacks
+    (a batch_matmul and the scale after it; a dense and an activation written as pieces)."""
+    anchor = group.anchor
+    d = OPS.get(graph.nodes[anchor].op) if anchor is not None else None
+    if d is None or d.task is None or group.nodes[0] != anchor or workload_of(graph, group)[0] is not None:
+        return [group]
+    after = group.nodes[1:]
+    for cut in range(len(after) - 1, -1, -1):
+        head, rest = [anchor] + after[:cut], after[cut:]
+        inside = {id(graph.nodes[k].output) for k in head[:-1]}
+        reads_inside = any(id(v) in inside for k in rest for v in graph.nodes[k].inputs)
+        if not reads_inside and workload_of(graph, FusedGroup(head, anchor, group.pattern))[0] is not None:
+            pattern = max(PATTERN.get(graph.nodes[k].op, Pattern.OPAQUE) for k in rest)
+            return [FusedGroup(head, anchor, group.pattern), FusedGroup(rest, None, pattern)]
+    return [group]
+
+
 @register("ExtractTasks", 0, required=("FuseOps",))
 def extract_tasks(graph: Graph, ctx) -> Graph:
-    """One tuning task per unique fused-group workload, with its weight and FLOPs."""
+    """One tuning task per unique fused-group workload, with its weight and FLOPs; a group whose
+    epilogue its anchor's workload cannot take is split first (split_epilogue)."""
+    groups = graph.meta.get("fused_groups")
     out = Graph(graph.inputs, graph.outputs, graph.nodes, graph.name, dict(graph.meta))
-    out.meta["tasks"] = extract(graph)
+    if groups is not None:
+        out.meta["fused_groups"] = [part for g in groups for part in split_epilogue(graph, g)]
+    out.meta["tasks"] = extract(out)
     return out
