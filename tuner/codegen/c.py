@@ -274,9 +274,16 @@ class CGen:
 
     # ------------------------------------------------------------ vectorisation
     def vector_loop(self, s: ir.For, d: int) -> list:
+        """A vectorised loop: whole vectors, then, for an extent that no width divides (a softmax
+        over 197 columns), the remainder as a scalar loop (cost_model.features sees such a loop
+        as scalar, as vector_lanes says)."""
         lanes = vector_lanes(s.extent, self.max_lanes)
+        tail = 0
         if not lanes:
-            raise NotVectorizable("extent not a multiple of 4")
+            lanes = next((w for w in (16, 8, 4) if w <= self.max_lanes and 2 * w <= s.extent), 0)
+            if not lanes:
+                raise NotVectorizable("extent below two vectors of 4 and not a multiple of 4")
+            tail = s.extent % lanes
         stores = _straight_stores(s.body)
         chunks = s.extent // lanes
         lane = f"{s.var}__lane"
@@ -320,6 +327,16 @@ class CGen:
                 out.append("  " * inner + line)
         if chunks > 1:
             out.append("  " * d + "}")
+        if tail:
+            saved_lines, self.lines = self.lines, []
+            v = c_name(s.var)
+            self.emit(d, f"for (int {v} = {s.extent - tail}; {v} < {s.extent}; ++{v}) {{")
+            self.ranges[s.var] = s.extent
+            self.stmt(s.body, d + 1)
+            del self.ranges[s.var]
+            self.emit(d, "}")
+            out += self.lines
+            self.lines = saved_lines
         return out
 
     def vexpr(self, e: Expr, lane: str, lanes: int, extra: dict):

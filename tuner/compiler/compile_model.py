@@ -146,7 +146,8 @@ def _generic_dag(graph: Graph, nodes: list, ins: list, out_value):
 def _generic_kernel(dag: tuple, target: Target, func: str):
     """(steps, C source, uses OpenMP) of a generic group: the default point of its search space,
     else every stage computed whole, one after the other, its elementwise stages vectorised (a
-    softmax's exp), else the same unvectorised (always legal)."""
+    softmax's exp; a width that does not divide the axis leaves a scalar
+    remainder), else the same unvectorised (always legal)."""
     tries = [[]]
     try:
         space = SearchSpace(None, target, dag)
@@ -154,7 +155,8 @@ def _generic_kernel(dag: tuple, target: Target, func: str):
     except (ValueError, ScheduleError):   # more than one reduction (softmax): stage by stage
         tries.insert(0, [["annotate", st.name, st.op.axes[-1].name, "vectorize"]
                          for st in Schedule(*dag).stages
-                         if not st.op.is_reduction and st.op.axes and st.op.axes[-1].extent % 4 == 0])
+                         if not st.op.is_reduction and st.op.axes
+                         and (st.op.axes[-1].extent % 4 == 0 or st.op.axes[-1].extent >= 8)])
     last_error = None
     for steps in tries:
         try:
