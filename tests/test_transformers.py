@@ -245,7 +245,20 @@ def test_a_tunable_operator_with_an_epilogue_its_workload_lacks_stays_a_task_and
     from tuner.graph import transformer_models
     from tuner.graph.passes import optimize
     from tuner.graph.passes.extract_tasks import group_summary
-    g = optimize(transformer_models.vit(**SMALL["vit"][0]))
+    g = optimize(transformer_models.vit(**dict(SMALL["vit"][0], patch=16)))     # 5 tokens: no padded columns
     summaries = [group_summary(g, grp.nodes) for grp in g.meta["fused_groups"]]
     assert "batch_matmul" in summaries and "div" in summaries and "batch_matmul + div" not in summaries
     assert {t.workload.op for t in g.meta["tasks"] if t.tunable} >= {"batch_matmul", "dense"}
+
+
+def test_a_batch_matmul_whose_columns_no_vector_divides_multiplies_by_zero_padded_columns_then_slices():
+    """ViT-small's 17 tokens: Q.K^T runs on 24 columns and the slice keeps 17 (the built-in test
+    above checks the numbers against ONNX Runtime)."""
+    from tuner.graph import transformer_models
+    from tuner.graph.passes import optimize
+    g = optimize(transformer_models.vit(**SMALL["vit"][0]))
+    specs = [(t.workload.op, t.workload.p) for t in g.meta["tasks"] if t.tunable]
+    bmm = [p for op, p in specs if op == "batch_matmul"]
+    assert bmm and 24 in {p["N"] for p in bmm} and 17 not in {p["N"] for p in bmm}
+    assert any(n.op == "slice" and n.output.shape[-1] == 17 for n in g.nodes)
+    assert any(n.op == "pad" for n in g.nodes)

@@ -1,9 +1,9 @@
 """Graph passes; importing this package registers them all."""
 from ...errors import UserError
-from . import convert_layout, extract_tasks, fuse_ops, simple, simplify_inference, transformer_ops  # noqa: F401
+from . import convert_layout, extract_tasks, fuse_ops, pad_columns, simple, simplify_inference, transformer_ops  # noqa: F401
 from .base import REGISTRY, Pass, PassContext, PassTiming, PrintIR, Sequential
 
-DEFAULT_PIPELINE = ("InferType", "FuseTransformerOps", "SimplifyInference", "FoldConstant", "EliminateCommonSubexpr",
+DEFAULT_PIPELINE = ("InferType", "FuseTransformerOps", "PadMatmulColumns", "SimplifyInference", "FoldConstant", "EliminateCommonSubexpr",
                     "DeadCodeElimination", "ConvertLayout", "FoldConstant", "EliminateCommonSubexpr",
                     "DeadCodeElimination", "FuseOps", "ExtractTasks")
 
