@@ -130,16 +130,17 @@ def test_gelu_in_its_erf_form_compiles_to_what_onnxruntime_computes(tmp_path, tm
     np.testing.assert_allclose(m.run(x)[0], ort_run(path, x)[0], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("shape", [[2, 3, 16, 32], [5, 7], [3, 13], [2, 2, 197]])
-def test_a_softmax_runs_its_exp_vectorised_with_a_scalar_tail_where_rows_allow_and_computes_what_onnxruntime_computes(
-        tmp_path, tmp_cache, shape):
+def test_a_softmax_runs_its_exp_vectorised_with_a_scalar_tail_and_its_rows_in_parallel_and_computes_what_onnxruntime_computes(
+        tmp_path, tmp_cache, shape, threads):
     from tuner.target import parse_target
     g = helper.make_graph([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], "softmax",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
     path = tmp_path / "s.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    m = compile_model(str(path), target="cpu -threads=1", use_shipped=False)
+    m = compile_model(str(path), target=f"cpu -threads={threads}", use_shipped=False)
     x = (np.random.default_rng(0).standard_normal(shape) * 4).astype(np.float32)
     np.testing.assert_allclose(m.run(x)[0], ort_run(path, x)[0], rtol=1e-5, atol=1e-6)
     m.save(str(tmp_path / "built"))
@@ -147,6 +148,7 @@ def test_a_softmax_runs_its_exp_vectorised_with_a_scalar_tail_where_rows_allow_a
     source = (tmp_path / "built" / "model.c").read_text()
     assert PRELUDE in source
     vectorised = "tuner_exp" in source.replace(PRELUDE, "")
+    assert ("omp parallel for" in source.replace(PRELUDE, "")) == (threads > 1)
     assert vectorised == ((shape[-1] % 4 == 0 or shape[-1] >= 8) and parse_target("cpu").lanes >= 4)
 
 

@@ -143,20 +143,31 @@ def _generic_dag(graph: Graph, nodes: list, ins: list, out_value):
     return phs, tensors[id(out_value)]
 
 
+def _stage_steps(st, threads: int) -> list:
+    """A stage computed whole: the innermost axis of an elementwise stage vectorised where its
+    extent allows, and with several threads the axes outside it (all of a reduction's spatial axes)
+    fused and run in parallel."""
+    axes = [a.name for a in st.op.axes]
+    vector = not st.op.is_reduction and axes and (st.op.axes[-1].extent % 4 == 0 or st.op.axes[-1].extent >= 8)
+    outer = axes[:-1] if vector else axes
+    steps = [["annotate", st.name, axes[-1], "vectorize"]] if vector else []
+    if threads > 1 and outer:
+        if len(outer) > 1:
+            steps.append(["fuse", st.name, outer])
+        steps.append(["annotate", st.name, "@".join(outer), "parallel"])
+    return steps
+
+
 def _generic_kernel(dag: tuple, target: Target, func: str):
     """(steps, C source, uses OpenMP) of a generic group: the default point of its search space,
-    else every stage computed whole, one after the other, its elementwise stages vectorised (a
-    softmax's exp; a width that does not divide the axis leaves a scalar
-    remainder), else the same unvectorised (always legal)."""
+    else every stage computed whole, one after the other (_stage_steps: vectorised and parallel
+    where they can be), else the same without (always legal)."""
     tries = [[]]
     try:
         space = SearchSpace(None, target, dag)
         tries.insert(0, space.steps(space.default()))
     except (ValueError, ScheduleError):   # more than one reduction (softmax): stage by stage
-        tries.insert(0, [["annotate", st.name, st.op.axes[-1].name, "vectorize"]
-                         for st in Schedule(*dag).stages
-                         if not st.op.is_reduction and st.op.axes
-                         and (st.op.axes[-1].extent % 4 == 0 or st.op.axes[-1].extent >= 8)])
+        tries.insert(0, [step for st in Schedule(*dag).stages for step in _stage_steps(st, target.threads)])
     last_error = None
     for steps in tries:
         try:
