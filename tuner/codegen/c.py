@@ -277,13 +277,9 @@ class CGen:
         """A vectorised loop: whole vectors, then, for an extent that no width divides (a softmax
         over 197 columns), the remainder as a scalar loop (cost_model.features sees such a loop
         as scalar, as vector_lanes says)."""
-        lanes = vector_lanes(s.extent, self.max_lanes)
-        tail = 0
+        lanes, tail = vector_split(s.extent, self.max_lanes)
         if not lanes:
-            lanes = next((w for w in (16, 8, 4) if w <= self.max_lanes and 2 * w <= s.extent), 0)
-            if not lanes:
-                raise NotVectorizable("extent below two vectors of 4 and not a multiple of 4")
-            tail = s.extent % lanes
+            raise NotVectorizable("extent below two vectors of 4 and not a multiple of 4")
         stores = _straight_stores(s.body)
         chunks = s.extent // lanes
         lane = f"{s.var}__lane"
@@ -409,6 +405,16 @@ def _straight_stores(s: ir.Stmt, conds=()) -> list:
 def vector_lanes(extent: int, max_lanes: int) -> int:
     """The register width a vector loop of `extent` is written with (0: it cannot be)."""
     return next((w for w in (16, 8, 4) if w <= max_lanes and extent % w == 0), 0)
+
+
+def vector_split(extent: int, max_lanes: int) -> tuple:
+    """(width, scalar remainder) a loop of `extent` is vectorised with: a width that divides it, else
+    the widest of which two vectors fit, the rest lane by lane; (0, extent) when neither."""
+    lanes = vector_lanes(extent, max_lanes)
+    if lanes:
+        return lanes, 0
+    lanes = next((w for w in (16, 8, 4) if w <= max_lanes and 2 * w <= extent), 0)
+    return (lanes, extent % lanes) if lanes else (0, extent)
 
 
 def nest_steps(s: ir.Stmt) -> int:

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from ..codegen.c import generate_c
+from ..codegen.c import generate_c, vector_split
 from ..database.union import Database
 from ..errors import UserError
 from ..graph import Graph, load
@@ -143,15 +143,15 @@ def _generic_dag(graph: Graph, nodes: list, ins: list, out_value):
     return phs, tensors[id(out_value)]
 
 
-def _stage_steps(st, threads: int) -> list:
+def _stage_steps(st, target: Target) -> list:
     """A stage computed whole: the innermost axis of an elementwise stage vectorised where its
-    extent allows, and with several threads the axes outside it (all of a reduction's spatial axes)
-    fused and run in parallel."""
+    extent allows (codegen.c.vector_split), and with several threads the axes outside it (all of a
+    reduction's spatial axes) fused and run in parallel."""
     axes = [a.name for a in st.op.axes]
-    vector = not st.op.is_reduction and axes and (st.op.axes[-1].extent % 4 == 0 or st.op.axes[-1].extent >= 8)
+    vector = not st.op.is_reduction and axes and vector_split(st.op.axes[-1].extent, target.lanes)[0] > 0
     outer = axes[:-1] if vector else axes
     steps = [["annotate", st.name, axes[-1], "vectorize"]] if vector else []
-    if threads > 1 and outer:
+    if target.threads > 1 and outer:
         if len(outer) > 1:
             steps.append(["fuse", st.name, outer])
         steps.append(["annotate", st.name, "@".join(outer), "parallel"])
@@ -167,7 +167,7 @@ def _generic_kernel(dag: tuple, target: Target, func: str):
         space = SearchSpace(None, target, dag)
         tries.insert(0, space.steps(space.default()))
     except (ValueError, ScheduleError):   # more than one reduction (softmax): stage by stage
-        tries.insert(0, [step for st in Schedule(*dag).stages for step in _stage_steps(st, target.threads)])
+        tries.insert(0, [step for st in Schedule(*dag).stages for step in _stage_steps(st, target)])
     last_error = None
     for steps in tries:
         try:

@@ -345,9 +345,8 @@ def to_onnx(graph: Graph, opset: int = 18):
             raise OnnxImportError(f"export of op {n.op} is not supported")
         export(ex, n, [ex.ref(v) for v in n.inputs])
         ex.names[id(n.output)] = n.output.name
-    types = {"float32": TensorProto.FLOAT, "int64": TensorProto.INT64, "int32": TensorProto.INT32,
-             "bool": TensorProto.BOOL}
-    inputs = [helper.make_tensor_value_info(v.name, types[v.dtype], list(v.shape)) for v in graph.inputs]
+    elem = {dtype: e for e, dtype in INPUT_TYPES.items() if e}       # an input's dtype -> its ONNX type
+    inputs = [helper.make_tensor_value_info(v.name, elem[v.dtype], list(v.shape)) for v in graph.inputs]
     outputs = [helper.make_tensor_value_info(ex.names[id(v)], TensorProto.FLOAT, list(v.shape)) for v in graph.outputs]
     used = {name for node in ex.nodes for name in node.input}      # an op exported from a rewritten weight
     g = helper.make_graph(ex.nodes, graph.name, inputs, outputs, [i for i in ex.inits if i.name in used])

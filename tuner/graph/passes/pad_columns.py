@@ -27,9 +27,9 @@ def pad_matmul_columns(graph: Graph, ctx) -> Graph:
         cols = rhs.shape[-2] if trans else rhs.shape[-1]
         if cols % 4 == 0 or cols < MIN_COLUMNS:
             return None
-        nd = len(rhs.shape)
-        pads = [0] * (2 * nd)
-        pads[nd + nd - (2 if trans else 1)] = padded(cols) - cols
+        nd, axis = len(rhs.shape), len(rhs.shape) - (2 if trans else 1)
+        pads = [0] * (2 * nd)                  # ONNX order: every axis's begin, then every axis's end
+        pads[nd + axis] = padded(cols) - cols
         wide = b.add("batch_matmul", [ins[0], b.add("pad", [rhs], {"pads": pads, "value": 0.0}, f"{n.name}_cols")],
                      n.attrs, f"{n.name}_padded")
         shape = list(n.output.shape)

@@ -48,24 +48,27 @@ def _factors(v, depth: int) -> tuple:
     return ((), c) if c is not None else ((v,), 1.0)
 
 
+def _one_plus(v, op: str):
+    """z when v is 1 + op(z) (either order), else None."""
+    add = _op(v, "add")
+    call = next((_op(u, op) for u in add.inputs if _op(u, op) is not None), None) if add is not None else None
+    if call is None or not _near(_scalar(add.inputs[1] if add.inputs[0] is call.output else add.inputs[0]), 1.0):
+        return None
+    return call.inputs[0]
+
+
 def _erf_arg(v):
     """x when v is 1 + erf(x / sqrt 2) (the scale in any form _factors reads), else None."""
-    add = _op(v, "add")
-    erf = next((_op(u, "erf") for u in add.inputs if _op(u, "erf") is not None), None) if add is not None else None
-    if erf is None or not _near(_scalar(add.inputs[1] if add.inputs[0] is erf.output else add.inputs[0]), 1.0):
-        return None
-    vals, c = _factors(erf.inputs[0], 1)
+    z = _one_plus(v, "erf")
+    vals, c = _factors(z, 1) if z is not None else ((), None)
     return vals[0] if len(vals) == 1 and _near(c, 2 ** -0.5) else None
 
 
 def _tanh_arg(v):
     """x when v is 1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)) (x^3 as the products Pow imports as),
     else None."""
-    add = _op(v, "add")
-    tanh = next((_op(u, "tanh") for u in add.inputs if _op(u, "tanh") is not None), None) if add is not None else None
-    if tanh is None or not _near(_scalar(add.inputs[1] if add.inputs[0] is tanh.output else add.inputs[0]), 1.0):
-        return None
-    vals, c = _factors(tanh.inputs[0], 1)
+    z = _one_plus(v, "tanh")
+    vals, c = _factors(z, 1) if z is not None else ((), None)
     inner = _op(vals[0], "add") if len(vals) == 1 and _near(c, math.sqrt(2.0 / math.pi)) else None
     for x, cube in ((inner.inputs, inner.inputs[::-1]) if inner is not None else ()):
         cvals, cc = _factors(cube, 3)
