@@ -67,6 +67,57 @@ def test_non_divisible_splits_are_guarded_and_correct():
     check_schedules([(CONV, steps)])
 
 
+def test_a_tile_that_does_not_divide_its_axis_runs_its_full_tiles_without_bounds_checks():
+    """Lowering peels a guarded loop: the iterations whose checks always hold run in a loop without
+    them, the last tile keeps them, and the code still computes the reference."""
+    from tuner.schedule import ir
+    wl = make("dense", dict(N=13, C=16, K=16, bias=1), "OI16o")
+    space = SearchSpace(wl, parse_target("cpu -isa=avx2 -threads=1", check_host=False))
+    dec = space.default()
+    dec["tile"][-2] = [3, 1, 6]                       # rows 0-5, 6-11 in full; 12 alone
+    func = lower(space.schedule(space.steps(dec)))
+    rows = [s for s in ir.stmts(func.body) if isinstance(s, ir.For) and s.var.endswith("i0_1")]
+    assert [r.extent for r in rows] == [2]            # the full tiles: one loop of 2
+    assert not [s for s in ir.stmts(rows[0]) if isinstance(s, ir.IfThen)]
+    assert [s for s in ir.stmts(func.body) if isinstance(s, ir.IfThen)]     # the last tile's checks
+    check_schedules([(wl, space.steps(dec))], TARGET1)
+
+
+@given(st.integers(1, 40), st.integers(1, 9), st.integers(0, 3))
+@settings(max_examples=60, deadline=None)
+def test_peeling_keeps_every_store_of_a_guarded_loop_nest(extent, factor, shift):
+    """Over every extent, split factor and offset, a peeled nest stores exactly the elements, with
+    exactly the values, that the guarded nest stores (run by a small interpreter of the IR)."""
+    from tuner.schedule import ir
+    from tuner.schedule.peel import peel_guards
+    from tuner.te.expr import Cmp
+    outer = -(-extent // factor)
+    idx = Var("o") * Const(factor) + Var("i") + Const(shift)
+    store = ir.Store("y", (idx,), idx * Const(2))
+    body = ir.For("o", outer, ir.For("i", factor, ir.IfThen(Cmp("<", idx, Const(extent + shift)), store), "unroll"))
+    func = ir.Func("f", [], [], body, {})
+
+    def run(s, env, out):
+        if isinstance(s, ir.Seq):
+            for x in s.stmts:
+                run(x, env, out)
+        elif isinstance(s, ir.For):
+            for v in range(s.extent):
+                run(s.body, {**env, s.var: v}, out)
+        elif isinstance(s, ir.IfThen):
+            if _value(s.cond, env):
+                run(s.body, env, out)
+        else:
+            k = _value(s.indices[0], env)
+            assert k not in out
+            out[k] = _value(s.value, env)
+        return out
+
+    want = run(func.body, {}, {})
+    assert sorted(want) == list(range(shift, extent + shift))
+    assert run(peel_guards(func).body, {}, {}) == want
+
+
 def test_simplifier_removes_exact_div_and_mod():
     ko, ki = Var("ko"), Var("ki")
     ranges = {"ko": (0, 9), "ki": (0, 7)}
@@ -309,6 +360,11 @@ def _value(e, env):
         return e.value
     if isinstance(e, E.Var):
         return env[e.name]
+    if isinstance(e, E.Cmp):
+        a, b = _value(e.a, env), _value(e.b, env)
+        return a < b if e.op == "<" else a <= b
+    if isinstance(e, E.And):
+        return _value(e.a, env) and _value(e.b, env)
     return ops[type(e)](_value(e.a, env), _value(e.b, env))
 
 

@@ -14,6 +14,7 @@ from ..te.expr import (And, Cmp, Const, Expr, FloorDiv, FloorMod, Load, Max, Red
                        from_linear, linear, substitute, transform, walk)
 from . import ir
 from .schedule import Schedule, ScheduleError, Stage
+from .peel import peel_guards
 from .vthread import inject_virtual_threads
 
 _NAME = re.compile(r"[^0-9A-Za-z_]")
@@ -447,4 +448,4 @@ _RELAXED = ("threadIdx.x", "vthread")     # loops a shared buffer serves all of
 
 
 def lower(sch: Schedule, func_name: str = "kernel") -> ir.Func:
-    return inject_virtual_threads(Lowerer(sch, func_name).lower())
+    return peel_guards(inject_virtual_threads(Lowerer(sch, func_name).lower()))

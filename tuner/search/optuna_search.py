@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..errors import UserError
 from ..schedule.schedule import ScheduleError
-from ..space.sketch import MAX_ACCUMULATORS, UNROLL_CHOICES, divisors
+from ..space.sketch import UNROLL_CHOICES, divisors
 from .policy import Policy
 from .random_search import RandomSearch
 
@@ -130,11 +130,8 @@ def _parameter_table(space) -> list:
         return [(name, (name,), list(opts)) for name, opts in space.choices().items()]
     rows = [(f"pad.{p}", ("pad", p), list(space.pad_places)) for p in space.pads]
     rows += [("epilogue", ("epilogue",), list(space.epilogues))] if space.epilogues else []
-    for d, e in enumerate(space.out_shape):
-        last = d == len(space.out_shape) - 1
-        s3_options = space.last_options if last else [x for x in divisors(e) if x <= MAX_ACCUMULATORS]
-        opts = [[s1, s2, s3] for s3 in s3_options for s2 in divisors(e // s3) for s1 in divisors(e // (s3 * s2))]
-        rows.append((f"tile.{d}", ("tile", d), sorted(opts, key=lambda t: (t[2], t[1], t[0]))))
+    for d in range(len(space.out_shape)):
+        rows.append((f"tile.{d}", ("tile", d), sorted(space.tile_options(d), key=lambda t: (t[2], t[1], t[0]))))
     rows += [(f"reduce.{r}", ("reduce", j), divisors(e)) for j, (r, e) in enumerate(space.reduce_axes)]
     rows.append(("unroll", ("unroll",), list(UNROLL_CHOICES)))
     rows += [("order", ("order",), list(space.orders))] if space.orders else []

@@ -1,7 +1,8 @@
 """Mutations of a point in the search space (its decisions), used by evolutionary search.
 
 Each mutation changes one decision and keeps the point legal: a tile mutation moves a prime
-factor of an axis from one tiling level to another (the product stays the axis extent); the
+factor of an axis from one tiling level to another (the product stays the axis extent, rounded up
+to whole tiles for a guarded one); the
 others pick a different reduce split, auto-unroll depth, pad placement (another of three),
 epilogue placement or register-tile loop order.
 A point of a flat sketch (injective, table) gets another option for one of its decisions.
@@ -9,6 +10,7 @@ A point of a flat sketch (injective, table) gets another option for one of its d
 from __future__ import annotations
 
 import copy
+import math
 import random
 
 from .sketch import UNROLL_CHOICES, SearchSpace, divisors
@@ -46,7 +48,7 @@ def mutate(space: SearchSpace, dec: dict, rng: random.Random, attempts: int = 20
         if kind == "tile":
             d = rng.randrange(len(new["tile"]))
             extent = space.out_shape[d]
-            levels = [extent // (new["tile"][d][0] * new["tile"][d][1] * new["tile"][d][2])] + list(new["tile"][d])
+            levels = [-(-extent // math.prod(new["tile"][d]))] + list(new["tile"][d])   # a guarded tile: rounded up
             src = rng.choice([k for k in range(4) if levels[k] > 1] or [0])
             if levels[src] == 1:
                 continue
@@ -55,10 +57,7 @@ def mutate(space: SearchSpace, dec: dict, rng: random.Random, attempts: int = 20
             levels[src] //= p
             levels[dst] *= p
             new["tile"][d] = levels[1:]
-            last = d == len(new["tile"]) - 1
-            if last and levels[3] not in space.last_options:
-                continue
-            if not last and levels[3] > 32:
+            if levels[3] not in space.register_options(d):
                 continue
             if not space.valid_tile(new["tile"]):
                 continue

@@ -158,6 +158,36 @@ class SearchSpace(DagSketch):
         vec = [d for d in divisors(e) if d % 4 == 0 and d <= 4 * self.target.lanes]
         return vec or [d for d in divisors(e) if d <= 16]
 
+    def register_options(self, d: int) -> list:
+        """Register-tile lengths of output axis `d`: divisors of its extent (vector multiples for
+        the innermost), and for a GEMM's row axis also the lengths that fill the accumulator budget
+        of one, two or three vectors of columns (6 and 12 rows with AVX2), with a guarded last tile."""
+        e = self.out_shape[d]
+        if d == len(self.out_shape) - 1:
+            return list(self.last_options)
+        opts = [x for x in divisors(e) if x <= MAX_ACCUMULATORS]
+        if d == len(self.out_shape) - 2 and self.gemm_shaped:
+            budget = (32 if self.target.lanes >= 16 else 16) * 3 // 4
+            opts += sorted({budget // v for v in (1, 2, 3) if budget // v < e} - set(opts))
+        return opts
+
+    def tile_options(self, d: int) -> list:
+        """Every (S1, S2, S3) tiling of output axis `d`: S3 a register length, S2 and S1 dividing
+        the number of register tiles."""
+        e = self.out_shape[d]
+        out = []
+        for s3 in self.register_options(d):
+            n = -(-e // s3)
+            out += [[s1, s2, s3] for s2 in divisors(n) for s1 in divisors(n // s2)]
+        return out
+
+    @cached_property
+    def gemm_shaped(self) -> bool:
+        """A tiled reduction with a ([batch,] rows, cols) output and more than one row (dense, batch_matmul)."""
+        shape = self.out_shape
+        return (self.kind == "tiled" and len(shape) in (2, 3) and shape[-2] > 1 and bool(self.reduce_axes)
+                and not self.table)
+
     def _vectors(self, s3_last: int) -> int:
         lanes = next((w for w in (16, 8, 4) if w <= self.target.lanes and s3_last % w == 0), 0)
         return s3_last // lanes if lanes else s3_last
@@ -179,10 +209,9 @@ class SearchSpace(DagSketch):
         for _ in range(1000):
             tile = []
             for d, e in enumerate(self.out_shape):
-                s3 = rng.choice(self.last_options if d == len(self.out_shape) - 1
-                                else [x for x in divisors(e) if x <= MAX_ACCUMULATORS])
-                s2 = rng.choice(divisors(e // s3))
-                s1 = rng.choice(divisors(e // (s3 * s2)))
+                s3 = rng.choice(self.register_options(d))
+                s2 = rng.choice(divisors(-(-e // s3)))
+                s1 = rng.choice(divisors(-(-e // s3) // s2))
                 tile.append([s1, s2, s3])
             if self.valid_tile(tile):
                 break
@@ -210,7 +239,7 @@ class SearchSpace(DagSketch):
         last = [d for d in self.last_options if d <= self.target.lanes]
         tile = [[1, 1, 1] for _ in shape]
         others = [d for d in range(len(shape) - 1) if shape[d] > 1]
-        if len(shape) in (2, 3) and shape[-2] > 1 and self.reduce_axes and not self.table:
+        if self.gemm_shaped:
             self._gemm_tile(tile)
         elif not others:
             wide = [d for d in self.last_options if d <= 4 * self.target.lanes]
@@ -234,20 +263,21 @@ class SearchSpace(DagSketch):
         return dec
 
     def _gemm_tile(self, tile: list) -> None:
-        """The default tile of a GEMM-shaped output ([batch,] rows, cols: dense, batch_matmul): a
-        register tile of up to 3 vectors of columns by as many rows as keep 3/4 of the vector
-        registers for accumulators (the rest hold the column vectors and a row's broadcast), and
-        every row tile inside each column tile, so that the constant operand's panel for those
-        columns stays in cache while all rows pass over it (rows outside: it streams from memory
-        once per row tile)."""
+        """The default tile of a GEMM-shaped output ([batch,] rows, cols: dense, batch_matmul): the
+        BLAS micro-kernel's shape, two vectors of columns (else up to three) by as many rows as keep
+        3/4 of the vector registers for accumulators (the rest hold the column vectors and a row's
+        broadcast), and every row tile inside each column tile, so that the constant operand's panel
+        for those columns stays in cache while all rows pass over it. Rows that the register budget
+        does not divide get a guarded last tile (peeled off by lowering) unless a divisor is at most
+        one row short of the budget."""
         lanes, rows = self.target.lanes, self.out_shape[-2]
         accumulators = (32 if lanes >= 16 else 16) * 3 // 4
         wide = [d for d in self.last_options if d % lanes == 0 and d <= 3 * lanes]
-        tile[-1][2] = max(wide) if wide else max(self.last_options)
-        fit = accumulators // max(1, self._vectors(tile[-1][2]))
-        r = max(x for x in divisors(rows) if x <= max(fit, 1))
-        if 2 * r <= fit < rows:         # rows with no divisor near the register budget (ViT's 197): the last
-            r = fit                     # tile is guarded, rather than every tile a few rows short
+        tile[-1][2] = 2 * lanes if 2 * lanes in wide else max(wide) if wide else max(self.last_options)
+        fit = max(1, accumulators // max(1, self._vectors(tile[-1][2])))
+        r = max(x for x in divisors(rows) if x <= fit)
+        if r < min(fit, rows) - 1:
+            r = min(fit, rows)
         tile[-2] = [-(-rows // r), 1, r]
 
     # ------------------------------------------------------------ decisions -> steps

@@ -1,0 +1,115 @@
+"""Guard peeling: a serial loop whose guards hold for a prefix of its range runs as two loops.
+
+A tile that does not divide its axis (six rows of a 128-row GEMM) leaves a bounds check on every
+statement of the tile; inside a register tile the check stops GCC from keeping the accumulators
+in registers. Where every check the loop's variable enters holds for all of its first `p`
+iterations (whatever the other loops' values), the loop becomes one of `p` iterations in which
+those checks are gone and one of the rest that keeps them, as TVM's LoopPartition does.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from ..te.expr import And, Cmp, Const, Var, bounds, free_vars, linear, simplify, substitute
+from . import ir
+
+_PEELED = ("serial",)        # loops bound to threads, unrolled or vectorised keep their single form
+
+
+def peel_guards(func: ir.Func) -> ir.Func:
+    if not any(isinstance(s, ir.IfThen) for s in ir.stmts(func.body)):
+        return func
+    return dataclasses.replace(func, body=_peel(func.body, {}))
+
+
+def _peel(s: ir.Stmt, ranges: dict) -> ir.Stmt:
+    """`s` with its loops peeled, outermost first; `ranges`: var -> (lo, hi) of the loops around."""
+    if isinstance(s, ir.Seq):
+        return ir.seq([_peel(x, ranges) for x in s.stmts])
+    if isinstance(s, ir.IfThen):
+        cond = simplify(s.cond, ranges)
+        if isinstance(cond, Const):
+            return _peel(s.body, ranges) if cond.value else ir.Seq([])
+        return ir.IfThen(cond, _peel(s.body, ranges))
+    if isinstance(s, ir.Allocate):
+        return dataclasses.replace(s, body=_peel(s.body, ranges))
+    if not isinstance(s, ir.For):
+        return s
+    inner = {**ranges, s.var: (0, s.extent - 1)}
+    p = _true_prefix(s, inner) if s.kind in _PEELED else None
+    if p is None or not 0 < p < s.extent:
+        return dataclasses.replace(s, body=_peel(s.body, inner))
+    main = dataclasses.replace(s, extent=p, body=_peel(s.body, {**ranges, s.var: (0, p - 1)}))
+    if s.extent - p == 1:
+        rest = _peel(_substitute(s.body, {s.var: Const(p)}), ranges)
+    else:
+        body = _substitute(s.body, {s.var: Var(s.var) + Const(p)})
+        rest = dataclasses.replace(s, extent=s.extent - p, body=_peel(body, {**ranges, s.var: (0, s.extent - p - 1)}))
+    return ir.seq([main] + ([rest] if any(isinstance(x, ir.Store) for x in ir.stmts(rest)) else []))
+
+
+def _true_prefix(loop: ir.For, ranges: dict) -> int | None:
+    """The iterations 0..p-1 of `loop` for which every guard on its variable holds, whatever the
+    other loops' values; None when no guard depends on it."""
+    var, p = loop.var, None
+    inner = dict(ranges)
+    for st in ir.stmts(loop.body):
+        if isinstance(st, ir.For):       # a name two sibling loops share: the wider range
+            inner[st.var] = (0, max(st.extent - 1, inner.get(st.var, (0, 0))[1]))
+    for st in ir.stmts(loop.body):
+        if not isinstance(st, ir.IfThen):
+            continue
+        for c in _conjuncts(st.cond):
+            if var not in free_vars(c):
+                continue
+            q = _prefix(c, var, inner)
+            if q is not None:
+                p = q if p is None else min(p, q)
+    return p
+
+
+def _conjuncts(c):
+    if isinstance(c, And):
+        yield from _conjuncts(c.a)
+        yield from _conjuncts(c.b)
+    else:
+        yield c
+
+
+def _prefix(c, var: str, ranges: dict) -> int | None:
+    """For `a < b` or `a <= b` increasing-in-`var` guards: how many of var's first values satisfy
+    it for every value of the other variables (0 when none does); None for any other guard."""
+    if not isinstance(c, Cmp) or c.op not in ("<", "<="):
+        return None
+    ln = linear(c.a - c.b)
+    if ln is None:
+        return None
+    terms, const = ln
+    coef = terms.get(Var(var), 0)
+    if coef <= 0 or any(var in free_vars(t) for t in terms if t != Var(var)):
+        return None
+    rest = bounds(_linear_sum({t: k for t, k in terms.items() if t != Var(var)}), ranges)
+    if rest is None:
+        return None
+    # coef*v + const + rest < 0 (or <= 0) for every rest: v <= (-const - hi - 1) // coef (or without the -1)
+    limit = -const - rest[1] - (1 if c.op == "<" else 0)
+    return max(0, limit // coef + 1)
+
+
+def _linear_sum(terms: dict):
+    e = Const(0)
+    for t, k in terms.items():
+        e = e + t * Const(k)
+    return e
+
+
+def _substitute(s: ir.Stmt, mapping: dict) -> ir.Stmt:
+    if isinstance(s, ir.Store):
+        return ir.Store(s.buffer, tuple(substitute(i, mapping) for i in s.indices), substitute(s.value, mapping))
+    if isinstance(s, ir.IfThen):
+        return ir.IfThen(substitute(s.cond, mapping), _substitute(s.body, mapping))
+    if isinstance(s, ir.Seq):
+        return ir.Seq([_substitute(x, mapping) for x in s.stmts])
+    if isinstance(s, (ir.For, ir.Allocate)):
+        return dataclasses.replace(s, body=_substitute(s.body, mapping))
+    return s
