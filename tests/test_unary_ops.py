@@ -164,3 +164,38 @@ def test_onnx_gelu_in_either_form_compiles_to_what_onnxruntime_computes(tmp_path
     assert [s.summary for s in m.steps] == ["gelu" if approximate == "none" else "gelu_tanh"]
     x = (np.random.default_rng(2).standard_normal(shape) * 3).astype(np.float32)
     np.testing.assert_allclose(m.run(x)[0], ort_run(path, x)[0], rtol=1e-5, atol=1e-6)
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 3), n=st.integers(1, 45), kind=st.sampled_from(["sum", "max"]),
+       specials=st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from([np.nan, np.inf, -np.inf])), max_size=2),
+       seed=st.integers(0, 1000))
+def test_a_vectorised_reduction_loop_computes_the_sum_and_max_of_every_row_nan_and_infinity_included(
+        rows, n, kind, specials, seed):
+    """A reduction loop annotated `vectorize` (softmax's and layer_norm's innermost loop) keeps a
+    vector of partial results over whole vectors and adds the scalar remainder; any length,
+    any NaN or infinity where the row has one."""
+    from tuner.codegen.c import generate_c
+    from tuner.measure.builder import build_batch
+    from tuner.schedule.lower import lower
+    from tuner.schedule.schedule import replay
+    from tuner.target import parse_target
+    from tuner.te.tensor import compute, max_reduce, placeholder, reduce_axis, sum_reduce
+    from tuner.toolchain.library import open_library, pointer_array
+    target = parse_target("cpu -threads=1")
+    x = placeholder((rows, n), "x")
+    r = reduce_axis(n, "r")
+    fold = sum_reduce if kind == "sum" else max_reduce
+    y = compute((rows,), lambda i: fold(x[i, r.var], [r]), "y", tag="reduction", inputs=[x])
+    src, _ = generate_c(lower(replay([x], y, [["annotate", "y", "r", "vectorize"]]), "f"), target.lanes, 1)
+    assert ("__acc" in src) == (n % 4 == 0 or n >= 8)         # vectorised whenever vector_split allows
+    built = build_batch([("f", src)], target, jobs=1)[0]
+    assert not built.error, built.error
+    xs = np.random.default_rng(seed).standard_normal((rows, n)).astype(np.float32) * 10
+    for pos, v in specials:
+        xs.flat[pos % xs.size] = v
+    out = np.empty(rows, np.float32)
+    assert open_library(built.lib).tuner_run(built.index, pointer_array([xs, out])) == 0
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = xs.astype(np.float64).sum(axis=1) if kind == "sum" else xs.max(axis=1)
+    np.testing.assert_allclose(out, want.astype(np.float32), rtol=1e-5, atol=1e-4 * np.sqrt(n) * 10)

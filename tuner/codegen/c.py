@@ -14,7 +14,7 @@ import math
 from ..schedule import ir
 from ..schedule.lower import c_name
 from ..te.expr import (Add, And, Call, Cast, Cmp, Const, Div, Expr, FloorDiv, FloorMod, Load, Max, Min, Mul, Select,
-                       Sub, Var, bounds, free_vars, from_linear, linear, simplify, substitute)
+                       Sub, Var, bounds, free_vars, from_linear, linear, simplify, substitute, walk)
 
 STACK_LIMIT_BYTES = 64 * 1024
 
@@ -201,7 +201,8 @@ class CGen:
                 self.unroll_budget = saved_budget
                 return
             except NotVectorizable:
-                self.emit(d, "#pragma omp simd")
+                if not _carried(s):
+                    self.emit(d, "#pragma omp simd")
         elif _threaded(s, self.threads) and not self.in_parallel:
             self.emit(d, f"#pragma omp parallel for num_threads({self.threads})")
             self.uses_openmp = True
@@ -281,6 +282,8 @@ class CGen:
         if not lanes:
             raise NotVectorizable("extent below two vectors of 4 and not a multiple of 4")
         stores = _straight_stores(s.body)
+        if _reduction(s, stores):
+            return self.vector_reduction(s, d, lanes, tail, stores[0][1])
         chunks = s.extent // lanes
         lane = f"{s.var}__lane"
         chunk = f"{s.var}__chunk"
@@ -335,6 +338,47 @@ class CGen:
             self.lines = saved_lines
         return out
 
+    def vector_reduction(self, s: ir.For, d: int, lanes: int, tail: int, st: ir.Store) -> list:
+        """`b[i] = b[i] + f(r)` (or max) over a vectorised reduction loop r: one vector of partial
+        results over whole vectors of r, folded into b[i] lane by lane, then the scalar remainder.
+        A sum is reassociated (lane j adds r = j, j + lanes, ...); a max is exact, NaN included."""
+        op = _REDUCERS[type(st.value)]
+        load, value = (st.value.a, st.value.b) if st.value.a == Load(st.buffer, st.indices) else (st.value.b, st.value.a)
+        chunks = s.extent // lanes
+        lane, chunk = f"{s.var}__lane", f"{s.var}__chunk"
+        saved = dict(self.ranges)
+        if chunks > 1:
+            self.ranges[chunk] = chunks
+        try:
+            at = substitute(value, {s.var: Var(lane) if chunks == 1 else Var(chunk) * Const(lanes) + Var(lane)})
+            code, is_vec = self.vexpr(at, lane, lanes, {lane: (0, lanes - 1)})
+        finally:
+            self.ranges = saved
+        vt, acc = f"f32x{lanes}", f"{c_name(s.var)}__acc"
+        code = code if is_vec else f"(({vt}){{0}} + ({code}))"
+        target = self.lvalue(st.buffer, st.indices)
+        ind = "  " * (d + 1)
+        out = ["  " * d + "{", ind + f"{vt} {acc} = ({vt}){{0}} + ({op[0]});"]
+        step = op[1].format(acc=acc, v=code, w=lanes)
+        if chunks > 1:
+            out.append(ind + f"for (int {c_name(chunk)} = 0; {c_name(chunk)} < {chunks}; ++{c_name(chunk)}) {acc} = {step};")
+        else:
+            out.append(ind + f"{acc} = {step};")
+        fold = op[2].format(a=target, b=f"{acc}[{{j}}]")
+        out += [ind + f"{target} = {fold.format(j=j)};" for j in range(lanes)]
+        out.append("  " * d + "}")
+        if tail:
+            saved_lines, self.lines = self.lines, []
+            v = c_name(s.var)
+            self.emit(d, f"for (int {v} = {s.extent - tail}; {v} < {s.extent}; ++{v}) {{")
+            self.ranges[s.var] = s.extent
+            self.stmt(s.body, d + 1)
+            del self.ranges[s.var]
+            self.emit(d, "}")
+            out += self.lines
+            self.lines = saved_lines
+        return out
+
     def vexpr(self, e: Expr, lane: str, lanes: int, extra: dict):
         """(C code, is_vector) of `e` evaluated for all lanes at once."""
         if lane not in free_vars(e):
@@ -374,6 +418,30 @@ class CGen:
             b = b if bv else f"(({vt}){{0}} + ({b}))"
             return f"({self.expr(e.cond)} ? {a} : {b})", True
         raise NotVectorizable(f"{type(e).__name__} depends on the lane")
+
+
+# a reduction's (identity, vector step, scalar fold) by its combining expression
+_REDUCERS = {Add: ("0.0f", "{acc} + {v}", "{a} + {b}"),
+             Max: ("-INFINITY", "tuner_max{w}({acc}, {v})", "tuner_fmax({a}, {b})")}
+
+
+def _reduction(s: ir.For, stores: list) -> bool:
+    """Whether loop `s` only accumulates into one element: `b[i] = b[i] + f` (or max) with i
+    independent of the loop, unguarded."""
+    if len(stores) != 1 or stores[0][0]:
+        return False
+    st = stores[0][1]
+    if type(st.value) not in _REDUCERS or any(s.var in free_vars(i) for i in st.indices):
+        return False
+    own = Load(st.buffer, st.indices)
+    other = st.value.b if st.value.a == own else st.value.a if st.value.b == own else None
+    return other is not None and not any(isinstance(n, Load) and n.buffer == st.buffer for n in walk(other))
+
+
+def _carried(s: ir.For) -> bool:
+    """Whether a store in loop `s` writes one element on every iteration (a dependence that
+    `#pragma omp simd` would break)."""
+    return any(isinstance(x, ir.Store) and not any(s.var in free_vars(i) for i in x.indices) for x in ir.stmts(s.body))
 
 
 def _lane_form(off: Expr, lane: str):

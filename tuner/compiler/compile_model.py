@@ -144,13 +144,14 @@ def _generic_dag(graph: Graph, nodes: list, ins: list, out_value):
 
 
 def _stage_steps(st, target: Target) -> list:
-    """A stage computed whole: the innermost axis of an elementwise stage vectorised where its
-    extent allows (codegen.c.vector_split), and with several threads the axes outside it (all of a
-    reduction's spatial axes) fused and run in parallel."""
+    """A stage computed whole: its innermost loop vectorised where its extent allows
+    (codegen.c.vector_split; a reduction's innermost reduction loop as a vector of partial results),
+    and with several threads the spatial axes outside it fused and run in parallel."""
     axes = [a.name for a in st.op.axes]
-    vector = not st.op.is_reduction and axes and vector_split(st.op.axes[-1].extent, target.lanes)[0] > 0
-    outer = axes[:-1] if vector else axes
-    steps = [["annotate", st.name, axes[-1], "vectorize"]] if vector else []
+    inner = st.op.reduce_axes[-1] if st.op.is_reduction else st.op.axes[-1] if axes else None
+    vector = inner is not None and vector_split(inner.extent, target.lanes)[0] > 0
+    outer = axes[:-1] if vector and not st.op.is_reduction else axes
+    steps = [["annotate", st.name, inner.name, "vectorize"]] if vector else []
     if target.threads > 1 and outer:
         if len(outer) > 1:
             steps.append(["fuse", st.name, outer])
