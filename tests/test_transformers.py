@@ -262,3 +262,21 @@ def test_a_batch_matmul_whose_columns_no_vector_divides_multiplies_by_zero_padde
     assert bmm and 24 in {p["N"] for p in bmm} and 17 not in {p["N"] for p in bmm}
     assert any(n.op == "slice" and n.output.shape[-1] == 17 for n in g.nodes)
     assert any(n.op == "pad" for n in g.nodes)
+
+
+def test_a_group_whose_output_is_a_pad_gets_its_vectorised_default_schedule():
+    """The padded K^T of ViT's Q.K^T (reshape + transpose + pad): the pad is the group's output,
+    computed, not inlined; the group runs its sketch's default point, not the unscheduled fallback."""
+    import numpy as np
+
+    from tuner.compiler.compile_model import _generic_kernel
+    from tuner.ops.common import pad_spatial
+    from tuner.target import parse_target
+    from tuner.te.tensor import compute, placeholder
+    x = placeholder((2, 17, 16), "x")
+    t = compute((2, 16, 17), lambda b, i, j: x[b, j, i], "transpose", inputs=[x])
+    out = pad_spatial(t, (1, 2), (0, 0, 0, 7), name="pad")
+    steps, src, _ = _generic_kernel(([x], out), parse_target("cpu -threads=1"), "f")
+    assert steps and ["compute_inline", "pad"] not in steps and ["compute_inline", "transpose"] in steps
+    assert any(s[0] == "annotate" and s[-1] == "vectorize" for s in steps)
+    assert np.prod(out.shape) == 2 * 16 * 24

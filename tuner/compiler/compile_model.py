@@ -163,12 +163,12 @@ def _generic_kernel(dag: tuple, target: Target, func: str):
     """(steps, C source, uses OpenMP) of a generic group: the default point of its search space,
     else every stage computed whole, one after the other (_stage_steps: vectorised and parallel
     where they can be), else the same without (always legal)."""
-    tries = [[]]
+    tries = [[step for st in Schedule(*dag).stages for step in _stage_steps(st, target)], []]
     try:
         space = SearchSpace(None, target, dag)
         tries.insert(0, space.steps(space.default()))
     except (ValueError, ScheduleError):   # more than one reduction (softmax): stage by stage
-        tries.insert(0, [step for st in Schedule(*dag).stages for step in _stage_steps(st, target)])
+        pass
     last_error = None
     for steps in tries:
         try:

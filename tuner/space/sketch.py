@@ -78,8 +78,8 @@ class DagSketch:
         if len(reductions) > 1:
             raise ValueError(f"{self.label}: more than one reduction stage is not supported yet")
         self.anchor = reductions[0].name if reductions else None
-        self.pads = [s.name for s in stages if s.op.tag == "pad"]
         out = sch.output_name
+        self.pads = [s.name for s in stages if s.op.tag == "pad" and s.name != out]   # an output pad is computed
         anchor_pos = next((k for k, s in enumerate(stages) if s.name == self.anchor), -1)
         self.consumers = [s.name for s in stages[anchor_pos + 1:] if s.name != out] if self.anchor else []
         self.others = [s.name for s in stages if s.name not in self.pads and s.name != out
