@@ -263,21 +263,21 @@ class SearchSpace(DagSketch):
         return dec
 
     def _gemm_tile(self, tile: list) -> None:
-        """The default tile of a GEMM-shaped output ([batch,] rows, cols: dense, batch_matmul): the
-        BLAS micro-kernel's shape, two vectors of columns (else up to three) by as many rows as keep
-        3/4 of the vector registers for accumulators (the rest hold the column vectors and a row's
-        broadcast), and every row tile inside each column tile, so that the constant operand's panel
-        for those columns stays in cache while all rows pass over it. Rows that the register budget
-        does not divide get a guarded last tile (peeled off by lowering) unless a divisor is at most
-        one row short of the budget."""
+        """The default tile of a GEMM-shaped output ([batch,] rows, cols: dense, batch_matmul): a
+        register tile of up to 3 vectors of columns by as many rows as keep 3/4 of the vector
+        registers for accumulators (the rest hold the column vectors and a row's broadcast), and
+        every row tile inside each column tile, so that the constant operand's panel for those
+        columns stays in cache while all rows pass over it. Rows with no divisor near the register
+        budget (ViT's 197) get a guarded last tile, which lowering peels off. (Two vectors by 6 rows,
+        the BLAS micro-kernel's shape, ran faster alone but slower inside BERT: docs/history.md.)"""
         lanes, rows = self.target.lanes, self.out_shape[-2]
         accumulators = (32 if lanes >= 16 else 16) * 3 // 4
         wide = [d for d in self.last_options if d % lanes == 0 and d <= 3 * lanes]
-        tile[-1][2] = 2 * lanes if 2 * lanes in wide else max(wide) if wide else max(self.last_options)
+        tile[-1][2] = max(wide) if wide else max(self.last_options)
         fit = max(1, accumulators // max(1, self._vectors(tile[-1][2])))
         r = max(x for x in divisors(rows) if x <= fit)
-        if r < min(fit, rows) - 1:
-            r = min(fit, rows)
+        if 2 * r <= fit < rows:
+            r = fit
         tile[-2] = [-(-rows // r), 1, r]
 
     # ------------------------------------------------------------ decisions -> steps
