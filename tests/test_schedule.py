@@ -83,18 +83,22 @@ def test_a_tile_that_does_not_divide_its_axis_runs_its_full_tiles_without_bounds
     check_schedules([(wl, space.steps(dec))], TARGET1)
 
 
-@given(st.integers(1, 40), st.integers(1, 9), st.integers(0, 3))
-@settings(max_examples=60, deadline=None)
-def test_peeling_keeps_every_store_of_a_guarded_loop_nest(extent, factor, shift):
-    """Over every extent, split factor and offset, a peeled nest stores exactly the elements, with
-    exactly the values, that the guarded nest stores (run by a small interpreter of the IR)."""
+@given(st.integers(1, 40), st.integers(1, 9), st.integers(1, 3), st.sampled_from(["<", "<="]), st.integers(0, 8))
+@settings(max_examples=80, deadline=None)
+def test_peeling_keeps_every_store_of_a_guarded_loop_nest(extent, factor, rows, op, cap):
+    """Over every extent, split factor, outer row count, comparison and second guard, a peeled nest
+    stores exactly the elements, with exactly the values, that the guarded nest stores (run by a
+    small interpreter of the IR); the outer row shifts the bound, so remainders of several
+    iterations occur."""
     from tuner.schedule import ir
     from tuner.schedule.peel import peel_guards
-    from tuner.te.expr import Cmp
+    from tuner.te.expr import And, Cmp
     outer = -(-extent // factor)
-    idx = Var("o") * Const(factor) + Var("i") + Const(shift)
-    store = ir.Store("y", (idx,), idx * Const(2))
-    body = ir.For("o", outer, ir.For("i", factor, ir.IfThen(Cmp("<", idx, Const(extent + shift)), store), "unroll"))
+    idx = Var("o") * Const(factor) + Var("i")
+    bound = Cmp(op, idx + Var("j"), Const(extent if op == "<" else extent - 1))
+    cond = And(bound, Cmp("<", Var("o"), Const(cap))) if cap else bound
+    store = ir.Store("y", (Var("j"), idx), idx * Const(2) + Var("j"))
+    body = ir.For("j", rows, ir.For("o", outer, ir.For("i", factor, ir.IfThen(cond, store), "unroll")))
     func = ir.Func("f", [], [], body, {})
 
     def run(s, env, out):
@@ -108,14 +112,17 @@ def test_peeling_keeps_every_store_of_a_guarded_loop_nest(extent, factor, shift)
             if _value(s.cond, env):
                 run(s.body, env, out)
         else:
-            k = _value(s.indices[0], env)
+            k = tuple(_value(i, env) for i in s.indices)
             assert k not in out
             out[k] = _value(s.value, env)
         return out
 
     want = run(func.body, {}, {})
-    assert sorted(want) == list(range(shift, extent + shift))
-    assert run(peel_guards(func).body, {}, {}) == want
+    assert len(want) == sum(min(extent - j, cap * factor if cap else extent) for j in range(rows) if extent > j)
+    peeled = peel_guards(func)
+    assert run(peeled.body, {}, {}) == want
+    loops = [s for s in ir.stmts(peeled.body) if isinstance(s, ir.For) and s.var == "o"]
+    assert len(loops) <= 2          # the main loop and at most one remainder
 
 
 def test_simplifier_removes_exact_div_and_mod():

@@ -276,7 +276,14 @@ def test_a_group_whose_output_is_a_pad_gets_its_vectorised_default_schedule():
     x = placeholder((2, 17, 16), "x")
     t = compute((2, 16, 17), lambda b, i, j: x[b, j, i], "transpose", inputs=[x])
     out = pad_spatial(t, (1, 2), (0, 0, 0, 7), name="pad")
-    steps, src, _ = _generic_kernel(([x], out), parse_target("cpu -threads=1"), "f")
+    from tuner.measure.builder import build_batch
+    from tuner.toolchain.library import open_library, pointer_array
+    target = parse_target("cpu -threads=1")
+    steps, src, _ = _generic_kernel(([x], out), target, "f")
     assert steps and ["compute_inline", "pad"] not in steps and ["compute_inline", "transpose"] in steps
     assert any(s[0] == "annotate" and s[-1] == "vectorize" for s in steps)
-    assert np.prod(out.shape) == 2 * 16 * 24
+    built = build_batch([("f", src)], target, jobs=1)[0]
+    xs = np.random.default_rng(0).standard_normal((2, 17, 16)).astype(np.float32)
+    got = np.full((2, 16, 24), np.nan, np.float32)
+    assert open_library(built.lib).tuner_run(built.index, pointer_array([xs, got])) == 0
+    np.testing.assert_array_equal(got, np.pad(xs.transpose(0, 2, 1), ((0, 0), (0, 0), (0, 7))))

@@ -22,29 +22,32 @@ def peel_guards(func: ir.Func) -> ir.Func:
     return dataclasses.replace(func, body=_peel(func.body, {}))
 
 
-def _peel(s: ir.Stmt, ranges: dict) -> ir.Stmt:
-    """`s` with its loops peeled, outermost first; `ranges`: var -> (lo, hi) of the loops around."""
+def _peel(s: ir.Stmt, ranges: dict, peel: bool = True) -> ir.Stmt:
+    """`s` with its loops peeled, outermost first, and the guards the ranges decide removed;
+    `ranges`: var -> (lo, hi) of the loops around. A remainder is not peeled again, so k guarded
+    loops make at most k + 1 copies of a body, not 2^k."""
     if isinstance(s, ir.Seq):
-        return ir.seq([_peel(x, ranges) for x in s.stmts])
+        return ir.seq([_peel(x, ranges, peel) for x in s.stmts])
     if isinstance(s, ir.IfThen):
         cond = simplify(s.cond, ranges)
         if isinstance(cond, Const):
-            return _peel(s.body, ranges) if cond.value else ir.Seq([])
-        return ir.IfThen(cond, _peel(s.body, ranges))
+            return _peel(s.body, ranges, peel) if cond.value else ir.Seq([])
+        return ir.IfThen(cond, _peel(s.body, ranges, peel))
     if isinstance(s, ir.Allocate):
-        return dataclasses.replace(s, body=_peel(s.body, ranges))
+        return dataclasses.replace(s, body=_peel(s.body, ranges, peel))
     if not isinstance(s, ir.For):
         return s
     inner = {**ranges, s.var: (0, s.extent - 1)}
-    p = _true_prefix(s, inner) if s.kind in _PEELED else None
+    p = _true_prefix(s, inner) if peel and s.kind in _PEELED else None
     if p is None or not 0 < p < s.extent:
-        return dataclasses.replace(s, body=_peel(s.body, inner))
+        return dataclasses.replace(s, body=_peel(s.body, inner, peel))
     main = dataclasses.replace(s, extent=p, body=_peel(s.body, {**ranges, s.var: (0, p - 1)}))
     if s.extent - p == 1:
-        rest = _peel(_substitute(s.body, {s.var: Const(p)}), ranges)
+        rest = _peel(_substitute(s.body, {s.var: Const(p)}), ranges, False)
     else:
         body = _substitute(s.body, {s.var: Var(s.var) + Const(p)})
-        rest = dataclasses.replace(s, extent=s.extent - p, body=_peel(body, {**ranges, s.var: (0, s.extent - p - 1)}))
+        rest = dataclasses.replace(s, extent=s.extent - p,
+                                   body=_peel(body, {**ranges, s.var: (0, s.extent - p - 1)}, False))
     return ir.seq([main] + ([rest] if any(isinstance(x, ir.Store) for x in ir.stmts(rest)) else []))
 
 
@@ -110,6 +113,8 @@ def _substitute(s: ir.Stmt, mapping: dict) -> ir.Stmt:
         return ir.IfThen(substitute(s.cond, mapping), _substitute(s.body, mapping))
     if isinstance(s, ir.Seq):
         return ir.Seq([_substitute(x, mapping) for x in s.stmts])
+    if isinstance(s, ir.For) and s.var in mapping:      # the name rebound inside: not ours
+        return s
     if isinstance(s, (ir.For, ir.Allocate)):
         return dataclasses.replace(s, body=_substitute(s.body, mapping))
     return s

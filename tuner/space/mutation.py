@@ -57,7 +57,7 @@ def mutate(space: SearchSpace, dec: dict, rng: random.Random, attempts: int = 20
             levels[src] //= p
             levels[dst] *= p
             new["tile"][d] = levels[1:]
-            if levels[3] not in space.register_options(d):
+            if new["tile"][d] not in space.tile_options(d):    # a register length, whole tiles
                 continue
             if not space.valid_tile(new["tile"]):
                 continue

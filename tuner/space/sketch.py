@@ -97,6 +97,28 @@ class DagSketch:
     def schedule(self, steps: list) -> Schedule:
         return replay(self.inputs, self.output, steps)
 
+    def register_options(self, d: int) -> list:
+        """Register-tile lengths of output axis `d`: the innermost axis's `last_options`, else the
+        divisors of its extent that fit the accumulators."""
+        if d == len(self.out_shape) - 1:
+            return list(self.last_options)
+        return [x for x in divisors(self.out_shape[d]) if x <= MAX_ACCUMULATORS]
+
+    def tile_options(self, d: int) -> list:
+        """Every (S1, S2, S3) tiling of output axis `d`: S3 a register length, S2 and S1 dividing
+        the number of register tiles."""
+        if d not in self._tilings:
+            e, out = self.out_shape[d], []
+            for s3 in self.register_options(d):
+                n = -(-e // s3)
+                out += [[s1, s2, s3] for s2 in divisors(n) for s1 in divisors(n // s2)]
+            self._tilings[d] = out
+        return self._tilings[d]
+
+    @cached_property
+    def _tilings(self) -> dict:
+        return {}
+
 
 class SearchSpace(DagSketch):
     """The CPU sketches (module doc)."""
@@ -159,27 +181,15 @@ class SearchSpace(DagSketch):
         return vec or [d for d in divisors(e) if d <= 16]
 
     def register_options(self, d: int) -> list:
-        """Register-tile lengths of output axis `d`: divisors of its extent (vector multiples for
-        the innermost), and for a GEMM's row axis also the lengths that fill the accumulator budget
-        of one, two or three vectors of columns (6 and 12 rows with AVX2), with a guarded last tile."""
-        e = self.out_shape[d]
-        if d == len(self.out_shape) - 1:
-            return list(self.last_options)
-        opts = [x for x in divisors(e) if x <= MAX_ACCUMULATORS]
+        """DagSketch's, and for a GEMM's row axis also the lengths that fill the accumulator budget
+        of one, two or three vectors of columns (6 and 12 rows with AVX2) and the default's, with a
+        guarded last tile."""
+        opts = super().register_options(d)
         if d == len(self.out_shape) - 2 and self.gemm_shaped:
             budget = (32 if self.target.lanes >= 16 else 16) * 3 // 4
-            opts += sorted({budget // v for v in (1, 2, 3) if budget // v < e} - set(opts))
+            extra = {budget // v for v in (1, 2, 3)} | {self._gemm_rows()[1]}
+            opts += sorted(x for x in extra - set(opts) if x < self.out_shape[d])
         return opts
-
-    def tile_options(self, d: int) -> list:
-        """Every (S1, S2, S3) tiling of output axis `d`: S3 a register length, S2 and S1 dividing
-        the number of register tiles."""
-        e = self.out_shape[d]
-        out = []
-        for s3 in self.register_options(d):
-            n = -(-e // s3)
-            out += [[s1, s2, s3] for s2 in divisors(n) for s1 in divisors(n // s2)]
-        return out
 
     @cached_property
     def gemm_shaped(self) -> bool:
@@ -263,22 +273,29 @@ class SearchSpace(DagSketch):
         return dec
 
     def _gemm_tile(self, tile: list) -> None:
-        """The default tile of a GEMM-shaped output ([batch,] rows, cols: dense, batch_matmul): a
-        register tile of up to 3 vectors of columns by as many rows as keep 3/4 of the vector
-        registers for accumulators (the rest hold the column vectors and a row's broadcast), and
-        every row tile inside each column tile, so that the constant operand's panel for those
-        columns stays in cache while all rows pass over it. Rows with no divisor near the register
-        budget (ViT's 197) get a guarded last tile, which lowering peels off. (Two vectors by 6 rows,
-        the BLAS micro-kernel's shape, ran faster alone but slower inside BERT: docs/history.md.)"""
+        """The default tile of a GEMM-shaped output (_gemm_rows), with every row tile inside each
+        column tile, so that the constant operand's panel for those columns stays in cache while
+        all rows pass over it."""
+        cols, r = self._gemm_rows()
+        tile[-1][2] = cols
+        tile[-2] = [-(-self.out_shape[-2] // r), 1, r]
+
+    def _gemm_rows(self) -> tuple:
+        """(columns, rows) of the default GEMM register tile ([batch,] rows, cols: dense,
+        batch_matmul): up to 3 vectors of columns by as many rows as keep 3/4 of the vector
+        registers for accumulators (the rest hold the column vectors and a row's broadcast). Rows
+        with no divisor near the register budget (ViT's 197) get a guarded last tile, which lowering
+        peels off. (Two vectors by 6 rows, the BLAS micro-kernel's shape, ran faster alone but not
+        inside BERT: docs/history.md.)"""
         lanes, rows = self.target.lanes, self.out_shape[-2]
         accumulators = (32 if lanes >= 16 else 16) * 3 // 4
         wide = [d for d in self.last_options if d % lanes == 0 and d <= 3 * lanes]
-        tile[-1][2] = max(wide) if wide else max(self.last_options)
-        fit = max(1, accumulators // max(1, self._vectors(tile[-1][2])))
+        cols = max(wide) if wide else max(self.last_options)
+        fit = max(1, accumulators // max(1, self._vectors(cols)))
         r = max(x for x in divisors(rows) if x <= fit)
         if 2 * r <= fit < rows:
             r = fit
-        tile[-2] = [-(-rows // r), 1, r]
+        return cols, r
 
     # ------------------------------------------------------------ decisions -> steps
     def steps(self, dec: dict) -> list:
