@@ -186,3 +186,19 @@ def test_a_kernel_timed_twice_counts_as_its_slower_timing(tuned_log):
     assert any(r is again for r in standing) and not any(r is lucky for r in standing)
     held = dataclasses.replace(lucky, costs=(lucky.latency / 2,), policy=records.CONFIRM)
     assert records.best_of(recs + [held]) is lucky
+
+
+def test_faster_records_that_no_longer_give_their_code_are_passed_over_and_named(tuned_log, tmp_path):
+    """The fastest record's steps now give other code (the generator changed since it was timed):
+    apply-best takes the fastest record that still replays and the compile warning names the task."""
+    lines = [json.loads(ln) for ln in tuned_log.read_text().splitlines()]
+    assert lines
+    stale = dict(lines[0], code_hash="0" * 20, costs=[1e-9])
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in [stale] + lines))
+    db = Database.open(str(log), TARGET1, use_shipped=False)
+    rec, _ = db.best(SMALL, TARGET1)
+    assert rec is not None and rec.code_hash != stale["code_hash"] and rec.latency > 1e-9
+    assert db.stale == {SMALL.label: 1}
+    assert SMALL.label in db.stale_warning() and "tune again" in db.stale_warning()
+    assert Database.open(str(tuned_log), TARGET1, use_shipped=False).stale_warning() == ""

@@ -214,6 +214,8 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
     lives, arena_bytes, weights = _place_arguments(low, io)
     if strict:
         _check_tuned(low.steps, logs, tgt)
+    if stale := db.stale_warning():
+        warnings.warn(stale, stacklevel=2)
     blob = weights.blob()
     meta = {
         "format": 2,

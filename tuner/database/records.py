@@ -460,13 +460,14 @@ def replays(rec: Record) -> bool:
     return rec.code_hash is None or cand.code_hash == rec.code_hash
 
 
-def fastest_that_replay(recs, k: int) -> list:
+def fastest_that_replay(recs, k: int, stale: list | None = None) -> list:
     """The `k` fastest successful records with distinct code whose steps still replay (junk steps
     with a tiny cost are passed over), fastest first. A code timed more than once counts as its
     slowest timing, and that record stands for it: on a shared machine one timing can come out
     far too fast (docs/history.md), and
     the fastest of thousands of timings is where such luck collects (`confirm` times the
-    front-runners again)."""
+    front-runners again). Faster records passed over because their steps no longer give the code
+    they logged (the code generator changed since) are appended to `stale` when given."""
     ok = [r for r in recs if r.ok]
     slowest: dict = {}                       # code hash -> its slowest record
     for r in ok:
@@ -475,7 +476,11 @@ def fastest_that_replay(recs, k: int) -> list:
     standing = [r for r in ok if r.code_hash is None or slowest[r.code_hash] is r]
     out, seen = [], set()
     for r in sorted(standing, key=lambda r: r.latency):
-        if r.code_hash in seen or not replays(r):
+        if r.code_hash in seen:
+            continue
+        if not replays(r):
+            if stale is not None:
+                stale.append(r)
             continue
         seen.add(r.code_hash)
         out.append(r)
@@ -484,17 +489,18 @@ def fastest_that_replay(recs, k: int) -> list:
     return out
 
 
-def first_that_replays(recs):
+def first_that_replays(recs, stale: list | None = None):
     """The fastest record that replays, or None."""
-    return next(iter(fastest_that_replay(recs, 1)), None)
+    return next(iter(fastest_that_replay(recs, 1, stale)), None)
 
 
-def best_of(recs):
+def best_of(recs, stale: list | None = None):
     """The best of one workload's records: the fastest that replays among those timed with the
     weights cold (as a compiled model meets them), else among the others; a cold time and a warm
     one are never compared (the same kernel is much slower cold: bench/cold.py)."""
     recs = list(recs)
-    return first_that_replays([r for r in recs if r.cold]) or first_that_replays([r for r in recs if not r.cold])
+    return (first_that_replays([r for r in recs if r.cold], stale)
+            or first_that_replays([r for r in recs if not r.cold], stale))
 
 
 def latency(rec: Record | None) -> float:

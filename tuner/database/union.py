@@ -21,6 +21,7 @@ class Source:
 class Database:
     sources: list                    # [Source], first wins
     _best: dict = field(default_factory=dict)
+    stale: dict = field(default_factory=dict)   # workload label -> faster records that no longer replay
 
     @classmethod
     def open(cls, logs, target, use_shipped: bool = True, missing: str = "error", warn: bool = True) -> "Database":
@@ -44,10 +45,24 @@ class Database:
         source's name), or (None, DEFAULT)."""
         key = (workload.key, str(target))
         if key not in self._best:
+            stale: list = []
             self._best[key] = next(((rec, s.name) for s in self.sources
-                                    if (rec := records.best_of(s.contents.applicable(workload.key, str(target))))),
+                                    if (rec := records.best_of(s.contents.applicable(workload.key, str(target)), stale))),
                                    (None, DEFAULT))
+            if stale:
+                self.stale[workload.label] = len(stale)
         return self._best[key]
+
+    def stale_warning(self) -> str:
+        """One line naming the workloads whose fastest records were passed over because their steps
+        no longer give the code they logged, or ''."""
+        if not self.stale:
+            return ""
+        names = sorted(self.stale)
+        shown = "; ".join(f"{n} ({self.stale[n]})" for n in names[:4]) + (f"; and {len(names) - 4} more"
+                                                                        if len(names) > 4 else "")
+        return (f"{len(names)} task(s) passed over faster records whose steps no longer give the code they "
+                f"logged (this version generates other code; tune again to measure it): {shown}")
 
     def plan(self, model_hash: str, target, structure: str = "") -> tuple:
         """(the newest layout plan of the model on `target` in the first source that has one, that
