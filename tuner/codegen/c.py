@@ -326,24 +326,28 @@ class CGen:
                 out.append("  " * inner + line)
         if chunks > 1:
             out.append("  " * d + "}")
-        if tail:
-            saved_lines, self.lines = self.lines, []
-            v = c_name(s.var)
-            self.emit(d, f"for (int {v} = {s.extent - tail}; {v} < {s.extent}; ++{v}) {{")
-            self.ranges[s.var] = s.extent
-            self.stmt(s.body, d + 1)
-            del self.ranges[s.var]
-            self.emit(d, "}")
-            out += self.lines
-            self.lines = saved_lines
-        return out
+        return out + self.scalar_tail(s, d, tail)
+
+    def scalar_tail(self, s: ir.For, d: int, tail: int) -> list:
+        """The lines of loop `s`'s last `tail` iterations, lane by lane (after its whole vectors)."""
+        if not tail:
+            return []
+        saved_lines, self.lines = self.lines, []
+        v = c_name(s.var)
+        self.emit(d, f"for (int {v} = {s.extent - tail}; {v} < {s.extent}; ++{v}) {{")
+        self.ranges[s.var] = s.extent
+        self.stmt(s.body, d + 1)
+        del self.ranges[s.var]
+        self.emit(d, "}")
+        lines, self.lines = self.lines, saved_lines
+        return lines
 
     def vector_reduction(self, s: ir.For, d: int, lanes: int, tail: int, st: ir.Store) -> list:
         """`b[i] = b[i] + f(r)` (or max) over a vectorised reduction loop r: one vector of partial
         results over whole vectors of r, folded into b[i] lane by lane, then the scalar remainder.
         A sum is reassociated (lane j adds r = j, j + lanes, ...); a max is exact, NaN included."""
         op = _REDUCERS[type(st.value)]
-        load, value = (st.value.a, st.value.b) if st.value.a == Load(st.buffer, st.indices) else (st.value.b, st.value.a)
+        value = st.value.b if st.value.a == Load(st.buffer, st.indices) else st.value.a
         chunks = s.extent // lanes
         lane, chunk = f"{s.var}__lane", f"{s.var}__chunk"
         saved = dict(self.ranges)
@@ -367,17 +371,7 @@ class CGen:
         fold = op[2].format(a=target, b=f"{acc}[{{j}}]")
         out += [ind + f"{target} = {fold.format(j=j)};" for j in range(lanes)]
         out.append("  " * d + "}")
-        if tail:
-            saved_lines, self.lines = self.lines, []
-            v = c_name(s.var)
-            self.emit(d, f"for (int {v} = {s.extent - tail}; {v} < {s.extent}; ++{v}) {{")
-            self.ranges[s.var] = s.extent
-            self.stmt(s.body, d + 1)
-            del self.ranges[s.var]
-            self.emit(d, "}")
-            out += self.lines
-            self.lines = saved_lines
-        return out
+        return out + self.scalar_tail(s, d, tail)
 
     def vexpr(self, e: Expr, lane: str, lanes: int, extra: dict):
         """(C code, is_vector) of `e` evaluated for all lanes at once."""
