@@ -186,10 +186,15 @@ class SearchSpace(DagSketch):
         guarded last tile."""
         opts = super().register_options(d)
         if d == len(self.out_shape) - 2 and self.gemm_shaped:
-            budget = (32 if self.target.lanes >= 16 else 16) * 3 // 4
-            extra = {budget // v for v in (1, 2, 3)} | {self._gemm_rows()[1]}
+            extra = {self.accumulator_budget // v for v in (1, 2, 3)} | {self._gemm_rows()[1]}
             opts += sorted(x for x in extra - set(opts) if x < self.out_shape[d])
         return opts
+
+    @property
+    def accumulator_budget(self) -> int:
+        """Vector registers a GEMM's register tile may hold as accumulators: 3/4 of them (16 with
+        AVX2, 32 with AVX-512); the rest hold the column vectors and a row's broadcast."""
+        return (32 if self.target.lanes >= 16 else 16) * 3 // 4
 
     @cached_property
     def gemm_shaped(self) -> bool:
@@ -282,16 +287,14 @@ class SearchSpace(DagSketch):
 
     def _gemm_rows(self) -> tuple:
         """(columns, rows) of the default GEMM register tile ([batch,] rows, cols: dense,
-        batch_matmul): up to 3 vectors of columns by as many rows as keep 3/4 of the vector
-        registers for accumulators (the rest hold the column vectors and a row's broadcast). Rows
-        with no divisor near the register budget (ViT's 197) get a guarded last tile, which lowering
+        batch_matmul): up to 3 vectors of columns by as many rows as the accumulator budget holds.
+        Rows with no divisor near the register budget (ViT's 197) get a guarded last tile, which lowering
         peels off. (Two vectors by 6 rows, the BLAS micro-kernel's shape, ran faster alone but not
         inside BERT: docs/history.md.)"""
         lanes, rows = self.target.lanes, self.out_shape[-2]
-        accumulators = (32 if lanes >= 16 else 16) * 3 // 4
         wide = [d for d in self.last_options if d % lanes == 0 and d <= 3 * lanes]
         cols = max(wide) if wide else max(self.last_options)
-        fit = max(1, accumulators // max(1, self._vectors(cols)))
+        fit = max(1, self.accumulator_budget // max(1, self._vectors(cols)))
         r = max(x for x in divisors(rows) if x <= fit)
         if 2 * r <= fit < rows:
             r = fit
