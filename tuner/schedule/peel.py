@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..te.expr import And, Cmp, Const, Var, bounds, free_vars, linear, simplify, substitute
+from ..te.expr import And, Cmp, Const, Var, bounds, free_vars, from_linear, linear, simplify, substitute
 from . import ir
 
 _PEELED = ("serial",)        # loops bound to threads, unrolled or vectorised keep their single form
@@ -91,19 +91,12 @@ def _prefix(c, var: str, ranges: dict) -> int | None:
     coef = terms.get(Var(var), 0)
     if coef <= 0 or any(var in free_vars(t) for t in terms if t != Var(var)):
         return None
-    rest = bounds(_linear_sum({t: k for t, k in terms.items() if t != Var(var)}), ranges)
+    rest = bounds(from_linear({t: k for t, k in terms.items() if t != Var(var)}, 0), ranges)
     if rest is None:
         return None
     # coef*v + const + rest < 0 (or <= 0) for every rest: v <= (-const - hi - 1) // coef (or without the -1)
     limit = -const - rest[1] - (1 if c.op == "<" else 0)
     return max(0, limit // coef + 1)
-
-
-def _linear_sum(terms: dict):
-    e = Const(0)
-    for t, k in terms.items():
-        e = e + t * Const(k)
-    return e
 
 
 def _substitute(s: ir.Stmt, mapping: dict) -> ir.Stmt:
