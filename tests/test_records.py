@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from conftest import TARGET1
 
@@ -188,17 +189,29 @@ def test_a_kernel_timed_twice_counts_as_its_slower_timing(tuned_log):
     assert records.best_of(recs + [held]) is lucky
 
 
-def test_faster_records_that_no_longer_give_their_code_are_passed_over_and_named(tuned_log, tmp_path):
+def test_a_faster_record_whose_code_changed_is_applied_without_its_time_and_named(tuned_log, tmp_path):
     """The fastest record's steps now give other code (the generator changed since it was timed):
-    apply-best takes the fastest record that still replays and the compile warning names the task."""
+    its schedule is still the best known, so apply-best takes it, but its time is not promised and
+    the compile warning names the task; steps that no longer apply at all are passed over."""
     lines = [json.loads(ln) for ln in tuned_log.read_text().splitlines()]
     assert lines
-    stale = dict(lines[0], code_hash="0" * 20, costs=[1e-9])
+    fresh_best = min((records.Record.from_json(r) for r in lines), key=lambda r: r.latency)
+    stale = dict(lines[-1], code_hash="0" * 20, costs=[fresh_best.latency / 2])
+    junk = dict(lines[0], steps=[["split", "no_such_stage", "i", [2]]], code_hash="1" * 20, costs=[1e-9])
     log = tmp_path / "log.jsonl"
-    log.write_text("".join(json.dumps(r) + "\n" for r in [stale] + lines))
+    log.write_text("".join(json.dumps(r) + "\n" for r in [junk, stale] + lines))
     db = Database.open(str(log), TARGET1, use_shipped=False)
     rec, _ = db.best(SMALL, TARGET1)
-    assert rec is not None and rec.code_hash != stale["code_hash"] and rec.latency > 1e-9
-    assert db.stale == {SMALL.label: 1}
+    assert rec is not None and rec.code_hash == stale["code_hash"] and db.is_stale(rec)
+    assert list(db.stale) == [SMALL.label]
     assert SMALL.label in db.stale_warning() and "tune again" in db.stale_warning()
+    k = build_op(SMALL, target=TARGET1, log=str(log), use_shipped=False, quiet=True)
+    assert k.steps == stale["steps"]
+    arrays = [np.random.default_rng(0).uniform(-1, 1, shape).astype(np.float32) for shape in k.input_shapes]
+    np.testing.assert_allclose(k(*arrays), k.workload.reference(arrays), rtol=1e-4, atol=1e-4)
+    slower = dict(stale, costs=[fresh_best.latency * 2])
+    log.write_text("".join(json.dumps(r) + "\n" for r in [slower] + lines))
+    db = Database.open(str(log), TARGET1, use_shipped=False)
+    rec, _ = db.best(SMALL, TARGET1)
+    assert rec.code_hash == fresh_best.code_hash and not db.is_stale(rec) and db.stale_warning() == ""
     assert Database.open(str(tuned_log), TARGET1, use_shipped=False).stale_warning() == ""

@@ -193,7 +193,8 @@ def _cmd_show(args) -> int:
     wl = resolve(args.workload, args.layout)
     tgt = parse_target(args.target, args.threads)
     _require_logs(args.log)
-    rec, _ = Database.open(args.log, tgt, use_shipped=False).best(wl, tgt)
+    db = Database.open(args.log, tgt, use_shipped=False)
+    rec, _ = db.best(wl, tgt)
     if rec is None:
         targets = sorted({r.target for r in records.load(args.log, warn=False).records if r.workload.key == wl.key})
         hint = f" (it has records for targets: {'; '.join(targets)})" if targets else ""
@@ -202,6 +203,8 @@ def _cmd_show(args) -> int:
     lat = rec.latency
     print(f"{wl.label} on '{tgt}': {lat * 1e3:.4f} ms, {wl.flops / lat / 1e9:.1f} GFLOPS "
           f"(policy {rec.policy}, {rec.timestamp})")
+    if db.is_stale(rec):
+        print("this version generates other code from these steps than was timed; tune again to time it")
     print("steps:")
     for step in rec.steps:
         print("  " + json.dumps(step))

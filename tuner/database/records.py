@@ -448,16 +448,22 @@ def load(path: str | os.PathLike, warn: bool = True) -> LogContents:
 
 # ------------------------------------------------------------ best records
 
-def replays(rec: Record) -> bool:
-    """Whether a record's steps still replay onto its workload and give the code it logged."""
+def code_of(rec: Record) -> str | None:
+    """The hash of the code a record's steps give on its workload today, or None when they no
+    longer apply (another workload key, a step the schedule refuses)."""
     try:
         wl = parse_spec(rec.workload.spec, rec.workload.layout)
         if wl.key != rec.workload.key:
-            return False
-        cand = Task(wl, parse_target(rec.target, check_host=False)).candidate(rec.steps, func_name="kernel")
+            return None
+        return Task(wl, parse_target(rec.target, check_host=False)).candidate(rec.steps, func_name="kernel").code_hash
     except (ScheduleError, UserError, RecursionError, OverflowError, MemoryError):
-        return False
-    return rec.code_hash is None or cand.code_hash == rec.code_hash
+        return None
+
+
+def replays(rec: Record) -> bool:
+    """Whether a record's steps still replay onto its workload and give the code it logged."""
+    code = code_of(rec)
+    return code is not None and (rec.code_hash is None or code == rec.code_hash)
 
 
 def fastest_that_replay(recs, k: int, stale: list | None = None) -> list:
@@ -466,8 +472,8 @@ def fastest_that_replay(recs, k: int, stale: list | None = None) -> list:
     slowest timing, and that record stands for it: on a shared machine one timing can come out
     far too fast (docs/history.md), and
     the fastest of thousands of timings is where such luck collects (`confirm` times the
-    front-runners again). Faster records passed over because their steps no longer give the code
-    they logged (the code generator changed since) are appended to `stale` when given."""
+    front-runners again). Faster records passed over because their steps still apply but give
+    other code than they logged (the code generator changed since) are appended to `stale`."""
     ok = [r for r in recs if r.ok]
     slowest: dict = {}                       # code hash -> its slowest record
     for r in ok:
@@ -478,8 +484,9 @@ def fastest_that_replay(recs, k: int, stale: list | None = None) -> list:
     for r in sorted(standing, key=lambda r: r.latency):
         if r.code_hash in seen:
             continue
-        if not replays(r):
-            if stale is not None:
+        code = code_of(r)
+        if code is None or (r.code_hash is not None and code != r.code_hash):
+            if code is not None and stale is not None:
                 stale.append(r)
             continue
         seen.add(r.code_hash)
@@ -501,6 +508,17 @@ def best_of(recs, stale: list | None = None):
     recs = list(recs)
     return (first_that_replays([r for r in recs if r.cold], stale)
             or first_that_replays([r for r in recs if not r.cold], stale))
+
+
+def best_applicable(recs) -> tuple:
+    """(record, stale): best_of, unless a record ranked before it (best_of's order: cold first,
+    then by latency) has steps that still apply but give other code than it logged; then that
+    record, stale=True: its schedule is still the best one known, but its time is another code's."""
+    stale: list = []
+    best = best_of(recs, stale)
+    if stale and (best is None or (not stale[0].cold, stale[0].latency) < (not best.cold, best.latency)):
+        return stale[0], True
+    return best, False
 
 
 def latency(rec: Record | None) -> float:

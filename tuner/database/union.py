@@ -21,7 +21,7 @@ class Source:
 class Database:
     sources: list                    # [Source], first wins
     _best: dict = field(default_factory=dict)
-    stale: dict = field(default_factory=dict)   # workload label -> faster records that no longer replay
+    stale: dict = field(default_factory=dict)   # workload label -> its best record, logged for other code
 
     @classmethod
     def open(cls, logs, target, use_shipped: bool = True, missing: str = "error", warn: bool = True) -> "Database":
@@ -42,27 +42,33 @@ class Database:
 
     def best(self, workload, target) -> tuple:
         """(the best record of `workload` on `target` in the first source that has one, that
-        source's name), or (None, DEFAULT)."""
+        source's name), or (None, DEFAULT). A record whose steps still apply but give other code
+        than it logged (this version's code generator differs) can be that best: see is_stale."""
         key = (workload.key, str(target))
         if key not in self._best:
-            stale: list = []
-            self._best[key] = next(((rec, s.name) for s in self.sources
-                                    if (rec := records.best_of(s.contents.applicable(workload.key, str(target)), stale))),
-                                   (None, DEFAULT))
-            if stale:
-                self.stale[workload.label] = len(stale)
+            self._best[key] = (None, DEFAULT)
+            for s in self.sources:
+                rec, stale = records.best_applicable(s.contents.applicable(workload.key, str(target)))
+                if rec is not None:
+                    self._best[key] = (rec, s.name)
+                    if stale:
+                        self.stale[workload.label] = rec
+                    break
         return self._best[key]
 
+    def is_stale(self, rec) -> bool:
+        """Whether `rec`, a best record, was logged for code this version no longer generates."""
+        return rec is not None and any(r is rec for r in self.stale.values())
+
     def stale_warning(self) -> str:
-        """One line naming the workloads whose fastest records were passed over because their steps
-        no longer give the code they logged, or ''."""
+        """One line naming the workloads whose best records were logged for other code than their
+        steps give today, or ''."""
         if not self.stale:
             return ""
         names = sorted(self.stale)
-        shown = "; ".join(f"{n} ({self.stale[n]})" for n in names[:4]) + (f"; and {len(names) - 4} more"
-                                                                        if len(names) > 4 else "")
-        return (f"{len(names)} task(s) passed over faster records whose steps no longer give the code they "
-                f"logged (this version generates other code; tune again to measure it): {shown}")
+        shown = "; ".join(names[:4]) + (f"; and {len(names) - 4} more" if len(names) > 4 else "")
+        return (f"{len(names)} task(s) use schedules whose code this version generates differently, so their "
+                f"logged times do not apply (tune again with the same --log to time them): {shown}")
 
     def plan(self, model_hash: str, target, structure: str = "") -> tuple:
         """(the newest layout plan of the model on `target` in the first source that has one, that
