@@ -27,7 +27,14 @@ time, the estimate, the measured latency, the gap between them, the ratio to ONN
 per round, and of medians) and to PyTorch, the joint plan against the fastest single layout
 (paired, against the single layout with the lowest median), and the layout solver's run time.
 Logs go to logs/bench/tune/ (--resume keeps them; the tuning time of a log resumed with nothing
-left to tune is its records' own, from their timestamps).
+left to tune is its records' own, from their timestamps). --untuned times the compile with no log
+(default schedules) in the same run. Every variant also gets GFLOPS, its fraction of the FP32 peak
+and its time split by kernel kind (GEMMs, attention, LayerNorm/softmax, the rest; each step timed
+in context). Transformers (issue 35's figures):
+
+    python -m bench.models --tune 3000 --models bert_base,vit_b16,gpt2 --single "" --untuned
+
+PyTorch there runs the same graph op by op in eager mode.
 """
 from __future__ import annotations
 
@@ -48,6 +55,24 @@ from tuner.measure.peak import peak_gflops
 from tuner.model_tuning import tune_model
 from tuner.target import parse_target
 from tuner.te.layouts import CONV_LAYOUTS, DEFAULT_CHOICES
+
+
+KINDS = (("GEMMs", ("dense", "conv2d")), ("attention", ("batch_matmul",)),
+         ("LayerNorm/softmax", ("layer_norm", "softmax")))     # first match of a step's ops; else "the rest"
+
+
+def kind_split(m, runs: int = 5) -> dict:
+    """Seconds of a run by kernel kind (KINDS), each step timed in context (CompiledModel.profile)."""
+    per_step, _ = m.profile(runs=runs)
+    split = dict.fromkeys([k for k, _ in KINDS] + ["the rest"], 0.0)
+    for st, sec in zip(m.steps, statistics_median_columns(per_step)):
+        ops = [st.workload.split(":")[0]] if st.workload and ":" in st.workload else st.summary.split(" + ")
+        split[next((k for k, names in KINDS if any(o in names for o in ops)), "the rest")] += sec
+    return split
+
+
+def statistics_median_columns(table) -> list:
+    return [statistics.median(col) for col in zip(*table)]
 
 
 def tune_figures(args) -> int:
@@ -104,20 +129,32 @@ def tune_figures(args) -> int:
                              "tasks": len(res.session.tasks), "solver_s": res.plan.seconds if res.plan else None,
                              "solver_exact": res.plan.exact if res.plan else None,
                              "plan": dict(res.plan.layouts) if res.plan else None, "model": m})
+        if args.untuned:            # the default schedules, what a user gets before tuning
+            um = compile_model(name, threads=1, use_shipped=False)
+            runners["tuner untuned"] = lambda ins, m=um: m.run(*ins)
+            variants.append({"label": "tuner untuned", "kind": "untuned", "weights": None, "layouts": (), "trials": 0,
+                             "log": None, "tuning_s": 0.0, "session_s": 0.0, "estimate_s": None,
+                             "tasks": 0, "solver_s": None, "solver_exact": None, "plan": None, "model": um})
         runners["onnxruntime"] = onnxruntime_runner(graph, 1)
         runners["torch NCHW"] = torch_runner(graph, 1, channels_last=False)
-        runners["torch channels_last"] = torch_runner(graph, 1, channels_last=True)
+        if any(len(v.shape) == 4 for v in graph.inputs):
+            runners["torch channels_last"] = torch_runner(graph, 1, channels_last=True)
         inputs = variants[0]["model"].random_inputs(seed=1)
         times = interleaved(runners, inputs, args.rounds, progress=lambda s: print(f"  {s}", flush=True))
         med = {k: statistics.median(v) for k, v in times.items()}
-        torch_key = min(("torch NCHW", "torch channels_last"), key=lambda k: med[k])
+        torch_key = min((k for k in runners if k.startswith("torch")), key=lambda k: med[k])
+        peak = peak_gflops(parse_target("cpu", 1), 1)
+        gflop = sum(st.flops for st in variants[0]["model"].steps) / 1e9
         for v in variants:
             t = times[v["label"]]
             v["measured_s"] = med[v["label"]]
+            v["gflops"] = gflop / v["measured_s"]
+            v["fraction_of_peak"] = v["gflops"] / peak
+            v["split_s"] = kind_split(v["model"])
             v["vs_onnxruntime_paired"] = statistics.median(paired_ratios(t, times["onnxruntime"]))
             v["vs_onnxruntime"] = med[v["label"]] / med["onnxruntime"]
             v["vs_torch"] = med[v["label"]] / med[torch_key]
-            v["estimate_gap"] = med[v["label"]] / v["estimate_s"] - 1
+            v["estimate_gap"] = med[v["label"]] / v["estimate_s"] - 1 if v["estimate_s"] else None
             del v["model"]
         for n, weights in ((n, w) for n in counts for w in modes):
             mine = [v for v in variants if v["trials"] == n and v["weights"] == weights]
@@ -126,7 +163,8 @@ def tune_figures(args) -> int:
                 joint["vs_single"] = single["kind"]
                 joint["vs_single_paired"] = statistics.median(paired_ratios(times[joint["label"]],
                                                                             times[single["label"]]))
-        out["models"][name] = {"variants": variants, "rounds_s": times, "median_s": med, "torch": torch_key}
+        out["models"][name] = {"variants": variants, "rounds_s": times, "median_s": med, "torch": torch_key,
+                               "peak_gflops": peak}
         print(f"\n{name}, 1 thread: ONNX Runtime {med['onnxruntime'] * 1e3:.2f} ms, PyTorch ({torch_key}) "
               f"{med[torch_key] * 1e3:.2f} ms")
         print(f"{'variant':<26} {'tasks':>5} {'tune min':>8} {'estimate':>9} {'measured':>9} {'gap':>6} "
@@ -134,9 +172,16 @@ def tune_figures(args) -> int:
         for v in variants:
             vs = f"{v['vs_single_paired']:.3f}x {v['vs_single']}" if "vs_single_paired" in v else ""
             solver = f"{v['solver_s'] * 1e3:.1f}" if v["solver_s"] is not None else "-"
-            print(f"{v['label']:<26} {v['tasks']:>5} {v['tuning_s'] / 60:>8.1f} {v['estimate_s'] * 1e3:>8.2f} "
-                  f"{v['measured_s'] * 1e3:>8.2f} {100 * v['estimate_gap']:>5.1f}% {v['vs_onnxruntime']:>6.3f}x "
+            est = f"{v['estimate_s'] * 1e3:>8.2f} " if v["estimate_s"] else f"{'-':>8} "
+            gap = f"{100 * v['estimate_gap']:>5.1f}%" if v["estimate_gap"] is not None else f"{'-':>6}"
+            print(f"{v['label']:<26} {v['tasks']:>5} {v['tuning_s'] / 60:>8.1f} {est}"
+                  f"{v['measured_s'] * 1e3:>8.2f} {gap} {v['vs_onnxruntime']:>6.3f}x "
                   f"{v['vs_onnxruntime_paired']:>6.3f}x {v['vs_torch']:>7.3f}x {vs:>17} {solver:>9}")
+        print(f"\n{'variant':<26} {'GFLOPS':>7} {'of peak':>7}  share of the time by kernel kind (profiled apart)")
+        for v in variants:
+            total = sum(v["split_s"].values()) or 1.0
+            split = "  ".join(f"{k} {100 * sec / total:.1f}%" for k, sec in v["split_s"].items())
+            print(f"{v['label']:<26} {v['gflops']:>7.1f} {v['fraction_of_peak']:>7.2f}  {split}")
         args.out = str(write_results("models-tune", args.out, out))     # after each model: a cut run keeps it
     return 0
 
@@ -157,6 +202,8 @@ def main(argv=None) -> int:
                          f"{','.join(DEFAULT_CHOICES)}; NCHW and NHWC may be added); repeat to compare sets")
     ap.add_argument("--resume", action="store_true", help="with --tune: keep and resume the logs of an earlier run")
     ap.add_argument("--quiet", action="store_true", help="with --tune: no progress bars")
+    ap.add_argument("--untuned", action="store_true", help="with --tune: time the untuned compile (default "
+                                                           "schedules) beside the tuned ones")
     ap.add_argument("--weights", default=WEIGHTS[0],
                     help=f"with --tune: how weights are timed, {' or '.join(WEIGHTS)}; a list tunes each set both "
                          "ways (default %(default)s)")

@@ -287,3 +287,21 @@ def test_a_group_whose_output_is_a_pad_gets_its_vectorised_default_schedule():
     got = np.full((2, 16, 24), np.nan, np.float32)
     assert open_library(built.lib).tuner_run(built.index, pointer_array([xs, got])) == 0
     np.testing.assert_array_equal(got, np.pad(xs.transpose(0, 2, 1), ((0, 0), (0, 0), (0, 7))))
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_the_pytorch_peer_runs_the_built_in_transformers_and_computes_what_the_interpreter_computes(name):
+    """bench's PyTorch eager peer runs a transformer graph op by op (embedding gather, batch_matmul,
+    layer_norm, erf or tanh), so the figures can time it beside ONNX Runtime."""
+    pytest.importorskip("torch")
+    from tuner.compare.peers import torch_runner
+    from tuner.graph import interp, transformer_models
+    kw, _ = SMALL[name]
+    graph = getattr(transformer_models, name)(**kw)
+    shape = list(graph.inputs[0].shape)
+    rng = np.random.default_rng(2)
+    x = (rng.integers(-kw["vocab"], kw["vocab"], shape).astype(np.int64) if "vocab" in kw     # -1: the last row
+         else rng.standard_normal(shape).astype(np.float32))
+    out = torch_runner(graph, 1)([x])[0]
+    ref = interp.run(graph, x)[0]
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))

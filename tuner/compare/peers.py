@@ -100,7 +100,21 @@ def torch_runner(graph: Graph, threads: int, channels_last: bool = False):
         "concat": lambda n, *xs: torch.cat(xs, n.attrs["axis"]),
         "softmax": lambda n, x: torch.softmax(x, n.attrs["axis"]),
         "mean": lambda n, x: torch.mean(x, tuple(n.attrs["axes"]), bool(n.attrs.get("keepdims", 1))),
+        # transformers
+        "gather": lambda n, t, i: gather(n, t, i),
+        "batch_matmul": lambda n, a, b: torch.matmul(a, b.transpose(-1, -2) if n.attrs.get("trans_b") else b),
+        "layer_norm": lambda n, x, s, b: F.layer_norm(x, x.shape[n.attrs["axis"]:], s.reshape(x.shape[n.attrs["axis"]:]),
+                                                      b.reshape(x.shape[n.attrs["axis"]:]), n.attrs["epsilon"]),
+        "erf": lambda n, x: torch.erf(x), "tanh": lambda n, x: torch.tanh(x), "exp": lambda n, x: torch.exp(x),
+        "sqrt": lambda n, x: torch.sqrt(x), "neg": lambda n, x: -x, "pow": lambda n, a, b: torch.pow(a, b),
+        "gelu": lambda n, x: F.gelu(x), "gelu_tanh": lambda n, x: F.gelu(x, approximate="tanh"),
     }
+
+    def gather(n, table, idx):
+        axis = n.attrs["axis"]
+        i = idx.reshape(-1).long()
+        flat = torch.index_select(table, axis, torch.where(i < 0, i + table.shape[axis], i))    # ONNX: -1 is the last
+        return flat.reshape(table.shape[:axis] + idx.shape + table.shape[axis + 1:])
     for n in graph.nodes:
         if n.op not in ops or (len(n.inputs[0].shape) == 5 if n.inputs else False):
             raise UserError(f"{n.op} node {n.name!r} has no PyTorch equivalent here")
