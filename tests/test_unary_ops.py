@@ -199,3 +199,58 @@ def test_a_vectorised_reduction_loop_computes_the_sum_and_max_of_every_row_nan_a
     with np.errstate(invalid="ignore", over="ignore"):
         want = xs.astype(np.float64).sum(axis=1) if kind == "sum" else xs.max(axis=1)
     np.testing.assert_allclose(out, want.astype(np.float32), rtol=1e-5, atol=1e-4 * np.sqrt(n) * 10)
+
+
+@settings(max_examples=25, deadline=None)
+@given(lead=st.lists(st.integers(1, 4), min_size=1, max_size=3), n=st.integers(1, 40),
+       op=st.sampled_from(["softmax", "layer_norm"]), threads=st.sampled_from([1, 2]), seed=st.integers(0, 1000))
+def test_a_softmax_or_layer_norm_computed_row_by_row_keeps_no_whole_tensor_and_computes_what_numpy_computes(
+        lead, n, op, threads, seed):
+    """The generic kernel of a row-wise reduction group computes every stage at the output's row
+    loop (a stage read there by the output and by stages computed at the same loop after it), so
+    no intermediate tensor is allocated whole; any shape, one thread or several."""
+    from tuner.compiler.compile_model import _generic_kernel
+    from tuner.measure.builder import build_batch
+    from tuner.ops.reduce import layer_norm, softmax
+    from tuner.target import parse_target
+    from tuner.te.tensor import placeholder
+    from tuner.toolchain.library import open_library, pointer_array
+    target = parse_target(f"cpu -threads={threads}")
+    shape = (*lead, n)
+    x = placeholder(shape, "in0")
+    ins = [x] if op == "softmax" else [x, placeholder((n,), "in1"), placeholder((n,), "in2")]
+    y = softmax(x, len(shape) - 1, "s0") if op == "softmax" else layer_norm(x, ins[1], ins[2], len(shape) - 1, 1e-5, "s0")
+    steps, src, omp = _generic_kernel((ins, y), target, "f")
+    assert any(s[0] == "compute_at" for s in steps) and "aligned_alloc" not in src
+    built = build_batch([("f", src)], target, openmp=omp, jobs=1)[0]
+    assert not built.error, built.error
+    rng = np.random.default_rng(seed)
+    arrays = [(rng.standard_normal(t.shape) * 4).astype(np.float32) for t in ins]
+    out = np.empty(shape, np.float32)
+    assert open_library(built.lib).tuner_run(built.index, pointer_array(arrays + [out])) == 0
+    a = arrays[0].astype(np.float64)
+    if op == "softmax":
+        e = np.exp(a - a.max(axis=-1, keepdims=True))
+        want = e / e.sum(axis=-1, keepdims=True)
+    else:
+        want = (a - a.mean(-1, keepdims=True)) / np.sqrt(a.var(-1, keepdims=True) + 1e-5) * arrays[1] + arrays[2]
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_stage_computed_at_a_loop_must_be_read_only_there_and_a_row_group_never_recomputes_a_column_reduction():
+    """compute_at refuses a stage that a stage at the root still reads; a group whose row-by-row
+    schedule would recompute a column mean for every row is computed stage by stage instead."""
+    from tuner.compiler.compile_model import _generic_kernel
+    from tuner.ops.reduce import reduce_mean, softmax
+    from tuner.schedule.lower import lower
+    from tuner.schedule.schedule import ScheduleError, replay
+    from tuner.target import parse_target
+    from tuner.te.tensor import compute, placeholder
+    x = placeholder((6, 10), "x")
+    y = softmax(x, 1, "sm")
+    with pytest.raises(ScheduleError, match="compute_at needs its readers"):
+        lower(replay([x], y, [["compute_at", "sm_exp", "sm_sum", "sm_s0"]]))
+    col = reduce_mean(x, [0], keepdims=True, name="colmean")
+    centred = compute((6, 10), lambda i, j: x[i, j] - col[0, j], "centred", tag="elemwise", inputs=[x, col])
+    steps, _, _ = _generic_kernel(([x], softmax(centred, 1, "sm2")), parse_target("cpu -threads=1"), "f")
+    assert steps and not any(s[0] == "compute_at" for s in steps)

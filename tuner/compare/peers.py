@@ -56,7 +56,7 @@ def torch_runner(graph: Graph, threads: int, channels_last: bool = False):
     def const(v):
         t = consts.get(id(v))
         if t is None:
-            t = torch.from_numpy(np.ascontiguousarray(v.data))
+            t = torch.from_numpy(np.array(v.data, order="C"))      # a copy: torch wants it writable
             if t.ndim == 4:
                 t = t.contiguous(memory_format=fmt)
             consts[id(v)] = t

@@ -143,7 +143,7 @@ def _generic_dag(graph: Graph, nodes: list, ins: list, out_value):
     return phs, tensors[id(out_value)]
 
 
-def _stage_steps(st, target: Target) -> list:
+def _stage_steps(st, target: Target, parallel: bool = True) -> list:
     """A stage computed whole: its innermost loop vectorised where its extent allows
     (codegen.c.vector_split; a reduction's innermost reduction loop as a vector of partial results),
     and with several threads the spatial axes outside it fused and run in parallel."""
@@ -152,22 +152,55 @@ def _stage_steps(st, target: Target) -> list:
     vector = inner is not None and vector_split(inner.extent, target.lanes)[0] > 0
     outer = axes[:-1] if vector and not st.op.is_reduction else axes
     steps = [["annotate", st.name, inner.name, "vectorize"]] if vector else []
-    if target.threads > 1 and outer:
+    if parallel and target.threads > 1 and outer:
         if len(outer) > 1:
             steps.append(["fuse", st.name, outer])
         steps.append(["annotate", st.name, "@".join(outer), "parallel"])
     return steps
 
 
+def _row_steps(dag: tuple, target: Target) -> list | None:
+    """A group with reductions over the last axis (softmax, layer_norm, what feeds them) computed
+    row by row: every stage at the output's row loop, so a row's intermediates stay in registers
+    and L1 instead of whole tensors in memory; None where the output is not a row-wise elementwise
+    stage. With several threads the rows run in parallel."""
+    stages = Schedule(*dag).stages
+    out, inner = stages[-1], stages[:-1]
+    axes = [a.name for a in out.op.axes]
+    if out.op.is_reduction or len(axes) < 2 or not any(st.op.is_reduction for st in inner):
+        return None
+    steps = []
+    if len(axes) > 2:
+        steps.append(["fuse", out.name, axes[:-1]])
+    row = "@".join(axes[:-1])
+    steps += [["compute_at", st.name, out.name, row] for st in inner]
+    steps += [step for st in stages for step in _stage_steps(st, target, parallel=False)]
+    if target.threads > 1:
+        steps.append(["annotate", out.name, row, "parallel"])
+    return steps
+
+
+def _computed_once(fn, dag: tuple) -> bool:
+    """Every stage computed at a row computes each of its elements once over all rows (a stage
+    whose row region is bigger, a column mean, a transposed read, would be recomputed row after row)."""
+    sch = Schedule(*dag)
+    rows = int(np.prod(dag[1].shape[:-1]))
+    return all(int(np.prod(b.shape)) * rows <= int(np.prod(sch.shape_of(name)))
+               for name, b in fn.buffers.items() if b.scope == "local")
+
+
 def _generic_kernel(dag: tuple, target: Target, func: str):
     """(steps, C source, uses OpenMP) of a generic group: the default point of its search space,
-    else every stage computed whole, one after the other (_stage_steps: vectorised and parallel
-    where they can be), else the same without (always legal)."""
+    else row by row (_row_steps: groups with reductions over the last axis), else every stage
+    computed whole, one after the other (_stage_steps: vectorised and parallel where they can be),
+    else the same without (always legal)."""
     tries = [[step for st in Schedule(*dag).stages for step in _stage_steps(st, target)], []]
+    if (rows := _row_steps(dag, target)) is not None:
+        tries.insert(0, rows)
     try:
         space = SearchSpace(None, target, dag)
         tries.insert(0, space.steps(space.default()))
-    except (ValueError, ScheduleError):   # more than one reduction (softmax): stage by stage
+    except (ValueError, ScheduleError):   # more than one reduction (softmax): row by row, or stage by stage
         pass
     last_error = None
     for steps in tries:
@@ -175,6 +208,8 @@ def _generic_kernel(dag: tuple, target: Target, func: str):
             fn = lower(replay(dag[0], dag[1], steps))
         except (ScheduleError, ValueError) as e:
             last_error = e
+            continue
+        if steps is rows and not _computed_once(fn, dag):
             continue
         src, omp = generate_c(dataclasses.replace(fn, name=func), target.lanes, target.threads)
         return steps, src, omp

@@ -168,7 +168,7 @@ register(
     OpDef(name="mean", pattern=Pattern.COMM_REDUCE, infer=_mean_infer, evaluate=_mean_eval,
           te=lambda n, ins, name: reduce_mean(ins[0], n.attrs["axes"], bool(n.attrs.get("keepdims", 1)), name),
           onnx_in={"ReduceMean": _onnx_reduce_mean}),
-    OpDef(name="softmax", pattern=Pattern.OPAQUE, infer=same, evaluate=_softmax_eval,
+    OpDef(name="softmax", pattern=Pattern.COMM_REDUCE, infer=same, evaluate=_softmax_eval,
           te=lambda n, ins, name: softmax(ins[0], n.attrs["axis"], name), flops=lambda n: 3.0 * output_elements(n),
           onnx_in={"Softmax": _onnx_softmax}, onnx_out=export_as("Softmax", lambda n: {"axis": n.attrs["axis"]})),
     OpDef(name="layer_norm", pattern=Pattern.OPAQUE, infer=_ln_infer, evaluate=_ln_eval,

@@ -129,13 +129,17 @@ class Lowerer:
                 and any(isinstance(n, Load) and n.buffer == name for n in _walk_body(self.bodies[s.name]))]
 
     def _check_attachments(self):
+        # a stage computed at a loop of `target` is read there only: by the target, or by stages
+        # computed at the same loop after it (a softmax row: max, exp, sum at the output's row loop)
         for (target, _axis), stages in self.attached.items():
-            for st in stages:
-                readers = self._readers(st.name)
-                if [r.name for r in readers] != [target]:
-                    names = ", ".join(r.name for r in readers) or "nothing"
+            for k, st in enumerate(stages):
+                readers = {r.name for r in self._readers(st.name)}
+                allowed = {target} | {s.name for s in stages[k + 1:]}
+                if not readers or not readers <= allowed:
+                    names = ", ".join(sorted(readers)) or "nothing"
                     raise ScheduleError(f"{st.name} is computed at {target} but is read by {names}; "
-                                        f"compute_at needs {target} to be its only reader")
+                                        f"compute_at needs its readers to be {target} or stages computed "
+                                        f"at the same loop after it")
         # a stage computed at a stage that is itself (transitively) computed at it would never be built
         for s in self.sch.stages:
             seen, cur = set(), s
@@ -192,9 +196,19 @@ class Lowerer:
         offsets = dict(offsets)
         at_leaf = {}
         for leaf in st.leaves:
-            for prod in self.attached.get((st.name, leaf), []):
-                fixed_upto = st.leaves.index(leaf)
-                preg, pguards = self._infer_region(st, prod, fixed_upto, leaf_val, leaf_ext, base, ranges)
+            prods = self.attached.get((st.name, leaf), [])
+            fixed_upto = st.leaves.index(leaf)
+            regions = {}
+            for k in range(len(prods) - 1, -1, -1):     # a producer's readers there come after it
+                prod = prods[k]
+                read = self._read_region(st, prod, fixed_upto, leaf_val, leaf_ext, base, ranges)
+                shape = self.sch.shape_of(prod.name)
+                for sib in prods[k + 1:]:
+                    more = self._sibling_reads(sib, regions[sib.name][0], prod)
+                    read = [_merge(x, y, n) for x, y, n in zip(read, more, shape)]
+                regions[prod.name] = self._close_region(prod, read, ranges)
+            for prod in prods:
+                preg, pguards = regions[prod.name]
                 offsets[prod.name] = [from_linear(iv.terms, iv.lo) for iv in preg]
                 at_leaf.setdefault(leaf, []).append((prod, preg, pguards))
 
@@ -346,10 +360,10 @@ class Lowerer:
         return iv
 
     # ------------------------------------------------------------ bound inference
-    def _infer_region(self, st, prod, fixed_upto, leaf_val, leaf_ext, base, ranges):
-        """The region of `prod` that `st` reads below its leaf `fixed_upto`. A shared buffer
-        serves every thread of the block: its region is relaxed over the threadIdx and vthread
-        loops, st's own and those its base depends on."""
+    def _read_region(self, st, prod, fixed_upto, leaf_val, leaf_ext, base, ranges) -> list:
+        """The region of `prod` that `st` reads below its leaf `fixed_upto` (None in a dimension it
+        does not read). A shared buffer serves every thread of the block: its region is relaxed
+        over the threadIdx and vthread loops, st's own and those its base depends on."""
         shared = prod.scope == "shared"
         relax = {leaf for leaf in st.leaves if st.annotations.get(leaf) in _RELAXED} if shared else set()
         root_iv = self._root_intervals(st, fixed_upto, leaf_val, leaf_ext, relax)
@@ -363,21 +377,27 @@ class Lowerer:
             env[a.name] = _iv_add(b_iv, root_iv[a.name])
         for r in st.op.reduce_axes:
             env[r.name] = root_iv[r.name]
+        return self._reads(st, prod, env)
+
+    def _sibling_reads(self, sib, region: list, prod) -> list:
+        """The region of `prod` that `sib`, computed over `region` at the same loop, reads."""
+        env = {a.name: iv for a, iv in zip(sib.op.axes, region)}
+        env.update({r.name: Interval({}, 0, r.extent - 1) for r in sib.op.reduce_axes})
+        return self._reads(sib, prod, env)
+
+    def _reads(self, st, prod, env: dict) -> list:
         shape = self.sch.shape_of(prod.name)
         region = [None] * len(shape)
         for load in (n for n in _walk_body(self.bodies[st.name]) if isinstance(n, Load) and n.buffer == prod.name):
             for d, idx in enumerate(load.indices):
                 iv = interval_of(idx, env)
-                full = Interval({}, 0, shape[d] - 1)
-                if iv is None:
-                    region[d] = full
-                elif region[d] is None:
-                    region[d] = iv
-                elif region[d].terms == iv.terms:
-                    region[d] = Interval(iv.terms, min(region[d].lo, iv.lo), max(region[d].hi, iv.hi))
-                else:
-                    region[d] = full
-        guards = []
+                region[d] = _merge(region[d], Interval({}, 0, shape[d] - 1) if iv is None else iv, shape[d])
+        return region
+
+    def _close_region(self, prod, region: list, ranges: dict) -> tuple:
+        """(region with unread dimensions whole, guards where it may overrun the tensor)."""
+        shape = self.sch.shape_of(prod.name)
+        region, guards = list(region), []
         for d, iv in enumerate(region):
             if iv is None:
                 iv = region[d] = Interval({}, 0, shape[d] - 1)
@@ -435,6 +455,16 @@ def _guard(stmt, guards, axis_val, global_val):
     for x in conds[1:]:
         c = And(c, x)
     return ir.IfThen(c, stmt)
+
+
+def _merge(a, b, size: int):
+    """The smallest interval form holding both (None: nothing read), the whole dimension where
+    their terms differ."""
+    if a is None or b is None:
+        return b if a is None else a
+    if a.terms != b.terms:
+        return Interval({}, 0, size - 1)
+    return Interval(a.terms, min(a.lo, b.lo), max(a.hi, b.hi))
 
 
 def _walk_body(body: Expr):

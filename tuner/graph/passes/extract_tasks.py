@@ -167,6 +167,35 @@ def extract_tasks(graph: Graph, ctx) -> Graph:
     groups = graph.meta.get("fused_groups")
     out = Graph(graph.inputs, graph.outputs, graph.nodes, graph.name, dict(graph.meta))
     if groups is not None:
-        out.meta["fused_groups"] = [part for g in groups for part in split_epilogue(graph, g)]
+        out.meta["fused_groups"] = _into_reductions(graph, [part for g in groups for part in split_epilogue(graph, g)])
     out.meta["tasks"] = extract(out)
     return out
+
+
+def _into_reductions(graph: Graph, groups: list) -> list:
+    """An elementwise or injective group without an anchor (the rest of a split epilogue: BERT's
+    attention scale) joins the reducing group (softmax) that alone reads it, as FuseOps would
+    have fused it there had the anchor not taken it first."""
+    groups = list(groups)
+    owner = {k: i for i, g in enumerate(groups) for k in g.nodes}
+    readers: dict = {}
+    for k, n in enumerate(graph.nodes):
+        for v in n.inputs:
+            readers.setdefault(id(v), set()).add(k)
+    outputs = {id(v) for v in graph.outputs}
+    gone = set()
+    for i, g in enumerate(groups):
+        if g.anchor is not None or g.pattern > Pattern.INJECTIVE:
+            continue
+        last = graph.nodes[g.nodes[-1]].output
+        read = readers.get(id(last), set())
+        sinks = {owner[r] for r in read}
+        inner_read_outside = any(not readers.get(id(graph.nodes[k].output), set()) <= set(g.nodes) for k in g.nodes[:-1])
+        if id(last) in outputs or len(sinks) != 1 or inner_read_outside:
+            continue
+        j = sinks.pop()
+        if groups[j].anchor is None and groups[j].pattern == Pattern.COMM_REDUCE:
+            groups[j] = FusedGroup(sorted(groups[j].nodes + g.nodes), None, groups[j].pattern, dict(groups[j].extra))
+            owner.update({k: j for k in g.nodes})
+            gone.add(i)
+    return [g for i, g in enumerate(groups) if i not in gone]

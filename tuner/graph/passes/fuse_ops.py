@@ -5,7 +5,8 @@ the post-dominator tree) and the combined pattern of the edges on the way there.
   0: an out-elemwise-fusable op (conv2d, dense, pool) takes its post-dominator when the path
      to it is elemwise and every op on it is at most broadcast (the epilogue: bias, residual, relu);
   1: elemwise/broadcast ops fuse into an injective or reducing post-dominator; injective ops fuse
-     along all-injective paths;
+     along all-injective paths, into a reducing post-dominator too (unlike TVM: the generic
+     kernel of a reduction computes its producers row by row, compile_model._row_steps);
 TVM's third phase fuses injective ops into intermediate tuples; this IR has no tuples, so it is left out.
 A group never grows past `max_depth` nodes. The graph itself is unchanged; the groups are
 recorded in graph.meta["fused_groups"] as lists of node indices.
@@ -177,7 +178,7 @@ def fuse(graph: Graph, max_depth: int = MAX_FUSE_DEPTH) -> list:
             elif own == Pattern.INJECTIVE:
                 if phase != 1:
                     continue
-                if check_path(k, sink, lambda p, is_sink: p <= Pattern.INJECTIVE):
+                if check_path(k, sink, lambda p, is_sink: p <= Pattern.INJECTIVE or (is_sink and p == Pattern.COMM_REDUCE)):
                     commit(k, sink)
     by_root: dict = {}
     for k in range(len(graph.nodes)):
