@@ -254,3 +254,29 @@ def test_a_stage_computed_at_a_loop_must_be_read_only_there_and_a_row_group_neve
     centred = compute((6, 10), lambda i, j: x[i, j] - col[0, j], "centred", tag="elemwise", inputs=[x, col])
     steps, _, _ = _generic_kernel(([x], softmax(centred, 1, "sm2")), parse_target("cpu -threads=1"), "f")
     assert steps and not any(s[0] == "compute_at" for s in steps)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n", [197, 13, 7])
+def test_an_elementwise_kernel_whose_last_axis_no_vector_divides_runs_vectorised_with_a_scalar_tail(
+        tmp_path, tmp_cache, n, threads):
+    """ViT's 197 tokens: the injective sketch vectorises the whole innermost axis (vectors, then the
+    remainder lane by lane) instead of one element per iteration of a loop fused with the others."""
+    from tuner.codegen.c import PRELUDE
+    from tuner.schedule.ir import vector_split
+    from tuner.target import parse_target
+    shape = [2, 3, n]
+    g = helper.make_graph([helper.make_node("Div", ["x", "s"], ["y"]), helper.make_node("Relu", ["y"], ["z"])], "div",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, shape)],
+                          [numpy_helper.from_array(np.array(0.125, np.float32), "s")])
+    path = tmp_path / "d.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    m = compile_model(str(path), target=f"cpu -threads={threads}", use_shipped=False)
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    np.testing.assert_allclose(m.run(x)[0], ort_run(path, x)[0], rtol=1e-6)
+    m.save(str(tmp_path / "built"))
+    source = (tmp_path / "built" / "model.c").read_text().replace(PRELUDE, "")
+    lanes = parse_target("cpu").lanes
+    assert ("__chunk" in source) == (vector_split(n, lanes)[0] > 0)
+    assert "% " + str(n) not in source           # no division and remainder per element

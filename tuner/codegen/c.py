@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from ..schedule import ir
+from ..schedule.ir import vector_split
 from ..schedule.lower import c_name
 from ..te.expr import (Add, And, Call, Cast, Cmp, Const, Div, Expr, FloorDiv, FloorMod, Load, Max, Min, Mul, Select,
                        Sub, Var, bounds, free_vars, from_linear, linear, simplify, substitute, walk)
@@ -462,21 +463,6 @@ def _straight_stores(s: ir.Stmt, conds=()) -> list:
     if isinstance(s, ir.IfThen):
         return _straight_stores(s.body, tuple(conds) + (s.cond,))
     raise NotVectorizable(f"body has a {type(s).__name__}")
-
-
-def vector_lanes(extent: int, max_lanes: int) -> int:
-    """The register width a vector loop of `extent` is written with (0: it cannot be)."""
-    return next((w for w in (16, 8, 4) if w <= max_lanes and extent % w == 0), 0)
-
-
-def vector_split(extent: int, max_lanes: int) -> tuple:
-    """(width, scalar remainder) a loop of `extent` is vectorised with: a width that divides it, else
-    the widest of which two vectors fit, the rest lane by lane; (0, extent) when neither."""
-    lanes = vector_lanes(extent, max_lanes)
-    if lanes:
-        return lanes, 0
-    lanes = next((w for w in (16, 8, 4) if w <= max_lanes and 2 * w <= extent), 0)
-    return (lanes, extent % lanes) if lanes else (0, extent)
 
 
 def nest_steps(s: ir.Stmt) -> int:

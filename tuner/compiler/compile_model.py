@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from ..codegen.c import generate_c, vector_split
+from ..codegen.c import generate_c
 from ..database.union import Database
 from ..errors import UserError
 from ..graph import Graph, load
@@ -37,6 +37,7 @@ from ..graph.passes.extract_tasks import group_summary, transform_workload, work
 from ..ops import WORKLOADS, Unsupported, flops, to_te
 from ..runtime.artifact import DEFAULT, FLOAT_EXACT, GENERIC, Arg, Step, declaration
 from ..runtime.model import CompiledModel
+from ..schedule.ir import vector_split
 from ..schedule.lower import lower
 from ..schedule.schedule import Schedule, ScheduleError, replay
 from ..space.sketch import SearchSpace

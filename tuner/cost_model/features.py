@@ -15,7 +15,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..codegen.c import is_float, nest_steps, vector_lanes
+from ..codegen.c import is_float, nest_steps
+from ..schedule.ir import vector_lanes
 from ..codegen.cuda import launch_shape
 from ..schedule import ir
 from ..te.expr import (Add, And, Call, Cmp, Const, Div, Expr, FloorDiv, FloorMod, Load, Max, Min, Mul, Select, Sub, Var,

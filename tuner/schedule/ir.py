@@ -124,3 +124,19 @@ def seq(stmts: list) -> Stmt:
         elif s is not None:
             flat.append(s)
     return flat[0] if len(flat) == 1 else Seq(flat)
+
+
+# ------------------------------------------------------------ how a vectorised loop is written (codegen.c)
+def vector_lanes(extent: int, max_lanes: int) -> int:
+    """The register width a vector loop of `extent` is written with (0: it cannot be)."""
+    return next((w for w in (16, 8, 4) if w <= max_lanes and extent % w == 0), 0)
+
+
+def vector_split(extent: int, max_lanes: int) -> tuple:
+    """(width, scalar remainder) a loop of `extent` is vectorised with: a width that divides it, else
+    the widest of which two vectors fit, the rest lane by lane; (0, extent) when neither."""
+    lanes = vector_lanes(extent, max_lanes)
+    if lanes:
+        return lanes, 0
+    lanes = next((w for w in (16, 8, 4) if w <= max_lanes and 2 * w <= extent), 0)
+    return (lanes, extent % lanes) if lanes else (0, extent)

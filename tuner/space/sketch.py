@@ -45,6 +45,7 @@ import random
 from functools import cached_property
 
 from ..ops import Workload
+from ..schedule.ir import vector_split
 from ..schedule.schedule import Schedule, replay
 
 MAX_ACCUMULATORS = 32        # vector registers of AVX-512 (AVX2 has 16; spills only cost speed)
@@ -97,6 +98,16 @@ class DagSketch:
     def schedule(self, steps: list) -> Schedule:
         return replay(self.inputs, self.output, steps)
 
+    @cached_property
+    def injective_vecs(self) -> list:
+        """The injective sketch's inner lengths: last_options, and the whole innermost axis where no
+        vector length divides it but the C generator vectorises it with a scalar tail (ViT's 197
+        tokens), rather than one element at a time."""
+        e, opts = self.out_shape[-1], list(self.last_options)
+        if not any(v % 4 == 0 for v in opts) and vector_split(e, self.target.lanes)[0] > 0:
+            opts.append(e)
+        return opts
+
     def register_options(self, d: int) -> list:
         """Register-tile lengths of output axis `d`: the innermost axis's `last_options`, else the
         divisors of its extent that fit the accumulators."""
@@ -131,7 +142,7 @@ class SearchSpace(DagSketch):
         """The options of each decision of a flat sketch (injective, table): name -> options. The
         pad placement is {pad stage: "inline" | "root"}, as in the tiled sketch's points."""
         if self.kind == "injective":
-            return {"vec": list(self.last_options), "unroll": [0, 1]}
+            return {"vec": list(self.injective_vecs), "unroll": [0, 1]}
         if self.kind == "table":
             pads = [{p: where for p in self.pads} for where in self.pad_places] if self.pads else []
             return {"vec": list(self.last_options), **({"pad": pads} if pads else {}),
@@ -244,7 +255,7 @@ class SearchSpace(DagSketch):
     def default(self) -> dict:
         """A reasonable untuned point: a vector-wide, register-sized tile, no cache blocking."""
         if self.kind == "injective":
-            return {"vec": max(self.last_options), "unroll": 0}
+            return {"vec": max(self.injective_vecs), "unroll": 0}
         if self.kind == "table":
             # each decision's first option (the pad read in place, a register accumulator), and one
             # vector register per table entry
@@ -354,7 +365,7 @@ class SearchSpace(DagSketch):
             steps.append(["fuse", out, [f"{a}.0" for a in out_axes]])
             steps.append(["annotate", out, "@".join(f"{a}.0" for a in out_axes), "parallel"])
         if apart:                   # the epilogue's own loop nest, as the injective sketch writes it
-            steps += self._injective_steps({"vec": max(self.last_options), "unroll": 1}, inline=False)
+            steps += self._injective_steps({"vec": max(self.injective_vecs), "unroll": 1}, inline=False)
         return steps
 
     def _table_steps(self, dec: dict) -> list:
@@ -417,7 +428,7 @@ class SearchSpace(DagSketch):
         vec = dec["vec"]
         steps.append(["split", out, axes[-1], [vec]])
         inner = f"{axes[-1]}.1"
-        if vec % 4 == 0:
+        if vec % 4 == 0 or (vec == self.out_shape[-1] and vector_split(vec, self.target.lanes)[0] > 0):
             steps.append(["annotate", out, inner, "vectorize"])
         elif dec["unroll"] and vec > 1:
             steps.append(["annotate", out, inner, "unroll"])
