@@ -43,6 +43,8 @@ import statistics
 import time
 from pathlib import Path
 
+import numpy as np
+
 from bench.common import write_results
 from tuner.analysis.model_report import tuning_seconds
 from tuner.compare.bench import bench_model
@@ -65,14 +67,10 @@ def kind_split(m, runs: int = 5) -> dict:
     """Seconds of a run by kernel kind (KINDS), each step timed in context (CompiledModel.profile)."""
     per_step, _ = m.profile(runs=runs)
     split = dict.fromkeys([k for k, _ in KINDS] + ["the rest"], 0.0)
-    for st, sec in zip(m.steps, statistics_median_columns(per_step)):
+    for st, sec in zip(m.steps, np.median(per_step, axis=0)):
         ops = [st.workload.split(":")[0]] if st.workload and ":" in st.workload else st.summary.split(" + ")
         split[next((k for k, names in KINDS if any(o in names for o in ops)), "the rest")] += sec
     return split
-
-
-def statistics_median_columns(table) -> list:
-    return [statistics.median(col) for col in zip(*table)]
 
 
 def tune_figures(args) -> int:
@@ -177,7 +175,7 @@ def tune_figures(args) -> int:
             print(f"{v['label']:<26} {v['tasks']:>5} {v['tuning_s'] / 60:>8.1f} {est}"
                   f"{v['measured_s'] * 1e3:>8.2f} {gap} {v['vs_onnxruntime']:>6.3f}x "
                   f"{v['vs_onnxruntime_paired']:>6.3f}x {v['vs_torch']:>7.3f}x {vs:>17} {solver:>9}")
-        print(f"\n{'variant':<26} {'GFLOPS':>7} {'of peak':>7}  share of the time by kernel kind (profiled apart)")
+        print(f"\n{'variant':<26} {'GFLOPS':>7} {'of peak':>7}  share of the time by kernel kind (a profile run after the rounds)")
         for v in variants:
             total = sum(v["split_s"].values()) or 1.0
             split = "  ".join(f"{k} {100 * sec / total:.1f}%" for k, sec in v["split_s"].items())

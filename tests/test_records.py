@@ -192,26 +192,32 @@ def test_a_kernel_timed_twice_counts_as_its_slower_timing(tuned_log):
 def test_a_faster_record_whose_code_changed_is_applied_without_its_time_and_named(tuned_log, tmp_path):
     """The fastest record's steps now give other code (the generator changed since it was timed):
     its schedule is still the best known, so apply-best takes it, but its time is not promised and
-    the compile warning names the task; steps that no longer apply at all are passed over."""
+    the compile warning names the task. Steps that no longer apply at all are passed over, and so
+    is a stale record whose code today the log has timed itself (that timing ranks it)."""
     lines = [json.loads(ln) for ln in tuned_log.read_text().splitlines()]
-    assert lines
-    fresh_best = min((records.Record.from_json(r) for r in lines), key=lambda r: r.latency)
-    stale = dict(lines[-1], code_hash="0" * 20, costs=[fresh_best.latency / 2])
+    recs = [records.Record.from_json(r) for r in lines]
+    fresh_best = min(recs, key=lambda r: r.latency)
+    victim = max(recs, key=lambda r: r.latency)
+    assert victim.code_hash != fresh_best.code_hash
+    rest = [ln for ln, r in zip(lines, recs) if r.code_hash != victim.code_hash]
+    stale = dict(victim.to_json(), code_hash="0" * 20, costs=[fresh_best.latency / 2])
     junk = dict(lines[0], steps=[["split", "no_such_stage", "i", [2]]], code_hash="1" * 20, costs=[1e-9])
     log = tmp_path / "log.jsonl"
-    log.write_text("".join(json.dumps(r) + "\n" for r in [junk, stale] + lines))
-    db = Database.open(str(log), TARGET1, use_shipped=False)
-    rec, _ = db.best(SMALL, TARGET1)
+
+    def best(logged):
+        log.write_text("".join(json.dumps(r) + "\n" for r in logged))
+        db = Database.open(str(log), TARGET1, use_shipped=False)
+        return db, db.best(SMALL, TARGET1)[0]
+
+    db, rec = best([junk, stale] + rest)
     assert rec is not None and rec.code_hash == stale["code_hash"] and db.is_stale(rec)
-    assert list(db.stale) == [SMALL.label]
-    assert SMALL.label in db.stale_warning() and "tune again" in db.stale_warning()
+    assert [label for label, _ in db.stale.values()] == [SMALL.label]
+    assert SMALL.label in db.stale_warning() and "tune them again" in db.stale_warning()
     k = build_op(SMALL, target=TARGET1, log=str(log), use_shipped=False, quiet=True)
     assert k.steps == stale["steps"]
     arrays = [np.random.default_rng(0).uniform(-1, 1, shape).astype(np.float32) for shape in k.input_shapes]
     np.testing.assert_allclose(k(*arrays), k.workload.reference(arrays), rtol=1e-4, atol=1e-4)
-    slower = dict(stale, costs=[fresh_best.latency * 2])
-    log.write_text("".join(json.dumps(r) + "\n" for r in [slower] + lines))
-    db = Database.open(str(log), TARGET1, use_shipped=False)
-    rec, _ = db.best(SMALL, TARGET1)
-    assert rec.code_hash == fresh_best.code_hash and not db.is_stale(rec) and db.stale_warning() == ""
+    for logged in ([stale] + lines, [dict(stale, costs=[fresh_best.latency * 2])] + rest):
+        db, rec = best(logged)       # its code timed (slower), or the stale claim slower than the best
+        assert rec.code_hash == fresh_best.code_hash and not db.is_stale(rec) and db.stale_warning() == ""
     assert Database.open(str(tuned_log), TARGET1, use_shipped=False).stale_warning() == ""

@@ -414,3 +414,32 @@ def test_the_default_gemm_tile_fits_the_registers_runs_every_row_under_a_column_
     assert cases
     if isa == TARGET1.isa or (isa == "avx2" and TARGET1.isa == "avx512"):      # runnable here
         check_schedules(cases, target)
+
+
+@settings(max_examples=20, deadline=None)
+@given(rows=st.integers(1, 4), n=st.integers(1, 19), shift=st.integers(0, 2), target_reads=st.booleans())
+def test_stages_computed_at_one_loop_cover_what_the_target_and_the_later_stages_there_read(rows, n, shift, target_reads):
+    """a and b computed at the output's row loop: a is read by b at an offset (a[i, j + shift]) and,
+    or not, by the output itself; a's row buffer covers both reads, whatever the offset."""
+    import numpy as np
+
+    from tuner.measure.builder import build_batch
+    from tuner.te.tensor import compute, placeholder
+    from tuner.toolchain.library import open_library, pointer_array
+    x = placeholder((rows, n + shift), "x")
+    a = compute((rows, n + shift), lambda i, j: x[i, j] * Const(2.0), "a", inputs=[x])
+    b = compute((rows, n), lambda i, j: a[i, j] + a[i, j + shift], "b", inputs=[a])
+    out = compute((rows, n), (lambda i, j: b[i, j] * a[i, j]) if target_reads else (lambda i, j: b[i, j] * Const(3.0)),
+                  "out", inputs=[b, a] if target_reads else [b])
+    steps = [["compute_at", "a", "out", "i0"], ["compute_at", "b", "out", "i0"]]
+    fn = lower(replay([x], out, steps), "f")
+    assert fn.buffers["a"].scope == "local" and fn.buffers["a"].shape[-1] == n + shift
+    src, _ = generate_c(fn, TARGET1.lanes, 1)
+    built = build_batch([("f", src)], TARGET1, jobs=1)[0]
+    assert not built.error, built.error
+    xs = np.random.default_rng(rows * 100 + n).standard_normal((rows, n + shift)).astype(np.float32)
+    got = np.empty((rows, n), np.float32)
+    assert open_library(built.lib).tuner_run(built.index, pointer_array([xs, got])) == 0
+    av = xs * 2
+    bv = av[:, :n] + av[:, shift:shift + n]
+    np.testing.assert_allclose(got, bv * av[:, :n] if target_reads else bv * 3, rtol=1e-6)

@@ -280,3 +280,18 @@ def test_an_elementwise_kernel_whose_last_axis_no_vector_divides_runs_vectorised
     lanes = parse_target("cpu").lanes
     assert ("__chunk" in source) == (vector_split(n, lanes)[0] > 0)
     assert "% " + str(n) not in source           # no division and remainder per element
+
+
+def test_an_elementwise_kernel_over_half_a_million_odd_columns_compiles_and_computes_what_numpy_computes(tmp_path, tmp_cache):
+    """A whole innermost axis vectorised is a loop of vector chunks unrolled a little, not one
+    unrolled body per chunk (GCC refuses an unroll pragma of 65535 or more)."""
+    n = 524_309
+    g = helper.make_graph([helper.make_node("Div", ["x", "s"], ["y"]), helper.make_node("Relu", ["y"], ["z"])], "div",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, n])],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, n])],
+                          [numpy_helper.from_array(np.array(0.5, np.float32), "s")])
+    path = tmp_path / "d.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    m = compile_model(str(path), target="cpu -threads=1", use_shipped=False)
+    x = np.random.default_rng(0).standard_normal((1, n)).astype(np.float32)
+    np.testing.assert_allclose(m.run(x)[0], np.maximum(x / 0.5, 0), rtol=1e-6)

@@ -18,6 +18,7 @@ from ..te.expr import (Add, And, Call, Cast, Cmp, Const, Div, Expr, FloorDiv, Fl
                        Sub, Var, bounds, free_vars, from_linear, linear, simplify, substitute, walk)
 
 STACK_LIMIT_BYTES = 64 * 1024
+VECTOR_UNROLL = 32           # a vector loop's chunks unrolled at most this far (a 50257-wide axis is a loop)
 
 PRELUDE = """#include <math.h>
 #include <stdlib.h>
@@ -317,7 +318,7 @@ class CGen:
         out = []
         inner = d
         if chunks > 1:
-            out.append("  " * d + f"#pragma GCC unroll {chunks}")
+            out.append("  " * d + f"#pragma GCC unroll {min(chunks, VECTOR_UNROLL)}")
             out.append("  " * d + f"for (int {c_name(chunk)} = 0; {c_name(chunk)} < {chunks}; ++{c_name(chunk)}) {{")
             inner = d + 1
         for conds, line in body:

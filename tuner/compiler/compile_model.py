@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from ..codegen.c import generate_c
+from ..codegen.c import STACK_LIMIT_BYTES, generate_c
 from ..database.union import Database
 from ..errors import UserError
 from ..graph import Graph, load
@@ -161,10 +161,11 @@ def _stage_steps(st, target: Target, parallel: bool = True) -> list:
 
 
 def _row_steps(dag: tuple, target: Target) -> list | None:
-    """A group with reductions over the last axis (softmax, layer_norm, what feeds them) computed
-    row by row: every stage at the output's row loop, so a row's intermediates stay in registers
-    and L1 instead of whole tensors in memory; None where the output is not a row-wise elementwise
-    stage. With several threads the rows run in parallel."""
+    """A group with a reduction (softmax, layer_norm, what feeds a softmax) computed row by row:
+    every stage at the output's row loop, so a row's intermediates stay in registers and L1
+    instead of whole tensors in memory; None where the output is itself a reduction or has one
+    axis. Whether each stage is then computed once (its reduction runs along the row) is
+    _rows_fit's to check. With several threads the rows run in parallel."""
     stages = Schedule(*dag).stages
     out, inner = stages[-1], stages[:-1]
     axes = [a.name for a in out.op.axes]
@@ -181,13 +182,15 @@ def _row_steps(dag: tuple, target: Target) -> list | None:
     return steps
 
 
-def _computed_once(fn, dag: tuple) -> bool:
-    """Every stage computed at a row computes each of its elements once over all rows (a stage
-    whose row region is bigger, a column mean, a transposed read, would be recomputed row after row)."""
+def _rows_fit(fn, dag: tuple) -> bool:
+    """Every stage computed at a row computes no more elements over all rows than its tensor has
+    (a stage whose row region is bigger, a column mean, would be recomputed row after row), and
+    its row buffer fits the stack (a longer row falls back to stage by stage rather than to an
+    allocation per row)."""
     sch = Schedule(*dag)
     rows = int(np.prod(dag[1].shape[:-1]))
-    return all(int(np.prod(b.shape)) * rows <= int(np.prod(sch.shape_of(name)))
-               for name, b in fn.buffers.items() if b.scope == "local")
+    local = [(name, int(np.prod(b.shape))) for name, b in fn.buffers.items() if b.scope == "local"]
+    return all(n * rows <= int(np.prod(sch.shape_of(name))) and 4 * n <= STACK_LIMIT_BYTES for name, n in local)
 
 
 def _generic_kernel(dag: tuple, target: Target, func: str):
@@ -210,7 +213,7 @@ def _generic_kernel(dag: tuple, target: Target, func: str):
         except (ScheduleError, ValueError) as e:
             last_error = e
             continue
-        if steps is rows and not _computed_once(fn, dag):
+        if steps is rows and not _rows_fit(fn, dag):
             continue
         src, omp = generate_c(dataclasses.replace(fn, name=func), target.lanes, target.threads)
         return steps, src, omp

@@ -473,7 +473,8 @@ def fastest_that_replay(recs, k: int, stale: list | None = None) -> list:
     far too fast (docs/history.md), and
     the fastest of thousands of timings is where such luck collects (`confirm` times the
     front-runners again). Faster records passed over because their steps still apply but give
-    other code than they logged (the code generator changed since) are appended to `stale`."""
+    other code than they logged (the code generator changed since), code the log never timed,
+    are appended to `stale`."""
     ok = [r for r in recs if r.ok]
     slowest: dict = {}                       # code hash -> its slowest record
     for r in ok:
@@ -486,8 +487,8 @@ def fastest_that_replay(recs, k: int, stale: list | None = None) -> list:
             continue
         code = code_of(r)
         if code is None or (r.code_hash is not None and code != r.code_hash):
-            if code is not None and stale is not None:
-                stale.append(r)
+            if code is not None and code not in slowest and stale is not None:
+                stale.append(r)      # (the code its steps give now, when timed, ranks by its own time)
             continue
         seen.add(r.code_hash)
         out.append(r)

@@ -21,7 +21,7 @@ class Source:
 class Database:
     sources: list                    # [Source], first wins
     _best: dict = field(default_factory=dict)
-    stale: dict = field(default_factory=dict)   # workload label -> its best record, logged for other code
+    stale: dict = field(default_factory=dict)   # (workload key, target) -> (label, its best record, logged for other code)
 
     @classmethod
     def open(cls, logs, target, use_shipped: bool = True, missing: str = "error", warn: bool = True) -> "Database":
@@ -52,23 +52,24 @@ class Database:
                 if rec is not None:
                     self._best[key] = (rec, s.name)
                     if stale:
-                        self.stale[workload.label] = rec
+                        self.stale[key] = (workload.label, rec)
                     break
         return self._best[key]
 
     def is_stale(self, rec) -> bool:
         """Whether `rec`, a best record, was logged for code this version no longer generates."""
-        return rec is not None and any(r is rec for r in self.stale.values())
+        return rec is not None and any(r is rec for _, r in self.stale.values())
 
     def stale_warning(self) -> str:
         """One line naming the workloads whose best records were logged for other code than their
         steps give today, or ''."""
         if not self.stale:
             return ""
-        names = sorted(self.stale)
+        names = sorted(label for label, _ in self.stale.values())
         shown = "; ".join(names[:4]) + (f"; and {len(names) - 4} more" if len(names) > 4 else "")
         return (f"{len(names)} task(s) use schedules whose code this version generates differently, so their "
-                f"logged times do not apply (tune again with the same --log to time them): {shown}")
+                f"logged times are another code's and the report promises none (tune them again to time "
+                f"this version's code): {shown}")
 
     def plan(self, model_hash: str, target, structure: str = "") -> tuple:
         """(the newest layout plan of the model on `target` in the first source that has one, that

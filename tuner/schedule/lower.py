@@ -130,11 +130,12 @@ class Lowerer:
 
     def _check_attachments(self):
         # a stage computed at a loop of `target` is read there only: by the target, or by stages
-        # computed at the same loop after it (a softmax row: max, exp, sum at the output's row loop)
+        # computed at the same loop after it (a softmax row: max, exp, sum at the output's row
+        # loop); a shared (GPU block) stage by the target only
         for (target, _axis), stages in self.attached.items():
             for k, st in enumerate(stages):
                 readers = {r.name for r in self._readers(st.name)}
-                allowed = {target} | {s.name for s in stages[k + 1:]}
+                allowed = {target} | ({s.name for s in stages[k + 1:]} if st.scope != "shared" else set())
                 if not readers or not readers <= allowed:
                     names = ", ".join(sorted(readers)) or "nothing"
                     raise ScheduleError(f"{st.name} is computed at {target} but is read by {names}; "

@@ -104,7 +104,7 @@ class DagSketch:
         vector length divides it but the C generator vectorises it with a scalar tail (ViT's 197
         tokens), rather than one element at a time."""
         e, opts = self.out_shape[-1], list(self.last_options)
-        if not any(v % 4 == 0 for v in opts) and vector_split(e, self.target.lanes)[0] > 0:
+        if e not in opts and not any(v % 4 == 0 for v in opts) and vector_split(e, self.target.lanes)[0] > 0:
             opts.append(e)
         return opts
 

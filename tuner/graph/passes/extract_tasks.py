@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from ...ops import (EPILOGUE_ACTS, OPS, PATTERN, WORKLOADS, NoTask, Pattern, Workload, WorkloadError, act_params, make,
                    nchw_dims)
 from ..ir import Graph
-from .fuse_ops import FusedGroup
+from .fuse_ops import OWN_KERNEL, FusedGroup
 from .base import register
 
 
@@ -185,7 +185,7 @@ def _into_reductions(graph: Graph, groups: list) -> list:
     outputs = {id(v) for v in graph.outputs}
     gone = set()
     for i, g in enumerate(groups):
-        if g.anchor is not None or g.pattern > Pattern.INJECTIVE:
+        if g.anchor is not None or g.pattern > Pattern.INJECTIVE or any(graph.nodes[k].op in OWN_KERNEL for k in g.nodes):
             continue
         last = graph.nodes[g.nodes[-1]].output
         read = readers.get(id(last), set())

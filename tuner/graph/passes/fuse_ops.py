@@ -20,6 +20,7 @@ from ..ir import Graph
 from .base import register
 
 MAX_FUSE_DEPTH = 256
+OWN_KERNEL = ("layout_transform",)    # injective ops with a task of their own, which the layout plan prices
 
 
 @dataclass
@@ -178,7 +179,9 @@ def fuse(graph: Graph, max_depth: int = MAX_FUSE_DEPTH) -> list:
             elif own == Pattern.INJECTIVE:
                 if phase != 1:
                     continue
-                if check_path(k, sink, lambda p, is_sink: p <= Pattern.INJECTIVE or (is_sink and p == Pattern.COMM_REDUCE)):
+                into_reduce = graph.nodes[k].op not in OWN_KERNEL     # a layout transform stays priced apart
+                if check_path(k, sink, lambda p, is_sink: p <= Pattern.INJECTIVE
+                              or (into_reduce and is_sink and p == Pattern.COMM_REDUCE)):
                     commit(k, sink)
     by_root: dict = {}
     for k in range(len(graph.nodes)):
