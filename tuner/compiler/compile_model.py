@@ -146,7 +146,7 @@ def _generic_dag(graph: Graph, nodes: list, ins: list, out_value):
 
 def _stage_steps(st, target: Target, parallel: bool = True) -> list:
     """A stage computed whole: its innermost loop vectorised where its extent allows
-    (codegen.c.vector_split; a reduction's innermost reduction loop as a vector of partial results),
+    (schedule.ir.vector_split; a reduction's innermost reduction loop as a vector of partial results),
     and with several threads the spatial axes outside it fused and run in parallel."""
     axes = [a.name for a in st.op.axes]
     inner = st.op.reduce_axes[-1] if st.op.is_reduction else st.op.axes[-1] if axes else None
