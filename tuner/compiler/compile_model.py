@@ -160,13 +160,12 @@ def _stage_steps(st, target: Target, parallel: bool = True) -> list:
     return steps
 
 
-def _row_steps(dag: tuple, target: Target) -> list | None:
+def _row_steps(stages: list, target: Target) -> list | None:
     """A group with a reduction (softmax, layer_norm, what feeds a softmax) computed row by row:
     every stage at the output's row loop, so a row's intermediates stay in registers and L1
     instead of whole tensors in memory; None where the output is itself a reduction or has one
     axis. Whether each stage is then computed once (its reduction runs along the row) is
     _rows_fit's to check. With several threads the rows run in parallel."""
-    stages = Schedule(*dag).stages
     out, inner = stages[-1], stages[:-1]
     axes = [a.name for a in out.op.axes]
     if out.op.is_reduction or len(axes) < 2 or not any(st.op.is_reduction for st in inner):
@@ -182,13 +181,12 @@ def _row_steps(dag: tuple, target: Target) -> list | None:
     return steps
 
 
-def _rows_fit(fn, dag: tuple) -> bool:
+def _rows_fit(fn, sch: Schedule) -> bool:
     """Every stage computed at a row computes no more elements over all rows than its tensor has
     (a stage whose row region is bigger, a column mean, would be recomputed row after row), and
     its row buffer fits the stack (a longer row falls back to stage by stage rather than to an
     allocation per row)."""
-    sch = Schedule(*dag)
-    rows = int(np.prod(dag[1].shape[:-1]))
+    rows = int(np.prod(sch.shape_of(sch.output_name)[:-1]))
     local = [(name, int(np.prod(b.shape))) for name, b in fn.buffers.items() if b.scope == "local"]
     return all(n * rows <= int(np.prod(sch.shape_of(name))) and 4 * n <= STACK_LIMIT_BYTES for name, n in local)
 
@@ -198,8 +196,9 @@ def _generic_kernel(dag: tuple, target: Target, func: str):
     else row by row (_row_steps: groups with reductions over the last axis), else every stage
     computed whole, one after the other (_stage_steps: vectorised and parallel where they can be),
     else the same without (always legal)."""
-    tries = [[step for st in Schedule(*dag).stages for step in _stage_steps(st, target)], []]
-    if (rows := _row_steps(dag, target)) is not None:
+    sch = Schedule(*dag)
+    tries = [[step for st in sch.stages for step in _stage_steps(st, target)], []]
+    if (rows := _row_steps(sch.stages, target)) is not None:
         tries.insert(0, rows)
     try:
         space = SearchSpace(None, target, dag)
@@ -213,7 +212,7 @@ def _generic_kernel(dag: tuple, target: Target, func: str):
         except (ScheduleError, ValueError) as e:
             last_error = e
             continue
-        if steps is rows and not _rows_fit(fn, dag):
+        if steps is rows and not _rows_fit(fn, sch):
             continue
         src, omp = generate_c(dataclasses.replace(fn, name=func), target.lanes, target.threads)
         return steps, src, omp

@@ -462,7 +462,10 @@ def code_of(rec: Record) -> str | None:
 
 def replays(rec: Record) -> bool:
     """Whether a record's steps still replay onto its workload and give the code it logged."""
-    code = code_of(rec)
+    return _gives_logged(rec, code_of(rec))
+
+
+def _gives_logged(rec: Record, code: str | None) -> bool:
     return code is not None and (rec.code_hash is None or code == rec.code_hash)
 
 
@@ -486,7 +489,7 @@ def fastest_that_replay(recs, k: int, stale: list | None = None) -> list:
         if r.code_hash in seen:
             continue
         code = code_of(r)
-        if code is None or (r.code_hash is not None and code != r.code_hash):
+        if not _gives_logged(r, code):
             if code is not None and code not in slowest and stale is not None:
                 stale.append(r)      # (the code its steps give now, when timed, ranks by its own time)
             continue

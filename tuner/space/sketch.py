@@ -98,16 +98,6 @@ class DagSketch:
     def schedule(self, steps: list) -> Schedule:
         return replay(self.inputs, self.output, steps)
 
-    @cached_property
-    def injective_vecs(self) -> list:
-        """The injective sketch's inner lengths: last_options, and the whole innermost axis where no
-        vector length divides it but the C generator vectorises it with a scalar tail (ViT's 197
-        tokens), rather than one element at a time."""
-        e, opts = self.out_shape[-1], list(self.last_options)
-        if e not in opts and not any(v % 4 == 0 for v in opts) and vector_split(e, self.target.lanes)[0] > 0:
-            opts.append(e)
-        return opts
-
     def register_options(self, d: int) -> list:
         """Register-tile lengths of output axis `d`: the innermost axis's `last_options`, else the
         divisors of its extent that fit the accumulators."""
@@ -190,6 +180,16 @@ class SearchSpace(DagSketch):
         e = self.out_shape[-1]
         vec = [d for d in divisors(e) if d % 4 == 0 and d <= 4 * self.target.lanes]
         return vec or [d for d in divisors(e) if d <= 16]
+
+    @cached_property
+    def injective_vecs(self) -> list:
+        """The injective sketch's inner lengths: last_options, and the whole innermost axis where no
+        vector length divides it but the C generator vectorises it with a scalar tail (ViT's 197
+        tokens), rather than one element at a time."""
+        e, opts = self.out_shape[-1], list(self.last_options)
+        if e not in opts and not any(v % 4 == 0 for v in opts) and vector_split(e, self.target.lanes)[0] > 0:
+            opts.append(e)
+        return opts
 
     def register_options(self, d: int) -> list:
         """DagSketch's, and for a GEMM's row axis also the lengths that fill the accumulator budget

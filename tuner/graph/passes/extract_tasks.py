@@ -178,10 +178,8 @@ def _into_reductions(graph: Graph, groups: list) -> list:
     have fused it there had the anchor not taken it first."""
     groups = list(groups)
     owner = {k: i for i, g in enumerate(groups) for k in g.nodes}
-    readers: dict = {}
-    for k, n in enumerate(graph.nodes):
-        for v in n.inputs:
-            readers.setdefault(id(v), set()).add(k)
+    index = {id(n): k for k, n in enumerate(graph.nodes)}
+    readers = {v: {index[id(n)] for n in ns} for v, ns in graph.consumers().items()}
     outputs = {id(v) for v in graph.outputs}
     gone = set()
     for i, g in enumerate(groups):
