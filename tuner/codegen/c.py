@@ -41,46 +41,68 @@ static inline f32x8 tuner_min8(f32x8 a, f32x8 b) { return TUNER_VSEL(8, ~(a >= b
 static inline f32x4 tuner_min4(f32x4 a, f32x4 b) { return TUNER_VSEL(4, ~(a >= b) & (b == b), a, b); }
 static inline float tuner_fmax(float a, float b) { return (!(a <= b) && b == b) ? a : b; }
 static inline float tuner_fmin(float a, float b) { return (!(a >= b) && b == b) ? a : b; }
+/* Clamps for the W-lane math below: max/min instructions where the ISA has them (one cycle, where
+   a compare and a blend take four), with x second, so that a NaN x comes through. */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define TUNER_VMAX16(lo, x) ((f32x16)_mm512_max_ps((__m512)(lo), (__m512)(x)))
+#define TUNER_VMIN16(hi, x) ((f32x16)_mm512_min_ps((__m512)(hi), (__m512)(x)))
+#else
+#define TUNER_VMAX16(lo, x) TUNER_VSEL(16, (x) < (lo), lo, x)
+#define TUNER_VMIN16(hi, x) TUNER_VSEL(16, (x) > (hi), hi, x)
+#endif
+#if defined(__AVX__)
+#include <immintrin.h>
+#define TUNER_VMAX8(lo, x) ((f32x8)_mm256_max_ps((__m256)(lo), (__m256)(x)))
+#define TUNER_VMIN8(hi, x) ((f32x8)_mm256_min_ps((__m256)(hi), (__m256)(x)))
+#else
+#define TUNER_VMAX8(lo, x) TUNER_VSEL(8, (x) < (lo), lo, x)
+#define TUNER_VMIN8(hi, x) TUNER_VSEL(8, (x) > (hi), hi, x)
+#endif
+#if defined(__SSE__)
+#include <immintrin.h>
+#define TUNER_VMAX4(lo, x) ((f32x4)_mm_max_ps((__m128)(lo), (__m128)(x)))
+#define TUNER_VMIN4(hi, x) ((f32x4)_mm_min_ps((__m128)(hi), (__m128)(x)))
+#else
+#define TUNER_VMAX4(lo, x) TUNER_VSEL(4, (x) < (lo), lo, x)
+#define TUNER_VMIN4(hi, x) TUNER_VSEL(4, (x) > (hi), hi, x)
+#endif
+#define TUNER_VCLAMP(W, x, lo, hi) TUNER_VMIN##W((f32x##W){0} + (hi), TUNER_VMAX##W((f32x##W){0} + (lo), x))
 /* erf, tanh and exp of W lanes, for vectorised loops (the C library's are called lane by lane).
    erf: x P(x^2) / Q(x^2) on [-4, 4], where float erf is +-1 beyond (the rational approximation
    Eigen and XLA use), 4.2e-7 from erf at most. tanh: likewise on [-7.9, 7.9], x itself below
    0.0004, 3.9e-7 at most. exp: 2^n e^r with n = round(x / ln 2) and
    r = x - n ln 2 (ln 2 in two parts), e^r by Cephes' degree-5 polynomial, 8.4e-8 relative at
-   most; 2^n as two powers made in the exponent bits; 0 below the normal floats, inf above the
-   largest; NaN stays NaN in both. */
+   most; 2^n as two powers made in the exponent bits, so that x up to 88.8 (clamped there)
+   overflows to inf in the product; 0 below the normal floats; NaN stays NaN in all three.
+   Polynomials are evaluated in pairs of terms (Estrin), not term by term (Horner): the chain of
+   dependent operations, which bounds how many of these run at once, is about half as long. */
 #define TUNER_VMATH(W) \\
 static inline f32x##W tuner_erf##W(f32x##W x) { \\
-  f32x##W four = (f32x##W){0} + 4.0f, c = TUNER_VSEL(W, x > four, four, x); \\
-  c = TUNER_VSEL(W, c < -four, -four, c); \\
-  f32x##W z = c * c, p = z * -2.72614225801306e-10f + 2.77068142495902e-08f, q = z * -1.45660718464996e-05f - 2.13374055278905e-04f; \\
-  p = p * z - 2.10102402082508e-06f; p = p * z - 5.69250639462346e-05f; p = p * z - 7.34990630326855e-04f; \\
-  p = p * z - 2.95459980854025e-03f; p = p * z - 1.60960333262415e-02f; \\
-  q = q * z - 1.68282697438203e-03f; q = q * z - 7.37332916720468e-03f; q = q * z - 1.42647390514189e-02f; \\
+  f32x##W c = TUNER_VCLAMP(W, x, -4.0f, 4.0f), z = c * c, z2 = z * z, z4 = z2 * z2; \\
+  f32x##W p = (z * -2.95459980854025e-03f - 1.60960333262415e-02f) + z2 * (z * -5.69250639462346e-05f - 7.34990630326855e-04f) \\
+    + z4 * ((z * 2.77068142495902e-08f - 2.10102402082508e-06f) + z2 * -2.72614225801306e-10f); \\
+  f32x##W q = (z * -7.37332916720468e-03f - 1.42647390514189e-02f) + z2 * (z * -2.13374055278905e-04f - 1.68282697438203e-03f) \\
+    + z4 * -1.45660718464996e-05f; \\
   return c * p / q; \\
 } \\
 static inline f32x##W tuner_tanh##W(f32x##W x) { \\
-  f32x##W top = (f32x##W){0} + 7.90531110763549805f, c = TUNER_VSEL(W, x > top, top, x); \\
-  c = TUNER_VSEL(W, c < -top, -top, c); \\
-  f32x##W z = c * c, p = z * -2.76076847742355e-16f + 2.00018790482477e-13f, q = z * 1.19825839466702e-06f + 1.18534705686654e-04f; \\
-  p = p * z - 8.60467152213735e-11f; p = p * z + 5.12229709037114e-08f; p = p * z + 1.48572235717979e-05f; \\
-  p = p * z + 6.37261928875436e-04f; p = p * z + 4.89352455891786e-03f; \\
-  q = q * z + 2.26843463243900e-03f; q = q * z + 4.89352518554385e-03f; \\
-  f32x##W ax = TUNER_VSEL(W, x < -x, -x, x); \\
+  f32x##W c = TUNER_VCLAMP(W, x, -7.90531110763549805f, 7.90531110763549805f), z = c * c, z2 = z * z, z4 = z2 * z2; \\
+  f32x##W p = (z * 6.37261928875436e-04f + 4.89352455891786e-03f) + z2 * (z * 5.12229709037114e-08f + 1.48572235717979e-05f) \\
+    + z4 * ((z * 2.00018790482477e-13f - 8.60467152213735e-11f) + z2 * -2.76076847742355e-16f); \\
+  f32x##W q = (z * 2.26843463243900e-03f + 4.89352518554385e-03f) + z2 * (z * 1.19825839466702e-06f + 1.18534705686654e-04f); \\
+  f32x##W ax = (f32x##W)((i32x##W)x & 0x7fffffff); \\
   return TUNER_VSEL(W, ax < 0.0004f, x, c * p / q); \\
 } \\
 static inline f32x##W tuner_exp##W(f32x##W x) { \\
-  f32x##W hi = (f32x##W){0} + 88.7228391f, lo = (f32x##W){0} - 87.3365479f, zero = (f32x##W){0}; \\
-  f32x##W c = TUNER_VSEL(W, x > hi, hi, x); \\
-  c = TUNER_VSEL(W, c < lo, lo, c); \\
-  c = TUNER_VSEL(W, c == c, c, zero); \\
+  f32x##W c = TUNER_VCLAMP(W, x, -87.3365479f, 88.8f); \\
   f32x##W n = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f; \\
-  f32x##W r = c - n * 0.693359375f + n * 2.12194440e-4f; \\
-  f32x##W p = r * 1.9875691500e-4f + 1.3981999507e-3f; \\
-  p = p * r + 8.3334519073e-3f; p = p * r + 4.1665795894e-2f; p = p * r + 1.6666665459e-1f; p = p * r + 5.0000001201e-1f; \\
+  f32x##W r = c - n * 0.693359375f + n * 2.12194440e-4f, r2 = r * r; \\
+  f32x##W p01 = r * 1.9875691500e-4f + 1.3981999507e-3f, p23 = r * 8.3334519073e-3f + 4.1665795894e-2f; \\
+  f32x##W p = (p01 * r2 + p23) * r2 + (r * 1.6666665459e-1f + 5.0000001201e-1f); \\
   i32x##W k = __builtin_convertvector(n, i32x##W), h = k >> 1; \\
-  f32x##W y = (p * r * r + r + 1.0f) * (f32x##W)((h + 127) << 23) * (f32x##W)((k - h + 127) << 23); \\
-  y = TUNER_VSEL(W, x > hi, zero + __builtin_inff(), y); \\
-  y = TUNER_VSEL(W, x < lo, zero, y); \\
+  f32x##W y = (p * r2 + r + 1.0f) * (f32x##W)((h + 127) << 23) * (f32x##W)((k - h + 127) << 23); \\
+  y = TUNER_VSEL(W, x < -87.3365479f, (f32x##W){0}, y); \\
   return TUNER_VSEL(W, x == x, y, x); \\
 }
 TUNER_VMATH(16)
