@@ -189,6 +189,31 @@ def test_a_kernel_timed_twice_counts_as_its_slower_timing(tuned_log):
     assert records.best_of(recs + [held]) is lucky
 
 
+def test_a_heat_outranks_the_logs_fastest_timing_until_the_search_measures_again(tuned_log):
+    """A heat (its task's front-runners and default timed side by side, each twice) decides the
+    best by each code's slower timing there, over a faster timing logged in another minute; a
+    search result logged after it hands the choice back to the log's own ranking; a heat id
+    that is not a short string is refused when read."""
+    recs = [r for r in records.load(tuned_log).records if r.ok]
+    ranked = records.fastest_that_replay(recs, 2)
+    assert len(ranked) == 2
+    lucky, other = ranked
+    heat = [dataclasses.replace(r, costs=(c,), policy=records.CONFIRM, heat="d1")
+            for r, c in ((lucky, 3e-3), (other, 2e-3), (other, 2.5e-3), (lucky, 2.2e-3))]
+    assert records.best_of(recs + heat) is heat[2]          # other's slower heat timing, 2.5 < 3 ms
+    later = [dataclasses.replace(r, heat="d2", costs=(1e-3 if r.code_hash == lucky.code_hash else 4e-3,))
+             for r in heat]
+    assert records.best_of(recs + heat + later).code_hash == lucky.code_hash   # the last heat counts
+    searched = dataclasses.replace(lucky, costs=(lucky.latency,))                # a trial after the heat
+    assert records.heat_winner(recs + heat + [searched]) is None
+    assert records.best_of(recs + heat + [searched]) is records.first_that_replays(recs + heat + [searched])
+    line = heat[0].to_json()
+    assert line["heat"] == "d1" and records.Record.from_json(line) == heat[0]
+    for bad in (7, "x" * 65):
+        with pytest.raises(records.RecordError, match="heat is not a short string"):
+            records.Record.from_json(dict(line, heat=bad))
+
+
 def test_a_faster_record_whose_code_changed_is_applied_without_its_time_and_named(tuned_log, tmp_path):
     """The fastest record's steps now give other code (the generator changed since it was timed):
     its schedule is still the best known, so apply-best takes it, but its time is not promised and

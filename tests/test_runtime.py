@@ -301,3 +301,19 @@ def test_weights_and_arena_of_2_mib_or_more_are_advised_huge_pages_and_small_one
     assert "hg" in _vm_flags(big.ctypes.data)
     small, huge = _aligned_bytes(1000)
     assert not huge and small.ctypes.data % 64 == 0 and small.nbytes >= 1000
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 5), rounds=st.integers(1, 12))
+def test_interleaved_timing_rotates_the_turn_so_every_runner_takes_every_place_alike(n, rounds):
+    from tuner.compare.peers import interleaved
+    order = []
+    runners = {f"r{k}": (lambda _inputs, k=k: order.append(k)) for k in range(n)}
+    out = interleaved(runners, None, rounds=rounds, min_seconds=0.0)
+    assert all(len(v) == rounds for v in out.values()) and len(out) == n
+    each = len(order) // (n * rounds)                   # time_call's calls per turn (a warm-up, then 3)
+    assert each >= 3 and len(order) == each * n * rounds
+    turns = [order[i:i + each * n:each] for i in range(0, len(order), each * n)]
+    assert len(turns) == rounds
+    for r, turn in enumerate(turns):
+        assert turn == [(k + r) % n for k in range(n)]

@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections import Counter
+import uuid
 from dataclasses import dataclass, field
 
 from .database import records
@@ -278,38 +278,44 @@ def _weights(space: ModelLayouts, plan: Plan, tasks) -> list:
             for s in tasks]
 
 
-CONFIRM_TOP = 3      # front-runners per task timed a second time after a model tune (confirm_bests)
+CONFIRM_TOP = 3      # front-runners per task timed again, beside its default, after a model tune (confirm_bests)
 
 
 def confirm_bests(tasks, tgt, log: str, config: RunConfig, progress: bool = True, seed: int = 0) -> int:
-    """Time again the CONFIRM_TOP fastest kernels of each task that have been timed only once, append
-    those timings to the log (policy records.CONFIRM), and make each task's best the fastest by its
-    slowest timing (records.fastest_that_replay). Returns how many kernels were timed.
+    """A heat per task (records.heat_winner): its CONFIRM_TOP fastest kernels and its default
+    schedule timed side by side, each twice (in turn, then in reverse), appended to the log
+    (policy records.CONFIRM, one heat id), and the task's best made the heat's winner. A task
+    whose last heat came after its last search result is not timed again. Returns how many
+    timings were taken.
 
-    Why: every timing on a shared machine is noisy, and the best of a task is the fastest of up to
-    hundreds of them, which is where a timing that came out too fast ends up. Such a kernel
-    misleads the plan and the estimate, and the model it goes into is slower than promised
-    (docs/history.md). Timing each front-runner twice and keeping the slower costs a few seconds
-    per hundred kernels: the builds are cached."""
+    Why: every timing on a shared machine is noisy, and a task's best is the fastest of up to
+    hundreds of them, taken minutes apart: where a timing that came out too fast ends up, or
+    one taken in a minute when the host ran fast. Such a kernel misleads the plan and the
+    estimate, and the model it goes into is slower than promised, even slower than its default
+    schedules (docs/history.md). The heat's builds are cached; it costs a few seconds a task."""
     contents = records.load(log, warn=False)
     t0, timed = time.perf_counter(), 0
     with CpuRunner(tgt, config) as runner:
         for s in tasks:
             recs = [r for r in contents.applicable(s.workload.key, str(tgt)) if r.cold == config.times_cold(s.workload)]
-            times = Counter(r.code_hash for r in recs if r.ok)
-            top = [r for r in records.fastest_that_replay(recs, CONFIRM_TOP) if times[r.code_hash] == 1]
-            if not top:
+            if not any(r.ok for r in recs) or records.heat_winner(recs) is not None:
                 continue
             task = Task(s.workload, tgt)
+            cands = [task.candidate(r.steps, decisions=r.decisions)
+                     for r in records.fastest_that_replay(recs, CONFIRM_TOP)]
+            default = task.default_candidate()
+            if default.code_hash not in {c.code_hash for c in cands}:
+                cands.append(default)
+            heat = uuid.uuid4().hex[:16]
             new = [records.make_record(s.workload, tgt, cand.steps, res, cand.code_hash, records.CONFIRM, seed,
-                                       r.decisions)
-                   for r, (cand, res) in zip(top, runner.measure(task, [task.candidate(r.steps) for r in top]))]
+                                       cand.decisions, heat=heat)
+                   for cand, res in runner.measure(task, cands + cands[::-1])]
             records.append(log, new)
             timed += len(new)
             s.best = records.best_of(recs + new) or s.best
     if timed and progress:
-        print(f"confirmed: {timed} front-running kernels timed a second time in "
-              f"{time.perf_counter() - t0:.1f} s; each counts as its slower timing", flush=True)
+        print(f"confirmed: {timed} timings of front-runners and default schedules side by side in "
+              f"{time.perf_counter() - t0:.1f} s; each task keeps the fastest there by its slower timing", flush=True)
     return timed
 
 

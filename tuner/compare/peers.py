@@ -146,11 +146,15 @@ def time_call(fn, inputs, min_seconds: float = 0.2, max_calls: int = 50) -> floa
 
 
 def interleaved(runners: dict, inputs, rounds: int = 5, min_seconds: float = 0.2, progress=None) -> dict:
-    """{name: [median seconds per round]} timing every runner once per round, in turn."""
+    """{name: [median seconds per round]} timing every runner once per round, in turn, the turn
+    rotated by one each round: a runner's place in the round (what ran just before it, which
+    caches it finds warm) moved a model's time by 4-5% on a shared host, and rotating spreads
+    that over every runner alike."""
     out = {name: [] for name in runners}
+    names = list(runners)
     for r in range(rounds):
-        for name, fn in runners.items():
-            out[name].append(time_call(fn, inputs, min_seconds))
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            out[name].append(time_call(runners[name], inputs, min_seconds))
         if progress:
             progress(f"round {r + 1}/{rounds}: " + ", ".join(f"{n} {statistics.median(v) * 1e3:.2f} ms"
                                                             for n, v in out.items()))

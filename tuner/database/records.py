@@ -84,6 +84,7 @@ class Record:
     # meets them; such costs are compared only with each other (LogContents.for_task, fastest)
     cold: bool = False
     host: str = ""           # the machine that measured it, when a cluster did ("" : the tuner's own)
+    heat: str = ""           # the side-by-side timing it belongs to (heat_winner), "" for none
 
     @property
     def ok(self) -> bool:
@@ -117,6 +118,8 @@ class Record:
             d["weights"] = "cold"
         if self.host:
             d["host"] = self.host
+        if self.heat:
+            d["heat"] = self.heat
         return d
 
     @classmethod
@@ -154,12 +157,13 @@ class Record:
         _want(_integer(obj.get("format", FORMAT)), "format is not an integer")
         _want(obj.get("weights", "warm") in WEIGHTS, "weights is not 'warm' or 'cold'")
         _want(isinstance(obj.get("host", ""), str), "host is not a string")
+        _want(isinstance(obj.get("heat", ""), str) and len(obj.get("heat", "")) <= 64, "heat is not a short string")
         return cls(WorkloadRef(w["key"], w["spec"], w["layout"], w.get("name", ""), w.get("dtype", "float32")),
                    obj["target"], steps, tuple(float(c) for c in costs), error, obj.get("code_hash"),
                    obj.get("message", ""), float(obj.get("build_s", 0.0)), float(obj.get("run_s", 0.0)),
                    obj.get("timestamp", ""), obj.get("tool", ""), obj.get("policy", ""), obj.get("seed"),
                    obj.get("decisions"), obj.get("replayed_from"), obj.get("format", FORMAT),
-                   obj.get("weights") == "cold", obj.get("host", ""))
+                   obj.get("weights") == "cold", obj.get("host", ""), obj.get("heat", ""))
 
 
 @dataclass(frozen=True)
@@ -314,11 +318,11 @@ CONFIRM = "confirm"     # the policy of a record that times a logged kernel agai
 
 
 def make_record(workload, target, steps, result, code_hash: str, policy: str, seed: int,
-                decisions: dict | None = None, replayed_from: str | None = None) -> Record:
+                decisions: dict | None = None, replayed_from: str | None = None, heat: str = "") -> Record:
     return Record(WorkloadRef(**workload.to_json()), str(target), steps, tuple(float(c) for c in result.costs),
                   result.error, code_hash, result.message, round(result.build_s, 6), round(result.run_s, 6),
                   _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), f"tuner {__version__}",
-                  policy, seed, decisions, replayed_from, cold=result.cold, host=result.host)
+                  policy, seed, decisions, replayed_from, cold=result.cold, host=result.host, heat=heat)
 
 
 # ------------------------------------------------------------ paths
@@ -505,13 +509,35 @@ def first_that_replays(recs, stale: list | None = None):
     return next(iter(fastest_that_replay(recs, 1, stale)), None)
 
 
+def heat_winner(recs):
+    """The winner of the last heat among `recs` (one workload's, in log order), when the search
+    measured nothing after it, else None. A heat (model_tuning.confirm_bests) times a task's
+    front-runners and its default schedule side by side, each twice; its winner is the fastest
+    code there by its slower timing there. Timings logged minutes apart on a shared host differ
+    by up to a third, so the log's fastest can be a kernel timed in a fast minute; side by side
+    that luck is gone, and a tuned schedule is kept only where it beat the default."""
+    last = next((i for i in range(len(recs) - 1, -1, -1) if recs[i].heat), None)
+    if last is None or any(r.trial and r.ok for r in recs[last + 1:]):
+        return None
+    slowest: dict = {}
+    for r in recs:
+        if r.heat == recs[last].heat and r.ok and r.code_hash is not None and \
+                (r.code_hash not in slowest or r.latency > slowest[r.code_hash].latency):
+            slowest[r.code_hash] = r
+    return next((r for r in sorted(slowest.values(), key=lambda r: r.latency) if replays(r)), None)
+
+
 def best_of(recs, stale: list | None = None):
-    """The best of one workload's records: the fastest that replays among those timed with the
-    weights cold (as a compiled model meets them), else among the others; a cold time and a warm
-    one are never compared (the same kernel is much slower cold: bench/cold.py)."""
+    """The best of one workload's records: the winner of its last heat (heat_winner), else the
+    fastest that replays, among those timed with the weights cold (as a compiled model meets
+    them), else among the others; a cold time and a warm one are never compared (the same kernel
+    is much slower cold: bench/cold.py)."""
     recs = list(recs)
-    return (first_that_replays([r for r in recs if r.cold], stale)
-            or first_that_replays([r for r in recs if not r.cold], stale))
+    for group in ([r for r in recs if r.cold], [r for r in recs if not r.cold]):
+        best = heat_winner(group) or first_that_replays(group, stale)
+        if best is not None:
+            return best
+    return None
 
 
 def best_applicable(recs) -> tuple:
