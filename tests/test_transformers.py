@@ -306,3 +306,48 @@ def test_the_pytorch_peer_runs_the_built_in_transformers_and_computes_what_the_i
     out = torch_runner(graph, 1)([x])[0]
     ref = interp.run(graph, x)[0]
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
+
+
+@settings(max_examples=25, deadline=None)
+@given(ks=st.lists(st.integers(1, 20), min_size=1, max_size=4), biased=st.lists(st.booleans(), min_size=4, max_size=4),
+       exposed=st.integers(-1, 3), seed=st.integers(0, 100))
+def test_dense_layers_reading_one_activation_merge_into_one_that_computes_the_same(ks, biased, exposed, seed):
+    """Q, K and V projections (any number of dense layers reading one activation, any widths, some
+    with a bias, one whose product is also a model output) become one dense whose outputs are
+    sliced back, with one bias add when every layer had one; a lone dense is left alone."""
+    from tuner.graph import interp
+    from tuner.graph.builder import GraphBuilder
+    from tuner.graph.passes import optimize
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder("parallel")
+    x = b.input("x", (1, 3, 6))
+    outs = []
+    for k, width in enumerate(ks):
+        y = b.add("dense", [x, b.const(rng.standard_normal((width, 6)).astype(np.float32))])
+        if k == exposed:
+            outs.append(y)
+        if biased[k]:
+            y = b.add("add", [y, b.const(rng.standard_normal(width).astype(np.float32))])
+        outs.append(b.add("relu", [y]))
+    g = b.finish(outs)
+    merged = optimize(g, passes=["InferType", "MergeParallelDense"])
+    dense = [n for n in merged.nodes if n.op == "dense"]
+    assert len(dense) == 1 and dense[0].output.shape[-1] == sum(ks)
+    with_bias = len(ks) > 1 and all(biased[:len(ks)]) and not 0 <= exposed < len(ks)
+    assert sum(n.op == "add" for n in merged.nodes) == (1 if with_bias else sum(biased[:len(ks)]))
+    assert (len(ks) > 1) == any(n.op == "slice" for n in merged.nodes)
+    xs = rng.standard_normal((1, 3, 6)).astype(np.float32)
+    for got, want in zip(interp.run(merged, xs), interp.run(g, xs), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_bert_with_parallel_dense_merged_runs_its_q_k_and_v_projections_as_one_gemm_task():
+    from tuner.graph import transformer_models
+    from tuner.graph.passes import DEFAULT_PIPELINE, optimize
+    passes = list(DEFAULT_PIPELINE)
+    passes.insert(passes.index("FuseTransformerOps") + 1, "MergeParallelDense")
+    g = optimize(transformer_models.bert(**SMALL["bert"][0]), passes=passes)
+    dense = [t.workload.p for t in g.meta["tasks"] if t.tunable and t.workload.op == "dense"]
+    hidden = SMALL["bert"][0]["hidden"]
+    assert {p["K"] for p in dense} >= {3 * hidden} and not any(p["K"] == hidden and p["bias"] and not p.get("residual")
+                                                               for p in dense)

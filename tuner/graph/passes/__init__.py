@@ -1,11 +1,12 @@
 """Graph passes; importing this package registers them all."""
 from ...errors import UserError
-from . import convert_layout, extract_tasks, fuse_ops, pad_columns, simple, simplify_inference, transformer_ops  # noqa: F401
+from . import (convert_layout, extract_tasks, fuse_ops, merge_dense, pad_columns, simple,  # noqa: F401
+               simplify_inference, transformer_ops)
 from .base import REGISTRY, Pass, PassContext, PassTiming, PrintIR, Sequential
 
-DEFAULT_PIPELINE = ("InferType", "FuseTransformerOps", "PadMatmulColumns", "SimplifyInference", "FoldConstant", "EliminateCommonSubexpr",
-                    "DeadCodeElimination", "ConvertLayout", "FoldConstant", "EliminateCommonSubexpr",
-                    "DeadCodeElimination", "FuseOps", "ExtractTasks")
+DEFAULT_PIPELINE = ("InferType", "FuseTransformerOps", "PadMatmulColumns", "SimplifyInference",
+                    "FoldConstant", "EliminateCommonSubexpr", "DeadCodeElimination", "ConvertLayout", "FoldConstant",
+                    "EliminateCommonSubexpr", "DeadCodeElimination", "FuseOps", "ExtractTasks")
 
 
 def get(name: str) -> Pass:
