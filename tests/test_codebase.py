@@ -188,3 +188,14 @@ def test_a_wheel_installed_in_a_fresh_environment_finds_the_shipped_schedules(tm
     assert len(sources) > 10
     if facts["host"] in facts["targets"]:
         assert sources.count("shipped") > 0, sources
+
+
+def test_the_kernel_prelude_includes_only_the_c_library_headers():
+    """Every candidate's C file starts with the prelude: <immintrin.h> alone added half a second to
+    each compile (a third of the test suite's time, and every tune's builds); intrinsics go
+    through the compiler's builtins instead."""
+    import re
+
+    from tuner.codegen.c import PRELUDE
+    headers = re.findall(r"#include\s*<([^>]+)>", PRELUDE)
+    assert headers and set(headers) <= {"math.h", "stdlib.h", "string.h"}
