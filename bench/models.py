@@ -13,7 +13,8 @@ steps timed in context: dispatch), arena bytes, compile time, and the steps that
 (alone and in context); writes JSON under bench/results/.
 
 With --tune N[,M...] it measures whole-model tuning instead (issue 13's figures): each model is
-tuned from an empty log with `tune_model` at 1 thread, N trials, once over its default conv
+tuned from an empty log with `tune_model` at 1 thread (--threads T: at T, its logs *.tT.N.jsonl, every
+peer at T too), N trials, once over its default conv
 choices (the joint layout plan: NCHW8c, NCHW16c, winograd2, winograd4; --joint names others) and
 once per --single layout (NCHW16c; a list, e.g. NCHW8c,NCHW16c) alone under the same budget; --joint
 given twice or more tunes each of its sets (joint1, joint2, ... in the table), so that choice sets
@@ -74,8 +75,11 @@ def kind_split(m, runs: int = 5) -> dict:
 
 
 def tune_figures(args) -> int:
-    """Tune each model from empty logs (joint plan and --single layout), then time every result in one run."""
+    """Tune each model from empty logs (joint plan and --single layout), then time every result in one run,
+    all at one thread count: --threads when it names one, else 1 (logs of another count are kept apart)."""
     counts = [int(n) for n in args.tune.split(",")]
+    tt = int(args.threads) if args.threads.strip().isdigit() else 1
+    at = "" if tt == 1 else f".t{tt}"
     singles = [s.strip() for s in args.single.split(",") if s.strip()]
     joint_sets = [tuple(x.strip() for x in j.split(",") if x.strip()) for j in args.joint or [",".join(DEFAULT_CHOICES)]]
     joints = {("joint" if len(joint_sets) == 1 else f"joint{i + 1}"): lays for i, lays in enumerate(joint_sets)}
@@ -83,7 +87,7 @@ def tune_figures(args) -> int:
     modes = [w.strip() for w in args.weights.split(",") if w.strip()]
     if not modes or any(w not in WEIGHTS for w in modes):
         raise SystemExit(f"--weights {args.weights!r}: give {' or '.join(WEIGHTS)}, or both comma-separated")
-    out = {"threads": 1, "single": singles, "joint": joints, "weights": modes, "models": {}}
+    out = {"threads": tt, "single": singles, "joint": joints, "weights": modes, "models": {}}
     for kind, lays in joints.items():
         print(f"{kind}: {','.join(lays)}")
     for name in [m.strip() for m in args.models.split(",") if m.strip()]:
@@ -92,13 +96,13 @@ def tune_figures(args) -> int:
         for n, weights, (kind, layouts) in ((n, w, k) for n in counts for w in modes
                                             for k in list(joints.items()) + [(s, (s,)) for s in singles]):
             how = "" if weights == WEIGHTS[0] else f".{weights}"
-            log = Path(f"logs/bench/tune/{name}.{log_name(layouts) if kind in joints else kind}{how}.{n}.jsonl")
+            log = Path(f"logs/bench/tune/{name}.{log_name(layouts) if kind in joints else kind}{how}{at}.{n}.jsonl")
             tag = kind if len(modes) == 1 else f"{kind} {weights}"
             if not args.resume:
                 log.unlink(missing_ok=True)
             print(f"\n== {name}: {kind} ({', '.join(layouts)}), {n} trials -> {log}", flush=True)
             t0 = time.perf_counter()
-            res = tune_model(name, trials=n, log=str(log), threads=1, layouts=layouts, progress=not args.quiet,
+            res = tune_model(name, trials=n, log=str(log), threads=tt, layouts=layouts, progress=not args.quiet,
                              weights=weights)
             wall = time.perf_counter() - t0
             if args.resume and not res.session.new:   # nothing left: the log's own tuning time
@@ -107,12 +111,12 @@ def tune_figures(args) -> int:
                 print(f"{res.session.stopped_by}: stopped; the log keeps what was measured (--resume goes on)")
                 return 143 if res.session.stopped_by == "SIGTERM" else 130
             print(res.table(), flush=True)
-            m = compile_model(name, log=str(log), threads=1, use_shipped=False)
+            m = compile_model(name, log=str(log), threads=tt, use_shipped=False)
             label = f"tuner {tag} {n}"
             runners[label] = lambda ins, m=m: m.run(*ins)
             if res.other_plan is not None and res.plan is not None and res.other_plan.layouts != res.plan.layouts:
                 other = " cold-priced"      # a warm tune's plan under its cold prices: model_tuning
-                wm = compile_model(name, log=str(log), threads=1, use_shipped=False,
+                wm = compile_model(name, log=str(log), threads=tt, use_shipped=False,
                                    layout_plan=res.other_plan.layouts)
                 runners[label + other] = lambda ins, m=wm: m.run(*ins)
                 variants.append({"label": label + other, "kind": tag + other, "layouts": layouts, "weights": weights,
@@ -128,20 +132,20 @@ def tune_figures(args) -> int:
                              "solver_exact": res.plan.exact if res.plan else None,
                              "plan": dict(res.plan.layouts) if res.plan else None, "model": m})
         if args.untuned:            # the default schedules, what a user gets before tuning
-            um = compile_model(name, threads=1, use_shipped=False)
+            um = compile_model(name, threads=tt, use_shipped=False)
             runners["tuner untuned"] = lambda ins, m=um: m.run(*ins)
             variants.append({"label": "tuner untuned", "kind": "untuned", "weights": None, "layouts": (), "trials": 0,
                              "log": None, "tuning_s": 0.0, "session_s": 0.0, "estimate_s": None,
                              "tasks": 0, "solver_s": None, "solver_exact": None, "plan": None, "model": um})
-        runners["onnxruntime"] = onnxruntime_runner(graph, 1)
-        runners["torch NCHW"] = torch_runner(graph, 1, channels_last=False)
+        runners["onnxruntime"] = onnxruntime_runner(graph, tt)
+        runners["torch NCHW"] = torch_runner(graph, tt, channels_last=False)
         if any(len(v.shape) == 4 for v in graph.inputs):
-            runners["torch channels_last"] = torch_runner(graph, 1, channels_last=True)
+            runners["torch channels_last"] = torch_runner(graph, tt, channels_last=True)
         inputs = variants[0]["model"].random_inputs(seed=1)
         times = interleaved(runners, inputs, args.rounds, progress=lambda s: print(f"  {s}", flush=True))
         med = {k: statistics.median(v) for k, v in times.items()}
         torch_key = min((k for k in runners if k.startswith("torch")), key=lambda k: med[k])
-        peak = peak_gflops(parse_target("cpu", 1), 1)
+        peak = peak_gflops(parse_target("cpu", tt), tt)
         gflop = sum(st.flops for st in variants[0]["model"].steps) / 1e9
         for v in variants:
             t = times[v["label"]]
@@ -163,7 +167,7 @@ def tune_figures(args) -> int:
                                                                             times[single["label"]]))
         out["models"][name] = {"variants": variants, "rounds_s": times, "median_s": med, "torch": torch_key,
                                "peak_gflops": peak}
-        print(f"\n{name}, 1 thread: ONNX Runtime {med['onnxruntime'] * 1e3:.2f} ms, PyTorch ({torch_key}) "
+        print(f"\n{name}, {tt} thread(s): ONNX Runtime {med['onnxruntime'] * 1e3:.2f} ms, PyTorch ({torch_key}) "
               f"{med[torch_key] * 1e3:.2f} ms")
         print(f"{'variant':<26} {'tasks':>5} {'tune min':>8} {'estimate':>9} {'measured':>9} {'gap':>6} "
               f"{'vs ORT':>7} {'paired':>7} {'vs torch':>8} {'vs best single':>17} {'solver ms':>9}")
@@ -187,7 +191,7 @@ def tune_figures(args) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="resnet50,resnet18,mobilenet_v2")
-    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--threads", default="1,2", help="thread counts; with --tune one count (default 1)")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--log", action="append", help="tuning logs besides the shipped schedules")
     ap.add_argument("--peers", default="onnxruntime,torch")
