@@ -99,7 +99,7 @@ def winograd_workloads(draw):
     return make(op, p)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(wl=winograd_workloads(), seed=st.integers(0, 10**6), odd=st.booleans())
 def test_sampled_winograd_schedules_compute_the_reference(wl, seed, odd):
     check_schedules([(wl, _perturbed_steps(wl, seed, odd, False))])
