@@ -519,12 +519,7 @@ def heat_winner(recs):
     last = next((i for i in range(len(recs) - 1, -1, -1) if recs[i].heat), None)
     if last is None or any(r.trial and r.ok for r in recs[last + 1:]):
         return None
-    slowest: dict = {}
-    for r in recs:
-        if r.heat == recs[last].heat and r.ok and r.code_hash is not None and \
-                (r.code_hash not in slowest or r.latency > slowest[r.code_hash].latency):
-            slowest[r.code_hash] = r
-    return next((r for r in sorted(slowest.values(), key=lambda r: r.latency) if replays(r)), None)
+    return first_that_replays([r for r in recs if r.heat == recs[last].heat])
 
 
 def best_of(recs, stale: list | None = None):

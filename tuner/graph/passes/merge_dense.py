@@ -45,19 +45,21 @@ def _groups(graph: Graph) -> list:
 @register("MergeParallelDense", 2, required=("InferType",))
 def merge_parallel_dense(graph: Graph, ctx) -> Graph:
     """dense(x, W1), dense(x, W2), ... -> slices of dense(x, [W1; W2; ...]) (+ [b1; b2; ...])."""
+    found = _groups(graph)
+    if not found:
+        return graph
     consumers = graph.consumers()
     outputs = {id(v) for v in graph.outputs}
     replace: dict = {}           # id(node) -> (group index, member index, after the bias or not)
-    groups = _groups(graph)
-    for gi, g in enumerate(groups):
+    groups = []                  # (members, stacked bias or None)
+    for gi, g in enumerate(found):
         biases = [_bias(n, consumers) for n in g]
         with_bias = all(b is not None for b in biases) and not any(id(n.output) in outputs for n in g)
         for mi, n in enumerate(g):
             replace[id(n)] = (gi, mi, False)
             if with_bias:
                 replace[id(consumers[id(n.output)][0])] = (gi, mi, True)
-        g_bias = np.concatenate(biases).astype(np.float32) if with_bias else None
-        groups[gi] = (g, g_bias)
+        groups.append((g, np.concatenate(biases).astype(np.float32) if with_bias else None))
     made: dict = {}              # group index -> (merged dense, merged with its bias or None)
 
     def rw(b, n, ins):
@@ -79,6 +81,4 @@ def merge_parallel_dense(graph: Graph, ctx) -> Graph:
         begin[-1] = start
         return b.add("slice", [src], {"begin": begin, "step": [1] * len(shape), "shape": shape}, n.name)
 
-    if not groups:
-        return graph
     return dead_code_elimination(rebuild(graph, rw), ctx)
