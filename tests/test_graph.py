@@ -112,6 +112,24 @@ def test_cse_dce_and_fold_constant():
     _close(interp.run(out, x0)[0], interp.run(g, x0)[0])
 
 
+@pytest.mark.parametrize("c, becomes", [(8.0, "mul"), (3.0, "mul"), (-0.7, "mul"), (0.0, "div"), (1e-39, "div"),
+                                         (float("inf"), "div")])
+def test_a_division_by_a_constant_becomes_a_product_with_its_reciprocal_where_that_is_a_normal_float(c, becomes):
+    """x / c is x * (1/c) after SimplifyInference, within an ulp of the division (exact for 8);
+    a zero, a denormal or an infinite c keeps the division, whose results differ there."""
+    b = GraphBuilder("g")
+    x = b.input("x", (2, 5))
+    g = b.finish([b.add("div", [x, b.const(np.array([1.0, c, c, 2.0, c], np.float32))])])
+    out = optimize(g, passes=["InferType", "SimplifyInference"])
+    assert [n.op for n in out.nodes] == [becomes]
+    x0 = np.random.default_rng(0).standard_normal((2, 5)).astype(np.float32) * 1e3
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        want, got = interp.run(g, x0)[0], interp.run(out, x0)[0]
+    np.testing.assert_allclose(got, want, rtol=1.2e-7)
+    if c == 8.0:
+        np.testing.assert_array_equal(got, want)
+
+
 def test_pass_context_opt_level_disabled_and_instruments():
     g = tiny()
     lines = []

@@ -241,14 +241,14 @@ def test_the_built_in_transformers_are_models_the_cli_knows(capsys):
 
 def test_a_tunable_operator_with_an_epilogue_its_workload_lacks_stays_a_task_and_the_rest_joins_the_softmax(tmp_cache):
     """ViT scales Q.K^T by a Div after the batch_matmul, which batch_matmul's workload does not take:
-    the batch_matmul is a task, never one generic kernel with the Div, and the Div joins the
-    softmax that reads it (one row-by-row kernel)."""
+    the batch_matmul is a task, never one generic kernel with the scale, and the scale (a product
+    with the constant's reciprocal by then) joins the softmax that reads it (one row-by-row kernel)."""
     from tuner.graph import transformer_models
     from tuner.graph.passes import optimize
     from tuner.graph.passes.extract_tasks import group_summary
     g = optimize(transformer_models.vit(**dict(SMALL["vit"][0], patch=16)))     # 5 tokens: no padded columns
     summaries = [group_summary(g, grp.nodes) for grp in g.meta["fused_groups"]]
-    assert "batch_matmul" in summaries and "div + softmax" in summaries and "batch_matmul + div" not in summaries
+    assert "batch_matmul" in summaries and "mul + softmax" in summaries and "batch_matmul + mul" not in summaries
     assert {t.workload.op for t in g.meta["tasks"] if t.tunable} >= {"batch_matmul", "dense"}
 
 

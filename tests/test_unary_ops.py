@@ -208,27 +208,31 @@ def test_a_softmax_or_layer_norm_computed_row_by_row_keeps_no_whole_tensor_and_c
         lead, n, op, threads, seed):
     """The generic kernel of a row-wise reduction group computes every stage at the output's row
     loop (a stage read there by the output and by stages computed at the same loop after it), so
-    no intermediate tensor is allocated whole; any shape, one thread or several."""
+    no intermediate tensor is allocated whole; a cheap element-wise stage before it (a scale) is
+    inlined into its readers, with no row buffer; any shape, one thread or several."""
     from tuner.compiler.compile_model import _generic_kernel
     from tuner.measure.builder import build_batch
     from tuner.ops.reduce import layer_norm, softmax
     from tuner.target import parse_target
-    from tuner.te.tensor import placeholder
+    from tuner.te.expr import Const
+    from tuner.te.tensor import compute, placeholder
     from tuner.toolchain.library import open_library, pointer_array
     target = parse_target(f"cpu -threads={threads}")
     shape = (*lead, n)
     x = placeholder(shape, "in0")
+    pre = compute(shape, lambda *i: x[i] * Const(0.5), "pre", tag="elemwise", inputs=[x])
     ins = [x] if op == "softmax" else [x, placeholder((n,), "in1"), placeholder((n,), "in2")]
-    y = softmax(x, len(shape) - 1, "s0") if op == "softmax" else layer_norm(x, ins[1], ins[2], len(shape) - 1, 1e-5, "s0")
+    y = softmax(pre, len(shape) - 1, "s0") if op == "softmax" else layer_norm(pre, ins[1], ins[2], len(shape) - 1, 1e-5, "s0")
     steps, src, omp = _generic_kernel((ins, y), target, "f")
     assert any(s[0] == "compute_at" for s in steps) and "aligned_alloc" not in src
+    assert ["compute_inline", "pre"] in steps and "pre[" not in src
     built = build_batch([("f", src)], target, openmp=omp, jobs=1)[0]
     assert not built.error, built.error
     rng = np.random.default_rng(seed)
     arrays = [(rng.standard_normal(t.shape) * 4).astype(np.float32) for t in ins]
     out = np.empty(shape, np.float32)
     assert open_library(built.lib).tuner_run(built.index, pointer_array(arrays + [out])) == 0
-    a = arrays[0].astype(np.float64)
+    a = arrays[0].astype(np.float64) * 0.5
     if op == "softmax":
         e = np.exp(a - a.max(axis=-1, keepdims=True))
         want = e / e.sum(axis=-1, keepdims=True)

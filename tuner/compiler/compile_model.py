@@ -44,6 +44,7 @@ from ..space.sketch import SearchSpace
 from ..target import Target, parse_target
 from ..task import Task, code_hash
 from ..te import layouts as L
+from ..te.expr import Call, walk
 from ..te.layouts import plan_summary
 from ..te.tensor import placeholder
 from ..toolchain.cc import compile_library
@@ -164,18 +165,21 @@ def _row_steps(stages: list, target: Target) -> list | None:
     """A group with a reduction (softmax, layer_norm, what feeds a softmax) computed row by row:
     every stage at the output's row loop, so a row's intermediates stay in registers and L1
     instead of whole tensors in memory; None where the output is itself a reduction or has one
-    axis. Whether each stage is then computed once (its reduction runs along the row) is
-    _rows_fit's to check. With several threads the rows run in parallel."""
+    axis. Cheap element-wise stages (no call: a slice, a scale, an add) are inlined into their
+    readers instead: recomputing them costs less than a pass that stores the row and one that
+    loads it back. Whether each stage is then computed once (its reduction runs along the row)
+    is _rows_fit's to check. With several threads the rows run in parallel."""
     out, inner = stages[-1], stages[:-1]
     axes = [a.name for a in out.op.axes]
     if out.op.is_reduction or len(axes) < 2 or not any(st.op.is_reduction for st in inner):
         return None
-    steps = []
+    cheap = [st.name for st in inner if not st.op.is_reduction and not any(isinstance(n, Call) for n in walk(st.op.body))]
+    steps = [["compute_inline", name] for name in cheap]
     if len(axes) > 2:
         steps.append(["fuse", out.name, axes[:-1]])
     row = "@".join(axes[:-1])
-    steps += [["compute_at", st.name, out.name, row] for st in inner]
-    steps += [step for st in stages for step in _stage_steps(st, target, parallel=False)]
+    steps += [["compute_at", st.name, out.name, row] for st in inner if st.name not in cheap]
+    steps += [step for st in stages if st.name not in cheap for step in _stage_steps(st, target, parallel=False)]
     if target.threads > 1:
         steps.append(["annotate", out.name, row, "parallel"])
     return steps

@@ -56,7 +56,8 @@ def softmax(x: Tensor, axis: int, name: str = "softmax") -> Tensor:
                 inputs=[x, mx], axis_names=[f"{name}_e{k}" for k in range(nd)])
     s = compute(red_shape, lambda *i: sum_reduce(e[over(r2)(*i)], [r2]), f"{name}_sum", tag="reduction",
                 inputs=[e], axis_names=[f"{name}_s{k}" for k in range(nd)])
-    return compute(x.shape, lambda *i: e[i] / s[keep(i)], name, tag="elemwise", inputs=[e, s],
+    # times the reciprocal (the sum is at least 1): one division per row, not one per element
+    return compute(x.shape, lambda *i: e[i] * (Const(1.0) / s[keep(i)]), name, tag="elemwise", inputs=[e, s],
                    axis_names=[f"{name}_i{k}" for k in range(nd)])
 
 
@@ -78,8 +79,11 @@ def layer_norm(x: Tensor, scale: Tensor, bias: Tensor, axis: int, eps: float, na
 
     sq = compute(red, lambda *i: sum_reduce(centred(i[:nl], r2.var) * centred(i[:nl], r2.var), [r2]), f"{name}_sq",
                  tag="reduction", inputs=[x, total], axis_names=[f"{name}_v{k}" for k in range(x.ndim)])
-    return compute(x.shape, lambda *i: centred(i[:nl], i[nl]) / Call("sqrt", (sq[i[:nl] + (Const(0),)] * Const(1.0 / d)
-                                                                              + Const(eps),)) * scale[i[nl]] + bias[i[nl]],
+
+    def inv_std(i):      # one division per row, not one per element (var + eps > 0)
+        return Const(1.0) / Call("sqrt", (sq[i + (Const(0),)] * Const(1.0 / d) + Const(eps),))
+
+    return compute(x.shape, lambda *i: centred(i[:nl], i[nl]) * inv_std(i[:nl]) * scale[i[nl]] + bias[i[nl]],
                    name, tag="broadcast", inputs=[x, total, sq, scale, bias], axis_names=names)
 
 

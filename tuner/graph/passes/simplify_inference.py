@@ -61,7 +61,8 @@ def _scale_weight(node, w, a):
 
 @register("SimplifyInference", 0)
 def simplify_inference(graph: Graph, ctx) -> Graph:
-    """Fold BatchNorm and constant scales into conv/dense weights and biases."""
+    """Fold BatchNorm and constant scales into conv/dense weights and biases; a division by a
+    constant becomes a product with its reciprocal (a division costs several products)."""
     uses = {k: len(ns) for k, ns in graph.consumers().items()}
     for v in graph.outputs:
         uses[id(v)] = uses.get(id(v), 0) + 1
@@ -110,6 +111,8 @@ def simplify_inference(graph: Graph, ctx) -> Graph:
     def rw(b, n, ins):
         for old, new in zip(n.inputs, ins):
             new_uses[id(new)] = uses.get(id(old), 0)
+        if n.op == "div" and not ins[0].is_const and (inv := _reciprocal(ins[1])) is not None:
+            return emit(b, "mul", [ins[0], b.const(inv, "inv")], n.name)
         if n.op == "batch_norm":
             x = ins[0]
             scale, bias, mean, var = (v.data.astype(np.float64) for v in ins[1:5])
@@ -119,6 +122,17 @@ def simplify_inference(graph: Graph, ctx) -> Graph:
         return rule(b, n.op, ins, n.name)
 
     return dead_code_elimination(rebuild(graph, rw), ctx)
+
+
+def _reciprocal(c) -> np.ndarray | None:
+    """1 / c, rounded once, where c is a float32 constant whose reciprocals are all normal floats
+    (x * (1/c) is then within an ulp of x / c, and as exact where c is a power of two)."""
+    if not c.is_const or c.data.dtype != np.float32:
+        return None
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        inv = (1.0 / c.data.astype(np.float64)).astype(np.float32)
+    ok = np.isfinite(c.data) & np.isfinite(inv) & (np.abs(inv) >= np.finfo(np.float32).tiny)
+    return inv if ok.all() else None
 
 
 def _split_const(ins):
