@@ -126,7 +126,7 @@ def test_a_worker_process_starts_without_warnings_and_ends_with_its_input(module
 
 
 @pytest.mark.parametrize("name, params", [
-    ("compile", {"model", "log", "target", "threads", "layout", "input_shapes", "strict"}),
+    ("compile", {"model", "log", "target", "threads", "layout", "input_shapes", "strict", "predict"}),
     ("tune", {"model", "trials", "log"}),
     ("load", {"path"}),
     ("tune_op", {"workload", "trials", "log"}),
@@ -188,6 +188,8 @@ def test_a_wheel_installed_in_a_fresh_environment_finds_the_shipped_schedules(tm
     assert len(sources) > 10
     if facts["host"] in facts["targets"]:
         assert sources.count("shipped") > 0, sources
+    else:       # the installed package finds its pre-trained cost model
+        assert sources.count("predicted") > 0, sources
 
 
 def test_the_kernel_prelude_includes_only_the_c_library_headers():

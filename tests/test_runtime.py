@@ -208,6 +208,27 @@ def test_untuned_tasks_are_named_in_one_warning_and_strict_fails(tmp_cache):
         compile_model(tiny(), threads=1, use_shipped=False, strict=True)
 
 
+@pytest.mark.predict
+def test_a_task_with_no_record_runs_the_cost_models_pick_the_same_one_at_every_compile(tmp_cache):
+    """With no record (no log, nothing shipped) each task runs the pre-trained model's pick, named
+    'predicted' in the report and counted in its one warning; two compiles give the same kernels,
+    which compute what ONNX Runtime computes; predict=False runs the default schedules."""
+    from tuner.search.predict import shipped_model
+    from tuner.target import parse_target
+    if shipped_model(parse_target("cpu", 1)) is None:
+        pytest.skip("no pre-trained cost model ships for this host's ISA")
+    g = tiny()
+    m = compile_model(g, threads=1, use_shipped=False)
+    tasks = [s for s in m.steps if s.anchor and s.workload_key]
+    assert tasks and all(s.source == "predicted" for s in tasks)
+    assert "7 task(s)" in m.report() and "7 run the cost model's pick (predicted" in m.report()
+    assert [s.code_hash for s in compile_model(g, threads=1, use_shipped=False).steps] == [s.code_hash for s in m.steps]
+    assert_matches_onnxruntime(m, g)
+    plain = compile_model(g, threads=1, use_shipped=False, predict=False)
+    assert all(s.source == "default" for s in plain.steps if s.anchor and s.workload_key)
+    assert "7 run the default schedule" in plain.report()
+
+
 # ---------------------------------------------------------------- the artifact
 
 def test_save_load_run_and_input_checks(tmp_cache, tmp_path, monkeypatch):
@@ -246,7 +267,7 @@ def test_cli_compile_run_and_errors(tmp_path):
     art = tmp_path / "tiny"
     p = _cli("compile", "tiny", "--threads", "1", "-o", str(art), env=env)
     assert p.returncode == 0, p.stderr
-    assert "shipped" in p.stdout or "default" in p.stdout
+    assert "shipped" in p.stdout or "predicted" in p.stdout
     p = _cli("run", str(art), "--random", "-o", str(tmp_path / "y.npy"), env=env)
     assert p.returncode == 0 and "fc_bias: 1x10" in p.stdout
     assert np.load(tmp_path / "y.npy").shape == (1, 10)

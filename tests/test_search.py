@@ -507,3 +507,63 @@ def test_a_task_that_stopped_improving_loses_the_promise_of_its_familys_rate():
     rate = [170e9] * 4 + [27e9, 60e9]
     picks = _simulate(GradientScheduler, tasks, 80, lambda k, r: flops[k] / (rate[k] * (1 + 0.01 * r * (k < 4))))
     assert picks.count(4) < 25 and all(picks.count(k) >= 10 for k in range(4)), picks
+
+
+class _Prefers:
+    """A stub cost model scoring 1 the candidates whose features are `liked`'s, 0 the others."""
+    pretrained = True
+
+    def __init__(self, liked):
+        self.liked = liked
+
+    def predict(self, feats):
+        return np.array([float(np.array_equal(f, self.liked)) for f in feats])
+
+
+@pytest.mark.predict
+def test_the_cost_models_pick_is_the_candidate_it_ranks_first_among_the_default_seeds_and_a_sample():
+    """search.predict.pick: a step list logged on another target (a seed) is among the candidates,
+    and so is the default; whichever the model scores highest is the pick; a seed this space cannot
+    lower is passed over."""
+    from tuner.search.predict import pick
+    task = Task(SMALL, TARGET1)
+    seed = task.space.steps(task.space.sample(random.Random(5)))
+    default = task.space.steps(task.space.default())
+    bad = [["split", "no_such_stage", "x", [2]]]
+    feats = lambda steps: extract(lower(task.space.schedule(steps)), task.workload.flops)   # noqa: E731
+    assert pick(task, _Prefers(feats(seed)), [bad, seed]) == seed
+    assert pick(task, _Prefers(feats(default)), [bad, seed]) == default
+    assert pick(task, XGBModel.pretrained_from(str(_shipped())), [seed]) == \
+        pick(task, XGBModel.pretrained_from(str(_shipped())), [seed])      # deterministic
+
+
+def _shipped():
+    from tuner.cost_model.pretrain import shipped_model
+    path = shipped_model(TARGET1)
+    if path is None:
+        pytest.skip(f"no pre-trained cost model ships for {TARGET1}")
+    return path
+
+
+def test_the_database_seeds_a_pick_with_the_records_of_other_targets_only(tmp_path):
+    """Database.elsewhere: the fastest records of the workload on another ISA or thread count, not
+    the target's own (those are its records) nor another workload's."""
+    from tuner.database.result import MeasureResult
+    from tuner.database.union import Database
+    task = Task(SMALL, TARGET1)
+    rng = random.Random(0)
+    log = tmp_path / "log.jsonl"
+    rows = []
+    for k, target in enumerate(["cpu -isa=avx2 -threads=2", "cpu -isa=avx2 -threads=2", "cpu -isa=avx2 -threads=2",
+                                "cpu -isa=avx512 -threads=1", str(TARGET1)]):
+        steps = task.space.steps(task.space.sample(rng))
+        rec = records.make_record(SMALL, parse_target(target, check_host=False), steps,
+                                  MeasureResult("OK", "", [1e-3 * (k + 1)]), "h", "random", k)
+        rows.append((target, steps))
+        records.append(str(log), [rec])
+    other = Task(OTHER, TARGET1)
+    records.append(str(log), [records.make_record(OTHER, parse_target("cpu -isa=avx512 -threads=1", check_host=False),
+                                                 other.space.steps(other.space.default()),
+                                                  MeasureResult("OK", "", [1e-4]), "h", "random", 9)])
+    got = Database.open([log], TARGET1, use_shipped=False).elsewhere(SMALL, TARGET1, per_target=2)
+    assert got == [rows[0][1], rows[1][1], rows[3][1]]     # the two fastest at 2 threads, the AVX-512 one

@@ -323,15 +323,36 @@ def _cmd_compile(args) -> int:
     from .graph import parse_input_shapes
     from .runtime.model import check_artifact_dir
     check_artifact_dir(Path(args.output))
-    _require_logs(*(args.log or []), flag="--log")
+    logs = list(args.log or [])
+    _require_logs(*logs[args.quick is not None:], flag="--log")    # --quick may start its log
+    if args.quick is not None:
+        logs[:1] = [_quick(args, logs[0] if logs else str(Path(args.output)) + ".jsonl")]
+    elif args.time_limit is not None:
+        raise UserError("--time-limit limits the measuring of --quick N: give --quick too")
     say = (lambda msg: print(msg, file=sys.stderr)) if args.verbose else None
-    m = compile_model(args.model, log=args.log or [], target=args.target, threads=args.threads, layout=args.layout,
+    m = compile_model(args.model, log=logs, target=args.target, threads=args.threads, layout=args.layout,
                       input_shapes=parse_input_shapes(args.input_shape), use_shipped=not args.no_shipped,
-                      strict=args.strict, progress=say)
+                      strict=args.strict, progress=say, predict=not args.no_predict)
     m.save(args.output)
     print(m.report())
     print(f"wrote {args.output} (run it: tuner run {args.output} --random)")
     return 0
+
+
+def _quick(args, log: str) -> str:
+    """compile --quick N: measure N candidates of each task into `log` (model_tuning.quick_tune)."""
+    from .graph import parse_input_shapes
+    from .compiler.compile_model import DEFAULT_LAYOUT
+    from .model_tuning import quick_tune
+    if not 1 <= args.quick <= 1000:
+        raise UserError(f"--quick {args.quick}: give a number of candidates per task from 1 to 1000 (8 is typical)")
+    if args.time_limit is not None and not args.time_limit > 0:
+        raise UserError(f"--time-limit {args.time_limit}: give a positive number of seconds")
+    res = quick_tune(args.model, args.quick, log, args.layout or DEFAULT_LAYOUT, parse_input_shapes(args.input_shape),
+                     target=args.target, threads=args.threads, time_limit=args.time_limit)
+    s = res.session
+    print(f"--quick {args.quick}: {len(s.tasks)} tasks, {s.new} candidates measured in {s.seconds:.1f} s; log: {log}")
+    return log
 
 
 def _cmd_run(args) -> int:
@@ -580,6 +601,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--input-shape", action="append", help="NAME=1x3x224x224 for inputs with dynamic dims")
     c.add_argument("--strict", action="store_true", help="fail when any task has no tuning record")
     c.add_argument("--no-shipped", action="store_true", help="do not fall back on the shipped tuner/schedules/")
+    c.add_argument("--no-predict", action="store_true",
+                   help="a task with no record runs its default schedule, not the shipped cost model's pick")
+    c.add_argument("--quick", type=int, metavar="N",
+                   help="first measure N candidates of each task (its default and the cost model's top picks): a "
+                        "short tune appended to the first --log, else to OUTPUT.jsonl beside the compiled model")
+    c.add_argument("--time-limit", type=float, help="with --quick: stop measuring after this many seconds")
     c.add_argument("-v", "--verbose", action="store_true", help="say what each step does")
     c.set_defaults(fn=_cmd_compile)
 

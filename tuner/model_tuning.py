@@ -343,6 +343,19 @@ def cold_prices(tasks, tgt, known: dict | None = None, progress: bool = True,
     return out
 
 
+def quick_tune(model, per_task: int, log: str, layout: str, input_shapes: dict | None = None,
+               **kwargs) -> ModelTuneResult:
+    """`tuner compile --quick N`: a model tune in one layout in which every task has its first look
+    only, N candidates: the default schedule and what the cost model (the shipped pre-trained one)
+    ranks first; FIRST_LOOK's fixed looks as in any tune. Resumes like any tune: a log that holds
+    as many records for the tasks measures nothing new."""
+    graph = model if isinstance(model, Graph) else load(str(model), input_shapes)
+    pairs = model_layouts(graph, (layout,)).workloads()
+    fixed = sum(FIRST_LOOK.get(wl.op, 0) for wl, _ in pairs)
+    looked = sum(wl.op not in FIRST_LOOK for wl, _ in pairs)
+    return tune_model(graph, fixed + per_task * looked, log, layouts=(layout,), warmup_batch=per_task, **kwargs)
+
+
 def tune_model(model, trials: int, log: str | None = None, target: str = "cpu", threads: int | None = None,
                layouts=DEFAULT_CHOICES, input_shapes: dict | None = None, warmup_batch: int = 4,
                batch_size: int = 16, policy: str = "evolutionary", weights: str = WEIGHTS[0],

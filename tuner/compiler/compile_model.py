@@ -35,11 +35,12 @@ from ..graph.ir import graph_digest, graph_structure, interface_names
 from ..graph.passes import optimize
 from ..graph.passes.extract_tasks import group_summary, transform_workload, workload_of
 from ..ops import WORKLOADS, Unsupported, flops, to_te
-from ..runtime.artifact import DEFAULT, FLOAT_EXACT, GENERIC, Arg, Step, declaration
+from ..runtime.artifact import DEFAULT, FLOAT_EXACT, GENERIC, PREDICTED, Arg, Step, declaration
 from ..runtime.model import CompiledModel
 from ..schedule.ir import vector_split
 from ..schedule.lower import lower
 from ..schedule.schedule import Schedule, ScheduleError, replay
+from ..search.predict import Predictor
 from ..space.sketch import SearchSpace
 from ..target import Target, parse_target
 from ..task import Task, code_hash
@@ -225,12 +226,16 @@ def _generic_kernel(dag: tuple, target: Target, func: str):
 
 def compile_model(model, log=None, target: str | Target = "cpu", threads: int | None = None,
                   layout: str | None = None, input_shapes: dict | None = None, strict: bool = False,
-                  use_shipped: bool = True, progress=None, choose=None, layout_plan: dict | None = None):
+                  use_shipped: bool = True, progress=None, choose=None, layout_plan: dict | None = None,
+                  predict: bool = True):
     """Compile a built-in model, an ONNX file or a Graph with the best schedules of `log` (a path or
     a list of paths). Returns a runtime.model.CompiledModel.
 
     layout_plan: {conv node name: layout} for convolutions that run in another layout
     than `layout` (graph.layout_plan: what the solver chose).
+
+    predict: a task no record covers runs the shipped cost model's pick (search.predict) where
+    the target's ISA has a model; False: its default schedule.
 
     choose: for tests, a function Task -> steps that replaces apply-best (its steps are reported
     as coming from 'chosen')."""
@@ -252,7 +257,15 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
     say(f"optimised {graph.name}: {len(graph.nodes)} nodes -> {len(g.nodes)}, "
         f"{len(g.meta['fused_groups'])} fused groups")
     io = _Interface(g)
-    low = _lower_groups(g, io, db, tgt, choose, say)
+    predictor = Predictor(tgt) if predict and choose is None else None
+    if predictor is not None:
+        predictor.prefetch([(t.workload, db.elsewhere(t.workload, tgt)) for t in g.meta["tasks"]
+                            if t.workload is not None and db.best(t.workload, tgt)[0] is None])
+    try:
+        low = _lower_groups(g, io, db, tgt, choose, say, predictor)
+    finally:
+        if predictor is not None:
+            predictor.close()
     lives, arena_bytes, weights = _place_arguments(low, io)
     if strict:
         _check_tuned(low.steps, logs, tgt)
@@ -348,7 +361,7 @@ class _Lowered:
     lifetimes: dict = field(default_factory=dict)   # value id -> [first step, last step, bytes]
 
 
-def _lower_groups(g: Graph, io: _Interface, db, tgt, choose, say) -> _Lowered:
+def _lower_groups(g: Graph, io: _Interface, db, tgt, choose, say, predictor=None) -> _Lowered:
     """One step per fused group, in graph order: a task's best record (else its default), or a
     generic kernel; kernels with equal code are shared."""
     low = _Lowered()
@@ -359,7 +372,7 @@ def _lower_groups(g: Graph, io: _Interface, db, tgt, choose, say) -> _Lowered:
         if wl is None and (lt := transform_workload(g, grp)) is not None and db.best(lt, tgt)[0] is not None:
             wl = lt                  # a transform a model tune measured: its record, not the generic kernel
         if wl is not None:
-            kern, args, sched, where, label, expected = _task_kernel(g, grp, wl, ins, db, tgt, choose, func)
+            kern, args, sched, where, label, expected = _task_kernel(g, grp, wl, ins, db, tgt, choose, func, predictor)
         else:
             kern, args, sched = _generic_group(g, grp.nodes, ins, out_v, tgt, func)
             where, label, expected = GENERIC, f"{group_summary(g, grp.nodes)} -> {out_v.type_str()}", None
@@ -377,12 +390,17 @@ def _lower_groups(g: Graph, io: _Interface, db, tgt, choose, say) -> _Lowered:
     return low
 
 
-def _task_kernel(g: Graph, grp, wl, ins: list, db, tgt, choose, func: str) -> tuple:
+def _task_kernel(g: Graph, grp, wl, ins: list, db, tgt, choose, func: str, predictor=None) -> tuple:
     """(Kernel, its arguments, steps, where they came from, label, the latency the record promises)
-    of a group that is a task: apply-best."""
+    of a group that is a task: apply-best, else the cost model's pick, else the default."""
     task = Task(wl, tgt)
     rec, where = db.best(wl, tgt)
-    sched = rec.steps if rec is not None else task.space.steps(task.space.default())
+    sched = rec.steps if rec is not None else None
+    if rec is None and predictor is not None:
+        sched = predictor.steps(task, db.elsewhere(wl, tgt))
+        where = PREDICTED if sched is not None else where
+    if sched is None:
+        sched = task.space.steps(task.space.default())
     if choose is not None:
         rec, where, sched = None, "chosen", choose(task)
     cand = task.candidate(sched, func_name=func)
@@ -431,7 +449,7 @@ def _place_arguments(low: _Lowered, io: _Interface) -> tuple:
 
 def _check_tuned(steps: list, logs: list, tgt) -> None:
     """--strict: every task has a record."""
-    names = sorted({s.workload for s in steps if s.anchor and s.source == DEFAULT})
+    names = sorted({s.workload for s in steps if s.anchor and s.source in (DEFAULT, PREDICTED)})
     if names:
         raise UntunedError(f"--strict: {len(names)} task(s) have no record in {', '.join(logs) or 'any log'} or the "
                            f"shipped database for '{tgt}': {'; '.join(names[:5])}"

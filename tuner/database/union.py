@@ -3,6 +3,7 @@ schedules); a workload's best record comes from the first source that has one, e
 default schedule. `tuner compile` and `build_op` both apply the best through it."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,6 +56,20 @@ class Database:
                         self.stale[key] = (workload.label, rec)
                     break
         return self._best[key]
+
+    def elsewhere(self, workload, target, per_target: int = 2) -> list:
+        """Step lists of `workload`'s fastest records for other targets (another ISA or thread
+        count), per source and target: seeds for the cost model's pick (search.predict)."""
+        want, out = records.code_target(str(target)), {}
+        for s in self.sources:
+            by_target: dict = {}
+            for r in s.contents.records:
+                if r.workload.key == workload.key and r.ok and records.code_target(r.target) != want:
+                    by_target.setdefault(r.target, []).append(r)
+            for recs in by_target.values():
+                for r in sorted(recs, key=lambda r: r.latency)[:per_target]:
+                    out.setdefault(json.dumps(r.steps), r.steps)
+        return list(out.values())
 
     def is_stale(self, rec) -> bool:
         """Whether `rec`, a best record, was logged for code this version no longer generates."""

@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass, field
 
 # where a step's schedule came from (besides a log path)
-SHIPPED, DEFAULT, GENERIC = "shipped", "default", "generic"
+SHIPPED, PREDICTED, DEFAULT, GENERIC = "shipped", "predicted", "default", "generic"
 
 FLOAT_EXACT = 1 << 24      # integers below this magnitude are exact in float32, as integer inputs travel
 

@@ -98,7 +98,7 @@ class EvolutionarySearch(Policy):
             out += self.random.propose(n - len(out), seen)
         else:
             self.shared.train_if_stale()
-            scored = self._evolve()
+            scored = self.ranked()
             n_random = int(round(self.eps * (n - len(out))))
             take = n - n_random - len(out)
             # every structure (pad placement: a different loop nest, like Ansor's sketches) gets at
@@ -124,8 +124,9 @@ class EvolutionarySearch(Policy):
         except ScheduleError:
             return None
 
-    def _evolve(self) -> list:
-        """[(decisions, predicted score)] best first, from mutating the best measured points."""
+    def ranked(self) -> list:
+        """[(decisions, predicted score)] best first, from mutating the best measured points
+        (nothing measured: a sample of first_pool points with a pre-trained model)."""
         space = self.task.space
         best = sorted((m for m in self.measured if np.isfinite(m[2])), key=lambda m: m[2])
         # parents: the best measured points of every structure, then the best overall
