@@ -261,6 +261,32 @@ def _cli(*args, env=None):
 
 
 @pytest.mark.slow
+def test_compile_quick_measures_n_candidates_per_task_into_a_log_beside_the_model_and_resumes(tmp_cache, tmp_path,
+                                                                                             capsys):
+    """tuner compile --quick N: a tune in which each task measures N candidates (the default and the
+    cost model's picks), logged to OUTPUT.jsonl, then the compile applies that log; run again it
+    measures nothing new; a bad N and a --time-limit without --quick are one-line errors."""
+    from tuner.cli import main
+    art = tmp_path / "tiny"
+    assert main(["compile", "tiny", "--threads", "1", "--quick", "2", "-o", str(art)]) == 0
+    log = tmp_path / "tiny.jsonl"
+    measured = [r for r in records.load(log).records if r.policy != "confirm"]
+    per_task = {}
+    for r in measured:
+        per_task[r.workload.key] = per_task.get(r.workload.key, 0) + 1
+    assert per_task and max(per_task.values()) == 2 and all(r.ok for r in measured)
+    steps = json.loads((art / "model.json").read_text())["steps"]
+    assert all(s["source"] == str(log) for s in steps if s["workload_key"])
+    out = capsys.readouterr().out
+    assert "--quick 2:" in out and f"{len(measured)} candidates measured" in out
+    assert main(["compile", "tiny", "--threads", "1", "--quick", "2", "-o", str(art)]) == 0
+    assert "0 candidates measured" in capsys.readouterr().out
+    for bad, why in ((["--quick", "0"], "--quick 0: give a number"), (["--time-limit", "5"], "give --quick too")):
+        assert main(["compile", "tiny", "-o", str(tmp_path / "x"), *bad]) == 2
+        assert why in capsys.readouterr().err
+
+
+@pytest.mark.slow
 def test_cli_compile_run_and_errors(tmp_path):
     import os
     env = dict(os.environ, TUNER_CACHE_DIR=str(tmp_path / "cache"))

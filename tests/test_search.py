@@ -1,5 +1,6 @@
 """Learned search: policies in replay mode, the task scheduler, features and the cost model."""
 import dataclasses
+import json
 import math
 import os
 import random
@@ -567,3 +568,15 @@ def test_the_database_seeds_a_pick_with_the_records_of_other_targets_only(tmp_pa
                                                   MeasureResult("OK", "", [1e-4]), "h", "random", 9)])
     got = Database.open([log], TARGET1, use_shipped=False).elsewhere(SMALL, TARGET1, per_target=2)
     assert got == [rows[0][1], rows[1][1], rows[3][1]]     # the two fastest at 2 threads, the AVX-512 one
+
+
+def test_a_cost_model_picks_only_for_the_isa_and_thread_count_it_was_trained_on(tmp_path):
+    """search.predict.trained_for reads the model's .meta.json: a model trained at 1 thread does not
+    pick 2-thread schedules (it never saw what a parallel loop is worth), nor another ISA's."""
+    from tuner.search.predict import trained_for
+    path = tmp_path / "cpu-avx2.ubj"
+    (tmp_path / "cpu-avx2.ubj.meta.json").write_text(json.dumps({"targets": ["cpu -isa=avx2 -cores=2 -threads=1"]}))
+    assert trained_for(path, parse_target("cpu -isa=avx2 -cores=16 -threads=1", check_host=False))
+    assert not trained_for(path, parse_target("cpu -isa=avx2 -cores=2 -threads=2", check_host=False))
+    assert not trained_for(path, parse_target("cpu -isa=avx512 -cores=2 -threads=1", check_host=False))
+    assert not trained_for(tmp_path / "missing.ubj", parse_target("cpu -isa=avx2 -threads=1", check_host=False))
