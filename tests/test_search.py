@@ -580,3 +580,15 @@ def test_a_cost_model_picks_only_for_the_isa_and_thread_count_it_was_trained_on(
     assert not trained_for(path, parse_target("cpu -isa=avx2 -cores=2 -threads=2", check_host=False))
     assert not trained_for(path, parse_target("cpu -isa=avx512 -cores=2 -threads=1", check_host=False))
     assert not trained_for(tmp_path / "missing.ubj", parse_target("cpu -isa=avx2 -threads=1", check_host=False))
+
+
+def test_a_cost_model_picks_only_for_operators_it_learnt_from_enough_workloads_of():
+    """operators_seen: the shipped AVX2 model learnt CNN tunes (convolutions, Winograd, pools, two
+    one-row dense layers), so it picks convolutions' schedules and leaves dense and batch_matmul
+    (BERT's GEMMs, which its picks made 2.4x slower) to their defaults; names and old log names
+    count as their operators."""
+    from tuner.cost_model.pretrain import PRETRAINED_DIR
+    from tuner.search.predict import MIN_SEEN, operators_seen
+    path = PRETRAINED_DIR / "cpu-avx2.ubj"
+    seen = operators_seen(path)
+    assert {"conv2d", "max_pool2d"} <= seen and not {"dense", "batch_matmul"} & seen and MIN_SEEN > 2

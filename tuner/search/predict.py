@@ -1,7 +1,8 @@
 """The cost model's pick: a schedule chosen by the pre-trained cost model, with no measurement.
 
 Between a tuning record and the default schedule: a compile whose task no record covers takes
-the candidate the shipped model of the target's ISA (trained at its thread count) ranks first among the task's default, the
+the candidate the shipped model of the target's ISA ranks first (where that model learnt from the
+target's thread count and from enough workloads of the task's operator) among the task's default, the
 step lists logged for the same workload on other targets (another ISA or thread count) and what
 a search's first round would look at (a sample of the space, mutated), so an untuned model runs
 what a tune would measure first rather than one fixed rule. Deterministic for a task, a model and
@@ -21,6 +22,8 @@ import numpy as np
 from ..cost_model.model import XGBModel
 from ..cost_model.pretrain import shipped_model
 from ..database.records import code_target
+from ..errors import UserError
+from ..ops import resolve
 from ..schedule.schedule import ScheduleError
 from ..target import host_cores, parse_target
 from ..task import Task
@@ -60,17 +63,41 @@ def _pick_in_worker(workload, target: str, seeds: list, path: str, pool: int) ->
     return pick(Task(workload, parse_target(target, check_host=False)), _model(path), seeds, pool)
 
 
+MIN_SEEN = 8        # workloads of an operator a model must have learnt from to pick its schedules
+
+
+def _meta(path) -> dict:
+    try:
+        meta = json.loads(Path(str(path) + ".meta.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
 def trained_for(path, target) -> bool:
     """Whether the model at `path` learnt from records of the target's backend, ISA and thread count
     (its .meta.json's targets). A model that never saw a thread count does not know what a parallel
     loop is worth there: ResNet-50 at 2 threads ran 2.25x ONNX Runtime's time with the picks of the
     AVX2 model, trained at 1 thread, against 1.64x with its defaults."""
-    try:
-        targets = json.loads(Path(str(path) + ".meta.json").read_text()).get("targets") or []
-    except (OSError, ValueError, AttributeError):
-        return False
+    targets = _meta(path).get("targets")
     want = code_target(str(target))
-    return any(code_target(t) == want for t in targets if isinstance(t, str))
+    return isinstance(targets, list) and any(code_target(t) == want for t in targets if isinstance(t, str))
+
+
+def operators_seen(path) -> set:
+    """The operators of which the model at `path` learnt from MIN_SEEN workloads or more. A model
+    ranks the schedules of operators it never learnt from at random or worse: the AVX2 model, trained
+    on CNN tunes (two dense layers of one row), picked BERT-base's GEMMs into 2.17x ONNX Runtime's
+    time, where the defaults ran 0.89x."""
+    names = _meta(path).get("workloads")
+    seen: dict = {}
+    for name in names if isinstance(names, list) else []:
+        try:
+            op = resolve(str(name)).op
+        except (UserError, ValueError, KeyError):
+            continue
+        seen[op] = seen.get(op, 0) + 1
+    return {op for op, n in seen.items() if n >= MIN_SEEN}
 
 
 class Predictor:
@@ -82,12 +109,13 @@ class Predictor:
         self.pool = pool
         path = shipped_model(target)
         self.path = str(path) if path is not None and trained_for(path, target) else None
+        self.ops = operators_seen(self.path) if self.path is not None else set()
         self._futures: dict = {}
         self._executor = None
 
     def prefetch(self, jobs: list) -> None:
         """Start ranking [(workload, seeds)] in worker processes; steps() then waits for them."""
-        todo = [(w, s) for w, s in jobs if self.path is not None and w.key not in self._futures]
+        todo = [(w, s) for w, s in jobs if w.op in self.ops and w.key not in self._futures]
         if len(todo) < 2:
             return
         self._executor = ProcessPoolExecutor(min(host_cores(), len(todo)),
@@ -97,8 +125,9 @@ class Predictor:
                                                          self.path, self.pool)
 
     def steps(self, task, seeds: list = ()) -> list | None:
-        """The cost model's pick for `task` (prefetched or ranked here), or None without a model."""
-        if self.path is None:
+        """The cost model's pick for `task` (prefetched or ranked here), or None where no model
+        learnt the task's operator."""
+        if task.workload.op not in self.ops:
             return None
         fut = self._futures.get(task.workload.key)
         if fut is not None:
