@@ -259,8 +259,8 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
     io = _Interface(g)
     predictor = Predictor(tgt) if predict and choose is None else None
     if predictor is not None:
-        predictor.prefetch([(t.workload, db.elsewhere(t.workload, tgt)) for t in g.meta["tasks"]
-                            if t.workload is not None and db.best(t.workload, tgt)[0] is None])
+        predictor.start([Task(t.workload, tgt) for t in g.meta["tasks"] if t.workload is not None
+                         and t.workload.op in predictor.ops and db.best(t.workload, tgt)[0] is None])
     try:
         low = _lower_groups(g, io, db, tgt, choose, say, predictor)
     finally:

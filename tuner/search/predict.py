@@ -6,37 +6,36 @@ target's thread count and from enough workloads of the task's operator) among th
 step lists logged for the same workload on other targets (another ISA or thread count) and what
 a search's first round would look at (a sample of the space, mutated), so an untuned model runs
 what a tune would measure first rather than one fixed rule. Deterministic for a task, a model and
-this version: the sample's seed is the workload's key. Tasks are ranked in worker processes, one
-per core (lowering and featurising the candidates is pure Python).
+this version: the sample's seed is the workload's key. The candidates are lowered and featurised
+(pure Python, most of the time) by the feature workers a tune uses (cost_model.parallel: fresh
+interpreters, so a user's script is never imported again by a worker, as multiprocessing's spawn
+would), one per core beside the compiling process.
 """
 from __future__ import annotations
 
 import json
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import numpy as np
 
 from ..cost_model.model import XGBModel
+from ..cost_model.parallel import FeaturePool
 from ..cost_model.pretrain import shipped_model
 from ..database.records import code_target
 from ..errors import UserError
 from ..ops import resolve
 from ..schedule.schedule import ScheduleError
-from ..target import host_cores, parse_target
-from ..task import Task
 from .evolutionary import EvolutionarySearch, SharedModel
 
 POOL = 128          # sampled points the model ranks (then mutated twice, as a search's first round)
-_MODELS: dict = {}  # model path -> XGBModel, per process
 
 
-def pick(task, model, seeds: list = (), pool: int = POOL) -> list:
+def pick(task, model, seeds: list = (), pool: int = POOL, features=None) -> list:
     """The step list `model` ranks first among the task's default, `seeds` and a search's first
-    round (see the module)."""
-    search = EvolutionarySearch(task, seed=int(task.workload.key[:8], 16), shared=SharedModel(model), first_pool=pool)
+    round (see the module). features: a FeaturePool that holds `task`."""
+    shared = SharedModel(model)
+    shared.pool = features
+    search = EvolutionarySearch(task, seed=int(task.workload.key[:8], 16), shared=shared, first_pool=pool)
     default = task.space.steps(task.space.default())
     cands = {json.dumps(default): default}
     for s in seeds:
@@ -48,19 +47,9 @@ def pick(task, model, seeds: list = (), pool: int = POOL) -> list:
             continue
         cands.setdefault(json.dumps(s), s)
     steps = list(cands.values())
-    feats = search.shared.cache.of_many(task, steps)      # None where a seed does not lower here
+    feats = shared.cache.of_many(task, steps, features)      # None where a seed does not lower here
     ok = [k for k, f in enumerate(feats) if f is not None]
     return steps[ok[int(np.argmax(model.predict([feats[k] for k in ok])))]]
-
-
-def _model(path: str) -> XGBModel:
-    if path not in _MODELS:
-        _MODELS[path] = XGBModel.pretrained_from(path)
-    return _MODELS[path]
-
-
-def _pick_in_worker(workload, target: str, seeds: list, path: str, pool: int) -> list:
-    return pick(Task(workload, parse_target(target, check_host=False)), _model(path), seeds, pool)
 
 
 MIN_SEEN = 8        # workloads of an operator a model must have learnt from to pick its schedules
@@ -110,34 +99,26 @@ class Predictor:
         path = shipped_model(target)
         self.path = str(path) if path is not None and trained_for(path, target) else None
         self.ops = operators_seen(self.path) if self.path is not None else set()
-        self._futures: dict = {}
-        self._executor = None
+        self._model = None
+        self._tasks: dict = {}           # workload key -> the Task the feature workers know
+        self._features = None
 
-    def prefetch(self, jobs: list) -> None:
-        """Start ranking [(workload, seeds)] in worker processes; steps() then waits for them."""
-        todo = [(w, s) for w, s in jobs if w.op in self.ops and w.key not in self._futures]
-        if len(todo) < 2:
-            return
-        self._executor = ProcessPoolExecutor(min(host_cores(), len(todo)),
-                                             mp_context=multiprocessing.get_context("spawn"))
-        for w, seeds in todo:
-            self._futures[w.key] = self._executor.submit(_pick_in_worker, w, str(self.target), list(seeds),
-                                                         self.path, self.pool)
+    def start(self, tasks: list) -> None:
+        """Start the feature workers for `tasks` (the model's, of operators in self.ops, with no record)."""
+        self._tasks = {t.workload.key: t for t in tasks if t.workload.op in self.ops}
+        if len(self._tasks) > 1:
+            self._features = FeaturePool(list(self._tasks.values()))
 
     def steps(self, task, seeds: list = ()) -> list | None:
-        """The cost model's pick for `task` (prefetched or ranked here), or None where no model
-        learnt the task's operator."""
+        """The cost model's pick for `task`, or None where no model learnt the task's operator."""
         if task.workload.op not in self.ops:
             return None
-        fut = self._futures.get(task.workload.key)
-        if fut is not None:
-            try:
-                return fut.result()
-            except (BrokenProcessPool, OSError):     # a worker killed or unable to start: rank it here
-                pass
-        return pick(task, _model(self.path), seeds, self.pool)
+        if self._model is None:
+            self._model = XGBModel.pretrained_from(self.path)
+        mine = self._tasks.get(task.workload.key, task)
+        return pick(mine, self._model, seeds, self.pool, self._features if mine is not task else None)
 
     def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(cancel_futures=True)
-            self._executor = None
+        if self._features is not None:
+            self._features.close()
+            self._features = None
