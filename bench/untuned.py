@@ -26,6 +26,7 @@ from tuner.compiler import compile_model
 from tuner.compiler.compile_model import DEFAULT_LAYOUT
 from tuner.graph import load as load_graph
 from tuner.model_tuning import quick_tune
+from tuner.runtime.artifact import DEFAULT, PREDICTED, SHIPPED
 
 
 def variants(model: str, threads: int, quick: int, workdir: Path) -> dict:
@@ -70,7 +71,7 @@ def main(argv=None) -> int:
                 print(f"\n{model}, {threads} thread(s), {args.rounds} rounds; ONNX Runtime {ort * 1e3:.2f} ms")
                 for name, (m, secs) in built.items():
                     med, paired = statistics.median(t[name]), statistics.median(paired_ratios(t[name], t["onnxruntime"]))
-                    sources = sorted({s.source if s.source in ("default", "predicted", "shipped") else "log"
+                    sources = sorted({s.source if s.source in (DEFAULT, PREDICTED, SHIPPED) else "log"
                                       for s in m.steps if s.workload_key})
                     print(f"  {name:<10} compile {secs:6.1f} s  {med * 1e3:8.2f} ms  vs ONNX Runtime {paired:.3f}x "
                           f"paired  (schedules: {', '.join(sources)})")

@@ -395,11 +395,11 @@ def _task_kernel(g: Graph, grp, wl, ins: list, db, tgt, choose, func: str, predi
     of a group that is a task: apply-best, else the cost model's pick, else the default."""
     task = Task(wl, tgt)
     rec, where = db.best(wl, tgt)
-    sched = rec.steps if rec is not None else None
-    if rec is None and predictor is not None:
-        sched = predictor.steps(task, db.elsewhere(wl, tgt))
-        where = PREDICTED if sched is not None else where
-    if sched is None:
+    if rec is not None:
+        sched = rec.steps
+    elif predictor is not None and wl.op in predictor.ops:
+        sched, where = predictor.steps(task, db.elsewhere(wl, tgt)), PREDICTED
+    else:
         sched = task.space.steps(task.space.default())
     if choose is not None:
         rec, where, sched = None, "chosen", choose(task)

@@ -24,7 +24,6 @@ from ..cost_model.pretrain import shipped_model
 from ..database.records import code_target
 from ..errors import UserError
 from ..ops import resolve
-from ..schedule.schedule import ScheduleError
 from .evolutionary import EvolutionarySearch, SharedModel
 
 POOL = 128          # sampled points the model ranks (then mutated twice, as a search's first round)
@@ -32,24 +31,17 @@ POOL = 128          # sampled points the model ranks (then mutated twice, as a s
 
 def pick(task, model, seeds: list = (), pool: int = POOL, features=None) -> list:
     """The step list `model` ranks first among the task's default, `seeds` and a search's first
-    round (see the module). features: a FeaturePool that holds `task`."""
+    round (see the module); of equal scores the first, the default before the others.
+    features: a FeaturePool that holds `task`."""
     shared = SharedModel(model)
     shared.pool = features
     search = EvolutionarySearch(task, seed=int(task.workload.key[:8], 16), shared=shared, first_pool=pool)
-    default = task.space.steps(task.space.default())
-    cands = {json.dumps(default): default}
-    for s in seeds:
-        cands.setdefault(json.dumps(s), s)
-    for dec, _ in search.ranked():
-        try:
-            s = task.space.steps(dec)
-        except ScheduleError:
-            continue
-        cands.setdefault(json.dumps(s), s)
-    steps = list(cands.values())
-    feats = shared.cache.of_many(task, steps, features)      # None where a seed does not lower here
-    ok = [k for k, f in enumerate(feats) if f is not None]
-    return steps[ok[int(np.argmax(model.predict([feats[k] for k in ok])))]]
+    given = [task.space.steps(task.space.default()), *seeds]
+    feats = shared.cache.of_many(task, given, features)       # None where a seed does not lower here
+    scores = iter(model.predict([f for f in feats if f is not None]))
+    scored = [(s, next(scores)) for s, f in zip(given, feats) if f is not None]
+    scored += [(task.space.steps(d), p) for d, p in search.ranked() if np.isfinite(p)]   # scored as they evolved
+    return max(scored, key=lambda sp: sp[1])[0]
 
 
 MIN_SEEN = 8        # workloads of an operator a model must have learnt from to pick its schedules
@@ -94,7 +86,6 @@ class Predictor:
     target's ISA and thread count (else no pick: the default)."""
 
     def __init__(self, target, pool: int = POOL):
-        self.target = target
         self.pool = pool
         path = shipped_model(target)
         self.path = str(path) if path is not None and trained_for(path, target) else None
@@ -104,15 +95,13 @@ class Predictor:
         self._features = None
 
     def start(self, tasks: list) -> None:
-        """Start the feature workers for `tasks` (the model's, of operators in self.ops, with no record)."""
-        self._tasks = {t.workload.key: t for t in tasks if t.workload.op in self.ops}
+        """Start the feature workers for `tasks` (those the compile will ask steps() about)."""
+        self._tasks = {t.workload.key: t for t in tasks}
         if len(self._tasks) > 1:
-            self._features = FeaturePool(list(self._tasks.values()))
+            self._features = FeaturePool(tasks)
 
-    def steps(self, task, seeds: list = ()) -> list | None:
-        """The cost model's pick for `task`, or None where no model learnt the task's operator."""
-        if task.workload.op not in self.ops:
-            return None
+    def steps(self, task, seeds: list = ()) -> list:
+        """The cost model's pick for `task`, of an operator in self.ops."""
         if self._model is None:
             self._model = XGBModel.pretrained_from(self.path)
         mine = self._tasks.get(task.workload.key, task)
