@@ -5,6 +5,7 @@
 #   bench/gpu_session.sh fetch        # here: the wheels tuner needs there, and pycuda's sdist, into .whl/ (~14 MB)
 #   bench/gpu_session.sh run          # there (the device tool's run, carry [".whl"]): install, build pycuda,
 #                                     # run tests/test_cuda.py, then bench.gpu; logs and JSON go to $OUT
+#   .whl/pycuda-built.tgz (an earlier run's $OUT/pycuda-built.tgz) skips pycuda's build
 #   TEST_S, BENCH_S, TUNE_S (seconds), TRIALS, ROUNDS, WORKLOADS, TEST_MARK size the run half to the lease
 #
 # The machine's image already has numpy, torch, onnx, onnxruntime, tqdm, filelock, matplotlib,
@@ -43,6 +44,8 @@ run)
   # pycuda ships as source, built in place; its objects compile in parallel (setuptools compiles one
   # extension's sources one by one: 3 minutes on 2 cores)
   rm -rf /tmp/pycuda-src && mkdir /tmp/pycuda-src && tar xzf .whl/pycuda-*.tar.gz -C /tmp/pycuda-src --strip-components 1
+  # a build brought back from an earlier run ($OUT/pycuda-built.tgz, put in .whl/) skips the build
+  if [ -f .whl/pycuda-built.tgz ]; then tar xzf .whl/pycuda-built.tgz -C /tmp/pycuda-src; else
   (cd /tmp/pycuda-src && python3 configure.py --cuda-root="$CUDA_ROOT" --cudadrv-lib-dir=/tmp/cudadrv \
      --no-cuda-enable-curand --cxxflags=-O1,-g0 >/dev/null && python3 - build_ext --inplace >"$OUT/pycuda_build.log" 2>&1 <<'PY') \
     || { tail -30 "$OUT/pycuda_build.log"; exit 1; }
@@ -64,6 +67,7 @@ ccompiler.CCompiler.compile = compile_parallel
 sys.argv = ["setup.py", *sys.argv[1:]]
 runpy.run_path("setup.py", run_name="__main__")
 PY
+  (cd /tmp/pycuda-src && tar czf "$OUT/pycuda-built.tgz" pycuda); fi
   export PYTHONPATH="/tmp/site:/tmp/pycuda-src:$repo"
   python3 -c "import pycuda.autoinit, pycuda.driver as d; print('pycuda sees', d.Device(0).name())"
   # the figures first; each step under a limit of its own (seconds), so one slow step leaves the others time
@@ -71,7 +75,9 @@ PY
     --time-limit "${TUNE_S:-60}" ${WORKLOADS:+--workloads "$WORKLOADS"} --out "$OUT/gpu.json" --no-progress \
     2>&1 | tee "$OUT/bench_gpu.log" || true
   timeout -s INT "${TEST_S:-180}" python3 -m pytest -q -p no:cacheprovider -m "${TEST_MARK:-gpu}" tests/test_cuda.py \
-    2>&1 | tee "$OUT/test_cuda.log" || true ;;
+    2>&1 | tee "$OUT/test_cuda.log" || true
+  # the tune log: the corpus a GPU cost model is trained on
+  gzip -c logs/bench/gpu.*.jsonl > "$OUT/gpu_tune_log.jsonl.gz" 2>/dev/null || true ;;
 *)
   echo "usage: bench/gpu_session.sh fetch|run" >&2; exit 2 ;;
 esac
