@@ -285,7 +285,7 @@ def test_an_injective_workload_has_a_gpu_schedule_too(tmp_cache):
 
 
 @pytest.mark.slow
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 10**6), which=st.sampled_from(range(len(SMALL))))
 def test_property_sampled_gpu_schedules_compute_the_reference(seed, which, tmp_cache):
     t = Task(SMALL[which], SM90)

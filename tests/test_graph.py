@@ -274,6 +274,14 @@ def test_bad_files_are_one_line_errors_with_exit_code_2(tmp_path):
 
 
 @pytest.mark.slow
+def test_the_models_table_lists_every_built_in_model_with_its_input_as_built():
+    from tuner.graph.models import ABOUT
+    assert list(ABOUT) == list(MODELS)
+    for name in ("resnet18", "mobilenet_v2", "tiny"):      # the cheap ones to build
+        g = load_model(name)
+        assert ABOUT[name][0] == " ".join((g.inputs[0].name, "x".join(map(str, g.inputs[0].shape)), g.inputs[0].dtype))
+
+
 def test_cli_models_inspect_export(tmp_path):
     out = tuner_cli("models")
     assert out.returncode == 0 and all(m in out.stdout for m in MODELS)

@@ -134,17 +134,15 @@ def test_random_legal_schedules_give_the_default_output(tmp_cache):
     """apply-best applies what it is given, and any legal schedule of any task is correct next to its
     neighbours' layouts: random points of every task's space give the default schedules' output."""
     g = mobilenet_v2(image=32)
-    x = None
     base = compile_model(g, threads=1)
     x = base.random_inputs(4)
     want = base.run(*x)[0]
-    for seed in range(2):
-        rng = random.Random(seed)
-        m = compile_model(g, threads=1, choose=lambda task: task.space.steps(task.space.sample(rng)))
-        chosen = [s for s in m.steps if s.source == "chosen"]
-        assert len(chosen) == sum(s.anchor for s in m.steps) > 30
-        got = m.run(*x)[0]
-        assert np.abs(got - want).max() <= 1e-4 * np.ptp(want)
+    rng = random.Random(0)
+    m = compile_model(g, threads=1, choose=lambda task: task.space.steps(task.space.sample(rng)))
+    chosen = [s for s in m.steps if s.source == "chosen"]
+    assert len(chosen) == sum(s.anchor for s in m.steps) > 30
+    got = m.run(*x)[0]
+    assert np.abs(got - want).max() <= 1e-4 * np.ptp(want)
 
 
 # ---------------------------------------------------------------- the memory plan

@@ -283,7 +283,8 @@ WINOGRAD_TRANSFORMS = [make("winograd_input", dict(C=16, H=9, W=9, pad=1, m=4)),
 def test_every_point_of_the_winograd_transforms_table_sketch_computes_the_reference(threads):
     """The transforms' spaces are small enough to check whole: vector lengths, pad placement and
     accumulator, on tiles that do not divide the output (7x7 by 2, 9x9 by 4), with one and two
-    threads (the outer loops fused and parallel around the unrolled tile)."""
+    threads (the outer loops fused and parallel around the unrolled tile). With two threads, one
+    vector length per point of the other decisions: the parallel loops do not depend on it."""
     target = parse_target("cpu", threads=threads)
     cases = []
     for wl in WINOGRAD_TRANSFORMS:
@@ -293,8 +294,10 @@ def test_every_point_of_the_winograd_transforms_table_sketch_computes_the_refere
         assert choices["vec"] and ("pad" in choices) == (wl.op == "winograd_input")
         assert ("acc" in choices) == (space.anchor == space.output.name)
         assert ("blocks" in choices) == (wl.op == "winograd_output" and wl.layout != "NHWC")
+        if threads > 1:
+            choices["vec"] = choices["vec"][-1:]
         cases += [(wl, space.steps(dict(zip(choices, point)))) for point in itertools.product(*choices.values())]
-    assert len(cases) >= 20
+    assert len(cases) >= (20 if threads == 1 else 12)
     check_schedules(cases, target)
 
 

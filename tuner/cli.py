@@ -268,12 +268,11 @@ def _cmd_distill(args) -> int:
 
 
 def _cmd_models(args) -> int:
-    from .graph.models import MODELS, load_model
-    print(f"{'model':<14} {'input':<16} {'nodes':>5} {'convs':>5}")
-    for name in MODELS:
-        g = load_model(name)
-        shape = "x".join(str(d) for d in g.inputs[0].shape)
-        print(f"{name:<14} {shape:<16} {len(g.nodes):>5} {g.count('conv2d'):>5}")
+    from .graph.models import ABOUT
+    print(f"{'model':<14} {'input':<34} what it is")
+    for name, (inp, what) in ABOUT.items():
+        print(f"{name:<14} {inp:<34} {what}")
+    print("(`tuner inspect NAME` shows a model's operators and tasks)")
     return 0
 
 

@@ -163,6 +163,18 @@ MODELS = {
     "gpt2": lambda: _transformer("gpt2"),
 }
 
+# what `tuner models` lists without building a model: its input and what it is
+ABOUT = {
+    "resnet18": ("input 1x3x224x224 float32", "ResNet-18, ImageNet classifier"),
+    "resnet50": ("input 1x3x224x224 float32", "ResNet-50 v1.5, ImageNet classifier"),
+    "mobilenet_v2": ("input 1x3x224x224 float32", "MobileNetV2, ImageNet classifier (depthwise convs)"),
+    "googlenet": ("input 1x3x224x224 float32", "GoogLeNet (Inception v1), ImageNet classifier"),
+    "tiny": ("input 1x3x16x16 float32", "four convs: a small model for trying the tools"),
+    "bert_base": ("input_ids 1x128 int64", "BERT-base encoder, 12 layers, hidden 768"),
+    "vit_b16": ("pixel_values 1x3x224x224 float32", "ViT-B/16 encoder, 12 layers, hidden 768"),
+    "gpt2": ("input_ids 1x128 int64", "GPT-2 (124M) decoder prefill, causal mask"),
+}
+
 
 def _transformer(name: str) -> Graph:
     from . import transformer_models
