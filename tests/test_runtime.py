@@ -197,6 +197,44 @@ def test_a_record_applies_on_any_core_count_with_the_same_isa_and_threads(tmp_ca
                                                                 for s in two.steps)
 
 
+@pytest.mark.slow
+def test_a_thread_count_with_no_records_runs_another_counts_decisions_parallelised_and_its_plan(tmp_cache, tmp_path):
+    """A log with records and a layout plan for 1 thread of this ISA and none for 2: a 2-thread
+    compile renders each record's decisions with the 2-thread space (its outer loops parallel),
+    names the source 'other threads' and promises no time, counts those tasks in the one untuned
+    warning (--strict refuses them), takes the 1-thread plan, and computes what ONNX Runtime does."""
+    from tuner.compiler import UntunedError
+    from tuner.database.result import MeasureResult
+    from tuner.graph.ir import graph_digest, graph_structure
+    from tuner.graph.passes import optimize
+    from tuner.target import host_isa, parse_target
+    from tuner.task import Task
+    g = tiny()
+    one, two = (parse_target(f"cpu -isa={host_isa()} -cores=2 -threads={n}") for n in (1, 2))
+    tasks = [t for t in optimize(g, layout="NCHW16c").meta["tasks"] if t.tunable]
+    log, rng, points = tmp_path / "one-thread.jsonl", random.Random(0), {}
+    for t in tasks:
+        task = Task(t.workload, one)
+        points[t.workload.key] = dec = task.space.sample(rng)
+        steps = task.space.steps(dec)
+        records.append(log, [records.make_record(t.workload, str(one), steps, MeasureResult("OK", costs=[1e-5] * 3),
+                                                 task.candidate(steps).code_hash, "test", 0, decisions=dec)])
+    plan = {n.name: "NCHW16c" for n in g.nodes if n.op == "conv2d"}
+    records.append(log, [records.PlanRecord("tiny", graph_digest(g), str(one), plan, 1e-4, structure=graph_structure(g))])
+    m = compile_model(g, log=str(log), target=str(two), use_shipped=False)
+    anchors = [s for s in m.steps if s.anchor]
+    assert len({s.workload_key for s in anchors}) == len(tasks) > 2
+    for s in anchors:
+        space = Task(next(t.workload for t in tasks if t.workload.key == s.workload_key), two).space
+        assert s.source == "other threads" and s.expected_s is None
+        assert s.steps == space.steps(points[s.workload_key]) and any("parallel" in st for st in s.steps)
+    assert m.meta["layout_plan"] == plan and m.meta["layout_plan_from"] == f"{log}, 1 thread"
+    assert f"{len(tasks)} run a record of another thread count, parallelised for this one" in m.report()
+    assert_matches_onnxruntime(m, g)
+    with pytest.raises(UntunedError, match=f"--strict: {len(tasks)} task"):
+        compile_model(g, log=str(log), target=str(two), use_shipped=False, strict=True)
+
+
 def test_untuned_tasks_are_named_in_one_warning_and_strict_fails(tmp_cache):
     from tuner.compiler import UntunedError
     m = compile_model(tiny(), threads=1, use_shipped=False)

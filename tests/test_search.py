@@ -566,7 +566,7 @@ def test_the_database_seeds_a_pick_with_the_records_of_other_targets_only(tmp_pa
     records.append(str(log), [records.make_record(OTHER, parse_target("cpu -isa=avx512 -threads=1", check_host=False),
                                                  other.space.steps(other.space.default()),
                                                   MeasureResult("OK", "", [1e-4]), "h", "random", 9)])
-    got = Database.open([log], TARGET1, use_shipped=False).elsewhere(SMALL, TARGET1, per_target=2)
+    got = [r.steps for r in Database.open([log], TARGET1, use_shipped=False).elsewhere(SMALL, TARGET1, per_target=2)]
     assert got == [rows[0][1], rows[1][1], rows[3][1]]     # the two fastest at 2 threads, the AVX-512 one
 
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from .. import __version__
 from ..codegen.c import STACK_LIMIT_BYTES, generate_c
+from ..database import records
 from ..database.union import Database
 from ..errors import UserError
 from ..graph import Graph, load
@@ -35,7 +36,7 @@ from ..graph.ir import graph_digest, graph_structure, interface_names
 from ..graph.passes import optimize
 from ..graph.passes.extract_tasks import group_summary, transform_workload, workload_of
 from ..ops import WORKLOADS, Unsupported, flops, to_te
-from ..runtime.artifact import DEFAULT, FLOAT_EXACT, GENERIC, PREDICTED, Arg, Step, declaration
+from ..runtime.artifact import FLOAT_EXACT, GENERIC, OTHER_THREADS, PREDICTED, UNTUNED, Arg, Step, declaration
 from ..runtime.model import CompiledModel
 from ..schedule.ir import vector_split
 from ..schedule.lower import lower
@@ -398,7 +399,9 @@ def _task_kernel(g: Graph, grp, wl, ins: list, db, tgt, choose, func: str, predi
     if rec is not None:
         sched = rec.steps
     elif predictor is not None and wl.op in predictor.ops:
-        sched, where = predictor.steps(task, db.elsewhere(wl, tgt)), PREDICTED
+        sched, where = predictor.steps(task, [_rendered(task, r) for r in db.elsewhere(wl, tgt)]), PREDICTED
+    elif (sched := _rendered(task, db.other_threads(wl, tgt)[0], steps=False)) is not None:
+        where = OTHER_THREADS
     else:
         sched = task.space.steps(task.space.default())
     if choose is not None:
@@ -416,6 +419,22 @@ def _task_kernel(g: Graph, grp, wl, ins: list, db, tgt, choose, func: str, predi
         args = _task_binding(g, grp, wl, task.space.inputs)
     return (Kernel(func, cand.source, cand.openmp, cand.code_hash), args, sched, where, wl.label,
             rec.latency if rec is not None and not stale else None)
+
+
+def _rendered(task: Task, rec, steps: bool = True) -> list | None:
+    """A record of another target as steps for `task`'s: its decisions rendered by this target's
+    space where they are a point of it (a record for another thread count, parallelised for this
+    one), else (steps) its own steps, else None."""
+    if rec is None:
+        return None
+    if rec.decisions is not None and records.code_target(rec.target)[0] == task.target.kind:
+        try:
+            sched = task.space.steps(rec.decisions)
+            task.space.schedule(sched)          # replays: the decisions are a point of this space
+            return sched
+        except (ScheduleError, KeyError, IndexError, TypeError, ValueError):
+            pass
+    return rec.steps if steps else None
 
 
 def _generic_group(g: Graph, nodes: list, ins: list, out_v, tgt, func: str) -> tuple:
@@ -449,7 +468,7 @@ def _place_arguments(low: _Lowered, io: _Interface) -> tuple:
 
 def _check_tuned(steps: list, logs: list, tgt) -> None:
     """--strict: every task has a record."""
-    names = sorted({s.workload for s in steps if s.anchor and s.source in (DEFAULT, PREDICTED)})
+    names = sorted({s.workload for s in steps if s.anchor and s.source in UNTUNED})
     if names:
         raise UntunedError(f"--strict: {len(names)} task(s) have no record in {', '.join(logs) or 'any log'} or the "
                            f"shipped database for '{tgt}': {'; '.join(names[:5])}"

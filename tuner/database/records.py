@@ -269,11 +269,13 @@ class LogContents:
     reasons: Counter = field(default_factory=Counter)   # why lines that are not records were skipped
     plans: list = field(default_factory=list)           # [PlanRecord], in log order
 
-    def plan(self, model_hash: str, target: str, structure: str = "") -> "PlanRecord | None":
-        """The newest layout plan that applies on `target` (same rule as applicable) of a model: the
-        same graph, or one of the same structure (the same model exported and imported again, or
-        with other weights)."""
-        here = [p for p in reversed(self.plans) if code_target(p.target) == code_target(target)]
+    def plan(self, model_hash: str, target: str, structure: str = "", any_threads: bool = False) -> "PlanRecord | None":
+        """The newest layout plan that applies on `target` (same rule as applicable; any_threads: for
+        its backend and ISA at another thread count) of a model: the same graph, or one of the same
+        structure (the same model exported and imported again, or with other weights)."""
+        want = code_target(target)
+        here = [p for p in reversed(self.plans) if (ct := code_target(p.target)) is not None and want is not None
+                and (ct[:2] == want[:2] and ct[2] != want[2] if any_threads else ct == want)]
         return next((p for p in here if p.model_hash == model_hash), None) or next(
             (p for p in here if structure and p.structure == structure), None)
 

@@ -58,8 +58,8 @@ class Database:
         return self._best[key]
 
     def elsewhere(self, workload, target, per_target: int = 2) -> list:
-        """Step lists of `workload`'s fastest records for other targets (another ISA or thread
-        count), per source and target: seeds for the cost model's pick (search.predict)."""
+        """`workload`'s fastest records for other targets (another ISA or thread count), per source
+        and target, one per step list: seeds for the cost model's pick (search.predict)."""
         want, out = records.code_target(str(target)), {}
         for s in self.sources:
             by_target: dict = {}
@@ -68,8 +68,26 @@ class Database:
                     by_target.setdefault(r.target, []).append(r)
             for recs in by_target.values():
                 for r in sorted(recs, key=lambda r: r.latency)[:per_target]:
-                    out.setdefault(json.dumps(r.steps), r.steps)
+                    out.setdefault(json.dumps(r.steps), r)
         return list(out.values())
+
+    def other_threads(self, workload, target) -> tuple:
+        """(the best record of `workload` for the target's backend and ISA at another thread count
+        that holds its decisions, its source's name), or (None, None): the nearest thread count
+        first, in the first source that has one. The decisions, not the steps, carry over: the
+        target's own space parallelises them for its threads."""
+        kind, isa, threads = records.code_target(str(target))
+        for s in self.sources:
+            by: dict = {}
+            for r in s.contents.records:
+                ct = records.code_target(r.target) if r.workload.key == workload.key and r.decisions else None
+                if ct is not None and ct[:2] == (kind, isa) and ct[2] != threads:
+                    by.setdefault(ct[2], []).append(r)
+            for n in sorted(by, key=lambda n: (abs(n - threads), n)):
+                rec, _ = records.best_applicable(by[n])
+                if rec is not None:
+                    return rec, s.name
+        return None, None
 
     def is_stale(self, rec) -> bool:
         """Whether `rec`, a best record, was logged for code this version no longer generates."""
@@ -88,11 +106,14 @@ class Database:
 
     def plan(self, model_hash: str, target, structure: str = "") -> tuple:
         """(the newest layout plan of the model on `target` in the first source that has one, that
-        source's name), or (None, None)."""
-        for s in self.sources:
-            found = s.contents.plan(model_hash, str(target), structure)
-            if found is not None:
-                return found, s.name
+        source's name), else one for another thread count of the target's ISA (a layout costs
+        alike on one core or more; the name says so), or (None, None)."""
+        for any_threads in (False, True):
+            for s in self.sources:
+                found = s.contents.plan(model_hash, str(target), structure, any_threads)
+                if found is not None:
+                    n = records.code_target(found.target)[2]
+                    return found, s.name + (f", {n} thread{'s' * (n > 1)}" if any_threads else "")
         return None, None
 
     def planned_models(self) -> list:

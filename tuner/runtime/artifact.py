@@ -8,8 +8,10 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-# where a step's schedule came from (besides a log path)
-SHIPPED, PREDICTED, DEFAULT, GENERIC = "shipped", "predicted", "default", "generic"
+# where a step's schedule came from (besides a log path); OTHER_THREADS: a record's decisions for
+# another thread count of the ISA, parallelised for this one
+SHIPPED, PREDICTED, OTHER_THREADS, DEFAULT, GENERIC = "shipped", "predicted", "other threads", "default", "generic"
+UNTUNED = (PREDICTED, OTHER_THREADS, DEFAULT)      # no record for this target: nothing measured promises a time
 
 FLOAT_EXACT = 1 << 24      # integers below this magnitude are exact in float32, as integer inputs travel
 

@@ -27,7 +27,8 @@ from ..errors import TunerError, UserError
 from ..target import ISAS, host_isa, parse_target
 from ..te.layouts import plan_summary
 from ..toolchain.library import aligned_empty, content_hash, open_library, pointer_array
-from .artifact import DECLARED, DEFAULT, FLOAT_EXACT, GENERIC, PREDICTED, SHIPPED, Step, declaration
+from .artifact import (DECLARED, DEFAULT, FLOAT_EXACT, GENERIC, OTHER_THREADS, PREDICTED, SHIPPED, UNTUNED, Step,
+                       declaration)
 
 META = "model.json"
 WEIGHTS = "weights.bin"
@@ -270,7 +271,7 @@ class CompiledModel:
         total = sum(s.flops for s in self.steps) or 1.0
         rows = [f"{'#':>3} {'group':<34} {'schedule':<22} {'record':>10} {'FLOPs':>6}  workload"]
         for s in self.steps:
-            src = s.source if s.source in (SHIPPED, PREDICTED, DEFAULT, GENERIC) else f"log {Path(s.source).name}"
+            src = s.source if s.source in (SHIPPED, *UNTUNED, GENERIC) else f"log {Path(s.source).name}"
             rec = f"{s.expected_s * 1e3:.3f} ms" if s.expected_s else "-"
             rows.append(f"{s.index:>3} {s.summary[:34]:<34} {src[:22]:<22} {rec:>10} {100 * s.flops / total:5.1f}%  "
                         f"{s.workload}")
@@ -337,15 +338,18 @@ def _written_by_tuner(meta_path: Path) -> bool:
 def untuned_warning(steps: list) -> str:
     """One line counting the tasks with no tuning record by where their schedule came from (the
     cost model's pick, the default), naming them, with their share of the FLOPs."""
-    untuned = [s for s in steps if s.anchor and s.source in (PREDICTED, DEFAULT)]
+    untuned = [s for s in steps if s.anchor and s.source in UNTUNED]
     if not untuned:
         return ""
     total = sum(s.flops for s in steps) or 1.0
     share = sum(s.flops for s in untuned) / total
     names = sorted({s.workload for s in untuned})
-    by = {src: len({s.workload for s in untuned if s.source == src}) for src in (PREDICTED, DEFAULT)}
-    how = " and ".join(f"{n} {what}" for n, what in ((by[PREDICTED], "run the cost model's pick (predicted, not "
-                                                      "measured)"), (by[DEFAULT], "run the default schedule")) if n)
+    by = {src: len({s.workload for s in untuned if s.source == src}) for src in UNTUNED}
+    parts = [f"{n} {what}" for n, what in (
+        (by[PREDICTED], "run the cost model's pick (predicted, not measured)"),
+        (by[OTHER_THREADS], "run a record of another thread count, parallelised for this one"),
+        (by[DEFAULT], "run the default schedule")) if n]
+    how = " and ".join([", ".join(parts[:-1]), parts[-1]] if len(parts) > 2 else parts)
     shown = "; ".join(names[:4]) + (f"; and {len(names) - 4} more" if len(names) > 4 else "")
     return (f"warning: {len(names)} task(s) ({len(untuned)} steps, {100 * share:.1f}% of the model's FLOPs) have no "
             f"tuning record: {how} (tune them: tuner tune): {shown}")
