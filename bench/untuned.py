@@ -5,7 +5,8 @@
 Each model (a built-in name or an .onnx file) is compiled at each thread count (a) with its default
 schedules (`--no-predict --no-shipped`), (b) with the cost model's picks (`--no-shipped`: nothing
 measured), (c) with `--quick N` (N candidates of each task measured first, into a fresh log) and
-(d) with the shipped schedules where any apply to this host; then all are timed in one run,
+(d) with the shipped schedules where any apply to this host (a record of another thread count
+of its ISA, parallelised, included); then all are timed in one run,
 interleaved round by round with ONNX Runtime (default CPU provider, all graph optimisations, the
 same thread count). Prints each variant's compile time (for --quick, with its measuring), median
 latency and ratio to ONNX Runtime (the median of each round's paired ratio); writes JSON under
@@ -26,7 +27,7 @@ from tuner.compiler import compile_model
 from tuner.compiler.compile_model import DEFAULT_LAYOUT
 from tuner.graph import load as load_graph
 from tuner.model_tuning import quick_tune
-from tuner.runtime.artifact import DEFAULT, PREDICTED, SHIPPED
+from tuner.runtime.artifact import DEFAULT, OTHER_THREADS, PREDICTED, SHIPPED
 
 
 def variants(model: str, threads: int, quick: int, workdir: Path) -> dict:
@@ -43,7 +44,7 @@ def variants(model: str, threads: int, quick: int, workdir: Path) -> dict:
                                 time.perf_counter() - t)
     t = time.perf_counter()
     shipped = compile_model(model, threads=threads, predict=False)
-    if any(s.source == "shipped" for s in shipped.steps):
+    if any(s.source in (SHIPPED, OTHER_THREADS) for s in shipped.steps):
         out["shipped"] = (shipped, time.perf_counter() - t)
     return out
 
@@ -71,7 +72,7 @@ def main(argv=None) -> int:
                 print(f"\n{model}, {threads} thread(s), {args.rounds} rounds; ONNX Runtime {ort * 1e3:.2f} ms")
                 for name, (m, secs) in built.items():
                     med, paired = statistics.median(t[name]), statistics.median(paired_ratios(t[name], t["onnxruntime"]))
-                    sources = sorted({s.source if s.source in (DEFAULT, PREDICTED, SHIPPED) else "log"
+                    sources = sorted({s.source if s.source in (DEFAULT, PREDICTED, SHIPPED, OTHER_THREADS) else "log"
                                       for s in m.steps if s.workload_key})
                     print(f"  {name:<10} compile {secs:6.1f} s  {med * 1e3:8.2f} ms  vs ONNX Runtime {paired:.3f}x "
                           f"paired  (schedules: {', '.join(sources)})")
