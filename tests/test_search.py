@@ -592,3 +592,26 @@ def test_a_cost_model_picks_only_for_operators_it_learnt_from_enough_workloads_o
     path = PRETRAINED_DIR / "cpu-avx2.ubj"
     seen = operators_seen(path)
     assert {"conv2d", "max_pool2d"} <= seen and not {"dense", "batch_matmul"} & seen and MIN_SEEN > 2
+
+
+def test_a_fresh_tune_tries_the_tasks_record_of_another_thread_count_right_after_the_default(tmp_path):
+    """A task with no records for this thread count starts with its default and then the decisions
+    of its best record for another thread count of the ISA (here 1 thread, the tune at 2), rendered
+    by this target's space; a resumed task does not (its log is its start)."""
+    from tuner.database.result import MeasureResult
+    two = parse_target("cpu", threads=2)
+    one = parse_target(f"cpu -isa={two.isa} -cores=2 -threads=1", check_host=False)
+    task1, task2 = Task(SMALL, one), Task(SMALL, two)
+    rng = random.Random(3)
+    dec = next(d for d in (task1.space.sample(rng) for _ in range(50))
+               if task2.space.steps(d) != task2.space.steps(task2.space.default()))
+    steps = task1.space.steps(dec)
+    log = tmp_path / "log.jsonl"
+    records.append(str(log), [records.make_record(SMALL, one, steps, MeasureResult("OK", "", [1e-3]),
+                                                  task1.candidate(steps).code_hash, "random", 0, decisions=dec)])
+    tune([SMALL], two, log=str(log), trials=2, policy="random", progress=False)
+    mine = [r for r in records.load(log).records if r.target == str(two)]
+    assert [r.decisions for r in mine] == [task2.space.default(), dec]
+    assert mine[1].steps == task2.space.steps(dec) and any(s[-1] == "parallel" for s in mine[1].steps)
+    tune([SMALL], two, log=str(log), trials=4, policy="random", progress=False)
+    assert sum(r.decisions == dec for r in records.load(log).records if r.target == str(two)) == 1

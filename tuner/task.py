@@ -75,6 +75,7 @@ class Task:
         except ValueError as e:          # an operator the target's sketches do not cover
             raise UserError(f"{e} (target {target.kind})") from None
         self._counter = 0
+        self.seeds: list = []       # decisions measured for another thread count: a tune's first round tries them
         self._lowered: OrderedDict = OrderedDict()
         self.codegen_s = 0.0        # time spent turning step lists into C (the tuning loop reports it)
 

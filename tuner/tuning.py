@@ -30,7 +30,9 @@ from tqdm import tqdm
 
 from .database import records
 from .database.result import OK
+from .database.union import Database, Source
 from .errors import check_output_path
+from .runtime.artifact import SHIPPED
 from .measure.runners import Runner, make_runner
 from .measure.runner import RunConfig
 from .ops import Workload, resolve
@@ -322,6 +324,10 @@ class _Loop:
         self.extra_callbacks = list(callbacks)
         self.states, self.rows = [], []
         contents = records.load(log, warn=False)
+        shipped = records.shipped_database(tgt)
+        # where a fresh task's first round finds its records of another thread count
+        self.others = Database([Source(str(log), contents)]
+                               + ([Source(SHIPPED, records.load(shipped, warn=False))] if shipped.exists() else []))
         other_way = 0          # records of these tasks timed with the weights the other way: not resumed
         for wl, weight in pairs:
             other_way += self._resume(wl, weight, contents)
@@ -358,6 +364,9 @@ class _Loop:
             _count(s, r.error, r.message)
             s.curve.append(min(s.curve[-1] if s.curve else math.inf, r.latency if r.ok else math.inf))
         s.best = best
+        if not previous:
+            rec, _ = self.others.other_threads(wl, tgt)
+            task.seeds = [rec.decisions] if rec is not None else []
         pol = self.factory.make(task, self.options.seed + len(previous))
         pol.observe(previous)
         self.states.append(_TaskState(task, pol, {r.code_hash for r in previous}, s, bool(previous)))

@@ -16,12 +16,20 @@ class RandomSearch(Policy):
         self.rng = random.Random(seed)
 
     def default_if_new(self, seen: set) -> list:
-        """[the default schedule] unless its code was measured already."""
-        cand = self.task.default_candidate()
-        if cand.code_hash in seen:
-            return []
-        seen.add(cand.code_hash)
-        return [cand]
+        """[the default schedule, then the task's seeds (decisions measured for another thread
+        count: Task.seeds)], those whose code was not measured already."""
+        out = [self.task.default_candidate()]
+        for dec in self.task.seeds:
+            try:
+                out.append(self.task.from_decisions(dec))
+            except (ScheduleError, KeyError, IndexError, TypeError, ValueError):   # not a point of this space
+                pass
+        new = []
+        for cand in out:
+            if cand.code_hash not in seen:
+                seen.add(cand.code_hash)
+                new.append(cand)
+        return new
 
     def propose(self, n: int, seen: set, first: bool = False) -> list:
         """Up to `n` new candidates whose code hash is not in `seen` (which it extends).
