@@ -246,3 +246,28 @@ def test_a_faster_record_whose_code_changed_is_applied_without_its_time_and_name
         db, rec = best(logged)       # its code timed (slower), or the stale claim slower than the best
         assert rec.code_hash == fresh_best.code_hash and not db.is_stale(rec) and db.stale_warning() == ""
     assert Database.open(str(tuned_log), TARGET1, use_shipped=False).stale_warning() == ""
+
+
+def test_distill_keeps_the_newest_layout_plan_of_each_model_and_target(tmp_path):
+    """A shipped database is a distilled log, and a compile applies the plans it holds: distilling
+    keeps each (model, target)'s newest plan beside the best records, and keeps it again when the
+    output is distilled into once more."""
+    from tuner.analysis.distill import distill
+    from tuner.database.result import MeasureResult
+    from tuner.ops import make
+    from tuner.task import Task
+    wl = make("conv2d", dict(N=1, C=8, H=6, W=6, K=8, R=3, S=3, stride=1, pad=1), "NCHW8c")
+    task = Task(wl, TARGET1)
+    steps = task.space.steps(task.space.default())
+    log, out = tmp_path / "log.jsonl", tmp_path / "db.jsonl"
+    plan = lambda target, when, layout: records.PlanRecord("m", "h1", target, {"conv": layout}, 1e-3, timestamp=when)  # noqa: E731
+    records.append(log, [records.make_record(wl, TARGET1, steps, MeasureResult("OK", "", [1e-3]), task.candidate(steps).code_hash,
+                                             "random", 0),
+                         plan(str(TARGET1), "2026-11-26T10:00:00+00:00", "NCHW8c"),
+                         plan(str(TARGET1), "2026-11-26T11:00:00+00:00", "NCHW16c"),
+                         plan("cpu -isa=avx2 -cores=2 -threads=2", "2026-11-26T09:00:00+00:00", "NCHW8c")])
+    for _ in range(2):
+        assert distill([str(log)], str(out)) == 1
+        kept = records.load(out).plans
+        assert sorted((p.target, p.layouts["conv"]) for p in kept) == sorted(
+            [(str(TARGET1), "NCHW16c"), ("cpu -isa=avx2 -cores=2 -threads=2", "NCHW8c")])

@@ -258,12 +258,14 @@ def _cmd_worker(args) -> int:
 
 def _cmd_distill(args) -> int:
     from .analysis.distill import distill
+    from .database import records
     _require_logs(*args.logs)
     check_output_path(args.output, "-o")
     if args.remeasure < 0 or args.rounds < 1:
         raise UserError("--remeasure must be 0 or more and --rounds at least 1")
     n = distill(args.logs, args.output, args.remeasure, args.rounds, progress=print if args.remeasure > 1 else None)
-    print(f"{args.output}: best records of {n} workload/target pair(s)")
+    plans = len(records.load(args.output, warn=False).plans)
+    print(f"{args.output}: best records of {n} workload/target pair(s)" + (f", {plans} layout plan(s)" if plans else ""))
     return 0
 
 

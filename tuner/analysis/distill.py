@@ -45,12 +45,19 @@ def remeasure(recs: list, rounds: int = 5) -> records.Record:
 
 
 def distill(logs: list, out: str, remeasure_top: int = 0, rounds: int = 5, progress=None) -> int:
-    """Write the best record of every (workload, target) in `logs` and in `out` itself to `out`;
-    with remeasure_top=K, the best of the K fastest re-timed on this host where it can run them."""
+    """Write the best record of every (workload, target) in `logs` and in `out` itself to `out`,
+    and the newest layout plan of every (model, target); with remeasure_top=K, the best of the K
+    fastest re-timed on this host where it can run them. Returns the number of records written."""
     by_task: dict = {}
+    plans: dict = {}
     for path in list(logs) + [out]:
-        for rec in records.load(path, warn=False).records:
+        contents = records.load(path, warn=False)
+        for rec in contents.records:
             by_task.setdefault(rec.task_key, []).append(rec)
+        for p in contents.plans:
+            key = (p.model_hash, p.target)
+            if key not in plans or p.timestamp > plans[key].timestamp:
+                plans[key] = p
     best = []
     for n, recs in enumerate(by_task.values(), 1):
         if remeasure_top > 1 and _runnable_here(recs[0].target):
@@ -70,6 +77,6 @@ def distill(logs: list, out: str, remeasure_top: int = 0, rounds: int = 5, progr
     tmp = f"{out}.tmp"
     if os.path.exists(tmp):
         os.remove(tmp)
-    records.append(tmp, ordered)
+    records.append(tmp, ordered + sorted(plans.values(), key=lambda p: (p.target, p.model, p.timestamp)))
     os.replace(tmp, out)
     return len(ordered)
