@@ -603,7 +603,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--strict", action="store_true", help="fail when any task has no tuning record")
     c.add_argument("--no-shipped", action="store_true", help="do not fall back on the shipped tuner/schedules/")
     c.add_argument("--no-predict", action="store_true",
-                   help="a task with no record runs its default schedule, not the shipped cost model's pick")
+                   help="a task with no record runs its record for another thread count (parallelised for this "
+                        "one) or its default schedule, not the shipped cost model's pick")
     c.add_argument("--quick", type=int, metavar="N",
                    help="first measure N candidates of each task (its default and the cost model's top picks): a "
                         "short tune appended to the first --log, else to OUTPUT.jsonl beside the compiled model")
