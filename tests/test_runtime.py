@@ -328,6 +328,36 @@ def test_compile_quick_measures_n_candidates_per_task_into_a_log_beside_the_mode
 
 
 @pytest.mark.slow
+def test_quick_measures_the_tasks_of_the_plan_the_compile_applies_even_one_of_another_thread_count(tmp_cache, tmp_path):
+    """A log holds a 1-thread layout plan of tiny (its first conv in NCHW8c): --quick at 2 threads
+    measures that plan's tasks (the conv's NCHW8c task, not its NCHW16c one), its log's plan is the
+    same plan, and the compile applies it."""
+    from tuner.graph.ir import graph_digest, graph_structure
+    from tuner.graph.layout_plan import model_layouts
+    from tuner.model_tuning import quick_tune
+    from tuner.target import host_isa
+    g = tiny()
+    convs = [n.name for n in g.nodes if n.op == "conv2d"]
+    plan = {c: ("NCHW8c" if c == convs[0] else "NCHW16c") for c in convs}
+    space = model_layouts(g, ("NCHW16c", "NCHW8c"))
+    fixed = space.restricted(plan)
+    assert fixed.domains[convs[0]] == ("NCHW8c",) and set(fixed.unary[convs[0]]) == {"NCHW8c"}
+    mine = {wl.key for wl, _ in fixed.workloads()}
+    only16 = {wl.key for wl in space.unary[convs[0]]["NCHW16c"]} - mine
+    assert only16 and mine < {wl.key for wl, _ in space.workloads()}
+    planlog, log = tmp_path / "plans.jsonl", tmp_path / "quick.jsonl"
+    records.append(planlog, [records.PlanRecord("tiny", graph_digest(g), f"cpu -isa={host_isa()} -cores=2 -threads=1", plan,
+                                                1e-4, structure=graph_structure(g))])
+    quick_tune(g, 1, str(log), "NCHW16c", plan_logs=[str(planlog)], use_shipped=False, threads=2, progress=False)
+    logged = records.load(log)
+    assert {r.workload.key for r in logged.records} == mine
+    assert logged.plans[-1].layouts == plan
+    m = compile_model(g, log=[str(log), str(planlog)], threads=2, use_shipped=False)
+    assert m.meta["layout_plan"] == plan and m.meta["layout_plan_from"] == str(log)
+    assert all(s.source == str(log) for s in m.steps if s.anchor)
+
+
+@pytest.mark.slow
 def test_cli_compile_run_and_errors(tmp_path):
     import os
     env = dict(os.environ, TUNER_CACHE_DIR=str(tmp_path / "cache"))

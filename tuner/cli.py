@@ -327,7 +327,7 @@ def _cmd_compile(args) -> int:
     logs = list(args.log or [])
     _require_logs(*logs[args.quick is not None:], flag="--log")    # --quick may start its log
     if args.quick is not None:
-        logs[:1] = [_quick(args, logs[0] if logs else str(Path(args.output)) + ".jsonl")]
+        logs[:1] = [_quick(args, logs[0] if logs else str(Path(args.output)) + ".jsonl", logs[1:])]
     elif args.time_limit is not None:
         raise UserError("--time-limit limits the measuring of --quick N: give --quick too")
     say = (lambda msg: print(msg, file=sys.stderr)) if args.verbose else None
@@ -340,8 +340,9 @@ def _cmd_compile(args) -> int:
     return 0
 
 
-def _quick(args, log: str) -> str:
-    """compile --quick N: measure N candidates of each task into `log` (model_tuning.quick_tune)."""
+def _quick(args, log: str, others: list) -> str:
+    """compile --quick N: measure N candidates of each task of the plan the compile will apply (from
+    `others`, `log` or the shipped database) into `log` (model_tuning.quick_tune)."""
     from .graph import parse_input_shapes
     from .compiler.compile_model import DEFAULT_LAYOUT
     from .model_tuning import quick_tune
@@ -350,7 +351,7 @@ def _quick(args, log: str) -> str:
     if args.time_limit is not None and not args.time_limit > 0:
         raise UserError(f"--time-limit {args.time_limit}: give a positive number of seconds")
     res = quick_tune(args.model, args.quick, log, args.layout or DEFAULT_LAYOUT, parse_input_shapes(args.input_shape),
-                     target=args.target, threads=args.threads, time_limit=args.time_limit)
+                     others, not args.no_shipped, target=args.target, threads=args.threads, time_limit=args.time_limit)
     s = res.session
     print(f"--quick {args.quick}: {len(s.tasks)} tasks, {s.new} candidates measured in {s.seconds:.1f} s; log: {log}")
     return log

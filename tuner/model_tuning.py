@@ -39,10 +39,12 @@ import dataclasses
 import math
 import time
 import uuid
+from pathlib import Path
 from dataclasses import dataclass, field
 
 from .database import records
 from .database.result import WEIGHTS
+from .database.union import Database
 from .errors import UserError
 from .graph import Graph, load
 from .graph.ir import graph_digest, graph_structure
@@ -344,29 +346,38 @@ def cold_prices(tasks, tgt, known: dict | None = None, progress: bool = True,
 
 
 def quick_tune(model, per_task: int, log: str, layout: str, input_shapes: dict | None = None,
-               **kwargs) -> ModelTuneResult:
-    """`tuner compile --quick N`: a model tune in one layout in which every task has its first look
-    only, N candidates: the default schedule and what the cost model (the shipped pre-trained one)
-    ranks first; FIRST_LOOK's fixed looks as in any tune. Resumes like any tune: a log that holds
-    as many records for the tasks measures nothing new."""
+               plan_logs=(), use_shipped: bool = True, **kwargs) -> ModelTuneResult:
+    """`tuner compile --quick N`: a model tune in which every task has its first look only, N
+    candidates: the default schedule, its record for another thread count, and what the cost model
+    (the shipped pre-trained one) ranks first; FIRST_LOOK's fixed looks as in any tune. The tasks
+    are those of the layout plan the compile would apply (`plan_logs`, `log`, then the shipped
+    database; one of another thread count too), else of `layout` alone. Resumes like any tune: a
+    log that holds as many records for the tasks measures nothing new."""
     graph = model if isinstance(model, Graph) else load(str(model), input_shapes)
-    pairs = model_layouts(graph, (layout,)).workloads()
+    tgt = parse_target(kwargs.get("target", "cpu"), kwargs.get("threads"))
+    found, _ = Database.open([p for p in [*plan_logs, log] if Path(p).exists()], tgt, use_shipped,
+                             missing="skip", warn=False).plan(graph_digest(graph), tgt, graph_structure(graph))
+    plan = found.layouts if found is not None else {}
+    layouts = (layout, *sorted(set(plan.values()) - {layout}))
+    pairs = model_layouts(graph, layouts).restricted(plan).workloads()
     fixed = sum(FIRST_LOOK.get(wl.op, 0) for wl, _ in pairs)
     looked = sum(wl.op not in FIRST_LOOK for wl, _ in pairs)
-    return tune_model(graph, fixed + per_task * looked, log, layouts=(layout,), warmup_batch=per_task, **kwargs)
+    return tune_model(graph, fixed + per_task * looked, log, layouts=layouts, plan=plan, warmup_batch=per_task,
+                      **kwargs)
 
 
 def tune_model(model, trials: int, log: str | None = None, target: str = "cpu", threads: int | None = None,
                layouts=DEFAULT_CHOICES, input_shapes: dict | None = None, warmup_batch: int = 4,
                batch_size: int = 16, policy: str = "evolutionary", weights: str = WEIGHTS[0],
-               **kwargs) -> ModelTuneResult:
+               plan: dict | None = None, **kwargs) -> ModelTuneResult:
     """Tune a built-in model, an ONNX file or a Graph until `trials` records exist for its tasks in
     `log`, its weighted tasks timed with their weights cold or warm (`weights`, see the module's
     doc), time each task's front-runners a second time (confirm_bests), and append the layout
     plan to the log, solved with those prices; a task whose best was
     timed warm is also priced cold (cold_prices; not for replayed costs or a stopped tune), which
     with weights="cold" is what the plan uses. Other options as tuning.tune (run_config's
-    cold_weights is set by `weights`)."""
+    cold_weights is set by `weights`). plan: {conv or dense node: layout} fixes the nodes it names
+    to those layouts (compile --quick tunes the plan the compile will apply)."""
     if weights not in WEIGHTS:
         raise UserError(f"--weights {weights!r} is not one of {', '.join(WEIGHTS)}")
     for lay in layouts:
@@ -377,7 +388,7 @@ def tune_model(model, trials: int, log: str | None = None, target: str = "cpu", 
     if tgt.kind != "cpu":
         raise UserError(f"tuning a whole model runs on CPU targets in this version, not {tgt.kind}: tune its "
                         "operators with --workload, or use --target cpu")
-    space = model_layouts(graph, tuple(layouts))
+    space = model_layouts(graph, tuple(layouts)).restricted(plan or {})   # plan: the convs it names fixed
     pairs = space.workloads()
     if trials < len(pairs):
         raise UserError(f"--trials {trials} is less than the {len(pairs)} tasks of {name} in layouts "

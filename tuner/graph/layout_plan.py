@@ -157,6 +157,15 @@ class ModelLayouts:
             found[wl.key] = (w, n + 1)
         return list(found.values())
 
+    def restricted(self, layouts: dict) -> "ModelLayouts":
+        """The same problem with each variable that `layouts` names, where its domain holds that
+        layout, fixed to it (compile --quick measures the tasks of the plan the compile applies)."""
+        pick = {v: (layouts[v],) if layouts.get(v) in d else d for v, d in self.domains.items()}
+        unary = {v: {lay: wls for lay, wls in t.items() if lay in pick.get(v, (lay,))} for v, t in self.unary.items()}
+        pairs = {(u, v): {k: wls for k, wls in t.items() if k[0] in pick.get(u, k[:1]) and k[1] in pick.get(v, k[1:])}
+                 for (u, v), t in self.pairs.items()}
+        return ModelLayouts(self.graph_name, pick, unary, pairs, list(self.fixed))
+
     def fixed_cost(self, latency) -> float:
         return sum(latency(wl) for wl in self.fixed)
 
