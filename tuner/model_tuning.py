@@ -359,14 +359,10 @@ def quick_tune(model, per_task: int, log: str, layout: str, input_shapes: dict |
                              missing="skip", warn=False).plan(graph_digest(graph), tgt, graph_structure(graph))
     plan = found.layouts if found is not None else {}
     layouts = (layout, *sorted(set(plan.values()) - {layout}))
-    pairs = model_layouts(graph, layouts).restricted(plan).workloads()
-    fixed = sum(FIRST_LOOK.get(wl.op, 0) for wl, _ in pairs)
-    looked = sum(wl.op not in FIRST_LOOK for wl, _ in pairs)
-    return tune_model(graph, fixed + per_task * looked, log, layouts=layouts, plan=plan, warmup_batch=per_task,
-                      **kwargs)
+    return tune_model(graph, None, log, layouts=layouts, plan=plan, warmup_batch=per_task, **kwargs)
 
 
-def tune_model(model, trials: int, log: str | None = None, target: str = "cpu", threads: int | None = None,
+def tune_model(model, trials: int | None, log: str | None = None, target: str = "cpu", threads: int | None = None,
                layouts=DEFAULT_CHOICES, input_shapes: dict | None = None, warmup_batch: int = 4,
                batch_size: int = 16, policy: str = "evolutionary", weights: str = WEIGHTS[0],
                plan: dict | None = None, **kwargs) -> ModelTuneResult:
@@ -377,7 +373,8 @@ def tune_model(model, trials: int, log: str | None = None, target: str = "cpu", 
     timed warm is also priced cold (cold_prices; not for replayed costs or a stopped tune), which
     with weights="cold" is what the plan uses. Other options as tuning.tune (run_config's
     cold_weights is set by `weights`). plan: {conv or dense node: layout} fixes the nodes it names
-    to those layouts (compile --quick tunes the plan the compile will apply)."""
+    to those layouts (compile --quick tunes the plan the compile will apply). trials=None: every
+    task's first look only (FIRST_LOOK's, else `warmup_batch` candidates)."""
     if weights not in WEIGHTS:
         raise UserError(f"--weights {weights!r} is not one of {', '.join(WEIGHTS)}")
     for lay in layouts:
@@ -390,6 +387,8 @@ def tune_model(model, trials: int, log: str | None = None, target: str = "cpu", 
                         "operators with --workload, or use --target cpu")
     space = model_layouts(graph, tuple(layouts)).restricted(plan or {})   # plan: the convs it names fixed
     pairs = space.workloads()
+    if trials is None:
+        trials = sum(FIRST_LOOK.get(wl.op, warmup_batch) for wl, _ in pairs)
     if trials < len(pairs):
         raise UserError(f"--trials {trials} is less than the {len(pairs)} tasks of {name} in layouts "
                         f"{', '.join(layouts)}: give at least {len(pairs)} (one measurement each; "

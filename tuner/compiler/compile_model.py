@@ -42,7 +42,7 @@ from ..schedule.ir import vector_split
 from ..schedule.lower import lower
 from ..schedule.schedule import Schedule, ScheduleError, replay
 from ..search.predict import Predictor
-from ..space.sketch import SearchSpace
+from ..space.sketch import FOREIGN, SearchSpace
 from ..target import Target, parse_target
 from ..task import Task, code_hash
 from ..te import layouts as L
@@ -399,8 +399,8 @@ def _task_kernel(g: Graph, grp, wl, ins: list, db, tgt, choose, func: str, predi
     if rec is not None:
         sched = rec.steps
     elif predictor is not None and wl.op in predictor.ops:
-        sched, where = predictor.steps(task, [_rendered(task, r) for r in db.elsewhere(wl, tgt)]), PREDICTED
-    elif (sched := _rendered(task, db.other_threads(wl, tgt)[0], steps=False)) is not None:
+        sched, where = predictor.steps(task, [_rendered(task, r) or r.steps for r in db.elsewhere(wl, tgt)]), PREDICTED
+    elif (sched := _rendered(task, db.other_threads(wl, tgt)[0])) is not None:
         where = OTHER_THREADS
     else:
         sched = task.space.steps(task.space.default())
@@ -421,20 +421,18 @@ def _task_kernel(g: Graph, grp, wl, ins: list, db, tgt, choose, func: str, predi
             rec.latency if rec is not None and not stale else None)
 
 
-def _rendered(task: Task, rec, steps: bool = True) -> list | None:
-    """A record of another target as steps for `task`'s: its decisions rendered by this target's
-    space where they are a point of it (a record for another thread count, parallelised for this
-    one), else (steps) its own steps, else None."""
-    if rec is None:
+def _rendered(task: Task, rec) -> list | None:
+    """A record of another target as steps for `task`'s target: its decisions rendered by this
+    target's space (a record for another thread count, parallelised for this one), or None where
+    there is no record or its decisions are no point of this space."""
+    if rec is None or rec.decisions is None or records.code_target(rec.target)[0] != task.target.kind:
         return None
-    if rec.decisions is not None and records.code_target(rec.target)[0] == task.target.kind:
-        try:
-            sched = task.space.steps(rec.decisions)
-            task.space.schedule(sched)          # replays: the decisions are a point of this space
-            return sched
-        except (ScheduleError, KeyError, IndexError, TypeError, ValueError):
-            pass
-    return rec.steps if steps else None
+    try:
+        sched = task.space.steps(rec.decisions)
+        task.space.schedule(sched)          # replays: the decisions are a point of this space
+        return sched
+    except FOREIGN:
+        return None
 
 
 def _generic_group(g: Graph, nodes: list, ins: list, out_v, tgt, func: str) -> tuple:

@@ -20,6 +20,7 @@ from ..database import records
 from ..errors import UserError
 from ..schedule.schedule import ScheduleError
 from ..space.mutation import mutate
+from ..space.sketch import FOREIGN
 from .policy import Policy
 from .random_search import RandomSearch
 
@@ -74,7 +75,7 @@ class EvolutionarySearch(Policy):
         to mutate), rather than a hand-edited or foreign dict."""
         try:
             return self.task.space.steps(decisions) == steps
-        except (ScheduleError, KeyError, IndexError, TypeError, ValueError):
+        except FOREIGN:
             return False
 
     def update(self, cand, result) -> None:

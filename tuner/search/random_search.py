@@ -4,6 +4,7 @@ from __future__ import annotations
 import random
 
 from ..schedule.schedule import ScheduleError
+from ..space.sketch import FOREIGN
 from .policy import Policy
 
 
@@ -22,7 +23,7 @@ class RandomSearch(Policy):
         for dec in self.task.seeds:
             try:
                 out.append(self.task.from_decisions(dec))
-            except (ScheduleError, KeyError, IndexError, TypeError, ValueError):   # not a point of this space
+            except FOREIGN:          # not a point of this space
                 pass
         new = []
         for cand in out:

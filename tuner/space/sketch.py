@@ -46,7 +46,7 @@ from functools import cached_property
 
 from ..ops import Workload
 from ..schedule.ir import vector_split
-from ..schedule.schedule import Schedule, replay
+from ..schedule.schedule import Schedule, ScheduleError, replay
 
 MAX_ACCUMULATORS = 32        # vector registers of AVX-512 (AVX2 has 16; spills only cost speed)
 MAX_TILE_FLOATS = 16384      # a 64 KiB accumulator tile stays on the stack and in L1/L2
@@ -54,6 +54,9 @@ UNROLL_CHOICES = (0, 16, 64, 512)
 PAD_PLACES = ("inline", "root", "tile")   # where a pad producer is computed (tile: per output tile)
 ORDERS = ("axes", "reversed")  # the register tile's unrolled loops: the output's axis order, or reversed
 BLOCK_PLACES = ("outside", "inside")   # a table sketch's channel-block loop: outside its tile loops, or inside
+# what steps() and their replay raise for decisions that are no point of a space (another
+# target's, an older version's, a hand-edited log's)
+FOREIGN = (ScheduleError, KeyError, IndexError, TypeError, ValueError)
 
 
 def divisors(n: int) -> list:
