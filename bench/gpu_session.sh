@@ -6,7 +6,7 @@
 #   bench/gpu_session.sh run          # there (the device tool's run, carry [".whl"]): install, build pycuda,
 #                                     # run tests/test_cuda.py, then bench.gpu; logs and JSON go to $OUT
 #   .whl/pycuda-built.tgz (an earlier run's $OUT/pycuda-built.tgz) skips pycuda's build
-#   TEST_S, BENCH_S, TUNE_S (seconds), TRIALS, ROUNDS, WORKLOADS, TEST_MARK size the run half to the lease
+#   TEST_S, BENCH_S, PROBE_S, TUNE_S (seconds), TRIALS, ROUNDS, WORKLOADS, TEST_MARK size the run half to the lease
 #
 # The machine's image already has numpy, torch, onnx, onnxruntime, tqdm, filelock, matplotlib,
 # hypothesis, pytest and nvcc; what it lacks is fetched here (for its Python, 3.12).
@@ -74,6 +74,8 @@ PY
   timeout -s INT "${BENCH_S:-300}" python3 -m bench.gpu --trials "${TRIALS:-128}" --rounds "${ROUNDS:-5}" \
     --time-limit "${TUNE_S:-60}" ${WORKLOADS:+--workloads "$WORKLOADS"} --out "$OUT/gpu.json" --no-progress \
     2>&1 | tee "$OUT/bench_gpu.log" || true
+  timeout -s INT "${PROBE_S:-120}" python3 -m bench.gpu_gemm_probe --out "$OUT/gemm_probe.json" \
+    2>&1 | tee "$OUT/gemm_probe.log" || true
   timeout -s INT "${TEST_S:-180}" python3 -m pytest -q -p no:cacheprovider -m "${TEST_MARK:-gpu}" tests/test_cuda.py \
     2>&1 | tee "$OUT/test_cuda.log" || true
   # the tune log: the corpus a GPU cost model is trained on
