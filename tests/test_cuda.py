@@ -136,11 +136,36 @@ def _dense_space():
     (["cache_read", "data", "texture", ["dense"]], "unknown scope"),
     (["cache_read", "nothing", "shared", ["dense"]], "no tensor 'nothing'"),
     (["cache_read", "data", "shared", []], "needs the stages"),
+    (["storage_order", "dense", ["n"]], "must list every axis of dense once"),
+    (["storage_order", "dense", ["n", "n"]], "must list every axis of dense once"),
 ])
 def test_a_bad_gpu_step_is_refused_with_its_reason(step, says):
     sp = _dense_space()
     with pytest.raises(ScheduleError, match=says):
         sp.schedule([step])
+
+
+def test_a_storage_order_needs_a_stage_with_a_buffer_of_its_own():
+    t = Task(make("dense", dict(N=8, C=32, K=24)), SM90)
+    with pytest.raises(ScheduleError, match="only a stage computed at a loop"):
+        t.lowered([["storage_order", "dense", ["k", "n"]]])
+
+
+@needs_gxx
+def test_a_shared_tile_stored_reduction_major_is_filled_by_float4_loads_and_computes_the_same(tmp_cache):
+    """The A tile of a GEMM transposed (its reduction axis outermost, what makes a thread's rows
+    neighbours): one float4 load from global memory, four stores into the tile; emulated thread by
+    thread against NumPy beside the same point stored as read."""
+    t = Task(make("dense", dict(N=8, C=32, K=32)), SM90)
+    sp = t.space
+    assert sp.majors == {"data": ["ax1", "ax0"], "weight": ["ax1", "ax0", "ax2"]}
+    d = dict(sp.default(), vec=4, major=[1, 1])
+    steps = sp.steps(d)
+    assert ["storage_order", "data.shared", ["ax1", "ax0"]] in steps
+    src = t.candidate(steps).launch.source
+    assert "float4 tuner_v; tuner_v = *(const float4*)&data[" in src
+    assert src != t.candidate(sp.steps(dict(d, major=[0, 0]))).launch.source
+    _emulate([(t, steps), (t, sp.steps(dict(d, major=[0, 0])))])
 
 
 def test_cache_read_leaves_the_workloads_dag_as_it_was():

@@ -250,7 +250,7 @@ class CGen:
 
     def offset(self, buffer: str, indices: tuple, extra_ranges: dict | None = None) -> Expr:
         ranges = self._bounds(extra_ranges)
-        shape = self.func.buffers[buffer].shape
+        indices, shape = self.func.buffers[buffer].stored(indices)
         # the simplified flat offset is the collected sum of the simplified indices (the same
         # expression simplify(flat_index(...)) gives, without simplifying a tree of every dimension)
         ln = ir.flat_linear(tuple(simplify(i, ranges) for i in indices), shape)

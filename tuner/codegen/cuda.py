@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from ..schedule import ir
 from ..schedule.lower import c_name
 from ..schedule.schedule import ScheduleError
-from ..te.expr import Cmp, Const, Load, Var, free_vars, from_linear, linear, simplify
+from ..te.expr import Cmp, Const, Load, Var, free_vars, from_linear, linear, simplify, substitute
 from .c import CGen, NotVectorizable, _straight_stores, nest_steps
 
 PRELUDE = r"""#define TUNER_INF __int_as_float(0x7f800000)
@@ -146,8 +146,9 @@ class CudaGen(CGen):
     def _float4_copy(self, s: ir.For, d: int):
         """A 4-lane loop of plain copies (a shared tile's fill) as float4 loads and stores, when
         every store and load moves by one element per lane and starts on a multiple of 4
-        elements (16 bytes: pycuda's allocations and the shared buffers are aligned to it); else
-        None, and the loop is written unrolled."""
+        elements (16 bytes: pycuda's allocations and the shared buffers are aligned to it); a
+        load that does, into a store that does not (a tile stored in another order), as one
+        float4 load and four stores; else None, and the loop is written unrolled."""
         if s.extent != 4:
             return None
         try:
@@ -166,12 +167,18 @@ class CudaGen(CGen):
                     if g is None:
                         return None
                     guards.append(g)
-                dst = _aligned_base(self.offset(st.buffer, st.indices), s.var)
+                off = self.offset(st.buffer, st.indices)
+                dst = _aligned_base(off, s.var)
                 src = _aligned_base(self.offset(st.value.buffer, st.value.indices), s.var)
-                if dst is None or src is None:
+                if src is None:
                     return None
-                line = (f"*(float4*)&{c_name(st.buffer)}[{self.expr(dst)}] = "
-                        f"*(const float4*)&{c_name(st.value.buffer)}[{self.expr(src)}];")
+                load = f"*(const float4*)&{c_name(st.value.buffer)}[{self.expr(src)}]"
+                if dst is not None:
+                    line = f"*(float4*)&{c_name(st.buffer)}[{self.expr(dst)}] = {load};"
+                else:
+                    lanes = [f"{c_name(st.buffer)}[{self.expr(simplify(substitute(off, {s.var: Const(k)}), self._bounds()))}]"
+                             f" = tuner_v.{'xyzw'[k]};" for k in range(4)]
+                    line = f"{{ float4 tuner_v; tuner_v = {load}; {' '.join(lanes)} }}"
                 out.append("  " * d + (f"if ({' && '.join(self.expr(g) for g in guards)}) " if guards else "") + line)
             return out
         finally:

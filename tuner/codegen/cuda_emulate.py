@@ -65,7 +65,7 @@ struct tuner_buf {
   }
 };
 
-struct float4 {
+struct alignas(16) float4 {
   float x, y, z, w;
   float4& operator=(const float4& o) {
     uintptr_t a = (uintptr_t)this, b = (uintptr_t)&o;

@@ -160,7 +160,7 @@ class _Extractor:
         No simplification: index expressions are affine in the loop vars (div/mod of fused or
         re-laid axes stay opaque terms), which is all the stride and reuse features need.
         """
-        return ir.flat_linear(indices, self.func.buffers[buffer].shape)
+        return ir.flat_linear(*self.func.buffers[buffer].stored(indices))
 
     def _store(self, s: ir.Store, loops: list, allocs: list, guards: tuple) -> list:
         guarded = len(guards)

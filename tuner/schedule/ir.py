@@ -57,6 +57,13 @@ class Buffer:
     name: str
     shape: tuple
     scope: str  # "arg" | "global" (temporary for the whole call) | "local" | "shared" (GPU block)
+    order: tuple = ()   # its dimensions in storage order, outermost first (schedule's storage_order); () row-major
+
+    def stored(self, indices: tuple) -> tuple:
+        """(indices, shape) in storage order: what flat_index / flat_linear of an access take."""
+        if not self.order:
+            return tuple(indices), tuple(self.shape)
+        return tuple(indices[d] for d in self.order), tuple(self.shape[d] for d in self.order)
 
 
 @dataclass

@@ -214,9 +214,13 @@ class Lowerer:
                 at_leaf.setdefault(leaf, []).append((prod, preg, pguards))
 
         local = st.attach[0] == "at"
+        if st.storage and not local:
+            raise ScheduleError(f"storage_order of {st.name}: only a stage computed at a loop has a buffer of its own")
         if local:
             scope = "shared" if st.scope == "shared" else "local"
-            self.buffers[st.name] = ir.Buffer(st.name, tuple(root_ext[a.name] for a in op.axes), scope)
+            names = [a.name for a in op.axes]
+            self.buffers[st.name] = ir.Buffer(st.name, tuple(root_ext[n] for n in names), scope,
+                                              tuple(names.index(n) for n in st.storage))
         store_idx = tuple(root_val[a.name] for a in op.axes)
         global_val = {a.name: (root_val[a.name] + base[a.name]) if local else root_val[a.name] for a in op.axes}
         global_val.update({r.name: root_val[r.name] for r in op.reduce_axes})

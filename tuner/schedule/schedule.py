@@ -13,6 +13,9 @@ A step is a JSON list whose first element names the primitive:
     ["cache_write", stage]                   -> new stage "<stage>.local" does the computing
     ["cache_read", tensor, scope, [readers]] -> new stage "<tensor>.<scope>" copies it; the readers
                                                 read the copy (scope: "shared", a GPU block's memory)
+    ["storage_order", stage, [every axis of the stage's output, outermost first]]
+                                             -> its own buffer (a stage computed at a loop) stores
+                                                them in that order; indexing is unchanged
     ["bind", stage, axis, "blockIdx.x" | "threadIdx.x" | "vthread"]
                                              -> the loop is the GPU grid / block / a thread's
                                                 interleaved copies of its work (schedule.vthread)
@@ -51,6 +54,7 @@ class Stage:
     auto_unroll: dict = field(default_factory=dict)
     attach: tuple = ("root",)                      # ("root",) | ("inline",) | ("at", stage, axis)
     scope: str = "global"                          # "shared": a GPU block's memory (cache_read)
+    storage: list = field(default_factory=list)    # its buffer's axes outermost first (storage_order); [] as declared
 
     @property
     def reduce_names(self) -> set:
@@ -163,6 +167,13 @@ class Schedule:
         if st.is_reduce(axis):
             raise ScheduleError(f"cannot bind reduction loop {axis} to {tag} (threads would race on the sum)")
         st.annotations[axis] = tag
+
+    def _storage_order(self, stage: str, order: list):
+        st = self.stage(stage)
+        names = [a.name for a in st.op.axes]
+        if not isinstance(order, list) or sorted(map(str, order)) != sorted(names) or len(set(order)) != len(order):
+            raise ScheduleError(f"storage_order must list every axis of {stage} once: {', '.join(names)}")
+        st.storage = [] if order == names else list(order)
 
     def _cache_read(self, tensor: str, scope: str, readers: list):
         if scope not in SCOPES:

@@ -47,7 +47,8 @@ class _Push:
             if s.scope == "local":                          # one copy per virtual thread
                 self.expanded.add(s.buffer)
                 buf = self.buffers[s.buffer]
-                self.buffers[s.buffer] = dataclasses.replace(buf, shape=(self.extent,) + tuple(buf.shape))
+                order = (0,) + tuple(d + 1 for d in buf.order) if buf.order else ()
+                self.buffers[s.buffer] = dataclasses.replace(buf, shape=(self.extent,) + tuple(buf.shape), order=order)
                 body = _index_by(s.body, s.buffer, Var(self.var))
                 return dataclasses.replace(s, shape=(self.extent,) + tuple(s.shape), body=self.push(body))
             return dataclasses.replace(s, body=self.push(s.body))

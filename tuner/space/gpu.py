@@ -15,10 +15,14 @@ Tiled sketch, for a DAG with one reduction (conv2d, depthwise, dense, pooling):
     offsets allow, else unrolled) and bound to threadIdx.x (a cooperative load between two
     barriers); the loop order
     inside a thread is r0... r1... s2... s3..., an auto-unroll depth over it;
-  * the padding is computed while filling the shared tile (pads are inlined into the copy).
+  * the padding is computed while filling the shared tile (pads are inlined into the copy);
+  * each shared tile stored as the input is, or reduction-major: the dimensions that only the
+    reduction indexes outermost (`storage_order`), so that a thread's outputs along the others
+    read neighbouring words, which nvcc loads four at a time (a GEMM's A tile transposed).
 Decisions, in the CPU tiled sketch's shape so that mutation and the Optuna table read them alike:
 tile [[threads, vthread, s3] per output axis] (the grid part is what is left), reduce [r1 per axis],
-unroll, vec (mutation leaves it as sampled). Injective sketch (layout transforms, elementwise): all axes fused, split by a block size.
+unroll, vec (mutation leaves it as sampled), major [0 | 1 per input read, in `reads` order: 1
+reduction-major; absent, all 0]. Injective sketch (layout transforms, elementwise): all axes fused, split by a block size.
 
 A point is checked against the device's limits twice: here (threads per block, the thread's
 tile against its registers, the shared tiles' bytes estimated from the block's region) so that
@@ -31,7 +35,7 @@ import random
 from functools import cached_property
 
 from ..ops import Workload
-from ..te.expr import Load, Var, linear, walk
+from ..te.expr import Load, Var, free_vars, linear, walk
 from .sketch import UNROLL_CHOICES, DagSketch, divisors
 
 MAX_THREAD_TILE = 64        # accumulators per thread: beyond it, registers spill (255 per thread)
@@ -53,6 +57,22 @@ class GpuSearchSpace(DagSketch):
             self.reads = sorted({t.name for t in self.anchor_op.inputs})
             self._loads = [n for n in walk(self.anchor_op.body.source) if isinstance(n, Load)]
             self._shapes = {t.name: t.shape for t in self.anchor_op.inputs}
+            self.majors = {t: self._reduction_major(t) for t in self.reads}
+
+    def _reduction_major(self, tensor: str) -> list | None:
+        """The axes of `tensor`'s shared copy with those only reduction axes index outermost, or
+        None where that is the order it has (the decision would change nothing)."""
+        red = {r for r, _ in self.reduce_axes}
+        dims = range(len(self._shapes[tensor]))
+        only = {d for d in dims if all(free_vars(ld.indices[d]) and free_vars(ld.indices[d]) <= red
+                                       for ld in self._loads if ld.buffer == tensor)}
+        order = sorted(dims, key=lambda d: d not in only)
+        return [f"ax{d}" for d in order] if order != list(dims) else None
+
+    @cached_property
+    def major_options(self) -> list:
+        """Indices into `reads` of the tiles whose reduction-major order differs from their own."""
+        return [k for k, t in enumerate(self.reads) if self.majors[t]]
 
     @property
     def kind(self) -> str:
@@ -114,7 +134,8 @@ class GpuSearchSpace(DagSketch):
                 t = rng.choice(divisors(e // (s3 * s2)))
                 tile.append([t, s2, s3])
             dec = {"tile": tile, "reduce": [rng.choice(divisors(e)) for _, e in self.reduce_axes],
-                   "unroll": rng.choice(UNROLL_CHOICES), "vec": rng.choice(VEC_CHOICES)}
+                   "unroll": rng.choice(UNROLL_CHOICES), "vec": rng.choice(VEC_CHOICES),
+                   "major": [rng.randrange(2) if k in self.major_options else 0 for k in range(len(self.reads))]}
             if math.prod(t[0] for t in tile) >= want and self.valid(dec):
                 return dec
         return self.default()
@@ -180,9 +201,12 @@ class GpuSearchSpace(DagSketch):
         if dec["unroll"]:
             steps.append(["pragma", acc, f"{red[0]}.0", "auto_unroll_max_step", dec["unroll"]])
         block = math.prod(t[0] for t in dec["tile"])
-        for t in self.reads:
+        major = dec.get("major") or [0] * len(self.reads)
+        for t, m in zip(self.reads, major):
             sh = f"{t}.shared"
             steps.append(["compute_at", sh, acc, f"{red[-1]}.0"])
+            if m and self.majors[t]:
+                steps.append(["storage_order", sh, self.majors[t]])
             axes = [f"ax{k}" for k in range(len(self._shapes[t]))]
             leaf = axes[0]
             if len(axes) > 1:

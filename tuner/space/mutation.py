@@ -4,7 +4,7 @@ Each mutation changes one decision and keeps the point legal: a tile mutation mo
 factor of an axis from one tiling level to another (the product stays the axis extent, rounded up
 to whole tiles for a guarded one); the
 others pick a different reduce split, auto-unroll depth, pad placement (another of three),
-epilogue placement or register-tile loop order.
+epilogue placement, register-tile loop order or a GPU shared tile's storage order.
 A point of a flat sketch (injective, table) gets another option for one of its decisions.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import random
 from .sketch import UNROLL_CHOICES, SearchSpace, divisors
 
 # how often each kind of mutation is tried: tiling matters most
-WEIGHTS = {"tile": 0.6, "reduce": 0.15, "unroll": 0.15, "pad": 0.1, "epilogue": 0.05, "order": 0.1}
+WEIGHTS = {"tile": 0.6, "reduce": 0.15, "unroll": 0.15, "pad": 0.1, "epilogue": 0.05, "order": 0.1, "major": 0.1}
 
 
 def _prime_factors(n: int) -> list:
@@ -40,7 +40,8 @@ def mutate(space: SearchSpace, dec: dict, rng: random.Random, attempts: int = 20
             return None
         name = rng.choice(names)
         return {**dec, name: rng.choice(options[name])}
-    present = {"pad": space.pads, "reduce": space.reduce_axes, "epilogue": space.epilogues, "order": space.orders}
+    present = {"pad": space.pads, "reduce": space.reduce_axes, "epilogue": space.epilogues, "order": space.orders,
+               "major": getattr(space, "major_options", ())}
     kinds = [k for k in WEIGHTS if present.get(k, True)]
     for _ in range(attempts):
         kind = rng.choices(kinds, weights=[WEIGHTS[k] for k in kinds])[0]
@@ -71,6 +72,10 @@ def mutate(space: SearchSpace, dec: dict, rng: random.Random, attempts: int = 20
             new["unroll"] = rng.choice([u for u in UNROLL_CHOICES if u != new["unroll"]])
         elif kind == "epilogue":
             new["epilogue"] = "apart" if new.get("epilogue", "fused") == "fused" else "fused"
+        elif kind == "major":                  # one shared tile: reduction-major or as stored
+            k = rng.choice(space.major_options)
+            new["major"] = list(new.get("major") or [0] * len(space.reads))
+            new["major"][k] ^= 1
         elif kind == "order":
             new["order"] = rng.choice([o for o in space.orders if o != new.get("order", space.orders[0])])
         else:
