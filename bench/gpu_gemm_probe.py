@@ -209,8 +209,8 @@ def main(argv=None):
         m = statistics.median(r["ms"])
         r.update(median_ms=m, ratio_vs_cublas=t / m, fraction_of_peak=flops / m / 1e6 / peak)
         print(f"{r['kernel']:<12}{m:9.3f}{flops / m / 1e6:9.0f}{t / m:10.2f}{r['fraction_of_peak']:9.0%}{r['max_rel_error']:10.1e}")
-    write_results("gpu-gemm-probe", args.out, {"device": gpu_name(), "size": n, "cublas_ms": torch_ms,
-                                               "peak_gflops": peak, "rows": rows})
+    write_results("gpu-gemm-probe", args.out, {"machine": {"target": str(target), "gpu": gpu_name()}, "size": n,
+                                               "cublas_ms": torch_ms, "peak_gflops": peak, "rows": rows})
 
 
 if __name__ == "__main__":
