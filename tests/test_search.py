@@ -551,22 +551,23 @@ def test_the_database_seeds_a_pick_with_the_records_of_other_targets_only(tmp_pa
     the target's own (those are its records) nor another workload's."""
     from tuner.database.result import MeasureResult
     from tuner.database.union import Database
-    task = Task(SMALL, TARGET1)
+    own = parse_target("cpu -isa=avx2 -threads=1", check_host=False)     # the same on any host
+    task = Task(SMALL, own)
     rng = random.Random(0)
     log = tmp_path / "log.jsonl"
     rows = []
     for k, target in enumerate(["cpu -isa=avx2 -threads=2", "cpu -isa=avx2 -threads=2", "cpu -isa=avx2 -threads=2",
-                                "cpu -isa=avx512 -threads=1", str(TARGET1)]):
+                                "cpu -isa=avx512 -threads=1", str(own)]):
         steps = task.space.steps(task.space.sample(rng))
         rec = records.make_record(SMALL, parse_target(target, check_host=False), steps,
                                   MeasureResult("OK", "", [1e-3 * (k + 1)]), "h", "random", k)
         rows.append((target, steps))
         records.append(str(log), [rec])
-    other = Task(OTHER, TARGET1)
+    other = Task(OTHER, own)
     records.append(str(log), [records.make_record(OTHER, parse_target("cpu -isa=avx512 -threads=1", check_host=False),
                                                  other.space.steps(other.space.default()),
                                                   MeasureResult("OK", "", [1e-4]), "h", "random", 9)])
-    got = [r.steps for r in Database.open([log], TARGET1, use_shipped=False).elsewhere(SMALL, TARGET1, per_target=2)]
+    got = [r.steps for r in Database.open([log], own, use_shipped=False).elsewhere(SMALL, own, per_target=2)]
     assert got == [rows[0][1], rows[1][1], rows[3][1]]     # the two fastest at 2 threads, the AVX-512 one
 
 
