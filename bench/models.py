@@ -40,6 +40,7 @@ PyTorch there runs the same graph op by op in eager mode.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import time
 from pathlib import Path
@@ -77,6 +78,9 @@ def kind_split(m, runs: int = 5) -> dict:
 def tune_figures(args) -> int:
     """Tune each model from empty logs (joint plan and --single layout), then time every result in one run,
     all at one thread count: --threads when it names one, else 1 (logs of another count are kept apart)."""
+    missing = [m for m in ("onnxruntime", "torch") if importlib.util.find_spec(m) is None]
+    if missing:                 # before minutes of tuning, not after
+        raise SystemExit(f"the peers need {' and '.join(missing)}: pip install {' '.join(missing)} (or the [bench] extra)")
     counts = [int(n) for n in args.tune.split(",")]
     tt = int(args.threads) if args.threads.strip().isdigit() else 1
     at = "" if tt == 1 else f".t{tt}"
