@@ -435,3 +435,17 @@ def test_interleaved_timing_rotates_the_turn_so_every_runner_takes_every_place_a
     assert len(turns) == rounds
     for r, turn in enumerate(turns):
         assert turn == [(k + r) % n for k in range(n)]
+
+
+def test_importing_tuner_and_its_cost_model_leaves_the_openmp_wait_policy_alone():
+    """xgboost's OpenMP runtime starts passive; the variable is put back, so a compiled model's
+    own OpenMP runtime, loaded later in the process, spins between steps instead of sleeping
+    (passive, each of MobileNetV2's 56 steps paid a wake-up: 2 threads ran slower than 1)."""
+    code = ("import os, tuner; from tuner.cost_model.model import _xgboost; _xgboost(); "
+            "print(os.environ.get('OMP_WAIT_POLICY'))")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "None"
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "OMP_WAIT_POLICY": "ACTIVE"},
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "ACTIVE"

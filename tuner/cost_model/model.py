@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +28,23 @@ import numpy as np
 from ..errors import UserError
 from .features import fingerprint
 
-# xgboost's OpenMP threads must not spin while a kernel is being timed in the other process
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def _xgboost():
+    """xgboost, its OpenMP runtime (a copy of its own) started passive: its threads must not spin
+    while a kernel is timed in the other process. The variable is put back at once, so that a
+    compiled model's OpenMP runtime, loaded later in this process, spins between steps as it
+    should (passive, its threads slept and woke at every step: docs/history.md)."""
+    if "xgboost" not in sys.modules:
+        unset = "OMP_WAIT_POLICY" not in os.environ
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        try:
+            import xgboost  # noqa: F401  (its library and OpenMP runtime load, and read the variable, here)
+        finally:
+            if unset:
+                del os.environ["OMP_WAIT_POLICY"]
+    return sys.modules["xgboost"]
+
 
 OBJECTIVES = ("pack-sum", "rank")
 LABEL_FLOOR = 1e-3      # failures (label 0) are fitted as 1/1000 of the best
@@ -108,7 +124,7 @@ class XGBModel:
     # ------------------------------------------------------------ training
     def fit(self, feats: list, labels, groups) -> None:
         """feats: per-candidate (statements x F) arrays; labels: normalised throughputs; groups: task keys."""
-        import xgboost as xgb
+        xgb = _xgboost()
         labels = np.asarray(labels, np.float32)
         if len(feats) < 2:
             if self.base is not None:
@@ -154,7 +170,7 @@ class XGBModel:
     def predict(self, feats: list) -> np.ndarray:
         if self.booster is None or not feats:
             return np.zeros(len(feats))
-        import xgboost as xgb
+        xgb = _xgboost()
         if self.objective == "pack-sum":
             if self.base is None:
                 return _pack_sum(self.booster, feats)
@@ -191,7 +207,7 @@ class XGBModel:
 
     @classmethod
     def load(cls, path: str) -> "XGBModel":
-        import xgboost as xgb
+        xgb = _xgboost()
         meta_path = Path(str(path) + ".meta.json")
         if not Path(path).exists() or not meta_path.exists():
             raise UserError(f"no cost model at {path} (a saved model is the file and its .meta.json)")
