@@ -7,11 +7,10 @@ process, where each runtime's spinning threads slow the other's next turn on a s
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+import math
 import warnings
 
-from tuner.compare.peers import onnxruntime_runner
+from tuner.compare.peers import onnxruntime_runner, time_call
 from tuner.compiler import compile_model
 from tuner.graph import load as load_graph
 
@@ -24,24 +23,13 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=100)
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
-    ins = compile_model(args.model, threads=1, use_shipped=False, predict=False).random_inputs(seed=1)
-    if args.runner == "tuner":
-        m = compile_model(args.model, threads=args.threads)
-        def fn():
-            return m.run(*ins)
-    else:
-        r = onnxruntime_runner(load_graph(args.model), args.threads)
-        def fn():
-            return r(ins)
-    for _ in range(20):
-        fn()
-    ts = []
-    for _ in range(args.runs):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    print(f"{args.runner} {args.model} {args.threads} thread(s): median {statistics.median(ts) * 1e3:.3f} ms "
-          f"over {args.runs} runs")
+    m = compile_model(args.model, threads=args.threads)       # ONNX Runtime's runs take its inputs too
+    ins = m.random_inputs(seed=1)
+    fn = (lambda xs: m.run(*xs)) if args.runner == "tuner" else onnxruntime_runner(load_graph(args.model), args.threads)
+    for _ in range(19):                 # warm-up: the 20th is time_call's own
+        fn(ins)
+    ms = 1e3 * time_call(fn, ins, min_seconds=math.inf, max_calls=args.runs)
+    print(f"{args.runner} {args.model} {args.threads} thread(s): median {ms:.3f} ms over {args.runs} runs")
 
 
 if __name__ == "__main__":

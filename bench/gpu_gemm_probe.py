@@ -125,21 +125,18 @@ MIN_BLOCKS = (2, 3, 4)
 
 
 def shipped_kernel(spec: str, target):
-    """The best shipped schedule of `spec` from any CUDA target's record, built for `target`."""
-    import json
-    from importlib.resources import files
-
+    """The shipped schedule of `spec` from any CUDA target's record (the probe's GPU need not be
+    the one it was tuned on), built for `target`; else the default."""
     from tuner.build import CudaKernel
+    from tuner.database import records
     from tuner.ops import resolve
     from tuner.task import Task
 
-    wl = resolve(spec, "OI16o")
-    task = Task(wl, target)
-    for line in files("tuner").joinpath("schedules/cuda.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if rec["workload"]["spec"] == spec:
-            return CudaKernel(task, rec["steps"], rec, "shipped")
-    return CudaKernel(task, task.space.steps(task.space.default()), None, None)
+    task = Task(resolve(spec, "OI16o"), target)
+    rec = next((r for r in records.load(records.shipped_database(target), warn=False).records
+                if r.workload.key == task.workload.key), None)
+    steps = rec.steps if rec else task.space.steps(task.space.default())
+    return CudaKernel(task, steps, rec, "shipped" if rec else None)
 
 
 def main(argv=None):
@@ -163,7 +160,7 @@ def main(argv=None):
     n = args.size
     target = parse_target("cuda", 1)
     ours = shipped_kernel(f"dense:N={n},C={n},K={n}", target)
-    print(f"tuner's kernel: {'the shipped record of ' + ours.record['target'] if ours.record else 'the default'}")
+    print(f"tuner's kernel: {'the shipped record of ' + ours.record.target if ours.record else 'the default'}")
     rng = np.random.default_rng(1)
     a = rng.standard_normal((n, n), dtype=np.float32)
     w = rng.standard_normal((n, n), dtype=np.float32)                            # [out][in]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -443,7 +444,7 @@ def test_importing_tuner_and_its_cost_model_leaves_the_openmp_wait_policy_alone(
     (passive, each of MobileNetV2's 56 steps paid a wake-up: 2 threads ran slower than 1)."""
     code = ("import os, tuner; from tuner.cost_model.model import _xgboost; _xgboost(); "
             "print(os.environ.get('OMP_WAIT_POLICY'))")
-    env = {k: v for k, v in __import__("os").environ.items() if k != "OMP_WAIT_POLICY"}
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "None"
     out = subprocess.run([sys.executable, "-c", code], env={**env, "OMP_WAIT_POLICY": "ACTIVE"},

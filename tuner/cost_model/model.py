@@ -29,7 +29,6 @@ from ..errors import UserError
 from .features import fingerprint
 
 
-
 def _xgboost():
     """xgboost, its OpenMP runtime (a copy of its own) started passive: its threads must not spin
     while a kernel is timed in the other process. The variable is put back at once, so that a

@@ -171,7 +171,7 @@ class Schedule:
     def _storage_order(self, stage: str, order: list):
         st = self.stage(stage)
         names = [a.name for a in st.op.axes]
-        if not isinstance(order, list) or sorted(map(str, order)) != sorted(names) or len(set(order)) != len(order):
+        if not isinstance(order, list) or sorted(map(str, order)) != sorted(names):
             raise ScheduleError(f"storage_order must list every axis of {stage} once: {', '.join(names)}")
         st.storage = [] if order == names else list(order)
 

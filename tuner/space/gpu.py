@@ -64,7 +64,7 @@ class GpuSearchSpace(DagSketch):
         None where that is the order it has (the decision would change nothing)."""
         red = {r for r, _ in self.reduce_axes}
         dims = range(len(self._shapes[tensor]))
-        only = {d for d in dims if all(free_vars(ld.indices[d]) and free_vars(ld.indices[d]) <= red
+        only = {d for d in dims if all((v := free_vars(ld.indices[d])) and v <= red
                                        for ld in self._loads if ld.buffer == tensor)}
         order = sorted(dims, key=lambda d: d not in only)
         return [f"ax{d}" for d in order] if order != list(dims) else None

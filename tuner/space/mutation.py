@@ -41,7 +41,7 @@ def mutate(space: SearchSpace, dec: dict, rng: random.Random, attempts: int = 20
         name = rng.choice(names)
         return {**dec, name: rng.choice(options[name])}
     present = {"pad": space.pads, "reduce": space.reduce_axes, "epilogue": space.epilogues, "order": space.orders,
-               "major": getattr(space, "major_options", ())}
+               "major": space.major_options}
     kinds = [k for k in WEIGHTS if present.get(k, True)]
     for _ in range(attempts):
         kind = rng.choices(kinds, weights=[WEIGHTS[k] for k in kinds])[0]

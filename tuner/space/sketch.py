@@ -127,6 +127,8 @@ class DagSketch:
 class SearchSpace(DagSketch):
     """The CPU sketches (module doc)."""
 
+    major_options = ()          # shared tiles that may be stored reduction-major: a GPU decision (space.gpu)
+
     @property
     def kind(self) -> str:
         return "injective" if not self.anchor else "table" if self.table else "tiled"
