@@ -351,3 +351,52 @@ def test_bert_with_parallel_dense_merged_runs_its_q_k_and_v_projections_as_one_g
     hidden = SMALL["bert"][0]["hidden"]
     assert {p["K"] for p in dense} >= {3 * hidden} and not any(p["K"] == hidden and p["bias"] and not p.get("residual")
                                                                for p in dense)
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_attention_fused_into_one_row_by_row_kernel_computes_what_onnx_runtime_computes(tmp_path, tmp_cache, name):
+    """fuse_attention: Q.K^T, its scale, mask or slice, the softmax and P.V are one generic group per
+    layer, computed row by row (P.V accumulating in the row's buffer); without it nothing changes."""
+    from tuner.graph import transformer_models
+    from tuner.graph.passes import optimize
+    from tuner.graph.passes.extract_tasks import group_summary
+    kw, inp = SMALL[name]
+    build = getattr(transformer_models, name)
+    onnx.save(build(**kw, as_onnx=True), str(tmp_path / "m.onnx"))
+    fused = optimize(build(**kw), fuse_attention=True)
+    attention = [s for s in (group_summary(fused, grp.nodes) for grp in fused.meta["fused_groups"])
+                 if s.startswith("batch_matmul") and s.endswith("softmax + batch_matmul")]
+    assert len(attention) == kw["layers"]
+    assert not any(t.workload is not None and t.workload.op == "batch_matmul" for t in fused.meta["tasks"])
+    plain = optimize(build(**kw))
+    assert not any("softmax + batch_matmul" in group_summary(plain, grp.nodes) for grp in plain.meta["fused_groups"])
+    rng = np.random.default_rng(2)
+    shape = list(fused.inputs[0].shape)
+    x = (rng.integers(0, kw["vocab"], shape) if "vocab" in kw else rng.standard_normal(shape)).astype(
+        np.int64 if "vocab" in kw else np.float32)
+    m = compile_model(build(**kw), target="cpu -threads=2", use_shipped=False, fuse_attention=True)
+    steps = [s for s in m.steps if s.summary.endswith("softmax + batch_matmul")]
+    assert len(steps) == kw["layers"] and all(["cache_write", s.steps[-1][1]] in s.steps for s in steps)
+    ref = ort_run(tmp_path / "m.onnx", {inp: x})[0]
+    np.testing.assert_allclose(m.run(**{inp: x})[0], ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
+
+
+def test_a_reduction_is_vectorised_along_the_axis_its_reads_run_on():
+    """Q.K^T with K^T given (K x N): its reads stride along the reduction and run along N, so the
+    reduction loop goes outside and N is the vector; given K transposed (N x K) they run along the
+    reduction, which stays the vector of partial sums."""
+    import importlib
+
+    from tuner.ops.dense import batch_matmul
+    from tuner.schedule.schedule import Schedule
+    from tuner.target import parse_target
+    from tuner.te.tensor import placeholder
+    cm = importlib.import_module("tuner.compiler.compile_model")
+    tgt = parse_target("cpu -threads=1")
+    q = placeholder((2, 8, 16), "q")
+    for trans_b, vector in ((False, "n"), (True, "s_r")):
+        k = placeholder((2, 32, 16) if trans_b else (2, 16, 32), "k")
+        (st,) = [s for s in Schedule([q, k], batch_matmul(q, k, trans_b, "s")).stages if s.name == "s"]
+        steps = cm._stage_steps(st, tgt)
+        assert ["annotate", "s", vector, "vectorize"] in steps
+        assert any(s[0] == "reorder" for s in steps) == (not trans_b)

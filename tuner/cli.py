@@ -333,7 +333,8 @@ def _cmd_compile(args) -> int:
     say = (lambda msg: print(msg, file=sys.stderr)) if args.verbose else None
     m = compile_model(args.model, log=logs, target=args.target, threads=args.threads, layout=args.layout,
                       input_shapes=parse_input_shapes(args.input_shape), use_shipped=not args.no_shipped,
-                      strict=args.strict, progress=say, predict=not args.no_predict)
+                      strict=args.strict, progress=say, predict=not args.no_predict,
+                      fuse_attention=args.fuse_attention)
     m.save(args.output)
     print(m.report())
     print(f"wrote {args.output} (run it: tuner run {args.output} --random)")
@@ -606,6 +607,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--no-predict", action="store_true",
                    help="a task with no record runs its record for another thread count (parallelised for this "
                         "one) or its default schedule, not the shipped cost model's pick")
+    c.add_argument("--fuse-attention", action="store_true",
+                   help="each attention (Q.K^T, scale and mask, softmax, P.V) as one kernel computed row by row, "
+                        "not as its batch_matmul tasks and a softmax: time both (docs/graph-compiler.md)")
     c.add_argument("--quick", type=int, metavar="N",
                    help="first measure N candidates of each task (its default and the cost model's top picks): a "
                         "short tune appended to the first --log, else to OUTPUT.jsonl beside the compiled model")

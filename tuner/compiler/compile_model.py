@@ -46,7 +46,7 @@ from ..space.sketch import FOREIGN, SearchSpace
 from ..target import Target, parse_target
 from ..task import Task, code_hash
 from ..te import layouts as L
-from ..te.expr import Call, walk
+from ..te.expr import Call, Load, coefficient, walk
 from ..te.layouts import plan_summary
 from ..te.tensor import placeholder
 from ..toolchain.cc import compile_library
@@ -147,41 +147,86 @@ def _generic_dag(graph: Graph, nodes: list, ins: list, out_value):
     return phs, tensors[id(out_value)]
 
 
-def _stage_steps(st, target: Target, parallel: bool = True) -> list:
+def _stage_steps(st, target: Target, parallel: bool = True, name: str = "") -> list:
     """A stage computed whole: its innermost loop vectorised where its extent allows
     (schedule.ir.vector_split; a reduction's innermost reduction loop as a vector of partial results),
-    and with several threads the spatial axes outside it fused and run in parallel."""
+    and with several threads the spatial axes outside it fused and run in parallel. name: the
+    stage that computes it, where that is another (its cache_write accumulator)."""
     axes = [a.name for a in st.op.axes]
-    inner = st.op.reduce_axes[-1] if st.op.is_reduction else st.op.axes[-1] if axes else None
+    stage = name or st.name
+    steps = []
+    if _spatial_vector(st, target):     # a reduction whose reads run along its last spatial axis
+        reduce = [a.name for a in st.op.reduce_axes]
+        steps.append(["reorder", stage, axes[:-1] + reduce + axes[-1:]])
+        inner = st.op.axes[-1]
+    else:
+        inner = st.op.reduce_axes[-1] if st.op.is_reduction else st.op.axes[-1] if axes else None
     vector = inner is not None and vector_split(inner.extent, target.lanes)[0] > 0
-    outer = axes[:-1] if vector and not st.op.is_reduction else axes
-    steps = [["annotate", st.name, inner.name, "vectorize"]] if vector else []
+    outer = axes[:-1] if vector and inner is st.op.axes[-1] else axes
+    steps += [["annotate", stage, inner.name, "vectorize"]] if vector else []
     if parallel and target.threads > 1 and outer:
         if len(outer) > 1:
-            steps.append(["fuse", st.name, outer])
-        steps.append(["annotate", st.name, "@".join(outer), "parallel"])
+            steps.append(["fuse", stage, outer])
+        steps.append(["annotate", stage, "@".join(outer), "parallel"])
     return steps
 
 
+def _strides(st, axis: str) -> list:
+    """The element stride of each of the stage's reads along `axis` (None: not affine in it)."""
+    shapes = {t.name: t.shape for t in st.op.inputs}
+    out = []
+    for ld in (n for n in walk(st.op.body) if isinstance(n, Load) and n.buffer in shapes):
+        shape, flat = shapes[ld.buffer], 0
+        for k, idx in enumerate(ld.indices):
+            c = coefficient(idx, axis)
+            if c is None:
+                flat = None
+                break
+            flat += c * int(np.prod(shape[k + 1:], dtype=np.int64))
+        out.append(flat)
+    return out
+
+
+def _spatial_vector(st, target: Target) -> bool:
+    """A reduction is vectorised along its last spatial axis, with the reductions outside it, where
+    a read strides along its innermost reduction and every read is contiguous or constant along
+    that axis (a GEMM's B operand: P.V in attention); else along its innermost reduction."""
+    if not st.op.is_reduction or not st.op.axes or vector_split(st.op.axes[-1].extent, target.lanes)[0] == 0:
+        return False
+    along_reduce = _strides(st, st.op.reduce_axes[-1].name)
+    along_axis = _strides(st, st.op.axes[-1].name)
+    return any(s not in (0, 1) for s in along_reduce) and all(s in (0, 1) for s in along_axis)
+
+
 def _row_steps(stages: list, target: Target) -> list | None:
-    """A group with a reduction (softmax, layer_norm, what feeds a softmax) computed row by row:
-    every stage at the output's row loop, so a row's intermediates stay in registers and L1
-    instead of whole tensors in memory; None where the output is itself a reduction or has one
-    axis. Cheap element-wise stages (no call: a slice, a scale, an add) are inlined into their
-    readers instead: recomputing them costs less than a pass that stores the row and one that
-    loads it back. Whether each stage is then computed once (its reduction runs along the row)
-    is _rows_fit's to check. With several threads the rows run in parallel."""
+    """A group with a reduction (softmax, layer_norm, what feeds a softmax, attention) computed row
+    by row: every stage at the output's row loop, so a row's intermediates stay in registers and
+    L1 instead of whole tensors in memory; None where the output has one axis. An output that is
+    a reduction itself (attention's P.V) accumulates in a buffer of the row (cache_write). Cheap
+    element-wise stages (no call: a slice, a scale, an add) are inlined into their readers
+    instead: recomputing them costs less than a pass that stores the row and one that loads it
+    back. Whether each stage is then computed once (its reduction runs along the row) is
+    _rows_fit's to check. With several threads the rows run in parallel."""
     out, inner = stages[-1], stages[:-1]
-    axes = [a.name for a in out.op.axes]
-    if out.op.is_reduction or len(axes) < 2 or not any(st.op.is_reduction for st in inner):
+    if len(out.op.axes) < 2 or not any(st.op.is_reduction for st in inner):
         return None
     cheap = [st.name for st in inner if not st.op.is_reduction and not any(isinstance(n, Call) for n in walk(st.op.body))]
     steps = [["compute_inline", name] for name in cheap]
+    axes = [a.name for a in out.op.axes]
+    if out.op.is_reduction:
+        steps.append(["cache_write", out.name])
+        axes = [f"{a}_" for a in axes]            # the copy's axes (Schedule._cache_write)
     if len(axes) > 2:
         steps.append(["fuse", out.name, axes[:-1]])
     row = "@".join(axes[:-1])
-    steps += [["compute_at", st.name, out.name, row] for st in inner if st.name not in cheap]
-    steps += [step for st in stages if st.name not in cheap for step in _stage_steps(st, target, parallel=False)]
+    local = [f"{out.name}.local"] if out.op.is_reduction else []
+    steps += [["compute_at", name, out.name, row] for name in local + [st.name for st in inner if st.name not in cheap]]
+    steps += [step for st in inner if st.name not in cheap for step in _stage_steps(st, target, parallel=False)]
+    if out.op.is_reduction:
+        steps += _stage_steps(out, target, parallel=False, name=local[0])
+        steps += [["annotate", out.name, axes[-1], "vectorize"]] if vector_split(out.op.axes[-1].extent, target.lanes)[0] else []
+    else:
+        steps += _stage_steps(out, target, parallel=False)
     if target.threads > 1:
         steps.append(["annotate", out.name, row, "parallel"])
     return steps
@@ -194,7 +239,8 @@ def _rows_fit(fn, sch: Schedule) -> bool:
     allocation per row)."""
     rows = int(np.prod(sch.shape_of(sch.output_name)[:-1]))
     local = [(name, int(np.prod(b.shape))) for name, b in fn.buffers.items() if b.scope == "local"]
-    return all(n * rows <= int(np.prod(sch.shape_of(name))) and 4 * n <= STACK_LIMIT_BYTES for name, n in local)
+    return all(n * rows <= int(np.prod(sch.shape_of(name.removesuffix(".local")))) and 4 * n <= STACK_LIMIT_BYTES
+               for name, n in local)       # a cache_write's accumulator has its stage's shape
 
 
 def _generic_kernel(dag: tuple, target: Target, func: str):
@@ -228,7 +274,7 @@ def _generic_kernel(dag: tuple, target: Target, func: str):
 def compile_model(model, log=None, target: str | Target = "cpu", threads: int | None = None,
                   layout: str | None = None, input_shapes: dict | None = None, strict: bool = False,
                   use_shipped: bool = True, progress=None, choose=None, layout_plan: dict | None = None,
-                  predict: bool = True):
+                  predict: bool = True, fuse_attention: bool = False):
     """Compile a built-in model, an ONNX file or a Graph with the best schedules of `log` (a path or
     a list of paths). Returns a runtime.model.CompiledModel.
 
@@ -254,7 +300,7 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
     db = Database.open(logs, tgt, use_shipped)
     model_hash = graph_digest(graph)
     layout_plan, plan_from = _layout_plan(db, graph, model_hash, tgt, layout, layout_plan, source_name, say)
-    g = optimize(graph, layout=layout, layout_plan=layout_plan)
+    g = optimize(graph, layout=layout, layout_plan=layout_plan, fuse_attention=fuse_attention)
     say(f"optimised {graph.name}: {len(graph.nodes)} nodes -> {len(g.nodes)}, "
         f"{len(g.meta['fused_groups'])} fused groups")
     io = _Interface(g)

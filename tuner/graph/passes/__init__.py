@@ -16,14 +16,17 @@ def get(name: str) -> Pass:
 
 
 def optimize(graph, layout: str | None = None, passes=None, disabled=(), opt_level: int = 3, instruments=(),
-             layout_plan: dict | None = None):
+             layout_plan: dict | None = None, fuse_attention: bool = False):
     """Run `passes` (default: the standard pipeline) under a PassContext. layout_plan: {conv node
-    name: layout} for the convolutions that take another layout than `layout`."""
+    name: layout} for the convolutions that take another layout than `layout`; fuse_attention:
+    FuseOps makes each attention one group (fuse_ops.fuse_attention)."""
     names = list(passes) if passes else list(DEFAULT_PIPELINE)
     seq = Sequential([get(n) for n in names])
     options = {"layout": layout} if layout else {}
     if layout_plan:
         options["layout_plan"] = dict(layout_plan)
+    if fuse_attention:
+        options["fuse_attention"] = True
     ctx = PassContext(opt_level, set(disabled), list(instruments), options)
     with ctx:
         return seq(graph, ctx)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from ...ops import (EPILOGUE_ACTS, OPS, PATTERN, WORKLOADS, NoTask, Pattern, Workload, WorkloadError, act_params, make,
                    nchw_dims)
 from ..ir import Graph
-from .fuse_ops import OWN_KERNEL, FusedGroup
+from .fuse_ops import OWN_KERNEL, FusedGroup, fuse_attention
 from .base import register
 
 
@@ -163,11 +163,13 @@ def split_epilogue(graph: Graph, group) -> list:
 @register("ExtractTasks", 0, required=("FuseOps",))
 def extract_tasks(graph: Graph, ctx) -> Graph:
     """One tuning task per unique fused-group workload, with its weight and FLOPs; a group whose
-    epilogue its anchor's workload cannot take is split first (split_epilogue)."""
+    epilogue its anchor's workload cannot take is split first (split_epilogue); with the option
+    fuse_attention each attention becomes one generic group (fuse_ops.fuse_attention)."""
     groups = graph.meta.get("fused_groups")
     out = Graph(graph.inputs, graph.outputs, graph.nodes, graph.name, dict(graph.meta))
     if groups is not None:
-        out.meta["fused_groups"] = _into_reductions(graph, [part for g in groups for part in split_epilogue(graph, g)])
+        groups = _into_reductions(graph, [part for g in groups for part in split_epilogue(graph, g)])
+        out.meta["fused_groups"] = fuse_attention(graph, groups) if ctx.options.get("fuse_attention") else groups
     out.meta["tasks"] = extract(out)
     return out
 

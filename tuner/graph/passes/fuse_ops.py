@@ -8,6 +8,9 @@ the post-dominator tree) and the combined pattern of the edges on the way there.
      along all-injective paths, into a reducing post-dominator too (unlike TVM: the generic
      kernel of a reduction computes its producers row by row, compile_model._row_steps);
 TVM's third phase fuses injective ops into intermediate tuples; this IR has no tuples, so it is left out.
+With the option fuse_attention, ExtractTasks makes each attention one group (fuse_attention below):
+a batch_matmul alone in its group, the softmax group it alone feeds, and the batch_matmul alone in
+its group that alone reads the softmax, so that the scores of a row never leave the kernel.
 A group never grows past `max_depth` nodes. The graph itself is unchanged; the groups are
 recorded in graph.meta["fused_groups"] as lists of node indices.
 """
@@ -193,6 +196,45 @@ def fuse(graph: Graph, max_depth: int = MAX_FUSE_DEPTH) -> list:
     result.sort(key=lambda fg: fg.nodes[-1])     # by output node: a topological order of the groups
     # (by first node is not: a residual block's group starts before the shortcut group it consumes)
     return result
+
+
+def fuse_attention(graph: Graph, groups: list) -> list:
+    """`groups` with each attention as one group: batch_matmul (Q.K^T), the group of what reads it
+    up to a softmax over the last axis (scale, mask, slice), batch_matmul (P.V). Each side must be
+    alone in its group and read only by the next, so the merged group still has one output and
+    its scores row by row (compile_model._row_steps) replace three tensors in memory."""
+    of = {k: gi for gi, grp in enumerate(groups) for k in grp.nodes}
+    index = {id(n.output): k for k, n in enumerate(graph.nodes)}
+    consumers = graph.consumers()
+    outputs = {id(v) for v in graph.outputs}
+
+    def sole(k: int, op: str) -> bool:
+        grp = groups[of[k]]
+        return grp.nodes == [k] and graph.nodes[k].op == op
+
+    def read_once(k: int) -> bool:
+        v = graph.nodes[k].output
+        return id(v) not in outputs and len(consumers.get(id(v), [])) == 1
+
+    merged, absorbed = {}, set()
+    for gi, grp in enumerate(groups):
+        last = graph.nodes[grp.nodes[-1]]
+        if grp.anchor is not None or last.op != "softmax" or last.attrs["axis"] != len(last.output.shape) - 1:
+            continue
+        inside = set(grp.nodes)
+        feeds = {index[id(v)] for k in grp.nodes for v in graph.nodes[k].inputs
+                 if id(v) in index and index[id(v)] not in inside}
+        if len(feeds) != 1 or not sole(q := feeds.pop(), "batch_matmul") or not read_once(q):
+            continue
+        if not read_once(grp.nodes[-1]):
+            continue
+        reader = consumers[id(last.output)][0]
+        pv = index[id(reader.output)]
+        if not sole(pv, "batch_matmul") or reader.inputs[0] is not last.output or of[q] in absorbed:
+            continue
+        merged[of[pv]] = FusedGroup(sorted([q, *grp.nodes, pv]), None, Pattern.COMM_REDUCE, {"attention": True})
+        absorbed |= {of[q], gi}
+    return [merged.get(gi, grp) for gi, grp in enumerate(groups) if gi not in absorbed]
 
 
 @register("FuseOps", 0, required=("InferType",))
