@@ -19,7 +19,7 @@ def optimize(graph, layout: str | None = None, passes=None, disabled=(), opt_lev
              layout_plan: dict | None = None, fuse_attention: bool = False):
     """Run `passes` (default: the standard pipeline) under a PassContext. layout_plan: {conv node
     name: layout} for the convolutions that take another layout than `layout`; fuse_attention:
-    FuseOps makes each attention one group (fuse_ops.fuse_attention)."""
+    ExtractTasks makes each attention one group (fuse_ops.fuse_attention)."""
     names = list(passes) if passes else list(DEFAULT_PIPELINE)
     seq = Sequential([get(n) for n in names])
     options = {"layout": layout} if layout else {}
