@@ -224,15 +224,14 @@ def fuse_attention(graph: Graph, groups: list) -> list:
         inside = set(grp.nodes)
         feeds = {index[id(v)] for k in grp.nodes for v in graph.nodes[k].inputs
                  if id(v) in index and index[id(v)] not in inside}
-        if len(feeds) != 1 or not sole(q := feeds.pop(), "batch_matmul") or not read_once(q):
-            continue
-        if not read_once(grp.nodes[-1]):
+        if len(feeds) != 1 or not sole(q := feeds.pop(), "batch_matmul") or not read_once(q) \
+                or not read_once(grp.nodes[-1]):
             continue
         reader = consumers[id(last.output)][0]
         pv = index[id(reader.output)]
-        if not sole(pv, "batch_matmul") or reader.inputs[0] is not last.output or of[q] in absorbed:
+        if not sole(pv, "batch_matmul") or reader.inputs[0] is not last.output:
             continue
-        merged[of[pv]] = FusedGroup(sorted([q, *grp.nodes, pv]), None, Pattern.COMM_REDUCE, {"attention": True})
+        merged[of[pv]] = FusedGroup(sorted([q, *grp.nodes, pv]), None, Pattern.COMM_REDUCE)
         absorbed |= {of[q], gi}
     return [merged.get(gi, grp) for gi, grp in enumerate(groups) if gi not in absorbed]
 
