@@ -5,7 +5,7 @@ import random
 
 import pytest
 from conftest import TARGET1, check_schedules
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from tuner.codegen.c import generate_c
@@ -13,10 +13,11 @@ from tuner.ops import make
 from tuner.schedule.lower import lower
 from tuner.schedule.schedule import ScheduleError, replay
 from tuner.space.mutation import mutate
-from tuner.space.sketch import SearchSpace
+from tuner.schedule import ir
+from tuner.space.sketch import PAD_PLACES, SearchSpace
 from tuner.target import parse_target
 from tuner.task import Task
-from tuner.te.expr import Const, FloorDiv, FloorMod, Var, coefficient, simplify
+from tuner.te.expr import Cmp, Const, FloorDiv, FloorMod, Select, Var, coefficient, simplify, walk
 
 CONV = make("conv2d", dict(C=16, H=6, W=6, K=16, R=3, S=3, pad=1), "NCHW16c")
 
@@ -181,8 +182,7 @@ def test_the_register_tiles_loop_order_is_a_decision_that_computes_the_reference
     for d in unrolled:
         tile[d][2] = 2
     tile[-1][2] = max(space.last_options)
-    axes = dict(space.default(), tile=tile)
-    assert axes["order"] == "axes"
+    axes = dict(space.default(), tile=tile, order="axes")
     rev = dict(axes, order="reversed")
     steps = {o: space.steps(d) for o, d in (("axes", axes), ("reversed", rev))}
     local = space.reduction_stage(axes)
@@ -233,11 +233,62 @@ def test_a_pad_computed_per_tile_computes_the_reference(wl, threads):
         cases.append((wl, space.steps(dict(tiled, epilogue="apart"))))
     check_schedules(cases, target)
     rng = random.Random(0)
-    assert {space.sample(rng)["pad"][pad] for _ in range(60)} == {"inline", "root", "tile"}
+    assert {space.sample(rng)["pad"][pad] for _ in range(80)} == set(PAD_PLACES)
     moved = [m["pad"][pad] for m in (mutate(space, tiled, rng) for _ in range(300)) if m and m["pad"] != tiled["pad"]]
-    assert set(moved) == {"inline", "root"}
+    assert set(moved) == set(PAD_PLACES) - {"tile"}
     from tuner.search.optuna_search import _parameter_table
-    assert (f"pad.{pad}", ("pad", pad), ["inline", "root", "tile"]) in _parameter_table(space)
+    assert (f"pad.{pad}", ("pad", pad), list(PAD_PLACES)) in _parameter_table(space)
+
+
+def _bounds_tests(stmt) -> int:
+    """The most comparisons in the condition of a select that `stmt` stores."""
+    return max((sum(isinstance(c, Cmp) for c in walk(n.cond)) for s in ir.stmts(stmt) if isinstance(s, ir.Store)
+                for n in walk(s.value) if isinstance(n, Select)), default=0)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("wl", [make("conv2d", dict(C=8, H=9, W=9, K=16, R=3, S=3, pad=1, stride=2, bias=1, relu=1),
+                                     "NCHW8c"),
+                                make("conv2d", dict(C=16, H=12, W=12, K=32, R=3, S=3, pad=1, bias=1, relu=1), "NCHW16c"),
+                                make("conv2d", dict(C=3, H=20, W=20, K=16, R=7, S=7, pad=3, stride=2), "NCHW16c"),
+                                make("conv2d", dict(C=8, H=6, W=5, K=8, R=3, S=3, pad=1, groups=8), "NHWC"),
+                                make("max_pool2d", dict(C=16, H=7, W=7, R=3, S=3, stride=2, pad=1), "NCHW16c")],
+                         ids=["conv3x3-stride2", "conv3x3", "conv7x7-pad3", "depthwise-nhwc", "max_pool2d"])
+def test_a_pad_inlined_with_an_interior_version_computes_the_reference(wl, threads):
+    """`pad: interior`: the pad is inlined and the reduction is written twice, its bounds tests
+    gone from the version that the tiles away from the border run (an output row per tile, so
+    that there are such tiles); one thread or two, it computes the reference."""
+    target = parse_target("cpu", threads=threads)
+    space = SearchSpace(wl, target)
+    (pad,) = space.pads
+    dec = space.default()
+    rows = 2 if len(space.out_shape) == 5 else 1
+    dec["tile"][rows] = [1, 1, 1]
+    inside = dict(dec, pad={pad: "interior"})
+    steps = space.steps(inside)
+    assert ["compute_inline", pad] in steps and any(s[0] == "pragma" and s[3] == "unswitch" for s in steps)
+    func, inline = (lower(space.schedule(space.steps(d))) for d in (inside, dict(dec, pad={pad: "inline"})))
+    assert pad not in func.buffers
+    interior = [s for s in ir.stmts(func.body) if isinstance(s, ir.IfThen) and _bounds_tests(s) < _bounds_tests(inline.body)]
+    assert interior, "no version without the pad's bounds tests"
+    check_schedules([(wl, steps), (wl, space.steps(dict(inside, epilogue="apart")) if space.epilogues else steps)],
+                    target)
+
+
+@settings(max_examples=12, deadline=None)
+@given(h=st.integers(3, 11), w=st.integers(3, 11), r=st.sampled_from([1, 3, 5]), stride=st.integers(1, 2),
+       pad=st.integers(0, 2), rows=st.integers(1, 3), threads=st.integers(1, 2))
+def test_every_conv_with_its_pad_interior_computes_the_reference(h, w, r, stride, pad, rows, threads):
+    """For any input size, kernel, stride and pad, and tiles of any number of rows (dividing or
+    not), the interior and border versions together compute what the reference does."""
+    assume(min(h, w) + 2 * pad >= r)
+    wl = make("conv2d", dict(C=8, H=h, W=w, K=16, R=r, S=r, pad=pad, stride=stride, bias=1), "NCHW8c")
+    target = parse_target("cpu", threads=threads)
+    space = SearchSpace(wl, target)
+    dec = space.default()
+    oh = space.out_shape[2]
+    dec["tile"][2] = [1, 1, max(d for d in range(1, rows + 1) if oh % d == 0)]
+    check_schedules([(wl, space.steps(dict(dec, pad={p: "interior" for p in space.pads})))], target)
 
 
 @pytest.mark.parametrize("threads", [1, 2])

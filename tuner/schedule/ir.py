@@ -38,6 +38,13 @@ class IfThen(Stmt):
 
 
 @dataclass
+class Unswitch(Stmt):
+    """A nest to be written twice, without and with its selects' bounds tests (schedule.peel
+    replaces it before codegen)."""
+    body: Stmt
+
+
+@dataclass
 class Sync(Stmt):
     """A barrier among a GPU block's threads (around the filling of a shared buffer); nothing on
     a CPU, where one thread runs the whole block's loops."""
@@ -106,7 +113,7 @@ def stmts(s: Stmt):
     if isinstance(s, Seq):
         for x in s.stmts:
             yield from stmts(x)
-    elif isinstance(s, (For, IfThen, Allocate)):
+    elif isinstance(s, (For, IfThen, Allocate, Unswitch)):
         yield from stmts(s.body)
 
 
@@ -118,7 +125,7 @@ def map_loops(s: Stmt, fn) -> Stmt:
         return fn(dataclasses.replace(s, body=map_loops(s.body, fn)))
     if isinstance(s, Seq):
         return Seq([map_loops(x, fn) for x in s.stmts])
-    if isinstance(s, (IfThen, Allocate)):
+    if isinstance(s, (IfThen, Allocate, Unswitch)):
         return dataclasses.replace(s, body=map_loops(s.body, fn))
     return s
 

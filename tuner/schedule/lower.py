@@ -14,7 +14,7 @@ from ..te.expr import (And, Cmp, Const, Expr, FloorDiv, FloorMod, Load, Max, Red
                        from_linear, linear, substitute, transform, walk)
 from . import ir
 from .schedule import Schedule, ScheduleError, Stage
-from .peel import peel_guards
+from .peel import peel_guards, unswitch
 from .vthread import inject_virtual_threads
 
 _NAME = re.compile(r"[^0-9A-Za-z_]")
@@ -251,6 +251,8 @@ class Lowerer:
                               st.auto_unroll.get(leaf, 0))
             elif st.auto_unroll.get(leaf) and isinstance(stmt, ir.For):
                 stmt.auto_unroll = max(stmt.auto_unroll, st.auto_unroll[leaf])
+            if leaf in st.unswitch:
+                stmt = ir.Unswitch(stmt)
             parts = []
             if init is not None and k == first_reduce:
                 parts.append(self._init_nest(st, init, k, leaf_ext, var))
@@ -483,4 +485,4 @@ _RELAXED = ("threadIdx.x", "vthread")     # loops a shared buffer serves all of
 
 
 def lower(sch: Schedule, func_name: str = "kernel") -> ir.Func:
-    return peel_guards(inject_virtual_threads(Lowerer(sch, func_name).lower()))
+    return peel_guards(inject_virtual_threads(unswitch(Lowerer(sch, func_name).lower())))

@@ -1,4 +1,7 @@
-"""Guard peeling: a serial loop whose guards hold for a prefix of its range runs as two loops.
+"""Guard peeling and unswitching: loops whose bounds tests hold for most of their iterations run
+in a version without them.
+
+Peeling: a serial loop whose guards hold for a prefix of its range runs as two loops.
 
 A tile that does not divide its axis (six rows of a 128-row GEMM) leaves a bounds check on every
 statement of the tile; inside a register tile the check stops GCC from keeping the accumulators
@@ -10,7 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..te.expr import And, Cmp, Const, Var, bounds, free_vars, from_linear, linear, simplify, substitute
+from ..te.expr import (And, Cmp, Const, Select, Var, all_of, bounds, free_vars, from_linear, linear, simplify,
+                       substitute, transform, walk)
 from . import ir
 
 _PEELED = ("serial",)        # loops bound to threads, unrolled or vectorised keep their single form
@@ -110,4 +114,102 @@ def _substitute(s: ir.Stmt, mapping: dict) -> ir.Stmt:
         return s
     if isinstance(s, (ir.For, ir.Allocate)):
         return dataclasses.replace(s, body=_substitute(s.body, mapping))
+    return s
+
+
+# ------------------------------------------------------------ unswitching
+# An inlined pad reads `cond ? x[i] : 0` in the innermost loop; for the output tiles away from the
+# border every such test holds for every iteration of the tile's nest. An Unswitch nest (the
+# unswitch pragma) becomes `if (interior) nest-without-those-tests else nest`, the interior test
+# being each test's worst case over the nest's own loops, evaluated once per entry, as Halide and
+# TVM's LoopPartition split a loop at its boundary conditions.
+
+def unswitch(func: ir.Func) -> ir.Func:
+    if not any(isinstance(s, ir.Unswitch) for s in ir.stmts(func.body)):
+        return func
+    return dataclasses.replace(func, body=_unswitch(func.body, {}))
+
+
+def _unswitch(s: ir.Stmt, ranges: dict) -> ir.Stmt:
+    if isinstance(s, ir.Unswitch):
+        return _split_interior(_unswitch(s.body, ranges), ranges)
+    if isinstance(s, ir.Seq):
+        return ir.seq([_unswitch(x, ranges) for x in s.stmts])
+    if isinstance(s, ir.For):
+        return dataclasses.replace(s, body=_unswitch(s.body, {**ranges, s.var: (0, s.extent - 1)}))
+    if isinstance(s, (ir.IfThen, ir.Allocate)):
+        return dataclasses.replace(s, body=_unswitch(s.body, ranges))
+    return s
+
+
+def _split_interior(body: ir.Stmt, outer: dict) -> ir.Stmt:
+    """`body` as `if (interior) clean else body`: `clean` has every select test that holds for all
+    values of body's own loops wherever `interior` (a test of the loops around) holds, set true."""
+    inner: dict = {}
+    for st in ir.stmts(body):
+        if isinstance(st, ir.For):       # a name two sibling loops share: the wider range
+            inner[st.var] = (0, max(st.extent - 1, inner.get(st.var, (0, 0))[1]))
+    tests = {c for st in ir.stmts(body) if isinstance(st, ir.Store)
+             for n in walk(st.value) if isinstance(n, Select) for c in _conjuncts(n.cond)}
+    gone, interior = set(), []
+    for c in sorted(tests, key=repr):    # a stable order: the same code for the same schedule
+        test = _worst_case(c, inner)
+        if test is None:
+            continue
+        test = simplify(test, outer)
+        if isinstance(test, Const):
+            if test.value:               # holds everywhere already
+                gone.add(c)
+            continue                     # fails for every entry: the clean version could never run
+        gone.add(c)
+        if test not in interior:
+            interior.append(test)
+    if not gone:
+        return body
+    clean = _set_true(body, gone)
+    if not interior:
+        return clean
+    cond = all_of(*interior)
+    return ir.seq([ir.IfThen(cond, clean), ir.IfThen(Cmp("==", cond, Const(0)), body)])
+
+
+def _worst_case(c, inner: dict):
+    """For a test `a < b` / `a <= b` linear in the loop variables, the test on the outer variables
+    alone under which it holds for every value of the `inner` ones; None when it mixes the two in
+    one term or is of another form."""
+    if not isinstance(c, Cmp) or c.op not in ("<", "<="):
+        return None
+    ln = linear(c.a - c.b)
+    if ln is None:
+        return None
+    terms, const = ln
+    own, rest = {}, {}
+    for t, k in terms.items():
+        names = free_vars(t)
+        if names & inner.keys():
+            if not names <= inner.keys():
+                return None
+            own[t] = k
+        else:
+            rest[t] = k
+    if not own:
+        return None                      # decided by the outer loops alone: the C compiler hoists it
+    b = bounds(from_linear(own, 0), inner)
+    if b is None:
+        return None
+    return Cmp(c.op, from_linear(rest, const + b[1]), Const(0))
+
+
+def _set_true(s: ir.Stmt, gone: set) -> ir.Stmt:
+    def fix(e):
+        if isinstance(e, Select):
+            rest = [c for c in _conjuncts(e.cond) if c not in gone]
+            return Select(all_of(*rest), e.then, e.other) if rest else e.then
+        return None
+    if isinstance(s, ir.Store):
+        return ir.Store(s.buffer, s.indices, transform(s.value, fix))
+    if isinstance(s, ir.Seq):
+        return ir.Seq([_set_true(x, gone) for x in s.stmts])
+    if isinstance(s, (ir.For, ir.IfThen, ir.Allocate)):
+        return dataclasses.replace(s, body=_set_true(s.body, gone))
     return s

@@ -7,6 +7,10 @@ A step is a JSON list whose first element names the primitive:
     ["reorder", stage, [every leaf, in the new order]]
     ["annotate", stage, axis, "parallel" | "vectorize" | "unroll"]
     ["pragma", stage, axis, "auto_unroll_max_step", n]
+    ["pragma", stage, axis, "unswitch", 1]   -> the nest from that loop in runs in two versions: one
+                                                without the bounds tests of its selects (an inlined
+                                                pad's), taken where they hold for all of its
+                                                iterations, the other with them (schedule.peel)
     ["compute_at", stage, consumer_stage, consumer_axis]
     ["compute_inline", stage]
     ["compute_root", stage]
@@ -52,6 +56,7 @@ class Stage:
     relations: list = field(default_factory=list)  # ("split", parent, [children], [factors]) | ("fuse", [parts], fused)
     annotations: dict = field(default_factory=dict)
     auto_unroll: dict = field(default_factory=dict)
+    unswitch: set = field(default_factory=set)     # leaves whose nests run in an interior and a border version
     attach: tuple = ("root",)                      # ("root",) | ("inline",) | ("at", stage, axis)
     scope: str = "global"                          # "shared": a GPU block's memory (cache_read)
     storage: list = field(default_factory=list)    # its buffer's axes outermost first (storage_order); [] as declared
@@ -212,9 +217,14 @@ class Schedule:
     def _pragma(self, stage: str, axis: str, name: str, value: int):
         st = self.stage(stage)
         self._leaf(st, axis)
+        if name == "unswitch":
+            if value != 1 or isinstance(value, bool):
+                raise ScheduleError(f"the unswitch pragma takes the value 1, got {value!r}")
+            st.unswitch.add(axis)
+            return
         if name != "auto_unroll_max_step":
-            raise ScheduleError(f"unknown pragma {name!r}; the one pragma is auto_unroll_max_step")
-        if not isinstance(value, int) or value < 0:
+            raise ScheduleError(f"unknown pragma {name!r}; the pragmas are auto_unroll_max_step and unswitch")
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ScheduleError(f"auto_unroll_max_step must be a non-negative integer, got {value!r}")
         st.auto_unroll[axis] = value
 

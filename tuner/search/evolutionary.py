@@ -103,10 +103,11 @@ class EvolutionarySearch(Policy):
             n_random = int(round(self.eps * (n - len(out))))
             take = n - n_random - len(out)
             # every structure (pad placement: a different loop nest, like Ansor's sketches) gets at
-            # least half an equal share of the batch, so a basin the model ranks second is still
-            # refined; without it a search could spend hundreds of trials in the wrong one
+            # least half an equal share of the batch, and one candidate where that rounds to none,
+            # so a basin the model ranks second is still refined; without it a search could spend
+            # hundreds of trials in the wrong one
             groups = _by_structure(d for d, _ in scored)
-            share = take // (2 * len(groups)) if len(groups) > 1 else 0
+            share = max(1, take // (2 * len(groups))) if 1 < len(groups) <= take else 0
             order = [d for g in groups.values() for d in g[:share]] + [d for d, _ in scored]
             for dec in order:
                 if len(out) >= n - n_random:

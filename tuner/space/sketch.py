@@ -4,10 +4,13 @@ A sketch fixes the structure of a schedule; a point in the space (a small JSON-a
 decisions) fills in its numbers; `steps(decisions)` turns the two into a replayable step list.
 
 Tiled sketch, for a DAG with one reduction (conv2d, dense, pooling):
-  * pad producers are inlined, computed at root, or computed per tile (a decision, `pad`): per
-    tile, the padded copy covers what one output tile reads and is made at the reduction's
-    outermost loop, so it is written and read while in cache, where a copy at root goes through
-    memory first; inlined, the pad's bounds test sits in the innermost loop (docs/history.md);
+  * pad producers are inlined, computed at root, computed per tile, or inlined with an interior
+    version (a decision, `pad`): per tile, the padded copy covers what one output tile reads and
+    is made at the reduction's outermost loop, so it is written and read while in cache, where a
+    copy at root goes through memory first; inlined, the pad's bounds test sits in the innermost
+    loop (docs/history.md); `interior` inlines it and writes the reduction twice, without the
+    test for the tiles whose reads all lie inside the input and with it for the border tiles
+    (the unswitch pragma), so that neither a copy nor a test is paid away from the border;
   * elementwise consumers (the epilogue: bias, residual, activation) are inlined into the output
     stage; with none, `cache_write` makes a local accumulator;
   * the epilogue is fused or apart (a decision, when there is one): fused, the output stage is
@@ -47,11 +50,12 @@ from functools import cached_property
 from ..ops import Workload
 from ..schedule.ir import vector_split
 from ..schedule.schedule import Schedule, ScheduleError, replay
+from ..te.expr import Load, free_vars, walk
 
 MAX_ACCUMULATORS = 32        # vector registers of AVX-512 (AVX2 has 16; spills only cost speed)
 MAX_TILE_FLOATS = 16384      # a 64 KiB accumulator tile stays on the stack and in L1/L2
 UNROLL_CHOICES = (0, 16, 64, 512)
-PAD_PLACES = ("inline", "root", "tile")   # where a pad producer is computed (tile: per output tile)
+PAD_PLACES = ("inline", "root", "tile", "interior")   # where a pad producer is computed (tile: per output tile)
 ORDERS = ("axes", "reversed")  # the register tile's unrolled loops: the output's axis order, or reversed
 BLOCK_PLACES = ("outside", "inside")   # a table sketch's channel-block loop: outside its tile loops, or inside
 # what steps() and their replay raise for decisions that are no point of a space (another
@@ -269,6 +273,7 @@ class SearchSpace(DagSketch):
         shape = self.out_shape
         last = [d for d in self.last_options if d <= self.target.lanes]
         tile = [[1, 1, 1] for _ in shape]
+        order = self.orders[0]
         others = [d for d in range(len(shape) - 1) if shape[d] > 1]
         if self.gemm_shaped:
             self._gemm_tile(tile)
@@ -280,18 +285,42 @@ class SearchSpace(DagSketch):
             acc = self._vectors(tile[-1][2])
             # register tile along the axis next to the vector axis (the output row, as in the
             # classic NCHW[x]c schedule), then widen along the largest other axis until enough
-            # independent accumulators hide the FMA latency
+            # independent accumulators hide the FMA latency. With 32 vector registers, first two
+            # blocks of an axis that the broadcast operand does not index (a conv's output
+            # channel blocks), each broadcast feeding two FMAs, the pixels outside them
+            # (reversed), up to 28 accumulators: MLAS's AVX-512 tile (docs/history.md)
             row = len(shape) - 2 if shape[-2] > 1 else max(others, key=lambda d: (shape[d], d))
-            for d in [row] + sorted((d for d in others if d != row), key=lambda d: -shape[d]):
+            rest = sorted((d for d in others if d != row), key=lambda d: -shape[d])
+            cap, pair = 24, self._broadcast_axis(row)
+            if pair is not None:
+                tile[pair][2], acc, cap, order = 2, 2 * acc, MAX_ACCUMULATORS - 4, "reversed"
+                rest.remove(pair)
+            for d in [row] + rest:
                 if acc >= 12:
                     break
-                tile[d][2] = max(x for x in divisors(shape[d]) if x * acc <= 24)
+                tile[d][2] = max(x for x in divisors(shape[d]) if x * acc <= cap)
                 acc *= tile[d][2]
-        dec = {"pad": {p: "root" for p in self.pads}, "tile": tile,
-               "reduce": [1 for _ in self.reduce_axes], "unroll": 64, "order": self.orders[0]}
+        dec = {"pad": {p: "interior" for p in self.pads}, "tile": tile,
+               "reduce": [1 for _ in self.reduce_axes], "unroll": 64, "order": order}
         if self.epilogues:
             dec["epilogue"] = "fused"
         return dec
+
+    def _broadcast_axis(self, row: int) -> int | None:
+        """With 32 vector registers (AVX-512), an even output axis other than `row` and the vector
+        axis that an operand read without the vector axis (one element broadcast to all lanes)
+        does not index while another operand does; else None."""
+        if self.target.lanes < 16 or not self.anchor:
+            return None
+        names = self.local_axes
+        loads = [frozenset().union(*(free_vars(i) for i in n.indices)) for n in walk(self.anchor_op.body)
+                 if isinstance(n, Load)]
+        scalar = [v for v in loads if names[-1] not in v]
+        for d in range(1, len(names) - 1):
+            if d != row and self.out_shape[d] % 2 == 0 and any(names[d] not in v for v in scalar) \
+                    and any(names[d] in v for v in loads):
+                return d
+        return None
 
     def _gemm_tile(self, tile: list) -> None:
         """The default tile of a GEMM-shaped output (_gemm_rows), with every row tile inside each
@@ -324,7 +353,7 @@ class SearchSpace(DagSketch):
             return self._table_steps(dec)
         steps = []
         for p in self.pads:
-            if dec["pad"][p] == "inline":
+            if dec["pad"][p] in ("inline", "interior"):
                 steps.append(["compute_inline", p])
         for s in self.consumers + self.others:
             steps.append(["compute_inline", s])
@@ -353,6 +382,8 @@ class SearchSpace(DagSketch):
                       + [f"{r}.1" for r in red] + [f"{a}.1" for a in unrolled + self.local_axes[-1:]]])
         first = f"{red[0]}.0" if red else f"{self.local_axes[0]}.0"     # the reduction's outermost loop
         steps += [["compute_at", p, local, first] for p in self.pads if dec["pad"][p] == "tile"]
+        if any(dec["pad"][p] == "interior" for p in self.pads):
+            steps.append(["pragma", local, first, "unswitch", 1])
         if tile[-1][2] % 4 == 0:
             steps.append(["annotate", local, f"{self.local_axes[-1]}.1", "vectorize"])
         elif tile[-1][2] > 1:
