@@ -578,11 +578,26 @@ def test_a_cost_model_picks_only_for_the_isa_and_thread_count_it_was_trained_on(
     pick 2-thread schedules (it never saw what a parallel loop is worth), nor another ISA's."""
     from tuner.search.predict import trained_for
     path = tmp_path / "cpu-avx2.ubj"
-    (tmp_path / "cpu-avx2.ubj.meta.json").write_text(json.dumps({"targets": ["cpu -isa=avx2 -cores=2 -threads=1"]}))
+    from tuner.space.sketch import SPACE_VERSION
+    (tmp_path / "cpu-avx2.ubj.meta.json").write_text(json.dumps({"targets": ["cpu -isa=avx2 -cores=2 -threads=1"],
+                                                                 "space": SPACE_VERSION}))
     assert trained_for(path, parse_target("cpu -isa=avx2 -cores=16 -threads=1", check_host=False))
     assert not trained_for(path, parse_target("cpu -isa=avx2 -cores=2 -threads=2", check_host=False))
     assert not trained_for(path, parse_target("cpu -isa=avx512 -cores=2 -threads=1", check_host=False))
     assert not trained_for(tmp_path / "missing.ubj", parse_target("cpu -isa=avx2 -threads=1", check_host=False))
+
+
+def test_a_cost_model_trained_on_another_version_of_the_cpu_space_does_not_pick(tmp_path):
+    """A model whose metadata names no space version, or an older one, never learnt the structures
+    the space has since gained (pad: interior, the default's): it picks nothing."""
+    from tuner.search.predict import trained_for
+    from tuner.space.sketch import SPACE_VERSION
+    target = parse_target("cpu -isa=avx2 -cores=2 -threads=1", check_host=False)
+    path = tmp_path / "cpu-avx2.ubj"
+    for space, ok in ((None, False), (SPACE_VERSION - 1, False), (SPACE_VERSION, True)):
+        meta = {"targets": [str(target)], **({"space": space} if space is not None else {})}
+        (tmp_path / "cpu-avx2.ubj.meta.json").write_text(json.dumps(meta))
+        assert trained_for(path, target) is ok
 
 
 def test_a_cost_model_picks_only_for_operators_it_learnt_from_enough_workloads_of():

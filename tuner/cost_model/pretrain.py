@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..database import records
 from ..errors import UserError
+from ..space.sketch import SPACE_VERSION
 from .dataset import FeatureCache, from_records
 from .model import XGBModel, normalised_throughput
 
@@ -65,6 +66,6 @@ def pretrain(logs: list, exclude: set = frozenset(), objective: str = "pack-sum"
     model.fit(feats, normalised_throughput(lats, groups), groups)
     names = sorted({r.workload.title for r in recs})
     summary = {"records": len(feats), "groups": len(set(groups)), "workloads": names,
-               "targets": sorted({r.target for r in recs}), "logs": [str(p) for p in logs],
+               "targets": sorted({r.target for r in recs}), "space": SPACE_VERSION, "logs": [str(p) for p in logs],
                "excluded": sorted(exclude), "skipped_lines": skipped}
     return model, summary

@@ -24,6 +24,7 @@ from ..cost_model.pretrain import shipped_model
 from ..database.records import code_target
 from ..errors import UserError
 from ..ops import resolve
+from ..space.sketch import SPACE_VERSION
 from .evolutionary import EvolutionarySearch, SharedModel
 
 POOL = 128          # sampled points the model ranks (then mutated twice, as a search's first round)
@@ -59,9 +60,14 @@ def trained_for(path, target) -> bool:
     """Whether the model at `path` learnt from records of the target's backend, ISA and thread count
     (its .meta.json's targets). A model that never saw a thread count does not know what a parallel
     loop is worth there: ResNet-50 at 2 threads ran 2.25x ONNX Runtime's time with the picks of the
-    AVX2 model, trained at 1 thread, against 1.64x with its defaults."""
-    targets = _meta(path).get("targets")
+    AVX2 model, trained at 1 thread, against 1.64x with its defaults. Nor one trained on another
+    version of the CPU space (SPACE_VERSION): the AVX-512 model, trained before pads had an
+    interior version, picked ResNet-50 into 1.26x the time of the defaults that have one."""
+    meta = _meta(path)
+    targets = meta.get("targets")
     want = code_target(str(target))
+    if target.kind == "cpu" and meta.get("space", 1) != SPACE_VERSION:
+        return False
     return isinstance(targets, list) and any(code_target(t) == want for t in targets if isinstance(t, str))
 
 

@@ -57,6 +57,9 @@ MAX_TILE_FLOATS = 16384      # a 64 KiB accumulator tile stays on the stack and 
 UNROLL_CHOICES = (0, 16, 64, 512)
 PAD_PLACES = ("inline", "root", "tile", "interior")   # where a pad producer is computed (tile: per output tile)
 ORDERS = ("axes", "reversed")  # the register tile's unrolled loops: the output's axis order, or reversed
+# the CPU space's version, in every pre-trained model's metadata: bumped when the space gains a
+# structure that a model trained before ranks blind (2: pad interior, also the default's)
+SPACE_VERSION = 2
 BLOCK_PLACES = ("outside", "inside")   # a table sketch's channel-block loop: outside its tile loops, or inside
 # what steps() and their replay raise for decisions that are no point of a space (another
 # target's, an older version's, a hand-edited log's)
