@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 
@@ -365,7 +366,8 @@ def test_cli_compile_run_and_errors(tmp_path):
     art = tmp_path / "tiny"
     p = _cli("compile", "tiny", "--threads", "1", "-o", str(art), env=env)
     assert p.returncode == 0, p.stderr
-    assert "shipped" in p.stdout or "predicted" in p.stdout
+    assert re.search(r"conv2d \+ add \+ relu\s+(shipped|predicted|default)\s", p.stdout), p.stdout   # each task's source
+    assert "default" not in p.stdout or "run the default schedule (tune them: tuner tune)" in p.stdout
     p = _cli("run", str(art), "--random", "-o", str(tmp_path / "y.npy"), env=env)
     assert p.returncode == 0 and "fc_bias: 1x10" in p.stdout
     assert np.load(tmp_path / "y.npy").shape == (1, 10)

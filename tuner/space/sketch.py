@@ -303,7 +303,11 @@ class SearchSpace(DagSketch):
                     break
                 tile[d][2] = max(x for x in divisors(shape[d]) if x * acc <= cap)
                 acc *= tile[d][2]
-        dec = {"pad": {p: "interior" for p in self.pads}, "tile": tile,
+        # the pad inlined with an interior version where the border tiles' tests have registers to
+        # spare (32: AVX-512), else a padded copy first: with 16 (AVX2) the border tiles' tests
+        # made a 3x3 conv 1.6x slower than the copy (docs/history.md)
+        place = "interior" if self.target.lanes >= 16 else "root"
+        dec = {"pad": {p: place for p in self.pads}, "tile": tile,
                "reduce": [1 for _ in self.reduce_axes], "unroll": 64, "order": order}
         if self.epilogues:
             dec["epilogue"] = "fused"
