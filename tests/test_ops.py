@@ -1,6 +1,8 @@
 """Every operator in every layout computes the NumPy reference (default schedules, small shapes)."""
 import pytest
-from conftest import check_schedules
+from conftest import TARGET1, check_schedules
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tuner.ops import make
 from tuner.te.layouts import CONV_LAYOUTS
@@ -27,6 +29,32 @@ def test_conv2d_every_layout(layout):
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_grouped_conv2d(layout):
     check_schedules([(make("conv2d", dict(C=8, H=6, W=6, K=12, R=3, S=3, pad=1, groups=4), layout), None)])
+
+
+@settings(max_examples=10, deadline=None)
+@given(width=st.sampled_from([4, 8, 16]), groups=st.integers(2, 4), out_mult=st.integers(1, 2),
+       r=st.sampled_from([1, 3]), stride=st.integers(1, 2), block=st.sampled_from([4, 8, 16]), seed=st.integers(0, 99))
+def test_a_grouped_conv_in_a_block_its_group_widths_take_computes_the_reference(width, groups, out_mult, r, stride,
+                                                                              block, seed):
+    """Grouped (not depthwise) convs in NCHW[x]c, where the block divides both group widths (a
+    block lies in one group: RegNet's group width 8 in NCHW8c): the default and sampled schedules
+    compute the reference; a block no group width takes is refused, naming the layouts that work."""
+    import random
+
+    from tuner.ops import WorkloadError
+    from tuner.task import Task
+    from tuner.te.layouts import grouped_block
+    c, k = width * groups, width * groups * out_mult
+    p = dict(C=c, H=7, W=6, K=k, R=r, S=r, stride=stride, pad=r // 2, groups=groups, bias=1, relu=1)
+    layout = f"NCHW{block}c"
+    if not grouped_block(c, k, groups, block):
+        with pytest.raises(WorkloadError, match="needs layout NCHW, NHWC or a smaller block"):
+            make("conv2d", p, layout)
+        return
+    wl = make("conv2d", p, layout)
+    task = Task(wl, TARGET1)
+    rng = random.Random(seed)
+    check_schedules([(wl, None)] + [(wl, task.space.steps(task.space.sample(rng))) for _ in range(3)])
 
 
 @pytest.mark.parametrize("layout", ["OI", "OI16o", "OI8o"])

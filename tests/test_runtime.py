@@ -113,6 +113,25 @@ def test_an_onnx_file_with_many_operators_matches_onnxruntime(tmp_cache, tmp_pat
     assert any(s.source == "generic" and "softmax" in s.summary for s in m.steps)
 
 
+def test_a_torch_exported_grouped_conv_runs_in_a_block_its_groups_take_and_matches_onnxruntime(tmp_cache, tmp_path):
+    """A grouped 3x3 conv of group width 8 (RegNet's, ResNeXt's) compiles in blocks of 8, not in
+    NCHW, when the default layout's block (16 on AVX-512) is wider than its groups."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (the [bench] extra)")
+    pytest.importorskip("onnxscript", reason="torch.onnx.export needs onnxscript")
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 24, 3, padding=1), torch.nn.ReLU(),
+                              torch.nn.Conv2d(24, 24, 3, stride=2, padding=1, groups=3), torch.nn.ReLU(),
+                              torch.nn.Conv2d(24, 48, 1, groups=3), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                              torch.nn.Linear(48, 4)).eval()
+    path = str(tmp_path / "grouped.onnx")
+    torch.onnx.export(net, (torch.randn(1, 3, 10, 10),), path, input_names=["input"], dynamo=False)
+    from tuner.graph import load as load_graph
+    for layout in ("NCHW16c", "NCHW8c"):
+        m = compile_model(path, threads=1, layout=layout)
+        grouped = [s.workload for s in m.steps if "groups=3" in s.workload]
+        assert len(grouped) == 2 and not any(w.endswith("[NCHW]") for w in grouped), grouped
+        assert_matches_onnxruntime(m, load_graph(path), path)
+
+
 def test_a_torch_exported_model_matches_onnxruntime(tmp_cache, tmp_path):
     torch = pytest.importorskip("torch", reason="torch is not installed (the [bench] extra)")
     pytest.importorskip("onnxscript", reason="torch.onnx.export needs onnxscript")

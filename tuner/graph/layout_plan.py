@@ -204,11 +204,12 @@ class ModelLayouts:
 
 def _conv_layouts(n, layouts) -> tuple:
     """The candidate layouts of a conv node (in NCHW), NCHW first: of `layouts`, NCHW; NHWC and
-    NCHW[x]c where x divides the output channels for ordinary convs; NCHW[x]c for depthwise ones;
+    NCHW[x]c where x divides the output channels for ordinary convs; NCHW[x]c for depthwise ones,
+    and for grouped ones whose group widths x divides (te.layouts.grouped_block);
     a Winograd choice (ops.winograd.parse_choice) where it applies (3x3, stride 1; a blocked one
     where its block divides the output channels); reading one blocked layout and writing another
     (convert_layout.fused_read) for ordinary convs whose output channels the second's block
-    divides; NCHW alone when none of these fits (other grouped convs).
+    divides; NCHW alone when none of these fits.
 
     An ordinary conv whose output channels a blocked layout of `layouts` does not take (24 in
     NCHW16c) also gets that layout as a read (NCHW16c>NCHW8c, writing the largest block of
@@ -233,7 +234,8 @@ def _conv_layouts(n, layouts) -> tuple:
                 out.append(lay)
             continue
         b = L.block_of(lay)
-        if lay == "NCHW" or (groups == 1 and (not b or k % b == 0)) or (groups == c == k and b and k % b == 0):
+        if lay == "NCHW" or (groups == 1 and (not b or k % b == 0)) or (groups == c == k and b and k % b == 0) \
+                or (b and groups not in (1, c) and L.grouped_block(c, k, groups, b) == b):
             out.append(lay)
     if groups == 1:                    # a block the output channels do not take is still read (the note above)
         blocked = [lay for lay in layouts if L.block_of(lay)]      # plain NCHW[x]c only

@@ -58,6 +58,16 @@ def conv2d(data: Tensor, kernel: Tensor, layout: str, stride: int, pads: tuple,
                 padded[n, rcc.var, y * s + rh.var * d, x * s + rw.var * d, rcb.var]
                 * kernel[kc, rcc.var, rh.var, rw.var, rcb.var, kb], [rcc, rh, rw, rcb]),
             name, tag="conv2d", inputs=[padded, kernel], axis_names=["n", "kc", "oh", "ow", "kb"])
+    if kib > 1:       # grouped, each block in one group: output block kc reads its group's input blocks
+        per_out, per_in = occ * ob // groups // ob, kernel.shape[1]     # blocks per group, out and in
+        rcc, rh, rw, rcb = (reduce_axis(per_in, "rcc"), reduce_axis(r_, "rh"), reduce_axis(s_, "rw"),
+                            reduce_axis(kib, "rcb"))
+        return compute(
+            (n_, occ, oh, ow, ob),
+            lambda n, kc, y, x, kb: sum_reduce(
+                padded[n, (kc // per_out) * per_in + rcc.var, y * s + rh.var * d, x * s + rw.var * d, rcb.var]
+                * kernel[kc, rcc.var, rh.var, rw.var, rcb.var, kb], [rcc, rh, rw, rcb]),
+            name, tag="conv2d", inputs=[padded, kernel], axis_names=["n", "kc", "oh", "ow", "kb"])
     # depthwise: one input channel per output channel, same blocking
     rh, rw = reduce_axis(r_, "rh"), reduce_axis(s_, "rw")
     return compute(
@@ -143,8 +153,8 @@ def _conv_te(node, ins, name):
         unsupported(node, "different strides or dilations per axis")
     if a.get("kernel_layout", kernel_layout(lay)) != kernel_layout(lay):
         unsupported(node, f"weight layout {a['kernel_layout']} with activation layout {lay}")
-    if L.block_of(lay) and a["groups"] > 1 and node.inputs[1].shape[1] != 1:
-        unsupported(node, "a grouped (not depthwise) convolution in a blocked layout")
+    if L.block_of(lay) and a["groups"] > 1 and node.inputs[1].shape[1] != 1 and node.inputs[1].shape[4] == 1:
+        unsupported(node, "a grouped (not depthwise) convolution in a blocked layout whose block no group width takes")
     return conv2d(ins[0], ins[1], lay, a["strides"][0], tuple(a["pads"]), a["dilations"][0], a["groups"],
                          name=name)
 
@@ -194,8 +204,8 @@ def _conv_build(wl):
     elif lay == "NHWC":
         wshape = (p["R"], p["S"], p["C"] // g, p["K"])
     else:
-        wshape = ((p["K"] // ob, 1, p["R"], p["S"], 1, ob) if g > 1
-                  else (p["K"] // ob, p["C"] // ib, p["R"], p["S"], ib, ob))
+        wshape = ((p["K"] // ob, 1, p["R"], p["S"], 1, ob) if g > 1 and g == p["C"] == p["K"]
+                  else (p["K"] // ob, p["C"] // g // ib, p["R"], p["S"], ib, ob))
     data, weight = data_placeholder(wl), placeholder(wshape, "weight")
     out = conv2d(data, weight, lay, p["stride"], pads4(p["pad"]), p["dilation"], g)
     return epilogue(wl, [data, weight], out, ob)
@@ -223,9 +233,11 @@ def _conv_check(wl):
                             f"than the output's) needs a blocked layout, groups=1 and a block dividing C={p['C']}")
     if p["C"] % g or p["K"] % g:
         raise WorkloadError(f"conv2d: groups={g} must divide C={p['C']} and K={p['K']}")
-    if L.block_of(wl.layout) and g > 1 and not (g == p["C"] == p["K"]):
-        raise WorkloadError(f"conv2d in {wl.layout} supports groups=1 or depthwise (groups=C=K); "
-                            f"groups={g} needs layout NCHW or NHWC")
+    if L.block_of(wl.layout) and g > 1 and not (g == p["C"] == p["K"]) \
+            and not L.grouped_block(p["C"], p["K"], g, L.block_of(wl.layout)):
+        raise WorkloadError(f"conv2d in {wl.layout} supports groups=1, depthwise (groups=C=K) or groups whose "
+                            f"widths its channel block divides; groups={g} of {p['C']} -> {p['K']} channels "
+                            "needs layout NCHW, NHWC or a smaller block")
     if min(window_out(p, p["dilation"])) < 1:
         raise WorkloadError(f"conv2d: kernel {p['R']}x{p['S']} does not fit input {p['H']}x{p['W']}")
 

@@ -125,6 +125,15 @@ def act_to_nchw(x: np.ndarray, layout: str) -> np.ndarray:
     return np.ascontiguousarray(x.transpose(0, 1, 4, 2, 3).reshape(n, cb * b, h, w))
 
 
+def grouped_block(c: int, k: int, groups: int, block: int) -> int:
+    """The block a grouped (not depthwise) conv of c -> k channels takes in a layout of `block`: the
+    block both channel counts take when it divides both group widths (each block then lies in one
+    group), else 0: no blocked form."""
+    b = fit_block(c, block)
+    ok = groups > 1 and fit_block(k, block) == b and (c // groups) % b == 0 and (k // groups) % b == 0
+    return b if ok else 0
+
+
 def conv_weight_from_oihw(w: np.ndarray, layout: str, ib: int = 0, ob: int = 0) -> np.ndarray:
     if layout == "NCHW":
         return np.ascontiguousarray(w)

@@ -118,7 +118,7 @@ def _conv_weight(b, w, lay: str, groups: int, in_block: int):
     k = data.shape[0]
     blk = L.block_of(lay)
     ob = L.fit_block(k, blk)
-    ib = 1 if groups > 1 else in_block
+    ib = in_block if groups == 1 else ob if data.shape[1] > 1 else 1     # grouped: its own block; depthwise: 1
     return b.const(L.conv_weight_from_oihw(data, lay, ib, ob), f"{w.name}_OIHW{ib}i{ob}o")
 
 
@@ -161,6 +161,13 @@ def _plan_choice(n, plan: dict, desired: str) -> str:
     """Node n's value in the plan, refused (naming both) when it is not a kind of value n's operator takes."""
     choice = plan.get(n.name)
     if choice is None:
+        if n.op == "conv2d" and L.block_of(desired) and not _blockable(n, desired):
+            # a grouped conv whose group widths the block does not divide: the largest smaller block
+            # that does (RegNet's group width 8 in NCHW8c), before NCHW
+            b = L.block_of(desired) // 2
+            while b >= 4 and not _blockable(n, f"NCHW{b}c"):
+                b //= 2
+            return f"NCHW{b}c" if b >= 4 else desired
         return desired
     if L.is_dense_packing(choice) != (n.op == "dense"):
         takes = "a weight packing (OI, OI16o)" if n.op == "dense" else "an activation layout or a Winograd choice"
@@ -258,13 +265,15 @@ def convert(graph: Graph, desired: str, plan: dict | None = None) -> Graph:
 
 
 def _blockable(n, desired: str) -> bool:
-    """Blocked layouts support groups == 1 or depthwise convs; others stay in NCHW."""
+    """Blocked layouts support groups == 1, depthwise convs, and groups whose widths the block
+    divides; others stay in NCHW."""
     if not L.block_of(desired) or n.attrs["groups"] == 1:
         return True
     x = n.inputs[0]
     c = nchw_dims(x.shape, x.layout or "NCHW")[1]
     k = n.inputs[1].shape[0]          # weights are OIHW before conversion
-    return n.attrs["groups"] == c == k
+    g = n.attrs["groups"]
+    return g == c == k or bool(L.grouped_block(c, k, g, L.block_of(desired)))
 
 
 def _joinable(acts) -> bool:
