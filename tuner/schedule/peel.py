@@ -59,10 +59,7 @@ def _true_prefix(loop: ir.For, ranges: dict) -> int | None:
     """The iterations 0..p-1 of `loop` for which every guard on its variable holds, whatever the
     other loops' values; None when no guard depends on it."""
     var, p = loop.var, None
-    inner = dict(ranges)
-    for st in ir.stmts(loop.body):
-        if isinstance(st, ir.For):       # a name two sibling loops share: the wider range
-            inner[st.var] = (0, max(st.extent - 1, inner.get(st.var, (0, 0))[1]))
+    inner = _loop_ranges(loop.body, dict(ranges))
     for st in ir.stmts(loop.body):
         if not isinstance(st, ir.IfThen):
             continue
@@ -75,6 +72,15 @@ def _true_prefix(loop: ir.For, ranges: dict) -> int | None:
     return p
 
 
+def _loop_ranges(body: ir.Stmt, out: dict | None = None) -> dict:
+    """`out` (or {}) with the ranges of the loops inside `body`; a name bound twice: the wider range."""
+    out = {} if out is None else out
+    for st in ir.stmts(body):
+        if isinstance(st, ir.For):
+            out[st.var] = (0, max(st.extent - 1, out.get(st.var, (0, 0))[1]))
+    return out
+
+
 def _conjuncts(c):
     if isinstance(c, And):
         yield from _conjuncts(c.a)
@@ -83,12 +89,17 @@ def _conjuncts(c):
         yield c
 
 
+def _difference(c):
+    """linear(a - b) of a test `a < b` or `a <= b`; None for any other test or a non-linear one."""
+    if not isinstance(c, Cmp) or c.op not in ("<", "<="):
+        return None
+    return linear(c.a - c.b)
+
+
 def _prefix(c, var: str, ranges: dict) -> int | None:
     """For `a < b` or `a <= b` increasing-in-`var` guards: how many of var's first values satisfy
     it for every value of the other variables (0 when none does); None for any other guard."""
-    if not isinstance(c, Cmp) or c.op not in ("<", "<="):
-        return None
-    ln = linear(c.a - c.b)
+    ln = _difference(c)
     if ln is None:
         return None
     terms, const = ln
@@ -145,10 +156,7 @@ def _unswitch(s: ir.Stmt, ranges: dict) -> ir.Stmt:
 def _split_interior(body: ir.Stmt, outer: dict) -> ir.Stmt:
     """`body` as `if (interior) clean else body`: `clean` has every select test that holds for all
     values of body's own loops wherever `interior` (a test of the loops around) holds, set true."""
-    inner: dict = {}
-    for st in ir.stmts(body):
-        if isinstance(st, ir.For):       # a name two sibling loops share: the wider range
-            inner[st.var] = (0, max(st.extent - 1, inner.get(st.var, (0, 0))[1]))
+    inner = _loop_ranges(body)
     tests = {c for st in ir.stmts(body) if isinstance(st, ir.Store)
              for n in walk(st.value) if isinstance(n, Select) for c in _conjuncts(n.cond)}
     gone, interior = set(), []
@@ -177,9 +185,7 @@ def _worst_case(c, inner: dict):
     """For a test `a < b` / `a <= b` linear in the loop variables, the test on the outer variables
     alone under which it holds for every value of the `inner` ones; None when it mixes the two in
     one term or is of another form."""
-    if not isinstance(c, Cmp) or c.op not in ("<", "<="):
-        return None
-    ln = linear(c.a - c.b)
+    ln = _difference(c)
     if ln is None:
         return None
     terms, const = ln
