@@ -38,7 +38,7 @@ from ..graph.passes.extract_tasks import group_summary, transform_workload, work
 from ..ops import WORKLOADS, Unsupported, flops, to_te
 from ..runtime.artifact import FLOAT_EXACT, GENERIC, OTHER_THREADS, PREDICTED, UNTUNED, Arg, Step, declaration
 from ..runtime.model import CompiledModel
-from ..schedule.ir import vector_split
+from ..schedule.ir import flat_index, vector_split
 from ..schedule.lower import lower
 from ..schedule.schedule import Schedule, ScheduleError, replay
 from ..search.predict import Predictor
@@ -174,17 +174,8 @@ def _stage_steps(st, target: Target, parallel: bool = True, name: str = "") -> l
 def _strides(st, axis: str) -> list:
     """The element stride of each of the stage's reads along `axis` (None: not affine in it)."""
     shapes = {t.name: t.shape for t in st.op.inputs}
-    out = []
-    for ld in (n for n in walk(st.op.body) if isinstance(n, Load) and n.buffer in shapes):
-        shape, flat = shapes[ld.buffer], 0
-        for k, idx in enumerate(ld.indices):
-            c = coefficient(idx, axis)
-            if c is None:
-                flat = None
-                break
-            flat += c * int(np.prod(shape[k + 1:], dtype=np.int64))
-        out.append(flat)
-    return out
+    return [coefficient(flat_index(ld.indices, shapes[ld.buffer]), axis)
+            for ld in walk(st.op.body) if isinstance(ld, Load) and ld.buffer in shapes]
 
 
 def _spatial_vector(st, target: Target) -> bool:

@@ -235,7 +235,7 @@ def _conv_layouts(n, layouts) -> tuple:
             continue
         b = L.block_of(lay)
         if lay == "NCHW" or (groups == 1 and (not b or k % b == 0)) or (groups == c == k and b and k % b == 0) \
-                or (b and groups not in (1, c) and L.grouped_block(c, k, groups, b) == b):
+                or (b and L.grouped_block(c, k, groups, b) == b):
             out.append(lay)
     if groups == 1:                    # a block the output channels do not take is still read (the note above)
         blocked = [lay for lay in layouts if L.block_of(lay)]      # plain NCHW[x]c only

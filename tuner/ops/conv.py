@@ -59,7 +59,7 @@ def conv2d(data: Tensor, kernel: Tensor, layout: str, stride: int, pads: tuple,
                 * kernel[kc, rcc.var, rh.var, rw.var, rcb.var, kb], [rcc, rh, rw, rcb]),
             name, tag="conv2d", inputs=[padded, kernel], axis_names=["n", "kc", "oh", "ow", "kb"])
     if kib > 1:       # grouped, each block in one group: output block kc reads its group's input blocks
-        per_out, per_in = occ * ob // groups // ob, kernel.shape[1]     # blocks per group, out and in
+        per_out, per_in = occ // groups, kernel.shape[1]     # blocks per group, out and in
         rcc, rh, rw, rcb = (reduce_axis(per_in, "rcc"), reduce_axis(r_, "rh"), reduce_axis(s_, "rw"),
                             reduce_axis(kib, "rcb"))
         return compute(
