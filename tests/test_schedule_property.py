@@ -86,6 +86,34 @@ def test_sampled_batch_matmul_schedules_compute_the_reference(b, m, k, n, layout
     check_schedules([(wl, _perturbed_steps(wl, seed, odd, False))])
 
 
+@SETTINGS
+@given(lead=st.integers(1, 2), heads=st.integers(1, 4), m=st.integers(1, 12), k=st.integers(1, 12),
+       n=st.integers(1, 12), a_heads=st.booleans(), b_heads=st.booleans(), layout=st.sampled_from(["NN", "NT"]),
+       seed=st.integers(0, 10**6), odd=st.booleans())
+def test_sampled_batch_matmul_schedules_reading_operands_as_heads_compute_the_reference(
+        lead, heads, m, k, n, a_heads, b_heads, layout, seed, odd):
+    """An operand stored [B / heads, rows, heads * cols] (a projection's output) and read as its
+    heads gives the product of the heads split beforehand, under any sampled schedule."""
+    p = dict(B=lead * heads, M=m, K=k, N=n)
+    p.update({key: heads for key, on in (("a_heads", a_heads), ("b_heads", b_heads)) if on})
+    check_schedules([(make("batch_matmul", p, layout), _perturbed_steps(make("batch_matmul", p, layout), seed, odd,
+                                                                         False))])
+
+
+@SETTINGS
+@given(lead=st.integers(1, 3), heads=st.integers(1, 4), rows=st.integers(1, 10), d=st.integers(1, 8),
+       k=st.sampled_from([8, 16, 24]), seed=st.integers(0, 10**6), odd=st.booleans())
+def test_sampled_dense_schedules_reading_their_data_as_merged_heads_compute_the_reference(lead, heads, rows, d, k,
+                                                                                           seed, odd):
+    """Data stored as heads [lead, heads, rows, d] and read as rows of heads * d (attention's
+    context into its output projection) under any sampled schedule."""
+    p = dict(N=lead * rows, C=heads * d, K=k, bias=1, residual=1, in_heads=heads)
+    if lead > 1:
+        p["in_rows"] = rows
+    wl = make("dense", p, "OI16o")
+    check_schedules([(wl, _perturbed_steps(wl, seed, odd, False))])
+
+
 @st.composite
 def winograd_workloads(draw):
     """One of the three Winograd kernels of a small 3x3 convolution, F(2,3) or F(4,3)."""

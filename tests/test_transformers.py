@@ -400,3 +400,101 @@ def test_a_reduction_is_vectorised_along_the_axis_its_reads_run_on():
         steps = cm._stage_steps(st, tgt)
         assert ["annotate", "s", vector, "vectorize"] in steps
         assert any(s[0] == "reorder" for s in steps) == (not trans_b)
+
+
+def _attention_graph(lead: int, rows: int, heads: int, d: int, spelling: str, seed: int):
+    """x [lead, rows, heads * d] -> Q, K, V projections -> heads (Reshape then Transpose, or a
+    Transpose of a 5-D Reshape's axes, as `spelling` says) -> Q.K^T -> P.V -> heads merged -> a
+    projection: attention as exporters write it, without the softmax."""
+    from tuner.graph.builder import GraphBuilder
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder("heads")
+    x = b.input("x", (lead, rows, heads * d))
+
+    def proj(v, k):
+        return b.add("dense", [v, b.const(rng.standard_normal((k, v.shape[-1])).astype(np.float32))])
+
+    def split(v, perm):
+        if spelling == "unsqueezed":     # [lead, 1, rows, heads, d], the 1 dropped after the transpose
+            t = b.add("transpose", [b.add("reshape", [v], {"shape": [lead, 1, rows, heads, d]})],
+                      {"perm": [0, 1] + [p + 1 for p in perm[1:]]})
+            return b.add("reshape", [t], {"shape": [lead] + list(t.shape[2:])})
+        return b.add("transpose", [b.add("reshape", [v], {"shape": [lead, rows, heads, d]})], {"perm": perm})
+    q, k, v = (proj(x, heads * d) for _ in range(3))
+    s = b.add("batch_matmul", [split(q, [0, 2, 1, 3]), split(k, [0, 2, 3, 1])], {"trans_b": 0})
+    ctx = b.add("batch_matmul", [s, split(v, [0, 2, 1, 3])], {"trans_b": 0})
+    merged = b.add("reshape", [b.add("transpose", [ctx], {"perm": [0, 2, 1, 3]})], {"shape": [lead, rows, heads * d]})
+    return b.finish([proj(merged, 8)])
+
+
+@settings(max_examples=25, deadline=None)
+@given(lead=st.integers(1, 2), rows=st.integers(1, 6), heads=st.integers(1, 4), d=st.integers(1, 5),
+       spelling=st.sampled_from(["reshaped", "unsqueezed"]), seed=st.integers(0, 100))
+def test_heads_split_and_merged_by_reshape_and_transpose_are_read_in_place_and_compute_the_same(
+        lead, rows, heads, d, spelling, seed):
+    """Q's and V's split into heads become the batch_matmuls' a_heads / b_heads and the context's
+    merge the output projection's in_heads, however the exporter spells them; K's transpose into
+    K^T is no such view and stays a copy."""
+    from tuner.graph import interp
+    from tuner.graph.passes import optimize
+    g = _attention_graph(lead, rows, heads, d, spelling, seed)
+    views = optimize(g, passes=["InferType", "AbsorbHeadViews"])
+    qk, pv = [n for n in views.nodes if n.op == "batch_matmul"]
+    k_view = rows == d == 1                 # K^T [lead, heads, 1, 1] moves nothing: a view too
+    assert (qk.attrs.get("a_heads"), qk.attrs.get("b_heads"), pv.attrs.get("a_heads"), pv.attrs.get("b_heads")) \
+        == (heads, heads if k_view else None, None, heads)
+    assert [n.attrs.get("in_heads") for n in views.nodes if n.op == "dense"] == [None, None, None, heads]
+    assert sum(n.op == "transpose" for n in views.nodes) == (0 if k_view else 1)
+    xs = np.random.default_rng(seed).standard_normal((lead, rows, heads * d)).astype(np.float32)
+    (got,), (want,) = interp.run(views, xs), interp.run(g, xs)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("lead,threads", [(1, 1), (2, 2)])
+def test_attention_with_heads_read_in_place_compiles_to_what_the_interpreter_computes(tmp_cache, lead, threads):
+    """The heads' views become task workloads (a_heads, b_heads, in_heads and, over a batch,
+    in_rows) whose kernels read the projections and the context where they lie."""
+    from tuner.graph import interp
+    g = _attention_graph(lead, 12, 4, 8, "reshaped", 0)
+    m = compile_model(g, threads=threads)
+    specs = {s.workload for s in m.steps if s.anchor}
+    assert any("a_heads=4" in s for s in specs) and any("b_heads=4" in s for s in specs)
+    assert any("in_heads=4" in s and ("in_rows=12" in s) == (lead > 1) for s in specs)
+    xs = np.random.default_rng(1).standard_normal((lead, 12, 32)).astype(np.float32)
+    np.testing.assert_allclose(m.run(xs)[0], interp.run(g, xs)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_record_of_attention_read_through_copies_schedules_the_kernel_that_reads_heads_in_place(tmp_cache, tmp_path):
+    """Logs and shipped records tuned before the heads were read in place keep applying: a task
+    with view parameters and no record of its own takes its plain workload's record, its
+    decisions rendered by the view workload's space, and computes the same."""
+    import random
+
+    from tuner.database import records
+    from tuner.database.result import MeasureResult
+    from tuner.graph import interp
+    from tuner.target import host_isa, parse_target
+    from tuner.task import Task
+    target = parse_target(f"cpu -isa={host_isa()} -cores=2 -threads=1")
+    g = _attention_graph(1, 12, 4, 8, "reshaped", 0)
+    views = [s for s in compile_model(g, target=str(target), use_shipped=False).steps
+             if s.anchor and any(f"{k}=4" in s.workload for k in ("a_heads", "b_heads", "in_heads"))]
+    assert len(views) == 3
+    log, rng, points = tmp_path / "copies.jsonl", random.Random(0), {}
+    from tuner.ops.workload import parse_spec
+    for s in views:
+        spec, layout = s.workload.rsplit(" [", 1)
+        plain = parse_spec(spec, layout.rstrip("]")).plain()
+        task = Task(plain, target)
+        points[s.workload_key] = dec = task.space.sample(rng)
+        steps = task.space.steps(dec)
+        records.append(log, [records.make_record(plain, str(target), steps, MeasureResult("OK", costs=[1e-5] * 3),
+                                                 task.candidate(steps).code_hash, "test", 0, decisions=dec)])
+    m = compile_model(g, log=str(log), target=str(target), use_shipped=False)
+    taken = {s.workload_key: s for s in m.steps if s.workload_key in points}
+    assert len(taken) == 3 and all(s.source == str(log) for s in taken.values())
+    for key, s in taken.items():
+        spec, layout = s.workload.rsplit(" [", 1)
+        assert s.steps == Task(parse_spec(spec, layout.rstrip("]")), target).space.steps(points[key])
+    xs = np.random.default_rng(2).standard_normal((1, 12, 32)).astype(np.float32)
+    np.testing.assert_allclose(m.run(xs)[0], interp.run(g, xs)[0], rtol=1e-4, atol=1e-4)

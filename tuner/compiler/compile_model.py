@@ -433,8 +433,11 @@ def _task_kernel(g: Graph, grp, wl, ins: list, db, tgt, choose, func: str, predi
     of a group that is a task: apply-best, else the cost model's pick, else the default."""
     task = Task(wl, tgt)
     rec, where = db.best(wl, tgt)
+    plain, plain_where = db.best(wl.plain(), tgt) if rec is None and wl.plain() is not None else (None, None)
     if rec is not None:
         sched = rec.steps
+    elif (sched := _rendered(task, plain)) is not None:      # operands read in place: a record of the copies
+        where = plain_where
     elif predictor is not None and wl.op in predictor.ops:
         sched, where = predictor.steps(task, [_rendered(task, r) or r.steps for r in db.elsewhere(wl, tgt)]), PREDICTED
     elif (sched := _rendered(task, db.other_threads(wl, tgt)[0])) is not None:

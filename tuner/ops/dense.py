@@ -11,7 +11,7 @@ from ..te import layouts as L
 from ..te.tensor import Tensor, compute, placeholder, reduce_axis, sum_reduce
 from .common import broadcast_index, f32
 from .elementwise import epilogue, epilogue_ref
-from .registry import NoTask, OpDef, Pattern, WorkloadDef, register
+from .registry import NoTask, OpDef, Pattern, WorkloadDef, WorkloadError, register
 
 
 def dense(data: Tensor, weight: Tensor, block: int, name: str = "dense") -> Tensor:
@@ -40,11 +40,54 @@ def _rows(shape) -> int:
     return int(np.prod(shape[:-1], dtype=np.int64))
 
 
+# ---------------------------------------------------------------- heads as views
+# Attention's heads read in place of a transposed copy (AbsorbHeadViews): an operand stored
+# [..., R, H*C] (a projection's output) is read split, as [..., H, R, C], by a batch_matmul
+# (attrs a_heads, b_heads = H), and the context stored [..., H, R, C] is read merged, as
+# [..., R, H*C], by the dense after it (attr in_heads = H).
+
+def split_heads_shape(shape, h: int) -> tuple:
+    return (*shape[:-2], h, shape[-2], shape[-1] // h)
+
+
+def merge_heads_shape(shape, h: int) -> tuple:
+    return (*shape[:-3], shape[-2], h * shape[-1])
+
+
+def split_heads_ref(x: np.ndarray, h: int) -> np.ndarray:
+    return np.swapaxes(x.reshape(*x.shape[:-1], h, x.shape[-1] // h), -3, -2)
+
+
+def merge_heads_ref(y: np.ndarray, h: int) -> np.ndarray:
+    return np.swapaxes(y, -3, -2).reshape(merge_heads_shape(y.shape, h))
+
+
+def split_heads(t: Tensor, h: int, name: str) -> Tensor:
+    c = t.shape[-1] // h
+    return compute(split_heads_shape(t.shape, h), lambda *i: t[i[:-3] + (i[-2], i[-3] * c + i[-1])], name,
+                   inputs=[t])
+
+
+def merge_heads(t: Tensor, h: int, name: str) -> Tensor:
+    c = t.shape[-1]
+    return compute(merge_heads_shape(t.shape, h), lambda *i: t[i[:-2] + (i[-1] // c, i[-2], i[-1] % c)], name,
+                   inputs=[t])
+
+
+def _dense_data_shape(node) -> tuple:
+    x, h = node.inputs[0].shape, node.attrs.get("in_heads", 0)
+    return merge_heads_shape(x, h) if h else tuple(x)
+
+
 def _dense_infer(node):
-    x, w = node.inputs[:2]
-    if len(x.shape) < 2 or len(w.shape) != 2 or x.shape[-1] != w.shape[1]:
-        raise GraphError(f"dense {node.name}: cannot multiply {list(x.shape)} by weight {list(w.shape)}")
-    return (*x.shape[:-1], w.shape[0]), "float32", ""
+    w, h = node.inputs[1], node.attrs.get("in_heads", 0)
+    if h and (len(node.inputs[0].shape) < 3 or node.inputs[0].shape[-3] != h):
+        raise GraphError(f"dense {node.name}: in_heads={h} needs data [..., {h}, rows, cols], "
+                         f"not {list(node.inputs[0].shape)}")
+    x = _dense_data_shape(node)
+    if len(x) < 2 or len(w.shape) != 2 or x[-1] != w.shape[1]:
+        raise GraphError(f"dense {node.name}: cannot multiply {list(x)} by weight {list(w.shape)}")
+    return (*x[:-1], w.shape[0]), "float32", ""
 
 
 def _onnx_gemm(cx, ins, a):
@@ -77,6 +120,8 @@ def _onnx_matmul(cx, ins, a):
 def _export_dense(ex, n, ins):
     """dense followed by its only consumer, an add of a 1-D constant, is one Gemm with a bias; over
     more than two axes, a MatMul (and an Add)."""
+    if n.attrs.get("in_heads"):
+        raise GraphError(f"dense {n.name}: export of the heads form is not supported")
     users = ex.consumers(n.output)
     bias = users[0].inputs[1] if len(users) == 1 and users[0].op == "add" and users[0].inputs[1].is_const else None
     if len(n.inputs[0].shape) > 2:
@@ -90,15 +135,24 @@ def _export_dense(ex, n, ins):
 
 def _dense_build(wl):
     p = wl.p
-    ob = wl.blocks[1]
-    data = placeholder((p["N"], p["C"]), "data")
+    ob, h = wl.blocks[1], p.get("in_heads")
+    if h:       # stored [N / rows, heads, rows, C / heads], read as [N, C]
+        rows, d = p.get("in_rows", p["N"]), p["C"] // h
+        stored = placeholder((p["N"] // rows, h, rows, d), "data")
+        data = compute((p["N"], p["C"]), lambda n, c: stored[n // rows, c // d, n % rows, c % d], "data_heads",
+                       inputs=[stored])
+    else:
+        stored = data = placeholder((p["N"], p["C"]), "data")
     weight = placeholder((p["K"] // ob, p["C"], ob) if ob else (p["K"], p["C"]), "weight")
-    return epilogue(wl, [data, weight], dense(data, weight, ob), 0)
+    return epilogue(wl, [stored, weight], dense(data, weight, ob), 0)
 
 
 def _dense_ref(wl, arrays: list):
     p = wl.p
-    y = dense_ref(arrays[0], L.dense_weight_to_oi(arrays[1], wl.blocks[1]))
+    x = arrays[0]
+    if p.get("in_heads"):
+        x = merge_heads_ref(x, p["in_heads"]).reshape(p["N"], p["C"])
+    y = dense_ref(x, L.dense_weight_to_oi(arrays[1], wl.blocks[1]))
     if p["bias"]:
         y = y + arrays[2]
     if p.get("residual"):
@@ -106,9 +160,24 @@ def _dense_ref(wl, arrays: list):
     return epilogue_ref(p, y)
 
 
+def _dense_check(wl):
+    p, h = wl.p, wl.p.get("in_heads")
+    rows = p.get("in_rows", p["N"])
+    if "in_rows" in p and not h:
+        raise WorkloadError("dense: in_rows is the rows of data given as heads; give in_heads too")
+    if h and (rows < 1 or p["C"] % h or p["N"] % rows):
+        raise WorkloadError(f"dense: data as {h} heads of rows={rows} needs heads to divide C={p['C']} and rows "
+                            f"to divide N={p['N']}")
+
+
 def _dense_task(n):
-    x = n.inputs[0].shape
-    return dict(N=_rows(x), C=x[-1], K=n.inputs[1].shape[0]), n.attrs.get("packing", L.DENSE_PACKING)
+    x, h = _dense_data_shape(n), n.attrs.get("in_heads", 0)
+    p = dict(N=_rows(x), C=x[-1], K=n.inputs[1].shape[0])
+    if h:
+        p["in_heads"] = h
+        if x[-2] != p["N"]:
+            p["in_rows"] = x[-2]
+    return p, n.attrs.get("packing", L.DENSE_PACKING)
 
 
 # ---------------------------------------------------------------- batch_matmul
@@ -135,61 +204,107 @@ def _bmm_ref(a: np.ndarray, b: np.ndarray, trans_b: bool) -> np.ndarray:
     return np.matmul(a.astype(np.float64), b.astype(np.float64))
 
 
+def _bmm_operands(node) -> tuple:
+    """The shapes batch_matmul multiplies: each input's, split into heads where a_heads / b_heads say."""
+    return tuple(split_heads_shape(v.shape, h) if (h := node.attrs.get(k, 0)) else tuple(v.shape)
+                 for v, k in zip(node.inputs[:2], ("a_heads", "b_heads")))
+
+
+def _bmm_eval(n, args):
+    a, b = (split_heads_ref(x, h) if (h := n.attrs.get(k, 0)) else x for x, k in zip(args, ("a_heads", "b_heads")))
+    return f32(_bmm_ref(a, b, n.attrs.get("trans_b", 0)))
+
+
+def _bmm_te(n, ins, name):
+    a, b = (split_heads(x, h, f"{name}_{k}") if (h := n.attrs.get(k, 0)) else x
+            for x, k in zip(ins, ("a_heads", "b_heads")))
+    return batch_matmul(a, b, bool(n.attrs.get("trans_b", 0)), name)
+
+
 def _bmm_infer(node):
-    a, b = node.inputs[:2]
     tb = node.attrs.get("trans_b", 0)
-    k_b, n_ = (b.shape[-1], b.shape[-2]) if tb else (b.shape[-2], b.shape[-1])
+    for v, k in zip(node.inputs[:2], ("a_heads", "b_heads")):
+        h = node.attrs.get(k, 0)
+        if h and (len(v.shape) < 2 or v.shape[-1] % h):
+            raise GraphError(f"batch_matmul {node.name}: {k}={h} does not divide the last axis of {list(v.shape)}")
+    a, b = _bmm_operands(node)
+    k_b, n_ = (b[-1], b[-2]) if tb else (b[-2], b[-1])
     try:
-        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        batch = np.broadcast_shapes(a[:-2], b[:-2])
     except ValueError:
         batch = None
-    if len(a.shape) < 2 or len(b.shape) < 2 or a.shape[-1] != k_b or batch is None:
-        raise GraphError(f"batch_matmul {node.name}: cannot multiply {list(a.shape)} by {list(b.shape)}"
+    if len(a) < 2 or len(b) < 2 or a[-1] != k_b or batch is None:
+        raise GraphError(f"batch_matmul {node.name}: cannot multiply {list(a)} by {list(b)}"
                          f"{' (transposed)' if tb else ''}")
-    return (*batch, a.shape[-2], n_), "float32", ""
+    return (*batch, a[-2], n_), "float32", ""
 
 
 def _bmm_flops(n) -> float:
-    return 2.0 * float(np.prod(n.output.shape)) * n.inputs[0].shape[-1]
+    return 2.0 * float(np.prod(n.output.shape)) * _bmm_operands(n)[0][-1]
 
 
 def _bmm_task(n):
-    a, b = n.inputs[:2]
-    if tuple(a.shape[:-2]) != tuple(b.shape[:-2]):
-        raise NoTask(f"batch dims {list(a.shape[:-2])} and {list(b.shape[:-2])} broadcast")
+    a, b = _bmm_operands(n)
+    if tuple(a[:-2]) != tuple(b[:-2]):
+        raise NoTask(f"batch dims {list(a[:-2])} and {list(b[:-2])} broadcast")
     tb = n.attrs.get("trans_b", 0)
-    return (dict(B=int(np.prod(a.shape[:-2], dtype=np.int64)), M=a.shape[-2], K=a.shape[-1],
-                 N=b.shape[-2] if tb else b.shape[-1]), "NT" if tb else "NN")
+    p = dict(B=int(np.prod(a[:-2], dtype=np.int64)), M=a[-2], K=a[-1], N=b[-2] if tb else b[-1])
+    p.update({k: n.attrs[k] for k in ("a_heads", "b_heads") if n.attrs.get(k)})
+    return p, "NT" if tb else "NN"
 
 
 def _bmm_build(wl):
+    """Each operand (B, rows, cols), or stored (B / heads, rows, heads * cols) where a_heads /
+    b_heads say, read as its heads."""
     p = wl.p
-    a = placeholder((p["B"], p["M"], p["K"]), "data")
-    b = placeholder((p["B"], p["N"], p["K"]) if wl.layout == "NT" else (p["B"], p["K"], p["N"]), "rhs")
-    return [a, b], batch_matmul(a, b, wl.layout == "NT")
+
+    def operand(rows, cols, key, name):
+        h = p.get(key)
+        if not h:
+            t = placeholder((p["B"], rows, cols), name)
+            return t, t
+        t = placeholder((p["B"] // h, rows, h * cols), name)
+        return t, compute((p["B"], rows, cols), lambda b, r, c: t[b // h, r, (b % h) * cols + c], f"{name}_heads",
+                          inputs=[t])
+    a, a_view = operand(p["M"], p["K"], "a_heads", "data")
+    b, b_view = operand(*((p["N"], p["K"]) if wl.layout == "NT" else (p["K"], p["N"])), "b_heads", "rhs")
+    return [a, b], batch_matmul(a_view, b_view, wl.layout == "NT")
+
+
+def _bmm_wl_ref(wl, arrays):
+    a, b = ((split_heads_ref(x, h).reshape(wl.p["B"], *x.shape[1:-1], x.shape[-1] // h) if (h := wl.p.get(k)) else x)
+            for x, k in zip(arrays, ("a_heads", "b_heads")))
+    return _bmm_ref(a, b, wl.layout == "NT")
+
+
+def _bmm_check(wl):
+    for k in ("a_heads", "b_heads"):
+        if wl.p.get(k) and wl.p["B"] % wl.p[k]:
+            raise WorkloadError(f"batch_matmul: {k}={wl.p[k]} does not divide B={wl.p['B']}")
 
 
 def _export_bmm(ex, n, ins):
-    if n.attrs.get("trans_b", 0):
-        raise GraphError(f"batch_matmul {n.name}: export of the transposed form is not supported")
+    if n.attrs.get("trans_b", 0) or n.attrs.get("a_heads") or n.attrs.get("b_heads"):
+        raise GraphError(f"batch_matmul {n.name}: export of the transposed or heads form is not supported")
     ex.emit(n, "MatMul", ins)
 
 
 register(
     OpDef(name="dense", pattern=Pattern.OUT_EWISE_FUSABLE, infer=_dense_infer,
-          evaluate=lambda n, args: f32(dense_ref(args[0], args[1])),
-          te=lambda n, ins, name: dense(ins[0], ins[1], 0, name),
-          flops=lambda n: dense_flops(_rows(n.inputs[0].shape), n.inputs[0].shape[-1], n.inputs[1].shape[0]),
+          evaluate=lambda n, args: f32(dense_ref(merge_heads_ref(args[0], h) if (h := n.attrs.get("in_heads"))
+                                                 else args[0], args[1])),
+          te=lambda n, ins, name: dense(merge_heads(ins[0], h, f"{name}_heads") if (h := n.attrs.get("in_heads"))
+                                        else ins[0], ins[1], 0, name),
+          flops=lambda n: dense_flops(_rows(_dense_data_shape(n)), n.inputs[1].shape[1], n.inputs[1].shape[0]),
           onnx_in={"Gemm": _onnx_gemm, "MatMul": _onnx_matmul}, onnx_out=_export_dense, task=_dense_task),
     WorkloadDef(name="dense", required=("C", "K"), defaults=dict(N=1, bias=0, relu=0), build=_dense_build,
                 reference=_dense_ref, flops=lambda wl: dense_flops(wl.p["N"], wl.p["C"], wl.p["K"]),
-                example="dense:N=1,C=2048,K=1000,bias=1", epilogue=True, layout="OI16o", optional=("residual",)),
+                example="dense:N=1,C=2048,K=1000,bias=1", epilogue=True, layout="OI16o", check=_dense_check,
+                optional=("residual", "in_heads", "in_rows"), views=("in_heads", "in_rows")),
     OpDef(name="batch_matmul", pattern=Pattern.OUT_EWISE_FUSABLE, infer=_bmm_infer,
-          evaluate=lambda n, args: f32(_bmm_ref(args[0], args[1], n.attrs.get("trans_b", 0))),
-          te=lambda n, ins, name: batch_matmul(ins[0], ins[1], bool(n.attrs.get("trans_b", 0)), name),
-          flops=_bmm_flops, onnx_out=_export_bmm, task=_bmm_task),
+          evaluate=_bmm_eval, te=_bmm_te, flops=_bmm_flops, onnx_out=_export_bmm, task=_bmm_task),
     WorkloadDef(name="batch_matmul", required=("M", "K", "N"), defaults=dict(B=1), build=_bmm_build,
-                reference=lambda wl, a: _bmm_ref(a[0], a[1], wl.layout == "NT"),
+                reference=_bmm_wl_ref, check=_bmm_check, optional=("a_heads", "b_heads"), views=("a_heads", "b_heads"),
                 flops=lambda wl: 2.0 * wl.p["B"] * wl.p["M"] * wl.p["N"] * wl.p["K"],
                 example="batch_matmul:B=12,M=128,K=64,N=128", layout="NN", layouts=("NN", "NT"),
                 operands=("data", "rhs")),

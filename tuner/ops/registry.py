@@ -79,6 +79,7 @@ class WorkloadDef:
                                    # was first logged under another (logs keep matching); its stage name too
     operands: tuple = ("data", "weight")   # its input placeholders that are the anchor node's inputs, in order
     layouts: tuple = ()            # the only layouts it takes (empty: activation layouts, or dense packings)
+    views: tuple = ()              # parameters that only say where an operand's elements lie (Workload.plain)
 
     def shown(self) -> set:
         """Parameters a spec always shows (the rest only when not the default)."""

@@ -20,7 +20,7 @@ from .elementwise import ACTIVATIONS
 from .registry import WORKLOADS, WorkloadError
 
 _INT_PARAMS = {"B", "M", "N", "C", "H", "W", "K", "R", "S", "stride", "dilation", "groups", "bias", "relu",
-               "residual", "count_include_pad", "m", "ib"}
+               "residual", "count_include_pad", "m", "ib", "a_heads", "b_heads", "in_heads", "in_rows"}
 
 
 # An anchor's activation epilogue other than relu: act=<name> with that activation's parameters
@@ -80,6 +80,12 @@ class Workload:
 
     def with_layout(self, layout: str) -> "Workload":
         return make(self.op, self.p, layout, self.name)
+
+    def plain(self) -> "Workload | None":
+        """The same computation with its operands given as they are read (no view parameters), whose
+        records apply to this one by their decisions; None when it has no view parameters."""
+        views = set(WORKLOADS[self.op].views) & set(self.p)
+        return make(self.op, {k: v for k, v in self.p.items() if k not in views}, self.layout) if views else None
 
     def to_json(self) -> dict:
         return {"key": self.key, "name": self.name, "spec": self.spec, "layout": self.layout, "dtype": self.dtype}

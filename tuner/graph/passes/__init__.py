@@ -1,12 +1,12 @@
 """Graph passes; importing this package registers them all."""
 from ...errors import UserError
-from . import (convert_layout, extract_tasks, fuse_ops, merge_dense, pad_columns, simple,  # noqa: F401
-               simplify_inference, transformer_ops)
+from . import (convert_layout, extract_tasks, fuse_ops, head_views, merge_dense, pad_columns,  # noqa: F401
+               simple, simplify_inference, transformer_ops)
 from .base import REGISTRY, Pass, PassContext, PassTiming, PrintIR, Sequential
 
 DEFAULT_PIPELINE = ("InferType", "FuseTransformerOps", "PadMatmulColumns", "SimplifyInference",
                     "FoldConstant", "EliminateCommonSubexpr", "DeadCodeElimination", "ConvertLayout", "FoldConstant",
-                    "EliminateCommonSubexpr", "DeadCodeElimination", "FuseOps", "ExtractTasks")
+                    "EliminateCommonSubexpr", "DeadCodeElimination", "AbsorbHeadViews", "FuseOps", "ExtractTasks")
 
 
 def get(name: str) -> Pass:

@@ -1,0 +1,90 @@
+"""AbsorbHeadViews: attention's heads are read in place instead of copied. A chain of reshape and
+transpose nodes that splits an activation [..., R, H*C] into heads [..., H, R, C] and feeds a
+batch_matmul becomes that operand's a_heads / b_heads = H; one that merges heads [..., H, R, C]
+back into [..., R, H*C] and feeds a dense becomes the dense's in_heads = H (ops.dense). A chain is
+recognised by where it moves each element, not by its nodes, so every exporter's spelling of it is
+found; K's transpose into K^T ([..., H, C, R]) is no such view and stays a copy, which gives the
+scores' GEMM contiguous columns. A chain that other nodes also read is still computed for them.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...ops.dense import merge_heads_ref, split_heads_ref
+from ..builder import rebuild
+from ..ir import Graph
+from .base import register
+from .simple import dead_code_elimination
+
+VIEWS = ("reshape", "transpose")
+
+
+def _sources(v):
+    """(source, the view nodes from it to v in order) for each value up v's chain of views."""
+    chain = []
+    while v.producer is not None and v.producer.op in VIEWS:
+        chain.insert(0, v.producer)
+        v = v.producer.inputs[0]
+        yield v, list(chain)
+
+
+def _moved(src, chain) -> np.ndarray:
+    """Where the chain puts each element of src: its flat positions in the chain's output."""
+    x = np.arange(int(np.prod(src.shape)), dtype=np.int64).reshape(src.shape)
+    for n in chain:
+        x = x.transpose(n.attrs["perm"]) if n.op == "transpose" else x.reshape(n.output.shape)
+    return x
+
+
+def _split_source(v):
+    """The value v splits into heads as a view ([..., R, H*C] -> [..., H, R, C] = v.shape), else None."""
+    found = None
+    for src, chain in _sources(v):
+        s, h = src.shape, v.shape[-3] if len(v.shape) >= 3 else 0
+        if h and len(s) >= 2 and (*s[:-2], h) == tuple(v.shape[:-2]) and s[-2] == v.shape[-2] \
+                and s[-1] == h * v.shape[-1] and np.array_equal(_moved(src, chain), split_heads_ref(
+                    np.arange(int(np.prod(s)), dtype=np.int64).reshape(s), h)):
+            found = (src, h)
+    return found
+
+
+def _merge_source(v):
+    """The value v merges from heads as a view ([..., H, R, C] -> [..., R, H*C] = v.shape), else None."""
+    found = None
+    for src, chain in _sources(v):
+        s = src.shape
+        if len(s) >= 3 and (*s[:-3], s[-2], s[-3] * s[-1]) == tuple(v.shape) and np.array_equal(
+                _moved(src, chain), merge_heads_ref(np.arange(int(np.prod(s)), dtype=np.int64).reshape(s), s[-3])):
+            found = (src, s[-3])
+    return found
+
+
+@register("AbsorbHeadViews", 1, required=("InferType",))
+def absorb_head_views(graph: Graph, ctx) -> Graph:
+    """reshape/transpose chains that split or merge attention heads -> batch_matmul a_heads /
+    b_heads and dense in_heads (reads in place of copies)."""
+    plans = {}
+    for n in graph.nodes:
+        if n.op == "batch_matmul" and not any(n.attrs.get(k) for k in ("a_heads", "b_heads")):
+            found = {k: _split_source(v) for k, v in zip(("a_heads", "b_heads"), n.inputs[:2])}
+            if any(found.values()):
+                plans[id(n)] = found
+        elif n.op == "dense" and not n.attrs.get("in_heads") and len(n.inputs) == 2 \
+                and (found := _merge_source(n.inputs[0])):
+            plans[id(n)] = {"in_heads": found}
+    if not plans:
+        return graph
+    new: dict = {}              # id(old value) -> its value in the new graph
+
+    def rw(b, n, ins):
+        new.update((id(v), w) for v, w in zip(n.inputs, ins))
+        plan = plans.get(id(n))
+        if plan is None:
+            return None
+        attrs, ins = dict(n.attrs), list(ins)
+        for j, (k, found) in enumerate(plan.items()):      # operand j: a_heads, b_heads; in_heads: data
+            if found is not None:
+                ins[j], attrs[k] = new[id(found[0])], found[1]
+        return b.add(n.op, ins, attrs, n.name)
+
+    return dead_code_elimination(rebuild(graph, rw), ctx)
