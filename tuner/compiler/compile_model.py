@@ -36,7 +36,7 @@ from ..graph.ir import graph_digest, graph_structure, interface_names
 from ..graph.passes import optimize
 from ..graph.passes.extract_tasks import group_summary, transform_workload, workload_of
 from ..ops import WORKLOADS, Unsupported, flops, to_te
-from ..runtime.artifact import FLOAT_EXACT, GENERIC, OTHER_THREADS, PREDICTED, UNTUNED, Arg, Step, declaration
+from ..runtime.artifact import FLOAT_EXACT, GENERIC, OTHER_THREADS, PLAIN, PREDICTED, UNTUNED, Arg, Step, declaration
 from ..runtime.model import CompiledModel
 from ..schedule.ir import flat_index, vector_split
 from ..schedule.lower import lower
@@ -433,11 +433,11 @@ def _task_kernel(g: Graph, grp, wl, ins: list, db, tgt, choose, func: str, predi
     of a group that is a task: apply-best, else the cost model's pick, else the default."""
     task = Task(wl, tgt)
     rec, where = db.best(wl, tgt)
-    plain, plain_where = db.best(wl.plain(), tgt) if rec is None and wl.plain() is not None else (None, None)
+    plain = wl.plain() if rec is None else None
     if rec is not None:
         sched = rec.steps
-    elif (sched := _rendered(task, plain)) is not None:      # operands read in place: a record of the copies
-        where = plain_where
+    elif plain is not None and (sched := _rendered(task, db.best(plain, tgt)[0])) is not None:
+        where = PLAIN                       # operands read in place: a record of them as copies
     elif predictor is not None and wl.op in predictor.ops:
         sched, where = predictor.steps(task, [_rendered(task, r) or r.steps for r in db.elsewhere(wl, tgt)]), PREDICTED
     elif (sched := _rendered(task, db.other_threads(wl, tgt)[0])) is not None:

@@ -46,6 +46,9 @@ def _rows(shape) -> int:
 # (attrs a_heads, b_heads = H), and the context stored [..., H, R, C] is read merged, as
 # [..., R, H*C], by the dense after it (attr in_heads = H).
 
+BMM_VIEWS = ("a_heads", "b_heads")     # batch_matmul's view parameters, one per operand
+
+
 def split_heads_shape(shape, h: int) -> tuple:
     return (*shape[:-2], h, shape[-2], shape[-1] // h)
 
@@ -207,23 +210,23 @@ def _bmm_ref(a: np.ndarray, b: np.ndarray, trans_b: bool) -> np.ndarray:
 def _bmm_operands(node) -> tuple:
     """The shapes batch_matmul multiplies: each input's, split into heads where a_heads / b_heads say."""
     return tuple(split_heads_shape(v.shape, h) if (h := node.attrs.get(k, 0)) else tuple(v.shape)
-                 for v, k in zip(node.inputs[:2], ("a_heads", "b_heads")))
+                 for v, k in zip(node.inputs[:2], BMM_VIEWS))
 
 
 def _bmm_eval(n, args):
-    a, b = (split_heads_ref(x, h) if (h := n.attrs.get(k, 0)) else x for x, k in zip(args, ("a_heads", "b_heads")))
+    a, b = (split_heads_ref(x, h) if (h := n.attrs.get(k, 0)) else x for x, k in zip(args, BMM_VIEWS))
     return f32(_bmm_ref(a, b, n.attrs.get("trans_b", 0)))
 
 
 def _bmm_te(n, ins, name):
     a, b = (split_heads(x, h, f"{name}_{k}") if (h := n.attrs.get(k, 0)) else x
-            for x, k in zip(ins, ("a_heads", "b_heads")))
+            for x, k in zip(ins, BMM_VIEWS))
     return batch_matmul(a, b, bool(n.attrs.get("trans_b", 0)), name)
 
 
 def _bmm_infer(node):
     tb = node.attrs.get("trans_b", 0)
-    for v, k in zip(node.inputs[:2], ("a_heads", "b_heads")):
+    for v, k in zip(node.inputs[:2], BMM_VIEWS):
         h = node.attrs.get(k, 0)
         if h and (len(v.shape) < 2 or v.shape[-1] % h):
             raise GraphError(f"batch_matmul {node.name}: {k}={h} does not divide the last axis of {list(v.shape)}")
@@ -249,7 +252,7 @@ def _bmm_task(n):
         raise NoTask(f"batch dims {list(a[:-2])} and {list(b[:-2])} broadcast")
     tb = n.attrs.get("trans_b", 0)
     p = dict(B=int(np.prod(a[:-2], dtype=np.int64)), M=a[-2], K=a[-1], N=b[-2] if tb else b[-1])
-    p.update({k: n.attrs[k] for k in ("a_heads", "b_heads") if n.attrs.get(k)})
+    p.update({k: n.attrs[k] for k in BMM_VIEWS if n.attrs.get(k)})
     return p, "NT" if tb else "NN"
 
 
@@ -273,12 +276,12 @@ def _bmm_build(wl):
 
 def _bmm_wl_ref(wl, arrays):
     a, b = ((split_heads_ref(x, h).reshape(wl.p["B"], *x.shape[1:-1], x.shape[-1] // h) if (h := wl.p.get(k)) else x)
-            for x, k in zip(arrays, ("a_heads", "b_heads")))
+            for x, k in zip(arrays, BMM_VIEWS))
     return _bmm_ref(a, b, wl.layout == "NT")
 
 
 def _bmm_check(wl):
-    for k in ("a_heads", "b_heads"):
+    for k in BMM_VIEWS:
         if wl.p.get(k) and wl.p["B"] % wl.p[k]:
             raise WorkloadError(f"batch_matmul: {k}={wl.p[k]} does not divide B={wl.p['B']}")
 
@@ -304,7 +307,7 @@ register(
     OpDef(name="batch_matmul", pattern=Pattern.OUT_EWISE_FUSABLE, infer=_bmm_infer,
           evaluate=_bmm_eval, te=_bmm_te, flops=_bmm_flops, onnx_out=_export_bmm, task=_bmm_task),
     WorkloadDef(name="batch_matmul", required=("M", "K", "N"), defaults=dict(B=1), build=_bmm_build,
-                reference=_bmm_wl_ref, check=_bmm_check, optional=("a_heads", "b_heads"), views=("a_heads", "b_heads"),
+                reference=_bmm_wl_ref, check=_bmm_check, optional=BMM_VIEWS, views=BMM_VIEWS,
                 flops=lambda wl: 2.0 * wl.p["B"] * wl.p["M"] * wl.p["N"] * wl.p["K"],
                 example="batch_matmul:B=12,M=128,K=64,N=128", layout="NN", layouts=("NN", "NT"),
                 operands=("data", "rhs")),

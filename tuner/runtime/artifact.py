@@ -9,9 +9,11 @@ import json
 from dataclasses import dataclass, field
 
 # where a step's schedule came from (besides a log path); OTHER_THREADS: a record's decisions for
-# another thread count of the ISA, parallelised for this one
+# another thread count of the ISA, parallelised for this one; PLAIN: the decisions of a record of the
+# same workload with its operands given as copies (Workload.plain), rendered to read them in place
 SHIPPED, PREDICTED, OTHER_THREADS, DEFAULT, GENERIC = "shipped", "predicted", "other threads", "default", "generic"
-UNTUNED = (PREDICTED, OTHER_THREADS, DEFAULT)      # no record for this target: nothing measured promises a time
+PLAIN = "plain record"
+UNTUNED = (PREDICTED, OTHER_THREADS, PLAIN, DEFAULT)   # no record for this target: nothing measured promises a time
 
 FLOAT_EXACT = 1 << 24      # integers below this magnitude are exact in float32, as integer inputs travel
 

@@ -27,7 +27,8 @@ from ..errors import TunerError, UserError
 from ..target import ISAS, host_isa, parse_target
 from ..te.layouts import plan_summary
 from ..toolchain.library import aligned_empty, content_hash, open_library, pointer_array
-from .artifact import (DECLARED, DEFAULT, FLOAT_EXACT, GENERIC, OTHER_THREADS, PREDICTED, SHIPPED, UNTUNED, Step,
+from .artifact import (DECLARED, DEFAULT, FLOAT_EXACT, GENERIC, OTHER_THREADS, PLAIN, PREDICTED, SHIPPED, UNTUNED,
+                       Step,
                        declaration)
 
 META = "model.json"
@@ -348,6 +349,7 @@ def untuned_warning(steps: list) -> str:
     parts = [f"{n} {what}" for n, what in (
         (by[PREDICTED], "run the cost model's pick (predicted, not measured)"),
         (by[OTHER_THREADS], "run a record of another thread count, parallelised for this one"),
+        (by[PLAIN], "run a record of their operands as copies, rendered to read them in place"),
         (by[DEFAULT], "run the default schedule")) if n]
     how = " and ".join([", ".join(parts[:-1]), parts[-1]] if len(parts) > 2 else parts)
     shown = "; ".join(names[:4]) + (f"; and {len(names) - 4} more" if len(names) > 4 else "")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...ops.dense import merge_heads_ref, split_heads_ref
+from ...ops.dense import BMM_VIEWS, merge_heads_ref, merge_heads_shape, split_heads_ref, split_heads_shape
 from ..builder import rebuild
 from ..ir import Graph
 from .base import register
@@ -28,33 +28,39 @@ def _sources(v):
         yield v, list(chain)
 
 
+def _numbered(shape) -> np.ndarray:
+    return np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
+
+
 def _moved(src, chain) -> np.ndarray:
     """Where the chain puts each element of src: its flat positions in the chain's output."""
-    x = np.arange(int(np.prod(src.shape)), dtype=np.int64).reshape(src.shape)
+    x = _numbered(src.shape)
     for n in chain:
         x = x.transpose(n.attrs["perm"]) if n.op == "transpose" else x.reshape(n.output.shape)
     return x
 
 
 def _split_source(v):
-    """The value v splits into heads as a view ([..., R, H*C] -> [..., H, R, C] = v.shape), else None."""
+    """(source, H) where v is a source [..., R, H*C] split into H > 1 heads as a view ([..., H, R,
+    C] = v.shape, R > 1), else None (an unsqueeze is no heads)."""
     found = None
     for src, chain in _sources(v):
         s, h = src.shape, v.shape[-3] if len(v.shape) >= 3 else 0
-        if h and len(s) >= 2 and (*s[:-2], h) == tuple(v.shape[:-2]) and s[-2] == v.shape[-2] \
-                and s[-1] == h * v.shape[-1] and np.array_equal(_moved(src, chain), split_heads_ref(
-                    np.arange(int(np.prod(s)), dtype=np.int64).reshape(s), h)):
+        if h > 1 and v.shape[-2] > 1 and len(s) >= 2 and (*s[:-2], h) == tuple(v.shape[:-2]) \
+                and split_heads_shape(s, h) == tuple(v.shape) \
+                and np.array_equal(_moved(src, chain), split_heads_ref(_numbered(s), h)):
             found = (src, h)
     return found
 
 
 def _merge_source(v):
-    """The value v merges from heads as a view ([..., H, R, C] -> [..., R, H*C] = v.shape), else None."""
+    """(source, H) where v is a source [..., H, R, C] (H > 1, R > 1) with its heads merged as a view
+    ([..., R, H*C] = v.shape), else None."""
     found = None
     for src, chain in _sources(v):
         s = src.shape
-        if len(s) >= 3 and (*s[:-3], s[-2], s[-3] * s[-1]) == tuple(v.shape) and np.array_equal(
-                _moved(src, chain), merge_heads_ref(np.arange(int(np.prod(s)), dtype=np.int64).reshape(s), s[-3])):
+        if len(s) >= 3 and s[-3] > 1 and s[-2] > 1 and merge_heads_shape(s, s[-3]) == tuple(v.shape) \
+                and np.array_equal(_moved(src, chain), merge_heads_ref(_numbered(s), s[-3])):
             found = (src, s[-3])
     return found
 
@@ -65,8 +71,8 @@ def absorb_head_views(graph: Graph, ctx) -> Graph:
     b_heads and dense in_heads (reads in place of copies)."""
     plans = {}
     for n in graph.nodes:
-        if n.op == "batch_matmul" and not any(n.attrs.get(k) for k in ("a_heads", "b_heads")):
-            found = {k: _split_source(v) for k, v in zip(("a_heads", "b_heads"), n.inputs[:2])}
+        if n.op == "batch_matmul" and not any(n.attrs.get(k) for k in BMM_VIEWS):
+            found = {k: _split_source(v) for k, v in zip(BMM_VIEWS, n.inputs[:2])}
             if any(found.values()):
                 plans[id(n)] = found
         elif n.op == "dense" and not n.attrs.get("in_heads") and len(n.inputs) == 2 \

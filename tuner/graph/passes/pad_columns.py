@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ..builder import rebuild
 from ..ir import Graph
+from ...ops.dense import BMM_VIEWS
 from .base import register
 
 WIDTH = 8          # columns padded to a multiple of this
@@ -20,7 +21,7 @@ def padded(n: int) -> int:
 def pad_matmul_columns(graph: Graph, ctx) -> Graph:
     """batch_matmul(a, b) with N % 4 and N >= MIN_COLUMNS -> slice(batch_matmul(a, pad(b)))."""
     def rw(b, n, ins):
-        if n.op != "batch_matmul":
+        if n.op != "batch_matmul" or any(n.attrs.get(k) for k in BMM_VIEWS):   # heads read in place: as they are
             return None
         trans = bool(n.attrs.get("trans_b", 0))
         rhs = ins[1]
