@@ -46,8 +46,7 @@ def _split_source(v):
     found = None
     for src, chain in _sources(v):
         s, h = src.shape, v.shape[-3] if len(v.shape) >= 3 else 0
-        if h > 1 and v.shape[-2] > 1 and len(s) >= 2 and (*s[:-2], h) == tuple(v.shape[:-2]) \
-                and split_heads_shape(s, h) == tuple(v.shape) \
+        if h > 1 and v.shape[-2] > 1 and len(s) >= 2 and split_heads_shape(s, h) == tuple(v.shape) \
                 and np.array_equal(_moved(src, chain), split_heads_ref(_numbered(s), h)):
             found = (src, h)
     return found
