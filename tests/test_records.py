@@ -145,6 +145,20 @@ def test_layout_plans_share_the_log_with_records_and_the_newest_applicable_one_w
     assert c.plan("h2", "cpu -isa=avx2 -threads=1 -cores=4") is None
 
 
+@pytest.mark.parametrize("choices", [[], {"fuse_attention": True}, {"fuse_attention": {"on": 1, "s": [1e-3, 2e-3]}},
+                                     {"fuse_attention": {"on": True, "s": [1e-3]}},
+                                     {"fuse_attention": {"on": True, "s": [1e-3, -2e-3]}},
+                                     {"fuse_attention": {"on": True, "s": [1e-3, float("nan")]}}])
+def test_a_plan_line_whose_timed_choices_are_malformed_is_refused_by_name(choices):
+    """A plan keeps each graph choice its tune timed as {"on": bool, "s": [on, off]} (positive
+    seconds); anything else in a log is refused with the field named, and a good one round-trips."""
+    good = records.make_plan_record("m", "h1", "cpu -isa=avx2 -threads=1", {}, 1e-3, True,
+                                    choices={"fuse_attention": {"on": False, "s": [2e-3, 1e-3]}})
+    assert records.PlanRecord.from_json(json.loads(json.dumps(good.to_json()))) == good
+    with pytest.raises(records.RecordError, match="plan choices is not"):
+        records.PlanRecord.from_json(dict(good.to_json(), choices=choices))
+
+
 def test_records_timed_with_the_weights_cold_are_a_measurement_of_their_own(tuned_log, tmp_path):
     """A tune under RunConfig.cold_weights marks its records cold (written as "weights": "cold"), does
     not resume from warm records (a cold time is not comparable with a warm one), and the apply-best

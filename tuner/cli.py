@@ -607,9 +607,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--no-predict", action="store_true",
                    help="a task with no record runs its record for another thread count (parallelised for this "
                         "one) or its default schedule, not the shipped cost model's pick")
-    c.add_argument("--fuse-attention", action="store_true",
+    c.add_argument("--fuse-attention", action=argparse.BooleanOptionalAction, default=None,
                    help="each attention (Q.K^T, scale and mask, softmax, P.V) as one kernel computed row by row, "
-                        "not as its batch_matmul tasks and a softmax: time both (docs/graph-compiler.md)")
+                        "or not (its batch_matmul tasks and a softmax); default: as the model tune in --log timed "
+                        "both ways, else not (docs/graph-compiler.md)")
     c.add_argument("--quick", type=int, metavar="N",
                    help="first measure N candidates of each task (its default and the cost model's top picks): a "
                         "short tune appended to the first --log, else to OUTPUT.jsonl beside the compiled model")

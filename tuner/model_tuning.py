@@ -32,6 +32,11 @@ warm, as an operator tune does, and the plan is solved with those prices; each w
 best kernel is then timed again cold (`cold_prices`, also for a task whose best record predates
 cold timing), and the estimate is given both ways. The plan is appended to the log as a
 layout-plan line, which `tuner compile` applies.
+
+A graph choice with a cost either way that no task price decides (GRAPH_CHOICES: attention as one
+fused kernel or as its batch_matmuls and a softmax) is then timed on the whole model both ways,
+interleaved, with the plan and the tuned records; the faster goes with the plan (its `choices`),
+and `tuner compile` applies it.
 """
 from __future__ import annotations
 
@@ -130,6 +135,9 @@ class ModelTuneResult:
         if cold and r.priced == "warm":
             rows.append(f"with the weights of its {cold} kernels cold (timed again with them evicted before each "
                         f"call): {r.cold_estimate_s * 1e3:.3f} ms; a model run back to back lands between")
+        for c, v in (r.choices if r else {}).items():
+            rows.append(f"{c}: {'on' if v['on'] else 'off'} (the whole model {v['s'][0] * 1e3:.2f} ms on, "
+                        f"{v['s'][1] * 1e3:.2f} ms off, timed interleaved after the search)")
         return "\n".join(rows)
 
 
@@ -362,6 +370,41 @@ def quick_tune(model, per_task: int, log: str, layout: str, input_shapes: dict |
     return tune_model(graph, None, log, layouts=layouts, plan=plan, warmup_batch=per_task, **kwargs)
 
 
+# graph choices timed on the whole model after the search: compile_model's (and optimize's) options
+GRAPH_CHOICES = ("fuse_attention",)
+CHOICE_ROUNDS = 5
+
+
+def open_choices(graph: Graph, layouts: dict) -> list:
+    """The GRAPH_CHOICES that change how this graph's nodes group into kernels."""
+    from .graph.passes import optimize
+
+    def groups(**opts) -> list:
+        return [tuple(grp.nodes) for grp in optimize(graph, layout_plan=layouts or None, **opts).meta["fused_groups"]]
+    base = groups()
+    return [c for c in GRAPH_CHOICES if groups(**{c: True}) != base]
+
+
+def time_choices(graph: Graph, log: str, tgt, layouts: dict, progress: bool = True) -> dict:
+    """{choice: {"on": faster on, "s": [median seconds on, off]}}: each open choice's two compiles
+    (with the log's records and `layouts`) timed interleaved on random inputs, CHOICE_ROUNDS rounds."""
+    import statistics
+
+    from .compare.peers import interleaved
+    from .compiler import compile_model
+    out = {}
+    for c in open_choices(graph, layouts):
+        built = {v: compile_model(graph, log=log, target=str(tgt), layout_plan=layouts or {}, **{c: v})
+                 for v in (True, False)}
+        inputs = built[True].random_inputs()
+        times = interleaved({v: (lambda xs, m=m: m.run(*xs)) for v, m in built.items()}, inputs, CHOICE_ROUNDS)
+        on, off = (statistics.median(times[v]) for v in (True, False))
+        out[c] = {"on": on < off, "s": [on, off]}
+        if progress:
+            print(f"{c}: {on * 1e3:.2f} ms on, {off * 1e3:.2f} ms off -> {'on' if on < off else 'off'}", flush=True)
+    return out
+
+
 def tune_model(model, trials: int | None, log: str | None = None, target: str = "cpu", threads: int | None = None,
                layouts=DEFAULT_CHOICES, input_shapes: dict | None = None, warmup_batch: int = 4,
                batch_size: int = 16, policy: str = "evolutionary", weights: str = WEIGHTS[0],
@@ -445,11 +488,15 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
     if plan is not None and math.isfinite(est):
         # the host's peak goes with the plan (for `tuner analyze`'s fraction of peak)
         peak = peak_gflops(tgt, tgt.threads, 5_000_000) if measured_here else None
+        choices = time_choices(graph, log, tgt, plan.layouts, kwargs.get("progress", True)) \
+            if measured_here and not session.interrupted else {}
         rec = records.make_plan_record(name, graph_digest(graph), str(tgt), plan.layouts, est, plan.exact,
-                                       tuple(layouts), peak, cold, cold_est, weights, graph_structure(graph))
+                                       tuple(layouts), peak, cold, cold_est, weights, graph_structure(graph), choices)
         last = logged.plan(rec.model_hash, str(tgt))
-        if last is None or dataclasses.replace(last, timestamp=rec.timestamp, tool=rec.tool,
-                                               peak_gflops=rec.peak_gflops) != rec:
+        same_choices = last is not None and {k: v["on"] for k, v in last.choices.items()} == \
+            {k: v["on"] for k, v in rec.choices.items()}       # the times differ run to run; the choices, not
+        if last is None or dataclasses.replace(last, timestamp=rec.timestamp, tool=rec.tool, peak_gflops=rec.peak_gflops,
+                                               choices=rec.choices if same_choices else last.choices) != rec:
             records.append(log, [rec])          # a tune run again after its end adds no copy of its plan
             appended = True
     return ModelTuneResult(name, space, session, plan, est, rec, prices, other, other_est, appended)

@@ -265,7 +265,7 @@ def _generic_kernel(dag: tuple, target: Target, func: str):
 def compile_model(model, log=None, target: str | Target = "cpu", threads: int | None = None,
                   layout: str | None = None, input_shapes: dict | None = None, strict: bool = False,
                   use_shipped: bool = True, progress=None, choose=None, layout_plan: dict | None = None,
-                  predict: bool = True, fuse_attention: bool = False):
+                  predict: bool = True, fuse_attention: bool | None = None):
     """Compile a built-in model, an ONNX file or a Graph with the best schedules of `log` (a path or
     a list of paths). Returns a runtime.model.CompiledModel.
 
@@ -274,6 +274,9 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
 
     predict: a task no record covers runs the shipped cost model's pick (search.predict) where
     the target's ISA has a model; False: its default schedule.
+
+    fuse_attention: each attention as one kernel (True) or as its batch_matmuls and a softmax
+    (False); None: as the layout plan's timed choice says (model_tuning.GRAPH_CHOICES), else False.
 
     choose: for tests, a function Task -> steps that replaces apply-best (its steps are reported
     as coming from 'chosen')."""
@@ -290,8 +293,10 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
     logs = [str(p) for p in ([log] if isinstance(log, (str, Path)) else list(log or []))]
     db = Database.open(logs, tgt, use_shipped)
     model_hash = graph_digest(graph)
-    layout_plan, plan_from = _layout_plan(db, graph, model_hash, tgt, layout, layout_plan, source_name, say)
-    g = optimize(graph, layout=layout, layout_plan=layout_plan, fuse_attention=fuse_attention)
+    layout_plan, plan_from, timed = _layout_plan(db, graph, model_hash, tgt, layout, layout_plan, source_name, say)
+    choices = {"fuse_attention": (fuse_attention, "given") if fuse_attention is not None else
+               (timed["fuse_attention"]["on"], plan_from) if "fuse_attention" in timed else (False, "default")}
+    g = optimize(graph, layout=layout, layout_plan=layout_plan, fuse_attention=choices["fuse_attention"][0])
     say(f"optimised {graph.name}: {len(graph.nodes)} nodes -> {len(g.nodes)}, "
         f"{len(g.meta['fused_groups'])} fused groups")
     io = _Interface(g)
@@ -319,6 +324,7 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
         "layout": layout,
         "layout_plan": dict(layout_plan or {}),
         "layout_plan_from": plan_from,
+        "choices": {c: {"on": on, "from": src} for c, (on, src) in choices.items()},
         "logs": logs,
         **{side: [{"name": name, "shape": list(v.shape), "dtype": v.dtype, **_carried(g, v)}
                   for name, v in zip(names, values, strict=True)]
@@ -351,12 +357,13 @@ def _carried(g: Graph, v) -> dict:
 
 def _layout_plan(db, graph, model_hash, tgt, layout, layout_plan, source_name, say) -> tuple:
     """(the layout plan to compile with: the given one, else the newest the logs hold for this
-    model and target, else None; where it came from), refusing a given plan of another model."""
-    plan_from = "given" if layout_plan else None
+    model and target, else None; where it came from; the graph choices that plan's tune timed),
+    refusing a given plan of another model."""
+    plan_from, timed = "given" if layout_plan else None, {}
     if layout_plan is None:
         found, where = db.plan(model_hash, tgt, graph_structure(graph))
         if found is not None:
-            layout_plan, plan_from = found.layouts, where
+            layout_plan, plan_from, timed = found.layouts, where, found.choices
             say(f"layout plan from {where}: {plan_summary(found.layouts)}")
         elif db.planned_models():
             warnings.warn(f"the log holds a layout plan of {', '.join(db.planned_models())} but none of this model "
@@ -368,8 +375,8 @@ def _layout_plan(db, graph, model_hash, tgt, layout, layout_plan, source_name, s
         if plan_from == "given":
             raise UserError(f"{said}; give a plan of this model")
         warnings.warn(f"{said} (its nodes were renamed?): compiling without it (every conv in {layout})")
-        return None, None
-    return layout_plan, plan_from
+        return None, None, {}
+    return layout_plan, plan_from, timed
 
 
 class _Interface:

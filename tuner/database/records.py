@@ -188,6 +188,9 @@ class PlanRecord:
     cold_estimate_s: float | None = None   # this plan's estimate with those prices
     priced: str = "warm"                   # which prices the plan was solved with: "warm" or "cold"
     structure: str = ""                    # the graph's shapes and operators without its weights (older logs: "")
+    # graph choice (model_tuning.GRAPH_CHOICES) -> {"on": chosen, "s": [seconds on, seconds off]}: each
+    # choice with a cost either way timed on the whole model, both ways, after the search
+    choices: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         d = {"format": self.format, "kind": self.kind, "tool": self.tool, "model": self.model,
@@ -203,6 +206,8 @@ class PlanRecord:
         d["priced"] = self.priced
         if self.structure:
             d["structure"] = self.structure
+        if self.choices:
+            d["choices"] = self.choices
         return d
 
     @classmethod
@@ -228,21 +233,28 @@ class PlanRecord:
               "plan cold_estimate_s is not positive")
         _want(obj.get("priced", "warm") in WEIGHTS, "plan priced is not 'warm' or 'cold'")
         _want(isinstance(obj.get("structure", ""), str), "plan structure is not a string")
+        choices = obj.get("choices", {})
+        _want(isinstance(choices, dict) and all(
+            isinstance(k, str) and isinstance(v, dict) and isinstance(v.get("on"), bool) and isinstance(v.get("s"), list)
+            and len(v["s"]) == 2 and all(_positive(t) for t in v["s"]) for k, v in choices.items()),
+            "plan choices is not an object of {on, s: [seconds on, seconds off]}")
         return cls(obj["model"], obj["model_hash"], obj["target"], dict(lays), float(obj["estimate_s"]),
                    obj.get("exact", True), obj.get("timestamp", ""), obj.get("tool", ""), obj.get("format", FORMAT),
                    candidates=tuple(cands), peak_gflops=obj.get("peak_gflops"),
                    cold={k: (v["code_hash"], float(v["s"])) for k, v in cold.items()},
                    cold_estimate_s=obj.get("cold_estimate_s"), priced=obj.get("priced", "warm"),
-                   structure=obj.get("structure", ""))
+                   structure=obj.get("structure", ""),
+                   choices={k: {"on": v["on"], "s": [float(t) for t in v["s"]]} for k, v in choices.items()})
 
 
 def make_plan_record(model: str, model_hash: str, target: str, layouts: dict, estimate_s: float,
                      exact: bool, candidates=(), peak_gflops: float | None = None, cold: dict | None = None,
-                     cold_estimate_s: float | None = None, priced: str = "warm", structure: str = "") -> PlanRecord:
+                     cold_estimate_s: float | None = None, priced: str = "warm", structure: str = "",
+                     choices: dict | None = None) -> PlanRecord:
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     return PlanRecord(model, model_hash, str(target), dict(layouts), estimate_s, exact, now, f"tuner {__version__}",
                       candidates=tuple(candidates), peak_gflops=peak_gflops, cold=dict(cold or {}),
-                      cold_estimate_s=cold_estimate_s, priced=priced, structure=structure)
+                      cold_estimate_s=cold_estimate_s, priced=priced, structure=structure, choices=dict(choices or {}))
 
 
 def _want(cond, reason: str) -> None:

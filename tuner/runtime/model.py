@@ -288,6 +288,9 @@ class CompiledModel:
         if m.get("layout_plan"):
             rows.append(f"layout plan ({m.get('layout_plan_from') or 'given'}): {plan_summary(m['layout_plan'])}; "
                         f"the other convs run in {m['layout']}")
+        if (att := m.get("choices", {}).get("fuse_attention")) and (att["on"] or att["from"] != "default"):
+            rows.append(f"attention {'fused into one kernel' if att['on'] else 'as batch_matmuls and a softmax'} "
+                        f"({'timed by the tune, ' + att['from'] if att['from'] != 'given' else 'given'})")
         if promised:
             rows.append(f"records promise {sum(promised) * 1e3:.2f} ms for the {len(promised)} tuned steps")
         warning = untuned_warning(self.steps)
