@@ -524,3 +524,29 @@ def test_a_model_tune_times_attention_fused_and_apart_and_compile_applies_the_fa
     ids = np.arange(8, dtype=np.int64).reshape(1, 8) % 50
     for model in (m, forced):
         np.testing.assert_allclose(model.run(ids)[0], interp.run(g, ids)[0], rtol=1e-4, atol=1e-4)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seq=st.integers(1, 24), heads=st.sampled_from([1, 2, 4]), d=st.sampled_from([4, 8, 24, 40]),
+       threads=st.sampled_from([1, 2]), causal=st.booleans())
+def test_fused_attention_over_blocks_of_query_rows_computes_what_the_interpreter_computes(
+        tmp_cache, seq, heads, d, threads, causal):
+    """The fused attention kernel takes as many query rows at once as divide the rows and keep P.V's
+    accumulators in registers (block_rows; one row for a prime length such as ViT's 197), each K
+    and V vector it loads feeding every row of the block, Q.K^T over as many columns at a time as
+    fit; any length, head size, mask and thread count gives the interpreter's output."""
+    import importlib
+
+    from tuner.graph import interp, transformer_models
+    from tuner.target import parse_target
+    cm = importlib.import_module("tuner.compiler.compile_model")
+    build = transformer_models.gpt2 if causal else transformer_models.bert
+    g = build(layers=1, hidden=heads * d, heads=heads, seq=seq, vocab=30, **({} if causal else {"ffn": 16}))
+    m = compile_model(g, threads=threads, use_shipped=False, fuse_attention=True)
+    (step,) = [s for s in m.steps if s.summary.endswith("softmax + batch_matmul")]
+    lanes = parse_target(f"cpu -threads={threads}").lanes
+    r = max(k for k in range(1, 9) if seq % k == 0 and k * -(-d // lanes) <= cm._accumulators(
+        parse_target(f"cpu -threads={threads}")) or k == 1)
+    assert (["split", step.steps[-1][1], "m_", [r]] in step.steps) == (r > 1)
+    ids = np.random.default_rng(seq).integers(0, 30, (1, seq)).astype(np.int64)
+    np.testing.assert_allclose(m.run(ids)[0], interp.run(g, ids)[0], rtol=1e-4, atol=1e-4)

@@ -147,23 +147,37 @@ def _generic_dag(graph: Graph, nodes: list, ins: list, out_value):
     return phs, tensors[id(out_value)]
 
 
-def _stage_steps(st, target: Target, parallel: bool = True, name: str = "") -> list:
+def _stage_steps(st, target: Target, parallel: bool = True, name: str = "", rows: int = 1) -> list:
     """A stage computed whole: its innermost loop vectorised where its extent allows
     (schedule.ir.vector_split; a reduction's innermost reduction loop as a vector of partial results),
     and with several threads the spatial axes outside it fused and run in parallel. name: the
-    stage that computes it, where that is another (its cache_write accumulator)."""
+    stage that computes it, where that is another (its cache_write accumulator). rows: a block of
+    that many rows is computed at once, so a reduction vectorised along its last axis runs its rows
+    inside the reduction, unrolled, each vector it loads feeding every row's FMA, over as many
+    columns at a time as keep the accumulators in registers (block_rows)."""
     axes = [a.name for a in st.op.axes]
     stage = name or st.name
     steps = []
     if _spatial_vector(st, target):     # a reduction whose reads run along its last spatial axis
-        reduce = [a.name for a in st.op.reduce_axes]
-        steps.append(["reorder", stage, axes[:-1] + reduce + axes[-1:]])
-        inner = st.op.axes[-1]
+        reduce, inner, extent, spatial = [a.name for a in st.op.reduce_axes], axes[-1], st.op.axes[-1].extent, True
+        if rows > 1 and len(axes) > 1:
+            fits = [c for c in range(target.lanes, _accumulators(target) // rows * target.lanes + 1, target.lanes)
+                    if extent % c == 0]
+            cols = max(fits, default=extent)
+            split = extent > cols
+            if split:
+                steps.append(["split", stage, inner, [cols]])
+                inner, extent = f"{axes[-1]}.1", cols
+            steps += [["reorder", stage, axes[:-2] + ([f"{axes[-1]}.0"] if split else []) + reduce + [axes[-2], inner]],
+                      ["annotate", stage, axes[-2], "unroll"]]
+        else:
+            steps.append(["reorder", stage, axes[:-1] + reduce + axes[-1:]])
     else:
-        inner = st.op.reduce_axes[-1] if st.op.is_reduction else st.op.axes[-1] if axes else None
-    vector = inner is not None and vector_split(inner.extent, target.lanes)[0] > 0
-    outer = axes[:-1] if vector and inner is st.op.axes[-1] else axes
-    steps += [["annotate", stage, inner.name, "vectorize"]] if vector else []
+        iv = st.op.reduce_axes[-1] if st.op.is_reduction else st.op.axes[-1] if axes else None
+        inner, extent, spatial = (iv.name, iv.extent, not st.op.is_reduction) if iv is not None else (None, 0, False)
+    vector = inner is not None and vector_split(extent, target.lanes)[0] > 0
+    outer = axes[:-1] if vector and spatial else axes
+    steps += [["annotate", stage, inner, "vectorize"]] if vector else []
     if parallel and target.threads > 1 and outer:
         if len(outer) > 1:
             steps.append(["fuse", stage, outer])
@@ -207,28 +221,51 @@ def _row_steps(stages: list, target: Target) -> list | None:
     if out.op.is_reduction:
         steps.append(["cache_write", out.name])
         axes = [f"{a}_" for a in axes]            # the copy's axes (Schedule._cache_write)
-    if len(axes) > 2:
-        steps.append(["fuse", out.name, axes[:-1]])
-    row = "@".join(axes[:-1])
+    outer = axes[:-1]
+    if (r := block_rows(stages, target)) > 1:    # blocks of r rows: the row axis split, its outer part fused
+        m = axes[-2]
+        steps += [["split", out.name, m, [r]], ["reorder", out.name, axes[:-2] + [f"{m}.0", f"{m}.1", axes[-1]]]]
+        outer = axes[:-2] + [f"{m}.0"]
+    if len(outer) > 1:
+        steps.append(["fuse", out.name, outer])
+    at = "@".join(outer)
     local = [f"{out.name}.local"] if out.op.is_reduction else []
-    steps += [["compute_at", name, out.name, row] for name in local + [st.name for st in inner if st.name not in cheap]]
-    steps += [step for st in inner if st.name not in cheap for step in _stage_steps(st, target, parallel=False)]
+    steps += [["compute_at", name, out.name, at] for name in local + [st.name for st in inner if st.name not in cheap]]
+    steps += [step for st in inner if st.name not in cheap
+              for step in _stage_steps(st, target, parallel=False, rows=r)]
     if out.op.is_reduction:
-        steps += _stage_steps(out, target, parallel=False, name=local[0])
+        steps += _stage_steps(out, target, parallel=False, name=local[0], rows=r)
         steps += [["annotate", out.name, axes[-1], "vectorize"]] if vector_split(out.op.axes[-1].extent, target.lanes)[0] else []
     else:
         steps += _stage_steps(out, target, parallel=False)
     if target.threads > 1:
-        steps.append(["annotate", out.name, row, "parallel"])
+        steps.append(["annotate", out.name, at, "parallel"])
     return steps
 
 
-def _rows_fit(fn, sch: Schedule) -> bool:
+def block_rows(stages: list, target: Target) -> int:
+    """Rows computed together by a row-by-row group whose output is a reduction vectorised along
+    its last axis (attention's P.V): the most, dividing the output's rows, whose accumulator
+    vectors fit 3/4 of the vector registers (with AVX-512 four rows of 64 columns), else 1."""
+    out = stages[-1]
+    if not out.op.is_reduction or len(out.op.axes) < 2 or not _spatial_vector(out, target):
+        return 1
+    vectors = -(-out.op.axes[-1].extent // target.lanes)
+    return max(d for d in range(1, 9) if out.op.axes[-2].extent % d == 0 and d * vectors <= _accumulators(target)
+               or d == 1)
+
+
+def _accumulators(target: Target) -> int:
+    """Vector registers a register tile may hold as accumulators: 3/4 of them."""
+    return (32 if target.lanes >= 16 else 16) * 3 // 4
+
+
+def _rows_fit(fn, sch: Schedule, target: Target) -> bool:
     """Every stage computed at a row computes no more elements over all rows than its tensor has
     (a stage whose row region is bigger, a column mean, would be recomputed row after row), and
     its row buffer fits the stack (a longer row falls back to stage by stage rather than to an
     allocation per row)."""
-    rows = int(np.prod(sch.shape_of(sch.output_name)[:-1]))
+    rows = int(np.prod(sch.shape_of(sch.output_name)[:-1])) // block_rows(sch.stages, target)   # row blocks
     local = [(name, int(np.prod(b.shape))) for name, b in fn.buffers.items() if b.scope == "local"]
     return all(n * rows <= int(np.prod(sch.shape_of(name.removesuffix(".local")))) and 4 * n <= STACK_LIMIT_BYTES
                for name, n in local)       # a cache_write's accumulator has its stage's shape
@@ -255,7 +292,7 @@ def _generic_kernel(dag: tuple, target: Target, func: str):
         except (ScheduleError, ValueError) as e:
             last_error = e
             continue
-        if steps is rows and not _rows_fit(fn, sch):
+        if steps is rows and not _rows_fit(fn, sch, target):
             continue
         src, omp = generate_c(dataclasses.replace(fn, name=func), target.lanes, target.threads)
         return steps, src, omp
