@@ -503,19 +503,24 @@ def test_a_record_of_attention_read_through_copies_schedules_the_kernel_that_rea
 
 
 def test_a_model_tune_times_attention_fused_and_apart_and_compile_applies_the_faster(tmp_cache, tmp_path):
-    """Attention as one kernel or as its batch_matmuls and a softmax is a choice with a cost either
-    way: after the search the tune times the whole model both ways, the plan line keeps both times
-    and the faster, compile applies it (and says so), and an explicit choice overrides it."""
+    """Attention as one kernel or as its batch_matmuls and a softmax (and Q, K and V as one GEMM or
+    three) is a choice with a cost either way: after the search the tune times the whole model
+    both ways, the plan line keeps both times and the faster, compile applies it (and says so),
+    and an explicit choice overrides it."""
     from tuner.database import records
     from tuner.graph import interp, transformer_models
     from tuner.model_tuning import tune_model
     g = transformer_models.bert(**SMALL["bert"][0])
     log = tmp_path / "bert.jsonl"
     res = tune_model(g, trials=12, log=str(log), target="cpu -threads=1", warmup_batch=1, progress=False)
-    choice = records.load(log).plans[-1].choices["fuse_attention"]
-    assert choice["on"] == (choice["s"][0] < choice["s"][1]) and min(choice["s"]) > 0
+    timed = records.load(log).plans[-1].choices
+    assert set(timed) == {"fuse_attention", "merge_dense"}
+    assert all(c["on"] == (c["s"][0] < c["s"][1]) and min(c["s"]) > 0 for c in timed.values())
+    choice = timed["fuse_attention"]
     assert "fuse_attention: " + ("on" if choice["on"] else "off") in res.table()
     m = compile_model(g, log=str(log), threads=1)
+    merged = [s for s in m.steps if s.anchor and f"K={3 * SMALL['bert'][0]['hidden']}," in s.workload]
+    assert bool(merged) == timed["merge_dense"]["on"] and m.meta["choices"]["merge_dense"]["from"] == str(log)
     fused = [s for s in m.steps if s.summary.endswith("softmax + batch_matmul")]
     assert bool(fused) == choice["on"] and m.meta["choices"]["fuse_attention"] == {"on": choice["on"], "from": str(log)}
     assert ("attention fused into one kernel" if choice["on"] else "attention as batch_matmuls") in m.report()

@@ -334,7 +334,7 @@ def _cmd_compile(args) -> int:
     m = compile_model(args.model, log=logs, target=args.target, threads=args.threads, layout=args.layout,
                       input_shapes=parse_input_shapes(args.input_shape), use_shipped=not args.no_shipped,
                       strict=args.strict, progress=say, predict=not args.no_predict,
-                      fuse_attention=args.fuse_attention)
+                      fuse_attention=args.fuse_attention, merge_dense=args.merge_dense)
     m.save(args.output)
     print(m.report())
     print(f"wrote {args.output} (run it: tuner run {args.output} --random)")
@@ -611,6 +611,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="each attention (Q.K^T, scale and mask, softmax, P.V) as one kernel computed row by row, "
                         "or not (its batch_matmul tasks and a softmax); default: as the model tune in --log timed "
                         "both ways, else not (docs/graph-compiler.md)")
+    c.add_argument("--merge-dense", action=argparse.BooleanOptionalAction, default=None,
+                   help="dense layers reading one activation (Q, K and V projections) as one GEMM, or not; "
+                        "default: as the model tune in --log timed both ways, else not")
     c.add_argument("--quick", type=int, metavar="N",
                    help="first measure N candidates of each task (its default and the cost model's top picks): a "
                         "short tune appended to the first --log, else to OUTPUT.jsonl beside the compiled model")

@@ -34,7 +34,8 @@ cold timing), and the estimate is given both ways. The plan is appended to the l
 layout-plan line, which `tuner compile` applies.
 
 A graph choice with a cost either way that no task price decides (GRAPH_CHOICES: attention as one
-fused kernel or as its batch_matmuls and a softmax) is then timed on the whole model both ways,
+fused kernel or as its batch_matmuls and a softmax; a transformer's Q, K and V projections as one
+GEMM or three) is then timed on the whole model both ways,
 interleaved, with the plan and the tuned records; the faster goes with the plan (its `choices`),
 and `tuner compile` applies it.
 """
@@ -371,7 +372,7 @@ def quick_tune(model, per_task: int, log: str, layout: str, input_shapes: dict |
 
 
 # graph choices timed on the whole model after the search: compile_model's (and optimize's) options
-GRAPH_CHOICES = ("fuse_attention",)
+GRAPH_CHOICES = ("fuse_attention", "merge_dense")
 CHOICE_ROUNDS = 5
 
 

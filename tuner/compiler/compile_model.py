@@ -302,7 +302,7 @@ def _generic_kernel(dag: tuple, target: Target, func: str):
 def compile_model(model, log=None, target: str | Target = "cpu", threads: int | None = None,
                   layout: str | None = None, input_shapes: dict | None = None, strict: bool = False,
                   use_shipped: bool = True, progress=None, choose=None, layout_plan: dict | None = None,
-                  predict: bool = True, fuse_attention: bool | None = None):
+                  predict: bool = True, fuse_attention: bool | None = None, merge_dense: bool | None = None):
     """Compile a built-in model, an ONNX file or a Graph with the best schedules of `log` (a path or
     a list of paths). Returns a runtime.model.CompiledModel.
 
@@ -313,7 +313,8 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
     the target's ISA has a model; False: its default schedule.
 
     fuse_attention: each attention as one kernel (True) or as its batch_matmuls and a softmax
-    (False); None: as the layout plan's timed choice says (model_tuning.GRAPH_CHOICES), else False.
+    (False); merge_dense: dense layers reading one activation as one GEMM (True) or apart. None:
+    as the layout plan's timed choice says (model_tuning.GRAPH_CHOICES), else False.
 
     choose: for tests, a function Task -> steps that replaces apply-best (its steps are reported
     as coming from 'chosen')."""
@@ -331,9 +332,9 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
     db = Database.open(logs, tgt, use_shipped)
     model_hash = graph_digest(graph)
     layout_plan, plan_from, timed = _layout_plan(db, graph, model_hash, tgt, layout, layout_plan, source_name, say)
-    choices = {"fuse_attention": (fuse_attention, "given") if fuse_attention is not None else
-               (timed["fuse_attention"]["on"], plan_from) if "fuse_attention" in timed else (False, "default")}
-    g = optimize(graph, layout=layout, layout_plan=layout_plan, fuse_attention=choices["fuse_attention"][0])
+    choices = {c: (v, "given") if v is not None else (timed[c]["on"], plan_from) if c in timed else (False, "default")
+               for c, v in (("fuse_attention", fuse_attention), ("merge_dense", merge_dense))}
+    g = optimize(graph, layout=layout, layout_plan=layout_plan, **{c: on for c, (on, _) in choices.items()})
     say(f"optimised {graph.name}: {len(graph.nodes)} nodes -> {len(g.nodes)}, "
         f"{len(g.meta['fused_groups'])} fused groups")
     io = _Interface(g)

@@ -288,9 +288,10 @@ class CompiledModel:
         if m.get("layout_plan"):
             rows.append(f"layout plan ({m.get('layout_plan_from') or 'given'}): {plan_summary(m['layout_plan'])}; "
                         f"the other convs run in {m['layout']}")
-        if (att := m.get("choices", {}).get("fuse_attention")) and (att["on"] or att["from"] != "default"):
-            rows.append(f"attention {'fused into one kernel' if att['on'] else 'as batch_matmuls and a softmax'} "
-                        f"({'timed by the tune, ' + att['from'] if att['from'] != 'given' else 'given'})")
+        for c, v in m.get("choices", {}).items():
+            if c in CHOICES_SAID and (v["on"] or v["from"] != "default"):
+                rows.append(f"{CHOICES_SAID[c][not v['on']]} "
+                            f"({'timed by the tune, ' + v['from'] if v['from'] != 'given' else 'given'})")
         if promised:
             rows.append(f"records promise {sum(promised) * 1e3:.2f} ms for the {len(promised)} tuned steps")
         warning = untuned_warning(self.steps)
@@ -337,6 +338,12 @@ def _written_by_tuner(meta_path: Path) -> bool:
         return False
     return isinstance(meta, dict) and isinstance(meta.get("tool"), str) and meta["tool"].startswith("tuner ") \
         and isinstance(meta.get("format"), int)
+
+
+# a graph choice (compile_model's options) as the report says it: (on, off)
+CHOICES_SAID = {"fuse_attention": ("attention fused into one kernel", "attention as batch_matmuls and a softmax"),
+                "merge_dense": ("dense layers reading one activation merged into one GEMM",
+                                "dense layers reading one activation apart")}
 
 
 def untuned_warning(steps: list) -> str:

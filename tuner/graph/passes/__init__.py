@@ -16,11 +16,14 @@ def get(name: str) -> Pass:
 
 
 def optimize(graph, layout: str | None = None, passes=None, disabled=(), opt_level: int = 3, instruments=(),
-             layout_plan: dict | None = None, fuse_attention: bool = False):
+             layout_plan: dict | None = None, fuse_attention: bool = False, merge_dense: bool = False):
     """Run `passes` (default: the standard pipeline) under a PassContext. layout_plan: {conv node
     name: layout} for the convolutions that take another layout than `layout`; fuse_attention:
-    ExtractTasks makes each attention one group (fuse_ops.fuse_attention)."""
+    ExtractTasks makes each attention one group (fuse_ops.fuse_attention); merge_dense: the default
+    pipeline runs MergeParallelDense after FuseTransformerOps."""
     names = list(passes) if passes else list(DEFAULT_PIPELINE)
+    if merge_dense and not passes:
+        names.insert(names.index("FuseTransformerOps") + 1, "MergeParallelDense")
     seq = Sequential([get(n) for n in names])
     options = {"layout": layout} if layout else {}
     if layout_plan:
