@@ -56,6 +56,7 @@ from .graph import Graph, load
 from .graph.ir import graph_digest, graph_structure
 from .graph.layout_plan import ModelLayouts, Plan, model_layouts
 from .graph.passes.convert_layout import check_choice
+from .measure.interleave import interleaved
 from .measure.peak import peak_gflops
 from .measure.runner import CpuRunner, RunConfig
 from .search.scheduler import family
@@ -391,7 +392,6 @@ def time_choices(graph: Graph, log: str, tgt, layouts: dict, progress: bool = Tr
     (with the log's records and `layouts`) timed interleaved on random inputs, CHOICE_ROUNDS rounds."""
     import statistics
 
-    from .compare.peers import interleaved
     from .compiler import compile_model
     out = {}
     for c in open_choices(graph, layouts):

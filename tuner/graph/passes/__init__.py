@@ -1,7 +1,8 @@
 """Graph passes; importing this package registers them all."""
 from ...errors import UserError
-from . import (convert_layout, extract_tasks, fuse_ops, head_views, merge_dense, pad_columns,  # noqa: F401
-               simple, simplify_inference, transformer_ops)
+from . import (convert_layout, extract_tasks, fuse_ops, head_views, pad_columns, simple,  # noqa: F401
+               simplify_inference, transformer_ops)
+from . import merge_dense as _merge_dense  # noqa: F401 (registers MergeParallelDense; optimize's option shares the name)
 from .base import REGISTRY, Pass, PassContext, PassTiming, PrintIR, Sequential
 
 DEFAULT_PIPELINE = ("InferType", "FuseTransformerOps", "PadMatmulColumns", "SimplifyInference",

@@ -1,0 +1,41 @@
+"""Interleaved timing of callables on one machine: each round times every runner once, in turn,
+so that a slow spell of a shared machine hits every runner alike (compare.peers, the model
+tune's graph choices)."""
+from __future__ import annotations
+
+import statistics
+import time
+
+
+def time_call(fn, inputs, min_seconds: float = 0.2, max_calls: int = 50) -> float:
+    """Median seconds per call over calls filling `min_seconds` (at least 3 calls)."""
+    fn(inputs)
+    times = []
+    start = time.perf_counter()
+    while len(times) < 3 or (time.perf_counter() - start < min_seconds and len(times) < max_calls):
+        t = time.perf_counter()
+        fn(inputs)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def interleaved(runners: dict, inputs, rounds: int = 5, min_seconds: float = 0.2, progress=None) -> dict:
+    """{name: [median seconds per round]} timing every runner once per round, in turn, the turn
+    rotated by one each round: a runner's place in the round (what ran just before it, which
+    caches it finds warm) moved a model's time by 4-5% on a shared host, and rotating spreads
+    that over every runner alike."""
+    out = {name: [] for name in runners}
+    names = list(runners)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            out[name].append(time_call(runners[name], inputs, min_seconds))
+        if progress:
+            progress(f"round {r + 1}/{rounds}: " + ", ".join(f"{n} {statistics.median(v) * 1e3:.2f} ms"
+                                                            for n, v in out.items()))
+    return out
+
+
+def paired_ratios(a: list, b: list) -> list:
+    """Each round's a / b (from `interleaved`): paired samples, whose median is steadier on a
+    shared machine whose speed drifts than a ratio of medians."""
+    return [x / y for x, y in zip(a, b)]
