@@ -37,7 +37,8 @@ A graph choice with a cost either way that no task price decides (GRAPH_CHOICES:
 fused kernel or as its batch_matmuls and a softmax; a transformer's Q, K and V projections as one
 GEMM or three) is then timed on the whole model both ways,
 interleaved, with the plan and the tuned records; the faster goes with the plan (its `choices`),
-and `tuner compile` applies it.
+and `tuner compile` applies it. Each choice is timed with the others off, and a merged GEMM,
+which the search did not see, runs the schedule compile gives it untuned.
 """
 from __future__ import annotations
 
@@ -419,6 +420,7 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
     cold_weights is set by `weights`). plan: {conv or dense node: layout} fixes the nodes it names
     to those layouts (compile --quick tunes the plan the compile will apply). trials=None: every
     task's first look only (FIRST_LOOK's, else `warmup_batch` candidates)."""
+    t0 = time.perf_counter()
     if weights not in WEIGHTS:
         raise UserError(f"--weights {weights!r} is not one of {', '.join(WEIGHTS)}")
     for lay in layouts:
@@ -489,11 +491,14 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
     if plan is not None and math.isfinite(est):
         # the host's peak goes with the plan (for `tuner analyze`'s fraction of peak)
         peak = peak_gflops(tgt, tgt.threads, 5_000_000) if measured_here else None
-        choices = time_choices(graph, log, tgt, plan.layouts, kwargs.get("progress", True)) \
-            if measured_here and not session.interrupted else {}
+        limit = kwargs.get("time_limit")
+        timed = measured_here and not session.interrupted and (limit is None or time.perf_counter() - t0 < limit)
+        last = logged.plan(graph_digest(graph), str(tgt))
+        # untimed (replayed, stopped, out of time): the choices the log's plan had timed stay
+        choices = time_choices(graph, log, tgt, plan.layouts, kwargs.get("progress", True)) if timed \
+            else dict(last.choices) if last is not None else {}
         rec = records.make_plan_record(name, graph_digest(graph), str(tgt), plan.layouts, est, plan.exact,
                                        tuple(layouts), peak, cold, cold_est, weights, graph_structure(graph), choices)
-        last = logged.plan(rec.model_hash, str(tgt))
         same_choices = last is not None and {k: v["on"] for k, v in last.choices.items()} == \
             {k: v["on"] for k, v in rec.choices.items()}       # the times differ run to run; the choices, not
         if last is None or dataclasses.replace(last, timestamp=rec.timestamp, tool=rec.tool, peak_gflops=rec.peak_gflops,

@@ -170,6 +170,7 @@ def _stage_steps(st, target: Target, parallel: bool = True, name: str = "", rows
                 inner, extent = f"{axes[-1]}.1", cols
             steps += [["reorder", stage, axes[:-2] + ([f"{axes[-1]}.0"] if split else []) + reduce + [axes[-2], inner]],
                       ["annotate", stage, axes[-2], "unroll"]]
+            axes = axes[:-1]                # the row axis is inside the reduction now: not an outer loop
         else:
             steps.append(["reorder", stage, axes[:-1] + reduce + axes[-1:]])
     else:
