@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 import time
 import uuid
 from pathlib import Path
@@ -56,6 +57,7 @@ from .errors import UserError
 from .graph import Graph, load
 from .graph.ir import graph_digest, graph_structure
 from .graph.layout_plan import ModelLayouts, Plan, model_layouts
+from .graph.passes import GRAPH_CHOICES, optimize
 from .graph.passes.convert_layout import check_choice
 from .measure.interleave import interleaved
 from .measure.peak import peak_gflops
@@ -373,14 +375,11 @@ def quick_tune(model, per_task: int, log: str, layout: str, input_shapes: dict |
     return tune_model(graph, None, log, layouts=layouts, plan=plan, warmup_batch=per_task, **kwargs)
 
 
-# graph choices timed on the whole model after the search: compile_model's (and optimize's) options
-GRAPH_CHOICES = ("fuse_attention", "merge_dense")
-CHOICE_ROUNDS = 5
+CHOICE_ROUNDS = 5          # interleaved rounds timing each graph choice (GRAPH_CHOICES) both ways
 
 
 def open_choices(graph: Graph, layouts: dict) -> list:
     """The GRAPH_CHOICES that change how this graph's nodes group into kernels."""
-    from .graph.passes import optimize
 
     def groups(**opts) -> list:
         return [tuple(grp.nodes) for grp in optimize(graph, layout_plan=layouts or None, **opts).meta["fused_groups"]]
@@ -391,8 +390,6 @@ def open_choices(graph: Graph, layouts: dict) -> list:
 def time_choices(graph: Graph, log: str, tgt, layouts: dict, progress: bool = True) -> dict:
     """{choice: {"on": faster on, "s": [median seconds on, off]}}: each open choice's two compiles
     (with the log's records and `layouts`) timed interleaved on random inputs, CHOICE_ROUNDS rounds."""
-    import statistics
-
     from .compiler import compile_model
     out = {}
     for c in open_choices(graph, layouts):

@@ -33,7 +33,7 @@ from ..database.union import Database
 from ..errors import UserError
 from ..graph import Graph, load
 from ..graph.ir import graph_digest, graph_structure, interface_names
-from ..graph.passes import optimize
+from ..graph.passes import GRAPH_CHOICES, optimize
 from ..graph.passes.extract_tasks import group_summary, transform_workload, workload_of
 from ..ops import WORKLOADS, Unsupported, flops, to_te
 from ..runtime.artifact import FLOAT_EXACT, GENERIC, OTHER_THREADS, PLAIN, PREDICTED, UNTUNED, Arg, Step, declaration
@@ -315,7 +315,7 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
 
     fuse_attention: each attention as one kernel (True) or as its batch_matmuls and a softmax
     (False); merge_dense: dense layers reading one activation as one GEMM (True) or apart. None:
-    as the layout plan's timed choice says (model_tuning.GRAPH_CHOICES), else False.
+    as the layout plan's timed choice says (graph.passes.GRAPH_CHOICES), else False.
 
     choose: for tests, a function Task -> steps that replaces apply-best (its steps are reported
     as coming from 'chosen')."""
@@ -333,8 +333,9 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
     db = Database.open(logs, tgt, use_shipped)
     model_hash = graph_digest(graph)
     layout_plan, plan_from, timed = _layout_plan(db, graph, model_hash, tgt, layout, layout_plan, source_name, say)
-    choices = {c: (v, "given") if v is not None else (timed[c]["on"], plan_from) if c in timed else (False, "default")
-               for c, v in (("fuse_attention", fuse_attention), ("merge_dense", merge_dense))}
+    given = {"fuse_attention": fuse_attention, "merge_dense": merge_dense}
+    choices = {c: (given[c], "given") if given[c] is not None else (timed[c]["on"], plan_from) if c in timed
+               else (False, "default") for c in GRAPH_CHOICES}
     g = optimize(graph, layout=layout, layout_plan=layout_plan, **{c: on for c, (on, _) in choices.items()})
     say(f"optimised {graph.name}: {len(graph.nodes)} nodes -> {len(g.nodes)}, "
         f"{len(g.meta['fused_groups'])} fused groups")

@@ -188,7 +188,7 @@ class PlanRecord:
     cold_estimate_s: float | None = None   # this plan's estimate with those prices
     priced: str = "warm"                   # which prices the plan was solved with: "warm" or "cold"
     structure: str = ""                    # the graph's shapes and operators without its weights (older logs: "")
-    # graph choice (model_tuning.GRAPH_CHOICES) -> {"on": chosen, "s": [seconds on, seconds off]}: each
+    # graph choice (graph.passes.GRAPH_CHOICES) -> {"on": chosen, "s": [seconds on, seconds off]}: each
     # choice with a cost either way timed on the whole model, both ways, after the search
     choices: dict = field(default_factory=dict)
 

@@ -28,8 +28,7 @@ from ..target import ISAS, host_isa, parse_target
 from ..te.layouts import plan_summary
 from ..toolchain.library import aligned_empty, content_hash, open_library, pointer_array
 from .artifact import (DECLARED, DEFAULT, FLOAT_EXACT, GENERIC, OTHER_THREADS, PLAIN, PREDICTED, SHIPPED, UNTUNED,
-                       Step,
-                       declaration)
+                       Step, declaration)
 
 META = "model.json"
 WEIGHTS = "weights.bin"
@@ -340,7 +339,7 @@ def _written_by_tuner(meta_path: Path) -> bool:
         and isinstance(meta.get("format"), int)
 
 
-# a graph choice (compile_model's options) as the report says it: (on, off)
+# a graph choice (graph.passes.GRAPH_CHOICES) as the report says it: (on, off)
 CHOICES_SAID = {"fuse_attention": ("attention fused into one kernel", "attention as batch_matmuls and a softmax"),
                 "merge_dense": ("dense layers reading one activation merged into one GEMM",
                                 "dense layers reading one activation apart")}

@@ -8,6 +8,7 @@ from .base import REGISTRY, Pass, PassContext, PassTiming, PrintIR, Sequential
 DEFAULT_PIPELINE = ("InferType", "FuseTransformerOps", "PadMatmulColumns", "SimplifyInference",
                     "FoldConstant", "EliminateCommonSubexpr", "DeadCodeElimination", "ConvertLayout", "FoldConstant",
                     "EliminateCommonSubexpr", "DeadCodeElimination", "AbsorbHeadViews", "FuseOps", "ExtractTasks")
+GRAPH_CHOICES = ("fuse_attention", "merge_dense")    # optimize's options with a cost either way (model_tuning times them)
 
 
 def get(name: str) -> Pass:
@@ -37,4 +38,4 @@ def optimize(graph, layout: str | None = None, passes=None, disabled=(), opt_lev
 
 
 __all__ = ["REGISTRY", "Pass", "PassContext", "PassTiming", "PrintIR", "Sequential", "optimize", "get",
-           "DEFAULT_PIPELINE"]
+           "DEFAULT_PIPELINE", "GRAPH_CHOICES"]
