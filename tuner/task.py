@@ -13,11 +13,12 @@ from functools import cached_property
 from .codegen.c import generate_c
 from .codegen.cuda import generate_cuda
 from .errors import UserError
-from .ops import Workload, tensor_bytes
+from .ops import Workload, make, tensor_bytes
 from .schedule.lower import lower
 from .space.gpu import GpuSearchSpace
 from .space.sketch import SearchSpace
 from .target import Target
+from .te.dynamic import SYMBOL_PREFIX, DynamicDims, DynamicError, evaluate, fit_dims
 
 MEMORY_COPIES = 3      # tensors held at once: here (inputs, reference) and in the worker (copies, output)
 
@@ -92,18 +93,38 @@ class Task:
                 self._lowered.popitem(last=False)
         return func
 
+    def dynamic_dims(self, symbolic: dict, symbols: tuple) -> DynamicDims:
+        """The run-time extents of this task's kernel when its parameters `symbolic` (name ->
+        te expression of symbol_var(k) for symbols[k]) vary with the symbols, this task's workload
+        being the one at their upper bounds. Raises DynamicError where that does not hold."""
+        wl = self.workload
+        bound = {f"{SYMBOL_PREFIX}{k}": s.hi for k, s in enumerate(symbols)}
+        for name, e in symbolic.items():
+            if name not in wl.p:
+                raise DynamicError(f"{wl.op} has no parameter {name!r}")
+            if evaluate(e, bound) != wl.p[name]:
+                raise DynamicError(f"{wl.label}: {name}={wl.p[name]} is not its value at the symbols' bounds")
+
+        def build(values):
+            return make(wl.op, {**wl.p, **{k: evaluate(e, values) for k, e in symbolic.items()}}, wl.layout).build()
+
+        return fit_dims(build, symbols)
+
     @property
     def name(self) -> str:
         return self.workload.name or self.workload.spec
 
-    def candidate(self, steps: list, func_name: str | None = None, decisions: dict | None = None) -> Candidate:
-        """Replay `steps`, lower and generate C. Raises ScheduleError on an illegal schedule."""
+    def candidate(self, steps: list, func_name: str | None = None, decisions: dict | None = None,
+                  dims: DynamicDims | None = None) -> Candidate:
+        """Replay `steps`, lower and generate C (with `dims`, a dynamic kernel: dynamic_dims).
+        Raises ScheduleError on an illegal schedule."""
         if func_name is None:
             self._counter += 1
             func_name = f"k{self._counter}"
         start = time.perf_counter()
         try:
-            func = dataclasses.replace(self.lowered(steps), name=func_name)
+            func = (lower(self.space.schedule(steps), func_name, dims) if dims is not None and dims.symbols
+                    else dataclasses.replace(self.lowered(steps), name=func_name))
             src, omp, launch = CODEGEN[self.target.kind](func, self.target)
         finally:
             self.codegen_s += time.perf_counter() - start

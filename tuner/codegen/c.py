@@ -14,6 +14,7 @@ import math
 from ..schedule import ir
 from ..schedule.ir import vector_split
 from ..schedule.lower import c_name
+from ..te.dynamic import symbol_var
 from ..te.expr import (Add, And, Call, Cast, Cmp, Const, Div, Expr, FloorDiv, FloorMod, Load, Max, Min, Mul, Select,
                        Sub, Var, bounds, free_vars, from_linear, linear, simplify, substitute, walk)
 
@@ -156,6 +157,12 @@ class CGen:
         self.emit(0, f"int {f.name}(float** restrict args) {{")
         for k, b in enumerate(f.args):
             self.emit(1, f"float* restrict {c_name(b.name)} = args[{k}];")
+        if f.symbols:          # a dynamic kernel: the run's values of its symbols follow the buffers
+            self.emit(1, f"const int* restrict tuner_dims = (const int*)args[{len(f.args)}];")
+            for k, sym in enumerate(f.symbols):
+                v = c_name(symbol_var(k).name)
+                self.emit(1, f"const int {v} = tuner_dims[{k}];")
+                self.emit(1, f"if ({v} < {sym.lo} || {v} > {sym.hi}) return -2;")
         heap = [(t.name, t.shape) for t in f.temps] + list(self.hoisted.items())
         for name, shape in heap:
             self.emit(1, f"float* restrict {c_name(name)} = (float*)aligned_alloc(64, {_alloc_bytes(shape)});")
@@ -212,7 +219,7 @@ class CGen:
         if s.auto_unroll:
             self.unroll_budget = max(self.unroll_budget, s.auto_unroll)
         threaded = s.kind != "vectorize" and _threaded(s, self.threads) and not self.in_parallel
-        if s.kind == "vectorize":
+        if s.kind == "vectorize" and s.limit is None:
             try:
                 lines = self.vector_loop(s, d)
                 self.lines.extend(lines)
@@ -221,13 +228,20 @@ class CGen:
             except NotVectorizable:
                 if not _carried(s):
                     self.emit(d, "#pragma omp simd")
+        elif s.kind == "vectorize":          # a run-time trip count: GCC vectorises what it can
+            if not _carried(s):
+                self.emit(d, "#pragma omp simd")
         elif threaded:
             self.emit(d, f"#pragma omp parallel for num_threads({self.threads})")
             self.uses_openmp = True
         elif s.kind == "unroll" or (self.unroll_budget and nest_steps(s) <= self.unroll_budget):
             self.emit(d, f"#pragma GCC unroll {s.extent}")
         v = c_name(s.var)
-        self.emit(d, f"for (int {v} = 0; {v} < {s.extent}; ++{v}) {{")
+        if s.limit is None or isinstance(s.limit, (Const, Var)) or threaded:
+            trips = s.extent if s.limit is None else self.expr(s.limit)
+            self.emit(d, f"for (int {v} = 0; {v} < {trips}; ++{v}) {{")
+        else:                   # a run-time trip count, evaluated once
+            self.emit(d, f"for (int {v} = 0, {v}_end = {self.expr(s.limit)}; {v} < {v}_end; ++{v}) {{")
         if threaded:
             # OpenMP's outlined body gets its chunk from the runtime: without the range, GCC cannot
             # fold the index arithmetic and bounds tests (a Winograd transform ran 4x slower)
@@ -243,7 +257,8 @@ class CGen:
 
     # ------------------------------------------------------------ expressions
     def _bounds(self, extra: dict | None = None) -> dict:
-        b = {k: (0, e - 1) for k, e in self.ranges.items()}
+        b = {symbol_var(k).name: (sym.lo, sym.hi) for k, sym in enumerate(self.func.symbols)}
+        b.update({k: (0, e - 1) for k, e in self.ranges.items()})
         if extra:
             b.update(extra)
         return b

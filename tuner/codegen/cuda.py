@@ -232,7 +232,9 @@ def _aligned_base(off, lane: str):
 
 def generate_cuda(func: ir.Func) -> CudaKernel:
     """The CUDA C of one lowered function (raises ScheduleError for a loop nest that is not a
-    kernel: no grid or block index, a CPU annotation, a temporary at root)."""
+    kernel: no grid or block index, a CPU annotation, a temporary at root, dynamic dimensions)."""
+    if func.symbols:
+        raise ScheduleError("dynamic dimensions are built for the CPU only; give the CUDA kernel fixed shapes")
     return CudaGen(func).generate()
 
 

@@ -17,6 +17,7 @@ class For(Stmt):
     body: Stmt
     kind: str = "serial"      # serial | parallel | vectorize | unroll
     auto_unroll: int = 0      # unroll every loop below whose whole nest has at most this many steps
+    limit: Expr | None = None  # a dynamic loop's run-time trip count (te.dynamic), at most `extent`
 
 
 @dataclass
@@ -80,6 +81,7 @@ class Func:
     temps: list           # global temporaries
     body: Stmt
     buffers: dict = field(default_factory=dict)  # every buffer by name, for flattening
+    symbols: tuple = ()   # te.dynamic.Symbol of a dynamic kernel: the values it reads at run time
 
 
 def flat_index(indices: tuple, shape: tuple) -> Expr:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..te.expr import (And, Cmp, Const, Expr, FloorDiv, FloorMod, Load, Max, Reduce, Var, bounds, free_vars,
-                       from_linear, linear, substitute, transform, walk)
+from ..te.dynamic import DynamicDims
+from ..te.expr import (And, Cmp, Const, Expr, FloorDiv, FloorMod, Load, Max, Reduce, Var, as_expr, bounds, free_vars,
+                       from_linear, linear, simplify, substitute, transform, walk)
 from . import ir
 from .schedule import Schedule, ScheduleError, Stage
 from .peel import peel_guards, unswitch
@@ -94,9 +95,10 @@ def interval_of(e: Expr, env: dict):
 
 
 class Lowerer:
-    def __init__(self, sch: Schedule, func_name: str):
+    def __init__(self, sch: Schedule, func_name: str, dims: DynamicDims | None = None):
         self.sch = sch
         self.func_name = func_name
+        self.dims = dims or DynamicDims(())
         self.buffers: dict = {}
         self.var_owner: dict = {}
         self.bodies = {s.name: self._inline(s.op.body) for s in sch.stages if s.attach[0] != "inline"}
@@ -168,22 +170,27 @@ class Lowerer:
                 temps.append(buf)
                 self.buffers[st.name] = buf
             region = [Interval({}, 0, e - 1) for e in shape]
-            nests.append(self.build_stage(st, region, {}, {}))
-        return ir.Func(self.func_name, args, temps, ir.seq(nests), self.buffers)
+            nests.append(self.build_stage(st, region, {}, {}, limits=self.dims.tensor(st.name)))
+        return ir.Func(self.func_name, args, temps, ir.seq(nests), self.buffers, self.dims.symbols)
 
     # ------------------------------------------------------------ one stage
     def build_stage(self, st: Stage, region: list, offsets: dict, outer_ranges: dict,
-                    guards: tuple = ()) -> ir.Stmt:
+                    guards: tuple = (), limits: tuple = ()) -> ir.Stmt:
         """Loop nest of `st` over `region` (interval forms of its output dims, in outer loop vars).
 
         offsets: tensor name -> base expressions of local buffers visible here.
         outer_ranges: loop var -> extent of loops enclosing this nest (for guard elimination).
-        guards: region guards this stage needs (its region may overrun its tensor's shape).
+        guards: region guards this stage needs (its region may overrun its tensor's shape, or
+        its run-time extent).
+        limits: the run-time extents of the region's dims that are whole dynamic dimensions.
         """
         op = st.op
         root_ext = {a.name: region[k].hi - region[k].lo + 1 for k, a in enumerate(op.axes)}
         root_ext.update({r.name: r.extent for r in op.reduce_axes})
-        leaf_ext, split_guards = self._leaf_extents(st, root_ext)
+        root_lim = {a.name: limits[k] for k, a in enumerate(op.axes) if k < len(limits) and limits[k] is not None}
+        root_lim.update({r.name: lim for r in op.reduce_axes
+                         if (lim := self.dims.reduce_limit(st.name, r.name)) is not None})
+        leaf_ext, split_guards, leaf_lim = self._leaf_extents(st, root_ext, root_lim)
         var = {leaf: self._var_name(st, leaf) for leaf in st.leaves}
         leaf_val = {leaf: (Var(var[leaf]) if leaf_ext[leaf] > 1 else Const(0)) for leaf in st.leaves}
         axis_val = self._axis_values(st, leaf_val, leaf_ext)
@@ -209,9 +216,9 @@ class Lowerer:
                     read = [_merge(x, y, n) for x, y, n in zip(read, more, shape)]
                 regions[prod.name] = self._close_region(prod, read, ranges)
             for prod in prods:
-                preg, pguards = regions[prod.name]
+                preg, pguards, plims = regions[prod.name]
                 offsets[prod.name] = [from_linear(iv.terms, iv.lo) for iv in preg]
-                at_leaf.setdefault(leaf, []).append((prod, preg, pguards))
+                at_leaf.setdefault(leaf, []).append((prod, preg, pguards, plims))
 
         local = st.attach[0] == "at"
         if st.storage and not local:
@@ -242,24 +249,24 @@ class Lowerer:
 
         first_reduce = next((k for k, leaf in enumerate(st.leaves) if st.is_reduce(leaf)), None)
         stmt = main
-        for prod, preg, pguards in reversed(at_leaf.get(st.leaves[-1], [])):
-            stmt = self._with_producer(prod, preg, pguards, offsets, ranges, stmt)
+        for prod, preg, pguards, plims in reversed(at_leaf.get(st.leaves[-1], [])):
+            stmt = self._with_producer(prod, preg, pguards, plims, offsets, ranges, stmt)
         for k in range(len(st.leaves) - 1, -1, -1):
             leaf = st.leaves[k]
             if leaf_ext[leaf] > 1:
                 stmt = ir.For(var[leaf], leaf_ext[leaf], stmt, st.annotations.get(leaf, "serial"),
-                              st.auto_unroll.get(leaf, 0))
+                              st.auto_unroll.get(leaf, 0), leaf_lim.get(leaf))
             elif st.auto_unroll.get(leaf) and isinstance(stmt, ir.For):
                 stmt.auto_unroll = max(stmt.auto_unroll, st.auto_unroll[leaf])
             if leaf in st.unswitch:
                 stmt = ir.Unswitch(stmt)
             parts = []
             if init is not None and k == first_reduce:
-                parts.append(self._init_nest(st, init, k, leaf_ext, var))
+                parts.append(self._init_nest(st, init, k, leaf_ext, var, leaf_lim))
             parts.append(stmt)
             stmt = ir.seq(parts)
-            for prod, preg, pguards in reversed(at_leaf.get(st.leaves[k - 1], []) if k > 0 else []):
-                stmt = self._with_producer(prod, preg, pguards, offsets, ranges, stmt)
+            for prod, preg, pguards, plims in reversed(at_leaf.get(st.leaves[k - 1], []) if k > 0 else []):
+                stmt = self._with_producer(prod, preg, pguards, plims, offsets, ranges, stmt)
         if init is not None and first_reduce is None:
             stmt = ir.seq([init, stmt])
         return stmt
@@ -270,24 +277,28 @@ class Lowerer:
         owner = self.var_owner.setdefault(name, st.name)
         return name if owner == st.name else f"{c_name(st.name)}_{name}"
 
-    def _with_producer(self, prod, preg, pguards, offsets, ranges, rest):
-        nest = self.build_stage(prod, preg, offsets, ranges, pguards)
+    def _with_producer(self, prod, preg, pguards, plims, offsets, ranges, rest):
+        nest = self.build_stage(prod, preg, offsets, ranges, pguards, plims)
         buf = self.buffers[prod.name]
         # a shared tile: every thread done with the last one before the fill, the fill complete after
         body = [ir.Sync(), nest, ir.Sync(), rest] if buf.scope == "shared" else [nest, rest]
         return ir.Allocate(prod.name, buf.shape, ir.seq(body), buf.scope)
 
-    def _init_nest(self, st: Stage, init: ir.Stmt, k: int, leaf_ext: dict, var: dict) -> ir.Stmt:
+    def _init_nest(self, st: Stage, init: ir.Stmt, k: int, leaf_ext: dict, var: dict, leaf_lim: dict) -> ir.Stmt:
         stmt = init
         for leaf in reversed(st.leaves[k:]):
             if st.is_reduce(leaf) or leaf_ext[leaf] == 1:
                 continue
-            stmt = ir.For(var[leaf], leaf_ext[leaf], stmt, st.annotations.get(leaf, "serial"))
+            stmt = ir.For(var[leaf], leaf_ext[leaf], stmt, st.annotations.get(leaf, "serial"), limit=leaf_lim.get(leaf))
         return stmt
 
     # ------------------------------------------------------------ axes
-    def _leaf_extents(self, st: Stage, root_ext: dict):
-        ext = dict(root_ext)
+    def _leaf_extents(self, st: Stage, root_ext: dict, root_lim: dict):
+        """(extent of every axis at the bound shape, guards, run-time trip counts of the dynamic
+        axes). A dynamic axis split runs ceil(limit / inner) outer iterations and a guard keeps the
+        last tile inside the limit; fused, it keeps its limit as the outermost part only, and is
+        guarded where it is an inner one."""
+        ext, lim = dict(root_ext), dict(root_lim)
         guards = []
         for rel in st.relations:
             if rel[0] == "split":
@@ -304,8 +315,13 @@ class Lowerer:
                 covered = 1
                 for x in exts:
                     covered *= x
-                if covered != ext[parent]:
-                    kind = "reduce" if st.is_reduce(parent) else "spatial"
+                kind = "reduce" if st.is_reduce(parent) else "spatial"
+                if parent in lim:
+                    inner = covered // exts[0]
+                    lim[children[0]] = simplify((lim[parent] + Const(inner - 1)) // Const(inner))
+                    if inner > 1:
+                        guards.append(((parent, lim[parent]), kind))
+                elif covered != ext[parent]:
                     guards.append(((parent, ext[parent]), kind))
             else:
                 _, parts, fused = rel
@@ -313,7 +329,11 @@ class Lowerer:
                 for p in parts:
                     e *= ext[p]
                 ext[fused] = e
-        return ext, guards
+                if parts[0] in lim:
+                    lim[fused] = simplify(lim[parts[0]] * Const(e // ext[parts[0]]))
+                kind = "reduce" if st.is_reduce(parts[0]) else "spatial"
+                guards.extend(((p, lim[p]), kind) for p in parts[1:] if p in lim)
+        return ext, guards, lim
 
     def _axis_values(self, st: Stage, leaf_val: dict, ext: dict) -> dict:
         """Value of every axis (root, split and fused) as an expression of the leaf loop vars."""
@@ -402,20 +422,26 @@ class Lowerer:
         return region
 
     def _close_region(self, prod, region: list, ranges: dict) -> tuple:
-        """(region with unread dimensions whole, guards where it may overrun the tensor)."""
+        """(region with unread dimensions whole, guards where it may overrun the tensor or its
+        run-time extent, the run-time extents of its whole dynamic dimensions)."""
         shape = self.sch.shape_of(prod.name)
-        region, guards = list(region), []
+        dyn = self.dims.tensor(prod.name)
+        region, guards, limits = list(region), [], [None] * len(shape)
         for d, iv in enumerate(region):
+            lim = dyn[d] if d < len(dyn) else None
             if iv is None:
                 iv = region[d] = Interval({}, 0, shape[d] - 1)
             ext = iv.hi - iv.lo + 1
             if ext >= shape[d]:
                 region[d] = Interval({}, 0, shape[d] - 1)
+                limits[d] = lim
                 continue
             b = bounds(from_linear(iv.terms, iv.lo), {k: (0, e - 1) for k, e in ranges.items()})
-            if b is None or b[0] < 0 or b[1] + ext > shape[d]:
+            if lim is not None:
+                guards.append((d, lim))
+            elif b is None or b[0] < 0 or b[1] + ext > shape[d]:
                 guards.append((d, shape[d]))
-        return region, tuple(guards)
+        return region, tuple(guards), tuple(limits)
 
     def _relax_threads(self, iv: Interval, ranges: dict):
         """`iv` with its terms that depend on a threadIdx loop replaced by their range (None where
@@ -449,13 +475,13 @@ def _guard(stmt, guards, axis_val, global_val):
     """Wrap `stmt` in the conditions that keep a non-divisible split or overrunning tile in bounds."""
     conds = []
     for g in guards:
-        if isinstance(g[0], str):       # split guard: (split axis, its extent)
-            conds.append(Cmp("<", axis_val[g[0]], Const(g[1])))
-        else:                           # region guard: (dim, tensor extent)
+        if isinstance(g[0], str):       # split guard: (split axis, its extent or run-time limit)
+            conds.append(Cmp("<", axis_val[g[0]], as_expr(g[1])))
+        else:                           # region guard: (dim, tensor extent or run-time limit)
             d, limit = g
             names = list(global_val)
             v = global_val[names[d]]
-            conds.append(And(Cmp("<=", Const(0), v), Cmp("<", v, Const(limit))))
+            conds.append(And(Cmp("<=", Const(0), v), Cmp("<", v, as_expr(limit))))
     if not conds:
         return stmt
     c = conds[0]
@@ -484,5 +510,7 @@ def _walk_body(body: Expr):
 _RELAXED = ("threadIdx.x", "vthread")     # loops a shared buffer serves all of
 
 
-def lower(sch: Schedule, func_name: str = "kernel") -> ir.Func:
-    return peel_guards(inject_virtual_threads(unswitch(Lowerer(sch, func_name).lower())))
+def lower(sch: Schedule, func_name: str = "kernel", dims: DynamicDims | None = None) -> ir.Func:
+    """The loop nest of a replayed schedule; with `dims`, a dynamic kernel (te.dynamic): its
+    buffers at the bound shapes, its loops over the dynamic dimensions stopping at the run's."""
+    return peel_guards(inject_virtual_threads(unswitch(Lowerer(sch, func_name, dims).lower())))

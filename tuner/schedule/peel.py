@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..te.expr import (And, Cmp, Const, Select, Var, all_of, bounds, free_vars, from_linear, linear, simplify,
-                       substitute, transform, walk)
+from ..te.dynamic import SYMBOL_PREFIX
+from ..te.expr import (And, Cmp, Const, FloorDiv, Max, Min, Select, Var, all_of, bounds, free_vars, from_linear,
+                       linear, simplify, substitute, transform, walk)
 from . import ir
 
 _PEELED = ("serial",)        # loops bound to threads, unrolled or vectorised keep their single form
@@ -42,7 +43,9 @@ def _peel(s: ir.Stmt, ranges: dict, peel: bool = True) -> ir.Stmt:
     if not isinstance(s, ir.For):
         return s
     inner = {**ranges, s.var: (0, s.extent - 1)}
-    p = _true_prefix(s, inner) if peel and s.kind in _PEELED else None
+    if peel and s.kind in _PEELED and _symbolic_guards(s):
+        return _peel_symbolic(s, inner)
+    p = _true_prefix(s, inner) if peel and s.kind in _PEELED and s.limit is None else None
     if p is None or not 0 < p < s.extent:
         return dataclasses.replace(s, body=_peel(s.body, inner, peel))
     main = dataclasses.replace(s, extent=p, body=_peel(s.body, {**ranges, s.var: (0, p - 1)}))
@@ -53,6 +56,87 @@ def _peel(s: ir.Stmt, ranges: dict, peel: bool = True) -> ir.Stmt:
         rest = dataclasses.replace(s, extent=s.extent - p,
                                    body=_peel(body, {**ranges, s.var: (0, s.extent - p - 1)}, False))
     return ir.seq([main] + ([rest] if any(isinstance(x, ir.Store) for x in ir.stmts(rest)) else []))
+
+
+# A dynamic kernel's guards compare with the run's extents (te.dynamic): the prefix of a loop where
+# they hold is an expression, evaluated each time the loop starts (of the symbols and the loops
+# around it). The first version runs that many iterations without the guards it was computed
+# from, the second the rest with them.
+
+def _symbolic_guards(loop: ir.For) -> bool:
+    """Whether a guard on `loop`'s variable compares with a symbol (a run's extent)."""
+    return any(loop.var in free_vars(c) and any(n.startswith(SYMBOL_PREFIX) for n in free_vars(c))
+               for st in ir.stmts(loop.body) if isinstance(st, ir.IfThen) for c in _conjuncts(st.cond))
+
+
+def _peel_symbolic(s: ir.For, ranges: dict) -> ir.Stmt:
+    inner = _loop_ranges(s.body)
+    prefixes, gone = [], set()
+    for st in ir.stmts(s.body):
+        if isinstance(st, ir.IfThen):
+            for c in _conjuncts(st.cond):
+                if s.var in free_vars(c) and c not in gone:
+                    q = _symbolic_prefix(c, s.var, inner)
+                    if q is not None:
+                        gone.add(c)
+                        if q not in prefixes:
+                            prefixes.append(q)
+    body = _peel(s.body, ranges)
+    if not prefixes:
+        return dataclasses.replace(s, body=body)
+    trips = s.limit if s.limit is not None else Const(s.extent)
+    p = prefixes[0]
+    for q in prefixes[1:]:
+        p = Min(p, q)
+    p = simplify(Max(Const(0), Min(p, trips)))
+    main = dataclasses.replace(s, limit=p, body=_peel(_drop(s.body, gone), ranges))
+    rest = dataclasses.replace(s, limit=simplify(trips - p), body=_substitute(s.body, {s.var: Var(s.var) + p}))
+    return ir.seq([main, rest])
+
+
+def _symbolic_prefix(c, var: str, inner: dict):
+    """For a guard `a < b` / `a <= b` increasing in `var`, linear in it and in the loops inside
+    (`inner`), whatever else it holds (symbols, loops around): the expression p such that it holds
+    for var < p and every value of the inner loops; None for any other guard."""
+    ln = _difference(c)
+    if ln is None:
+        return None
+    terms, const = ln
+    coef = terms.get(Var(var), 0)
+    if coef <= 0:
+        return None
+    own, fixed = {}, {}
+    for t, k in terms.items():
+        if t == Var(var):
+            continue
+        names = free_vars(t)
+        if var in names:
+            return None
+        if names & inner.keys():
+            if not names <= inner.keys():
+                return None
+            own[t] = k
+        else:
+            fixed[t] = k
+    b = bounds(from_linear(own, 0), inner)
+    if b is None:
+        return None
+    # coef*v + fixed + const + own < 0 for every own: v <= (-fixed - const - own_hi - 1) // coef
+    top = from_linear({t: -k for t, k in fixed.items()}, -const - b[1] - (1 if c.op == "<" else 0))
+    return FloorDiv(top, Const(coef)) + Const(1)
+
+
+def _drop(s: ir.Stmt, gone: set) -> ir.Stmt:
+    """`s` with the guard conjuncts in `gone` removed."""
+    if isinstance(s, ir.IfThen):
+        rest = [c for c in _conjuncts(s.cond) if c not in gone]
+        body = _drop(s.body, gone)
+        return ir.IfThen(all_of(*rest), body) if rest else body
+    if isinstance(s, ir.Seq):
+        return ir.Seq([_drop(x, gone) for x in s.stmts])
+    if isinstance(s, (ir.For, ir.Allocate)):
+        return dataclasses.replace(s, body=_drop(s.body, gone))
+    return s
 
 
 def _true_prefix(loop: ir.For, ranges: dict) -> int | None:
