@@ -32,7 +32,10 @@ from ..database import records
 from ..database.union import Database
 from ..errors import UserError
 from ..graph import Graph, load
+from ..graph.dynamic import parse_dynamic
 from ..graph.ir import graph_digest, graph_structure, interface_names
+from ..graph.models import MODELS
+from ..graph.onnx_frontend import input_dims
 from ..graph.passes import GRAPH_CHOICES, optimize
 from ..graph.passes.extract_tasks import group_summary, transform_workload, workload_of
 from ..ops import WORKLOADS, Unsupported, flops, to_te
@@ -46,6 +49,7 @@ from ..space.sketch import FOREIGN, SearchSpace
 from ..target import Target, parse_target
 from ..task import Task, code_hash
 from ..te import layouts as L
+from ..te.dynamic import DynamicError, box, fit_dims, fit_table, monomials, symbol_var
 from ..te.expr import Call, Load, coefficient, walk
 from ..te.layouts import plan_summary
 from ..te.tensor import placeholder
@@ -272,7 +276,7 @@ def _rows_fit(fn, sch: Schedule, target: Target) -> bool:
                for name, n in local)       # a cache_write's accumulator has its stage's shape
 
 
-def _generic_kernel(dag: tuple, target: Target, func: str):
+def _generic_kernel(dag: tuple, target: Target, func: str, dims=None):
     """(steps, C source, uses OpenMP) of a generic group: the default point of its search space,
     else row by row (_row_steps: groups with reductions over the last axis), else every stage
     computed whole, one after the other (_stage_steps: vectorised and parallel where they can be),
@@ -289,7 +293,7 @@ def _generic_kernel(dag: tuple, target: Target, func: str):
     last_error = None
     for steps in tries:
         try:
-            fn = lower(replay(dag[0], dag[1], steps))
+            fn = lower(replay(dag[0], dag[1], steps), dims=dims)
         except (ScheduleError, ValueError) as e:
             last_error = e
             continue
@@ -303,7 +307,8 @@ def _generic_kernel(dag: tuple, target: Target, func: str):
 def compile_model(model, log=None, target: str | Target = "cpu", threads: int | None = None,
                   layout: str | None = None, input_shapes: dict | None = None, strict: bool = False,
                   use_shipped: bool = True, progress=None, choose=None, layout_plan: dict | None = None,
-                  predict: bool = True, fuse_attention: bool | None = None, merge_dense: bool | None = None):
+                  predict: bool = True, fuse_attention: bool | None = None, merge_dense: bool | None = None,
+                  dynamic=None):
     """Compile a built-in model, an ONNX file or a Graph with the best schedules of `log` (a path or
     a list of paths). Returns a runtime.model.CompiledModel.
 
@@ -317,6 +322,9 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
     (False); merge_dense: dense layers reading one activation as one GEMM (True) or apart. None:
     as the layout plan's timed choice says (graph.passes.GRAPH_CHOICES), else False.
 
+    dynamic: ranges of input dimensions (graph.dynamic.parse_dynamic: "input_ids=1x[1..512]" or
+    {"input_ids": [1, (1, 512)]}): one artifact that runs any shape in them (issue 37).
+
     choose: for tests, a function Task -> steps that replaces apply-best (its steps are reported
     as coming from 'chosen')."""
     t0 = time.perf_counter()
@@ -327,7 +335,8 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
                         "use --target cpu")
     layout = layout or DEFAULT_LAYOUT
     L.check_activation_layout(layout)
-    graph = model if isinstance(model, Graph) else load(str(model), input_shapes)
+    family = _Family.load(model, dynamic, input_shapes) if dynamic is not None else None
+    graph = family.graphs[0] if family else model if isinstance(model, Graph) else load(str(model), input_shapes)
     source_name = graph.name if isinstance(model, Graph) else str(model)
     logs = [str(p) for p in ([log] if isinstance(log, (str, Path)) else list(log or []))]
     db = Database.open(logs, tgt, use_shipped)
@@ -337,6 +346,9 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
     choices = {c: (given[c], "given") if given[c] is not None else (timed[c]["on"], plan_from) if c in timed
                else (False, "default") for c in GRAPH_CHOICES}
     g = optimize(graph, layout=layout, layout_plan=layout_plan, **{c: on for c, (on, _) in choices.items()})
+    if family:
+        family.optimised([g] + [optimize(gp, layout=layout, layout_plan=layout_plan,
+                                         **{c: on for c, (on, _) in choices.items()}) for gp in family.graphs[1:]])
     say(f"optimised {graph.name}: {len(graph.nodes)} nodes -> {len(g.nodes)}, "
         f"{len(g.meta['fused_groups'])} fused groups")
     io = _Interface(g)
@@ -345,7 +357,7 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
         predictor.start([Task(t.workload, tgt) for t in g.meta["tasks"] if t.workload is not None
                          and t.workload.op in predictor.ops and db.best(t.workload, tgt)[0] is None])
     try:
-        low = _lower_groups(g, io, db, tgt, choose, say, predictor)
+        low = _lower_groups(g, io, db, tgt, choose, say, predictor, family)
     finally:
         if predictor is not None:
             predictor.close()
@@ -366,9 +378,11 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
         "layout_plan_from": plan_from,
         "choices": {c: {"on": on, "from": src} for c, (on, src) in choices.items()},
         "logs": logs,
-        **{side: [{"name": name, "shape": list(v.shape), "dtype": v.dtype, **_carried(g, v)}
-                  for name, v in zip(names, values, strict=True)]
+        **{side: [{"name": name, "shape": list(v.shape), "dtype": v.dtype, **_carried(g, v),
+                   **(family.interface(side, k) if family else {})}
+                  for k, (name, v) in enumerate(zip(names, values, strict=True))]
            for side, names, values in zip(("inputs", "outputs"), interface_names(graph), (g.inputs, g.outputs))},
+        **({"symbols": [{"name": s.name, "lo": s.lo, "hi": s.hi} for s in family.symbols]} if family else {}),
         "arena_bytes": arena_bytes,
         "intermediate_bytes": sum(align(t.nbytes) for t in lives),
         "peak_live_bytes": peak_live_bytes(lives),
@@ -438,6 +452,108 @@ class _Interface:
         return isinstance(v, np.ndarray) or v.is_const or id(v) in self.inputs or id(v) in self.out_index
 
 
+class _Family:
+    """A dynamic model (graph.dynamic): imported and optimised at the sample points of its symbols,
+    the bound first. Fits each group's dimensions (te.dynamic) and checks what a layout at the bound
+    assumes: every run's data is the start of each dimension, in every view of a buffer."""
+
+    def __init__(self, dyn, graphs: list):
+        self.dyn, self.graphs, self.symbols, self.points = dyn, graphs, dyn.symbols, dyn.points
+        self.gs: list = []
+        self.io: list = []
+
+    @staticmethod
+    def load(model, dynamic, input_shapes) -> "_Family":
+        path = str(model)
+        if isinstance(model, Graph) or path in MODELS or not (Path(path).exists() or path.endswith(".onnx")):
+            raise UserError(f"--dynamic needs an ONNX file whose inputs have dynamic axes, not {model}; export the "
+                            "model with them (torch.onnx.export(..., dynamic_axes=...))")
+        dyn = parse_dynamic(dynamic, input_dims(path))
+        if clash := set(dyn.dims) & set(input_shapes or {}):
+            raise UserError(f"--input-shape and --dynamic both give {', '.join(sorted(clash))}; give one")
+        return _Family(dyn, [load(path, {**(input_shapes or {}), **dyn.shapes(p)}) for p in dyn.points])
+
+    def optimised(self, gs: list) -> None:
+        base = gs[0].meta["fused_groups"]
+        for p, gp in zip(self.points[1:], gs[1:]):
+            groups = gp.meta["fused_groups"]
+            if len(groups) != len(base) or any([gp.nodes[i].op for i in a.nodes] != [gs[0].nodes[i].op for i in b.nodes]
+                                               for a, b in zip(groups, base)):
+                raise DynamicError(f"at {self._at(p)} the model optimises to other kernels than at the bounds "
+                                   f"({len(groups)} against {len(base)} groups): narrow the range or compile "
+                                   "a model per shape")
+        self.gs = gs
+        self.io = [(gp.consumers(), {id(v) for v in gp.outputs}) for gp in gs]
+
+    def _at(self, values: dict) -> str:
+        return ", ".join(f"{s.name}={values[symbol_var(k).name]}" for k, s in enumerate(self.symbols))
+
+    def group(self, i: int, gi: int) -> tuple:
+        gp = self.gs[i]
+        grp = gp.meta["fused_groups"][gi]
+        ins, out = _group_io(gp, grp.nodes, *self.io[i])
+        return gp, grp, ins, out
+
+    def dims(self, gi: int, task: bool):
+        """The group's kernel dims (None where nothing in it varies); its constants checked."""
+        def build(values):
+            gp, grp, ins, out = self.group(self.points.index(values), gi)
+            if not task:
+                return _generic_dag(gp, grp.nodes, ins, out)
+            wl = workload_of(gp, grp)[0] or transform_workload(gp, grp)
+            if wl is None:
+                raise DynamicError(f"{group_summary(gp, grp.nodes)} is a task at the bounds and not at "
+                                   f"{self._at(values)}")
+            return wl.build()
+
+        dims = fit_dims(build, self.symbols)
+        self._check_constants(gi)
+        return dims if dims.tensors or dims.reduce else None
+
+    def _check_constants(self, gi: int) -> None:
+        """A constant that changes with the symbols (position ids, a causal mask) must be the start
+        of its value at the bounds, which the kernel reads."""
+        bound = self.group(0, gi)[2]
+        for i, p in enumerate(self.points[1:], 1):
+            for v0, v in zip(bound, self.group(i, gi)[2]):
+                if not v0.is_const:
+                    continue
+                a0, a = v0.data, v.data
+                inside = a.ndim == a0.ndim and all(x <= y for x, y in zip(a.shape, a0.shape))
+                if not inside or not np.array_equal(a0[tuple(slice(0, n) for n in a.shape)], a,
+                                                    equal_nan=a.dtype.kind == "f"):
+                    raise DynamicError(f"constant {v0.name} at {self._at(p)} is not the start of its value at "
+                                       "the bounds, which a dynamic kernel reads: what it holds depends on the "
+                                       "dimension's value")
+
+    def check_binding(self, gi: int, args: list, tensors: list, dims) -> None:
+        """Each value a task's kernel reads or writes holds a run's data where the kernel's dims say
+        (a view that merges a varying dimension with another would not)."""
+        _, grp0, ins0, out0 = self.group(0, gi)
+        pos = {id(v): k for k, v in enumerate(ins0)} | {id(out0): -1}
+        for i, p in enumerate(self.points[1:], 1):
+            _, _, ins, out = self.group(i, gi)
+            for a, t in zip(args, tensors, strict=True):
+                if isinstance(a, np.ndarray) or a.is_const:
+                    continue
+                vp = out if pos[id(a)] == -1 else ins[pos[id(a)]]
+                held, read = np.zeros(a.shape, bool), np.zeros(t.shape, bool)
+                held[tuple(slice(0, n) for n in vp.shape)] = True
+                read[box(t.shape, dims.tensor(t.name) if dims else (), p)] = True
+                if not np.array_equal(held.ravel(), read.ravel()):
+                    raise DynamicError(f"the kernel of {group_summary(self.gs[0], grp0.nodes)} reads {a.name} "
+                                       f"{list(a.shape)} as {t.name} {list(t.shape)}, which at {self._at(p)} "
+                                       "is not where its data are: a varying dimension merged with another")
+
+    def interface(self, side: str, k: int) -> dict:
+        """{"extents": per dim, None or monomials of the symbols} of the model's k-th input or output."""
+        table = [{("v", f"{side[:-1]} {k}", d): n for d, n in enumerate(getattr(gp, side)[k].shape)} for gp in self.gs]
+        fitted = fit_table(table, self.symbols)
+        rank = len(getattr(self.gs[0], side)[k].shape)
+        ext = [fitted.get(("v", f"{side[:-1]} {k}", d)) for d in range(rank)]
+        return {"extents": [monomials(e, len(self.symbols)) if e is not None else None for e in ext]}
+
+
 @dataclass
 class _Lowered:
     kernels: dict = field(default_factory=dict)     # code hash -> Kernel
@@ -446,9 +562,10 @@ class _Lowered:
     lifetimes: dict = field(default_factory=dict)   # value id -> [first step, last step, bytes]
 
 
-def _lower_groups(g: Graph, io: _Interface, db, tgt, choose, say, predictor=None) -> _Lowered:
+def _lower_groups(g: Graph, io: _Interface, db, tgt, choose, say, predictor=None, family=None) -> _Lowered:
     """One step per fused group, in graph order: a task's best record (else its default), or a
-    generic kernel; kernels with equal code are shared."""
+    generic kernel; kernels with equal code are shared. With a dynamic `family`, a group whose
+    dimensions vary gets a dynamic kernel (te.dynamic)."""
     low = _Lowered()
     for gi, grp in enumerate(g.meta["fused_groups"]):
         ins, out_v = _group_io(g, grp.nodes, io.uses, io.outputs)
@@ -456,16 +573,21 @@ def _lower_groups(g: Graph, io: _Interface, db, tgt, choose, say, predictor=None
         wl, _why = workload_of(g, grp)
         if wl is None and (lt := transform_workload(g, grp)) is not None and db.best(lt, tgt)[0] is not None:
             wl = lt                  # a transform a model tune measured: its record, not the generic kernel
+        dims = family.dims(gi, wl is not None) if family else None
         if wl is not None:
-            kern, args, sched, where, label, expected = _task_kernel(g, grp, wl, ins, db, tgt, choose, func, predictor)
+            kern, args, sched, where, label, expected = _task_kernel(g, grp, wl, ins, db, tgt, choose, func, predictor,
+                                                                     dims)
+            if family:
+                family.check_binding(gi, args + [out_v], list(Task(wl, tgt).space.inputs) + [Task(wl, tgt).space.output],
+                                     dims)
         else:
-            kern, args, sched = _generic_group(g, grp.nodes, ins, out_v, tgt, func)
+            kern, args, sched = _generic_group(g, grp.nodes, ins, out_v, tgt, func, dims)
             where, label, expected = GENERIC, f"{group_summary(g, grp.nodes)} -> {out_v.type_str()}", None
         kern = low.kernels.setdefault(kern.code_hash, kern)
         anchor = g.nodes[grp.anchor] if grp.anchor is not None else g.nodes[grp.nodes[0]]
         low.steps.append(Step(gi, group_summary(g, grp.nodes), anchor.name, kern.func, [], label,
                               wl.key if wl is not None else None, where, expected,
-                              sum(flops(g.nodes[k]) for k in grp.nodes), kern.code_hash, sched))
+                              sum(flops(g.nodes[k]) for k in grp.nodes), kern.code_hash, sched, dims is not None))
         low.step_args.append(args + [out_v])
         for v in args + [out_v]:
             if not io.outside_arena(v):
@@ -475,7 +597,7 @@ def _lower_groups(g: Graph, io: _Interface, db, tgt, choose, say, predictor=None
     return low
 
 
-def _task_kernel(g: Graph, grp, wl, ins: list, db, tgt, choose, func: str, predictor=None) -> tuple:
+def _task_kernel(g: Graph, grp, wl, ins: list, db, tgt, choose, func: str, predictor=None, dims=None) -> tuple:
     """(Kernel, its arguments, steps, where they came from, label, the latency the record promises)
     of a group that is a task: apply-best, else the cost model's pick, else the default."""
     task = Task(wl, tgt)
@@ -493,9 +615,9 @@ def _task_kernel(g: Graph, grp, wl, ins: list, db, tgt, choose, func: str, predi
         sched = task.space.steps(task.space.default())
     if choose is not None:
         rec, where, sched = None, "chosen", choose(task)
-    cand = task.candidate(sched, func_name=func)
+    cand = task.candidate(sched, func_name=func, dims=dims)
     stale = db.is_stale(rec)
-    if rec is not None and rec.code_hash and cand.code_hash != rec.code_hash and not stale:
+    if rec is not None and rec.code_hash and cand.code_hash != rec.code_hash and not stale and dims is None:
         raise AssertionError(f"{wl.label}: the record's steps give other code than it logged")
     if wl.op == "layout_transform":
         if tuple(ins[0].shape) != tuple(task.space.inputs[0].shape):
@@ -522,9 +644,9 @@ def _rendered(task: Task, rec) -> list | None:
         return None
 
 
-def _generic_group(g: Graph, nodes: list, ins: list, out_v, tgt, func: str) -> tuple:
+def _generic_group(g: Graph, nodes: list, ins: list, out_v, tgt, func: str, dims=None) -> tuple:
     """(Kernel, its arguments, steps) of a group that is no task, built from the operator registry."""
-    sched, src, omp = _generic_kernel(_generic_dag(g, nodes, ins, out_v), tgt, func)
+    sched, src, omp = _generic_kernel(_generic_dag(g, nodes, ins, out_v), tgt, func, dims)
     return Kernel(func, src, omp, code_hash(src, func)), list(ins), sched
 
 

@@ -63,8 +63,9 @@ def executor_source(kernels: list, steps: list, declared: dict) -> str:
     """The library's C: kernels, the timing harness, one function per step and the executor, which
     also declares `declared` (as bytes: names from a model file never become C text)."""
     parts = []
+    symbols = len(declared["inputs"])          # a dynamic model's symbol values follow its inputs
     for s in steps:
-        args = ", ".join(_ARG_C[a.kind] % a.where for a in s.args)
+        args = ", ".join([_ARG_C[a.kind] % a.where for a in s.args] + ([f"c->inputs[{symbols}]"] if s.dynamic else []))
         parts.append(f"/* step {s.index}: {s.summary} */\n"
                      f"static int step{s.index}(const tuner_ctx* c) {{ float* a[] = {{ {args} }}; "
                      f"return {s.func}(a); }}")

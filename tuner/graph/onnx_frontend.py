@@ -71,6 +71,22 @@ def load_onnx(path: str, input_shapes: dict | None = None) -> Graph:
     return from_onnx(model, input_shapes, str(path))
 
 
+def input_dims(path: str) -> dict:
+    """{input name: its dims as the file declares them: an int, a dim_param name, or None}."""
+    onnx, _ = _onnx()
+    try:
+        g = onnx.load(str(path), load_external_data=False).graph
+    except FileNotFoundError:
+        raise OnnxImportError(f"no such file: {path}") from None
+    except Exception as e:  # noqa: BLE001 - protobuf DecodeError and friends
+        raise OnnxImportError(f"{path} is not a readable ONNX model ({type(e).__name__}: {str(e)[:120]})") from None
+    inits = {i.name for i in g.initializer}
+    return {inp.name: [d.dim_value if d.HasField("dim_value") and d.dim_value > 0
+                       else d.dim_param if d.HasField("dim_param") and d.dim_param else None
+                       for d in inp.type.tensor_type.shape.dim]
+            for inp in g.input if inp.name not in inits}
+
+
 def _attrs(node) -> dict:
     onnx, numpy_helper = _onnx()
     out = {}

@@ -40,6 +40,7 @@ class Step:
     flops: float
     code_hash: str
     steps: list = field(default_factory=list)
+    dynamic: bool = False     # its kernel reads the run's values of the model's symbols (issue 37)
 
     @property
     def anchor(self) -> bool:

@@ -151,7 +151,7 @@ class CompiledModel:
             if a.dtype.newbyteorder("=") != np.dtype(s["dtype"]):
                 raise UserError(f"input {s['name']} must be {s['dtype']}, got {a.dtype} "
                                 f"(convert it with .astype(np.{s['dtype']}))")
-            if list(a.shape) != s["shape"]:
+            if list(a.shape) != s["shape"] and "extents" not in s:
                 raise UserError(f"input {s['name']} must have shape {'x'.join(map(str, s['shape']))}, "
                                 f"got {'x'.join(map(str, a.shape)) or 'a scalar'}")
             if "carried" in s:                   # integers travel as float32, checked against their range
@@ -179,8 +179,12 @@ class CompiledModel:
 
     def _call(self, fn, inputs: list, *extra) -> list:
         """Fresh output arrays, filled by `fn(inputs, outputs, arena, weights, *extra)` for checked
-        `inputs`; inputs, outputs and arena stay referenced here until `fn` returns."""
+        `inputs`; inputs, outputs and arena stay referenced here until `fn` returns. A dynamic
+        model's inputs are padded to their bound shapes and its outputs cut to this run's."""
         f = _ffi()
+        values = None
+        if self.symbols:
+            inputs, values = self._padded(inputs)
         outputs = [np.empty(s["shape"], np.dtype(s["dtype"])) for s in self.outputs]
         with self._arena() as arena:
             rc = fn(pointer_array(inputs, f), pointer_array(outputs, f), f.cast("char*", f.from_buffer(arena)),
@@ -189,12 +193,61 @@ class CompiledModel:
             step = self.steps[rc - 1000] if 1000 <= rc < 1000 + len(self.steps) else None
             raise RuntimeError(f"step {step.index} ({step.summary}) failed (out of memory for a temporary?)"
                                if step else f"the model failed with code {rc}")
+        if values is not None:
+            outputs = [o[tuple(slice(0, n) for n in _extents(s, values))].copy() for o, s in zip(outputs, self.outputs)]
         return outputs
 
     def run(self, /, *args, **kwargs) -> list:
         """The graph's outputs (a list of NumPy arrays) for its inputs, by position or by name."""
         inputs = self._inputs(args, kwargs)
         return self._call(self._lib.tuner_model_run, inputs)
+
+    # ------------------------------------------------------------ dynamic dimensions (issue 37)
+    @property
+    def symbols(self) -> list:
+        """[{"name", "lo", "hi"}] of a model compiled for ranges of shapes; [] for one shape."""
+        return self.meta.get("symbols", [])
+
+    def _symbol_values(self, arrays: list) -> list:
+        """The symbols' values in this run, read off the inputs' shapes (each in its range, the
+        same wherever it appears); every other dim must be the model's."""
+        values: list = [None] * len(self.symbols)
+        for a, s in zip(arrays, self.inputs):
+            ext = s["extents"]
+            for d, (n, e) in enumerate(zip(a.shape, ext)):
+                if e is not None and len(e) == 1 and e[0][0] == 1 and len(e[0][1]) == 1:
+                    k = e[0][1][0]
+                    sym = self.symbols[k]
+                    if not sym["lo"] <= n <= sym["hi"]:
+                        raise UserError(f"input {s['name']} has {n} in dim {d} ({sym['name']}); this model runs "
+                                        f"{sym['name']} from {sym['lo']} to {sym['hi']}: compile it for a wider "
+                                        "range (--dynamic)")
+                    if values[k] is not None and values[k] != n:
+                        raise UserError(f"input {s['name']} has {n} in dim {d} ({sym['name']}), another input "
+                                        f"{values[k]}: they must agree")
+                    values[k] = n
+        missing = [sym["name"] for v, sym in zip(values, self.symbols) if v is None]
+        if missing:
+            raise AssertionError(f"no input gives the value of {', '.join(missing)}")
+        for a, s in zip(arrays, self.inputs):
+            want = _extents(s, values)
+            if len(a.shape) != len(want) or list(a.shape) != want:
+                raise UserError(f"input {s['name']} must have shape {'x'.join(map(str, want))} (as the other "
+                                f"dims say), got {'x'.join(map(str, a.shape)) or 'a scalar'}")
+        return values
+
+    def _padded(self, arrays: list) -> tuple:
+        """(inputs in buffers of the bound shapes, then the symbols' values as int32; the values)."""
+        values = self._symbol_values(arrays)
+        out = []
+        for a, s in zip(arrays, self.inputs):
+            if list(a.shape) == s["shape"]:
+                out.append(a)
+                continue
+            buf = np.zeros(s["shape"], a.dtype)
+            buf[tuple(slice(0, n) for n in a.shape)] = a
+            out.append(buf)
+        return out + [np.array(values, np.int32)], values
 
     def random_inputs(self, seed: int = 0) -> list:
         rng = np.random.default_rng(seed)
@@ -297,6 +350,13 @@ class CompiledModel:
         if warning:
             rows.append(warning)
         return "\n".join(rows)
+
+
+def _extents(spec: dict, values: list) -> list:
+    """An input's or output's shape in a run of a dynamic model: each dim fixed, or the sum of its
+    monomials of the symbols' values."""
+    return [n if e is None else sum(c * int(np.prod([values[k] for k in ks])) for c, ks in e)
+            for n, e in zip(spec["shape"], spec.get("extents") or [None] * len(spec["shape"]))]
 
 
 def _library_name(lib_path) -> str:

@@ -14,14 +14,15 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
+from ..errors import UserError
 from .expr import Const, Expr, Reduce, Var, as_expr, simplify, substitute
 from .tensor import ComputeOp, topo_order
 
 SYMBOL_PREFIX = "_dyn"       # a symbol's C name: _dyn0, _dyn1, ... (no axis name starts with "_")
 
 
-class DynamicError(ValueError):
-    pass
+class DynamicError(UserError):
+    """A dynamic dimension tuner cannot compile as asked: the message says which and why."""
 
 
 @dataclass(frozen=True)
@@ -88,57 +89,103 @@ def _extents(build: Callable, values: dict) -> dict:
         if isinstance(t.op, ComputeOp):
             for r in t.op.reduce_axes:
                 out[("r", t.name, r.name)] = r.extent
+            # the formula, simplified over its axes' ranges here: a view's index arithmetic in this
+            # shape ((i*32 + j) // (S*32) for i < S is 0) is the same at every value
+            ranges = {a.name: (0, a.extent - 1) for a in (*t.op.axes, *t.op.reduce_axes)}
             body = t.op.body
             if isinstance(body, Reduce):       # its axes' extents are compared above
-                body = Reduce(body.combiner, body.source, tuple(r.name for r in body.axes), body.init)
+                body = Reduce(body.combiner, simplify(body.source, ranges), tuple(r.name for r in body.axes),
+                              body.init)
+            else:
+                body = simplify(body, ranges)
             out[("f", t.name)] = (tuple(a.name for a in t.op.axes), body, tuple(sorted(t.op.table.items())))
+    return out
+
+
+def sample_points(symbols: tuple) -> list:
+    """The values of the symbols ({symbol var name: value}) a fit builds at: the bound first, then
+    every corner of the bounds and a second value per symbol, then a probe inside the range."""
+    names = [symbol_var(k).name for k in range(len(symbols))]
+    moving = [k for k, s in enumerate(symbols) if s.lo < s.hi]
+    bound = {n: s.hi for n, s in zip(names, symbols)}
+    points = []
+    for pick in itertools.product((0, 1), repeat=len(moving)):
+        vals = dict(bound)
+        for k, p in zip(moving, pick):
+            vals[names[k]] = _second(symbols[k]) if p else symbols[k].hi
+        points.append(vals)
+    if moving:
+        points.append({**bound, **{names[k]: _third(symbols[k]) for k in moving}})
+    return points
+
+
+def fit_table(table: list, symbols: tuple) -> dict:
+    """{key: multilinear expression of the symbols} for every key of the tables (one per point of
+    sample_points, in its order: {key: int, or any other value that must not change}) whose value
+    changes with the symbols; DynamicError naming the key where no such function fits."""
+    names = [symbol_var(k).name for k in range(len(symbols))]
+    moving = [k for k, s in enumerate(symbols) if s.lo < s.hi]
+    if not moving:
+        return {}
+    n = len(moving)
+    corners = dict(zip(itertools.product((0, 1), repeat=n), table[:2 ** n]))
+    probe_values, at_probe = sample_points(symbols)[-1], table[-1]
+    bound = {nm: s.hi for nm, s in zip(names, symbols)}
+    low = {nm: _second(s) for nm, s in zip(names, symbols)}
+    at_bound = table[0]
+    out = {}
+    for key, ext in at_bound.items():
+        if any(key not in c for c in table):
+            raise DynamicError(f"{_label(key)} exists at some values of the symbols and not at others")
+        if all(c[key] == ext for c in table):
+            continue
+        if not isinstance(ext, int):     # a value computed from a symbol (a pad's border, a mean's 1/n)
+            raise DynamicError(f"what {_label(key)} computes depends on the value of "
+                               f"{', '.join(symbols[k].name for k in moving)}, not only on how far it runs")
+        expr = _multilinear(key, corners, moving, names, bound, low, symbols)
+        if evaluate(expr, probe_values) != at_probe[key]:
+            raise DynamicError(f"the extent of {_label(key)} is not a multilinear function of "
+                               f"{', '.join(symbols[k].name for k in moving)}")
+        out[key] = expr
     return out
 
 
 def fit_dims(build: Callable, symbols: tuple) -> DynamicDims:
     """The run-time extents of the DAG that `build({symbol var name: value})` makes, each fitted
-    as a multilinear function of the symbols: exact at the two corner values of every symbol,
-    checked at a third, with non-negative integer coefficients (so the bound shape is the largest).
-    Raises DynamicError naming the dimension that no such function fits."""
+    as a multilinear function of the symbols (fit_table) over the DAGs built at sample_points."""
     symbols = tuple(symbols)
-    names = [symbol_var(k).name for k in range(len(symbols))]
     dims = DynamicDims(symbols)
-    moving = [k for k, s in enumerate(symbols) if s.lo < s.hi]
-    if not moving:
-        return dims
-    bound = {n: s.hi for n, s in zip(names, symbols)}
-    low = {n: _second(s) for n, s in zip(names, symbols)}
-    corners = {}
-    for pick in itertools.product((0, 1), repeat=len(moving)):
-        vals = dict(bound)
-        for k, p in zip(moving, pick):
-            vals[names[k]] = low[names[k]] if p else bound[names[k]]
-        corners[pick] = _extents(build, vals)
-    at_bound = corners[(0,) * len(moving)]
-    probe = dict(bound)
-    for k in moving:
-        probe[names[k]] = _third(symbols[k])
-    at_probe = _extents(build, probe)
-    for key, ext in at_bound.items():
-        if any(key not in c for c in corners.values()) or key not in at_probe:
-            raise DynamicError(f"{_label(key)} exists at some values of the symbols and not at others")
-        if all(c[key] == ext for c in corners.values()) and at_probe[key] == ext:
-            continue
-        if key[0] == "f":      # a value computed from a symbol (a pad's border, a mean's 1/n): not a bound
-            raise DynamicError(f"what {key[1]} computes depends on the value of "
-                               f"{', '.join(symbols[k].name for k in moving)}, not only on how far it runs")
-        expr = _multilinear(key, corners, moving, names, bound, low, symbols)
-        if evaluate(expr, probe) != at_probe[key]:
-            raise DynamicError(f"the extent of {_label(key)} is not a multilinear function of "
-                               f"{', '.join(symbols[k].name for k in moving)}")
+    table = [_extents(build, vals) for vals in sample_points(symbols)]
+    for key, expr in fit_table(table, symbols).items():
         if key[0] == "t":
-            rank = sum(1 for k in at_bound if k[0] == "t" and k[1] == key[1])
-            shape = dims.tensors.setdefault(key[1], [None] * rank)
-            shape[key[2]] = expr
+            rank = sum(1 for k in table[0] if k[0] == "t" and k[1] == key[1])
+            dims.tensors.setdefault(key[1], [None] * rank)[key[2]] = expr
         else:
             dims.reduce[(key[1], key[2])] = expr
-    dims.tensors = {n: tuple(s) for n, s in dims.tensors.items()}
+    dims.tensors = {name: tuple(shape) for name, shape in dims.tensors.items()}
     return dims
+
+
+def monomials(expr: Expr, count: int) -> list:
+    """A multilinear expression of `count` symbols as [[coefficient, [symbol index, ...]], ...]:
+    what an artifact stores and the runtime evaluates (runtime.model), without expressions."""
+    names = [symbol_var(k).name for k in range(count)]
+    at = {}
+    for pick in itertools.product((0, 1), repeat=count):
+        at[pick] = evaluate(expr, dict(zip(names, pick)))
+    out = []
+    for mono in itertools.product((0, 1), repeat=count):      # Moebius inversion over {0, 1}^count
+        c = sum((-1) ** (sum(mono) - sum(p)) * at[p] for p in at if all(x <= m for x, m in zip(p, mono)))
+        if c:
+            out.append([c, [k for k, m in enumerate(mono) if m]])
+    return out
+
+
+def box(shape: tuple, extents: tuple, values: dict):
+    """The slices of a buffer of the bound `shape` that hold a run's data at `values`, given its
+    dims' extents (None: the whole dimension)."""
+    extents = tuple(extents) + (None,) * (len(shape) - len(extents))
+    return tuple(slice(0, evaluate(e, values) if e is not None else n) for n, e in zip(shape, extents))
 
 
 def _second(s: Symbol) -> int:
@@ -210,5 +257,5 @@ def _at(vals: dict, symbols: tuple, names: list) -> str:
 
 
 def _label(key) -> str:
-    return {"t": lambda: f"dimension {key[2]} of {key[1]}", "r": lambda: f"reduction {key[2]} of {key[1]}",
-            "f": lambda: f"the formula of {key[1]}"}[key[0]]()
+    said = {"t": "dimension {2} of {1}", "r": "reduction {2} of {1}", "v": "dimension {2} of {1}"}
+    return said.get(key[0], "{1}").format(*key) if len(key) > 2 else str(key[1])

@@ -1,0 +1,139 @@
+"""A model compiled once for inputs whose dimensions vary within ranges (issue 37).
+
+`--dynamic "input_ids=1x[1..512]"` names a range for a dimension. A dimension the ONNX file calls
+by name (a dim_param) is one symbol wherever that name appears, so inputs that share a sequence
+length share its symbol; any other range is a symbol of its own. The model is imported and
+optimised at a few values of the symbols (te.dynamic.sample_points), the bound first, and the
+compiler fits every dimension that changes with them (te.dynamic), so shape computations the
+importer folds, and every pass, run as they do for a static model.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..te.dynamic import DynamicError, Symbol, evaluate, sample_points, symbol_var
+from .ir import GraphError
+
+_RANGE = re.compile(r"^(?:([A-Za-z_][A-Za-z0-9_.]*))?\[(\d+)\.\.(\d+)\]$")
+_DIM = re.compile(r"[1-9]\d*|(?:[A-Za-z_][A-Za-z0-9_.]*)?\[\d+\.\.\d+\]")
+
+
+@dataclass
+class DynamicInputs:
+    """The symbols, and each input's dims: an int, or ("sym", k) for symbols[k]."""
+    symbols: tuple
+    dims: dict
+
+    def shapes(self, values: dict) -> dict:
+        """{input: shape} at `values` ({symbol var name: value})."""
+        return {name: [evaluate(symbol_var(d[1]), values) if isinstance(d, tuple) else d for d in dims]
+                for name, dims in self.dims.items()}
+
+    @property
+    def points(self) -> list:
+        return sample_points(self.symbols)
+
+    def declared(self, name: str) -> list:
+        """The input's dims for an artifact: None where fixed, else the symbol's index."""
+        return [d[1] if isinstance(d, tuple) else None for d in self.dims[name]]
+
+
+def parse_dynamic(spec, declared: dict) -> DynamicInputs:
+    """`spec`: "NAME=1x[1..512]" (several joined by ';' or given as a list), or {name: [1, (1, 512)]}
+    (a range may be (symbol name, lo, hi)). `declared`: {input: its dims in the model, an int,
+    a dim_param name or None}. Raises GraphError naming what cannot be read or does not fit."""
+    items = _items(spec)
+    symbols: list = []
+    index: dict = {}                    # symbol name -> its position
+
+    def symbol(name: str, lo: int, hi: int, where: str):
+        if name in index:
+            s = symbols[index[name]]
+            if (s.lo, s.hi) != (lo, hi):
+                raise GraphError(f"--dynamic gives {name} the range [{s.lo}..{s.hi}] and [{lo}..{hi}] ({where}); "
+                                 "give one range")
+            return ("sym", index[name])
+        try:
+            symbols.append(Symbol(name, lo, hi))
+        except DynamicError as e:
+            raise GraphError(f"--dynamic {where}: {e}") from None
+        index[name] = len(symbols) - 1
+        return ("sym", index[name])
+
+    dims: dict = {}
+    for name, given in items.items():
+        if name not in declared:
+            raise GraphError(f"--dynamic names {name}, which the model has no input called; its inputs are "
+                             f"{', '.join(declared) or 'none'}")
+        model = declared[name]
+        if len(given) != len(model):
+            raise GraphError(f"--dynamic {name} gives {len(given)} dims; the model's input has {len(model)}")
+        out = []
+        for axis, (g, m) in enumerate(zip(given, model)):
+            if isinstance(g, int):
+                if isinstance(m, int) and m != g:
+                    raise GraphError(f"--dynamic {name}: dim {axis} is {m} in the model, not {g}")
+                out.append(g)
+                continue
+            sym_name, lo, hi = g
+            if isinstance(m, int):
+                raise GraphError(f"--dynamic {name}: dim {axis} is fixed at {m} in the model; export it with a "
+                                 "dynamic axis to vary it")
+            out.append(symbol(sym_name or (m if isinstance(m, str) else f"{name}.{axis}"), lo, hi, name))
+        dims[name] = out
+    for name, model in declared.items():         # other inputs that name a symbol's dim_param share it
+        if name in dims:
+            continue
+        if any(isinstance(m, str) and m in index for m in model):
+            dims[name] = [("sym", index[m]) if isinstance(m, str) and m in index else m for m in model]
+            if any(d is None or isinstance(d, str) for d in dims[name]):
+                raise GraphError(f"input {name} has dims {model}; give all of its dynamic ones with --dynamic")
+    if not symbols:
+        raise GraphError("--dynamic gives no range; write a varying dimension as [lo..hi], e.g. input_ids=1x[1..512]")
+    return DynamicInputs(tuple(symbols), dims)
+
+
+def _items(spec) -> dict:
+    if isinstance(spec, dict):
+        return {name: [d if isinstance(d, int) else _range_tuple(name, d) for d in dims] for name, dims in spec.items()}
+    parts = [p for item in ([spec] if isinstance(spec, str) else spec) for p in item.split(";") if p.strip()]
+    out = {}
+    for part in parts:
+        name, eq, text = part.strip().partition("=")
+        if not eq or not name:
+            raise GraphError(f"cannot read --dynamic {part!r}: expected NAME=1x[1..512]")
+        tokens = _tokens(text.strip())
+        if tokens is None:
+            raise GraphError(f"cannot read --dynamic {part!r}: each dim is a number or a range [lo..hi], "
+                             "joined by x")
+        dims = []
+        for d in tokens:
+            m = _RANGE.match(d)
+            dims.append((m.group(1), int(m.group(2)), int(m.group(3))) if m else int(d))
+        out[name.strip()] = dims
+    return out
+
+
+def _tokens(text: str) -> list | None:
+    """'1x[1..512]' -> ['1', '[1..512]']: dims read left to right, each followed by x or the end."""
+    out, i = [], 0
+    while True:
+        m = _DIM.match(text, i)
+        if not m:
+            return None
+        out.append(m.group(0))
+        i = m.end()
+        if i == len(text):
+            return out
+        if text[i] != "x":
+            return None
+        i += 1
+
+
+def _range_tuple(name: str, d):
+    if isinstance(d, tuple) and len(d) == 2 and all(isinstance(x, int) for x in d):
+        return (None, d[0], d[1])
+    if isinstance(d, tuple) and len(d) == 3 and isinstance(d[0], str) and all(isinstance(x, int) for x in d[1:]):
+        return d
+    raise GraphError(f"dynamic={{{name!r}: ...}}: each dim is an int, (lo, hi) or (symbol, lo, hi), got {d!r}")
