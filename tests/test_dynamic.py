@@ -147,3 +147,148 @@ def test_a_symbolic_parameter_must_take_the_workloads_value_at_the_bound():
         task.dynamic_dims({"N": symbol_var(0)}, (Symbol("rows", 1, 9),))
     with pytest.raises(DynamicError, match="no parameter"):
         task.dynamic_dims({"Q": symbol_var(0)}, (Symbol("rows", 1, 8),))
+
+
+# ------------------------------------------------------------ whole models (compile_model(dynamic=...))
+
+def _attention_onnx(path, dims: list, seed: int = 0, hidden: int = 16, heads: int = 2, divide_by_length=False):
+    """Self-attention with a residual and LayerNorm, as exporters write it, over x [dims..., hidden]
+    whose dims may be dim_params ("batch", "seq")."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(seed)
+    d = hidden // heads
+    inits = [numpy_helper.from_array(rng.standard_normal((hidden, hidden)).astype(np.float32) * 0.3, n)
+             for n in ("wq", "wk", "wv")]
+    inits += [numpy_helper.from_array(np.array([0, -1, heads, d], np.int64), "heads"),
+              numpy_helper.from_array(np.array([0, -1, hidden], np.int64), "merged"),
+              numpy_helper.from_array(np.array(1 / np.sqrt(d), np.float32), "scale"),
+              numpy_helper.from_array(np.ones(hidden, np.float32), "gamma"),
+              numpy_helper.from_array(np.zeros(hidden, np.float32), "beta")]
+    n = helper.make_node
+    nodes = [n("MatMul", ["x", "wq"], ["q"]), n("MatMul", ["x", "wk"], ["k"]), n("MatMul", ["x", "wv"], ["v"]),
+             n("Reshape", ["q", "heads"], ["qh"]), n("Transpose", ["qh"], ["qt"], perm=[0, 2, 1, 3]),
+             n("Reshape", ["k", "heads"], ["kh"]), n("Transpose", ["kh"], ["kt"], perm=[0, 2, 3, 1]),
+             n("Reshape", ["v", "heads"], ["vh"]), n("Transpose", ["vh"], ["vt"], perm=[0, 2, 1, 3]),
+             n("MatMul", ["qt", "kt"], ["s"]), n("Mul", ["s", "scale"], ["ss"]), n("Softmax", ["ss"], ["p"], axis=-1),
+             n("MatMul", ["p", "vt"], ["c"]), n("Transpose", ["c"], ["ct"], perm=[0, 2, 1, 3]),
+             n("Reshape", ["ct", "merged"], ["cm"]), n("Add", ["cm", "x"], ["r"])]
+    last = "r"
+    if divide_by_length:            # r / its length: a value of the symbol, not a bound
+        nodes += [n("Shape", ["x"], ["shape"]), n("Gather", ["shape", "one"], ["len"], axis=0),
+                  n("Cast", ["len"], ["lenf"], to=TensorProto.FLOAT), n("Div", ["r", "lenf"], ["rd"])]
+        inits.append(numpy_helper.from_array(np.array(1, np.int64), "one"))
+        last = "rd"
+    nodes.append(n("LayerNormalization", [last, "gamma", "beta"], ["out"], axis=-1))
+    g = helper.make_graph(nodes, "attention", [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims + [hidden])],
+                          [helper.make_tensor_value_info("out", TensorProto.FLOAT, dims + [hidden])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def _compile(path, dynamic, threads=1):
+    import importlib
+    return importlib.import_module("tuner.compiler.compile_model").compile_model(str(path), threads=threads,
+                                                                                  dynamic=dynamic)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(lengths=st.lists(st.integers(1, 24), min_size=1, max_size=3), threads=st.sampled_from([1, 2]))
+def test_an_attention_block_compiled_once_for_a_range_of_lengths_computes_what_onnx_runtime_does_at_each(
+        tmp_path_factory, lengths, threads):
+    from conftest import ort_run
+    path = _attention_onnx(tmp_path_factory.mktemp("att") / "att.onnx", [1, "seq"])
+    model = _compile(path, "x=1x[1..24]x16", threads)
+    assert model.symbols == [{"name": "seq", "lo": 1, "hi": 24}] and any(s.dynamic for s in model.steps)
+    for n in sorted({1, 13, 24, *lengths}):
+        x = np.random.default_rng(n).standard_normal((1, n, 16)).astype(np.float32)
+        [got], [want] = model.run(x), ort_run(path, x)
+        assert got.shape == (1, n, 16)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"length {n}")
+
+
+def test_a_batch_that_varies_at_a_fixed_length_runs_every_batch_size(tmp_path):
+    from conftest import ort_run
+    path = _attention_onnx(tmp_path / "att.onnx", ["batch", 6])
+    model = _compile(path, {"x": [(1, 4), 6, 16]})
+    for b in (1, 3, 4):
+        x = np.random.default_rng(b).standard_normal((b, 6, 16)).astype(np.float32)
+        np.testing.assert_allclose(model.run(x=x)[0], ort_run(path, x)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_length_outside_the_range_and_a_fixed_dim_that_differs_are_refused_in_one_line(tmp_path):
+    from tuner.errors import UserError
+    model = _compile(_attention_onnx(tmp_path / "att.onnx", [1, "seq"]), "x=1x[2..8]x16")
+    for shape, says in (((1, 9, 16), r"has 9 in dim 1 \(seq\); this model runs seq from 2 to 8"),
+                        ((1, 1, 16), "from 2 to 8"), ((1, 4, 15), "must have shape 1x4x16")):
+        with pytest.raises(UserError, match=says):
+            model.run(np.zeros(shape, np.float32))
+
+
+@pytest.mark.parametrize("dims, dynamic, says", [
+    (["batch", "seq"], "x=[1..3]x[2..6]x16", "merged with another"),          # rows b*S of a padded [B, S]
+    ([1, "seq"], None, "not the start of its value|depends on the value"),     # r / S: a value of S, not a bound
+])
+def test_models_a_layout_at_the_bounds_cannot_run_are_refused_with_the_reason(tmp_path, dims, dynamic, says):
+    path = _attention_onnx(tmp_path / "att.onnx", dims, divide_by_length=dynamic is None)
+    with pytest.raises(DynamicError, match=says):
+        _compile(path, dynamic or "x=1x[2..9]x16")
+
+
+def test_dynamic_needs_an_onnx_file_and_ranges_it_can_read(tmp_path):
+    from tuner.errors import UserError
+    from tuner.graph.ir import GraphError
+    path = _attention_onnx(tmp_path / "att.onnx", [1, "seq"])
+    with pytest.raises(UserError, match="needs an ONNX file"):
+        _compile("tiny", "x=1x[1..4]")
+    for bad, says in (("x=1x[1..4", "each dim is a number or a range"), ("y=1x[1..4]", "no input called"),
+                      ("x=2x[1..4]x16", "dim 0 is 1 in the model"), ("x=1x[5..4]x16", "1 <= lo <= hi")):
+        with pytest.raises(GraphError, match=says):
+            _compile(path, bad)
+
+
+def test_the_command_line_compiles_a_range_and_runs_a_shape_in_it(tmp_path, capsys):
+    from tuner.cli import main
+    path = _attention_onnx(tmp_path / "att.onnx", [1, "seq"])
+    assert main(["compile", str(path), "--dynamic", "x=1x[1..16]x16", "--threads", "1", "-o", str(tmp_path / "m")]) == 0
+    assert "dynamic: seq from 1 to 16" in capsys.readouterr().out
+    np.save(tmp_path / "x.npy", np.ones((1, 7, 16), np.float32))
+    assert main(["run", str(tmp_path / "m"), "--input", f"x={tmp_path / 'x.npy'}", "-o", str(tmp_path / "y.npy")]) == 0
+    assert np.load(tmp_path / "y.npy").shape == (1, 7, 16)
+    assert main(["run", str(tmp_path / "m"), "--input", f"x={tmp_path / 'x.npy'}"]) == 0
+    np.save(tmp_path / "x.npy", np.ones((1, 17, 16), np.float32))
+    assert main(["run", str(tmp_path / "m"), "--input", f"x={tmp_path / 'x.npy'}"]) == 2
+    assert "runs seq from 1 to 16" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dynamo,opset", [(False, 14), (True, 17)])
+def test_a_hugging_face_bert_exported_with_a_dynamic_length_compiles_once_and_matches_onnx_runtime(tmp_path, dynamo,
+                                                                                                   opset):
+    tf = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    from conftest import ort_run
+    m = tf.BertModel(tf.BertConfig(vocab_size=100, max_position_embeddings=40, hidden_size=32, num_hidden_layers=1,
+                                   num_attention_heads=4, intermediate_size=64))
+    m.eval()
+
+    class Hidden(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+
+        def forward(self, x):
+            return self.m(input_ids=x).last_hidden_state
+
+    path = tmp_path / "bert.onnx"
+    torch.onnx.export(Hidden(), (torch.randint(0, 100, (1, 7)),), str(path), input_names=["input_ids"],
+                      output_names=["out"], opset_version=opset, dynamic_axes={"input_ids": {1: "seq"}, "out": {1: "seq"}},
+                      dynamo=dynamo)
+    model = _compile(path, "input_ids=1x[1..40]")
+    assert all(s.dynamic for s in model.steps)
+    for n in (1, 7, 23, 40):
+        ids = np.random.default_rng(n).integers(0, 100, (1, n)).astype(np.int64)
+        np.testing.assert_allclose(model.run(input_ids=ids)[0], ort_run(path, {"input_ids": ids})[0], rtol=1e-4,
+                                   atol=1e-4, err_msg=f"length {n}")

@@ -326,6 +326,9 @@ def _cmd_compile(args) -> int:
     check_artifact_dir(Path(args.output))
     logs = list(args.log or [])
     _require_logs(*logs[args.quick is not None:], flag="--log")    # --quick may start its log
+    if args.quick is not None and args.dynamic:
+        raise UserError("--quick measures one shape; with --dynamic, tune at a shape in the range (tuner tune "
+                        "--input-shape) and compile with its --log")
     if args.quick is not None:
         logs[:1] = [_quick(args, logs[0] if logs else str(Path(args.output)) + ".jsonl", logs[1:])]
     elif args.time_limit is not None:
@@ -334,7 +337,8 @@ def _cmd_compile(args) -> int:
     m = compile_model(args.model, log=logs, target=args.target, threads=args.threads, layout=args.layout,
                       input_shapes=parse_input_shapes(args.input_shape), use_shipped=not args.no_shipped,
                       strict=args.strict, progress=say, predict=not args.no_predict,
-                      fuse_attention=args.fuse_attention, merge_dense=args.merge_dense)
+                      fuse_attention=args.fuse_attention, merge_dense=args.merge_dense,
+                      dynamic=args.dynamic)
     m.save(args.output)
     print(m.report())
     print(f"wrote {args.output} (run it: tuner run {args.output} --random)")
@@ -602,6 +606,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--threads", type=int, help="kernel threads (default: all cores); compiled in")
     c.add_argument("--layout", help="activation layout of convolutions: NCHW, NHWC, NCHW8c, NCHW16c (default)")
     c.add_argument("--input-shape", action="append", help="NAME=1x3x224x224 for inputs with dynamic dims")
+    c.add_argument("--dynamic", action="append", metavar="NAME=1x[1..512]",
+                   help="dims that vary from run to run, each a range [lo..hi] (repeatable): one compiled model "
+                        "runs every shape in them (an ONNX file with dynamic axes; docs/dynamic-shapes.md)")
     c.add_argument("--strict", action="store_true", help="fail when any task has no tuning record")
     c.add_argument("--no-shipped", action="store_true", help="do not fall back on the shipped tuner/schedules/")
     c.add_argument("--no-predict", action="store_true",

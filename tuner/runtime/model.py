@@ -337,6 +337,11 @@ class CompiledModel:
         rows.append(f"arena {m['arena_bytes'] / 2**20:.2f} MiB for {m['intermediate_bytes'] / 2**20:.2f} MiB of "
                     f"intermediates (largest live set {m['peak_live_bytes'] / 2**20:.2f} MiB); "
                     f"weights {m['weights_bytes'] / 2**20:.1f} MiB{huge}")
+        if self.symbols:
+            dyn = sum(s.dynamic for s in self.steps)
+            ranges = ", ".join(f"{y['name']} from {y['lo']} to {y['hi']}" for y in self.symbols)
+            rows.append(f"dynamic: {ranges}; {dyn} of the {len(self.steps)} steps run to each run's extents; "
+                        "the arena and the inputs and outputs are laid out for the bounds")
         if m.get("layout_plan"):
             rows.append(f"layout plan ({m.get('layout_plan_from') or 'given'}): {plan_summary(m['layout_plan'])}; "
                         f"the other convs run in {m['layout']}")

@@ -78,28 +78,43 @@ def evaluate(e: Expr, values: Mapping[str, int]) -> int:
     return out.value
 
 
-def _extents(build: Callable, values: dict) -> dict:
-    """{("t", tensor, d) | ("r", stage, axis): extent, ("f", tensor): its formula} of the DAG built
-    at `values`."""
+def _extents(build: Callable, values: dict) -> tuple:
+    """({("t", tensor, d) | ("r", stage, axis): extent}, {tensor: its formula}) of the DAG built at
+    `values`; a formula is (axis names, body, table, its axes' ranges here)."""
     _, output = build(values)
-    out = {}
+    out, formulas = {}, {}
     for t in topo_order(output):
         for d, e in enumerate(t.shape):
             out[("t", t.name, d)] = e
         if isinstance(t.op, ComputeOp):
             for r in t.op.reduce_axes:
                 out[("r", t.name, r.name)] = r.extent
-            # the formula, simplified over its axes' ranges here: a view's index arithmetic in this
-            # shape ((i*32 + j) // (S*32) for i < S is 0) is the same at every value
-            ranges = {a.name: (0, a.extent - 1) for a in (*t.op.axes, *t.op.reduce_axes)}
-            body = t.op.body
-            if isinstance(body, Reduce):       # its axes' extents are compared above
-                body = Reduce(body.combiner, simplify(body.source, ranges), tuple(r.name for r in body.axes),
-                              body.init)
-            else:
-                body = simplify(body, ranges)
-            out[("f", t.name)] = (tuple(a.name for a in t.op.axes), body, tuple(sorted(t.op.table.items())))
-    return out
+            axes = (*t.op.axes, *t.op.reduce_axes)
+            formulas[t.name] = (tuple(a.name for a in axes), t.op.body, tuple(sorted(t.op.table.items())),
+                                {a.name: (0, a.extent - 1) for a in axes})
+    return out, formulas
+
+
+def _same_formulas(at_bound: dict, here: dict, where: str) -> None:
+    """Every stage computes at `here` what it computes at the bounds, over the axes' ranges here:
+    both formulas simplified over those ranges are one (a view's index arithmetic in the bound
+    shape, (i*32 + j) // (S*32) for i < S, is 0 here too); an axis of one iteration at the bounds
+    is 0 in both. A formula that depends on a symbol's value (a pad's border, a mean's 1/n) is not."""
+    for name, (axes, body, table, bound_ranges) in at_bound.items():
+        axes_here, body_here, table_here, ranges = here.get(name, ((), None, (), {}))
+        if axes_here != axes or table_here != table:
+            raise DynamicError(f"{name} has other axes at {where} than at the bounds")
+        zero = {a: Const(0) for a, (_, hi) in bound_ranges.items() if hi == 0}
+
+        def norm(e):
+            if isinstance(e, Reduce):
+                return Reduce(e.combiner, simplify(substitute(e.source, zero), ranges), tuple(r.name for r in e.axes),
+                              e.init)
+            return simplify(substitute(e, zero), ranges)
+
+        if norm(body) != norm(body_here):
+            raise DynamicError(f"what {name} computes depends on the value of {where.split('=')[0]}, not only "
+                               "on how far it runs")
 
 
 def sample_points(symbols: tuple) -> list:
@@ -155,7 +170,12 @@ def fit_dims(build: Callable, symbols: tuple) -> DynamicDims:
     as a multilinear function of the symbols (fit_table) over the DAGs built at sample_points."""
     symbols = tuple(symbols)
     dims = DynamicDims(symbols)
-    table = [_extents(build, vals) for vals in sample_points(symbols)]
+    points = sample_points(symbols)
+    built = [_extents(build, vals) for vals in points]
+    for vals, (_, formulas) in zip(points[1:], built[1:]):
+        _same_formulas(built[0][1], formulas, ", ".join(f"{s.name}={vals[symbol_var(k).name]}"
+                                                         for k, s in enumerate(symbols)))
+    table = [ext for ext, _ in built]
     for key, expr in fit_table(table, symbols).items():
         if key[0] == "t":
             rank = sum(1 for k in table[0] if k[0] == "t" and k[1] == key[1])
