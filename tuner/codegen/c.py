@@ -219,7 +219,7 @@ class CGen:
         if s.auto_unroll:
             self.unroll_budget = max(self.unroll_budget, s.auto_unroll)
         threaded = s.kind != "vectorize" and _threaded(s, self.threads) and not self.in_parallel
-        if s.kind == "vectorize" and s.limit is None:
+        if s.kind == "vectorize":
             try:
                 lines = self.vector_loop(s, d)
                 self.lines.extend(lines)
@@ -228,9 +228,6 @@ class CGen:
             except NotVectorizable:
                 if not _carried(s):
                     self.emit(d, "#pragma omp simd")
-        elif s.kind == "vectorize":          # a run-time trip count: GCC vectorises what it can
-            if not _carried(s):
-                self.emit(d, "#pragma omp simd")
         elif threaded:
             self.emit(d, f"#pragma omp parallel for num_threads({self.threads})")
             self.uses_openmp = True
@@ -324,10 +321,11 @@ class CGen:
         chunks = s.extent // lanes
         lane = f"{s.var}__lane"
         chunk = f"{s.var}__chunk"
-        value_of_var = Var(lane) if chunks == 1 else Var(chunk) * Const(lanes) + Var(lane)
+        dynamic = s.limit is not None        # a run-time trip count: its whole vectors, then the rest lane by lane
+        value_of_var = Var(lane) if chunks == 1 and not dynamic else Var(chunk) * Const(lanes) + Var(lane)
         extra = {lane: (0, lanes - 1)}
         saved = dict(self.ranges)
-        if chunks > 1:
+        if chunks > 1 or dynamic:
             self.ranges[chunk] = chunks
         try:
             body = []
@@ -352,7 +350,11 @@ class CGen:
             self.ranges = saved
         out = []
         inner = d
-        if chunks > 1:
+        if dynamic:
+            out.append("  " * d + f"for (int {c_name(chunk)} = 0, {c_name(chunk)}_end = {self._whole(s, lanes)}; "
+                                  f"{c_name(chunk)} < {c_name(chunk)}_end; ++{c_name(chunk)}) {{")
+            inner = d + 1
+        elif chunks > 1:
             out.append("  " * d + f"#pragma GCC unroll {min(chunks, VECTOR_UNROLL)}")
             out.append("  " * d + f"for (int {c_name(chunk)} = 0; {c_name(chunk)} < {chunks}; ++{c_name(chunk)}) {{")
             inner = d + 1
@@ -361,17 +363,26 @@ class CGen:
                 out.append("  " * inner + f"if ({' && '.join(conds)}) {line}")
             else:
                 out.append("  " * inner + line)
-        if chunks > 1:
+        if chunks > 1 or dynamic:
             out.append("  " * d + "}")
-        return out + self.scalar_tail(s, d, tail)
+        return out + self.scalar_tail(s, d, tail, lanes)
 
-    def scalar_tail(self, s: ir.For, d: int, tail: int) -> list:
-        """The lines of loop `s`'s last `tail` iterations, lane by lane (after its whole vectors)."""
-        if not tail:
+    def _whole(self, s: ir.For, lanes: int) -> str:
+        """The number of whole vectors in a dynamic loop's run-time trip count."""
+        return f"(({self.expr(s.limit)}) / {lanes})"
+
+    def scalar_tail(self, s: ir.For, d: int, tail: int, lanes: int = 0) -> list:
+        """The lines of loop `s`'s last `tail` iterations (of a dynamic loop: those after its whole
+        vectors of `lanes`), lane by lane."""
+        if not tail and s.limit is None:
             return []
         saved_lines, self.lines = self.lines, []
         v = c_name(s.var)
-        self.emit(d, f"for (int {v} = {s.extent - tail}; {v} < {s.extent}; ++{v}) {{")
+        if s.limit is not None:
+            self.emit(d, f"for (int {v} = {self._whole(s, lanes)} * {lanes}, {v}_end = {self.expr(s.limit)}; "
+                         f"{v} < {v}_end; ++{v}) {{")
+        else:
+            self.emit(d, f"for (int {v} = {s.extent - tail}; {v} < {s.extent}; ++{v}) {{")
         self.ranges[s.var] = s.extent
         self.stmt(s.body, d + 1)
         del self.ranges[s.var]
@@ -387,11 +398,13 @@ class CGen:
         value = st.value.b if st.value.a == Load(st.buffer, st.indices) else st.value.a
         chunks = s.extent // lanes
         lane, chunk = f"{s.var}__lane", f"{s.var}__chunk"
+        dynamic = s.limit is not None
         saved = dict(self.ranges)
-        if chunks > 1:
+        if chunks > 1 or dynamic:
             self.ranges[chunk] = chunks
         try:
-            at = substitute(value, {s.var: Var(lane) if chunks == 1 else Var(chunk) * Const(lanes) + Var(lane)})
+            at = substitute(value, {s.var: Var(lane) if chunks == 1 and not dynamic
+                                    else Var(chunk) * Const(lanes) + Var(lane)})
             code, is_vec = self.vexpr(at, lane, lanes, {lane: (0, lanes - 1)})
         finally:
             self.ranges = saved
@@ -401,14 +414,17 @@ class CGen:
         ind = "  " * (d + 1)
         out = ["  " * d + "{", ind + f"{vt} {acc} = ({vt}){{0}} + ({op[0]});"]
         step = op[1].format(acc=acc, v=code, w=lanes)
-        if chunks > 1:
+        if dynamic:
+            out.append(ind + f"for (int {c_name(chunk)} = 0, {c_name(chunk)}_end = {self._whole(s, lanes)}; "
+                             f"{c_name(chunk)} < {c_name(chunk)}_end; ++{c_name(chunk)}) {acc} = {step};")
+        elif chunks > 1:
             out.append(ind + f"for (int {c_name(chunk)} = 0; {c_name(chunk)} < {chunks}; ++{c_name(chunk)}) {acc} = {step};")
         else:
             out.append(ind + f"{acc} = {step};")
         fold = op[2].format(a=target, b=f"{acc}[{{j}}]")
         out += [ind + f"{target} = {fold.format(j=j)};" for j in range(lanes)]
         out.append("  " * d + "}")
-        return out + self.scalar_tail(s, d, tail)
+        return out + self.scalar_tail(s, d, tail, lanes)
 
     def vexpr(self, e: Expr, lane: str, lanes: int, extra: dict):
         """(C code, is_vector) of `e` evaluated for all lanes at once."""

@@ -32,7 +32,7 @@ from ..database import records
 from ..database.union import Database
 from ..errors import UserError
 from ..graph import Graph, load
-from ..graph.dynamic import parse_dynamic
+from ..graph.dynamic import SHAPE_DECIDED, parse_dynamic
 from ..graph.ir import graph_digest, graph_structure, interface_names
 from ..graph.models import MODELS
 from ..graph.onnx_frontend import input_dims
@@ -345,10 +345,11 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
     given = {"fuse_attention": fuse_attention, "merge_dense": merge_dense}
     choices = {c: (given[c], "given") if given[c] is not None else (timed[c]["on"], plan_from) if c in timed
                else (False, "default") for c in GRAPH_CHOICES}
-    g = optimize(graph, layout=layout, layout_plan=layout_plan, **{c: on for c, (on, _) in choices.items()})
+    options = dict(layout=layout, layout_plan=layout_plan, disabled=SHAPE_DECIDED if family else (),
+                   **{c: on for c, (on, _) in choices.items()})
+    g = optimize(graph, **options)
     if family:
-        family.optimised([g] + [optimize(gp, layout=layout, layout_plan=layout_plan,
-                                         **{c: on for c, (on, _) in choices.items()}) for gp in family.graphs[1:]])
+        family.optimised([g] + [optimize(gp, **options) for gp in family.graphs[1:]])
     say(f"optimised {graph.name}: {len(graph.nodes)} nodes -> {len(g.nodes)}, "
         f"{len(g.meta['fused_groups'])} fused groups")
     io = _Interface(g)

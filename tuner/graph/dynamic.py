@@ -15,6 +15,10 @@ from dataclasses import dataclass
 from ..te.dynamic import DynamicError, Symbol, evaluate, sample_points, symbol_var
 from .ir import GraphError
 
+# passes that decide by a dimension's value (pad a matmul's columns to a vector width): one
+# decision cannot hold for a range, so a dynamic model is optimised without them
+SHAPE_DECIDED = ("PadMatmulColumns",)
+
 _RANGE = re.compile(r"^(?:([A-Za-z_][A-Za-z0-9_.]*))?\[(\d+)\.\.(\d+)\]$")
 _DIM = re.compile(r"[1-9]\d*|(?:[A-Za-z_][A-Za-z0-9_.]*)?\[\d+\.\.\d+\]")
 

@@ -11,8 +11,8 @@ import re
 from dataclasses import dataclass
 
 from ..te.dynamic import DynamicDims
-from ..te.expr import (And, Cmp, Const, Expr, FloorDiv, FloorMod, Load, Max, Reduce, Var, as_expr, bounds, free_vars,
-                       from_linear, linear, simplify, substitute, transform, walk)
+from ..te.expr import (And, Cmp, Const, Expr, FloorDiv, FloorMod, Load, Max, Reduce, Var, all_of, as_expr, bounds,
+                       free_vars, from_linear, linear, simplify, substitute, transform, walk)
 from . import ir
 from .schedule import Schedule, ScheduleError, Stage
 from .peel import peel_guards, unswitch
@@ -190,7 +190,7 @@ class Lowerer:
         root_lim = {a.name: limits[k] for k, a in enumerate(op.axes) if k < len(limits) and limits[k] is not None}
         root_lim.update({r.name: lim for r in op.reduce_axes
                          if (lim := self.dims.reduce_limit(st.name, r.name)) is not None})
-        leaf_ext, split_guards, leaf_lim = self._leaf_extents(st, root_ext, root_lim)
+        leaf_ext, split_guards, leaf_lim, skips = self._leaf_extents(st, root_ext, root_lim)
         var = {leaf: self._var_name(st, leaf) for leaf in st.leaves}
         leaf_val = {leaf: (Var(var[leaf]) if leaf_ext[leaf] > 1 else Const(0)) for leaf in st.leaves}
         axis_val = self._axis_values(st, leaf_val, leaf_ext)
@@ -253,6 +253,8 @@ class Lowerer:
             stmt = self._with_producer(prod, preg, pguards, plims, offsets, ranges, stmt)
         for k in range(len(st.leaves) - 1, -1, -1):
             leaf = st.leaves[k]
+            if leaf in skips:
+                stmt = ir.IfThen(all_of(*(Cmp("<", axis_val[p], lim) for p, lim in skips[leaf])), stmt)
             if leaf_ext[leaf] > 1:
                 stmt = ir.For(var[leaf], leaf_ext[leaf], stmt, st.annotations.get(leaf, "serial"),
                               st.auto_unroll.get(leaf, 0), leaf_lim.get(leaf))
@@ -295,11 +297,12 @@ class Lowerer:
     # ------------------------------------------------------------ axes
     def _leaf_extents(self, st: Stage, root_ext: dict, root_lim: dict):
         """(extent of every axis at the bound shape, guards, run-time trip counts of the dynamic
-        axes). A dynamic axis split runs ceil(limit / inner) outer iterations and a guard keeps the
-        last tile inside the limit; fused, it keeps its limit as the outermost part only, and is
-        guarded where it is an inner one."""
+        axes). A dynamic axis split runs ceil(limit / inner) iterations of its outermost child that
+        loops; fused, it keeps its limit as the outermost part only. A spatial tile may run past the
+        limit, inside the bound shape: what it computes there lands in the padding, which no
+        result reads. A reduction is guarded at the limit: the padding must not enter a sum."""
         ext, lim = dict(root_ext), dict(root_lim)
-        guards = []
+        guards, skips = [], {}
         for rel in st.relations:
             if rel[0] == "split":
                 _, parent, children, factors = rel
@@ -316,11 +319,14 @@ class Lowerer:
                 for x in exts:
                     covered *= x
                 kind = "reduce" if st.is_reduce(parent) else "spatial"
-                if parent in lim:
-                    inner = covered // exts[0]
-                    lim[children[0]] = simplify((lim[parent] + Const(inner - 1)) // Const(inner))
-                    if inner > 1:
-                        guards.append(((parent, lim[parent]), kind))
+                if parent in lim:        # the outermost child that loops runs what the limit needs
+                    j = next((i for i, x in enumerate(exts) if x > 1), len(exts) - 1)
+                    inner = 1
+                    for x in exts[j + 1:]:
+                        inner *= x
+                    lim[children[j]] = simplify((lim[parent] + Const(inner - 1)) // Const(inner))
+                if parent in lim and kind == "reduce" and covered != 1:
+                    guards.append(((parent, lim[parent]), kind))
                 elif covered != ext[parent]:
                     guards.append(((parent, ext[parent]), kind))
             else:
@@ -329,11 +335,16 @@ class Lowerer:
                 for p in parts:
                     e *= ext[p]
                 ext[fused] = e
-                if parts[0] in lim:
-                    lim[fused] = simplify(lim[parts[0]] * Const(e // ext[parts[0]]))
-                kind = "reduce" if st.is_reduce(parts[0]) else "spatial"
-                guards.extend(((p, lim[p]), kind) for p in parts[1:] if p in lim)
-        return ext, guards, lim
+                live = [p for p in parts if ext[p] > 1]
+                if live and live[0] in lim:
+                    lim[fused] = simplify(lim[live[0]] * Const(e // ext[live[0]]))
+                # an inner dynamic part runs its bound extent: an iteration past its run-time one is
+                # skipped at the top of the fused loop's body (one test per iteration, not one per
+                # statement inside it, which would keep its loops from being vectorised)
+                skip = [(p, lim[p]) for p in live[1:] if p in lim] + [g for p in parts for g in skips.pop(p, [])]
+                if skip:
+                    skips[fused] = skip
+        return ext, guards, lim, skips
 
     def _axis_values(self, st: Stage, leaf_val: dict, ext: dict) -> dict:
         """Value of every axis (root, split and fused) as an expression of the leaf loop vars."""
@@ -422,8 +433,8 @@ class Lowerer:
         return region
 
     def _close_region(self, prod, region: list, ranges: dict) -> tuple:
-        """(region with unread dimensions whole, guards where it may overrun the tensor or its
-        run-time extent, the run-time extents of its whole dynamic dimensions)."""
+        """(region with unread dimensions whole, guards where it may overrun the tensor, the
+        run-time extents of its whole dynamic dimensions)."""
         shape = self.sch.shape_of(prod.name)
         dyn = self.dims.tensor(prod.name)
         region, guards, limits = list(region), [], [None] * len(shape)
@@ -437,9 +448,7 @@ class Lowerer:
                 limits[d] = lim
                 continue
             b = bounds(from_linear(iv.terms, iv.lo), {k: (0, e - 1) for k, e in ranges.items()})
-            if lim is not None:
-                guards.append((d, lim))
-            elif b is None or b[0] < 0 or b[1] + ext > shape[d]:
+            if b is None or b[0] < 0 or b[1] + ext > shape[d]:
                 guards.append((d, shape[d]))
         return region, tuple(guards), tuple(limits)
 

@@ -3,7 +3,8 @@
 A dynamic kernel is laid out at the symbols' upper bounds: every buffer has its bound shape and
 constant strides, as XLA's bounded dynamic shapes are padded to their bound. Only its loops
 change with a run: a loop over a dynamic dimension stops at that run's extent (a C expression of
-the symbols), and the padding beyond it is never read or written. Which dimensions vary, and how,
+the symbols), a tile past it only where the tile runs on, inside the bound shape, into padding
+that no result reads; a reduction over a dynamic dimension stops exactly at it. Which dimensions vary, and how,
 is found by building the tensor expression at a few values of the symbols and fitting each
 extent as a multilinear function of them (M = B*S, a padded row S + 2); anything else (a stride
 that halves a length) is refused rather than guessed.

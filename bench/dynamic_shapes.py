@@ -1,0 +1,130 @@
+"""One model compiled for a range of lengths, timed at several lengths beside ONNX Runtime and
+beside tuner's own static compile of each length (issue 37).
+
+    python -m bench.dynamic_shapes --export bert_base --range 1..512 --lengths 16,32,64,77,128,200,256,384,512
+
+--export writes a Hugging Face BertModel (its published configuration, random weights) exported by
+torch.onnx.export with a dynamic sequence axis; or give --model FILE.onnx and --input NAME. At each
+length the dynamic artifact, the static compile of that length (--no-static: none) and ONNX Runtime
+(all graph optimisations, the dynamic ONNX file) run interleaved, round by round; prints medians,
+paired ratios, their geomean over the lengths, compile times and the arena; writes JSON under
+bench/results/.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import math
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.common import write_results
+from tuner.compare.peers import interleaved, onnxruntime_runner, paired_ratios
+from tuner.graph import load as load_graph
+
+EXPORTS = {"bert_base": lambda tf: tf.BertModel(tf.BertConfig()), "gpt2": lambda tf: tf.GPT2Model(tf.GPT2Config())}
+
+
+def export(name: str, path: Path) -> Path:
+    """The Hugging Face model `name` with random weights, exported with a dynamic sequence axis."""
+    if path.exists():
+        return path
+    import torch
+    import transformers as tf
+    m = EXPORTS[name](tf)
+    m.eval()
+
+    class Hidden(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+
+        def forward(self, x):
+            return self.m(input_ids=x).last_hidden_state
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.onnx.export(Hidden(), (torch.randint(0, 100, (1, 128)),), str(path), input_names=["input_ids"],
+                      output_names=["out"], opset_version=14, dynamic_axes={"input_ids": {1: "seq"}, "out": {1: "seq"}},
+                      dynamo=False)
+    return path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--export", choices=sorted(EXPORTS), help="export this Hugging Face model (random weights)")
+    ap.add_argument("--model", help="an ONNX file with a dynamic axis (default with --export: under ~/.cache/tuner)")
+    ap.add_argument("--input", default="input_ids", help="the input whose last dim varies")
+    ap.add_argument("--range", default="1..512", help="the range of lengths compiled for, LO..HI")
+    ap.add_argument("--lengths", default="16,32,64,77,128,200,256,384,512")
+    ap.add_argument("--threads", default="1", help="thread counts, e.g. 1,2")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--log", action="append", help="tuning logs both compiles take records from")
+    ap.add_argument("--no-static", action="store_true", help="do not compile and time each length statically")
+    ap.add_argument("--out")
+    args = ap.parse_args(argv)
+    path = Path(args.model) if args.model else Path.home() / ".cache" / "tuner" / "bench" / f"{args.export}_dynamic.onnx"
+    if args.export:
+        export(args.export, path)
+    lo, hi = (int(x) for x in args.range.split(".."))
+    lengths = [int(x) for x in args.lengths.split(",")]
+    compile_model = importlib.import_module("tuner.compiler.compile_model").compile_model
+    result = {"model": str(path), "range": [lo, hi], "lengths": lengths, "rounds": args.rounds, "rows": [],
+              "summary": [], "compile": []}
+    for threads in (int(t) for t in args.threads.split(",")):
+        t0 = time.perf_counter()
+        dyn = compile_model(str(path), log=args.log, threads=threads, dynamic=f"{args.input}=1x[{lo}..{hi}]")
+        dyn_s = time.perf_counter() - t0
+        result["compile"].append({"threads": threads, "artifact": "dynamic", "compile_s": dyn_s,
+                                  "arena_mib": dyn.arena_bytes / 2**20})
+        print(f"dynamic compile, {threads} thread(s): {dyn_s:.1f} s, arena {dyn.arena_bytes / 2**20:.1f} MiB at the bound")
+        ort = None
+        for n in lengths:
+            ids = [np.random.default_rng(n).integers(0, 100, (1, n)).astype(np.int64)]
+            if ort is None:
+                ort = onnxruntime_runner(load_graph(str(path), {args.input: [1, n]}), threads, str(path))
+            runners = {"dynamic": lambda ins: dyn.run(*ins)}
+            if not args.no_static:
+                t0 = time.perf_counter()
+                static = compile_model(str(path), log=args.log, threads=threads, input_shapes={args.input: [1, n]})
+                result["compile"].append({"threads": threads, "artifact": f"static {n}",
+                                          "compile_s": time.perf_counter() - t0, "arena_mib": static.arena_bytes / 2**20})
+                runners["static"] = lambda ins, m=static: m.run(*ins)
+            runners["onnxruntime"] = ort
+            want = ort(ids)[0]
+            got = dyn.run(*ids)[0]
+            err = float(np.abs(got - want).max())
+            t = interleaved(runners, ids, args.rounds)
+            med = {k: statistics.median(v) * 1e3 for k, v in t.items()}
+            row = {"threads": threads, "length": n, **{f"{k}_ms": v for k, v in med.items()},
+                   "dynamic_vs_onnxruntime": statistics.median(paired_ratios(t["dynamic"], t["onnxruntime"])),
+                   "max_abs_diff": err}
+            if "static" in t:
+                row["static_vs_onnxruntime"] = statistics.median(paired_ratios(t["static"], t["onnxruntime"]))
+                row["dynamic_vs_static"] = statistics.median(paired_ratios(t["dynamic"], t["static"]))
+            result["rows"].append(row)
+            print(f"  {threads}t length {n:>4}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in med.items())
+                  + f"; dynamic/ORT {row['dynamic_vs_onnxruntime']:.3f}x"
+                  + (f", static/ORT {row['static_vs_onnxruntime']:.3f}x, dynamic/static {row['dynamic_vs_static']:.3f}x"
+                     if "static" in t else "") + f" (max |diff| {err:.1e})", flush=True)
+        mine = [r for r in result["rows"] if r["threads"] == threads]
+        summary = {"threads": threads, "geomean_dynamic_vs_onnxruntime": _geomean(r["dynamic_vs_onnxruntime"] for r in mine),
+                   "worst_dynamic_vs_onnxruntime": max(r["dynamic_vs_onnxruntime"] for r in mine)}
+        if not args.no_static:
+            summary["geomean_dynamic_vs_static"] = _geomean(r["dynamic_vs_static"] for r in mine)
+            summary["geomean_static_vs_onnxruntime"] = _geomean(r["static_vs_onnxruntime"] for r in mine)
+        result["summary"].append(summary)
+        print(f"{threads} thread(s): " + ", ".join(f"{k} {v:.3f}" for k, v in summary.items() if k != "threads"))
+    write_results("dynamic_shapes", args.out, result)
+    return 0
+
+
+def _geomean(xs) -> float:
+    xs = list(xs)
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
