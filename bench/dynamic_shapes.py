@@ -34,6 +34,7 @@ def export(name: str, path: Path) -> Path:
         return path
     import torch
     import transformers as tf
+    torch.manual_seed(0)
     m = EXPORTS[name](tf)
     m.eval()
 
