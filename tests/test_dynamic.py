@@ -289,3 +289,70 @@ def test_a_hugging_face_bert_exported_with_a_dynamic_length_compiles_once_and_ma
         ids = np.random.default_rng(n).integers(0, 100, (1, n)).astype(np.int64)
         np.testing.assert_allclose(model.run(input_ids=ids)[0], ort_run(path, {"input_ids": ids})[0], rtol=1e-4,
                                    atol=1e-4, err_msg=f"length {n}")
+
+
+def test_records_tuned_at_buckets_run_for_the_lengths_up_to_them_and_the_bounds_schedule_beyond(tmp_path):
+    """A dynamic compile with a log takes, per task, the records of its workload at each bucket,
+    as a version the kernel dispatches to for the lengths up to that bucket, and computes what
+    ONNX Runtime does at lengths in every bucket's range."""
+    import importlib
+    import random
+
+    from conftest import ort_run
+    from tuner.database import records
+    from tuner.database.result import MeasureResult
+    from tuner.ops.workload import parse_spec
+    from tuner.target import host_isa, parse_target
+    compile_model = importlib.import_module("tuner.compiler.compile_model").compile_model
+    target = parse_target(f"cpu -isa={host_isa()} -cores=2 -threads=1")
+    path = _attention_onnx(tmp_path / "att.onnx", [1, "seq"])
+    log, rng, tuned = tmp_path / "buckets.jsonl", random.Random(0), set()
+    for n in (6, 12):
+        for s in compile_model(str(path), target=str(target), input_shapes={"x": [1, n, 16]}, use_shipped=False).steps:
+            if not s.anchor:
+                continue
+            spec, layout = s.workload.rsplit(" [", 1)
+            wl = parse_spec(spec, layout.rstrip("]"))
+            task = Task(wl, target)
+            dec = task.space.sample(rng)
+            steps = task.space.steps(dec)
+            records.append(log, [records.make_record(wl, str(target), steps, MeasureResult("OK", costs=[1e-5] * 3),
+                                                     task.candidate(steps).code_hash, "test", 0, decisions=dec)])
+            tuned.add(s.index)
+    assert tuned
+    m = compile_model(str(path), log=str(log), target=str(target), use_shipped=False, dynamic="x=1x[1..24]x16",
+                      buckets=[6, 12])
+    versioned = [s for s in m.steps if s.versions]
+    assert {s.index for s in versioned} == tuned
+    assert all([v["upto"] for v in s.versions] == [6, 12] and s.versions[0]["source"] == str(log) for s in versioned)
+    assert "if (n <= 6) return" in m.source and "records tuned at 6, 12" in m.report()
+    for n in (1, 5, 6, 7, 12, 13, 24):
+        x = np.random.default_rng(n).standard_normal((1, n, 16)).astype(np.float32)
+        np.testing.assert_allclose(m.run(x)[0], ort_run(path, x)[0], rtol=1e-4, atol=1e-4, err_msg=f"length {n}")
+    from tuner.errors import UserError
+    with pytest.raises(UserError, match="outside seq's range"):
+        compile_model(str(path), log=str(log), dynamic="x=1x[1..24]x16", buckets=[30])
+    with pytest.raises(UserError, match="give --dynamic too"):
+        compile_model(str(path), log=str(log), input_shapes={"x": [1, 4, 16]}, buckets=[2])
+
+
+@pytest.mark.slow
+def test_a_dynamic_tune_tunes_each_bucket_into_one_log_and_the_compile_runs_its_records(tmp_path, tmp_cache, capsys):
+    from tuner.cli import main
+    path = _attention_onnx(tmp_path / "att.onnx", [1, "seq"])
+    log = tmp_path / "dyn.jsonl"
+    assert main(["tune", str(path), "--dynamic", "x=1x[1..8]x16", "--buckets", "4", "--trials", "40", "--threads", "1",
+                 "--log", str(log), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "at 4:" in out and "at 8:" in out
+    assert main(["compile", str(path), "--dynamic", "x=1x[1..8]x16", "--log", str(log), "--threads", "1",
+                 "--no-fuse-attention", "--no-merge-dense", "-o", str(tmp_path / "m")]) == 0
+    assert "records tuned at 4" in capsys.readouterr().out
+    from conftest import ort_run
+    from tuner.runtime import load
+    m = load(tmp_path / "m")
+    assert [v["upto"] for s in m.steps if s.versions for v in s.versions] and all(
+        s.source != "default" for s in m.steps if s.anchor)
+    for n in (1, 4, 5, 8):
+        x = np.random.default_rng(n).standard_normal((1, n, 16)).astype(np.float32)
+        np.testing.assert_allclose(m.run(x)[0], ort_run(path, x)[0], rtol=1e-4, atol=1e-4)

@@ -91,6 +91,10 @@ def _tune_model(args) -> int:
     args.batch_size = 16 if args.batch_size is None else args.batch_size
     cfg = _tune_setup(args)
     layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
+    if args.dynamic:
+        return _tune_dynamic(args, cfg, layouts)
+    if args.buckets:
+        raise UserError("--buckets are values of a --dynamic range: give --dynamic too")
     res = tune_model(args.model, trials=args.trials, log=args.log, target=args.target, threads=args.threads,
                      layouts=layouts, input_shapes=parse_input_shapes(args.input_shape),
                      batch_size=args.batch_size, policy=args.search, time_limit=args.time_limit, seed=args.seed,
@@ -105,6 +109,25 @@ def _tune_model(args) -> int:
     print(f"log: {session.log}" + (" (layout plan appended; `tuner compile` applies it)" if res.appended else
                                     " (its layout plan is already the newest there)" if res.record else ""))
     return _session_end(session)
+
+
+def _tune_dynamic(args, cfg, layouts) -> int:
+    """tune MODEL --dynamic: a model tune at each bucket of the range, into one log."""
+    from .graph import parse_input_shapes
+    from .model_tuning import tune_dynamic
+    if not args.log:
+        raise UserError("tune --dynamic needs --log: the one log its buckets are tuned into and compile reads")
+    results = tune_dynamic(args.model, args.dynamic, args.trials, _buckets(args.buckets),
+                           parse_input_shapes(args.input_shape), args.time_limit, log=args.log, target=args.target,
+                           threads=args.threads, layouts=layouts, batch_size=args.batch_size, policy=args.search,
+                           seed=args.seed, run_config=cfg, progress=not args.no_progress, replay=args.replay,
+                           cost_model_from=args.cost_model_from, early_stopping=args.early_stopping,
+                           cluster=_cluster(args), **({"weights": args.weights} if args.weights else {}))
+    for value, res in results:
+        print(f"at {value}:")
+        print(res.table())
+    print(f"log: {args.log} (tuner compile {args.model} --dynamic ... --log {args.log} takes each bucket's records)")
+    return max(_session_end(res.session) for _, res in results)
 
 
 def _tune_setup(args):
@@ -338,11 +361,24 @@ def _cmd_compile(args) -> int:
                       input_shapes=parse_input_shapes(args.input_shape), use_shipped=not args.no_shipped,
                       strict=args.strict, progress=say, predict=not args.no_predict,
                       fuse_attention=args.fuse_attention, merge_dense=args.merge_dense,
-                      dynamic=args.dynamic)
+                      dynamic=args.dynamic, buckets=_buckets(args.buckets))
     m.save(args.output)
     print(m.report())
     print(f"wrote {args.output} (run it: tuner run {args.output} --random)")
     return 0
+
+
+def _buckets(text: str | None) -> list | None:
+    """--buckets 64,128,256 -> [64, 128, 256]; None when not given."""
+    if text is None:
+        return None
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v < 1 for v in values):
+        raise UserError(f"cannot read --buckets {text!r}: expected values of the varying dimension, e.g. 64,128,256")
+    return values
 
 
 def _quick(args, log: str, others: list) -> str:
@@ -514,6 +550,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(warm; the default for --workload; a MODEL's plan estimate is then also given cold)")
     t.add_argument("--input-shape", action="append", metavar="NAME=1x3x224x224",
                    help="with an .onnx MODEL: fix an input's shape")
+    t.add_argument("--dynamic", action="append", metavar="NAME=1x[1..512]",
+                   help="with an .onnx MODEL: tune it for a range of one dimension, at buckets of the range and "
+                        "its bound, --trials shared by each bucket's share of the time (docs/dynamic-shapes.md)")
+    t.add_argument("--buckets", metavar="V1,V2,...", help="with --dynamic: the values tuned below the bound "
+                   "(default: an eighth, a quarter and half of it)")
     t.add_argument("--workload", help="built-in name (see `tuner workloads`) or a spec")
     t.add_argument("--workloads", help="comma-separated workloads tuned together under one --trials budget")
     t.add_argument("--layout", help="NCHW, NHWC, NCHW8c, NCHW16c for conv (default NCHW16c); OI or OI16o for dense")
@@ -609,6 +650,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--dynamic", action="append", metavar="NAME=1x[1..512]",
                    help="dims that vary from run to run, each a range [lo..hi] (repeatable): one compiled model "
                         "runs every shape in them (an ONNX file with dynamic axes; docs/dynamic-shapes.md)")
+    c.add_argument("--buckets", metavar="V1,V2,...",
+                   help="with --dynamic: values of the varying dimension whose records in --log each task runs "
+                        "for the values up to it (default with a log: an eighth, a quarter and half the bound)")
     c.add_argument("--strict", action="store_true", help="fail when any task has no tuning record")
     c.add_argument("--no-shipped", action="store_true", help="do not fall back on the shipped tuner/schedules/")
     c.add_argument("--no-predict", action="store_true",

@@ -503,3 +503,40 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
             records.append(log, [rec])          # a tune run again after its end adds no copy of its plan
             appended = True
     return ModelTuneResult(name, space, session, plan, est, rec, prices, other, other_est, appended)
+
+
+def tune_dynamic(model: str, dynamic, trials: int, buckets: list | None = None, input_shapes: dict | None = None,
+                 time_limit: float | None = None, **kwargs) -> list:
+    """Tune an ONNX model compiled for a range of shapes (graph.dynamic): a model tune (tune_model)
+    at each bucket of its one varying dimension (default: graph.dynamic.default_buckets) and at its
+    bound, into one log, where `tuner compile --dynamic` takes each task's record per bucket.
+    `trials` (and `time_limit`) are shared out in proportion to each bucket's expected share of the
+    time of runs spread evenly over the range: the values it serves (those above the bucket below
+    it) times its length; a bucket whose share is below its task count gets every task's first
+    look. A tune that is stopped stops the rest. [(value, ModelTuneResult)], smallest value first."""
+    from .graph.dynamic import default_buckets, load_at, parse_dynamic
+    from .graph.onnx_frontend import input_dims
+    dyn = parse_dynamic(dynamic, input_dims(str(model)))
+    moving = [k for k, s in enumerate(dyn.symbols) if s.lo < s.hi]
+    if len(moving) != 1:
+        raise UserError(f"tune --dynamic tunes one varying dimension at its buckets; {model} has {len(moving)} "
+                        f"({', '.join(s.name for s in dyn.symbols)}): fix the others with --input-shape")
+    k = moving[0]
+    sym = dyn.symbols[k]
+    values = sorted(set(default_buckets(sym) if buckets is None else buckets) | {sym.hi})
+    if bad := [v for v in values if not sym.lo <= v <= sym.hi]:
+        raise UserError(f"bucket {bad[0]} is outside {sym.name}'s range [{sym.lo}..{sym.hi}]")
+    served = [v - p for v, p in zip(values, [sym.lo - 1] + values[:-1])]
+    weights = [s * v for s, v in zip(served, values)]
+    out = []
+    for v, w in zip(values, weights):
+        share = w / sum(weights)
+        graph = load_at(str(model), {**(input_shapes or {}), **dyn.shapes(dyn.at(k, v))})
+        tasks = len(model_layouts(graph, tuple(kwargs.get("layouts", DEFAULT_CHOICES))).workloads())
+        n = round(trials * share)
+        res = tune_model(graph, n if n >= tasks else None, time_limit=time_limit * share if time_limit else None,
+                         **kwargs)
+        out.append((v, res))
+        if res.session.interrupted:
+            break
+    return out

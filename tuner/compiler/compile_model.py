@@ -32,7 +32,7 @@ from ..database import records
 from ..database.union import Database
 from ..errors import UserError
 from ..graph import Graph, load
-from ..graph.dynamic import SHAPE_DECIDED, parse_dynamic
+from ..graph.dynamic import default_buckets, load_at, parse_dynamic
 from ..graph.ir import graph_digest, graph_structure, interface_names
 from ..graph.models import MODELS
 from ..graph.onnx_frontend import input_dims
@@ -308,7 +308,7 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
                   layout: str | None = None, input_shapes: dict | None = None, strict: bool = False,
                   use_shipped: bool = True, progress=None, choose=None, layout_plan: dict | None = None,
                   predict: bool = True, fuse_attention: bool | None = None, merge_dense: bool | None = None,
-                  dynamic=None):
+                  dynamic=None, buckets: list | None = None):
     """Compile a built-in model, an ONNX file or a Graph with the best schedules of `log` (a path or
     a list of paths). Returns a runtime.model.CompiledModel.
 
@@ -323,7 +323,9 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
     as the layout plan's timed choice says (graph.passes.GRAPH_CHOICES), else False.
 
     dynamic: ranges of input dimensions (graph.dynamic.parse_dynamic: "input_ids=1x[1..512]" or
-    {"input_ids": [1, (1, 512)]}): one artifact that runs any shape in them (issue 37).
+    {"input_ids": [1, (1, 512)]}): one artifact that runs any shape in them (issue 37). buckets:
+    values of its one varying symbol whose records in `log` each task takes where they apply, a
+    version per value dispatched on the run's value (default with a log: graph.dynamic.default_buckets).
 
     choose: for tests, a function Task -> steps that replaces apply-best (its steps are reported
     as coming from 'chosen')."""
@@ -345,11 +347,13 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
     given = {"fuse_attention": fuse_attention, "merge_dense": merge_dense}
     choices = {c: (given[c], "given") if given[c] is not None else (timed[c]["on"], plan_from) if c in timed
                else (False, "default") for c in GRAPH_CHOICES}
-    options = dict(layout=layout, layout_plan=layout_plan, disabled=SHAPE_DECIDED if family else (),
-                   **{c: on for c, (on, _) in choices.items()})
+    options = dict(layout=layout, layout_plan=layout_plan, **{c: on for c, (on, _) in choices.items()})
     g = optimize(graph, **options)
     if family:
         family.optimised([g] + [optimize(gp, **options) for gp in family.graphs[1:]])
+        family.bucket(buckets if buckets is not None else None if logs else [], options, say)
+    elif buckets:
+        raise UserError("--buckets are values of a --dynamic range: give --dynamic too")
     say(f"optimised {graph.name}: {len(graph.nodes)} nodes -> {len(g.nodes)}, "
         f"{len(g.meta['fused_groups'])} fused groups")
     io = _Interface(g)
@@ -458,10 +462,12 @@ class _Family:
     the bound first. Fits each group's dimensions (te.dynamic) and checks what a layout at the bound
     assumes: every run's data is the start of each dimension, in every view of a buffer."""
 
-    def __init__(self, dyn, graphs: list):
+    def __init__(self, dyn, graphs: list, path: str = "", input_shapes: dict | None = None):
         self.dyn, self.graphs, self.symbols, self.points = dyn, graphs, dyn.symbols, dyn.points
+        self.path, self.input_shapes = path, dict(input_shapes or {})
         self.gs: list = []
         self.io: list = []
+        self.buckets: list = []      # [(value of the varying symbol, the model optimised there)], ascending
 
     @staticmethod
     def load(model, dynamic, input_shapes) -> "_Family":
@@ -472,7 +478,51 @@ class _Family:
         dyn = parse_dynamic(dynamic, input_dims(path))
         if clash := set(dyn.dims) & set(input_shapes or {}):
             raise UserError(f"--input-shape and --dynamic both give {', '.join(sorted(clash))}; give one")
-        return _Family(dyn, [load(path, {**(input_shapes or {}), **dyn.shapes(p)}) for p in dyn.points])
+        return _Family(dyn, [load_at(path, {**(input_shapes or {}), **dyn.shapes(p)}) for p in dyn.points], path,
+                       input_shapes)
+
+    def bucket(self, values, options: dict, say) -> None:
+        """The model optimised at each of `values` of its one varying symbol (None: the default
+        buckets) whose kernels are the bound's; a value where they are not is left out, said."""
+        moving = [k for k, s in enumerate(self.symbols) if s.lo < s.hi]
+        if values == [] or len(moving) != 1:
+            if values and len(moving) != 1:
+                raise UserError("--buckets need exactly one varying dimension; this model has "
+                                f"{len(moving)}: {', '.join(s.name for s in self.symbols)}")
+            return
+        k = moving[0]
+        sym = self.symbols[k]
+        values = default_buckets(sym) if values is None else sorted(set(values))
+        for v in values:
+            if not sym.lo <= v <= sym.hi:
+                raise UserError(f"bucket {v} is outside {sym.name}'s range [{sym.lo}..{sym.hi}]")
+            if v == sym.hi:
+                continue                     # the bound's kernels are there anyway
+            gv = optimize(load_at(self.path, {**self.input_shapes, **self.dyn.shapes(self.dyn.at(k, v))}), **options)
+            base = self.gs[0].meta["fused_groups"]
+            groups = gv.meta["fused_groups"]
+            if len(groups) != len(base) or any([gv.nodes[i].op for i in a.nodes] != [self.gs[0].nodes[i].op for i in b.nodes]
+                                               for a, b in zip(groups, base)):
+                say(f"{sym.name}={v}: the model optimises to other kernels there; no versions for it")
+                continue
+            self.buckets.append((v, gv))
+        self.symbol = k
+
+    def versions(self, gi: int, db, tgt, task: Task, dims, func: str) -> list:
+        """[(value, Candidate, source)] of the records at the buckets for group gi's task, each
+        replayed on the kernel for the range (a record that does not replay is left out)."""
+        out = []
+        for v, gv in self.buckets:
+            wl = workload_of(gv, gv.meta["fused_groups"][gi])[0]
+            rec, source = db.best(wl, tgt) if wl is not None else (None, None)
+            if rec is None:
+                continue
+            try:
+                cand = task.candidate(rec.steps, func_name=f"{func}_le{v}", dims=dims)
+            except (ScheduleError, ValueError):
+                continue
+            out.append((v, cand, source))
+        return out
 
     def optimised(self, gs: list) -> None:
         base = gs[0].meta["fused_groups"]
@@ -575,9 +625,13 @@ def _lower_groups(g: Graph, io: _Interface, db, tgt, choose, say, predictor=None
         if wl is None and (lt := transform_workload(g, grp)) is not None and db.best(lt, tgt)[0] is not None:
             wl = lt                  # a transform a model tune measured: its record, not the generic kernel
         dims = family.dims(gi, wl is not None) if family else None
+        versions = family.versions(gi, db, tgt, Task(wl, tgt), dims, func) if wl is not None and dims else []
         if wl is not None:
-            kern, args, sched, where, label, expected = _task_kernel(g, grp, wl, ins, db, tgt, choose, func, predictor,
-                                                                     dims)
+            kern, args, sched, where, label, expected = _task_kernel(g, grp, wl, ins, db, tgt, choose,
+                                                                     f"{func}_bound" if versions else func,
+                                                                     predictor, dims)
+            if versions:
+                kern = _dispatch(func, versions, kern, len(args) + 1, family.symbol)
             if family:
                 family.check_binding(gi, args + [out_v], list(Task(wl, tgt).space.inputs) + [Task(wl, tgt).space.output],
                                      dims)
@@ -588,7 +642,8 @@ def _lower_groups(g: Graph, io: _Interface, db, tgt, choose, say, predictor=None
         anchor = g.nodes[grp.anchor] if grp.anchor is not None else g.nodes[grp.nodes[0]]
         low.steps.append(Step(gi, group_summary(g, grp.nodes), anchor.name, kern.func, [], label,
                               wl.key if wl is not None else None, where, expected,
-                              sum(flops(g.nodes[k]) for k in grp.nodes), kern.code_hash, sched, dims is not None))
+                              sum(flops(g.nodes[k]) for k in grp.nodes), kern.code_hash, sched, dims is not None,
+                              [{"upto": v, "source": src} for v, _, src in versions]))
         low.step_args.append(args + [out_v])
         for v in args + [out_v]:
             if not io.outside_arena(v):
@@ -629,6 +684,17 @@ def _task_kernel(g: Graph, grp, wl, ins: list, db, tgt, choose, func: str, predi
         args = _task_binding(g, grp, wl, task.space.inputs)
     return (Kernel(func, cand.source, cand.openmp, cand.code_hash), args, sched, where, wl.label,
             rec.latency if rec is not None and not stale else None)
+
+
+def _dispatch(func: str, versions: list, bound: Kernel, nargs: int, symbol: int) -> Kernel:
+    """One kernel `func` that runs the version tuned at the smallest bucket at least the run's value
+    of the symbol, else `bound` (every version is laid out at the bounds: any serves any value)."""
+    lines = [f"int {func}(float** restrict args) {{",
+             f"  const int n = ((const int*)args[{nargs}])[{symbol}];"]
+    lines += [f"  if (n <= {v}) return {cand.func_name}(args);" for v, cand, _ in versions]
+    lines += [f"  return {bound.func}(args);", "}"]
+    source = "".join(c.source for _, c, _ in versions) + bound.source + "\n".join(lines) + "\n"
+    return Kernel(func, source, bound.openmp or any(c.openmp for _, c, _ in versions), code_hash(source, func))
 
 
 def _rendered(task: Task, rec) -> list | None:

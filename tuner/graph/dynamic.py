@@ -15,10 +15,6 @@ from dataclasses import dataclass
 from ..te.dynamic import DynamicError, Symbol, evaluate, sample_points, symbol_var
 from .ir import GraphError
 
-# passes that decide by a dimension's value (pad a matmul's columns to a vector width): one
-# decision cannot hold for a range, so a dynamic model is optimised without them
-SHAPE_DECIDED = ("PadMatmulColumns",)
-
 _RANGE = re.compile(r"^(?:([A-Za-z_][A-Za-z0-9_.]*))?\[(\d+)\.\.(\d+)\]$")
 _DIM = re.compile(r"[1-9]\d*|(?:[A-Za-z_][A-Za-z0-9_.]*)?\[\d+\.\.\d+\]")
 
@@ -38,9 +34,29 @@ class DynamicInputs:
     def points(self) -> list:
         return sample_points(self.symbols)
 
+    def at(self, k: int, value: int) -> dict:
+        """{symbol var name: value} with symbol k at `value` and the others at their bounds."""
+        return {symbol_var(j).name: (value if j == k else s.hi) for j, s in enumerate(self.symbols)}
+
     def declared(self, name: str) -> list:
         """The input's dims for an artifact: None where fixed, else the symbol's index."""
         return [d[1] if isinstance(d, tuple) else None for d in self.dims[name]]
+
+
+def load_at(model: str, shapes: dict):
+    """The model imported at `shapes` for a range of them: meta "dynamic" tells the passes that
+    decide by a dimension's value (PadMatmulColumns) to leave the graph as it is, so that the
+    graph at every value has the same kernels (a compile for the range, and the tunes of its buckets)."""
+    from . import load
+    g = load(model, shapes)
+    g.meta["dynamic"] = True
+    return g
+
+
+def default_buckets(s: Symbol) -> list:
+    """Values of a symbol at which its tasks are tuned, below its bound (which is tuned as well):
+    an eighth, a quarter and a half of it, where they lie in its range."""
+    return sorted({v for v in (s.hi // 8, s.hi // 4, s.hi // 2) if s.lo <= v < s.hi and v > 1})
 
 
 def parse_dynamic(spec, declared: dict) -> DynamicInputs:

@@ -1,6 +1,8 @@
 """PadMatmulColumns: a batch_matmul whose column count no vector width divides (ViT's 197 tokens in
 Q.K^T) multiplies by its second operand padded with zero columns to a multiple of 8, and the product
 is sliced back: the task gets whole vectors of columns, for the cost of a pad and a slice copy.
+A graph imported for a range of shapes (meta "dynamic", graph.dynamic) is left as it is: its
+column count varies, and one decision must hold for every value.
 """
 from __future__ import annotations
 
@@ -20,6 +22,9 @@ def padded(n: int) -> int:
 @register("PadMatmulColumns", 0, required=("InferType",))
 def pad_matmul_columns(graph: Graph, ctx) -> Graph:
     """batch_matmul(a, b) with N % 4 and N >= MIN_COLUMNS -> slice(batch_matmul(a, pad(b)))."""
+    if graph.meta.get("dynamic"):
+        return graph
+
     def rw(b, n, ins):
         if n.op != "batch_matmul" or any(n.attrs.get(k) for k in BMM_VIEWS):   # heads read in place: as they are
             return None
