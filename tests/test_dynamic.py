@@ -259,16 +259,22 @@ def test_the_command_line_compiles_a_range_and_runs_a_shape_in_it(tmp_path, caps
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dynamo,opset", [(False, 14), (True, 17)])
-def test_a_hugging_face_bert_exported_with_a_dynamic_length_compiles_once_and_matches_onnx_runtime(tmp_path, dynamo,
-                                                                                                   opset):
+@pytest.mark.parametrize("name,dynamo,opset", [("bert", False, 14), ("bert", True, 17), ("gpt2", True, 18)])
+def test_a_hugging_face_model_exported_with_a_dynamic_length_compiles_once_and_matches_onnx_runtime(tmp_path, name,
+                                                                                                    dynamo, opset):
+    """BERT by both exporters; GPT-2 by dynamo, which numbers positions and builds the causal mask
+    from the length with CumSum and GatherND."""
     tf = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
     if dynamo:
         pytest.importorskip("onnxscript")
     from conftest import ort_run
-    m = tf.BertModel(tf.BertConfig(vocab_size=100, max_position_embeddings=40, hidden_size=32, num_hidden_layers=1,
-                                   num_attention_heads=4, intermediate_size=64))
+    if name == "bert":
+        m = tf.BertModel(tf.BertConfig(vocab_size=100, max_position_embeddings=40, hidden_size=32, num_hidden_layers=1,
+                                       num_attention_heads=4, intermediate_size=64))
+    else:
+        m = tf.GPT2Model(tf.GPT2Config(vocab_size=100, n_positions=40, n_embd=32, n_layer=1, n_head=4))
+        m.config.use_cache = False
     m.eval()
 
     class Hidden(torch.nn.Module):
@@ -279,7 +285,7 @@ def test_a_hugging_face_bert_exported_with_a_dynamic_length_compiles_once_and_ma
         def forward(self, x):
             return self.m(input_ids=x).last_hidden_state
 
-    path = tmp_path / "bert.onnx"
+    path = tmp_path / f"{name}.onnx"
     torch.onnx.export(Hidden(), (torch.randint(0, 100, (1, 7)),), str(path), input_names=["input_ids"],
                       output_names=["out"], opset_version=opset, dynamic_axes={"input_ids": {1: "seq"}, "out": {1: "seq"}},
                       dynamo=dynamo)

@@ -136,3 +136,24 @@ def test_a_cnn_flattening_with_x_size_0_exported_by_torch_imports(tmp_path, dyna
     g = load_onnx(path, {"x": [1, 3, 8, 8]} if dynamic_batch else None)
     assert [n.op for n in g.nodes] == ["conv2d", "add", "relu", "reshape", "dense", "add"]
     np.testing.assert_allclose(interp.run(g, x.numpy())[0], m(x).detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("node, inits", [
+    (helper.make_node("CumSum", ["x", "ax"], ["y"], exclusive=e, reverse=r),
+     {"x": np.arange(1, 13, dtype=np.int64).reshape(3, 4), "ax": np.array(a, np.int64)})
+    for e in (0, 1) for r in (0, 1) for a in (1, -2)] + [
+    (helper.make_node("GatherND", ["x", "i"], ["y"], batch_dims=b),
+     {"x": np.arange(24, dtype=np.float32).reshape(2, 3, 4), "i": i})
+    for b, i in ((0, np.array([[0, 1], [1, -1]], np.int64)), (0, np.array([[[1]], [[0]]], np.int64)),
+                 (1, np.array([[2], [0]], np.int64)))])
+def test_cumsum_and_gather_nd_of_constants_fold_to_what_onnx_runtime_computes(tmp_path, node, inits):
+    """GPT-2's dynamo export numbers positions and picks its causal mask with these, on shapes."""
+    from conftest import ort_run
+    from tuner.graph.onnx_fold import FOLD
+    got = FOLD[node.op_type](list(inits.values()), {a.name: a.i for a in node.attribute}, 17)[0]
+    typ = numpy_helper.from_array(inits["x"]).data_type
+    g = helper.make_graph([node], "fold", [helper.make_tensor_value_info(k, numpy_helper.from_array(v).data_type,
+                                                                         v.shape) for k, v in inits.items()],
+                          [helper.make_tensor_value_info("y", typ, None)])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "o.onnx"))
+    np.testing.assert_array_equal(got, ort_run(tmp_path / "o.onnx", dict(inits))[0])

@@ -100,6 +100,30 @@ def _split(ins, a, opset):
     return np.split(x, np.cumsum(sizes)[:-1], axis=axis)
 
 
+def _cumsum(ins, a, opset):
+    """ONNX CumSum: along the axis its second input names; `exclusive` starts from 0, `reverse` from
+    the end (GPT-2's exporters number positions with it)."""
+    x = np.asarray(ins[0])
+    axis = int(np.asarray(ins[1]).reshape(-1)[0]) % x.ndim
+    y = np.flip(x, axis) if a.get("reverse", 0) else x
+    out = np.cumsum(y, axis=axis, dtype=x.dtype)
+    if a.get("exclusive", 0):
+        out = np.concatenate([np.zeros_like(np.take(out, [0], axis=axis)), np.delete(out, -1, axis=axis)], axis=axis)
+    return [np.flip(out, axis) if a.get("reverse", 0) else out]
+
+
+def _gather_nd(ins, a, opset):
+    """ONNX GatherND: the last axis of the indices addresses the data's leading (after
+    `batch_dims` shared ones) dimensions; negative indices count from the end."""
+    x, idx, b = np.asarray(ins[0]), np.asarray(ins[1]).astype(np.int64), a.get("batch_dims", 0)
+    k = idx.shape[-1]
+    idx = idx % np.array(x.shape[b:b + k], np.int64)
+    if b == 0:
+        return [x[tuple(np.moveaxis(idx, -1, 0))]]
+    out = [x[batch][tuple(np.moveaxis(idx[batch], -1, 0))] for batch in np.ndindex(*x.shape[:b])]
+    return [np.stack(out).reshape(*idx.shape[:b], *out[0].shape)]
+
+
 def _elementwise(fn):
     return lambda ins, a, opset: [fn(*(np.asarray(v) for v in ins))]
 
@@ -124,6 +148,8 @@ FOLD = {
     "ConstantOfShape": _constant_of_shape,
     "Range": lambda ins, a, opset: [np.arange(*(np.asarray(v).item() for v in ins[:3])).astype(np.asarray(ins[0]).dtype)],
     "Trilu": _trilu,
+    "CumSum": _cumsum,
+    "GatherND": _gather_nd,
     "Add": _elementwise(np.add),
     "Sub": _elementwise(np.subtract),
     "Mul": _elementwise(np.multiply),
