@@ -256,6 +256,14 @@ def test_the_command_line_compiles_a_range_and_runs_a_shape_in_it(tmp_path, caps
     np.save(tmp_path / "x.npy", np.ones((1, 17, 16), np.float32))
     assert main(["run", str(tmp_path / "m"), "--input", f"x={tmp_path / 'x.npy'}"]) == 2
     assert "runs seq from 1 to 16" in capsys.readouterr().err
+    assert main(["bench", str(tmp_path / "m"), "--shapes", "x=1x1x16,1x9x16", "--threads", "1,2", "--rounds", "1",
+                 "--json", str(tmp_path / "b.json")]) == 0
+    import json
+    rows = json.loads((tmp_path / "b.json").read_text())["rows"]
+    assert [(r["threads"], r["shapes"]["x"][1]) for r in rows] == [(1, 1), (1, 9), (2, 1), (2, 9)]
+    assert all(r["max_rel_error_vs_onnxruntime"] < 1e-4 for r in rows)
+    assert main(["bench", str(tmp_path / "m"), "--shapes", "x=1x17x16"]) == 2
+    assert "runs seq from 1 to 16" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -471,8 +471,9 @@ def _cmd_bench(args) -> int:
     if threads is not None and min(threads) < 1:
         raise UserError(f"--threads must be at least 1, got {args.thread_counts}")
     peers = [p.strip() for p in (args.compare or "").split(",") if p.strip()]
+    from .compare.bench import parse_shapes
     bench_model(args.model, threads=threads, peers=peers, rounds=args.rounds, logs=args.log or [],
-                json_out=args.json)
+                json_out=args.json, shapes=parse_shapes(args.shapes))
     return 0
 
 
@@ -687,6 +688,9 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     bn.add_argument("--log", action="append", help="tuning logs, when the model is compiled here")
     bn.add_argument("--json", help="also write the results to this JSON file")
+    bn.add_argument("--shapes", metavar="NAME=1x16,1x77",
+                    help="a model compiled with --dynamic: time it at each of these shapes beside ONNX Runtime "
+                         "(several inputs joined by ';', each giving as many shapes)")
     bn.set_defaults(fn=_cmd_bench)
 
     e = sub.add_parser("export-onnx", help="write a built-in model as an ONNX file")

@@ -20,6 +20,7 @@ import numpy as np
 from ..compiler import compile_model
 from ..errors import UserError, check_output_path
 from ..graph import load as load_graph
+from ..graph.dynamic import load_at
 from ..graph.ir import graph_digest
 from ..runtime.model import META, load
 from .peers import interleaved, onnxruntime_runner, paired_ratios, torch_runner
@@ -33,13 +34,15 @@ def _model_for(model: str, threads: int, logs: list):
     if (d / META).is_file():
         m = load(d)
         if m.threads != threads:    # the thread count is compiled in: compile the same model again for this one
-            m = compile_model(m.meta["model"], log=m.meta["logs"] or logs, threads=threads, layout=m.meta["layout"])
+            m = compile_model(m.meta["model"], log=m.meta["logs"] or logs, threads=threads, layout=m.meta["layout"],
+                              dynamic=m.meta.get("dynamic"))
         source = m.meta["model"]
     else:
         m = compile_model(model, log=logs, threads=threads)
         source = model
     onnx_path = source if source.endswith(".onnx") else None
-    graph = load_graph(source)
+    # a dynamic model was compiled from the file imported at its bounds
+    graph = load_at(source, {s["name"]: s["shape"] for s in m.inputs}) if m.symbols else load_graph(source)
     if graph_digest(graph) != m.meta["model_hash"]:
         raise UserError(f"{model} was compiled from another model than {source} now holds (graph "
                         f"{m.meta['model_hash']} against {graph_digest(graph)}): its peers would run another model; "
@@ -68,8 +71,54 @@ def step_times(m, inputs, rounds: int = 5, runs: int = 20) -> tuple:
             [float(v) for v in np.median(steps, axis=0)], dispatch)
 
 
+def parse_shapes(text: str | None) -> list:
+    """--shapes "input_ids=1x16,1x77;mask=1x16,1x77" -> [{"input_ids": [1, 16], ...}, ...]: each input's
+    shapes in turn, every input giving as many."""
+    if not text:
+        return []
+    per = {}
+    for part in (p for p in text.split(";") if p.strip()):
+        name, eq, shapes = part.strip().partition("=")
+        try:
+            per[name] = [[int(d) for d in s.split("x")] for s in shapes.split(",")]
+        except ValueError:
+            per[name] = None
+        if not eq or not name or not per[name] or any(d < 1 for s in per[name] for d in s):
+            raise UserError(f"cannot read --shapes {part!r}: expected NAME=1x16,1x77 (inputs joined by ;)")
+    counts = {len(v) for v in per.values()}
+    if len(counts) != 1:
+        raise UserError(f"--shapes gives the inputs different numbers of shapes: {', '.join(per)}")
+    return [{name: shapes[k] for name, shapes in per.items()} for k in range(counts.pop())]
+
+
+def bench_shapes(m, shapes: list, threads: int, onnx_path: str | None, rounds: int, say) -> list:
+    """Rows of a dynamic model timed at each of `shapes` beside ONNX Runtime on its dynamic file,
+    interleaved: medians, the paired ratio and the largest error against ONNX Runtime."""
+    if not m.symbols:
+        raise UserError("--shapes times a model compiled for ranges of shapes (tuner compile --dynamic)")
+    if onnx_path is None:
+        raise UserError("--shapes compares with ONNX Runtime on the model's ONNX file, which this model has none of")
+    rows, ort = [], None
+    for k, shape in enumerate(shapes):
+        inputs = m.random_inputs(seed=k, shapes=shape)
+        if ort is None:
+            import onnxruntime  # noqa: F401  (onnxruntime_runner says how to install it)
+            ort = onnxruntime_runner(None, threads, onnx_path)
+        ours, ref = m.run(*inputs), ort(inputs)
+        err = max(float(np.abs(a - b).max() / (np.ptp(b) or 1.0)) for a, b in zip(ours, ref))
+        times = interleaved({"tuner": lambda ins: m.run(*ins), "onnxruntime": ort}, inputs, rounds)
+        med = {name: statistics.median(v) for name, v in times.items()}
+        ratio = statistics.median(paired_ratios(times["tuner"], times["onnxruntime"]))
+        rows.append({"threads": threads, "shapes": shape, "median_s": med, "vs_onnxruntime_paired": ratio,
+                     "max_rel_error_vs_onnxruntime": err})
+        label = "; ".join(f"{n}=" + "x".join(map(str, s)) for n, s in shape.items())
+        say(f"{threads:>7} {label:<24} {med['tuner'] * 1e3:>10.2f} {med['onnxruntime'] * 1e3:>10.2f} {ratio:>7.3f}x  "
+            f"(error {err:.1e})")
+    return rows
+
+
 def bench_model(model: str, threads: list | None = None, peers: list = PEERS, rounds: int = 5, logs: list = (),
-                json_out: str | None = None, quiet: bool = False) -> dict:
+                json_out: str | None = None, quiet: bool = False, shapes: list | None = None) -> dict:
     unknown = [p for p in peers if p not in PEERS]
     if unknown:
         raise UserError(f"unknown peer(s) {', '.join(unknown)}: choose from {', '.join(PEERS)}")
@@ -82,8 +131,13 @@ def bench_model(model: str, threads: list | None = None, peers: list = PEERS, ro
             raise UserError("give --threads (e.g. 1,2) when the model is not a compiled directory")
         threads = [load(d).threads]
     results = {"model": model, "rows": []}
+    if shapes:
+        say(f"{'threads':>7} {'shapes':<24} {'tuner ms':>10} {'ORT ms':>10} {'vs ORT':>8} (paired, interleaved)")
     for t in threads:
         m, graph, onnx_path = _model_for(model, t, list(logs))
+        if shapes:
+            results["rows"] += bench_shapes(m, shapes, t, onnx_path, rounds, say)
+            continue
         inputs = m.random_inputs(seed=1)
         runners = {"tuner": lambda ins, m=m: m.run(*ins)}
         if "onnxruntime" in peers:
@@ -118,7 +172,8 @@ def bench_model(model: str, threads: list | None = None, peers: list = PEERS, ro
                                   "source": st.source, "seconds": sec, "in_context_s": in_context[st.index],
                                   "gflops": st.flops / sec / 1e9, "share": sec / parts} for st, sec in slowest]}
         results["rows"].append(row)
-    say(format_table(results))
+    if not shapes:
+        say(format_table(results))
     if json_out:
         Path(json_out).write_text(json.dumps(results, indent=1))
         say(f"wrote {json_out}")

@@ -28,7 +28,7 @@ def onnxruntime_runner(graph: Graph, threads: int, onnx_path: str | None = None)
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    if onnx_path is None:
+    if onnx_path is None:               # (a graph is needed only without a file)
         model = to_onnx(graph).SerializeToString()
     else:
         model = onnx_path

@@ -387,7 +387,8 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
                    **(family.interface(side, k) if family else {})}
                   for k, (name, v) in enumerate(zip(names, values, strict=True))]
            for side, names, values in zip(("inputs", "outputs"), interface_names(graph), (g.inputs, g.outputs))},
-        **({"symbols": [{"name": s.name, "lo": s.lo, "hi": s.hi} for s in family.symbols]} if family else {}),
+        **({"symbols": [{"name": s.name, "lo": s.lo, "hi": s.hi} for s in family.symbols],
+            "dynamic": family.dyn.spec()} if family else {}),
         "arena_bytes": arena_bytes,
         "intermediate_bytes": sum(align(t.nbytes) for t in lives),
         "peak_live_bytes": peak_live_bytes(lives),

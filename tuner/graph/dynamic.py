@@ -38,6 +38,11 @@ class DynamicInputs:
         """{symbol var name: value} with symbol k at `value` and the others at their bounds."""
         return {symbol_var(j).name: (value if j == k else s.hi) for j, s in enumerate(self.symbols)}
 
+    def spec(self) -> dict:
+        """The ranges as parse_dynamic reads them back: {input: [int or [symbol, lo, hi]]}."""
+        return {name: [[self.symbols[d[1]].name, self.symbols[d[1]].lo, self.symbols[d[1]].hi]
+                       if isinstance(d, tuple) else d for d in dims] for name, dims in self.dims.items()}
+
     def declared(self, name: str) -> list:
         """The input's dims for an artifact: None where fixed, else the symbol's index."""
         return [d[1] if isinstance(d, tuple) else None for d in self.dims[name]]
@@ -154,6 +159,6 @@ def _tokens(text: str) -> list | None:
 def _range_tuple(name: str, d):
     if isinstance(d, tuple) and len(d) == 2 and all(isinstance(x, int) for x in d):
         return (None, d[0], d[1])
-    if isinstance(d, tuple) and len(d) == 3 and isinstance(d[0], str) and all(isinstance(x, int) for x in d[1:]):
-        return d
+    if isinstance(d, (tuple, list)) and len(d) == 3 and isinstance(d[0], str) and all(isinstance(x, int) for x in d[1:]):
+        return tuple(d)
     raise GraphError(f"dynamic={{{name!r}: ...}}: each dim is an int, (lo, hi) or (symbol, lo, hi), got {d!r}")

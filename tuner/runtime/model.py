@@ -249,10 +249,12 @@ class CompiledModel:
             out.append(buf)
         return out + [np.array(values, np.int32)], values
 
-    def random_inputs(self, seed: int = 0) -> list:
+    def random_inputs(self, seed: int = 0, shapes: dict | None = None) -> list:
+        """Random inputs of the model's shapes (of a dynamic model: its bounds, or `shapes` by name)."""
         rng = np.random.default_rng(seed)
-        return [rng.integers(*s["range"], size=s["shape"]).astype(s["dtype"]) if "range" in s
-                else rng.uniform(-1, 1, s["shape"]).astype(s["dtype"]) for s in self.inputs]
+        shape = {s["name"]: (shapes or {}).get(s["name"], s["shape"]) for s in self.inputs}
+        return [rng.integers(*s["range"], size=shape[s["name"]]).astype(s["dtype"]) if "range" in s
+                else rng.uniform(-1, 1, shape[s["name"]]).astype(s["dtype"]) for s in self.inputs]
 
     def time(self, inputs: list | None = None, step: int = -1, repeat: int = 5, min_repeat_ms: float = 100.0) -> list:
         """Seconds per call, `repeat` times, timed in C: of the whole model (step=-1) or of one step."""
