@@ -43,7 +43,7 @@ def run_at(task, built, op: str, fixed: dict, symbolic: dict, values: dict):
     """(the kernel's output, the reference of the static workload at `values`, return code): the
     inputs in buffers of the bound shape whose padding is NaN."""
     from tuner.te.dynamic import evaluate
-    wl = make(op, {**fixed, **{p: evaluate(e, values) for p, e in symbolic.items()}})
+    wl = make(op, {**fixed, **{p: evaluate(e, values) for p, e in symbolic.items()}}, task.workload.layout)
     inputs = wl.random_inputs(seed=sum(values.values()))
     ref = wl.reference(inputs)
     bound_ins, bound_out = task.workload.build()
@@ -127,15 +127,15 @@ def test_a_value_outside_the_declared_range_is_refused_by_the_kernel():
         assert lib.tuner_run(built.index, pointer_array(bufs + [np.array([n], np.int32)])) == rc
 
 
-@pytest.mark.parametrize("params, symbolic, says", [
-    (dict(C=4, K=4, W=8, R=3, S=3, pad=1), "H", "depends on the value"),           # the pad's border moves
-    (dict(C=4, K=4, W=8, R=3, S=3, stride=2), "H", "multilinear|whole steps"),      # the rows halve
-    (dict(C=4, K=4, W=8, R=3, S=3), "H", "narrow the range"),                       # H - 2 rows at H = 1
+@pytest.mark.parametrize("params, lo, says", [
+    (dict(C=4, K=4, W=8, R=3, S=3, pad=1), 1, "depends on the value"),           # the pad's border moves
+    (dict(C=4, K=4, W=8, R=3, S=3, stride=2), 3, "multilinear|whole steps"),      # the rows halve
+    (dict(C=4, K=4, W=8, R=3, S=3), 1, "narrow the range"),                       # no 3x3 window in 2 rows
 ])
-def test_kernels_whose_computation_is_not_a_bounded_loop_over_the_symbol_are_refused(params, symbolic, says):
-    task = Task(make("conv2d", {**params, symbolic: 16}), TARGET1)
+def test_kernels_whose_computation_is_not_a_bounded_loop_over_the_symbol_are_refused(params, lo, says):
+    task = Task(make("conv2d", {**params, "H": 16}), TARGET1)
     with pytest.raises(DynamicError, match=says):
-        task.dynamic_dims({symbolic: symbol_var(0)}, (Symbol("h", 1, 16),))
+        task.dynamic_dims({"H": symbol_var(0)}, (Symbol("h", lo, 16),))
 
 
 def test_a_symbolic_parameter_must_take_the_workloads_value_at_the_bound():
@@ -217,7 +217,8 @@ def test_a_length_outside_the_range_and_a_fixed_dim_that_differs_are_refused_in_
     from tuner.errors import UserError
     model = _compile(_attention_onnx(tmp_path / "att.onnx", [1, "seq"]), "x=1x[2..8]x16")
     for shape, says in (((1, 9, 16), r"has 9 in dim 1 \(seq\); this model runs seq from 2 to 8"),
-                        ((1, 1, 16), "from 2 to 8"), ((1, 4, 15), "must have shape 1x4x16")):
+                        ((1, 1, 16), "from 2 to 8"), ((1, 4, 15), "must have shape 1x4x16"),
+                        ((4, 16), "must have 3 dims"), ((1, 1, 4, 16), "must have 3 dims")):
         with pytest.raises(UserError, match=says):
             model.run(np.zeros(shape, np.float32))
 
@@ -370,3 +371,39 @@ def test_a_dynamic_tune_tunes_each_bucket_into_one_log_and_the_compile_runs_its_
     for n in (1, 4, 5, 8):
         x = np.random.default_rng(n).standard_normal((1, n, 16)).astype(np.float32)
         np.testing.assert_allclose(m.run(x)[0], ort_run(path, x)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_reduction_fused_then_split_keeps_the_padding_out_of_its_sum():
+    """A fused loop whose inner part is a dynamic reduction axis skips the padding's iterations;
+    split afterwards, the skip becomes a guard of the split loop."""
+    wl = make("conv2d", dict(C=12, H=5, W=5, K=4, R=3, S=3), "NCHW")
+    task = Task(wl, TARGET1)
+    dims = task.dynamic_dims({"C": symbol_var(0)}, (Symbol("c", 1, 12),))
+    from tuner.te.tensor import ComputeOp, topo_order
+    stage = next(t for t in topo_order(wl.build()[1]) if isinstance(t.op, ComputeOp) and t.op.reduce_axes)
+    r = [a.name for a in stage.op.reduce_axes]
+    steps = [["reorder", stage.name, [a.name for a in stage.op.axes] + [r[1], r[0], r[2]]],
+             ["fuse", stage.name, [r[1], r[0]]], ["split", stage.name, f"{r[1]}@{r[0]}", [4]]]
+    cand = task.candidate(steps, func_name="fs", dims=dims)
+    [built] = build_batch([(cand.func_name, cand.source)], TARGET1, jobs=1)
+    assert not built.error, built.error
+    fixed = dict(H=5, W=5, K=4, R=3, S=3)
+    for c in (12, 5, 1):
+        out, ref, rc = run_at(task, built, "conv2d", fixed, {"C": symbol_var(0)}, {"_dyn0": c})
+        assert rc == 0 and not check_output(out[tuple(slice(0, n) for n in ref.shape)], ref, 1e-3, 1e-4), f"C={c}"
+
+
+def test_a_slice_whose_length_stops_growing_inside_the_range_is_refused(tmp_path):
+    """x[:, :16] over 1..64 is 16 rows from 16 up and fewer below: no bound layout serves it, and the
+    fit's probe at the bottom of the range sees it."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    ints = {"st": [0], "en": [16], "ax": [1]}
+    g = helper.make_graph([helper.make_node("Slice", ["x", "st", "en", "ax"], ["y"]),
+                           helper.make_node("Softmax", ["y"], ["z"], axis=1)], "s",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "S", 4])],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, None, 4])],
+                          [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in ints.items()])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "s.onnx"))
+    with pytest.raises(DynamicError, match="not a multilinear function of S"):
+        _compile(tmp_path / "s.onnx", "x=1x[1..64]x4")

@@ -213,6 +213,9 @@ class CompiledModel:
         same wherever it appears); every other dim must be the model's."""
         values: list = [None] * len(self.symbols)
         for a, s in zip(arrays, self.inputs):
+            if a.ndim != len(s["shape"]):
+                raise UserError(f"input {s['name']} must have {len(s['shape'])} dims (at most "
+                                f"{'x'.join(map(str, s['shape']))}), got {'x'.join(map(str, a.shape)) or 'a scalar'}")
             ext = s["extents"]
             for d, (n, e) in enumerate(zip(a.shape, ext)):
                 if e is not None and len(e) == 1 and e[0][0] == 1 and len(e[0][1]) == 1:

@@ -325,6 +325,7 @@ class Lowerer:
                     for x in exts[j + 1:]:
                         inner *= x
                     lim[children[j]] = simplify((lim[parent] + Const(inner - 1)) // Const(inner))
+                guards.extend(((p, limit), kind) for p, limit in skips.pop(parent, []))   # fused, then split
                 if parent in lim and kind == "reduce" and covered != 1:
                     guards.append(((parent, lim[parent]), kind))
                 elif covered != ext[parent]:

@@ -120,7 +120,10 @@ def _same_formulas(at_bound: dict, here: dict, where: str) -> None:
 
 def sample_points(symbols: tuple) -> list:
     """The values of the symbols ({symbol var name: value}) a fit builds at: the bound first, then
-    every corner of the bounds and a second value per symbol, then a probe inside the range."""
+    every corner of the bounds and a second value per symbol, then probes inside the range that
+    check the fit: one a third of the way up, one at the bottom (2 where the range starts at 1,
+    whose broadcasts and simplifications differ harmlessly; a fit's break point above the bottom
+    probe, min(S, 16), is found)."""
     names = [symbol_var(k).name for k in range(len(symbols))]
     moving = [k for k, s in enumerate(symbols) if s.lo < s.hi]
     bound = {n: s.hi for n, s in zip(names, symbols)}
@@ -131,7 +134,10 @@ def sample_points(symbols: tuple) -> list:
             vals[names[k]] = _second(symbols[k]) if p else symbols[k].hi
         points.append(vals)
     if moving:
-        points.append({**bound, **{names[k]: _third(symbols[k]) for k in moving}})
+        for probe in (_third, _bottom):
+            vals = {**bound, **{names[k]: probe(symbols[k]) for k in moving}}
+            if vals not in points:
+                points.append(vals)
     return points
 
 
@@ -145,7 +151,7 @@ def fit_table(table: list, symbols: tuple) -> dict:
         return {}
     n = len(moving)
     corners = dict(zip(itertools.product((0, 1), repeat=n), table[:2 ** n]))
-    probe_values, at_probe = sample_points(symbols)[-1], table[-1]
+    probes = list(zip(sample_points(symbols)[2 ** n:], table[2 ** n:]))
     bound = {nm: s.hi for nm, s in zip(names, symbols)}
     low = {nm: _second(s) for nm, s in zip(names, symbols)}
     at_bound = table[0]
@@ -159,7 +165,7 @@ def fit_table(table: list, symbols: tuple) -> dict:
             raise DynamicError(f"what {_label(key)} computes depends on the value of "
                                f"{', '.join(symbols[k].name for k in moving)}, not only on how far it runs")
         expr = _multilinear(key, corners, moving, names, bound, low, symbols)
-        if evaluate(expr, probe_values) != at_probe[key]:
+        if any(evaluate(expr, values) != at[key] for values, at in probes):
             raise DynamicError(f"the extent of {_label(key)} is not a multilinear function of "
                                f"{', '.join(symbols[k].name for k in moving)}")
         out[key] = expr
@@ -172,7 +178,13 @@ def fit_dims(build: Callable, symbols: tuple) -> DynamicDims:
     symbols = tuple(symbols)
     dims = DynamicDims(symbols)
     points = sample_points(symbols)
-    built = [_extents(build, vals) for vals in points]
+    built = []
+    for vals in points:
+        try:
+            built.append(_extents(build, vals))
+        except (ValueError, UserError) as e:     # a shape the computation has no meaning at
+            where = ", ".join(f"{s.name}={vals[symbol_var(k).name]}" for k, s in enumerate(symbols))
+            raise DynamicError(f"at {where}: {e}; narrow the range to the values the model runs at") from None
     for vals, (_, formulas) in zip(points[1:], built[1:]):
         _same_formulas(built[0][1], formulas, ", ".join(f"{s.name}={vals[symbol_var(k).name]}"
                                                          for k, s in enumerate(symbols)))
@@ -210,15 +222,22 @@ def box(shape: tuple, extents: tuple, values: dict):
 
 
 def _second(s: Symbol) -> int:
-    return max(s.lo, s.hi // 2) if max(s.lo, s.hi // 2) != s.hi else s.lo
+    """The second corner value: half the bound, not 1 where the range allows (see _bottom)."""
+    v = max(s.lo, 2, s.hi // 2)
+    return v if v < s.hi else s.lo
 
 
 def _third(s: Symbol) -> int:
     """A value other than the two corners where the range has one, to check the fit."""
-    for v in (s.lo + (s.hi - s.lo) // 3, s.lo, (s.hi + _second(s)) // 2):
-        if v not in (s.hi, _second(s)):
+    for v in (s.lo + (s.hi - s.lo) // 3, (s.hi + _second(s)) // 2, _bottom(s)):
+        if v not in (s.hi, _second(s)) and v >= min(2, s.hi):
             return v
     return s.hi
+
+
+def _bottom(s: Symbol) -> int:
+    """The lowest value probed: the range's bottom, or 2 where it is 1 and 2 is in it."""
+    return max(s.lo, min(2, s.hi))
 
 
 def _multilinear(key, corners: dict, moving: list, names: list, bound: dict, low: dict, symbols: tuple) -> Expr:
