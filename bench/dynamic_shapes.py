@@ -64,6 +64,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--log", action="append", help="tuning logs both compiles take records from")
     ap.add_argument("--no-static", action="store_true", help="do not compile and time each length statically")
+    ap.add_argument("--untuned", action="store_true", help="with --log: also time the dynamic compile without it")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     path = Path(args.model) if args.model else Path.home() / ".cache" / "tuner" / "bench" / f"{args.export}_dynamic.onnx"
@@ -81,12 +82,16 @@ def main(argv=None) -> int:
         result["compile"].append({"threads": threads, "artifact": "dynamic", "compile_s": dyn_s,
                                   "arena_mib": dyn.arena_bytes / 2**20})
         print(f"dynamic compile, {threads} thread(s): {dyn_s:.1f} s, arena {dyn.arena_bytes / 2**20:.1f} MiB at the bound")
+        untuned = compile_model(str(path), threads=threads, dynamic=f"{args.input}=1x[{lo}..{hi}]") \
+            if args.untuned and args.log else None
         ort = None
         for n in lengths:
             ids = [np.random.default_rng(n).integers(0, 100, (1, n)).astype(np.int64)]
             if ort is None:
                 ort = onnxruntime_runner(load_graph(str(path), {args.input: [1, n]}), threads, str(path))
             runners = {"dynamic": lambda ins: dyn.run(*ins)}
+            if untuned is not None:
+                runners["dynamic_untuned"] = lambda ins: untuned.run(*ins)
             if not args.no_static:
                 t0 = time.perf_counter()
                 static = compile_model(str(path), log=args.log, threads=threads, input_shapes={args.input: [1, n]})
@@ -102,6 +107,8 @@ def main(argv=None) -> int:
             row = {"threads": threads, "length": n, **{f"{k}_ms": v for k, v in med.items()},
                    "dynamic_vs_onnxruntime": statistics.median(paired_ratios(t["dynamic"], t["onnxruntime"])),
                    "max_abs_diff": err}
+            if "dynamic_untuned" in t:
+                row["dynamic_vs_untuned"] = statistics.median(paired_ratios(t["dynamic"], t["dynamic_untuned"]))
             if "static" in t:
                 row["static_vs_onnxruntime"] = statistics.median(paired_ratios(t["static"], t["onnxruntime"]))
                 row["dynamic_vs_static"] = statistics.median(paired_ratios(t["dynamic"], t["static"]))
@@ -109,10 +116,14 @@ def main(argv=None) -> int:
             print(f"  {threads}t length {n:>4}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in med.items())
                   + f"; dynamic/ORT {row['dynamic_vs_onnxruntime']:.3f}x"
                   + (f", static/ORT {row['static_vs_onnxruntime']:.3f}x, dynamic/static {row['dynamic_vs_static']:.3f}x"
-                     if "static" in t else "") + f" (max |diff| {err:.1e})", flush=True)
+                     if "static" in t else "")
+                  + (f", dynamic/untuned {row['dynamic_vs_untuned']:.3f}x" if "dynamic_untuned" in t else "")
+                  + f" (max |diff| {err:.1e})", flush=True)
         mine = [r for r in result["rows"] if r["threads"] == threads]
         summary = {"threads": threads, "geomean_dynamic_vs_onnxruntime": _geomean(r["dynamic_vs_onnxruntime"] for r in mine),
                    "worst_dynamic_vs_onnxruntime": max(r["dynamic_vs_onnxruntime"] for r in mine)}
+        if any("dynamic_vs_untuned" in r for r in mine):
+            summary["geomean_dynamic_vs_untuned"] = _geomean(r["dynamic_vs_untuned"] for r in mine)
         if not args.no_static:
             summary["geomean_dynamic_vs_static"] = _geomean(r["dynamic_vs_static"] for r in mine)
             summary["geomean_static_vs_onnxruntime"] = _geomean(r["static_vs_onnxruntime"] for r in mine)

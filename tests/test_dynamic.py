@@ -407,3 +407,18 @@ def test_a_slice_whose_length_stops_growing_inside_the_range_is_refused(tmp_path
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "s.onnx"))
     with pytest.raises(DynamicError, match="not a multilinear function of S"):
         _compile(tmp_path / "s.onnx", "x=1x[1..64]x4")
+
+
+def test_a_tile_tuned_for_a_larger_value_stops_its_middle_loop_where_the_runs_rows_end():
+    """Rows split [tiles, 8 register tiles of 8 rows]: at a run of 16 rows the middle loop runs 2 of
+    its 8 iterations (the trip count is a run-time expression), not 64 rows into the padding."""
+    wl = make("dense", dict(N=64, C=16, K=16))
+    task = Task(wl, TARGET1)
+    dims = task.dynamic_dims({"N": symbol_var(0)}, (Symbol("rows", 1, 64),))
+    steps = [["split", "dense", "n", [8, 8]], ["annotate", "dense", "n.2", "unroll"]]
+    src = task.candidate(steps, "tl", dims=dims).source
+    middle = next(line for line in src.splitlines() if "for (int n_1 = 0" in line)
+    assert "_dyn0" in middle and "8" in middle, middle
+    [built] = build_batch([("tl", src)], TARGET1, jobs=1)
+    for n in (1, 16, 17, 64):
+        _check(task, built, "dense", dict(C=16, K=16), {"N": symbol_var(0)}, {"_dyn0": n})

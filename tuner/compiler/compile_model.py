@@ -479,8 +479,15 @@ class _Family:
         dyn = parse_dynamic(dynamic, input_dims(path))
         if clash := set(dyn.dims) & set(input_shapes or {}):
             raise UserError(f"--input-shape and --dynamic both give {', '.join(sorted(clash))}; give one")
-        return _Family(dyn, [load_at(path, {**(input_shapes or {}), **dyn.shapes(p)}) for p in dyn.points], path,
-                       input_shapes)
+        graphs = []
+        for p in dyn.points:
+            try:
+                graphs.append(load_at(path, {**(input_shapes or {}), **dyn.shapes(p)}))
+            except (ValueError, UserError) as e:     # the model has no meaning at that shape
+                at = ", ".join(f"{s.name}={p[symbol_var(k).name]}" for k, s in enumerate(dyn.symbols))
+                raise DynamicError(f"{path} does not import at {at}: {str(e).splitlines()[0][:200]}; narrow the "
+                                   "range to the shapes the model runs at") from None
+        return _Family(dyn, graphs, path, input_shapes)
 
     def bucket(self, values, options: dict, say) -> None:
         """The model optimised at each of `values` of its one varying symbol (None: the default

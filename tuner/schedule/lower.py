@@ -11,8 +11,8 @@ import re
 from dataclasses import dataclass
 
 from ..te.dynamic import DynamicDims
-from ..te.expr import (And, Cmp, Const, Expr, FloorDiv, FloorMod, Load, Max, Reduce, Var, all_of, as_expr, bounds,
-                       free_vars, from_linear, linear, simplify, substitute, transform, walk)
+from ..te.expr import (And, Cmp, Const, Expr, FloorDiv, FloorMod, Load, Max, Min, Reduce, Var, all_of, as_expr,
+                       bounds, free_vars, from_linear, linear, simplify, substitute, transform, walk)
 from . import ir
 from .schedule import Schedule, ScheduleError, Stage
 from .peel import peel_guards, unswitch
@@ -325,6 +325,7 @@ class Lowerer:
                     for x in exts[j + 1:]:
                         inner *= x
                     lim[children[j]] = simplify((lim[parent] + Const(inner - 1)) // Const(inner))
+                    lim.update(self._tile_limits(st, children, exts, j, lim[parent]))
                 guards.extend(((p, limit), kind) for p, limit in skips.pop(parent, []))   # fused, then split
                 if parent in lim and kind == "reduce" and covered != 1:
                     guards.append(((parent, lim[parent]), kind))
@@ -346,6 +347,27 @@ class Lowerer:
                 if skip:
                     skips[fused] = skip
         return ext, guards, lim, skips
+
+    def _tile_limits(self, st: Stage, children: list, exts: list, j: int, limit) -> dict:
+        """Run-time trip counts of a dynamic axis's middle tile loops: in the tile where the run's
+        extent ends, each stops at the last of its iterations that holds any of it, so a tile tuned
+        for a larger value runs past the extent by less than one innermost tile (64 rows tuned at 64
+        run at 16 as 16, not 64). Only for children that are loops of their own, nested in order."""
+        if any(c not in st.leaves for c in children[j:]) or \
+                [st.leaves.index(c) for c in children[j:]] != sorted(st.leaves.index(c) for c in children[j:]):
+            return {}
+        out, prefix = {}, None
+        for i in range(j, len(children) - 1):
+            stride = 1
+            for x in exts[i + 1:]:
+                stride *= x
+            if i > j and exts[i] > 1:
+                rest = limit - prefix
+                out[children[i]] = simplify(Min(Const(exts[i]), (rest + Const(stride - 1)) // Const(stride)))
+            if exts[i] > 1:
+                term = Var(self._var_name(st, children[i])) * Const(stride)
+                prefix = term if prefix is None else prefix + term
+        return out
 
     def _axis_values(self, st: Stage, leaf_val: dict, ext: dict) -> dict:
         """Value of every axis (root, split and fused) as an expression of the leaf loop vars."""
