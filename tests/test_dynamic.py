@@ -410,15 +410,15 @@ def test_a_slice_whose_length_stops_growing_inside_the_range_is_refused(tmp_path
 
 
 def test_a_tile_tuned_for_a_larger_value_stops_its_middle_loop_where_the_runs_rows_end():
-    """Rows split [tiles, 8 register tiles of 8 rows]: at a run of 16 rows the middle loop runs 2 of
-    its 8 iterations (the trip count is a run-time expression), not 64 rows into the padding."""
-    wl = make("dense", dict(N=64, C=16, K=16))
+    """Rows split [2 tiles, 8 register tiles of 8 rows]: at a run of 16 rows the middle loop runs 2
+    of its 8 iterations (the trip count is a run-time expression), not 64 rows into the padding."""
+    wl = make("dense", dict(N=128, C=16, K=16))
     task = Task(wl, TARGET1)
-    dims = task.dynamic_dims({"N": symbol_var(0)}, (Symbol("rows", 1, 64),))
+    dims = task.dynamic_dims({"N": symbol_var(0)}, (Symbol("rows", 1, 128),))
     steps = [["split", "dense", "n", [8, 8]], ["annotate", "dense", "n.2", "unroll"]]
     src = task.candidate(steps, "tl", dims=dims).source
     middle = next(line for line in src.splitlines() if "for (int n_1 = 0" in line)
     assert "_dyn0" in middle and "8" in middle, middle
     [built] = build_batch([("tl", src)], TARGET1, jobs=1)
-    for n in (1, 16, 17, 64):
+    for n in (1, 16, 17, 64, 65, 128):
         _check(task, built, "dense", dict(C=16, K=16), {"N": symbol_var(0)}, {"_dyn0": n})
