@@ -105,25 +105,30 @@ def _symbolic_prefix(c, var: str, inner: dict):
     coef = terms.get(Var(var), 0)
     if coef <= 0:
         return None
-    own, fixed = {}, {}
-    for t, k in terms.items():
-        if t == Var(var):
-            continue
-        names = free_vars(t)
-        if var in names:
-            return None
-        if names & inner.keys():
-            if not names <= inner.keys():
-                return None
-            own[t] = k
-        else:
-            fixed[t] = k
+    others = {t: k for t, k in terms.items() if t != Var(var)}
+    if any(var in free_vars(t) for t in others) or (parts := _by_loops(others, inner)) is None:
+        return None
+    own, fixed = parts
     b = bounds(from_linear(own, 0), inner)
     if b is None:
         return None
     # coef*v + fixed + const + own < 0 for every own: v <= (-fixed - const - own_hi - 1) // coef
     top = from_linear({t: -k for t, k in fixed.items()}, -const - b[1] - (1 if c.op == "<" else 0))
     return FloorDiv(top, Const(coef)) + Const(1)
+
+
+def _by_loops(terms: dict, inner: dict):
+    """(the terms over the `inner` loops only, the others), or None where a term mixes the two."""
+    own, rest = {}, {}
+    for t, k in terms.items():
+        names = free_vars(t)
+        if names & inner.keys():
+            if not names <= inner.keys():
+                return None
+            own[t] = k
+        else:
+            rest[t] = k
+    return own, rest
 
 
 def _drop(s: ir.Stmt, gone: set) -> ir.Stmt:
@@ -273,15 +278,9 @@ def _worst_case(c, inner: dict):
     if ln is None:
         return None
     terms, const = ln
-    own, rest = {}, {}
-    for t, k in terms.items():
-        names = free_vars(t)
-        if names & inner.keys():
-            if not names <= inner.keys():
-                return None
-            own[t] = k
-        else:
-            rest[t] = k
+    if (parts := _by_loops(terms, inner)) is None:
+        return None
+    own, rest = parts
     if not own:
         return None                      # decided by the outer loops alone: the C compiler hoists it
     b = bounds(from_linear(own, 0), inner)
