@@ -224,13 +224,38 @@ def test_a_length_outside_the_range_and_a_fixed_dim_that_differs_are_refused_in_
 
 
 @pytest.mark.parametrize("dims, dynamic, says", [
-    (["batch", "seq"], "x=[1..3]x[2..6]x16", "merged with another"),          # rows b*S of a padded [B, S]
+    (["batch", "seq"], "x=[1..3]x[2..6]x16", "depends on the value"),         # heads of [B, S] rows merged
     ([1, "seq"], None, "not the start of its value|depends on the value"),     # r / S: a value of S, not a bound
 ])
 def test_models_a_layout_at_the_bounds_cannot_run_are_refused_with_the_reason(tmp_path, dims, dynamic, says):
     path = _attention_onnx(tmp_path / "att.onnx", dims, divide_by_length=dynamic is None)
     with pytest.raises(DynamicError, match=says):
         _compile(path, dynamic or "x=1x[2..9]x16")
+
+
+def test_a_dense_over_batch_and_sequence_both_varying_covers_their_rows_and_matches_onnx_runtime(tmp_path):
+    """[batch, seq] rows, both varying, are held with gaps in the bound layout; the dense kernel
+    runs over the prefix of rows that covers them ((B - 1) * S_bound + S), its gap rows landing in
+    padding, and every (batch, seq) pair computes what ONNX Runtime does."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from conftest import ort_run
+    rng = np.random.default_rng(0)
+    n = helper.make_node
+    g = helper.make_graph([n("MatMul", ["x", "w"], ["y"]), n("Add", ["y", "b"], ["z"]), n("Relu", ["z"], ["r"]),
+                           n("MatMul", ["r", "w2"], ["o"])], "mlp",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 16])],
+                          [helper.make_tensor_value_info("o", TensorProto.FLOAT, ["batch", "seq", 8])],
+                          [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), k)
+                           for k, s in (("w", (16, 32)), ("b", (32,)), ("w2", (32, 8)))])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "mlp.onnx"))
+    for threads in (1, 2):
+        m = _compile(tmp_path / "mlp.onnx", "x=[1..4]x[1..12]x16", threads)
+        assert all(s.dynamic for s in m.steps)
+        for b, length in ((1, 1), (4, 12), (2, 7), (3, 1), (1, 12), (4, 5)):
+            x = rng.standard_normal((b, length, 16)).astype(np.float32)
+            np.testing.assert_allclose(m.run(x)[0], ort_run(tmp_path / "mlp.onnx", x)[0], rtol=1e-4, atol=1e-4,
+                                       err_msg=f"batch {b}, length {length}, {threads} threads")
 
 
 def test_dynamic_needs_an_onnx_file_and_ranges_it_can_read(tmp_path):

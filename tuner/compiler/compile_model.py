@@ -585,24 +585,53 @@ class _Family:
                                        "the bounds, which a dynamic kernel reads: what it holds depends on the "
                                        "dimension's value")
 
-    def check_binding(self, gi: int, args: list, tensors: list, dims) -> None:
-        """Each value a task's kernel reads or writes holds a run's data where the kernel's dims say
-        (a view that merges a varying dimension with another would not)."""
+    def bind(self, gi: int, args: list, tensors: list, dims):
+        """`dims` for a task's kernel that covers, in every value it reads or writes, the run's data.
+        A view that merges two varying dimensions (a dense over [batch, seq] rows, both varying)
+        holds its rows with gaps: the kernel's extent there becomes the prefix that covers them
+        ((B - 1) * S_bound + S rows), the rows in the gaps computed into padding, where no
+        reduction runs over that dimension (it would sum them); else refused."""
+        if dims is None:
+            return None
         _, grp0, ins0, out0 = self.group(0, gi)
         pos = {id(v): k for k, v in enumerate(ins0)} | {id(out0): -1}
-        for i, p in enumerate(self.points[1:], 1):
+        held = {}                       # (arg position, point) -> the run's data, as the kernel's tensor
+        for i, p in enumerate(self.points):
             _, _, ins, out = self.group(i, gi)
-            for a, t in zip(args, tensors, strict=True):
-                if isinstance(a, np.ndarray) or a.is_const:
-                    continue
-                vp = out if pos[id(a)] == -1 else ins[pos[id(a)]]
-                held, read = np.zeros(a.shape, bool), np.zeros(t.shape, bool)
-                held[tuple(slice(0, n) for n in vp.shape)] = True
-                read[box(t.shape, dims.tensor(t.name) if dims else (), p)] = True
-                if not np.array_equal(held.ravel(), read.ravel()):
-                    raise DynamicError(f"the kernel of {group_summary(self.gs[0], grp0.nodes)} reads {a.name} "
-                                       f"{list(a.shape)} as {t.name} {list(t.shape)}, which at {self._at(p)} "
-                                       "is not where its data are: a varying dimension merged with another")
+            for k, (a, t) in enumerate(zip(args, tensors, strict=True)):
+                if not (isinstance(a, np.ndarray) or a.is_const):
+                    vp = out if pos[id(a)] == -1 else ins[pos[id(a)]]
+                    mask = np.zeros(a.shape, bool)
+                    mask[tuple(slice(0, n) for n in vp.shape)] = True
+                    held[k, i] = mask.reshape(t.shape)
+        for k, t in enumerate(tensors):
+            if not any((k, i) in held for i in range(len(self.points))) or self._covers(held, k, t, dims):
+                continue
+            table = [{("t", t.name, d): int(np.nonzero(held[k, i].any(axis=tuple(x for x in range(t.ndim) if x != d)))[0]
+                                            .max(initial=-1)) + 1 for d in range(t.ndim)} for i in range(len(self.points))]
+            widen = {}
+            for (_, _, d), expr in fit_table(table, self.symbols).items():
+                old = (dims.tensor(t.name) + (None,) * t.ndim)[d]
+                if old is not None and old != expr:
+                    widen[old] = expr
+            if widen and not any(e in widen for e in dims.reduce.values()):
+                dims = dataclasses.replace(dims, tensors={n: tuple(widen.get(e, e) for e in sh)
+                                                          for n, sh in dims.tensors.items()})
+            if not self._covers(held, k, t, dims):
+                raise DynamicError(f"the kernel of {group_summary(self.gs[0], grp0.nodes)} reads {args[k].name} "
+                                   f"{list(args[k].shape)} as {t.name} {list(t.shape)}, which does not cover "
+                                   "where its data are: a varying dimension merged with another")
+        return dims
+
+    def _covers(self, held: dict, k: int, t, dims) -> bool:
+        """Whether the kernel's region of tensor `t` holds the run's data of argument k everywhere."""
+        for i, p in enumerate(self.points):
+            if (k, i) in held:
+                region = np.zeros(t.shape, bool)
+                region[box(t.shape, dims.tensor(t.name), p)] = True
+                if (held[k, i] & ~region).any():
+                    return False
+        return True
 
     def interface(self, side: str, k: int) -> dict:
         """{"extents": per dim, None or monomials of the symbols} of the model's k-th input or output."""
@@ -633,6 +662,10 @@ def _lower_groups(g: Graph, io: _Interface, db, tgt, choose, say, predictor=None
         if wl is None and (lt := transform_workload(g, grp)) is not None and db.best(lt, tgt)[0] is not None:
             wl = lt                  # a transform a model tune measured: its record, not the generic kernel
         dims = family.dims(gi, wl is not None) if family else None
+        if wl is not None and dims is not None:
+            task = Task(wl, tgt)
+            dims = family.bind(gi, (list(ins) if wl.op == "layout_transform" else _task_binding(g, grp, wl, task.space.inputs))
+                               + [out_v], list(task.space.inputs) + [task.space.output], dims)
         versions = family.versions(gi, db, tgt, Task(wl, tgt), dims, func) if wl is not None and dims else []
         if wl is not None:
             kern, args, sched, where, label, expected = _task_kernel(g, grp, wl, ins, db, tgt, choose,
@@ -640,9 +673,6 @@ def _lower_groups(g: Graph, io: _Interface, db, tgt, choose, say, predictor=None
                                                                      predictor, dims)
             if versions:
                 kern = _dispatch(func, versions, kern, len(args) + 1, family.symbol)
-            if family:
-                family.check_binding(gi, args + [out_v], list(Task(wl, tgt).space.inputs) + [Task(wl, tgt).space.output],
-                                     dims)
         else:
             kern, args, sched = _generic_group(g, grp.nodes, ins, out_v, tgt, func, dims)
             where, label, expected = GENERIC, f"{group_summary(g, grp.nodes)} -> {out_v.type_str()}", None
