@@ -223,14 +223,24 @@ def test_a_length_outside_the_range_and_a_fixed_dim_that_differs_are_refused_in_
             model.run(np.zeros(shape, np.float32))
 
 
-@pytest.mark.parametrize("dims, dynamic, says", [
-    (["batch", "seq"], "x=[1..3]x[2..6]x16", "depends on the value"),         # heads of [B, S] rows merged
-    ([1, "seq"], None, "not the start of its value|depends on the value"),     # r / S: a value of S, not a bound
-])
-def test_models_a_layout_at_the_bounds_cannot_run_are_refused_with_the_reason(tmp_path, dims, dynamic, says):
-    path = _attention_onnx(tmp_path / "att.onnx", dims, divide_by_length=dynamic is None)
-    with pytest.raises(DynamicError, match=says):
-        _compile(path, dynamic or "x=1x[2..9]x16")
+def test_a_model_that_divides_by_its_length_is_refused_with_the_reason(tmp_path):
+    path = _attention_onnx(tmp_path / "att.onnx", [1, "seq"], divide_by_length=True)     # r / S: S's value
+    with pytest.raises(DynamicError, match="not the start of its value|depends on the value"):
+        _compile(path, "x=1x[2..9]x16")
+
+
+def test_attention_over_a_batch_and_a_length_that_both_vary_matches_onnx_runtime_at_every_pair(tmp_path):
+    """Its heads' reshapes index [batch, seq] rows with the bound's strides; their formulas read the
+    same at every value once integer division is normalised, and every pair computes what ONNX
+    Runtime does."""
+    from conftest import ort_run
+    path = _attention_onnx(tmp_path / "att.onnx", ["batch", "seq"])
+    model = _compile(path, "x=[1..3]x[2..6]x16")
+    for b in (1, 2, 3):
+        for n in (2, 5, 6):
+            x = np.random.default_rng(b * 10 + n).standard_normal((b, n, 16)).astype(np.float32)
+            np.testing.assert_allclose(model.run(x)[0], ort_run(path, x)[0], rtol=1e-4, atol=1e-4,
+                                       err_msg=f"batch {b}, length {n}")
 
 
 def test_a_dense_over_batch_and_sequence_both_varying_covers_their_rows_and_matches_onnx_runtime(tmp_path):

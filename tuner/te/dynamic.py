@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from ..errors import UserError
-from .expr import Const, Expr, Reduce, Var, as_expr, simplify, substitute
+from .expr import Const, Expr, FloorDiv, FloorMod, Reduce, Var, as_expr, from_linear, linear, simplify, substitute, \
+    transform
 from .tensor import ComputeOp, topo_order
 
 SYMBOL_PREFIX = "_dyn"       # a symbol's C name: _dyn0, _dyn1, ... (no axis name starts with "_")
@@ -109,13 +110,46 @@ def _same_formulas(at_bound: dict, here: dict, where: str) -> None:
 
         def norm(e):
             if isinstance(e, Reduce):
-                return Reduce(e.combiner, simplify(substitute(e.source, zero), ranges), tuple(r.name for r in e.axes),
+                return Reduce(e.combiner, _normal(substitute(e.source, zero), ranges), tuple(r.name for r in e.axes),
                               e.init)
-            return simplify(substitute(e, zero), ranges)
+            return _normal(substitute(e, zero), ranges)
 
         if norm(body) != norm(body_here):
             raise DynamicError(f"what {name} computes depends on the value of {where.split('=')[0]}, not only "
                                "on how far it runs")
+
+
+def _normal(e: Expr, ranges: dict) -> Expr:
+    """`e` simplified over `ranges`, with two more exact identities of integer division by positive
+    constants applied until nothing changes: (a // b) // c = a // (b*c), and (q*c + r) // c =
+    q + r // c, (q*c + r) % c = r % c for any r. Only for comparing formulas (_same_formulas): a
+    view's index arithmetic in two shapes then reads as one; kernels keep their own forms."""
+    def rule(n):
+        if not (isinstance(n, (FloorDiv, FloorMod)) and isinstance(n.b, Const) and n.b.is_int and n.b.value > 0):
+            return None
+        c = n.b.value
+        if isinstance(n, FloorDiv) and isinstance(n.a, FloorDiv) and isinstance(n.a.b, Const) and n.a.b.is_int \
+                and n.a.b.value > 0:
+            return FloorDiv(n.a.a, Const(n.a.b.value * c))
+        ln = linear(n.a)
+        if ln is None:
+            return None
+        terms, const = ln
+        whole = {t: k // c for t, k in terms.items() if k % c == 0}
+        if not whole:
+            return None
+        q_const, r_const = divmod(const, c)
+        rest = FloorDiv(from_linear({t: k for t, k in terms.items() if k % c}, r_const), n.b)
+        return from_linear(whole, q_const) + rest if isinstance(n, FloorDiv) else \
+            FloorMod(from_linear({t: k for t, k in terms.items() if k % c}, r_const), n.b)
+
+    prev = None
+    for _ in range(8):
+        e = simplify(transform(simplify(e, ranges), rule), ranges)
+        if e == prev:
+            break
+        prev = e
+    return e
 
 
 def sample_points(symbols: tuple) -> list:
