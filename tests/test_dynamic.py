@@ -303,11 +303,13 @@ def test_the_command_line_compiles_a_range_and_runs_a_shape_in_it(tmp_path, caps
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,dynamo,opset", [("bert", False, 14), ("bert", True, 17), ("gpt2", True, 18)])
+@pytest.mark.parametrize("name,dynamo,opset,batch", [("bert", False, 14, False), ("bert", True, 17, False),
+                                                     ("gpt2", True, 18, False), ("bert", False, 14, True)])
 def test_a_hugging_face_model_exported_with_a_dynamic_length_compiles_once_and_matches_onnx_runtime(tmp_path, name,
-                                                                                                    dynamo, opset):
-    """BERT by both exporters; GPT-2 by dynamo, which numbers positions and builds the causal mask
-    from the length with CumSum and GatherND."""
+                                                                                                    dynamo, opset,
+                                                                                                    batch):
+    """BERT by both exporters, and with its batch varying too; GPT-2 by dynamo, which numbers
+    positions and builds the causal mask from the length with CumSum and GatherND."""
     tf = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
     if dynamo:
@@ -330,13 +332,14 @@ def test_a_hugging_face_model_exported_with_a_dynamic_length_compiles_once_and_m
             return self.m(input_ids=x).last_hidden_state
 
     path = tmp_path / f"{name}.onnx"
-    torch.onnx.export(Hidden(), (torch.randint(0, 100, (1, 7)),), str(path), input_names=["input_ids"],
-                      output_names=["out"], opset_version=opset, dynamic_axes={"input_ids": {1: "seq"}, "out": {1: "seq"}},
+    axes = {0: "batch", 1: "seq"} if batch else {1: "seq"}
+    torch.onnx.export(Hidden(), (torch.randint(0, 100, (2 if batch else 1, 7)),), str(path), input_names=["input_ids"],
+                      output_names=["out"], opset_version=opset, dynamic_axes={"input_ids": axes, "out": axes},
                       dynamo=dynamo)
-    model = _compile(path, "input_ids=1x[1..40]")
+    model = _compile(path, "input_ids=[1..3]x[1..40]" if batch else "input_ids=1x[1..40]")
     assert all(s.dynamic for s in model.steps)
-    for n in (1, 7, 23, 40):
-        ids = np.random.default_rng(n).integers(0, 100, (1, n)).astype(np.int64)
+    for b, n in ((1, 1), (1, 7), (1, 23), (1, 40)) + (((3, 40), (2, 7), (3, 1)) if batch else ()):
+        ids = np.random.default_rng(n).integers(0, 100, (b, n)).astype(np.int64)
         np.testing.assert_allclose(model.run(input_ids=ids)[0], ort_run(path, {"input_ids": ids})[0], rtol=1e-4,
                                    atol=1e-4, err_msg=f"length {n}")
 

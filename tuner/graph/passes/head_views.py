@@ -75,7 +75,10 @@ def absorb_head_views(graph: Graph, ctx) -> Graph:
             if any(found.values()):
                 plans[id(n)] = found
         elif n.op == "dense" and not n.attrs.get("in_heads") and len(n.inputs) == 2 \
-                and (found := _merge_source(n.inputs[0])):
+                and (found := _merge_source(n.inputs[0])) \
+                and not (graph.meta.get("dynamic") and int(np.prod(found[0].shape[:-3])) > 1):
+            # (a graph for a range of shapes keeps the copy where heads merge over a batch: the view's
+            # rows per batch would be the bound's, which the fit of dynamic kernels refuses)
             plans[id(n)] = {"in_heads": found}
     if not plans:
         return graph
