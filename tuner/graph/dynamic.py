@@ -43,10 +43,6 @@ class DynamicInputs:
         return {name: [[self.symbols[d[1]].name, self.symbols[d[1]].lo, self.symbols[d[1]].hi]
                        if isinstance(d, tuple) else d for d in dims] for name, dims in self.dims.items()}
 
-    def declared(self, name: str) -> list:
-        """The input's dims for an artifact: None where fixed, else the symbol's index."""
-        return [d[1] if isinstance(d, tuple) else None for d in self.dims[name]]
-
 
 def load_at(model: str, shapes: dict):
     """The model imported at `shapes` for a range of them: meta "dynamic" tells the passes that

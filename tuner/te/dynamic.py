@@ -54,11 +54,6 @@ class DynamicDims:
     def reduce_limit(self, stage: str, axis: str):
         return self.reduce.get((_base(stage), axis))
 
-    @property
-    def ranges(self) -> dict:
-        """Var name -> (lo, hi) of each symbol, for simplification and bounds."""
-        return {symbol_var(k).name: (s.lo, s.hi) for k, s in enumerate(self.symbols)}
-
 
 def symbol_var(k: int) -> Var:
     return Var(f"{SYMBOL_PREFIX}{k}")
