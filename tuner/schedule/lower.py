@@ -180,8 +180,7 @@ class Lowerer:
 
         offsets: tensor name -> base expressions of local buffers visible here.
         outer_ranges: loop var -> extent of loops enclosing this nest (for guard elimination).
-        guards: region guards this stage needs (its region may overrun its tensor's shape, or
-        its run-time extent).
+        guards: region guards this stage needs (its region may overrun its tensor's shape).
         limits: the run-time extents of the region's dims that are whole dynamic dimensions.
         """
         op = st.op
@@ -297,8 +296,9 @@ class Lowerer:
     # ------------------------------------------------------------ axes
     def _leaf_extents(self, st: Stage, root_ext: dict, root_lim: dict):
         """(extent of every axis at the bound shape, guards, run-time trip counts of the dynamic
-        axes). A dynamic axis split runs ceil(limit / inner) iterations of its outermost child that
-        loops; fused, it keeps its limit as the outermost part only. A spatial tile may run past the
+        axes, the tests that skip a fused loop's iterations past an inner part's trip count). A
+        dynamic axis split runs ceil(limit / inner) iterations of its outermost child that loops
+        (its middle children: _tile_limits); fused, it keeps its limit as the outermost part only. A spatial tile may run past the
         limit, inside the bound shape: what it computes there lands in the padding, which no
         result reads. A reduction is guarded at the limit: the padding must not enter a sum."""
         ext, lim = dict(root_ext), dict(root_lim)
