@@ -514,18 +514,12 @@ def tune_dynamic(model: str, dynamic, trials: int, buckets: list | None = None, 
     time of runs spread evenly over the range: the values it serves (those above the bucket below
     it) times its length; a bucket whose share is below its task count gets every task's first
     look. A tune that is stopped stops the rest. [(value, ModelTuneResult)], smallest value first."""
-    from .graph.dynamic import default_buckets, load_at, parse_dynamic
+    from .graph.dynamic import load_at, parse_dynamic
     from .graph.onnx_frontend import input_dims
     dyn = parse_dynamic(dynamic, input_dims(str(model)))
-    moving = [k for k, s in enumerate(dyn.symbols) if s.lo < s.hi]
-    if len(moving) != 1:
-        raise UserError(f"tune --dynamic tunes one varying dimension at its buckets; {model} has {len(moving)} "
-                        f"({', '.join(s.name for s in dyn.symbols)}): fix the others with --input-shape")
-    k = moving[0]
+    k, values = dyn.buckets(buckets)
     sym = dyn.symbols[k]
-    values = sorted(set(default_buckets(sym) if buckets is None else buckets) | {sym.hi})
-    if bad := [v for v in values if not sym.lo <= v <= sym.hi]:
-        raise UserError(f"bucket {bad[0]} is outside {sym.name}'s range [{sym.lo}..{sym.hi}]")
+    values = values + [sym.hi]
     served = [v - p for v, p in zip(values, [sym.lo - 1] + values[:-1])]
     weights = [s * v for s, v in zip(served, values)]
     out = []

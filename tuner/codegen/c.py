@@ -238,7 +238,7 @@ class CGen:
             trips = s.extent if s.limit is None else self.expr(s.limit)
             self.emit(d, f"for (int {v} = 0; {v} < {trips}; ++{v}) {{")
         else:                   # a run-time trip count, evaluated once
-            self.emit(d, f"for (int {v} = 0, {v}_end = {self.expr(s.limit)}; {v} < {v}_end; ++{v}) {{")
+            self.emit(d, _runtime_for(v, "0", self.expr(s.limit)) + " {")
         if threaded:
             # OpenMP's outlined body gets its chunk from the runtime: without the range, GCC cannot
             # fold the index arithmetic and bounds tests (a Winograd transform ran 4x slower)
@@ -351,8 +351,7 @@ class CGen:
         out = []
         inner = d
         if dynamic:
-            out.append("  " * d + f"for (int {c_name(chunk)} = 0, {c_name(chunk)}_end = {self._whole(s, lanes)}; "
-                                  f"{c_name(chunk)} < {c_name(chunk)}_end; ++{c_name(chunk)}) {{")
+            out.append("  " * d + _runtime_for(c_name(chunk), "0", self._whole(s, lanes)) + " {")
             inner = d + 1
         elif chunks > 1:
             out.append("  " * d + f"#pragma GCC unroll {min(chunks, VECTOR_UNROLL)}")
@@ -379,8 +378,7 @@ class CGen:
         saved_lines, self.lines = self.lines, []
         v = c_name(s.var)
         if s.limit is not None:
-            self.emit(d, f"for (int {v} = {self._whole(s, lanes)} * {lanes}, {v}_end = {self.expr(s.limit)}; "
-                         f"{v} < {v}_end; ++{v}) {{")
+            self.emit(d, _runtime_for(v, f"{self._whole(s, lanes)} * {lanes}", self.expr(s.limit)) + " {")
         else:
             self.emit(d, f"for (int {v} = {s.extent - tail}; {v} < {s.extent}; ++{v}) {{")
         self.ranges[s.var] = s.extent
@@ -415,8 +413,7 @@ class CGen:
         out = ["  " * d + "{", ind + f"{vt} {acc} = ({vt}){{0}} + ({op[0]});"]
         step = op[1].format(acc=acc, v=code, w=lanes)
         if dynamic:
-            out.append(ind + f"for (int {c_name(chunk)} = 0, {c_name(chunk)}_end = {self._whole(s, lanes)}; "
-                             f"{c_name(chunk)} < {c_name(chunk)}_end; ++{c_name(chunk)}) {acc} = {step};")
+            out.append(ind + _runtime_for(c_name(chunk), "0", self._whole(s, lanes)) + f" {acc} = {step};")
         elif chunks > 1:
             out.append(ind + f"for (int {c_name(chunk)} = 0; {c_name(chunk)} < {chunks}; ++{c_name(chunk)}) {acc} = {step};")
         else:
@@ -483,6 +480,11 @@ def _reduction(s: ir.For, stores: list) -> bool:
     own = Load(st.buffer, st.indices)
     other = st.value.b if st.value.a == own else st.value.a if st.value.b == own else None
     return other is not None and not any(isinstance(n, Load) and n.buffer == st.buffer for n in walk(other))
+
+
+def _runtime_for(v: str, start: str, end: str) -> str:
+    """The header of a loop from `start` to a run-time `end`, each evaluated once."""
+    return f"for (int {v} = {start}, {v}_end = {end}; {v} < {v}_end; ++{v})"
 
 
 def _carried(s: ir.For) -> bool:

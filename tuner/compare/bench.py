@@ -98,12 +98,9 @@ def bench_shapes(m, shapes: list, threads: int, onnx_path: str | None, rounds: i
         raise UserError("--shapes times a model compiled for ranges of shapes (tuner compile --dynamic)")
     if onnx_path is None:
         raise UserError("--shapes compares with ONNX Runtime on the model's ONNX file, which this model has none of")
-    rows, ort = [], None
+    rows, ort = [], onnxruntime_runner(None, threads, onnx_path)
     for k, shape in enumerate(shapes):
         inputs = m.random_inputs(seed=k, shapes=shape)
-        if ort is None:
-            import onnxruntime  # noqa: F401  (onnxruntime_runner says how to install it)
-            ort = onnxruntime_runner(None, threads, onnx_path)
         ours, ref = m.run(*inputs), ort(inputs)
         err = max(float(np.abs(a - b).max() / (np.ptp(b) or 1.0)) for a, b in zip(ours, ref))
         times = interleaved({"tuner": lambda ins: m.run(*ins), "onnxruntime": ort}, inputs, rounds)

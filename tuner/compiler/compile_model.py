@@ -32,7 +32,7 @@ from ..database import records
 from ..database.union import Database
 from ..errors import UserError
 from ..graph import Graph, load
-from ..graph.dynamic import default_buckets, load_at, parse_dynamic
+from ..graph.dynamic import load_at, parse_dynamic
 from ..graph.ir import graph_digest, graph_structure, interface_names
 from ..graph.models import MODELS
 from ..graph.onnx_frontend import input_dims
@@ -49,7 +49,7 @@ from ..space.sketch import FOREIGN, SearchSpace
 from ..target import Target, parse_target
 from ..task import Task, code_hash
 from ..te import layouts as L
-from ..te.dynamic import DynamicError, box, fit_dims, fit_table, monomials, symbol_var
+from ..te.dynamic import DynamicError, box, described, fit_dims, fit_table, monomials
 from ..te.expr import Call, Load, coefficient, walk
 from ..te.layouts import plan_summary
 from ..te.tensor import placeholder
@@ -469,6 +469,7 @@ class _Family:
         self.gs: list = []
         self.io: list = []
         self.buckets: list = []      # [(value of the varying symbol, the model optimised there)], ascending
+        self.symbol = None           # the index of that symbol
 
     @staticmethod
     def load(model, dynamic, input_shapes) -> "_Family":
@@ -484,34 +485,22 @@ class _Family:
             try:
                 graphs.append(load_at(path, {**(input_shapes or {}), **dyn.shapes(p)}))
             except (ValueError, UserError) as e:     # the model has no meaning at that shape
-                at = ", ".join(f"{s.name}={p[symbol_var(k).name]}" for k, s in enumerate(dyn.symbols))
-                raise DynamicError(f"{path} does not import at {at}: {str(e).splitlines()[0][:200]}; narrow the "
-                                   "range to the shapes the model runs at") from None
+                raise DynamicError(f"{path} does not import at {described(p, dyn.symbols)}: "
+                                   f"{str(e).splitlines()[0][:200]}; narrow the range to the shapes the model "
+                                   "runs at") from None
         return _Family(dyn, graphs, path, input_shapes)
 
     def bucket(self, values, options: dict, say) -> None:
         """The model optimised at each of `values` of its one varying symbol (None: the default
-        buckets) whose kernels are the bound's; a value where they are not is left out, said."""
-        moving = [k for k, s in enumerate(self.symbols) if s.lo < s.hi]
-        if values == [] or len(moving) != 1:
-            if values and len(moving) != 1:
-                raise UserError("--buckets need exactly one varying dimension; this model has "
-                                f"{len(moving)}: {', '.join(s.name for s in self.symbols)}")
+        buckets; with several varying symbols, none) whose kernels are the bound's; a value where
+        they are not is left out, said."""
+        if values == [] or (values is None and sum(s.lo < s.hi for s in self.symbols) != 1):
             return
-        k = moving[0]
-        sym = self.symbols[k]
-        values = default_buckets(sym) if values is None else sorted(set(values))
+        k, values = self.dyn.buckets(values)
         for v in values:
-            if not sym.lo <= v <= sym.hi:
-                raise UserError(f"bucket {v} is outside {sym.name}'s range [{sym.lo}..{sym.hi}]")
-            if v == sym.hi:
-                continue                     # the bound's kernels are there anyway
             gv = optimize(load_at(self.path, {**self.input_shapes, **self.dyn.shapes(self.dyn.at(k, v))}), **options)
-            base = self.gs[0].meta["fused_groups"]
-            groups = gv.meta["fused_groups"]
-            if len(groups) != len(base) or any([gv.nodes[i].op for i in a.nodes] != [self.gs[0].nodes[i].op for i in b.nodes]
-                                               for a, b in zip(groups, base)):
-                say(f"{sym.name}={v}: the model optimises to other kernels there; no versions for it")
+            if not _same_kernels(gv, self.gs[0]):
+                say(f"{self.symbols[k].name}={v}: the model optimises to other kernels there; no versions for it")
                 continue
             self.buckets.append((v, gv))
         self.symbol = k
@@ -533,19 +522,14 @@ class _Family:
         return out
 
     def optimised(self, gs: list) -> None:
-        base = gs[0].meta["fused_groups"]
         for p, gp in zip(self.points[1:], gs[1:]):
-            groups = gp.meta["fused_groups"]
-            if len(groups) != len(base) or any([gp.nodes[i].op for i in a.nodes] != [gs[0].nodes[i].op for i in b.nodes]
-                                               for a, b in zip(groups, base)):
-                raise DynamicError(f"at {self._at(p)} the model optimises to other kernels than at the bounds "
-                                   f"({len(groups)} against {len(base)} groups): narrow the range or compile "
-                                   "a model per shape")
+            if not _same_kernels(gp, gs[0]):
+                raise DynamicError(f"at {described(p, self.symbols)} the model optimises to other kernels than at "
+                                   f"the bounds ({len(gp.meta['fused_groups'])} against "
+                                   f"{len(gs[0].meta['fused_groups'])} groups): narrow the range or compile a model "
+                                   "per shape")
         self.gs = gs
         self.io = [(gp.consumers(), {id(v) for v in gp.outputs}) for gp in gs]
-
-    def _at(self, values: dict) -> str:
-        return ", ".join(f"{s.name}={values[symbol_var(k).name]}" for k, s in enumerate(self.symbols))
 
     def group(self, i: int, gi: int) -> tuple:
         gp = self.gs[i]
@@ -562,7 +546,7 @@ class _Family:
             wl = workload_of(gp, grp)[0] or transform_workload(gp, grp)
             if wl is None:
                 raise DynamicError(f"{group_summary(gp, grp.nodes)} is a task at the bounds and not at "
-                                   f"{self._at(values)}")
+                                   f"{described(values, self.symbols)}")
             return wl.build()
 
         dims = fit_dims(build, self.symbols)
@@ -581,7 +565,7 @@ class _Family:
                 inside = a.ndim == a0.ndim and all(x <= y for x, y in zip(a.shape, a0.shape))
                 if not inside or not np.array_equal(a0[tuple(slice(0, n) for n in a.shape)], a,
                                                     equal_nan=a.dtype.kind == "f"):
-                    raise DynamicError(f"constant {v0.name} at {self._at(p)} is not the start of its value at "
+                    raise DynamicError(f"constant {v0.name} at {described(p, self.symbols)} is not the start of its value at "
                                        "the bounds, which a dynamic kernel reads: what it holds depends on the "
                                        "dimension's value")
 
@@ -642,6 +626,13 @@ class _Family:
         return {"extents": [monomials(e, len(self.symbols)) if e is not None else None for e in ext]}
 
 
+def _same_kernels(g: Graph, base: Graph) -> bool:
+    """Whether two optimised graphs have the same fused groups, operator by operator."""
+    groups, ref = g.meta["fused_groups"], base.meta["fused_groups"]
+    return len(groups) == len(ref) and all([g.nodes[i].op for i in a.nodes] == [base.nodes[i].op for i in b.nodes]
+                                           for a, b in zip(groups, ref))
+
+
 @dataclass
 class _Lowered:
     kernels: dict = field(default_factory=dict)     # code hash -> Kernel
@@ -662,11 +653,12 @@ def _lower_groups(g: Graph, io: _Interface, db, tgt, choose, say, predictor=None
         if wl is None and (lt := transform_workload(g, grp)) is not None and db.best(lt, tgt)[0] is not None:
             wl = lt                  # a transform a model tune measured: its record, not the generic kernel
         dims = family.dims(gi, wl is not None) if family else None
+        versions = []
         if wl is not None and dims is not None:
             task = Task(wl, tgt)
             dims = family.bind(gi, (list(ins) if wl.op == "layout_transform" else _task_binding(g, grp, wl, task.space.inputs))
                                + [out_v], list(task.space.inputs) + [task.space.output], dims)
-        versions = family.versions(gi, db, tgt, Task(wl, tgt), dims, func) if wl is not None and dims else []
+            versions = family.versions(gi, db, tgt, task, dims, func)
         if wl is not None:
             kern, args, sched, where, label, expected = _task_kernel(g, grp, wl, ins, db, tgt, choose,
                                                                      f"{func}_bound" if versions else func,

@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..te.dynamic import DynamicError, Symbol, evaluate, sample_points, symbol_var
+from ..errors import UserError
+from ..te.dynamic import DynamicError, Symbol, sample_points, symbol_var
 from .ir import GraphError
 
 _RANGE = re.compile(r"^(?:([A-Za-z_][A-Za-z0-9_.]*))?\[(\d+)\.\.(\d+)\]$")
@@ -27,7 +28,7 @@ class DynamicInputs:
 
     def shapes(self, values: dict) -> dict:
         """{input: shape} at `values` ({symbol var name: value})."""
-        return {name: [evaluate(symbol_var(d[1]), values) if isinstance(d, tuple) else d for d in dims]
+        return {name: [values[symbol_var(d[1]).name] if isinstance(d, tuple) else d for d in dims]
                 for name, dims in self.dims.items()}
 
     @property
@@ -37,6 +38,21 @@ class DynamicInputs:
     def at(self, k: int, value: int) -> dict:
         """{symbol var name: value} with symbol k at `value` and the others at their bounds."""
         return {symbol_var(j).name: (value if j == k else s.hi) for j, s in enumerate(self.symbols)}
+
+    def buckets(self, values: list | None) -> tuple:
+        """(the index of the one varying symbol, its bucket values below its bound, ascending):
+        `values`, or default_buckets. A UserError where more than one symbol varies, or a value is
+        outside the range."""
+        moving = [k for k, s in enumerate(self.symbols) if s.lo < s.hi]
+        if len(moving) != 1:
+            raise UserError(f"buckets are values of one varying dimension; this model has {len(moving)} "
+                            f"({', '.join(s.name for s in self.symbols)}): fix the others with --input-shape")
+        k = moving[0]
+        sym = self.symbols[k]
+        values = default_buckets(sym) if values is None else sorted(set(values))
+        if bad := [v for v in values if not sym.lo <= v <= sym.hi]:
+            raise UserError(f"bucket {bad[0]} is outside {sym.name}'s range [{sym.lo}..{sym.hi}]")
+        return k, [v for v in values if v != sym.hi]
 
     def spec(self) -> dict:
         """The ranges as parse_dynamic reads them back: {input: [int or [symbol, lo, hi]]}."""

@@ -234,7 +234,7 @@ class CompiledModel:
             raise AssertionError(f"no input gives the value of {', '.join(missing)}")
         for a, s in zip(arrays, self.inputs):
             want = _extents(s, values)
-            if len(a.shape) != len(want) or list(a.shape) != want:
+            if list(a.shape) != want:
                 raise UserError(f"input {s['name']} must have shape {'x'.join(map(str, want))} (as the other "
                                 f"dims say), got {'x'.join(map(str, a.shape)) or 'a scalar'}")
         return values

@@ -4,10 +4,10 @@ A dynamic kernel is laid out at the symbols' upper bounds: every buffer has its 
 constant strides, as XLA's bounded dynamic shapes are padded to their bound. Only its loops
 change with a run: a loop over a dynamic dimension stops at that run's extent (a C expression of
 the symbols), a tile past it only where the tile runs on, inside the bound shape, into padding
-that no result reads; a reduction over a dynamic dimension stops exactly at it. Which dimensions vary, and how,
-is found by building the tensor expression at a few values of the symbols and fitting each
-extent as a multilinear function of them (M = B*S, a padded row S + 2); anything else (a stride
-that halves a length) is refused rather than guessed.
+that no result reads; a reduction over a dynamic dimension stops exactly at it. Which dimensions
+vary, and how, is found by building the tensor expression at a few values of the symbols and
+fitting each extent as a multilinear function of them (M = B*S, a padded row S + 2); anything
+else (a stride that halves a length) is refused rather than guessed.
 """
 from __future__ import annotations
 
@@ -59,6 +59,12 @@ def symbol_var(k: int) -> Var:
     return Var(f"{SYMBOL_PREFIX}{k}")
 
 
+def described(values: Mapping[str, int], symbols: tuple) -> str:
+    """"seq=171, batch=2": the symbols' values in `values` ({symbol var name: value}), for messages."""
+    return ", ".join(f"{s.name}={values[symbol_var(k).name]}" for k, s in enumerate(symbols)
+                     if symbol_var(k).name in values)
+
+
 def _base(name: str) -> str:
     """The tensor a schedule's copy stands for ("C.local", "A.shared" -> "C", "A")."""
     for suffix in (".local", ".shared"):
@@ -92,7 +98,7 @@ def _extents(build: Callable, values: dict) -> tuple:
     return out, formulas
 
 
-def _same_formulas(at_bound: dict, here: dict, where: str) -> None:
+def _same_formulas(at_bound: dict, here: dict, where: str, symbols: tuple) -> None:
     """Every stage computes at `here` what it computes at the bounds, over the axes' ranges here:
     both formulas simplified over those ranges are one (a view's index arithmetic in the bound
     shape, (i*32 + j) // (S*32) for i < S, is 0 here too); an axis of one iteration at the bounds
@@ -110,8 +116,9 @@ def _same_formulas(at_bound: dict, here: dict, where: str) -> None:
             return _normal(substitute(e, zero), ranges)
 
         if norm(body) != norm(body_here):
-            raise DynamicError(f"what {name} computes depends on the value of {where.split('=')[0]}, not only "
-                               "on how far it runs")
+            raise DynamicError(f"what {name} computes depends on the value of "
+                               f"{', '.join(s.name for s in symbols if s.lo < s.hi)}, not only on how far it runs "
+                               f"(at {where})")
 
 
 def _normal(e: Expr, ranges: dict) -> Expr:
@@ -172,8 +179,8 @@ def sample_points(symbols: tuple) -> list:
 
 def fit_table(table: list, symbols: tuple) -> dict:
     """{key: multilinear expression of the symbols} for every key of the tables (one per point of
-    sample_points, in its order: {key: int, or any other value that must not change}) whose value
-    changes with the symbols; DynamicError naming the key where no such function fits."""
+    sample_points, in its order: {key: int}) whose value changes with the symbols; DynamicError
+    naming the key where no such function fits."""
     names = [symbol_var(k).name for k in range(len(symbols))]
     moving = [k for k, s in enumerate(symbols) if s.lo < s.hi]
     if not moving:
@@ -190,9 +197,6 @@ def fit_table(table: list, symbols: tuple) -> dict:
             raise DynamicError(f"{_label(key)} exists at some values of the symbols and not at others")
         if all(c[key] == ext for c in table):
             continue
-        if not isinstance(ext, int):     # a value computed from a symbol (a pad's border, a mean's 1/n)
-            raise DynamicError(f"what {_label(key)} computes depends on the value of "
-                               f"{', '.join(symbols[k].name for k in moving)}, not only on how far it runs")
         expr = _multilinear(key, corners, moving, names, bound, low, symbols)
         if any(evaluate(expr, values) != at[key] for values, at in probes):
             raise DynamicError(f"the extent of {_label(key)} is not a multilinear function of "
@@ -212,11 +216,10 @@ def fit_dims(build: Callable, symbols: tuple) -> DynamicDims:
         try:
             built.append(_extents(build, vals))
         except (ValueError, UserError) as e:     # a shape the computation has no meaning at
-            where = ", ".join(f"{s.name}={vals[symbol_var(k).name]}" for k, s in enumerate(symbols))
-            raise DynamicError(f"at {where}: {e}; narrow the range to the values the model runs at") from None
+            raise DynamicError(f"at {described(vals, symbols)}: {e}; narrow the range to the values the model "
+                               "runs at") from None
     for vals, (_, formulas) in zip(points[1:], built[1:]):
-        _same_formulas(built[0][1], formulas, ", ".join(f"{s.name}={vals[symbol_var(k).name]}"
-                                                         for k, s in enumerate(symbols)))
+        _same_formulas(built[0][1], formulas, described(vals, symbols), symbols)
     table = [ext for ext, _ in built]
     for key, expr in fit_table(table, symbols).items():
         if key[0] == "t":
@@ -315,14 +318,10 @@ def _multilinear(key, corners: dict, moving: list, names: list, bound: dict, low
         vals = {names[k]: (symbols[k].lo if v else symbols[k].hi) for k, v in zip(moving, vertex)}
         v = evaluate(out, vals)
         if v < 1:
-            raise DynamicError(f"{_label(key)} would be {v} at {_at(vals, symbols, names)}: narrow the range")
+            raise DynamicError(f"{_label(key)} would be {v} at {described(vals, symbols)}: narrow the range")
         if v > top:
-            raise DynamicError(f"{_label(key)} is larger at {_at(vals, symbols, names)} than at the bounds")
+            raise DynamicError(f"{_label(key)} is larger at {described(vals, symbols)} than at the bounds")
     return out
-
-
-def _at(vals: dict, symbols: tuple, names: list) -> str:
-    return ", ".join(f"{s.name}={vals[n]}" for s, n in zip(symbols, names) if n in vals)
 
 
 def _label(key) -> str:
