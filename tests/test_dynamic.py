@@ -4,6 +4,7 @@ what the static workload at any value in the range computes, whatever the paddin
 from __future__ import annotations
 
 import random
+import re
 
 import numpy as np
 import pytest
@@ -398,14 +399,32 @@ def test_a_dynamic_tune_tunes_each_bucket_into_one_log_and_the_compile_runs_its_
                  "--log", str(log), "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "at 4:" in out and "at 8:" in out
+    from tuner.database import records
+    contents = records.load(log)
+    assert sorted(p.shapes["x"][1] for p in contents.plans if p.dynamic) == [4, 8]
+    by_key: dict = {}
+    for r in contents.records:
+        by_key.setdefault(r.workload.key, []).append(r)
+    heats = {k: {r.code_hash for r in rs if r.heat == records.best_of(rs).heat} for k, rs in by_key.items()}
+    assert all(len(h) >= 2 for h in heats.values())
     assert main(["compile", str(path), "--dynamic", "x=1x[1..8]x16", "--log", str(log), "--threads", "1",
                  "--no-fuse-attention", "--no-merge-dense", "-o", str(tmp_path / "m")]) == 0
-    assert "records tuned at 4" in capsys.readouterr().out
     from conftest import ort_run
     from tuner.runtime import load
     m = load(tmp_path / "m")
-    assert [v["upto"] for s in m.steps if s.versions for v in s.versions] and all(
-        s.source != "default" for s in m.steps if s.anchor)
+    assert all(s.source != "default" for s in m.steps if s.anchor)
+    # each task's heat at 4 timed the code the bound's best gives there: a version only where it lost
+    from tuner.graph.dynamic import load_at
+    from tuner.graph.layout_plan import model_layouts
+    from tuner.target import host_isa, parse_target
+    target = parse_target(f"cpu -isa={host_isa()} -threads=1")
+    pairs = [model_layouts(load_at(str(path), {"x": [1, n, 16]})).workloads() for n in (4, 8)]
+    assert pairs[0] and len(pairs[0]) == len(pairs[1])
+    for (w4, _), (w8, _) in zip(*pairs):
+        assert Task(w4, target).candidate(records.best_of(by_key[w8.key]).steps).code_hash in heats[w4.key]
+    assert main(["analyze", str(log), "--model", str(path), "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    assert "at x=1x4x16 (a bucket of a range of shapes)" in out and "across its range (2 tuned shapes" in out
     for n in (1, 4, 5, 8):
         x = np.random.default_rng(n).standard_normal((1, n, 16)).astype(np.float32)
         np.testing.assert_allclose(m.run(x)[0], ort_run(path, x)[0], rtol=1e-4, atol=1e-4)
@@ -460,3 +479,150 @@ def test_a_tile_tuned_for_a_larger_value_stops_its_middle_loop_where_the_runs_ro
     [built] = build_batch([("tl", src)], TARGET1, jobs=1)
     for n in (1, 16, 17, 64, 65, 128):
         _check(task, built, "dense", dict(C=16, K=16), {"N": symbol_var(0)}, {"_dyn0": n})
+
+
+@settings(max_examples=60, deadline=None)
+@given(hist=st.dictionaries(st.integers(1, 300), st.integers(0, 40), min_size=1).filter(lambda h: sum(h.values()) > 0),
+       n=st.integers(1, 4), hi=st.sampled_from([300, 512]))
+def test_buckets_cut_from_a_histogram_end_each_equal_share_of_its_time_at_a_value_seen(hist, n, hi):
+    """With --shape-histogram the buckets are values seen, below the bound, at most n; every j/n of
+    the time (count x value) ends at one of them, so each version serves about an equal share;
+    the trials follow each bucket's share of that time, and the shares add up to one."""
+    from tuner.graph.dynamic import histogram_buckets, shares
+    sym = Symbol("seq", 1, hi)
+    buckets = histogram_buckets(hist, sym, n)
+    assert buckets == sorted(set(buckets)) and len(buckets) <= n and all(v in hist and v < hi for v in buckets)
+    total = sum(c * v for v, c in hist.items())
+    upto = lambda b: sum(c * v for v, c in hist.items() if v <= b)     # noqa: E731
+    below = lambda b: sum(c * v for v, c in hist.items() if v < b)     # noqa: E731
+    for j in range(1, n + 1):
+        ends = [b for b in buckets + [hi] if below(b) * n < j * total <= upto(b) * n]
+        assert ends, f"share {j}/{n} ends at no bucket"
+    part = shares(buckets + [hi], sym, hist)
+    assert abs(sum(part) - 1) < 1e-9 and all(x >= 0 for x in part)
+    assert all((x > 0) == (upto(b) > upto(a)) for x, a, b in zip(part, [0] + buckets, buckets + [hi]))
+
+
+def test_without_a_histogram_each_bucket_is_weighted_by_the_lengths_it_serves():
+    from tuner.graph.dynamic import shares
+    sym = Symbol("seq", 3, 40)
+    part = shares([8, 20, 40], sym)
+    brute = [sum(range(lo + 1, hi + 1)) for lo, hi in ((2, 8), (8, 20), (20, 40))]
+    assert part == pytest.approx([w / sum(brute) for w in brute])
+
+
+@pytest.mark.parametrize("text, says", [("77 3\n12x\n", "line 2: '12x' is not `VALUE [COUNT]`"),
+                                        ("77 3 4\n", "line 1"), ("600\n", "600 is outside seq's range"),
+                                        ("# nothing\n77 0\n", "holds no value with a count above 0")])
+def test_a_shape_histogram_that_is_not_value_count_lines_in_the_range_is_refused_naming_the_line(tmp_path, text, says):
+    from tuner.errors import UserError
+    from tuner.graph.dynamic import read_histogram
+    f = tmp_path / "lengths.txt"
+    f.write_text(text)
+    with pytest.raises(UserError, match=re.escape(says)):
+        read_histogram(str(f), Symbol("seq", 1, 512))
+    f.write_text("# length count\n77 3\n128, 5\n77\n\n")
+    assert read_histogram(str(f), Symbol("seq", 1, 512)) == {77: 4, 128: 5}
+
+
+def test_a_dynamic_compile_takes_its_buckets_from_the_logs_plans_and_keeps_a_version_only_where_its_code_differs(
+        tmp_path):
+    """Without --buckets, a compile for a range runs versions at the values where the log holds a
+    plan of this model made for the range (tune --dynamic), other models' plans and static plans
+    ignored. A bucket whose best record gives the code that the version above it (or the bound's
+    record) gives there has no version of its own: the one above serves its lengths."""
+    import importlib
+
+    from conftest import ort_run
+    from tuner.database import records
+    from tuner.database.result import MeasureResult
+    from tuner.graph.dynamic import load_at
+    from tuner.graph.ir import graph_digest
+    from tuner.ops.workload import parse_spec
+    from tuner.target import host_isa, parse_target
+    compile_model = importlib.import_module("tuner.compiler.compile_model").compile_model
+    target = parse_target(f"cpu -isa={host_isa()} -cores=2 -threads=1")
+    path = _attention_onnx(tmp_path / "att.onnx", [1, "seq"])
+    log, rng = tmp_path / "buckets.jsonl", random.Random(1)
+    steps_at: dict = {}          # task (its place among the model's tasks) -> {length: steps}
+    tasks_at: dict = {}          # task -> {length: Task}
+    for n in (24, 12, 6):
+        shapes = {"x": [1, n, 16]}
+        seen: list = []
+        for s in compile_model(str(path), target=str(target), input_shapes=shapes, use_shipped=False).steps:
+            if not s.anchor or s.workload in seen:
+                continue
+            seen.append(s.workload)
+            k = len(seen) - 1
+            spec, layout = s.workload.rsplit(" [", 1)
+            wl = parse_spec(spec, layout.rstrip("]"))
+            task = Task(wl, target)
+            above = steps_at.get(k, {}).get(12 if n == 6 else 24)
+            steps = above if n == 6 and k % 2 == 0 else task.space.steps(task.space.sample(rng))
+            records.append(log, [records.make_record(wl, str(target), steps, MeasureResult("OK", costs=[1e-5] * 3),
+                                                     task.candidate(steps).code_hash, "test", 0)])
+            steps_at.setdefault(k, {})[n] = steps
+            tasks_at.setdefault(k, {})[n] = task
+        records.append(log, [records.make_plan_record(str(path), graph_digest(load_at(str(path), shapes)),
+                                                      str(target), {}, 1e-3, True, shapes=shapes, dynamic=True)])
+    records.append(log, [records.make_plan_record(str(path), "0" * 16, str(target), {}, 1e-3, True,
+                                                  shapes={"x": [1, 9, 16]}, dynamic=True),
+                         records.make_plan_record(str(path), graph_digest(load_at(str(path), {"x": [1, 3, 16]})),
+                                                  str(target), {}, 1e-3, True, shapes={"x": [1, 3, 16]})])
+    said: list = []
+    m = compile_model(str(path), log=str(log), target=str(target), use_shipped=False, dynamic="x=1x[1..24]x16",
+                      progress=said.append)
+    assert any("seq=9: the log's plan there is another model's" in line for line in said)
+    order = list(dict.fromkeys(s.workload for s in m.steps if s.anchor))
+    tuned = [s for s in m.steps if s.anchor]
+    assert len(order) == len(steps_at) and all(s.dynamic for s in tuned)
+    kept = []
+    for s in tuned:
+        k = order.index(s.workload)
+        at, task = steps_at[k], tasks_at[k]
+        code = lambda n, k: task[n].candidate(at[k]).code_hash      # noqa: E731  (steps logged at k, at n)
+        want12 = code(12, 12) != code(12, 24)
+        want6 = code(6, 6) != code(6, 12 if want12 else 24)
+        assert [v["upto"] for v in s.versions] == [6] * want6 + [12] * want12, s.summary
+        assert not want6 or k % 2 == 1       # the steps of the bucket above, logged at 6: no version
+        kept.append(want6)
+    assert any(kept) and not all(kept)
+    for n in (1, 5, 6, 7, 12, 13, 24):
+        x = np.random.default_rng(n).standard_normal((1, n, 16)).astype(np.float32)
+        np.testing.assert_allclose(m.run(x)[0], ort_run(path, x)[0], rtol=1e-4, atol=1e-4, err_msg=f"length {n}")
+
+
+def test_a_dynamic_tune_with_a_histogram_tunes_the_bound_first_then_its_buckets_with_trials_by_their_share(
+        tmp_path, monkeypatch, capsys):
+    """tune --dynamic --shape-histogram: buckets cut from the lengths seen, tuned from the bound down,
+    each bucket's tune given the schedules of the one above as contenders, --trials by the share
+    of the histogram's time each serves; bad histograms are one-line errors."""
+    from tuner import model_tuning
+    from tuner.cli import main
+    path = _attention_onnx(tmp_path / "att.onnx", [1, "seq"])
+    calls = []
+
+    class Done:
+        session = type("S", (), {"interrupted": False, "tasks": []})()
+        space = None
+
+    def fake(graph, trials, contenders=None, **kw):
+        calls.append((graph.inputs[0].shape[1], trials, contenders))
+        done = Done()
+        done.space = model_tuning.model_layouts(graph, ("NCHW16c",))
+        return done
+    monkeypatch.setattr(model_tuning, "tune_model", fake)
+    hist = tmp_path / "lengths.txt"
+    hist.write_text("5 12\n9 10\n20 1\n")           # times 60, 90, 20: thirds end at 5, 9 and 20
+    out = model_tuning.tune_dynamic(str(path), "x=1x[1..64]x16", 1000, histogram=str(hist), layouts=("NCHW16c",))
+    assert [v for v, _ in out] == [5, 9, 20, 64]
+    assert [c[0] for c in calls] == [64, 20, 9, 5] and calls[0][2] == {}
+    assert [c[1] for c in calls] == [None, round(1000 * 20 / 170), round(1000 * 90 / 170), round(1000 * 60 / 170)]
+    for text, says in (("5 10\n70 1\n", "70 is outside seq's range"), ("five\n", "line 1")):
+        hist.write_text(text)
+        assert main(["tune", str(path), "--dynamic", "x=1x[1..64]x16", "--shape-histogram", str(hist), "--trials",
+                     "100", "--log", str(tmp_path / "l.jsonl")]) == 2
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1
+    assert main(["tune", str(path), "--shape-histogram", str(hist), "--log", str(tmp_path / "l.jsonl")]) == 2
+    assert "--shape-histogram describes a --dynamic range: give --dynamic too" in capsys.readouterr().err

@@ -159,6 +159,21 @@ def test_a_plan_line_whose_timed_choices_are_malformed_is_refused_by_name(choice
         records.PlanRecord.from_json(dict(good.to_json(), choices=choices))
 
 
+@pytest.mark.parametrize("field, value", [("shapes", {"x": [1, 0]}), ("shapes", {"x": [1, 2.5]}), ("shapes", {"x": "1x8"}),
+                                          ("shapes", {"": [1]}), ("shapes", {"x": [1] * 9}), ("shapes", [[1, 8]]),
+                                          ("shapes", {"x": [True]}), ("shapes", {"x": [1 << 40]}),
+                                          ("dynamic", "yes"), ("dynamic", 1)])
+def test_a_plan_line_whose_shapes_or_dynamic_flag_are_malformed_is_refused_by_name(field, value):
+    """A plan names the input shapes its model was tuned at and whether it is a bucket of a range;
+    a good one round-trips, anything else in a log is refused with the field named."""
+    good = records.make_plan_record("m", "h1", "cpu -isa=avx2 -threads=1", {}, 1e-3, True,
+                                    shapes={"input_ids": [1, 64]}, dynamic=True)
+    assert records.PlanRecord.from_json(json.loads(json.dumps(good.to_json()))) == good
+    assert good.to_json()["shapes"] == {"input_ids": [1, 64]} and good.to_json()["dynamic"] is True
+    with pytest.raises(records.RecordError, match=f"plan {field} is not"):
+        records.PlanRecord.from_json(dict(good.to_json(), **{field: value}))
+
+
 def test_records_timed_with_the_weights_cold_are_a_measurement_of_their_own(tuned_log, tmp_path):
     """A tune under RunConfig.cold_weights marks its records cold (written as "weights": "cold"), does
     not resume from warm records (a cold time is not comparable with a warm one), and the apply-best

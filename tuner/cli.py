@@ -93,8 +93,9 @@ def _tune_model(args) -> int:
     layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
     if args.dynamic:
         return _tune_dynamic(args, cfg, layouts)
-    if args.buckets:
-        raise UserError("--buckets are values of a --dynamic range: give --dynamic too")
+    if args.buckets or args.shape_histogram:
+        raise UserError(f"{'--buckets' if args.buckets else '--shape-histogram'} describes a --dynamic range: give "
+                        "--dynamic too")
     res = tune_model(args.model, trials=args.trials, log=args.log, target=args.target, threads=args.threads,
                      layouts=layouts, input_shapes=parse_input_shapes(args.input_shape),
                      batch_size=args.batch_size, policy=args.search, time_limit=args.time_limit, seed=args.seed,
@@ -118,7 +119,8 @@ def _tune_dynamic(args, cfg, layouts) -> int:
     if not args.log:
         raise UserError("tune --dynamic needs --log: the one log its buckets are tuned into and compile reads")
     results = tune_dynamic(args.model, args.dynamic, args.trials, _buckets(args.buckets),
-                           parse_input_shapes(args.input_shape), args.time_limit, log=args.log, target=args.target,
+                           parse_input_shapes(args.input_shape), args.time_limit, args.shape_histogram,
+                           log=args.log, target=args.target,
                            threads=args.threads, layouts=layouts, batch_size=args.batch_size, policy=args.search,
                            seed=args.seed, run_config=cfg, progress=not args.no_progress, replay=args.replay,
                            cost_model_from=args.cost_model_from, early_stopping=args.early_stopping,
@@ -193,7 +195,9 @@ def _cmd_analyze(args) -> int:
 
 
 def _model_view(args, models: list) -> int:
-    """Print each model report; write its plot (and --html)."""
+    """Print each model report; write its plot (and --html); then, for a model tuned at several
+    shapes of a range, the estimate across it."""
+    from .analysis.model_report import range_curves, range_plot, range_table
     def numbered(path: str, k: int) -> str:          # several models in one log: one file each
         return path if len(models) == 1 else f"{Path(path).with_suffix('')}.{k + 1}{Path(path).suffix}"
     for k, rep in enumerate(models):
@@ -204,6 +208,11 @@ def _model_view(args, models: list) -> int:
             print(f"\nplot: {png}")
         if args.html:
             print(f"report: {rep.html(numbered(args.html, k), png)}")
+    for k, (model, target, points) in enumerate(range_curves(models)):
+        print("\n" + range_table(model, target, points))
+        if not args.no_plot:
+            out = Path(args.plot or str(Path(args.log).with_suffix(".png")))
+            print(f"\nplot: {range_plot(model, target, points, str(out.with_suffix(f'.range{k + 1}{out.suffix}')))}")
     return 0
 
 
@@ -555,7 +564,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with an .onnx MODEL: tune it for a range of one dimension, at buckets of the range and "
                         "its bound, --trials shared by each bucket's share of the time (docs/dynamic-shapes.md)")
     t.add_argument("--buckets", metavar="V1,V2,...", help="with --dynamic: the values tuned below the bound "
-                   "(default: an eighth, a quarter and half of it)")
+                   "(default: cut from --shape-histogram, else an eighth, a quarter and half of it)")
+    t.add_argument("--shape-histogram", metavar="FILE",
+                   help="with --dynamic: the values of the varying dimension a deployment sees, one `VALUE [COUNT]` "
+                        "per line: the buckets cut its time into equal shares, and --trials follow it")
     t.add_argument("--workload", help="built-in name (see `tuner workloads`) or a spec")
     t.add_argument("--workloads", help="comma-separated workloads tuned together under one --trials budget")
     t.add_argument("--layout", help="NCHW, NHWC, NCHW8c, NCHW16c for conv (default NCHW16c); OI or OI16o for dense")
@@ -653,7 +665,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "runs every shape in them (an ONNX file with dynamic axes; docs/dynamic-shapes.md)")
     c.add_argument("--buckets", metavar="V1,V2,...",
                    help="with --dynamic: values of the varying dimension whose records in --log each task runs "
-                        "for the values up to it (default with a log: an eighth, a quarter and half the bound)")
+                        "for the values up to it (default with a log: those its `tune --dynamic` tuned at)")
     c.add_argument("--strict", action="store_true", help="fail when any task has no tuning record")
     c.add_argument("--no-shipped", action="store_true", help="do not fall back on the shipped tuner/schedules/")
     c.add_argument("--no-predict", action="store_true",

@@ -62,6 +62,7 @@ from .graph.passes.convert_layout import check_choice
 from .measure.interleave import interleaved
 from .measure.peak import peak_gflops
 from .measure.runner import CpuRunner, RunConfig
+from .schedule.schedule import ScheduleError
 from .search.scheduler import family
 from .target import parse_target
 from .task import Task
@@ -296,12 +297,13 @@ def _weights(space: ModelLayouts, plan: Plan, tasks) -> list:
 CONFIRM_TOP = 3      # front-runners per task timed again, beside its default, after a model tune (confirm_bests)
 
 
-def confirm_bests(tasks, tgt, log: str, config: RunConfig, progress: bool = True, seed: int = 0) -> int:
+def confirm_bests(tasks, tgt, log: str, config: RunConfig, progress: bool = True, seed: int = 0,
+                  contenders: dict | None = None) -> int:
     """A heat per task (records.heat_winner): its CONFIRM_TOP fastest kernels and its default
-    schedule timed side by side, each twice (in turn, then in reverse), appended to the log
-    (policy records.CONFIRM, one heat id), and the task's best made the heat's winner. A task
-    whose last heat came after its last search result is not timed again. Returns how many
-    timings were taken.
+    schedule (and its `contenders`, {workload key: [steps]}, that apply) timed side by side, each
+    twice (in turn, then in reverse), appended to the log (policy records.CONFIRM, one heat id),
+    and the task's best made the heat's winner. A task whose last heat came after its last search
+    result, with every contender in it, is not timed again. Returns how many timings were taken.
 
     Why: every timing on a shared machine is noisy, and a task's best is the fastest of up to
     hundreds of them, taken minutes apart: where a timing that came out too fast ends up, or
@@ -313,14 +315,17 @@ def confirm_bests(tasks, tgt, log: str, config: RunConfig, progress: bool = True
     with CpuRunner(tgt, config) as runner:
         for s in tasks:
             recs = [r for r in contents.applicable(s.workload.key, str(tgt)) if r.cold == config.times_cold(s.workload)]
-            if not any(r.ok for r in recs) or records.heat_winner(recs) is not None:
-                continue
             task = Task(s.workload, tgt)
+            others = _replayed(task, (contenders or {}).get(s.workload.key, []))
+            winner = records.heat_winner(recs)
+            if not any(r.ok for r in recs) or (winner is not None and {c.code_hash for c in others} <=
+                                               {r.code_hash for r in recs if r.heat == winner.heat}):
+                continue
             cands = [task.candidate(r.steps, decisions=r.decisions)
                      for r in records.fastest_that_replay(recs, CONFIRM_TOP)]
-            default = task.default_candidate()
-            if default.code_hash not in {c.code_hash for c in cands}:
-                cands.append(default)
+            for c in [task.default_candidate()] + others:
+                if c.code_hash not in {x.code_hash for x in cands}:
+                    cands.append(c)
             heat = uuid.uuid4().hex[:16]
             new = [records.make_record(s.workload, tgt, cand.steps, res, cand.code_hash, records.CONFIRM, seed,
                                        cand.decisions, heat=heat)
@@ -332,6 +337,17 @@ def confirm_bests(tasks, tgt, log: str, config: RunConfig, progress: bool = True
         print(f"confirmed: {timed} timings of front-runners and default schedules side by side in "
               f"{time.perf_counter() - t0:.1f} s; each task keeps the fastest there by its slower timing", flush=True)
     return timed
+
+
+def _replayed(task: Task, schedules: list) -> list:
+    """[Candidate] of the step lists that apply to `task` (a schedule of another shape may not)."""
+    out = []
+    for steps in schedules:
+        try:
+            out.append(task.candidate(steps))
+        except (ScheduleError, ValueError):
+            pass
+    return out
 
 
 def cold_prices(tasks, tgt, known: dict | None = None, progress: bool = True,
@@ -407,7 +423,7 @@ def time_choices(graph: Graph, log: str, tgt, layouts: dict, progress: bool = Tr
 def tune_model(model, trials: int | None, log: str | None = None, target: str = "cpu", threads: int | None = None,
                layouts=DEFAULT_CHOICES, input_shapes: dict | None = None, warmup_batch: int = 4,
                batch_size: int = 16, policy: str = "evolutionary", weights: str = WEIGHTS[0],
-               plan: dict | None = None, **kwargs) -> ModelTuneResult:
+               plan: dict | None = None, contenders: dict | None = None, **kwargs) -> ModelTuneResult:
     """Tune a built-in model, an ONNX file or a Graph until `trials` records exist for its tasks in
     `log`, its weighted tasks timed with their weights cold or warm (`weights`, see the module's
     doc), time each task's front-runners a second time (confirm_bests), and append the layout
@@ -416,7 +432,8 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
     with weights="cold" is what the plan uses. Other options as tuning.tune (run_config's
     cold_weights is set by `weights`). plan: {conv or dense node: layout} fixes the nodes it names
     to those layouts (compile --quick tunes the plan the compile will apply). trials=None: every
-    task's first look only (FIRST_LOOK's, else `warmup_batch` candidates)."""
+    task's first look only (FIRST_LOOK's, else `warmup_batch` candidates). contenders: {workload
+    key: [steps]} timed in its task's heat too (tune_dynamic: the schedules of a larger bucket)."""
     t0 = time.perf_counter()
     if weights not in WEIGHTS:
         raise UserError(f"--weights {weights!r} is not one of {', '.join(WEIGHTS)}")
@@ -467,7 +484,8 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
     # a replayed tune's costs are another machine's, a cluster's its workers': nothing timed here after it
     measured_here = not (kwargs.get("replay") or kwargs.get("runner") or kwargs.get("cluster"))
     if measured_here and not session.interrupted:
-        confirm_bests(session.tasks, tgt, log, config, kwargs.get("progress", True), kwargs.get("seed", 0))
+        confirm_bests(session.tasks, tgt, log, config, kwargs.get("progress", True), kwargs.get("seed", 0),
+                      contenders)
     prices = _latencies(session.tasks)
     plan, est = space.plan(prices)
     other, other_est = None, math.inf
@@ -495,7 +513,8 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
         choices = time_choices(graph, log, tgt, plan.layouts, kwargs.get("progress", True)) if timed \
             else dict(last.choices) if last is not None else {}
         rec = records.make_plan_record(name, graph_digest(graph), str(tgt), plan.layouts, est, plan.exact,
-                                       tuple(layouts), peak, cold, cold_est, weights, graph_structure(graph), choices)
+                                       tuple(layouts), peak, cold, cold_est, weights, graph_structure(graph), choices,
+                                       {v.name: list(v.shape) for v in graph.inputs}, bool(graph.meta.get("dynamic")))
         same_choices = last is not None and {k: v["on"] for k, v in last.choices.items()} == \
             {k: v["on"] for k, v in rec.choices.items()}       # the times differ run to run; the choices, not
         if last is None or dataclasses.replace(last, timestamp=rec.timestamp, tool=rec.tool, peak_gflops=rec.peak_gflops,
@@ -506,31 +525,49 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
 
 
 def tune_dynamic(model: str, dynamic, trials: int, buckets: list | None = None, input_shapes: dict | None = None,
-                 time_limit: float | None = None, **kwargs) -> list:
+                 time_limit: float | None = None, histogram: str | None = None, **kwargs) -> list:
     """Tune an ONNX model compiled for a range of shapes (graph.dynamic): a model tune (tune_model)
-    at each bucket of its one varying dimension (default: graph.dynamic.default_buckets) and at its
-    bound, into one log, where `tuner compile --dynamic` takes each task's record per bucket.
-    `trials` (and `time_limit`) are shared out in proportion to each bucket's expected share of the
-    time of runs spread evenly over the range: the values it serves (those above the bucket below
-    it) times its length; a bucket whose share is below its task count gets every task's first
-    look. A tune that is stopped stops the rest. [(value, ModelTuneResult)], smallest value first."""
-    from .graph.dynamic import load_at, parse_dynamic
+    at its bound and at each bucket of its one varying dimension, into one log, where `tuner
+    compile --dynamic` finds the buckets (their plans) and takes each task's record per bucket.
+    Buckets: `buckets`, else cut from the `histogram` file of the values a deployment sees
+    (graph.dynamic.histogram_buckets), else graph.dynamic.default_buckets. `trials` (and
+    `time_limit`) are shared by each bucket's share of the time (graph.dynamic.shares); a bucket
+    whose share is below its task count gets every task's first look. The bound is tuned first,
+    then each bucket downwards, and each task's heat (confirm_bests) times the schedule of the
+    bucket above beside its own front-runners: where that wins, the bucket needs no version of its
+    own, which the compile sees as equal steps. A tune that is stopped stops the rest.
+    [(value, ModelTuneResult)], smallest value first."""
+    from .graph.dynamic import histogram_buckets, load_at, parse_dynamic, read_histogram, shares
     from .graph.onnx_frontend import input_dims
     dyn = parse_dynamic(dynamic, input_dims(str(model)))
     k, values = dyn.buckets(buckets)
     sym = dyn.symbols[k]
+    hist = read_histogram(histogram, sym) if histogram else None
+    if hist is not None and buckets is None:
+        values = histogram_buckets(hist, sym)
     values = values + [sym.hi]
-    served = [v - p for v, p in zip(values, [sym.lo - 1] + values[:-1])]
-    weights = [s * v for s, v in zip(served, values)]
-    out = []
-    for v, w in zip(values, weights):
-        share = w / sum(weights)
+    out, above = [], None
+    for v, share in sorted(zip(values, shares(values, sym, hist)), reverse=True):
         graph = load_at(str(model), {**(input_shapes or {}), **dyn.shapes(dyn.at(k, v))})
-        tasks = len(model_layouts(graph, tuple(kwargs.get("layouts", DEFAULT_CHOICES))).workloads())
+        pairs = model_layouts(graph, tuple(kwargs.get("layouts", DEFAULT_CHOICES))).workloads()
         n = round(trials * share)
-        res = tune_model(graph, n if n >= tasks else None, time_limit=time_limit * share if time_limit else None,
-                         **kwargs)
+        res = tune_model(graph, n if n >= len(pairs) else None, time_limit=time_limit * share if time_limit else None,
+                         contenders=_contenders(above, pairs), **kwargs)
         out.append((v, res))
+        above = res
         if res.session.interrupted:
             break
-    return out
+    return out[::-1]
+
+
+def _contenders(above, pairs: list) -> dict:
+    """{workload key: [steps]}: the best schedule of each task of the tune `above` (a larger bucket)
+    for the same task here, paired by their place in the model's task list, which agree op by op
+    where the model optimises to the same kernels at both values (else {})."""
+    if above is None:
+        return {}
+    theirs = above.space.workloads()
+    if len(theirs) != len(pairs) or any(a.op != b.op for (a, _), (b, _) in zip(pairs, theirs)):
+        return {}
+    best = {s.workload.key: s.best for s in above.session.tasks}
+    return {a.key: [best[b.key].steps] for (a, _), (b, _) in zip(pairs, theirs) if best.get(b.key) is not None}

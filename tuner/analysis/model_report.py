@@ -32,7 +32,8 @@ from pathlib import Path
 from ..compare.bench import step_times
 from ..database import records
 from ..errors import UserError
-from ..graph import Graph, load
+from ..graph import MODELS, Graph, load
+from ..graph.dynamic import load_at
 from ..graph.ir import graph_digest
 from ..graph.layout_plan import ModelLayouts, Plan, model_layouts
 from ..model_tuning import PRUNE_RATIO, TUNED_TRIALS, TaskProgress, equal_effort_losers, layout_ratios, reachable_prices
@@ -115,7 +116,8 @@ class ModelReport:
         p, est = self.plan, self.estimate_s
         tuned_s = self.curve[-1][1] if self.curve else 0.0
         again = f" (and {self.second_timings} second timings of front-runners)" if self.second_timings else ""
-        lines = [f"model {p.model} (graph {p.model_hash}) on '{p.target}': {self.trials} trials of "
+        at = f" at {_shapes(p.shapes)}{' (a bucket of a range of shapes)' if p.dynamic else ''}" if p.shapes else ""
+        lines = [f"model {p.model}{at} (graph {p.model_hash}) on '{p.target}': {self.trials} trials of "
                  f"{len(self.rows)} tasks{again} in {_duration(tuned_s)} of tuning",
                  f"layout plan logged {p.timestamp or '(no time)'}: {plan_summary(p.layouts)}"
                  f"{'' if p.exact else ' (beam search: not proven optimal)'}",
@@ -303,8 +305,9 @@ def _graph(plan, model, input_shapes):
         graph, given = model, "the given graph"
     else:
         given = str(model or plan.model)
+        shapes = input_shapes or (plan.shapes if given not in MODELS else None)
         try:
-            graph = load(given, input_shapes)
+            graph = load_at(given, shapes) if plan.dynamic and not input_shapes else load(given, shapes)
         except UserError as err:
             if model:
                 raise UserError(f"--model {given}: {err}") from None
@@ -428,6 +431,53 @@ def _time_compiled(path: str, plan, repeat: int, workloads: dict) -> dict:
 
 
 # ---------------------------------------------------------------- formatting
+
+def range_curves(reports: list) -> list:
+    """[(model, target, [(input elements, shapes, ModelReport)] ascending)] of the models with
+    plans at two or more shapes of one range (tune --dynamic: a plan per bucket)."""
+    groups: dict = {}
+    for r in reports:
+        if r.plan.dynamic and r.plan.shapes:
+            groups.setdefault((r.plan.model, records.code_target(r.plan.target)), []).append(r)
+    return [(model, rs[0].plan.target, sorted(((sum(math.prod(v) for v in r.plan.shapes.values()),
+                                                _shapes(r.plan.shapes), r) for r in rs), key=lambda t: t[0]))
+            for (model, _), rs in groups.items() if len(rs) > 1]
+
+
+def range_table(model: str, target: str, points: list) -> str:
+    """The latency estimate at each tuned shape of a range, and what each bucket's tune spent."""
+    head = ("shapes", "estimate", "per element", "trials", "tuning")
+    rows = [(shapes, _ms(r.estimate_s), f"{r.estimate_s / n * 1e6:.1f} us", str(r.trials),
+             _duration(r.curve[-1][1] if r.curve else 0.0)) for n, shapes, r in points]
+    widths = [max(len(x[k]) for x in [head] + rows) for k in range(len(head))]
+    return "\n".join([f"{model} on '{target}' across its range ({len(points)} tuned shapes; a compile for the range "
+                      "runs each bucket's kernels up to its shape):"]
+                     + ["  " + "  ".join(c.ljust(w) for c, w in zip(x, widths)).rstrip() for x in [head] + rows])
+
+
+def range_plot(model: str, target: str, points: list, out: str) -> str:
+    """Estimated latency against the inputs' size at each tuned shape (PNG)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    ax.plot([n for n, _, _ in points], [r.estimate_s * 1e3 for _, _, r in points], marker="o")
+    for n, shapes, r in points:
+        ax.annotate(shapes, (n, r.estimate_s * 1e3), fontsize=7, textcoords="offset points", xytext=(4, -10))
+    ax.set_xlabel("input elements")
+    ax.set_ylabel("estimated latency (ms)")
+    ax.set_ylim(0, None)
+    ax.grid(alpha=0.3)
+    ax.set_title(f"{model} on '{target}' across its range", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def _shapes(shapes: dict) -> str:
+    return ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in shapes.items())
+
 
 def _ms(s: float) -> str:
     return f"{s * 1e3:.3f} ms" if math.isfinite(s) else "- (not every task measured)"

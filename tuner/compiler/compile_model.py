@@ -39,7 +39,8 @@ from ..graph.onnx_frontend import input_dims
 from ..graph.passes import GRAPH_CHOICES, optimize
 from ..graph.passes.extract_tasks import group_summary, transform_workload, workload_of
 from ..ops import WORKLOADS, Unsupported, flops, to_te
-from ..runtime.artifact import FLOAT_EXACT, GENERIC, OTHER_THREADS, PLAIN, PREDICTED, UNTUNED, Arg, Step, declaration
+from ..runtime.artifact import (FLOAT_EXACT, GENERIC, OTHER_THREADS, PLAIN, PREDICTED, SHIPPED, UNTUNED, Arg, Step,
+                                declaration)
 from ..runtime.model import CompiledModel
 from ..schedule.ir import flat_index, vector_split
 from ..schedule.lower import lower
@@ -325,7 +326,8 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
     dynamic: ranges of input dimensions (graph.dynamic.parse_dynamic: "input_ids=1x[1..512]" or
     {"input_ids": [1, (1, 512)]}): one artifact that runs any shape in them (issue 37). buckets:
     values of its one varying symbol whose records in `log` each task takes where they apply, a
-    version per value dispatched on the run's value (default with a log: graph.dynamic.default_buckets).
+    version per value dispatched on the run's value (default with a log: the values its plans of
+    this model were tuned at by tune_dynamic, else graph.dynamic.default_buckets).
 
     choose: for tests, a function Task -> steps that replaces apply-best (its steps are reported
     as coming from 'chosen')."""
@@ -351,7 +353,7 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
     g = optimize(graph, **options)
     if family:
         family.optimised([g] + [optimize(gp, **options) for gp in family.graphs[1:]])
-        family.bucket(buckets if buckets is not None else None if logs else [], options, say)
+        family.bucket(buckets if buckets is not None else family.logged(db, tgt) if logs else [], options, say)
     elif buckets:
         raise UserError("--buckets are values of a --dynamic range: give --dynamic too")
     say(f"optimised {graph.name}: {len(graph.nodes)} nodes -> {len(g.nodes)}, "
@@ -490,36 +492,74 @@ class _Family:
                                    "runs at") from None
         return _Family(dyn, graphs, path, input_shapes)
 
+    def logged(self, db, tgt) -> dict | None:
+        """{value of the one varying symbol: the graph hashes of its plans} where the user's logs
+        hold a plan made for a range of this model's shapes (tune --dynamic, records.PlanRecord.dynamic)
+        at that value, other dims as compiled, for this target's ISA; None where they hold none (the
+        default buckets then)."""
+        moving = [k for k, s in enumerate(self.symbols) if s.lo < s.hi]
+        if len(moving) != 1:
+            return None
+        k, isa, found = moving[0], records.code_target(str(tgt))[:2], {}
+        at = next((name, d) for name, dims in self.dyn.dims.items() for d, x in enumerate(dims) if x == ("sym", k))
+        for src in db.sources:
+            for p in src.contents.plans if src.name != SHIPPED else []:
+                shape = p.shapes.get(at[0], [])
+                v = shape[at[1]] if len(shape) > at[1] else None
+                if p.dynamic and records.code_target(p.target)[:2] == isa and v is not None and \
+                        self.symbols[k].lo <= v < self.symbols[k].hi and \
+                        all(p.shapes.get(n) == list(s) for n, s in self._shapes(k, v).items()):
+                    found.setdefault(v, set()).add(p.model_hash)
+        return found or None
+
+    def _shapes(self, k: int, v: int) -> dict:
+        return {**self.input_shapes, **self.dyn.shapes(self.dyn.at(k, v))}
+
     def bucket(self, values, options: dict, say) -> None:
         """The model optimised at each of `values` of its one varying symbol (None: the default
-        buckets; with several varying symbols, none) whose kernels are the bound's; a value where
+        buckets; with several varying symbols, none; a dict: Family.logged's, each kept where
+        the model there is the one its plan names) whose kernels are the bound's; a value where
         they are not is left out, said."""
         if values == [] or (values is None and sum(s.lo < s.hi for s in self.symbols) != 1):
             return
-        k, values = self.dyn.buckets(values)
+        hashes = values if isinstance(values, dict) else {}
+        k, values = self.dyn.buckets(sorted(values) if hashes else values)
         for v in values:
-            gv = optimize(load_at(self.path, {**self.input_shapes, **self.dyn.shapes(self.dyn.at(k, v))}), **options)
+            graph = load_at(self.path, self._shapes(k, v))
+            if hashes and graph_digest(graph) not in hashes[v]:
+                say(f"{self.symbols[k].name}={v}: the log's plan there is another model's; no versions for it")
+                continue
+            gv = optimize(graph, **options)
             if not _same_kernels(gv, self.gs[0]):
                 say(f"{self.symbols[k].name}={v}: the model optimises to other kernels there; no versions for it")
                 continue
             self.buckets.append((v, gv))
         self.symbol = k
 
-    def versions(self, gi: int, db, tgt, task: Task, dims, func: str) -> list:
+    def versions(self, gi: int, db, tgt, task: Task, dims, func: str, bound) -> list:
         """[(value, Candidate, source)] of the records at the buckets for group gi's task, each
-        replayed on the kernel for the range (a record that does not replay is left out)."""
-        out = []
+        replayed on the kernel for the range (a record that does not replay is left out). A
+        bucket whose best is the code that the steps of the version above it (of `bound`, the
+        bound's record, at the top) give at the bucket gets none: its heat timed that code there
+        and it won (model_tuning.tune_dynamic), and the version above serves its values as well."""
+        found = []
         for v, gv in self.buckets:
             wl = workload_of(gv, gv.meta["fused_groups"][gi])[0]
             rec, source = db.best(wl, tgt) if wl is not None else (None, None)
-            if rec is None:
+            if rec is not None:
+                found.append((v, rec, source, wl))
+        out, above = [], bound.steps if bound is not None else None
+        for v, rec, source, wl in reversed(found):
+            here = Task(wl, tgt)
+            if above is not None and _code(here, above) == _code(here, rec.steps):
                 continue
             try:
                 cand = task.candidate(rec.steps, func_name=f"{func}_le{v}", dims=dims)
             except (ScheduleError, ValueError):
                 continue
             out.append((v, cand, source))
-        return out
+            above = rec.steps
+        return out[::-1]
 
     def optimised(self, gs: list) -> None:
         for p, gp in zip(self.points[1:], gs[1:]):
@@ -626,6 +666,14 @@ class _Family:
         return {"extents": [monomials(e, len(self.symbols)) if e is not None else None for e in ext]}
 
 
+def _code(task: Task, steps: list) -> str | None:
+    """The hash of the code `steps` give on `task`, or None where they do not apply."""
+    try:
+        return task.candidate(steps).code_hash
+    except (ScheduleError, ValueError):
+        return None
+
+
 def _same_kernels(g: Graph, base: Graph) -> bool:
     """Whether two optimised graphs have the same fused groups, operator by operator."""
     groups, ref = g.meta["fused_groups"], base.meta["fused_groups"]
@@ -658,7 +706,7 @@ def _lower_groups(g: Graph, io: _Interface, db, tgt, choose, say, predictor=None
             task = Task(wl, tgt)
             dims = family.bind(gi, (list(ins) if wl.op == "layout_transform" else _task_binding(g, grp, wl, task.space.inputs))
                                + [out_v], list(task.space.inputs) + [task.space.output], dims)
-            versions = family.versions(gi, db, tgt, task, dims, func)
+            versions = family.versions(gi, db, tgt, task, dims, func, db.best(wl, tgt)[0])
         if wl is not None:
             kern, args, sched, where, label, expected = _task_kernel(g, grp, wl, ins, db, tgt, choose,
                                                                      f"{func}_bound" if versions else func,

@@ -39,6 +39,7 @@ from .result import ERROR_KINDS, NOT_IN_LOG, OK, WEIGHTS, median_cost
 
 FORMAT = 1
 MAX_LINE = 1 << 20          # a record is a few KB; a longer line is damage, skipped without reading it whole
+MAX_INPUTS, MAX_RANK, MAX_DIM = 256, 8, 1 << 31      # a plan's input shapes: more is damage
 
 
 class RecordError(ValueError):
@@ -191,6 +192,10 @@ class PlanRecord:
     # graph choice (graph.passes.GRAPH_CHOICES) -> {"on": chosen, "s": [seconds on, seconds off]}: each
     # choice with a cost either way timed on the whole model, both ways, after the search
     choices: dict = field(default_factory=dict)
+    # input name -> shape: the shapes the model was tuned at (older logs: {})
+    shapes: dict = field(default_factory=dict)
+    # tuned as a bucket of a range of shapes (graph.dynamic.load_at, tune --dynamic): a plan per bucket
+    dynamic: bool = False
 
     def to_json(self) -> dict:
         d = {"format": self.format, "kind": self.kind, "tool": self.tool, "model": self.model,
@@ -208,6 +213,10 @@ class PlanRecord:
             d["structure"] = self.structure
         if self.choices:
             d["choices"] = self.choices
+        if self.shapes:
+            d["shapes"] = self.shapes
+        if self.dynamic:
+            d["dynamic"] = True
         return d
 
     @classmethod
@@ -238,23 +247,31 @@ class PlanRecord:
             isinstance(k, str) and isinstance(v, dict) and isinstance(v.get("on"), bool) and isinstance(v.get("s"), list)
             and len(v["s"]) == 2 and all(_positive(t) for t in v["s"]) for k, v in choices.items()),
             "plan choices is not an object of {on, s: [seconds on, seconds off]}")
+        shapes = obj.get("shapes", {})
+        _want(isinstance(shapes, dict) and len(shapes) <= MAX_INPUTS and all(
+            isinstance(k, str) and k and isinstance(v, list) and len(v) <= MAX_RANK
+            and all(_integer(n) and 0 < n <= MAX_DIM for n in v) for k, v in shapes.items()),
+            "plan shapes is not an object of input shapes (lists of positive integers)")
+        _want(isinstance(obj.get("dynamic", False), bool), "plan dynamic is not a boolean")
         return cls(obj["model"], obj["model_hash"], obj["target"], dict(lays), float(obj["estimate_s"]),
                    obj.get("exact", True), obj.get("timestamp", ""), obj.get("tool", ""), obj.get("format", FORMAT),
                    candidates=tuple(cands), peak_gflops=obj.get("peak_gflops"),
                    cold={k: (v["code_hash"], float(v["s"])) for k, v in cold.items()},
                    cold_estimate_s=obj.get("cold_estimate_s"), priced=obj.get("priced", "warm"),
                    structure=obj.get("structure", ""),
-                   choices={k: {"on": v["on"], "s": [float(t) for t in v["s"]]} for k, v in choices.items()})
+                   choices={k: {"on": v["on"], "s": [float(t) for t in v["s"]]} for k, v in choices.items()},
+                   shapes={k: list(v) for k, v in shapes.items()}, dynamic=obj.get("dynamic", False))
 
 
 def make_plan_record(model: str, model_hash: str, target: str, layouts: dict, estimate_s: float,
                      exact: bool, candidates=(), peak_gflops: float | None = None, cold: dict | None = None,
                      cold_estimate_s: float | None = None, priced: str = "warm", structure: str = "",
-                     choices: dict | None = None) -> PlanRecord:
+                     choices: dict | None = None, shapes: dict | None = None, dynamic: bool = False) -> PlanRecord:
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     return PlanRecord(model, model_hash, str(target), dict(layouts), estimate_s, exact, now, f"tuner {__version__}",
                       candidates=tuple(candidates), peak_gflops=peak_gflops, cold=dict(cold or {}),
-                      cold_estimate_s=cold_estimate_s, priced=priced, structure=structure, choices=dict(choices or {}))
+                      cold_estimate_s=cold_estimate_s, priced=priced, structure=structure, choices=dict(choices or {}),
+                      shapes={k: [int(n) for n in v] for k, v in (shapes or {}).items()}, dynamic=dynamic)
 
 
 def _want(cond, reason: str) -> None:

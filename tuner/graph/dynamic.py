@@ -76,6 +76,61 @@ def default_buckets(s: Symbol) -> list:
     return sorted({v for v in (s.hi // 8, s.hi // 4, s.hi // 2) if s.lo <= v < s.hi and v > 1})
 
 
+MAX_HISTOGRAM_LINES = 1_000_000
+
+
+def read_histogram(path: str, sym: Symbol) -> dict:
+    """{value: count} of `sym` from a file of lines `VALUE [COUNT]` (the lengths a deployment sees;
+    '#' starts a comment). A UserError naming the line that is not that, or a value off the range."""
+    from pathlib import Path
+    try:
+        text = Path(path).read_text(errors="replace").splitlines()[:MAX_HISTOGRAM_LINES + 1]
+    except OSError as e:
+        raise UserError(f"cannot read --shape-histogram {path}: {e.strerror}") from None
+    if len(text) > MAX_HISTOGRAM_LINES:
+        raise UserError(f"--shape-histogram {path} has more than {MAX_HISTOGRAM_LINES} lines; give each value once "
+                        "with its count")
+    hist: dict = {}
+    for n, line in enumerate(text, 1):
+        words = line.split("#")[0].replace(",", " ").split()
+        if not words:
+            continue
+        if len(words) > 2 or not all(w.isdigit() and len(w) <= 12 for w in words):
+            raise UserError(f"--shape-histogram {path}, line {n}: {line.strip()[:60]!r} is not `VALUE [COUNT]`")
+        value, count = int(words[0]), int(words[1]) if len(words) == 2 else 1
+        if not sym.lo <= value <= sym.hi:
+            raise UserError(f"--shape-histogram {path}, line {n}: {value} is outside {sym.name}'s range "
+                            f"[{sym.lo}..{sym.hi}]; widen --dynamic or drop the line")
+        hist[value] = hist.get(value, 0) + count
+    if not sum(hist.values()):
+        raise UserError(f"--shape-histogram {path} holds no value with a count above 0; write one `VALUE [COUNT]` "
+                        "per line")
+    return hist
+
+
+def histogram_buckets(hist: dict, sym: Symbol, n: int = 3) -> list:
+    """Up to `n` bucket values below the bound that cut the histogram's time (count x value: a run
+    costs about its length) into equal shares, each the largest value of its share: every value
+    seen runs a version tuned at or just above it."""
+    total, acc, passed, out = sum(c * v for v, c in hist.items()), 0, 0, []
+    for v in sorted(hist):
+        acc += hist[v] * v
+        if acc * n // total > passed:           # the value at which a share ends (a heavy one ends several)
+            passed = acc * n // total
+            out.append(v)
+    return [v for v in out if v < sym.hi]
+
+
+def shares(values: list, sym: Symbol, hist: dict | None = None) -> list:
+    """Each of the ascending `values`' (buckets, then the bound) share of the time of the runs: of
+    the histogram's values, else of one run at each value of the range, those above the bucket
+    below it, each weighted by its value."""
+    bounds = list(zip([sym.lo - 1] + values[:-1], values))
+    w = ([sum(c * v for v, c in hist.items() if lo < v <= hi) for lo, hi in bounds] if hist else
+         [(lo + 1 + hi) * (hi - lo) / 2 for lo, hi in bounds])
+    return [x / sum(w) for x in w]
+
+
 def parse_dynamic(spec, declared: dict) -> DynamicInputs:
     """`spec`: "NAME=1x[1..512]" (several joined by ';' or given as a list), or {name: [1, (1, 512)]}
     (a range may be (symbol name, lo, hi)). `declared`: {input: its dims in the model, an int,
