@@ -2,13 +2,16 @@
 beside tuner's own static compile of each length (issue 37).
 
     python -m bench.dynamic_shapes --export bert_base --range 1..512 --lengths 16,32,64,77,128,200,256,384,512
+    python -m bench.dynamic_shapes --export bert_base --batch-axis --dynamic "input_ids=[1..8]x128" \
+        --shapes 1x128,2x128,3x128,4x128,8x128
 
 --export writes a Hugging Face BertModel (its published configuration, random weights) exported by
-torch.onnx.export with a dynamic sequence axis; or give --model FILE.onnx and --input NAME. At each
-length the dynamic artifact, the static compile of that length (--no-static: none) and ONNX Runtime
-(all graph optimisations, the dynamic ONNX file) run interleaved, round by round; prints medians,
-paired ratios, their geomean over the lengths, compile times and the arena; writes JSON under
-bench/results/.
+torch.onnx.export with a dynamic sequence axis (--batch-axis: and a dynamic batch axis); or give
+--model FILE.onnx and --input NAME. At each length (or --shapes) the dynamic artifact (compiled for
+--range, or for the ranges of --dynamic), the static compile of that shape (--no-static: none) and
+ONNX Runtime (all graph optimisations, the dynamic ONNX file) run interleaved, round by round;
+prints medians, paired ratios, their geomean over the shapes, compile times and the arena; writes
+JSON under bench/results/.
 """
 from __future__ import annotations
 
@@ -28,8 +31,9 @@ from tuner.graph import load as load_graph
 EXPORTS = {"bert_base": lambda tf: tf.BertModel(tf.BertConfig()), "gpt2": lambda tf: tf.GPT2Model(tf.GPT2Config())}
 
 
-def export(name: str, path: Path) -> Path:
-    """The Hugging Face model `name` with random weights, exported with a dynamic sequence axis."""
+def export(name: str, path: Path, batch_axis: bool = False) -> Path:
+    """The Hugging Face model `name` with random weights, exported with a dynamic sequence axis (and
+    a dynamic batch axis)."""
     if path.exists():
         return path
     import torch
@@ -48,7 +52,8 @@ def export(name: str, path: Path) -> Path:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.onnx.export(Hidden(), (torch.randint(0, 100, (1, 128)),), str(path), input_names=["input_ids"],
-                      output_names=["out"], opset_version=14, dynamic_axes={"input_ids": {1: "seq"}, "out": {1: "seq"}},
+                      output_names=["out"], opset_version=14,
+                      dynamic_axes={k: {**({0: "batch"} if batch_axis else {}), 1: "seq"} for k in ("input_ids", "out")},
                       dynamo=False)
     return path
 
@@ -60,6 +65,10 @@ def main(argv=None) -> int:
     ap.add_argument("--input", default="input_ids", help="the input whose last dim varies")
     ap.add_argument("--range", default="1..512", help="the range of lengths compiled for, LO..HI")
     ap.add_argument("--lengths", default="16,32,64,77,128,200,256,384,512")
+    ap.add_argument("--batch-axis", action="store_true", help="with --export: a dynamic batch axis too")
+    ap.add_argument("--dynamic", help="the ranges compiled for, as tuner compile --dynamic takes them "
+                                      "(default: INPUT=1x[RANGE])")
+    ap.add_argument("--shapes", help="the input shapes timed, e.g. 1x128,4x128 (default: 1xLENGTH for each length)")
     ap.add_argument("--threads", default="1", help="thread counts, e.g. 1,2")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--log", action="append", help="tuning logs both compiles take records from")
@@ -67,34 +76,41 @@ def main(argv=None) -> int:
     ap.add_argument("--untuned", action="store_true", help="with --log: also time the dynamic compile without it")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
-    path = Path(args.model) if args.model else Path.home() / ".cache" / "tuner" / "bench" / f"{args.export}_dynamic.onnx"
+    path = Path(args.model) if args.model else \
+        Path.home() / ".cache" / "tuner" / "bench" / f"{args.export}_dynamic{'_batch' * args.batch_axis}.onnx"
     if args.export:
-        export(args.export, path)
+        export(args.export, path, args.batch_axis)
     lo, hi = (int(x) for x in args.range.split(".."))
-    lengths = [int(x) for x in args.lengths.split(",")]
+    spec = args.dynamic or f"{args.input}=1x[{lo}..{hi}]"
+    shapes = [[int(d) for d in x.split("x")] for x in args.shapes.split(",")] if args.shapes else \
+        [[1, int(n)] for n in args.lengths.split(",")]
     compile_model = importlib.import_module("tuner.compiler.compile_model").compile_model
-    result = {"model": str(path), "range": [lo, hi], "lengths": lengths, "rounds": args.rounds, "rows": [],
+    result = {"model": str(path), "dynamic": spec, "shapes": shapes, "rounds": args.rounds, "rows": [],
               "summary": [], "compile": []}
     for threads in (int(t) for t in args.threads.split(",")):
         t0 = time.perf_counter()
-        dyn = compile_model(str(path), log=args.log, threads=threads, dynamic=f"{args.input}=1x[{lo}..{hi}]")
+        dyn = compile_model(str(path), log=args.log, threads=threads, dynamic=spec)
         dyn_s = time.perf_counter() - t0
+        versions = [v["upto"] for st in dyn.steps for v in st.versions]
         result["compile"].append({"threads": threads, "artifact": "dynamic", "compile_s": dyn_s,
-                                  "arena_mib": dyn.arena_bytes / 2**20})
-        print(f"dynamic compile, {threads} thread(s): {dyn_s:.1f} s, arena {dyn.arena_bytes / 2**20:.1f} MiB at the bound")
-        untuned = compile_model(str(path), threads=threads, dynamic=f"{args.input}=1x[{lo}..{hi}]") \
-            if args.untuned and args.log else None
+                                  "arena_mib": dyn.arena_bytes / 2**20, "bucket_versions": len(versions),
+                                  "steps_with_versions": sum(bool(st.versions) for st in dyn.steps),
+                                  "versions_per_bucket": {str(b): versions.count(b) for b in sorted(set(versions))}})
+        print(f"dynamic compile, {threads} thread(s): {dyn_s:.1f} s, arena {dyn.arena_bytes / 2**20:.1f} MiB at the "
+              f"bound; bucket versions {result['compile'][-1]['versions_per_bucket'] or 'none'}")
+        untuned = compile_model(str(path), threads=threads, dynamic=spec) if args.untuned and args.log else None
         ort = None
-        for n in lengths:
-            ids = [np.random.default_rng(n).integers(0, 100, (1, n)).astype(np.int64)]
+        for shape in shapes:
+            n = "x".join(map(str, shape))
+            ids = [np.random.default_rng(math.prod(shape)).integers(0, 100, shape).astype(np.int64)]
             if ort is None:
-                ort = onnxruntime_runner(load_graph(str(path), {args.input: [1, n]}), threads, str(path))
+                ort = onnxruntime_runner(load_graph(str(path), {args.input: shape}), threads, str(path))
             runners = {"dynamic": lambda ins: dyn.run(*ins)}
             if untuned is not None:
                 runners["dynamic_untuned"] = lambda ins: untuned.run(*ins)
             if not args.no_static:
                 t0 = time.perf_counter()
-                static = compile_model(str(path), log=args.log, threads=threads, input_shapes={args.input: [1, n]})
+                static = compile_model(str(path), log=args.log, threads=threads, input_shapes={args.input: shape})
                 result["compile"].append({"threads": threads, "artifact": f"static {n}",
                                           "compile_s": time.perf_counter() - t0, "arena_mib": static.arena_bytes / 2**20})
                 runners["static"] = lambda ins, m=static: m.run(*ins)
@@ -104,7 +120,7 @@ def main(argv=None) -> int:
             err = float(np.abs(got - want).max())
             t = interleaved(runners, ids, args.rounds)
             med = {k: statistics.median(v) * 1e3 for k, v in t.items()}
-            row = {"threads": threads, "length": n, **{f"{k}_ms": v for k, v in med.items()},
+            row = {"threads": threads, "shape": shape, **{f"{k}_ms": v for k, v in med.items()},
                    "dynamic_vs_onnxruntime": statistics.median(paired_ratios(t["dynamic"], t["onnxruntime"])),
                    "max_abs_diff": err}
             if "dynamic_untuned" in t:
@@ -113,7 +129,7 @@ def main(argv=None) -> int:
                 row["static_vs_onnxruntime"] = statistics.median(paired_ratios(t["static"], t["onnxruntime"]))
                 row["dynamic_vs_static"] = statistics.median(paired_ratios(t["dynamic"], t["static"]))
             result["rows"].append(row)
-            print(f"  {threads}t length {n:>4}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in med.items())
+            print(f"  {threads}t {n:>7}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in med.items())
                   + f"; dynamic/ORT {row['dynamic_vs_onnxruntime']:.3f}x"
                   + (f", static/ORT {row['static_vs_onnxruntime']:.3f}x, dynamic/static {row['dynamic_vs_static']:.3f}x"
                      if "static" in t else "")

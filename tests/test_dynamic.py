@@ -626,3 +626,15 @@ def test_a_dynamic_tune_with_a_histogram_tunes_the_bound_first_then_its_buckets_
         assert says in err and err.count("\n") == 1
     assert main(["tune", str(path), "--shape-histogram", str(hist), "--log", str(tmp_path / "l.jsonl")]) == 2
     assert "--shape-histogram describes a --dynamic range: give --dynamic too" in capsys.readouterr().err
+
+
+def test_a_model_compiled_at_one_shape_has_no_dynamic_step_and_no_run_time_dims(tmp_path):
+    """The dynamic machinery stays out of a static compile: no symbols, no step reading the dims
+    array, every kernel the static one."""
+    import importlib
+    compile_model = importlib.import_module("tuner.compiler.compile_model").compile_model
+    path = _attention_onnx(tmp_path / "att.onnx", [1, "seq"])
+    m = compile_model(str(path), threads=1, input_shapes={"x": [1, 24, 16]}, use_shipped=False)
+    assert m.steps and not m.symbols and not any(s.dynamic or s.versions for s in m.steps)
+    assert "tuner_dims" not in m.source and "_dyn" not in m.source
+    assert "dynamic" not in m.report()

@@ -423,7 +423,8 @@ def time_choices(graph: Graph, log: str, tgt, layouts: dict, progress: bool = Tr
 def tune_model(model, trials: int | None, log: str | None = None, target: str = "cpu", threads: int | None = None,
                layouts=DEFAULT_CHOICES, input_shapes: dict | None = None, warmup_batch: int = 4,
                batch_size: int = 16, policy: str = "evolutionary", weights: str = WEIGHTS[0],
-               plan: dict | None = None, contenders: dict | None = None, **kwargs) -> ModelTuneResult:
+               plan: dict | None = None, contenders: dict | None = None, name: str | None = None,
+               **kwargs) -> ModelTuneResult:
     """Tune a built-in model, an ONNX file or a Graph until `trials` records exist for its tasks in
     `log`, its weighted tasks timed with their weights cold or warm (`weights`, see the module's
     doc), time each task's front-runners a second time (confirm_bests), and append the layout
@@ -433,14 +434,15 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
     cold_weights is set by `weights`). plan: {conv or dense node: layout} fixes the nodes it names
     to those layouts (compile --quick tunes the plan the compile will apply). trials=None: every
     task's first look only (FIRST_LOOK's, else `warmup_batch` candidates). contenders: {workload
-    key: [steps]} timed in its task's heat too (tune_dynamic: the schedules of a larger bucket)."""
+    key: [steps]} timed in its task's heat too (tune_dynamic: the schedules of a larger bucket).
+    name: the model's name in the plan (default: the built-in name or path; a Graph's own name)."""
     t0 = time.perf_counter()
     if weights not in WEIGHTS:
         raise UserError(f"--weights {weights!r} is not one of {', '.join(WEIGHTS)}")
     for lay in layouts:
         check_choice(lay)
     graph = model if isinstance(model, Graph) else load(str(model), input_shapes)
-    name = graph.name if isinstance(model, Graph) else str(model)
+    name = name or (graph.name if isinstance(model, Graph) else str(model))
     tgt = parse_target(target, threads)
     if tgt.kind != "cpu":
         raise UserError(f"tuning a whole model runs on CPU targets in this version, not {tgt.kind}: tune its "
@@ -552,7 +554,7 @@ def tune_dynamic(model: str, dynamic, trials: int, buckets: list | None = None, 
         pairs = model_layouts(graph, tuple(kwargs.get("layouts", DEFAULT_CHOICES))).workloads()
         n = round(trials * share)
         res = tune_model(graph, n if n >= len(pairs) else None, time_limit=time_limit * share if time_limit else None,
-                         contenders=_contenders(above, pairs), **kwargs)
+                         contenders=_contenders(above, pairs), name=str(model), **kwargs)
         out.append((v, res))
         above = res
         if res.session.interrupted:

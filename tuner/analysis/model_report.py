@@ -231,8 +231,7 @@ class ModelReport:
             block = list(s.notes) if not s.rows else []
             if s.rows:
                 block.append(f"{s.title}:")
-                widths = [max(len(r[k]) for r in [s.head] + s.rows) for k in range(len(s.head))]
-                block += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [s.head] + s.rows]
+                block += _aligned(s.head, s.rows)
                 block += s.notes
             elif s.title != "summary":
                 block.insert(0, f"{s.title}: none")
@@ -257,10 +256,7 @@ class ModelReport:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
         fig.suptitle(f"{self.plan.model} on '{self.plan.target}'", fontsize=10)
-        fig.tight_layout()
-        fig.savefig(out, dpi=110)
-        plt.close(fig)
-        return out
+        return _save(fig, out)
 
     def html(self, out: str, png: str | None = None) -> str:
         """One self-contained HTML file: the sections as tables, the plot inlined."""
@@ -449,10 +445,14 @@ def range_table(model: str, target: str, points: list) -> str:
     head = ("shapes", "estimate", "per element", "trials", "tuning")
     rows = [(shapes, _ms(r.estimate_s), f"{r.estimate_s / n * 1e6:.1f} us", str(r.trials),
              _duration(r.curve[-1][1] if r.curve else 0.0)) for n, shapes, r in points]
-    widths = [max(len(x[k]) for x in [head] + rows) for k in range(len(head))]
     return "\n".join([f"{model} on '{target}' across its range ({len(points)} tuned shapes; a compile for the range "
-                      "runs each bucket's kernels up to its shape):"]
-                     + ["  " + "  ".join(c.ljust(w) for c, w in zip(x, widths)).rstrip() for x in [head] + rows])
+                      "runs each bucket's kernels up to its shape):"] + _aligned(head, rows))
+
+
+def _aligned(head, rows) -> list:
+    """The lines of a table: a header and rows of strings in columns, indented."""
+    widths = [max(len(x[k]) for x in [head] + rows) for k in range(len(head))]
+    return ["  " + "  ".join(c.ljust(w) for c, w in zip(x, widths)).rstrip() for x in [head] + rows]
 
 
 def range_plot(model: str, target: str, points: list, out: str) -> str:
@@ -469,6 +469,11 @@ def range_plot(model: str, target: str, points: list, out: str) -> str:
     ax.set_ylim(0, None)
     ax.grid(alpha=0.3)
     ax.set_title(f"{model} on '{target}' across its range", fontsize=10)
+    return _save(fig, out)
+
+
+def _save(fig, out: str) -> str:
+    import matplotlib.pyplot as plt
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
