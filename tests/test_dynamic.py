@@ -476,6 +476,8 @@ def test_a_tile_tuned_for_a_larger_value_stops_its_middle_loop_where_the_runs_ro
     src = task.candidate(steps, "tl", dims=dims).source
     middle = next(line for line in src.splitlines() if "for (int n_1 = 0" in line)
     assert "_dyn0" in middle and "8" in middle, middle
+    # its end lives in memory, read at each test: no register is held through the tile below
+    assert "*(volatile int*)n_1_end" in middle, middle
     [built] = build_batch([("tl", src)], TARGET1, jobs=1)
     for n in (1, 16, 17, 64, 65, 128):
         _check(task, built, "dense", dict(C=16, K=16), {"N": symbol_var(0)}, {"_dyn0": n})

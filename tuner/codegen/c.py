@@ -237,8 +237,8 @@ class CGen:
         if s.limit is None or isinstance(s.limit, (Const, Var)) or threaded:
             trips = s.extent if s.limit is None else self.expr(s.limit)
             self.emit(d, f"for (int {v} = 0; {v} < {trips}; ++{v}) {{")
-        else:                   # a run-time trip count, evaluated once
-            self.emit(d, _runtime_for(v, "0", self.expr(s.limit)) + " {")
+        else:                   # a run-time trip count, evaluated once, kept in memory
+            self.emit(d, _runtime_for(v, "0", self.expr(s.limit), in_memory=True) + " {")
         if threaded:
             # OpenMP's outlined body gets its chunk from the runtime: without the range, GCC cannot
             # fold the index arithmetic and bounds tests (a Winograd transform ran 4x slower)
@@ -482,8 +482,13 @@ def _reduction(s: ir.For, stores: list) -> bool:
     return other is not None and not any(isinstance(n, Load) and n.buffer == st.buffer for n in walk(other))
 
 
-def _runtime_for(v: str, start: str, end: str) -> str:
-    """The header of a loop from `start` to a run-time `end`, each evaluated once."""
+def _runtime_for(v: str, start: str, end: str, in_memory: bool = False) -> str:
+    """The header of a loop from `start` to a run-time `end`, each evaluated once. in_memory: the
+    end lives on the stack, read at each test, so that no register holds it through the body (a
+    tile loop's: GCC may park the end in a vector register the register tile needs, and spill an
+    accumulator in the innermost loop; docs/history.md)."""
+    if in_memory:
+        return f"for (int {v} = {start}, *{v}_end = (int[1]){{{end}}}; {v} < *(volatile int*){v}_end; ++{v})"
     return f"for (int {v} = {start}, {v}_end = {end}; {v} < {v}_end; ++{v})"
 
 
