@@ -402,6 +402,10 @@ def test_a_dynamic_tune_tunes_each_bucket_into_one_log_and_the_compile_runs_its_
     from tuner.database import records
     contents = records.load(log)
     assert sorted(p.shapes["x"][1] for p in contents.plans if p.dynamic) == [4, 8]
+    # run again, it resumes every bucket: nothing left to measure, no heat timed again
+    assert main(["tune", str(path), "--dynamic", "x=1x[1..8]x16", "--buckets", "4", "--trials", "40", "--threads", "1",
+                 "--log", str(log), "--no-progress"]) == 0
+    assert len(records.load(log).records) == len(contents.records)
     by_key: dict = {}
     for r in contents.records:
         by_key.setdefault(r.workload.key, []).append(r)
