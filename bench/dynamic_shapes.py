@@ -4,6 +4,7 @@ beside tuner's own static compile of each length (issue 37).
     python -m bench.dynamic_shapes --export bert_base --range 1..512 --lengths 16,32,64,77,128,200,256,384,512
     python -m bench.dynamic_shapes --export bert_base --batch-axis --dynamic "input_ids=[1..8]x128" \
         --shapes 1x128,2x128,3x128,4x128,8x128
+    python -m bench.dynamic_shapes --model M.onnx --log DYNAMIC_TUNE.jsonl --tune-static 1000 --static-log S.jsonl
 
 --export writes a Hugging Face BertModel (its published configuration, random weights) exported by
 torch.onnx.export with a dynamic sequence axis (--batch-axis: and a dynamic batch axis); or give
@@ -11,7 +12,8 @@ torch.onnx.export with a dynamic sequence axis (--batch-axis: and a dynamic batc
 --range, or for the ranges of --dynamic), the static compile of that shape (--no-static: none) and
 ONNX Runtime (all graph optimisations, the dynamic ONNX file) run interleaved, round by round;
 prints medians, paired ratios, their geomean over the shapes, compile times and the arena; writes
-JSON under bench/results/.
+JSON under bench/results/. --tune-static first tunes the model at each shape on its own, timed, so
+that the static compiles are tuned ones and the tuning time a dynamic tune replaces is measured.
 """
 from __future__ import annotations
 
@@ -73,6 +75,10 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--log", action="append", help="tuning logs both compiles take records from")
     ap.add_argument("--no-static", action="store_true", help="do not compile and time each length statically")
+    ap.add_argument("--static-log", help="the log the static compiles take records from (default: --log)")
+    ap.add_argument("--tune-static", type=int, metavar="TRIALS",
+                    help="first tune the model at each shape on its own (tuner tune --input-shape, TRIALS each) "
+                         "into --static-log, timed: the per-shape tunes a dynamic tune replaces")
     ap.add_argument("--untuned", action="store_true", help="with --log: also time the dynamic compile without it")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
@@ -86,8 +92,23 @@ def main(argv=None) -> int:
         [[1, int(n)] for n in args.lengths.split(",")]
     compile_model = importlib.import_module("tuner.compiler.compile_model").compile_model
     result = {"model": str(path), "dynamic": spec, "shapes": shapes, "rounds": args.rounds, "rows": [],
-              "summary": [], "compile": []}
+              "summary": [], "compile": [], "static_tunes": []}
+    static_log = args.static_log or args.log
+    if args.tune_static and not args.static_log:
+        ap.error("--tune-static needs --static-log, the log the per-shape tunes write")
     for threads in (int(t) for t in args.threads.split(",")):
+        for shape in shapes if args.tune_static else []:
+            from tuner.model_tuning import tune_model
+            t0 = time.perf_counter()
+            tune_model(str(path), args.tune_static, log=static_log, threads=threads,
+                       input_shapes={args.input: shape}, progress=False)
+            result["static_tunes"].append({"threads": threads, "shape": shape, "trials": args.tune_static,
+                                           "tune_s": time.perf_counter() - t0})
+            print(f"static tune {'x'.join(map(str, shape))}, {threads} thread(s): "
+                  f"{result['static_tunes'][-1]['tune_s'] / 60:.1f} min", flush=True)
+        if args.tune_static:
+            mine = [t["tune_s"] for t in result["static_tunes"] if t["threads"] == threads]
+            print(f"static tunes together, {threads} thread(s): {sum(mine) / 60:.1f} min", flush=True)
         t0 = time.perf_counter()
         dyn = compile_model(str(path), log=args.log, threads=threads, dynamic=spec)
         dyn_s = time.perf_counter() - t0
@@ -110,7 +131,7 @@ def main(argv=None) -> int:
                 runners["dynamic_untuned"] = lambda ins: untuned.run(*ins)
             if not args.no_static:
                 t0 = time.perf_counter()
-                static = compile_model(str(path), log=args.log, threads=threads, input_shapes={args.input: shape})
+                static = compile_model(str(path), log=static_log, threads=threads, input_shapes={args.input: shape})
                 result["compile"].append({"threads": threads, "artifact": f"static {n}",
                                           "compile_s": time.perf_counter() - t0, "arena_mib": static.arena_bytes / 2**20})
                 runners["static"] = lambda ins, m=static: m.run(*ins)
