@@ -429,6 +429,7 @@ def test_a_dynamic_tune_tunes_each_bucket_into_one_log_and_the_compile_runs_its_
     assert main(["analyze", str(log), "--model", str(path), "--no-plot"]) == 0
     out = capsys.readouterr().out
     assert "at x=1x4x16 (a bucket of a range of shapes)" in out and "across its range (2 tuned shapes" in out
+    assert "no layout to choose" in out and "trials on conv tasks" not in out      # a model with no conv
     for n in (1, 4, 5, 8):
         x = np.random.default_rng(n).standard_normal((1, n, 16)).astype(np.float32)
         np.testing.assert_allclose(m.run(x)[0], ort_run(path, x)[0], rtol=1e-4, atol=1e-4)

@@ -119,7 +119,8 @@ class ModelReport:
         at = f" at {_shapes(p.shapes)}{' (a bucket of a range of shapes)' if p.dynamic else ''}" if p.shapes else ""
         lines = [f"model {p.model}{at} (graph {p.model_hash}) on '{p.target}': {self.trials} trials of "
                  f"{len(self.rows)} tasks{again} in {_duration(tuned_s)} of tuning",
-                 f"layout plan logged {p.timestamp or '(no time)'}: {plan_summary(p.layouts)}"
+                 f"layout plan logged {p.timestamp or '(no time)'}: "
+                 f"{plan_summary(p.layouts) or 'no layout to choose (no conv or dense node has a choice)'}"
                  f"{'' if p.exact else ' (beam search: not proven optimal)'}",
                  f"estimated model latency {_ms(est)} (the logged plan under the log's best records; the "
                  f"plan line said {_ms(p.estimate_s)})"]
@@ -153,8 +154,9 @@ class ModelReport:
         for r in self.rows:
             if r.workload.op == "conv2d":
                 per_layout[r.workload.layout] = per_layout.get(r.workload.layout, 0) + r.trials
-        lines.append("trials on conv tasks per layout: "
-                     + ", ".join(f"{lay} {n}" for lay, n in sorted(per_layout.items(), key=lambda kv: -kv[1])))
+        if per_layout:
+            lines.append("trials on conv tasks per layout: "
+                         + ", ".join(f"{lay} {n}" for lay, n in sorted(per_layout.items(), key=lambda kv: -kv[1])))
         out = [Section("summary", [], [], lines)]
 
         peak = p.peak_gflops
