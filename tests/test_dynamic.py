@@ -430,6 +430,9 @@ def test_a_dynamic_tune_tunes_each_bucket_into_one_log_and_the_compile_runs_its_
     out = capsys.readouterr().out
     assert "at x=1x4x16 (a bucket of a range of shapes)" in out and "across its range (2 tuned shapes" in out
     assert "no layout to choose" in out and "trials on conv tasks" not in out      # a model with no conv
+    # each plan is read at its own shapes, as imported for the range, whatever --input-shape says
+    assert main(["analyze", str(log), "--model", str(path), "--input-shape", "x=1x8x16", "--no-plot"]) == 0
+    assert "across its range (2 tuned shapes" in capsys.readouterr().out
     for n in (1, 4, 5, 8):
         x = np.random.default_rng(n).standard_normal((1, n, 16)).astype(np.float32)
         np.testing.assert_allclose(m.run(x)[0], ort_run(path, x)[0], rtol=1e-4, atol=1e-4)
@@ -519,6 +522,7 @@ def test_without_a_histogram_each_bucket_is_weighted_by_the_lengths_it_serves():
 
 
 @pytest.mark.parametrize("text, says", [("77 3\n12x\n", "line 2: '12x' is not `VALUE [COUNT]`"),
+                                        ("\u00b2 1\n", "line 1"), ("\u0663\n", "line 1"),
                                         ("77 3 4\n", "line 1"), ("600\n", "600 is outside seq's range"),
                                         ("# nothing\n77 0\n", "holds no value with a count above 0")])
 def test_a_shape_histogram_that_is_not_value_count_lines_in_the_range_is_refused_naming_the_line(tmp_path, text, says):
@@ -609,21 +613,26 @@ def test_a_dynamic_tune_with_a_histogram_tunes_the_bound_first_then_its_buckets_
     path = _attention_onnx(tmp_path / "att.onnx", [1, "seq"])
     calls = []
 
-    class Done:
-        session = type("S", (), {"interrupted": False, "tasks": []})()
-        space = None
+    from types import SimpleNamespace
 
     def fake(graph, trials, contenders=None, **kw):
-        calls.append((graph.inputs[0].shape[1], trials, contenders))
-        done = Done()
-        done.space = model_tuning.model_layouts(graph, ("NCHW16c",))
-        return done
+        n = graph.inputs[0].shape[1]
+        calls.append((n, trials, contenders))
+        space = model_tuning.model_layouts(graph, ("NCHW16c",))
+        best = [SimpleNamespace(workload=wl, best=SimpleNamespace(steps=[["tuned at", n, k]]))
+                for k, (wl, _) in enumerate(space.workloads())]
+        return SimpleNamespace(space=space, session=SimpleNamespace(interrupted=False, tasks=best))
     monkeypatch.setattr(model_tuning, "tune_model", fake)
     hist = tmp_path / "lengths.txt"
     hist.write_text("5 12\n9 10\n20 1\n")           # times 60, 90, 20: thirds end at 5, 9 and 20
     out = model_tuning.tune_dynamic(str(path), "x=1x[1..64]x16", 1000, histogram=str(hist), layouts=("NCHW16c",))
     assert [v for v, _ in out] == [5, 9, 20, 64]
     assert [c[0] for c in calls] == [64, 20, 9, 5] and calls[0][2] == {}
+    for (n, _, offered), (above, _, _) in zip(calls[1:], calls):     # each task gets the one above's best
+        from tuner.graph.dynamic import load_at
+        keys = [wl.key for wl, _ in model_tuning.model_layouts(load_at(str(path), {"x": [1, n, 16]}),
+                                                               ("NCHW16c",)).workloads()]
+        assert keys and offered == {key: [[["tuned at", above, k]]] for k, key in enumerate(keys)}
     assert [c[1] for c in calls] == [None, round(1000 * 20 / 170), round(1000 * 90 / 170), round(1000 * 60 / 170)]
     for text, says in (("5 10\n70 1\n", "70 is outside seq's range"), ("five\n", "line 1")):
         hist.write_text(text)
@@ -645,3 +654,22 @@ def test_a_model_compiled_at_one_shape_has_no_dynamic_step_and_no_run_time_dims(
     assert m.steps and not m.symbols and not any(s.dynamic or s.versions for s in m.steps)
     assert "tuner_dims" not in m.source and "_dyn" not in m.source
     assert "dynamic" not in m.report()
+
+
+def test_a_vector_loop_too_short_to_vectorise_with_a_run_time_end_compiles_without_a_simd_pragma(tmp_path):
+    """A loop annotated vectorize whose extent no vector width fits, and whose trip count is a
+    run-time value, is written as a plain loop: OpenMP's simd pragma does not take a loop header
+    that declares its end too."""
+    import subprocess
+
+    from tuner.codegen.c import generate_c
+    from tuner.schedule import ir
+    from tuner.te.expr import Const, Var
+    out = ir.Buffer("out", (6,), "arg")
+    body = ir.For("i", 6, ir.Store("out", (Var("i"),), Const(1.0)), "vectorize", limit=symbol_var(0) + Const(1))
+    src, _ = generate_c(ir.Func("k", [out], [], body, {"out": out}, (Symbol("n", 1, 5),)))
+    assert "omp simd" not in src and "i_end" in src, src
+    f = tmp_path / "k.c"
+    f.write_text(src)
+    done = subprocess.run(["gcc", "-fopenmp-simd", "-fsyntax-only", "-Wall", str(f)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -162,6 +162,7 @@ def test_a_plan_line_whose_timed_choices_are_malformed_is_refused_by_name(choice
 @pytest.mark.parametrize("field, value", [("shapes", {"x": [1, 0]}), ("shapes", {"x": [1, 2.5]}), ("shapes", {"x": "1x8"}),
                                           ("shapes", {"": [1]}), ("shapes", {"x": [1] * 9}), ("shapes", [[1, 8]]),
                                           ("shapes", {"x": [True]}), ("shapes", {"x": [1 << 40]}),
+                                          ("shapes", {"x": [1 << 31]}), ("shapes", {"x": [1 << 16, 1 << 16]}),
                                           ("dynamic", "yes"), ("dynamic", 1)])
 def test_a_plan_line_whose_shapes_or_dynamic_flag_are_malformed_is_refused_by_name(field, value):
     """A plan names the input shapes its model was tuned at and whether it is a bucket of a range;
@@ -170,6 +171,8 @@ def test_a_plan_line_whose_shapes_or_dynamic_flag_are_malformed_is_refused_by_na
                                     shapes={"input_ids": [1, 64]}, dynamic=True)
     assert records.PlanRecord.from_json(json.loads(json.dumps(good.to_json()))) == good
     assert good.to_json()["shapes"] == {"input_ids": [1, 64]} and good.to_json()["dynamic"] is True
+    widest = dict(good.to_json(), shapes={"x": [(1 << 31) - 1]})          # the most a C int indexes
+    assert records.PlanRecord.from_json(widest).shapes == {"x": [(1 << 31) - 1]}
     with pytest.raises(records.RecordError, match=f"plan {field} is not"):
         records.PlanRecord.from_json(dict(good.to_json(), **{field: value}))
 

@@ -200,19 +200,21 @@ def _model_view(args, models: list) -> int:
     from .analysis.model_report import range_curves, range_plot, range_table
     def numbered(path: str, k: int) -> str:          # several models in one log: one file each
         return path if len(models) == 1 else f"{Path(path).with_suffix('')}.{k + 1}{Path(path).suffix}"
+    plot = Path(args.plot or str(Path(args.log).with_suffix(".png")))
     for k, rep in enumerate(models):
         print(rep.table())
         png = None
         if not args.no_plot:
-            png = rep.plot(numbered(args.plot or str(Path(args.log).with_suffix(".png")), k))
+            png = rep.plot(numbered(str(plot), k))
             print(f"\nplot: {png}")
         if args.html:
             print(f"report: {rep.html(numbered(args.html, k), png)}")
     for k, (model, target, points) in enumerate(range_curves(models)):
         print("\n" + range_table(model, target, points))
         if not args.no_plot:
-            out = Path(args.plot or str(Path(args.log).with_suffix(".png")))
-            print(f"\nplot: {range_plot(model, target, points, str(out.with_suffix(f'.range{k + 1}{out.suffix}')))}")
+            out = str(plot.with_suffix(f".range{k + 1}{plot.suffix}"))
+            check_output_path(out, "--plot")
+            print(f"\nplot: {range_plot(model, target, points, out)}")
     return 0
 
 

@@ -62,7 +62,6 @@ from .graph.passes.convert_layout import check_choice
 from .measure.interleave import interleaved
 from .measure.peak import peak_gflops
 from .measure.runner import CpuRunner, RunConfig
-from .schedule.schedule import ScheduleError
 from .search.scheduler import family
 from .target import parse_target
 from .task import Task
@@ -316,10 +315,11 @@ def confirm_bests(tasks, tgt, log: str, config: RunConfig, progress: bool = True
         for s in tasks:
             recs = [r for r in contents.applicable(s.workload.key, str(tgt)) if r.cold == config.times_cold(s.workload)]
             task = Task(s.workload, tgt)
-            others = _replayed(task, (contenders or {}).get(s.workload.key, []))
+            others = [c for c in map(task.applied, (contenders or {}).get(s.workload.key, [])) if c is not None]
             winner = records.heat_winner(recs)
             if not any(r.ok for r in recs) or (winner is not None and {c.code_hash for c in others} <=
                                                {r.code_hash for r in recs if r.heat == winner.heat}):
+                s.best = records.best_of(recs) or s.best       # the heat's winner, as the compile takes it
                 continue
             cands = [task.candidate(r.steps, decisions=r.decisions)
                      for r in records.fastest_that_replay(recs, CONFIRM_TOP)]
@@ -337,17 +337,6 @@ def confirm_bests(tasks, tgt, log: str, config: RunConfig, progress: bool = True
         print(f"confirmed: {timed} timings of front-runners and default schedules side by side in "
               f"{time.perf_counter() - t0:.1f} s; each task keeps the fastest there by its slower timing", flush=True)
     return timed
-
-
-def _replayed(task: Task, schedules: list) -> list:
-    """[Candidate] of the step lists that apply to `task` (a schedule of another shape may not)."""
-    out = []
-    for steps in schedules:
-        try:
-            out.append(task.candidate(steps))
-        except (ScheduleError, ValueError):
-            pass
-    return out
 
 
 def cold_prices(tasks, tgt, known: dict | None = None, progress: bool = True,
@@ -553,7 +542,9 @@ def tune_dynamic(model: str, dynamic, trials: int, buckets: list | None = None, 
         graph = load_at(str(model), {**(input_shapes or {}), **dyn.shapes(dyn.at(k, v))})
         pairs = model_layouts(graph, tuple(kwargs.get("layouts", DEFAULT_CHOICES))).workloads()
         n = round(trials * share)
-        res = tune_model(graph, n if n >= len(pairs) else None, time_limit=time_limit * share if time_limit else None,
+        first_looks = n < len(pairs)        # every task's first look, whatever its share of the time
+        res = tune_model(graph, None if first_looks else n,
+                         time_limit=time_limit * share if time_limit and not first_looks else None,
                          contenders=_contenders(above, pairs), name=str(model), **kwargs)
         out.append((v, res))
         above = res

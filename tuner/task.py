@@ -15,6 +15,7 @@ from .codegen.cuda import generate_cuda
 from .errors import UserError
 from .ops import Workload, make, tensor_bytes
 from .schedule.lower import lower
+from .schedule.schedule import ScheduleError
 from .space.gpu import GpuSearchSpace
 from .space.sketch import SearchSpace
 from .target import Target
@@ -129,6 +130,13 @@ class Task:
         finally:
             self.codegen_s += time.perf_counter() - start
         return Candidate(steps, src, func_name, omp, code_hash(src, func_name), decisions, launch)
+
+    def applied(self, steps: list) -> Candidate | None:
+        """candidate(steps), or None where they do not apply to this task (a schedule of another shape)."""
+        try:
+            return self.candidate(steps)
+        except (ScheduleError, ValueError):
+            return None
 
     def from_decisions(self, decisions: dict) -> Candidate:
         return self.candidate(self.space.steps(decisions), decisions=decisions)

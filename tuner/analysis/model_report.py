@@ -303,9 +303,9 @@ def _graph(plan, model, input_shapes):
         graph, given = model, "the given graph"
     else:
         given = str(model or plan.model)
-        shapes = input_shapes or (plan.shapes if given not in MODELS else None)
+        shapes = (plan.shapes or input_shapes) if given not in MODELS else input_shapes   # the plan's own first
         try:
-            graph = load_at(given, shapes) if plan.dynamic and not input_shapes else load(given, shapes)
+            graph = load_at(given, shapes) if plan.dynamic else load(given, shapes)
         except UserError as err:
             if model:
                 raise UserError(f"--model {given}: {err}") from None

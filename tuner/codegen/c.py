@@ -226,8 +226,8 @@ class CGen:
                 self.unroll_budget = saved_budget
                 return
             except NotVectorizable:
-                if not _carried(s):
-                    self.emit(d, "#pragma omp simd")
+                if not _carried(s) and (s.limit is None or isinstance(s.limit, (Const, Var))):
+                    self.emit(d, "#pragma omp simd")    # (not over a run-time header's two declarations)
         elif threaded:
             self.emit(d, f"#pragma omp parallel for num_threads({self.threads})")
             self.uses_openmp = True

@@ -506,7 +506,7 @@ class _Family:
             for p in src.contents.plans if src.name != SHIPPED else []:
                 shape = p.shapes.get(at[0], [])
                 v = shape[at[1]] if len(shape) > at[1] else None
-                if p.dynamic and records.code_target(p.target)[:2] == isa and v is not None and \
+                if p.dynamic and (records.code_target(p.target) or ())[:2] == isa and v is not None and \
                         self.symbols[k].lo <= v < self.symbols[k].hi and \
                         all(p.shapes.get(n) == list(s) for n, s in self._shapes(k, v).items()):
                     found.setdefault(v, set()).add(p.model_hash)
@@ -551,7 +551,7 @@ class _Family:
         out, above = [], bound.steps if bound is not None else None
         for v, rec, source, wl in reversed(found):
             here = Task(wl, tgt)
-            if above is not None and _code(here, above) == _code(here, rec.steps):
+            if above is not None and _code(here.applied(above)) == _code(here.applied(rec.steps)):
                 continue
             try:
                 cand = task.candidate(rec.steps, func_name=f"{func}_le{v}", dims=dims)
@@ -666,12 +666,8 @@ class _Family:
         return {"extents": [monomials(e, len(self.symbols)) if e is not None else None for e in ext]}
 
 
-def _code(task: Task, steps: list) -> str | None:
-    """The hash of the code `steps` give on `task`, or None where they do not apply."""
-    try:
-        return task.candidate(steps).code_hash
-    except (ScheduleError, ValueError):
-        return None
+def _code(cand) -> str | None:
+    return cand.code_hash if cand is not None else None
 
 
 def _same_kernels(g: Graph, base: Graph) -> bool:

@@ -39,7 +39,7 @@ from .result import ERROR_KINDS, NOT_IN_LOG, OK, WEIGHTS, median_cost
 
 FORMAT = 1
 MAX_LINE = 1 << 20          # a record is a few KB; a longer line is damage, skipped without reading it whole
-MAX_INPUTS, MAX_RANK, MAX_DIM = 256, 8, 1 << 31      # a plan's input shapes: more is damage
+MAX_INPUTS, MAX_RANK, MAX_ELEMENTS = 256, 8, (1 << 31) - 1    # a plan's input shapes: more is damage
 
 
 class RecordError(ValueError):
@@ -250,7 +250,7 @@ class PlanRecord:
         shapes = obj.get("shapes", {})
         _want(isinstance(shapes, dict) and len(shapes) <= MAX_INPUTS and all(
             isinstance(k, str) and k and isinstance(v, list) and len(v) <= MAX_RANK
-            and all(_integer(n) and 0 < n <= MAX_DIM for n in v) for k, v in shapes.items()),
+            and all(_integer(n) and 0 < n for n in v) and math.prod(v) <= MAX_ELEMENTS for k, v in shapes.items()),
             "plan shapes is not an object of input shapes (lists of positive integers)")
         _want(isinstance(obj.get("dynamic", False), bool), "plan dynamic is not a boolean")
         return cls(obj["model"], obj["model_hash"], obj["target"], dict(lays), float(obj["estimate_s"]),

@@ -95,7 +95,7 @@ def read_histogram(path: str, sym: Symbol) -> dict:
         words = line.split("#")[0].replace(",", " ").split()
         if not words:
             continue
-        if len(words) > 2 or not all(w.isdigit() and len(w) <= 12 for w in words):
+        if len(words) > 2 or not all(w.isascii() and w.isdigit() and len(w) <= 12 for w in words):
             raise UserError(f"--shape-histogram {path}, line {n}: {line.strip()[:60]!r} is not `VALUE [COUNT]`")
         value, count = int(words[0]), int(words[1]) if len(words) == 2 else 1
         if not sym.lo <= value <= sym.hi:
@@ -118,7 +118,7 @@ def histogram_buckets(hist: dict, sym: Symbol, n: int = 3) -> list:
         if acc * n // total > passed:           # the value at which a share ends (a heavy one ends several)
             passed = acc * n // total
             out.append(v)
-    return [v for v in out if v < sym.hi]
+    return [v for v in out if 1 < v < sym.hi]      # as default_buckets: no bucket at 1
 
 
 def shares(values: list, sym: Symbol, hist: dict | None = None) -> list:
