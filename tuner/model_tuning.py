@@ -526,7 +526,7 @@ def tune_dynamic(model: str, dynamic, trials: int, buckets: list | None = None, 
     whose share is below its task count gets every task's first look. The bound is tuned first,
     then each bucket downwards, and each task's heat (confirm_bests) times the schedule of the
     bucket above beside its own front-runners: where that wins, the bucket needs no version of its
-    own, which the compile sees as equal steps. A tune that is stopped stops the rest.
+    own, which the compile sees as the same code there. A tune that is stopped stops the rest.
     [(value, ModelTuneResult)], smallest value first."""
     from .graph.dynamic import histogram_buckets, load_at, parse_dynamic, read_histogram, shares
     from .graph.onnx_frontend import input_dims
