@@ -620,7 +620,7 @@ def test_a_dynamic_tune_with_a_histogram_tunes_the_bound_first_then_its_buckets_
 
     def fake(graph, trials, contenders=None, **kw):
         n = graph.inputs[0].shape[1]
-        calls.append((n, trials, contenders))
+        calls.append((n, trials, contenders, kw.get("time_limit")))
         space = model_tuning.model_layouts(graph, ("NCHW16c",))
         best = [SimpleNamespace(workload=wl, best=SimpleNamespace(steps=[["tuned at", n, k]]))
                 for k, (wl, _) in enumerate(space.workloads())]
@@ -628,15 +628,18 @@ def test_a_dynamic_tune_with_a_histogram_tunes_the_bound_first_then_its_buckets_
     monkeypatch.setattr(model_tuning, "tune_model", fake)
     hist = tmp_path / "lengths.txt"
     hist.write_text("5 12\n9 10\n20 1\n")           # times 60, 90, 20: thirds end at 5, 9 and 20
-    out = model_tuning.tune_dynamic(str(path), "x=1x[1..64]x16", 1000, histogram=str(hist), layouts=("NCHW16c",))
+    out = model_tuning.tune_dynamic(str(path), "x=1x[1..64]x16", 1000, time_limit=170.0, histogram=str(hist),
+                                    layouts=("NCHW16c",))
     assert [v for v, _ in out] == [5, 9, 20, 64]
     assert [c[0] for c in calls] == [64, 20, 9, 5] and calls[0][2] == {}
-    for (n, _, offered), (above, _, _) in zip(calls[1:], calls):     # each task gets the one above's best
+    for (n, _, offered, _), (above, *_) in zip(calls[1:], calls):     # each task gets the one above's best
         from tuner.graph.dynamic import load_at
         keys = [wl.key for wl, _ in model_tuning.model_layouts(load_at(str(path), {"x": [1, n, 16]}),
                                                                ("NCHW16c",)).workloads()]
         assert keys and offered == {key: [[["tuned at", above, k]]] for k, key in enumerate(keys)}
     assert [c[1] for c in calls] == [None, round(1000 * 20 / 170), round(1000 * 90 / 170), round(1000 * 60 / 170)]
+    # the time limit is shared the same way; the bound's first looks (no share of the time) get none
+    assert [c[3] for c in calls] == [None, pytest.approx(20.0), pytest.approx(90.0), pytest.approx(60.0)]
     for text, says in (("5 10\n70 1\n", "70 is outside seq's range"), ("five\n", "line 1")):
         hist.write_text(text)
         assert main(["tune", str(path), "--dynamic", "x=1x[1..64]x16", "--shape-histogram", str(hist), "--trials",
