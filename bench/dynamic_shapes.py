@@ -29,6 +29,7 @@ import numpy as np
 from bench.common import write_results
 from tuner.compare.peers import interleaved, onnxruntime_runner, paired_ratios
 from tuner.graph import load as load_graph
+from tuner.model_tuning import tune_model
 
 EXPORTS = {"bert_base": lambda tf: tf.BertModel(tf.BertConfig()), "gpt2": lambda tf: tf.GPT2Model(tf.GPT2Config())}
 
@@ -98,7 +99,6 @@ def main(argv=None) -> int:
         ap.error("--tune-static needs --static-log, the log the per-shape tunes write")
     for threads in (int(t) for t in args.threads.split(",")):
         for shape in shapes if args.tune_static else []:
-            from tuner.model_tuning import tune_model
             t0 = time.perf_counter()
             tune_model(str(path), args.tune_static, log=static_log, threads=threads,
                        input_shapes={args.input: shape}, progress=False)

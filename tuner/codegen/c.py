@@ -219,6 +219,7 @@ class CGen:
         if s.auto_unroll:
             self.unroll_budget = max(self.unroll_budget, s.auto_unroll)
         threaded = s.kind != "vectorize" and _threaded(s, self.threads) and not self.in_parallel
+        plain_end = s.limit is None or isinstance(s.limit, (Const, Var))   # else a run-time header (_runtime_for)
         if s.kind == "vectorize":
             try:
                 lines = self.vector_loop(s, d)
@@ -226,15 +227,15 @@ class CGen:
                 self.unroll_budget = saved_budget
                 return
             except NotVectorizable:
-                if not _carried(s) and (s.limit is None or isinstance(s.limit, (Const, Var))):
-                    self.emit(d, "#pragma omp simd")    # (not over a run-time header's two declarations)
+                if not _carried(s) and plain_end:     # simd takes no header that declares its end too
+                    self.emit(d, "#pragma omp simd")
         elif threaded:
             self.emit(d, f"#pragma omp parallel for num_threads({self.threads})")
             self.uses_openmp = True
         elif s.kind == "unroll" or (self.unroll_budget and nest_steps(s) <= self.unroll_budget):
             self.emit(d, f"#pragma GCC unroll {s.extent}")
         v = c_name(s.var)
-        if s.limit is None or isinstance(s.limit, (Const, Var)) or threaded:
+        if plain_end or threaded:
             trips = s.extent if s.limit is None else self.expr(s.limit)
             self.emit(d, f"for (int {v} = 0; {v} < {trips}; ++{v}) {{")
         else:                   # a run-time trip count, evaluated once, kept in memory

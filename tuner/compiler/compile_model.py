@@ -485,7 +485,7 @@ class _Family:
         graphs = []
         for p in dyn.points:
             try:
-                graphs.append(load_at(path, {**(input_shapes or {}), **dyn.shapes(p)}))
+                graphs.append(load_at(path, dyn.shapes(p, input_shapes)))
             except (ValueError, UserError) as e:     # the model has no meaning at that shape
                 raise DynamicError(f"{path} does not import at {described(p, dyn.symbols)}: "
                                    f"{str(e).splitlines()[0][:200]}; narrow the range to the shapes the model "
@@ -501,19 +501,17 @@ class _Family:
         if len(moving) != 1:
             return None
         k, isa, found = moving[0], records.code_target(str(tgt))[:2], {}
-        at = next((name, d) for name, dims in self.dyn.dims.items() for d, x in enumerate(dims) if x == ("sym", k))
-        for src in db.sources:
-            for p in src.contents.plans if src.name != SHIPPED else []:
-                shape = p.shapes.get(at[0], [])
-                v = shape[at[1]] if len(shape) > at[1] else None
-                if p.dynamic and (records.code_target(p.target) or ())[:2] == isa and v is not None and \
-                        self.symbols[k].lo <= v < self.symbols[k].hi and \
-                        all(p.shapes.get(n) == list(s) for n, s in self._shapes(k, v).items()):
-                    found.setdefault(v, set()).add(p.model_hash)
+        name, axis = next((n, d) for n, dims in self.dyn.dims.items() for d, x in enumerate(dims) if x == ("sym", k))
+        for p in (p for src in db.sources if src.name != SHIPPED for p in src.contents.plans):
+            shape = p.shapes.get(name, [])
+            v = shape[axis] if p.dynamic and len(shape) > axis else None
+            if v is None or not self.symbols[k].lo <= v < self.symbols[k].hi \
+                    or (records.code_target(p.target) or ())[:2] != isa:
+                continue
+            want = self.dyn.shapes(self.dyn.at(k, v), self.input_shapes)
+            if all(p.shapes.get(n) == list(s) for n, s in want.items()):
+                found.setdefault(v, set()).add(p.model_hash)
         return found or None
-
-    def _shapes(self, k: int, v: int) -> dict:
-        return {**self.input_shapes, **self.dyn.shapes(self.dyn.at(k, v))}
 
     def bucket(self, values, options: dict, say) -> None:
         """The model optimised at each of `values` of its one varying symbol (None: the default
@@ -525,7 +523,7 @@ class _Family:
         hashes = values if isinstance(values, dict) else {}
         k, values = self.dyn.buckets(sorted(values) if hashes else values)
         for v in values:
-            graph = load_at(self.path, self._shapes(k, v))
+            graph = load_at(self.path, self.dyn.shapes(self.dyn.at(k, v), self.input_shapes))
             if hashes and graph_digest(graph) not in hashes[v]:
                 say(f"{self.symbols[k].name}={v}: the log's plan there is another model's; no versions for it")
                 continue

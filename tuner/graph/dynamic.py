@@ -26,10 +26,10 @@ class DynamicInputs:
     symbols: tuple
     dims: dict
 
-    def shapes(self, values: dict) -> dict:
-        """{input: shape} at `values` ({symbol var name: value})."""
-        return {name: [values[symbol_var(d[1]).name] if isinstance(d, tuple) else d for d in dims]
-                for name, dims in self.dims.items()}
+    def shapes(self, values: dict, fixed: dict | None = None) -> dict:
+        """{input: shape} at `values` ({symbol var name: value}), beside the `fixed` inputs' shapes."""
+        return {**(fixed or {}), **{name: [values[symbol_var(d[1]).name] if isinstance(d, tuple) else d for d in dims]
+                                    for name, dims in self.dims.items()}}
 
     @property
     def points(self) -> list:
