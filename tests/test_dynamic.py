@@ -417,6 +417,9 @@ def test_a_dynamic_tune_tunes_each_bucket_into_one_log_and_the_compile_runs_its_
     from tuner.runtime import load
     m = load(tmp_path / "m")
     assert all(s.source != "default" for s in m.steps if s.anchor)
+    # a version serves up to where the tune measured it handing over to the bound's (5, 6 or 7), else its bucket
+    [plan4] = [p for p in contents.plans if p.shapes["x"][1] == 4]
+    assert all(4 <= e < 8 for e in plan4.ends.values())
     # each task's heat at 4 timed the code the bound's best gives there: a version only where it lost
     from tuner.graph.dynamic import load_at
     from tuner.graph.layout_plan import model_layouts
@@ -426,6 +429,9 @@ def test_a_dynamic_tune_tunes_each_bucket_into_one_log_and_the_compile_runs_its_
     assert pairs[0] and len(pairs[0]) == len(pairs[1])
     for (w4, _), (w8, _) in zip(*pairs):
         assert Task(w4, target).candidate(records.best_of(by_key[w8.key]).steps).code_hash in heats[w4.key]
+    at4 = {w8.key: w4.key for (w4, _), (w8, _) in zip(*pairs)}
+    served = [(v["upto"], plan4.ends.get(at4[s.workload_key], 4)) for s in m.steps for v in s.versions]
+    assert bool(served) == bool(plan4.ends) and all(upto == end for upto, end in served)
     assert main(["analyze", str(log), "--model", str(path), "--no-plot"]) == 0
     out = capsys.readouterr().out
     assert "at x=1x4x16 (a bucket of a range of shapes)" in out and "across its range (2 tuned shapes" in out
@@ -436,6 +442,58 @@ def test_a_dynamic_tune_tunes_each_bucket_into_one_log_and_the_compile_runs_its_
     for n in (1, 4, 5, 8):
         x = np.random.default_rng(n).standard_normal((1, n, 16)).astype(np.float32)
         np.testing.assert_allclose(m.run(x)[0], ort_run(path, x)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_buckets_kernel_serves_up_to_the_last_value_between_buckets_where_it_ran_faster_than_the_one_above(
+        tmp_path):
+    """handovers times each task's kernel of bucket 4 and of bucket 16 at 7, 10 and 13 (a quarter,
+    half and three quarters of the way up), as static kernels there: a task's end is the last of
+    them before the first where bucket 16's kernel is as fast, and every timing is in the log."""
+    import types
+    from tuner.database import records
+    from tuner.graph.dynamic import load_at, parse_dynamic
+    from tuner.graph.layout_plan import model_layouts
+    from tuner.graph.onnx_frontend import input_dims
+    from tuner.measure.runner import RunConfig
+    from tuner.model_tuning import handovers
+    path = _attention_onnx(tmp_path / "att.onnx", [1, "seq"])
+    dyn = parse_dynamic("x=1x[1..16]x16", input_dims(str(path)))
+    at = {n: model_layouts(load_at(str(path), {"x": [1, n, 16]})).workloads() for n in (4, 7, 10, 13, 16)}
+    assert at[4] and all(len(p) == len(at[4]) for p in at.values())
+
+    def best(wl, seed):                  # a record's stand-in: the default schedule, or a sampled one
+        space = Task(wl, TARGET1).space
+        dec = space.default() if seed is None else space.sample(random.Random(seed))
+        return types.SimpleNamespace(steps=space.steps(dec))
+    mine = [types.SimpleNamespace(workload=w, best=best(w, None)) for w, _ in at[4]]
+    above = types.SimpleNamespace(space=types.SimpleNamespace(workloads=lambda: at[16]), session=types.SimpleNamespace(
+        tasks=[types.SimpleNamespace(workload=w, best=best(w, 3 + j)) for j, (w, _) in enumerate(at[16])]))
+    log = tmp_path / "h.jsonl"
+    k, _ = dyn.buckets([4])
+    ends = handovers(str(path), dyn, k, (4, 16), mine, at[4], above, None, RunConfig(number=1, repeat=3), str(log),
+                     threads=1, progress=False)
+    timed = [r for r in records.load(log).records if r.policy == records.HANDOVER]
+    assert ends and timed and not any(r.trial for r in timed)
+    for j, (w4, _) in enumerate(at[4]):
+        lo_steps, hi_steps = mine[j].best.steps, above.session.tasks[j].best.steps
+        if w4.key not in ends:        # the same code at 4: no version, nothing to time
+            t4 = Task(w4, TARGET1)
+            assert t4.applied(lo_steps).code_hash == t4.applied(hi_steps).code_hash
+            continue
+        want = 4
+        for x in (7, 10, 13):
+            t = Task(at[x][j][0], TARGET1)
+            lo, hi = t.applied(lo_steps).code_hash, t.applied(hi_steps).code_hash
+            if lo == hi:
+                want = x
+                continue
+            mine_x = [r for r in timed if r.workload.key == at[x][j][0].key]
+            assert len(mine_x) == 4 and {r.code_hash for r in mine_x} == {lo, hi}
+            slower = {h: max(r.latency for r in mine_x if r.code_hash == h) for h in (lo, hi)}
+            if slower[lo] >= slower[hi]:
+                break
+            want = x
+        assert ends[w4.key] == want
 
 
 def test_a_reduction_fused_then_split_keeps_the_padding_out_of_its_sum():

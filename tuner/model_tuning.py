@@ -413,7 +413,7 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
                layouts=DEFAULT_CHOICES, input_shapes: dict | None = None, warmup_batch: int = 4,
                batch_size: int = 16, policy: str = "evolutionary", weights: str = WEIGHTS[0],
                plan: dict | None = None, contenders: dict | None = None, name: str | None = None,
-               **kwargs) -> ModelTuneResult:
+               handover=None, **kwargs) -> ModelTuneResult:
     """Tune a built-in model, an ONNX file or a Graph until `trials` records exist for its tasks in
     `log`, its weighted tasks timed with their weights cold or warm (`weights`, see the module's
     doc), time each task's front-runners a second time (confirm_bests), and append the layout
@@ -424,7 +424,8 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
     to those layouts (compile --quick tunes the plan the compile will apply). trials=None: every
     task's first look only (FIRST_LOOK's, else `warmup_batch` candidates). contenders: {workload
     key: [steps]} timed in its task's heat too (tune_dynamic: the schedules of a larger bucket).
-    name: the model's name in the plan (default: the built-in name or path; a Graph's own name)."""
+    name: the model's name in the plan (default: the built-in name or path; a Graph's own name).
+    handover: (tasks, RunConfig, log) -> the plan's `ends`, after the heats (tune_dynamic's handovers)."""
     t0 = time.perf_counter()
     if weights not in WEIGHTS:
         raise UserError(f"--weights {weights!r} is not one of {', '.join(WEIGHTS)}")
@@ -474,9 +475,10 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
                    callbacks=[RoundHook(on_round)], **kwargs)
     # a replayed tune's costs are another machine's, a cluster's its workers': nothing timed here after it
     measured_here = not (kwargs.get("replay") or kwargs.get("runner") or kwargs.get("cluster"))
+    heats = -1
     if measured_here and not session.interrupted:
-        confirm_bests(session.tasks, tgt, log, config, kwargs.get("progress", True), kwargs.get("seed", 0),
-                      contenders)
+        heats = confirm_bests(session.tasks, tgt, log, config, kwargs.get("progress", True), kwargs.get("seed", 0),
+                              contenders)
     prices = _latencies(session.tasks)
     plan, est = space.plan(prices)
     other, other_est = None, math.inf
@@ -503,9 +505,13 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
         # untimed (replayed, stopped, out of time): the choices the log's plan had timed stay
         choices = time_choices(graph, log, tgt, plan.layouts, kwargs.get("progress", True)) if timed \
             else dict(last.choices) if last is not None else {}
+        # the ends are measured again only where the heats timed something new (else the last plan's)
+        ends = handover(session.tasks, config, log) if handover is not None and heats >= 0 and \
+            (heats or last is None or not last.ends) else dict(last.ends) if last is not None else {}
         rec = records.make_plan_record(name, graph_digest(graph), str(tgt), plan.layouts, est, plan.exact,
                                        tuple(layouts), peak, cold, cold_est, weights, graph_structure(graph), choices,
-                                       {v.name: list(v.shape) for v in graph.inputs}, bool(graph.meta.get("dynamic")))
+                                       {v.name: list(v.shape) for v in graph.inputs}, bool(graph.meta.get("dynamic")),
+                                       ends)
         same_choices = last is not None and {k: v["on"] for k, v in last.choices.items()} == \
             {k: v["on"] for k, v in rec.choices.items()}       # the times differ run to run; the choices, not
         if last is None or dataclasses.replace(last, timestamp=rec.timestamp, tool=rec.tool, peak_gflops=rec.peak_gflops,
@@ -538,19 +544,89 @@ def tune_dynamic(model: str, dynamic, trials: int, buckets: list | None = None, 
         values = histogram_buckets(hist, sym)
     values = values + [sym.hi]
     out, above = [], None
+    opts = {o: kwargs[o] for o in ("layouts", "target", "threads", "progress", "seed") if o in kwargs}
     for v, share in sorted(zip(values, shares(values, sym, hist)), reverse=True):
         graph = load_at(str(model), dyn.shapes(dyn.at(k, v), input_shapes))
         pairs = model_layouts(graph, tuple(kwargs.get("layouts", DEFAULT_CHOICES))).workloads()
         n = round(trials * share)
         first_looks = n < len(pairs)        # every task's first look, whatever its share of the time
+        over = None if above is None else \
+            lambda tasks, config, log, v=v, va=out[-1][0], above=above, pairs=pairs: handovers(
+                str(model), dyn, k, (v, va), tasks, pairs, above, input_shapes, config, log, **opts)
         res = tune_model(graph, None if first_looks else n,
                          time_limit=time_limit * share if time_limit and not first_looks else None,
-                         contenders=_contenders(above, pairs), name=str(model), **kwargs)
+                         contenders=_contenders(above, pairs), name=str(model), handover=over, **kwargs)
         out.append((v, res))
         above = res
         if res.session.interrupted:
             break
     return out[::-1]
+
+
+HANDOVER_PROBES = (1, 2, 3)    # quarters of the way from a bucket to the one above, where handovers time both
+
+
+def handovers(model: str, dyn, k: int, values: tuple, tasks, pairs: list, above, input_shapes: dict | None,
+              config: RunConfig, log: str, layouts=DEFAULT_CHOICES, target: str = "cpu", threads: int | None = None,
+              progress: bool = True, seed: int = 0) -> dict:
+    """{workload key at bucket v: the largest value up to which its best kernel serves}: where a
+    bucket's version hands over to the version above (`above`, the tune at va), measured. At each
+    probe between v and va (HANDOVER_PROBES quarters), upwards, each task's best at v and its pair's
+    best at va are replayed on the task there and timed side by side, each twice (in turn, then in
+    reverse), as static kernels; a task's end is the last probe before the first where the kernel
+    of va is as fast or faster by their slower timings (so v itself where it wins at once). The
+    timings go to the log (policy records.HANDOVER). Tasks whose kernels give the same code at v
+    are not named: the compile keeps no version for them."""
+    from .graph.dynamic import load_at
+    v, va = values
+    theirs = above.space.workloads()
+    if len(theirs) != len(pairs) or any(a.op != b.op for (a, _), (b, _) in zip(pairs, theirs)):
+        return {}
+    mine = {s.workload.key: s.best for s in tasks}
+    best_above = {s.workload.key: s.best for s in above.session.tasks}
+    tgt = parse_target(target, threads)
+    live = {}                        # position -> (key at v, steps at v, steps at va)
+    for j, ((a, _), (b, _)) in enumerate(zip(pairs, theirs)):
+        lo, hi = mine.get(a.key), best_above.get(b.key)
+        if lo is None or hi is None:
+            continue
+        task = Task(a, tgt)
+        if getattr(task.applied(lo.steps), "code_hash", None) != getattr(task.applied(hi.steps), "code_hash", None):
+            live[j] = (a.key, lo.steps, hi.steps)
+    ends = {key: v for key, _, _ in live.values()}
+    probes = sorted({v + (va - v) * q // 4 for q in HANDOVER_PROBES} - {v, va})
+    t0, timed = time.perf_counter(), 0
+    with CpuRunner(tgt, config) as runner:
+        for x in probes:
+            if not live:
+                break
+            here = model_layouts(load_at(model, dyn.shapes(dyn.at(k, x), input_shapes)), tuple(layouts)).workloads()
+            if len(here) != len(pairs) or any(a.op != b.op for (a, _), (b, _) in zip(pairs, here)):
+                break
+            for j, (key, lo_steps, hi_steps) in list(live.items()):
+                task = Task(here[j][0], tgt)
+                lo, hi = task.applied(lo_steps), task.applied(hi_steps)
+                if lo is None or hi is None:
+                    del live[j]
+                    continue
+                if lo.code_hash == hi.code_hash:     # one kernel here: either serves
+                    ends[key] = x
+                    continue
+                heat = uuid.uuid4().hex[:16]
+                got = [(c, r) for c, r in runner.measure(task, [lo, hi, hi, lo])]
+                records.append(log, [records.make_record(task.workload, tgt, c.steps, r, c.code_hash,
+                                                         records.HANDOVER, seed, heat=heat) for c, r in got])
+                timed += len(got)
+                slower = {h: max(r.latency if r.ok else math.inf for c, r in got if c.code_hash == h)
+                          for h in (lo.code_hash, hi.code_hash)}
+                if slower[lo.code_hash] < slower[hi.code_hash]:
+                    ends[key] = x
+                else:
+                    del live[j]
+    if timed and progress:
+        print(f"handovers: {timed} timings between {v} and {va} in {time.perf_counter() - t0:.1f} s; "
+              f"{sum(e > v for e in ends.values())} of {len(ends)} kernels at {v} serve past it", flush=True)
+    return ends
 
 
 def _contenders(above, pairs: list) -> dict:

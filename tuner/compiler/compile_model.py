@@ -353,7 +353,8 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
     g = optimize(graph, **options)
     if family:
         family.optimised([g] + [optimize(gp, **options) for gp in family.graphs[1:]])
-        family.bucket(buckets if buckets is not None else family.logged(db, tgt) if logs else [], options, say)
+        found = family.logged(db, tgt) if logs else []          # (and each bucket's measured ends)
+        family.bucket(buckets if buckets is not None else found, options, say)
     elif buckets:
         raise UserError("--buckets are values of a --dynamic range: give --dynamic too")
     say(f"optimised {graph.name}: {len(graph.nodes)} nodes -> {len(g.nodes)}, "
@@ -472,6 +473,7 @@ class _Family:
         self.io: list = []
         self.buckets: list = []      # [(value of the varying symbol, the model optimised there)], ascending
         self.symbol = None           # the index of that symbol
+        self.ends: dict = {}         # bucket value -> {workload key: the largest value its version serves}
 
     @staticmethod
     def load(model, dynamic, input_shapes) -> "_Family":
@@ -511,6 +513,7 @@ class _Family:
             want = self.dyn.shapes(self.dyn.at(k, v), self.input_shapes)
             if all(p.shapes.get(n) == list(s) for n, s in want.items()):
                 found.setdefault(v, set()).add(p.model_hash)
+                self.ends[v] = {key: e for key, e in p.ends.items() if v <= e}     # the newest plan's
         return found or None
 
     def bucket(self, values, options: dict, say) -> None:
@@ -535,11 +538,13 @@ class _Family:
         self.symbol = k
 
     def versions(self, gi: int, db, tgt, task: Task, dims, func: str, bound) -> list:
-        """[(value, Candidate, source)] of the records at the buckets for group gi's task, each
-        replayed on the kernel for the range (a record that does not replay is left out). A
-        bucket whose best is the code that the steps of the version above it (of `bound`, the
-        bound's record, at the top) give at the bucket gets none: its heat timed that code there
-        and it won (model_tuning.tune_dynamic), and the version above serves its values as well."""
+        """[(largest value served, Candidate, source)] of the records at the buckets for group gi's
+        task, each replayed on the kernel for the range (a record that does not replay is left out).
+        A version serves up to its bucket, or as far above it as its plan's `ends` measured
+        (model_tuning.handovers). A bucket whose best is the code that the steps of the version
+        above it (of `bound`, the bound's record, at the top) give at the bucket gets none: its heat
+        timed that code there and it won (model_tuning.tune_dynamic), and the version above serves
+        its values as well."""
         found = []
         for v, gv in self.buckets:
             wl = workload_of(gv, gv.meta["fused_groups"][gi])[0]
@@ -555,7 +560,8 @@ class _Family:
                 cand = task.candidate(rec.steps, func_name=f"{func}_le{v}", dims=dims)
             except (ScheduleError, ValueError):
                 continue
-            out.append((v, cand, source))
+            upto = self.ends.get(v, {}).get(wl.key, v)
+            out.append((min(upto, out[-1][0] - 1) if out else upto, cand, source))
             above = rec.steps
         return out[::-1]
 
@@ -759,8 +765,9 @@ def _task_kernel(g: Graph, grp, wl, ins: list, db, tgt, choose, func: str, predi
 
 
 def _dispatch(func: str, versions: list, bound: Kernel, nargs: int, symbol: int) -> Kernel:
-    """One kernel `func` that runs the version tuned at the smallest bucket at least the run's value
-    of the symbol, else `bound` (every version is laid out at the bounds: any serves any value)."""
+    """One kernel `func` that runs the first version whose range (up to its largest value served)
+    holds the run's value of the symbol, else `bound` (every version is laid out at the bounds: any
+    serves any value)."""
     lines = [f"int {func}(float** restrict args) {{",
              f"  const int n = ((const int*)args[{nargs}])[{symbol}];"]
     lines += [f"  if (n <= {v}) return {cand.func_name}(args);" for v, cand, _ in versions]

@@ -40,6 +40,7 @@ from .result import ERROR_KINDS, NOT_IN_LOG, OK, WEIGHTS, median_cost
 FORMAT = 1
 MAX_LINE = 1 << 20          # a record is a few KB; a longer line is damage, skipped without reading it whole
 MAX_INPUTS, MAX_RANK, MAX_ELEMENTS = 256, 8, (1 << 31) - 1    # a plan's input shapes: more is damage
+MAX_ENDS, MAX_KEY = 100_000, 4096                               # a plan's ends: more is damage
 
 
 class RecordError(ValueError):
@@ -103,8 +104,9 @@ class Record:
     @property
     def trial(self) -> bool:
         """Whether the search measured it: a second timing of a logged kernel (policy CONFIRM,
-        model_tuning.confirm_bests) is not a trial, though a best counts it."""
-        return self.policy != CONFIRM
+        model_tuning.confirm_bests) or two buckets' kernels timed between them (HANDOVER,
+        model_tuning.handovers) is not a trial, though a best counts it."""
+        return self.policy not in (CONFIRM, HANDOVER)
 
     def to_json(self) -> dict:
         d = {"format": self.format, "tool": self.tool, "workload": self.workload.to_json(), "target": self.target,
@@ -196,6 +198,9 @@ class PlanRecord:
     shapes: dict = field(default_factory=dict)
     # tuned as a bucket of a range of shapes (graph.dynamic.load_at, tune --dynamic): a plan per bucket
     dynamic: bool = False
+    # a bucket's workload key -> the largest value of the varying dimension its kernel serves, measured
+    # against the kernel of the bucket above (model_tuning.handovers); a task not named ends at the bucket
+    ends: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         d = {"format": self.format, "kind": self.kind, "tool": self.tool, "model": self.model,
@@ -217,6 +222,8 @@ class PlanRecord:
             d["shapes"] = self.shapes
         if self.dynamic:
             d["dynamic"] = True
+        if self.ends:
+            d["ends"] = self.ends
         return d
 
     @classmethod
@@ -253,6 +260,10 @@ class PlanRecord:
             and all(_integer(n) and 0 < n for n in v) and math.prod(v) <= MAX_ELEMENTS for k, v in shapes.items()),
             "plan shapes is not an object of input shapes (lists of positive integers)")
         _want(isinstance(obj.get("dynamic", False), bool), "plan dynamic is not a boolean")
+        ends = obj.get("ends", {})
+        _want(isinstance(ends, dict) and len(ends) <= MAX_ENDS and all(
+            isinstance(k, str) and 0 < len(k) <= MAX_KEY and _integer(v) and 0 < v <= MAX_ELEMENTS
+            for k, v in ends.items()), "plan ends is not an object of workload keys to positive integers")
         return cls(obj["model"], obj["model_hash"], obj["target"], dict(lays), float(obj["estimate_s"]),
                    obj.get("exact", True), obj.get("timestamp", ""), obj.get("tool", ""), obj.get("format", FORMAT),
                    candidates=tuple(cands), peak_gflops=obj.get("peak_gflops"),
@@ -260,18 +271,20 @@ class PlanRecord:
                    cold_estimate_s=obj.get("cold_estimate_s"), priced=obj.get("priced", "warm"),
                    structure=obj.get("structure", ""),
                    choices={k: {"on": v["on"], "s": [float(t) for t in v["s"]]} for k, v in choices.items()},
-                   shapes={k: list(v) for k, v in shapes.items()}, dynamic=obj.get("dynamic", False))
+                   shapes={k: list(v) for k, v in shapes.items()}, dynamic=obj.get("dynamic", False), ends=dict(ends))
 
 
 def make_plan_record(model: str, model_hash: str, target: str, layouts: dict, estimate_s: float,
                      exact: bool, candidates=(), peak_gflops: float | None = None, cold: dict | None = None,
                      cold_estimate_s: float | None = None, priced: str = "warm", structure: str = "",
-                     choices: dict | None = None, shapes: dict | None = None, dynamic: bool = False) -> PlanRecord:
+                     choices: dict | None = None, shapes: dict | None = None, dynamic: bool = False,
+                     ends: dict | None = None) -> PlanRecord:
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     return PlanRecord(model, model_hash, str(target), dict(layouts), estimate_s, exact, now, f"tuner {__version__}",
                       candidates=tuple(candidates), peak_gflops=peak_gflops, cold=dict(cold or {}),
                       cold_estimate_s=cold_estimate_s, priced=priced, structure=structure, choices=dict(choices or {}),
-                      shapes={k: [int(n) for n in v] for k, v in (shapes or {}).items()}, dynamic=dynamic)
+                      shapes={k: [int(n) for n in v] for k, v in (shapes or {}).items()}, dynamic=dynamic,
+                      ends=dict(ends or {}))
 
 
 def _want(cond, reason: str) -> None:
@@ -346,6 +359,7 @@ def code_target(target: str) -> tuple | None:
 
 
 CONFIRM = "confirm"     # the policy of a record that times a logged kernel again (model_tuning.confirm_bests)
+HANDOVER = "handover"   # a bucket's kernel and the one above it timed at a value between them (model_tuning.handovers)
 
 
 def make_record(workload, target, steps, result, code_hash: str, policy: str, seed: int,
