@@ -113,12 +113,14 @@ def main(argv=None) -> int:
         dyn = compile_model(str(path), log=args.log, threads=threads, dynamic=spec)
         dyn_s = time.perf_counter() - t0
         versions = [v["upto"] for st in dyn.steps for v in st.versions]
+        tuned_at = [v["bucket"] for st in dyn.steps for v in st.versions]
         result["compile"].append({"threads": threads, "artifact": "dynamic", "compile_s": dyn_s,
                                   "arena_mib": dyn.arena_bytes / 2**20, "bucket_versions": len(versions),
                                   "steps_with_versions": sum(bool(st.versions) for st in dyn.steps),
-                                  "versions_per_bucket": {str(b): versions.count(b) for b in sorted(set(versions))}})
+                                  "versions_per_bucket": {str(b): tuned_at.count(b) for b in sorted(set(tuned_at))},
+                                  "versions_by_end": {str(b): versions.count(b) for b in sorted(set(versions))}})
         print(f"dynamic compile, {threads} thread(s): {dyn_s:.1f} s, arena {dyn.arena_bytes / 2**20:.1f} MiB at the "
-              f"bound; bucket versions {result['compile'][-1]['versions_per_bucket'] or 'none'}")
+              f"bound; bucket versions by the largest value each serves {result['compile'][-1]['versions_by_end'] or 'none'}")
         untuned = compile_model(str(path), threads=threads, dynamic=spec) if args.untuned and args.log else None
         ort = None
         for shape in shapes:

@@ -419,7 +419,7 @@ def test_a_dynamic_tune_tunes_each_bucket_into_one_log_and_the_compile_runs_its_
     assert all(s.source != "default" for s in m.steps if s.anchor)
     # a version serves up to where the tune measured it handing over to the bound's (5, 6 or 7), else its bucket
     [plan4] = [p for p in contents.plans if p.shapes["x"][1] == 4]
-    assert all(4 <= e < 8 for e in plan4.ends.values())
+    assert all(4 <= e["upto"] < 8 for e in plan4.ends.values())
     # each task's heat at 4 timed the code the bound's best gives there: a version only where it lost
     from tuner.graph.dynamic import load_at
     from tuner.graph.layout_plan import model_layouts
@@ -430,7 +430,7 @@ def test_a_dynamic_tune_tunes_each_bucket_into_one_log_and_the_compile_runs_its_
     for (w4, _), (w8, _) in zip(*pairs):
         assert Task(w4, target).candidate(records.best_of(by_key[w8.key]).steps).code_hash in heats[w4.key]
     at4 = {w8.key: w4.key for (w4, _), (w8, _) in zip(*pairs)}
-    served = [(v["upto"], plan4.ends.get(at4[s.workload_key], 4)) for s in m.steps for v in s.versions]
+    served = [(v["upto"], plan4.ends[at4[s.workload_key]]["upto"]) for s in m.steps for v in s.versions]
     assert bool(served) == bool(plan4.ends) and all(upto == end for upto, end in served)
     assert main(["analyze", str(log), "--model", str(path), "--no-plot"]) == 0
     out = capsys.readouterr().out
@@ -474,6 +474,14 @@ def test_a_buckets_kernel_serves_up_to_the_last_value_between_buckets_where_it_r
                      threads=1, progress=False)
     timed = [r for r in records.load(log).records if r.policy == records.HANDOVER]
     assert ends and timed and not any(r.trial for r in timed)
+    # handed the ends it gave, it times nothing again; a pair of kernels changed since is timed again
+    again = handovers(str(path), dyn, k, (4, 16), mine, at[4], above, None, RunConfig(number=1, repeat=3), str(log),
+                      ends, threads=1, progress=False)
+    assert again == ends and len(records.load(log).records) == len(timed)
+    stale = {key: dict(e, above="0" * 20) for key, e in ends.items()}
+    handovers(str(path), dyn, k, (4, 16), mine, at[4], above, None, RunConfig(number=1, repeat=3), str(log),
+              stale, threads=1, progress=False)
+    assert len(records.load(log).records) > len(timed)
     for j, (w4, _) in enumerate(at[4]):
         lo_steps, hi_steps = mine[j].best.steps, above.session.tasks[j].best.steps
         if w4.key not in ends:        # the same code at 4: no version, nothing to time
@@ -493,7 +501,7 @@ def test_a_buckets_kernel_serves_up_to_the_last_value_between_buckets_where_it_r
             if slower[lo] >= slower[hi]:
                 break
             want = x
-        assert ends[w4.key] == want
+        assert ends[w4.key]["upto"] == want
 
 
 def test_a_reduction_fused_then_split_keeps_the_padding_out_of_its_sum():

@@ -425,7 +425,8 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
     task's first look only (FIRST_LOOK's, else `warmup_batch` candidates). contenders: {workload
     key: [steps]} timed in its task's heat too (tune_dynamic: the schedules of a larger bucket).
     name: the model's name in the plan (default: the built-in name or path; a Graph's own name).
-    handover: (tasks, RunConfig, log) -> the plan's `ends`, after the heats (tune_dynamic's handovers)."""
+    handover: (tasks, RunConfig, log, the last plan's ends) -> the plan's `ends`, after the heats
+    (tune_dynamic's handovers); untimed, the last plan's stay."""
     t0 = time.perf_counter()
     if weights not in WEIGHTS:
         raise UserError(f"--weights {weights!r} is not one of {', '.join(WEIGHTS)}")
@@ -475,10 +476,9 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
                    callbacks=[RoundHook(on_round)], **kwargs)
     # a replayed tune's costs are another machine's, a cluster's its workers': nothing timed here after it
     measured_here = not (kwargs.get("replay") or kwargs.get("runner") or kwargs.get("cluster"))
-    heats = -1
     if measured_here and not session.interrupted:
-        heats = confirm_bests(session.tasks, tgt, log, config, kwargs.get("progress", True), kwargs.get("seed", 0),
-                              contenders)
+        confirm_bests(session.tasks, tgt, log, config, kwargs.get("progress", True), kwargs.get("seed", 0),
+                      contenders)
     prices = _latencies(session.tasks)
     plan, est = space.plan(prices)
     other, other_est = None, math.inf
@@ -505,9 +505,8 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
         # untimed (replayed, stopped, out of time): the choices the log's plan had timed stay
         choices = time_choices(graph, log, tgt, plan.layouts, kwargs.get("progress", True)) if timed \
             else dict(last.choices) if last is not None else {}
-        # the ends are measured again only where the heats timed something new (else the last plan's)
-        ends = handover(session.tasks, config, log) if handover is not None and heats >= 0 and \
-            (heats or last is None or not last.ends) else dict(last.ends) if last is not None else {}
+        known = dict(last.ends) if last is not None else {}
+        ends = handover(session.tasks, config, log, known) if handover is not None and timed else known
         rec = records.make_plan_record(name, graph_digest(graph), str(tgt), plan.layouts, est, plan.exact,
                                        tuple(layouts), peak, cold, cold_est, weights, graph_structure(graph), choices,
                                        {v.name: list(v.shape) for v in graph.inputs}, bool(graph.meta.get("dynamic")),
@@ -551,8 +550,8 @@ def tune_dynamic(model: str, dynamic, trials: int, buckets: list | None = None, 
         n = round(trials * share)
         first_looks = n < len(pairs)        # every task's first look, whatever its share of the time
         over = None if above is None else \
-            lambda tasks, config, log, v=v, va=out[-1][0], above=above, pairs=pairs: handovers(
-                str(model), dyn, k, (v, va), tasks, pairs, above, input_shapes, config, log, **opts)
+            lambda tasks, config, log, known, v=v, va=out[-1][0], above=above, pairs=pairs: handovers(
+                str(model), dyn, k, (v, va), tasks, pairs, above, input_shapes, config, log, known, **opts)
         res = tune_model(graph, None if first_looks else n,
                          time_limit=time_limit * share if time_limit and not first_looks else None,
                          contenders=_contenders(above, pairs), name=str(model), handover=over, **kwargs)
@@ -567,16 +566,18 @@ HANDOVER_PROBES = (1, 2, 3)    # quarters of the way from a bucket to the one ab
 
 
 def handovers(model: str, dyn, k: int, values: tuple, tasks, pairs: list, above, input_shapes: dict | None,
-              config: RunConfig, log: str, layouts=DEFAULT_CHOICES, target: str = "cpu", threads: int | None = None,
-              progress: bool = True, seed: int = 0) -> dict:
-    """{workload key at bucket v: the largest value up to which its best kernel serves}: where a
+              config: RunConfig, log: str, known: dict | None = None, layouts=DEFAULT_CHOICES, target: str = "cpu",
+              threads: int | None = None, progress: bool = True, seed: int = 0) -> dict:
+    """{workload key at bucket v: {"upto": the largest value up to which its best kernel serves,
+    "code", "above": the code hashes at v of that kernel and of the one above it}}: where a
     bucket's version hands over to the version above (`above`, the tune at va), measured. At each
     probe between v and va (HANDOVER_PROBES quarters), upwards, each task's best at v and its pair's
     best at va are replayed on the task there and timed side by side, each twice (in turn, then in
     reverse), as static kernels; a task's end is the last probe before the first where the kernel
     of va is as fast or faster by their slower timings (so v itself where it wins at once). The
-    timings go to the log (policy records.HANDOVER). Tasks whose kernels give the same code at v
-    are not named: the compile keeps no version for them."""
+    timings go to the log (policy records.HANDOVER). A task whose two kernels give the same code at
+    v is not named (the compile keeps no version for it); one whose pair of codes `known` (the last
+    plan's ends) names is not timed again."""
     from .graph.dynamic import load_at
     v, va = values
     theirs = above.space.workloads()
@@ -585,22 +586,31 @@ def handovers(model: str, dyn, k: int, values: tuple, tasks, pairs: list, above,
     mine = {s.workload.key: s.best for s in tasks}
     best_above = {s.workload.key: s.best for s in above.session.tasks}
     tgt = parse_target(target, threads)
-    live = {}                        # position -> (key at v, steps at v, steps at va)
+    ends, live = {}, {}              # live: position -> (key at v, steps at v, steps at va)
     for j, ((a, _), (b, _)) in enumerate(zip(pairs, theirs)):
         lo, hi = mine.get(a.key), best_above.get(b.key)
         if lo is None or hi is None:
             continue
         task = Task(a, tgt)
-        if getattr(task.applied(lo.steps), "code_hash", None) != getattr(task.applied(hi.steps), "code_hash", None):
+        codes = [getattr(task.applied(r.steps), "code_hash", None) for r in (lo, hi)]
+        if None in codes or codes[0] == codes[1]:
+            continue
+        ends[a.key] = {"upto": v, "code": codes[0], "above": codes[1]}
+        was = (known or {}).get(a.key)
+        if was is not None and (was["code"], was["above"]) == tuple(codes):
+            ends[a.key] = was
+        else:
             live[j] = (a.key, lo.steps, hi.steps)
-    ends = {key: v for key, _, _ in live.values()}
     probes = sorted({v + (va - v) * q // 4 for q in HANDOVER_PROBES} - {v, va})
     t0, timed = time.perf_counter(), 0
     with CpuRunner(tgt, config) as runner:
         for x in probes:
             if not live:
                 break
-            here = model_layouts(load_at(model, dyn.shapes(dyn.at(k, x), input_shapes)), tuple(layouts)).workloads()
+            try:
+                here = model_layouts(load_at(model, dyn.shapes(dyn.at(k, x), input_shapes)), tuple(layouts)).workloads()
+            except (ValueError, UserError):        # the model does not import there: its ends stay below
+                break
             if len(here) != len(pairs) or any(a.op != b.op for (a, _), (b, _) in zip(pairs, here)):
                 break
             for j, (key, lo_steps, hi_steps) in list(live.items()):
@@ -610,7 +620,7 @@ def handovers(model: str, dyn, k: int, values: tuple, tasks, pairs: list, above,
                     del live[j]
                     continue
                 if lo.code_hash == hi.code_hash:     # one kernel here: either serves
-                    ends[key] = x
+                    ends[key]["upto"] = x
                     continue
                 heat = uuid.uuid4().hex[:16]
                 got = [(c, r) for c, r in runner.measure(task, [lo, hi, hi, lo])]
@@ -620,12 +630,12 @@ def handovers(model: str, dyn, k: int, values: tuple, tasks, pairs: list, above,
                 slower = {h: max(r.latency if r.ok else math.inf for c, r in got if c.code_hash == h)
                           for h in (lo.code_hash, hi.code_hash)}
                 if slower[lo.code_hash] < slower[hi.code_hash]:
-                    ends[key] = x
+                    ends[key]["upto"] = x
                 else:
                     del live[j]
     if timed and progress:
         print(f"handovers: {timed} timings between {v} and {va} in {time.perf_counter() - t0:.1f} s; "
-              f"{sum(e > v for e in ends.values())} of {len(ends)} kernels at {v} serve past it", flush=True)
+              f"{sum(e['upto'] > v for e in ends.values())} of {len(ends)} kernels at {v} serve past it", flush=True)
     return ends
 
 

@@ -448,7 +448,7 @@ def range_table(model: str, target: str, points: list) -> str:
     rows = [(shapes, _ms(r.estimate_s), f"{r.estimate_s / n * 1e6:.1f} us", str(r.trials),
              _duration(r.curve[-1][1] if r.curve else 0.0)) for n, shapes, r in points]
     return "\n".join([f"{model} on '{target}' across its range ({len(points)} tuned shapes; a compile for the range "
-                      "runs each bucket's kernels up to its shape):"] + _aligned(head, rows))
+                      "runs each bucket's kernels up to its shape, or as far above it as measured):"] + _aligned(head, rows))
 
 
 def _aligned(head, rows) -> list:

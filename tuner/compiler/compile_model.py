@@ -504,7 +504,9 @@ class _Family:
             return None
         k, isa, found = moving[0], records.code_target(str(tgt))[:2], {}
         name, axis = next((n, d) for n, dims in self.dyn.dims.items() for d, x in enumerate(dims) if x == ("sym", k))
-        for p in (p for src in db.sources if src.name != SHIPPED for p in src.contents.plans):
+        plans = sorted((p for src in db.sources if src.name != SHIPPED for p in src.contents.plans),
+                       key=lambda p: p.timestamp)
+        for p in plans:
             shape = p.shapes.get(name, [])
             v = shape[axis] if p.dynamic and len(shape) > axis else None
             if v is None or not self.symbols[k].lo <= v < self.symbols[k].hi \
@@ -513,7 +515,7 @@ class _Family:
             want = self.dyn.shapes(self.dyn.at(k, v), self.input_shapes)
             if all(p.shapes.get(n) == list(s) for n, s in want.items()):
                 found.setdefault(v, set()).add(p.model_hash)
-                self.ends[v] = {key: e for key, e in p.ends.items() if v <= e}     # the newest plan's
+                self.ends[v] = p.ends            # the newest plan's (versions checks their codes)
         return found or None
 
     def bucket(self, values, options: dict, say) -> None:
@@ -538,10 +540,11 @@ class _Family:
         self.symbol = k
 
     def versions(self, gi: int, db, tgt, task: Task, dims, func: str, bound) -> list:
-        """[(largest value served, Candidate, source)] of the records at the buckets for group gi's
-        task, each replayed on the kernel for the range (a record that does not replay is left out).
-        A version serves up to its bucket, or as far above it as its plan's `ends` measured
-        (model_tuning.handovers). A bucket whose best is the code that the steps of the version
+        """[(bucket, largest value served, Candidate, source)] of the records at the buckets for
+        group gi's task, each replayed on the kernel for the range (a record that does not replay is
+        left out). A version serves up to its bucket, or as far above it (below the next bucket) as
+        its plan's `ends` measured (model_tuning.handovers) between this kernel and the one above it
+        here; measured between other kernels, an end is not used. A bucket whose best is the code that the steps of the version
         above it (of `bound`, the bound's record, at the top) give at the bucket gets none: its heat
         timed that code there and it won (model_tuning.tune_dynamic), and the version above serves
         its values as well."""
@@ -551,18 +554,22 @@ class _Family:
             rec, source = db.best(wl, tgt) if wl is not None else (None, None)
             if rec is not None:
                 found.append((v, rec, source, wl))
-        out, above = [], bound.steps if bound is not None else None
+        if not found:
+            return []
+        out, above, limit = [], bound.steps if bound is not None else None, self.symbols[self.symbol].hi
         for v, rec, source, wl in reversed(found):
             here = Task(wl, tgt)
-            if above is not None and _code(here.applied(above)) == _code(here.applied(rec.steps)):
+            code, code_above = _code(here.applied(rec.steps)), _code(here.applied(above)) if above is not None else None
+            if code_above is not None and code_above == code:
                 continue
             try:
                 cand = task.candidate(rec.steps, func_name=f"{func}_le{v}", dims=dims)
             except (ScheduleError, ValueError):
                 continue
-            upto = self.ends.get(v, {}).get(wl.key, v)
-            out.append((min(upto, out[-1][0] - 1) if out else upto, cand, source))
-            above = rec.steps
+            end = self.ends.get(v, {}).get(wl.key, {})      # measured between these two kernels only
+            upto = end["upto"] if (end.get("code"), end.get("above")) == (code, code_above) else v
+            out.append((v, max(v, min(upto, limit - 1)), cand, source))
+            above, limit = rec.steps, v
         return out[::-1]
 
     def optimised(self, gs: list) -> None:
@@ -721,7 +728,7 @@ def _lower_groups(g: Graph, io: _Interface, db, tgt, choose, say, predictor=None
         low.steps.append(Step(gi, group_summary(g, grp.nodes), anchor.name, kern.func, [], label,
                               wl.key if wl is not None else None, where, expected,
                               sum(flops(g.nodes[k]) for k in grp.nodes), kern.code_hash, sched, dims is not None,
-                              [{"upto": v, "source": src} for v, _, src in versions]))
+                              [{"bucket": v, "upto": upto, "source": src} for v, upto, _, src in versions]))
         low.step_args.append(args + [out_v])
         for v in args + [out_v]:
             if not io.outside_arena(v):
@@ -770,10 +777,10 @@ def _dispatch(func: str, versions: list, bound: Kernel, nargs: int, symbol: int)
     serves any value)."""
     lines = [f"int {func}(float** restrict args) {{",
              f"  const int n = ((const int*)args[{nargs}])[{symbol}];"]
-    lines += [f"  if (n <= {v}) return {cand.func_name}(args);" for v, cand, _ in versions]
+    lines += [f"  if (n <= {int(upto)}) return {cand.func_name}(args);" for _, upto, cand, _ in versions]
     lines += [f"  return {bound.func}(args);", "}"]
-    source = "".join(c.source for _, c, _ in versions) + bound.source + "\n".join(lines) + "\n"
-    return Kernel(func, source, bound.openmp or any(c.openmp for _, c, _ in versions), code_hash(source, func))
+    source = "".join(c.source for _, _, c, _ in versions) + bound.source + "\n".join(lines) + "\n"
+    return Kernel(func, source, bound.openmp or any(c.openmp for _, _, c, _ in versions), code_hash(source, func))
 
 
 def _rendered(task: Task, rec) -> list | None:

@@ -105,7 +105,7 @@ class Record:
     def trial(self) -> bool:
         """Whether the search measured it: a second timing of a logged kernel (policy CONFIRM,
         model_tuning.confirm_bests) or two buckets' kernels timed between them (HANDOVER,
-        model_tuning.handovers) is not a trial, though a best counts it."""
+        model_tuning.handovers) is not a trial, though a best counts it (a handover is no heat)."""
         return self.policy not in (CONFIRM, HANDOVER)
 
     def to_json(self) -> dict:
@@ -198,8 +198,9 @@ class PlanRecord:
     shapes: dict = field(default_factory=dict)
     # tuned as a bucket of a range of shapes (graph.dynamic.load_at, tune --dynamic): a plan per bucket
     dynamic: bool = False
-    # a bucket's workload key -> the largest value of the varying dimension its kernel serves, measured
-    # against the kernel of the bucket above (model_tuning.handovers); a task not named ends at the bucket
+    # a bucket's workload key -> {"upto": the largest value of the varying dimension its kernel serves,
+    # "code", "above": the code hashes at the bucket of that kernel and of the one above it}, measured
+    # (model_tuning.handovers); a task not named, or run with other kernels, ends at the bucket
     ends: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
@@ -262,8 +263,10 @@ class PlanRecord:
         _want(isinstance(obj.get("dynamic", False), bool), "plan dynamic is not a boolean")
         ends = obj.get("ends", {})
         _want(isinstance(ends, dict) and len(ends) <= MAX_ENDS and all(
-            isinstance(k, str) and 0 < len(k) <= MAX_KEY and _integer(v) and 0 < v <= MAX_ELEMENTS
-            for k, v in ends.items()), "plan ends is not an object of workload keys to positive integers")
+            isinstance(k, str) and 0 < len(k) <= MAX_KEY and isinstance(v, dict) and set(v) == {"upto", "code", "above"}
+            and _integer(v["upto"]) and 0 < v["upto"] <= MAX_ELEMENTS
+            and all(isinstance(v[c], str) and 0 < len(v[c]) <= MAX_KEY for c in ("code", "above"))
+            for k, v in ends.items()), "plan ends is not an object of workload keys to {upto, code, above}")
         return cls(obj["model"], obj["model_hash"], obj["target"], dict(lays), float(obj["estimate_s"]),
                    obj.get("exact", True), obj.get("timestamp", ""), obj.get("tool", ""), obj.get("format", FORMAT),
                    candidates=tuple(cands), peak_gflops=obj.get("peak_gflops"),
@@ -271,7 +274,8 @@ class PlanRecord:
                    cold_estimate_s=obj.get("cold_estimate_s"), priced=obj.get("priced", "warm"),
                    structure=obj.get("structure", ""),
                    choices={k: {"on": v["on"], "s": [float(t) for t in v["s"]]} for k, v in choices.items()},
-                   shapes={k: list(v) for k, v in shapes.items()}, dynamic=obj.get("dynamic", False), ends=dict(ends))
+                   shapes={k: list(v) for k, v in shapes.items()}, dynamic=obj.get("dynamic", False),
+                   ends={k: dict(v) for k, v in ends.items()})
 
 
 def make_plan_record(model: str, model_hash: str, target: str, layouts: dict, estimate_s: float,
@@ -561,7 +565,7 @@ def heat_winner(recs):
     code there by its slower timing there. Timings logged minutes apart on a shared host differ
     by up to a third, so the log's fastest can be a kernel timed in a fast minute; side by side
     that luck is gone, and a tuned schedule is kept only where it beat the default."""
-    last = next((i for i in range(len(recs) - 1, -1, -1) if recs[i].heat), None)
+    last = next((i for i in range(len(recs) - 1, -1, -1) if recs[i].heat and recs[i].policy == CONFIRM), None)
     if last is None or any(r.trial and r.ok for r in recs[last + 1:]):
         return None
     return first_that_replays([r for r in recs if r.heat == recs[last].heat])

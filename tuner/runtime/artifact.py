@@ -41,7 +41,7 @@ class Step:
     code_hash: str
     steps: list = field(default_factory=list)
     dynamic: bool = False     # its kernel reads the run's values of the model's symbols (issue 37)
-    versions: list = field(default_factory=list)   # [{"upto", "source"}]: records at buckets, dispatched on the run's value
+    versions: list = field(default_factory=list)   # [{"bucket", "upto", "source"}]: records at buckets, dispatched on the run's value
 
     @property
     def anchor(self) -> bool:

@@ -348,9 +348,10 @@ class CompiledModel:
             rows.append(f"dynamic: {ranges}; {dyn} of the {len(self.steps)} steps run to each run's extents; "
                         "the arena and the inputs and outputs are laid out for the bounds")
             if versioned := [s for s in self.steps if s.versions]:
-                at = sorted({v["upto"] for s in versioned for v in s.versions})
+                at = sorted({v.get("bucket", v["upto"]) for s in versioned for v in s.versions})
+                past = sum(v["upto"] > v.get("bucket", v["upto"]) for s in versioned for v in s.versions)
                 rows.append(f"{len(versioned)} steps run records tuned at {', '.join(map(str, at))} (each for the "
-                            "values up to it) and their schedule above beyond them")
+                            f"values up to it, {past} measured to serve further up) and their schedule above beyond them")
         if m.get("layout_plan"):
             rows.append(f"layout plan ({m.get('layout_plan_from') or 'given'}): {plan_summary(m['layout_plan'])}; "
                         f"the other convs run in {m['layout']}")
