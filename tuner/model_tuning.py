@@ -552,9 +552,13 @@ def tune_dynamic(model: str, dynamic, trials: int, buckets: list | None = None, 
         over = None if above is None else \
             lambda tasks, config, log, known, v=v, va=out[-1][0], above=above, pairs=pairs: handovers(
                 str(model), dyn, k, (v, va), tasks, pairs, above, input_shapes, config, log, known, **opts)
+        contenders = _contenders(above, pairs)
+        if above is not None and not contenders and kwargs.get("progress", True):
+            print(f"at {v}: its tasks do not pair with those at {out[-1][0]}, whose schedules are not timed here; "
+                  f"each version tuned here serves up to {v}", flush=True)
         res = tune_model(graph, None if first_looks else n,
                          time_limit=time_limit * share if time_limit and not first_looks else None,
-                         contenders=_contenders(above, pairs), name=str(model), handover=over, **kwargs)
+                         contenders=contenders, name=str(model), handover=over, **kwargs)
         out.append((v, res))
         above = res
         if res.session.interrupted:
