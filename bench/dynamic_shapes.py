@@ -81,6 +81,8 @@ def main(argv=None) -> int:
                     help="first tune the model at each shape on its own (tuner tune --input-shape, TRIALS each) "
                          "into --static-log, timed: the per-shape tunes a dynamic tune replaces")
     ap.add_argument("--untuned", action="store_true", help="with --log: also time the dynamic compile without it")
+    ap.add_argument("--also", action="append", default=[], metavar="NAME=LOG",
+                    help="also time the dynamic compile from LOG (another tune of the range), reported as NAME")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     path = Path(args.model) if args.model else \
@@ -122,6 +124,8 @@ def main(argv=None) -> int:
         print(f"dynamic compile, {threads} thread(s): {dyn_s:.1f} s, arena {dyn.arena_bytes / 2**20:.1f} MiB at the "
               f"bound; bucket versions by the largest value each serves {result['compile'][-1]['versions_by_end'] or 'none'}")
         untuned = compile_model(str(path), threads=threads, dynamic=spec) if args.untuned and args.log else None
+        others = {name: compile_model(str(path), log=[log], threads=threads, dynamic=spec)
+                  for name, log in (a.split("=", 1) for a in args.also)}
         ort = None
         for shape in shapes:
             n = "x".join(map(str, shape))
@@ -131,6 +135,8 @@ def main(argv=None) -> int:
             runners = {"dynamic": lambda ins: dyn.run(*ins)}
             if untuned is not None:
                 runners["dynamic_untuned"] = lambda ins: untuned.run(*ins)
+            for name, other in others.items():
+                runners[name] = lambda ins, m=other: m.run(*ins)
             if not args.no_static:
                 t0 = time.perf_counter()
                 static = compile_model(str(path), log=static_log, threads=threads, input_shapes={args.input: shape})
@@ -148,6 +154,8 @@ def main(argv=None) -> int:
                    "max_abs_diff": err}
             if "dynamic_untuned" in t:
                 row["dynamic_vs_untuned"] = statistics.median(paired_ratios(t["dynamic"], t["dynamic_untuned"]))
+            for name in others:
+                row[f"dynamic_vs_{name}"] = statistics.median(paired_ratios(t["dynamic"], t[name]))
             if "static" in t:
                 row["static_vs_onnxruntime"] = statistics.median(paired_ratios(t["static"], t["onnxruntime"]))
                 row["dynamic_vs_static"] = statistics.median(paired_ratios(t["dynamic"], t["static"]))
@@ -157,12 +165,15 @@ def main(argv=None) -> int:
                   + (f", static/ORT {row['static_vs_onnxruntime']:.3f}x, dynamic/static {row['dynamic_vs_static']:.3f}x"
                      if "static" in t else "")
                   + (f", dynamic/untuned {row['dynamic_vs_untuned']:.3f}x" if "dynamic_untuned" in t else "")
+                  + "".join(f", dynamic/{name} {row[f'dynamic_vs_{name}']:.3f}x" for name in others)
                   + f" (max |diff| {err:.1e})", flush=True)
         mine = [r for r in result["rows"] if r["threads"] == threads]
         summary = {"threads": threads, "geomean_dynamic_vs_onnxruntime": _geomean(r["dynamic_vs_onnxruntime"] for r in mine),
                    "worst_dynamic_vs_onnxruntime": max(r["dynamic_vs_onnxruntime"] for r in mine)}
         if any("dynamic_vs_untuned" in r for r in mine):
             summary["geomean_dynamic_vs_untuned"] = _geomean(r["dynamic_vs_untuned"] for r in mine)
+        for name in others:
+            summary[f"geomean_dynamic_vs_{name}"] = _geomean(r[f"dynamic_vs_{name}"] for r in mine)
         if not args.no_static:
             summary["geomean_dynamic_vs_static"] = _geomean(r["dynamic_vs_static"] for r in mine)
             summary["geomean_static_vs_onnxruntime"] = _geomean(r["static_vs_onnxruntime"] for r in mine)
