@@ -473,7 +473,7 @@ class _Family:
         self.io: list = []
         self.buckets: list = []      # [(value of the varying symbol, the model optimised there)], ascending
         self.symbol = None           # the index of that symbol
-        self.ends: dict = {}         # bucket value -> {workload key: the largest value its version serves}
+        self.ends: dict = {}         # bucket value -> its newest plan's ends (records.PlanRecord.ends)
 
     @staticmethod
     def load(model, dynamic, input_shapes) -> "_Family":
@@ -542,12 +542,12 @@ class _Family:
     def versions(self, gi: int, db, tgt, task: Task, dims, func: str, bound) -> list:
         """[(bucket, largest value served, Candidate, source)] of the records at the buckets for
         group gi's task, each replayed on the kernel for the range (a record that does not replay is
-        left out). A version serves up to its bucket, or as far above it (below the next bucket) as
-        its plan's `ends` measured (model_tuning.handovers) between this kernel and the one above it
-        here; measured between other kernels, an end is not used. A bucket whose best is the code that the steps of the version
-        above it (of `bound`, the bound's record, at the top) give at the bucket gets none: its heat
-        timed that code there and it won (model_tuning.tune_dynamic), and the version above serves
-        its values as well."""
+        left out). A bucket whose best is the code that the steps of the version above it (of
+        `bound`, the bound's record, at the top) give at the bucket gets none: its heat timed that
+        code there and it won (model_tuning.tune_dynamic), and the version above serves its values
+        as well. A version serves up to its bucket, or as far above it (below the next bucket) as
+        its plan's `ends` measured (model_tuning.handovers) between this kernel and the one above
+        it; an end measured between other kernels is not used."""
         found = []
         for v, gv in self.buckets:
             wl = workload_of(gv, gv.meta["fused_groups"][gi])[0]
