@@ -585,7 +585,7 @@ def handovers(model: str, dyn, k: int, values: tuple, tasks, pairs: list, above,
     from .graph.dynamic import load_at
     v, va = values
     theirs = above.space.workloads()
-    if len(theirs) != len(pairs) or any(a.op != b.op for (a, _), (b, _) in zip(pairs, theirs)):
+    if not _paired(pairs, theirs):
         return {}
     mine = {s.workload.key: s.best for s in tasks}
     best_above = {s.workload.key: s.best for s in above.session.tasks}
@@ -615,7 +615,7 @@ def handovers(model: str, dyn, k: int, values: tuple, tasks, pairs: list, above,
                 here = model_layouts(load_at(model, dyn.shapes(dyn.at(k, x), input_shapes)), tuple(layouts)).workloads()
             except (ValueError, UserError):        # the model does not import there: its ends stay below
                 break
-            if len(here) != len(pairs) or any(a.op != b.op for (a, _), (b, _) in zip(pairs, here)):
+            if not _paired(pairs, here):
                 break
             for j, (key, lo_steps, hi_steps) in list(live.items()):
                 task = Task(here[j][0], tgt)
@@ -643,6 +643,12 @@ def handovers(model: str, dyn, k: int, values: tuple, tasks, pairs: list, above,
     return ends
 
 
+def _paired(pairs: list, theirs: list) -> bool:
+    """Whether two task lists of one model at two values agree op by op, so that tasks pair by place
+    (the model optimises to the same kernels at both)."""
+    return len(theirs) == len(pairs) and all(a.op == b.op for (a, _), (b, _) in zip(pairs, theirs))
+
+
 def _contenders(above, pairs: list) -> dict:
     """{workload key: [steps]}: the best schedule of each task of the tune `above` (a larger bucket)
     for the same task here, paired by their place in the model's task list, which agree op by op
@@ -650,7 +656,7 @@ def _contenders(above, pairs: list) -> dict:
     if above is None:
         return {}
     theirs = above.space.workloads()
-    if len(theirs) != len(pairs) or any(a.op != b.op for (a, _), (b, _) in zip(pairs, theirs)):
+    if not _paired(pairs, theirs):
         return {}
     best = {s.workload.key: s.best for s in above.session.tasks}
     return {a.key: [best[b.key].steps] for (a, _), (b, _) in zip(pairs, theirs) if best.get(b.key) is not None}
