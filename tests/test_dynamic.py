@@ -432,6 +432,11 @@ def test_a_dynamic_tune_tunes_each_bucket_into_one_log_and_the_compile_runs_its_
     at4 = {w8.key: w4.key for (w4, _), (w8, _) in zip(*pairs)}
     served = [(v["upto"], plan4.ends[at4[s.workload_key]]["upto"]) for s in m.steps for v in s.versions]
     assert bool(served) == bool(plan4.ends) and all(upto == end for upto, end in served)
+    # a static compile from this log at another length says the plans are of other shapes (no conv to name)
+    import importlib
+    static = importlib.import_module("tuner.compiler.compile_model").compile_model
+    with pytest.warns(UserWarning, match="none of this model at these input shapes on .*without one$"):
+        static(str(path), log=str(log), threads=1, input_shapes={"x": [1, 5, 16]})
     assert main(["analyze", str(log), "--model", str(path), "--no-plot"]) == 0
     out = capsys.readouterr().out
     assert "at x=1x4x16 (a bucket of a range of shapes)" in out and "across its range (2 tuned shapes" in out

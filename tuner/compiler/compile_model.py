@@ -428,9 +428,12 @@ def _layout_plan(db, graph, model_hash, tgt, layout, layout_plan, source_name, s
         if found is not None:
             layout_plan, plan_from, timed = found.layouts, where, found.choices
             say(f"layout plan from {where}: {plan_summary(found.layouts)}")
-        elif db.planned_models():
-            warnings.warn(f"the log holds a layout plan of {', '.join(db.planned_models())} but none of this model "
-                          f"on '{tgt}': compiling {source_name} without one (every conv in {layout})")
+        elif planned := db.planned_models():
+            same = any(Path(m).resolve() == Path(str(source_name)).resolve() for m in planned)
+            shapes = " at these input shapes" if same else ""          # (say, a dynamic tune's buckets)
+            convs = f" (every conv in {layout})" if any(n.op == "conv2d" for n in graph.nodes) else ""
+            warnings.warn(f"the log holds a layout plan of {', '.join(planned)} but none of this model{shapes} "
+                          f"on '{tgt}': compiling {source_name} without one{convs}")
     unknown = sorted(set(layout_plan or {}) - {n.name for n in graph.nodes if n.op in ("conv2d", "dense")})
     if unknown:
         said = (f"the layout plan ({plan_from}) names {len(unknown)} conv or dense node(s) that {source_name} does "
