@@ -460,7 +460,7 @@ def test_a_buckets_kernel_serves_up_to_the_last_value_between_buckets_where_it_r
     from tuner.graph.layout_plan import model_layouts
     from tuner.graph.onnx_frontend import input_dims
     from tuner.measure.runner import RunConfig
-    from tuner.model_tuning import handovers
+    from tuner.model_tuning import _contenders, handovers
     path = _attention_onnx(tmp_path / "att.onnx", [1, "seq"])
     dyn = parse_dynamic("x=1x[1..16]x16", input_dims(str(path)))
     at = {n: model_layouts(load_at(str(path), {"x": [1, n, 16]})).workloads() for n in (4, 7, 10, 13, 16)}
@@ -473,18 +473,19 @@ def test_a_buckets_kernel_serves_up_to_the_last_value_between_buckets_where_it_r
     mine = [types.SimpleNamespace(workload=w, best=best(w, None)) for w, _ in at[4]]
     above = types.SimpleNamespace(space=types.SimpleNamespace(workloads=lambda: at[16]), session=types.SimpleNamespace(
         tasks=[types.SimpleNamespace(workload=w, best=best(w, 3 + j)) for j, (w, _) in enumerate(at[16])]))
+    theirs = _contenders(above, at[4])          # each task's best at 16, paired by place
     log = tmp_path / "h.jsonl"
     k, _ = dyn.buckets([4])
-    ends = handovers(str(path), dyn, k, (4, 16), mine, at[4], above, None, RunConfig(number=1, repeat=3), str(log),
+    ends = handovers(str(path), dyn, k, (4, 16), mine, at[4], theirs, None, RunConfig(number=1, repeat=3), str(log),
                      threads=1, progress=False)
     timed = [r for r in records.load(log).records if r.policy == records.HANDOVER]
     assert ends and timed and not any(r.trial for r in timed)
     # handed the ends it gave, it times nothing again; a pair of kernels changed since is timed again
-    again = handovers(str(path), dyn, k, (4, 16), mine, at[4], above, None, RunConfig(number=1, repeat=3), str(log),
+    again = handovers(str(path), dyn, k, (4, 16), mine, at[4], theirs, None, RunConfig(number=1, repeat=3), str(log),
                       ends, threads=1, progress=False)
     assert again == ends and len(records.load(log).records) == len(timed)
     stale = {key: dict(e, above="0" * 20) for key, e in ends.items()}
-    handovers(str(path), dyn, k, (4, 16), mine, at[4], above, None, RunConfig(number=1, repeat=3), str(log),
+    handovers(str(path), dyn, k, (4, 16), mine, at[4], theirs, None, RunConfig(number=1, repeat=3), str(log),
               stale, threads=1, progress=False)
     assert len(records.load(log).records) > len(timed)
     for j, (w4, _) in enumerate(at[4]):

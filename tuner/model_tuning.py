@@ -549,10 +549,10 @@ def tune_dynamic(model: str, dynamic, trials: int, buckets: list | None = None, 
         pairs = model_layouts(graph, tuple(kwargs.get("layouts", DEFAULT_CHOICES))).workloads()
         n = round(trials * share)
         first_looks = n < len(pairs)        # every task's first look, whatever its share of the time
-        over = None if above is None else \
-            lambda tasks, config, log, known, v=v, va=out[-1][0], above=above, pairs=pairs: handovers(
-                str(model), dyn, k, (v, va), tasks, pairs, above, input_shapes, config, log, known, **opts)
         contenders = _contenders(above, pairs)
+        over = None if above is None else \
+            lambda tasks, config, log, known, v=v, va=out[-1][0], pairs=pairs, them=contenders: handovers(
+                str(model), dyn, k, (v, va), tasks, pairs, them, input_shapes, config, log, known, **opts)
         if above is not None and not contenders and kwargs.get("progress", True):
             print(f"at {v}: its tasks do not pair with those at {out[-1][0]}, whose schedules are not timed here; "
                   f"each version tuned here serves up to {v}", flush=True)
@@ -569,14 +569,14 @@ def tune_dynamic(model: str, dynamic, trials: int, buckets: list | None = None, 
 HANDOVER_PROBES = (1, 2, 3)    # quarters of the way from a bucket to the one above, where handovers time both
 
 
-def handovers(model: str, dyn, k: int, values: tuple, tasks, pairs: list, above, input_shapes: dict | None,
+def handovers(model: str, dyn, k: int, values: tuple, tasks, pairs: list, contenders: dict, input_shapes: dict | None,
               config: RunConfig, log: str, known: dict | None = None, layouts=DEFAULT_CHOICES, target: str = "cpu",
               threads: int | None = None, progress: bool = True, seed: int = 0) -> dict:
     """{workload key at bucket v: {"upto": the largest value up to which its best kernel serves,
     "code", "above": the code hashes at v of that kernel and of the one above it}}: where a
-    bucket's version hands over to the version above (`above`, the tune at va), measured. At each
-    probe between v and va (HANDOVER_PROBES quarters), upwards, each task's best at v and its pair's
-    best at va are replayed on the task there and timed side by side, each twice (in turn, then in
+    bucket's version hands over to the version above (`contenders`, _contenders' best of each task
+    at va), measured. At each probe between v and va (HANDOVER_PROBES quarters), upwards, each
+    task's best at v and its pair's best at va are replayed on the task there and timed side by side, each twice (in turn, then in
     reverse), as static kernels; a task's end is the last probe before the first where the kernel
     of va is as fast or faster by their slower timings (so v itself where it wins at once). The
     timings go to the log (policy records.HANDOVER). A task whose two kernels give the same code at
@@ -584,27 +584,23 @@ def handovers(model: str, dyn, k: int, values: tuple, tasks, pairs: list, above,
     plan's ends) names is not timed again."""
     from .graph.dynamic import load_at
     v, va = values
-    theirs = above.space.workloads()
-    if not _paired(pairs, theirs):
-        return {}
     mine = {s.workload.key: s.best for s in tasks}
-    best_above = {s.workload.key: s.best for s in above.session.tasks}
     tgt = parse_target(target, threads)
     ends, live = {}, {}              # live: position -> (key at v, steps at v, steps at va)
-    for j, ((a, _), (b, _)) in enumerate(zip(pairs, theirs)):
-        lo, hi = mine.get(a.key), best_above.get(b.key)
+    for j, (a, _) in enumerate(pairs):
+        lo, hi = mine.get(a.key), contenders.get(a.key, [None])[0]
         if lo is None or hi is None:
             continue
         task = Task(a, tgt)
-        codes = [getattr(task.applied(r.steps), "code_hash", None) for r in (lo, hi)]
+        codes = (task.code(lo.steps), task.code(hi))
         if None in codes or codes[0] == codes[1]:
             continue
         ends[a.key] = {"upto": v, "code": codes[0], "above": codes[1]}
         was = (known or {}).get(a.key)
-        if was is not None and (was["code"], was["above"]) == tuple(codes):
+        if was is not None and (was["code"], was["above"]) == codes:
             ends[a.key] = was
         else:
-            live[j] = (a.key, lo.steps, hi.steps)
+            live[j] = (a.key, lo.steps, hi)
     probes = sorted({v + (va - v) * q // 4 for q in HANDOVER_PROBES} - {v, va})
     t0, timed = time.perf_counter(), 0
     with CpuRunner(tgt, config) as runner:

@@ -138,6 +138,11 @@ class Task:
         except (ScheduleError, ValueError):
             return None
 
+    def code(self, steps: list) -> str | None:
+        """The hash of the code `steps` give on this task, or None where they do not apply."""
+        cand = self.applied(steps)
+        return cand.code_hash if cand is not None else None
+
     def from_decisions(self, decisions: dict) -> Candidate:
         return self.candidate(self.space.steps(decisions), decisions=decisions)
 

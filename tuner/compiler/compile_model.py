@@ -562,7 +562,7 @@ class _Family:
         out, above, limit = [], bound.steps if bound is not None else None, self.symbols[self.symbol].hi
         for v, rec, source, wl in reversed(found):
             here = Task(wl, tgt)
-            code, code_above = _code(here.applied(rec.steps)), _code(here.applied(above)) if above is not None else None
+            code, code_above = here.code(rec.steps), here.code(above) if above is not None else None
             if code_above is not None and code_above == code:
                 continue
             try:
@@ -678,10 +678,6 @@ class _Family:
         rank = len(getattr(self.gs[0], side)[k].shape)
         ext = [fitted.get(("v", f"{side[:-1]} {k}", d)) for d in range(rank)]
         return {"extents": [monomials(e, len(self.symbols)) if e is not None else None for e in ext]}
-
-
-def _code(cand) -> str | None:
-    return cand.code_hash if cand is not None else None
 
 
 def _same_kernels(g: Graph, base: Graph) -> bool:
