@@ -291,6 +291,29 @@ def test_every_conv_with_its_pad_interior_computes_the_reference(h, w, r, stride
     check_schedules([(wl, space.steps(dict(dec, pad={p: "interior" for p in space.pads})))], target)
 
 
+@settings(max_examples=15, deadline=None)
+@given(hw=st.integers(2, 60), r=st.sampled_from([1, 3, 5]), kb=st.integers(1, 4), threads=st.integers(1, 2))
+def test_the_default_avx512_conv_tile_splits_no_padded_axis_in_two_and_computes_the_reference(hw, r, kb, threads):
+    """With an interior version, the default register tile puts no padded output axis in exactly two
+    tiles where a smaller tile fits (both tiles would be border tiles), and holds at most 28
+    accumulators; it computes the reference where this host runs AVX-512."""
+    pad = r // 2
+    wl = make("conv2d", dict(C=16, H=hw, W=hw, K=16 * kb, R=r, S=r, pad=pad, bias=1, relu=1), "NCHW16c")
+    target = parse_target(f"cpu -isa=avx512 -threads={threads}", check_host=False)
+    space = SearchSpace(wl, target)
+    dec = space.default()
+    assert space.valid(dec) and dec["pad"] == {p: "interior" for p in space.pads}
+    reg = [t[2] for t in dec["tile"]]
+    assert reg[-1] == 16 and reg[0] * reg[1] * reg[2] * reg[3] <= 28
+    padded = space._padded_axes()
+    assert (2 in padded and 3 in padded) == (pad > 0)
+    for d in padded & {2, 3}:
+        n = space.out_shape[d]
+        assert n != 2 * reg[d] or not [x for x in range(1, reg[d]) if n % x == 0], (d, n, reg)
+    if TARGET1.isa == "avx512":
+        check_schedules([(wl, space.steps(dec))], target)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_a_tile_buffer_too_big_for_the_stack_is_allocated_once_outside_parallel_loops(threads):
     """A pad computed per tile of 16 output rows, 64 channels x 18 x 34 (153 KiB), is no stack

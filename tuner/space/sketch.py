@@ -274,6 +274,10 @@ class SearchSpace(DagSketch):
             vec = [v for v in self.last_options if v <= self.target.lanes]
             return {**{name: opts[0] for name, opts in self.choices().items()}, "vec": max(vec or self.last_options)}
         shape = self.out_shape
+        # the pad inlined with an interior version where the border tiles' tests have registers to
+        # spare (32: AVX-512), else a padded copy first: with 16 (AVX2) the border tiles' tests
+        # made a 3x3 conv 1.6x slower than the copy (docs/history.md)
+        place = "interior" if self.target.lanes >= 16 and self.pads else "root"
         last = [d for d in self.last_options if d <= self.target.lanes]
         tile = [[1, 1, 1] for _ in shape]
         order = self.orders[0]
@@ -291,27 +295,36 @@ class SearchSpace(DagSketch):
             # independent accumulators hide the FMA latency. With 32 vector registers, first two
             # blocks of an axis that the broadcast operand does not index (a conv's output
             # channel blocks), each broadcast feeding two FMAs, the pixels outside them
-            # (reversed), up to 28 accumulators: MLAS's AVX-512 tile (docs/history.md)
+            # (reversed), up to 28 accumulators, then rows: MLAS's AVX-512 tile (docs/history.md)
             row = len(shape) - 2 if shape[-2] > 1 else max(others, key=lambda d: (shape[d], d))
             rest = sorted((d for d in others if d != row), key=lambda d: -shape[d])
-            cap, pair = 24, self._broadcast_axis(row)
+            cap, enough, pair = 24, 12, self._broadcast_axis(row)
             if pair is not None:
                 tile[pair][2], acc, cap, order = 2, 2 * acc, MAX_ACCUMULATORS - 4, "reversed"
+                enough = cap
                 rest.remove(pair)
+            padded = self._padded_axes() if place == "interior" else set()
             for d in [row] + rest:
-                if acc >= 12:
+                if acc >= enough:
                     break
-                tile[d][2] = max(x for x in divisors(shape[d]) if x * acc <= cap)
+                fits = [x for x in divisors(shape[d]) if x * acc <= cap]
+                # with an interior version, no padded axis in two tiles: both would be border tiles
+                # with a one-sided test, which GCC compiled to spills (a 3x3 conv at 28x28 in two
+                # 14-pixel tiles: 0.70 of peak; in four of 7 by two rows: 0.96)
+                tile[d][2] = max([x for x in fits if not (d in padded and shape[d] == 2 * x)] or fits)
                 acc *= tile[d][2]
-        # the pad inlined with an interior version where the border tiles' tests have registers to
-        # spare (32: AVX-512), else a padded copy first: with 16 (AVX2) the border tiles' tests
-        # made a 3x3 conv 1.6x slower than the copy (docs/history.md)
-        place = "interior" if self.target.lanes >= 16 else "root"
         dec = {"pad": {p: place for p in self.pads}, "tile": tile,
                "reduce": [1 for _ in self.reduce_axes], "unroll": 64, "order": order}
         if self.epilogues:
             dec["epilogue"] = "fused"
         return dec
+
+    def _padded_axes(self) -> set:
+        """The output axes (positions) that index a read of a pad producer."""
+        pads = set(self.pads)
+        read = frozenset().union(*(free_vars(i) for n in walk(self.anchor_op.body)
+                                   if isinstance(n, Load) and n.buffer in pads for i in n.indices))
+        return {d for d, name in enumerate(self.local_axes) if name in read}
 
     def _broadcast_axis(self, row: int) -> int | None:
         """With 32 vector registers (AVX-512), an even output axis other than `row` and the vector
