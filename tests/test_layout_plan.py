@@ -674,3 +674,72 @@ def test_a_plan_applies_to_the_same_model_exported_to_onnx_and_is_named_where_it
     assert other.meta["layout_plan"] == {}
     with pytest.raises(UserError, match="names 1 conv or dense node.* does not have: nowhere"):
         compile_model(tiny(), target=REPLAY_TARGET, layout_plan=dict(res.plan.layouts, nowhere="NHWC"))
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_the_one_layout_plan_runs_every_conv_that_can_in_the_compile_default_layout(seed):
+    """Whatever the prices, the plan a joint plan is checked against puts every conv whose domain
+    holds the compile's default layout (NCHW16c) there and the rest in their own best; a tune of
+    only Winograd layouts has no such plan."""
+    from tuner.model_tuning import one_layout_plan
+    layouts = ("NCHW8c", "NCHW16c", "winograd2@NCHW16c")
+    space = model_layouts(tiny(), layouts)
+    rng = random.Random(seed)
+    prices = {wl.key: rng.uniform(1e-5, 1e-3) for wl, _ in space.workloads()}
+    one = one_layout_plan(space, layouts, prices)
+    assert one is not None and set(one.layouts) == set(space.domains)
+    holds = [v for v, d in space.domains.items() if "NCHW16c" in d]
+    assert holds and all(one.layouts[v] == "NCHW16c" for v in holds)
+    assert all(one.layouts[v] in d for v, d in space.domains.items())
+    assert one_layout_plan(space, ("winograd2@NCHW16c",), prices) is None
+
+
+@pytest.mark.parametrize("winner", ["one layout", "joint"])
+def test_a_solved_plan_that_loses_to_one_layout_in_the_whole_model_is_not_the_plan_the_log_keeps(
+        tmp_path, monkeypatch, winner):
+    """After the search, the solved plan and the plan of one layout are compiled and timed whole
+    (check_plan); the log's plan line, the result and its estimate are the faster one's, and the
+    table says which was kept."""
+    import tuner.model_tuning as MT
+    calls = []
+
+    def other_layout(space, layouts, prices):      # a one-layout plan that differs from the solved one
+        solved, _ = space.plan(prices)
+        for base in ("NCHW8c", "NCHW16c"):
+            plan, _ = space.restricted({v: base for v in space.domains}).plan(prices)
+            if plan.layouts != solved.layouts:
+                return plan
+        raise AssertionError("no one-layout plan differs from the solved plan")
+
+    def timed(graph, log, tgt, plans, progress=True):
+        calls.append({k: dict(p.layouts) for k, p in plans.items()})
+        return {k: (1e-3 if k == winner else 2e-3) for k in plans}
+    monkeypatch.setattr(MT, "one_layout_plan", other_layout)
+    monkeypatch.setattr(MT, "check_plan", timed)
+    log = tmp_path / "plan.jsonl"
+    res = tune_model("tiny", trials=19, log=str(log), target="cpu -threads=1", layouts=("NCHW8c", "NCHW16c"),
+                     warmup_batch=1, progress=False)
+    assert len(calls) == 1 and calls[0]["joint"] != calls[0]["one layout"]
+    kept = calls[0][winner]
+    assert res.plan.layouts == kept and records.load(log).plans[-1].layouts == kept
+    assert math.isclose(res.estimate_s, res.space.estimate(kept, _latencies(res.session.tasks)))
+    assert res.plan_check == {"joint": 1e-3 if winner == "joint" else 2e-3,
+                              "one layout": 1e-3 if winner == "one layout" else 2e-3}
+    assert f"{'one layout' if winner == 'one layout' else 'the solved plan'} kept" in res.table()
+
+
+def test_check_plan_times_each_plan_compiled_whole(tmp_path):
+    """check_plan compiles the model once per plan (with the log's records) and gives each a
+    positive median time."""
+    from tuner.model_tuning import check_plan
+    from tuner.target import parse_target
+    g = tiny()
+    space = model_layouts(g, ("NCHW8c", "NCHW16c"))
+    prices = {wl.key: 1e-4 for wl, _ in space.workloads()}
+    plans = {b: space.restricted({v: b for v in space.domains}).plan(prices)[0] for b in ("NCHW8c", "NCHW16c")}
+    assert plans["NCHW8c"].layouts != plans["NCHW16c"].layouts
+    log = tmp_path / "empty.jsonl"
+    log.write_text("")
+    out = check_plan(g, str(log), parse_target("cpu -threads=1"), plans, progress=False)
+    assert set(out) == {"NCHW8c", "NCHW16c"} and all(0 < v < 1 for v in out.values())

@@ -116,6 +116,7 @@ class ModelTuneResult:
     other_plan: Plan | None = None               # weights="warm": the plan the cold prices give
     other_estimate_s: float = math.inf           # its estimate under those prices
     appended: bool = False                       # whether `record` was appended (not the log's newest already)
+    plan_check: dict = field(default_factory=dict)   # {"joint", "one layout": whole-model seconds} (check_plan)
 
     def table(self) -> str:
         """The tasks the plan uses (with occurrences, trials, best latency, share) and the plan."""
@@ -140,6 +141,10 @@ class ModelTuneResult:
         if cold and r.priced == "warm":
             rows.append(f"with the weights of its {cold} kernels cold (timed again with them evicted before each "
                         f"call): {r.cold_estimate_s * 1e3:.3f} ms; a model run back to back lands between")
+        if self.plan_check:
+            j, o = self.plan_check["joint"], self.plan_check["one layout"]
+            rows.append(f"the whole model with the solved plan {j * 1e3:.2f} ms, with one layout {o * 1e3:.2f} ms "
+                        f"(timed interleaved after the search): {'one layout' if o < j else 'the solved plan'} kept")
         for c, v in (r.choices if r else {}).items():
             rows.append(f"{c}: {'on' if v['on'] else 'off'} (the whole model {v['s'][0] * 1e3:.2f} ms on, "
                         f"{v['s'][1] * 1e3:.2f} ms off, timed interleaved after the search)")
@@ -409,6 +414,35 @@ def time_choices(graph: Graph, log: str, tgt, layouts: dict, progress: bool = Tr
     return out
 
 
+def one_layout_plan(space: ModelLayouts, layouts, prices: dict):
+    """The plan that runs every convolution in one layout (the compile's default where the tune has
+    it, else its first plain layout; a conv whose domain lacks it keeps its own), solved under
+    `prices`; None without a plain layout or a finite estimate."""
+    from .compiler.compile_model import DEFAULT_LAYOUT
+    plain = [lay for lay in layouts if "@" not in lay]
+    if not plain:
+        return None
+    base = DEFAULT_LAYOUT if DEFAULT_LAYOUT in plain else plain[0]
+    plan, est = space.restricted({v: base for v in space.domains}).plan(prices)
+    return plan if plan is not None and math.isfinite(est) else None
+
+
+def check_plan(graph: Graph, log: str, tgt, plans: dict, progress: bool = True) -> dict:
+    """{name: median seconds} of the model compiled with each of `plans` ({name: Plan}) and the log's
+    records, timed interleaved on random inputs, CHOICE_ROUNDS rounds. A plan is solved from each
+    kernel's time alone; in the model, where caches hold what the step before left, a layout's
+    kernels can lose what they won alone (MobileNetV2's first three convs in NCHW8c: 0.22 ms in the
+    model against 0.13 in NCHW16c at 2 threads, docs/history.md)."""
+    from .compiler import compile_model
+    built = {k: compile_model(graph, log=log, target=str(tgt), layout_plan=p.layouts) for k, p in plans.items()}
+    inputs = next(iter(built.values())).random_inputs()
+    times = interleaved({k: (lambda xs, m=m: m.run(*xs)) for k, m in built.items()}, inputs, CHOICE_ROUNDS)
+    out = {k: statistics.median(v) for k, v in times.items()}
+    if progress:
+        print("layout plan in the model: " + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in out.items()), flush=True)
+    return out
+
+
 def tune_model(model, trials: int | None, log: str | None = None, target: str = "cpu", threads: int | None = None,
                layouts=DEFAULT_CHOICES, input_shapes: dict | None = None, warmup_batch: int = 4,
                batch_size: int = 16, policy: str = "evolutionary", weights: str = WEIGHTS[0],
@@ -495,13 +529,20 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
         else:
             other, other_est = space.plan(cold_best)
         cold_est = space.estimate(plan.layouts, cold_best) if cold else None   # (what the plan line keeps)
-    rec, appended = None, False
+    rec, appended, checked = None, False, {}
     if plan is not None and math.isfinite(est):
         # the host's peak goes with the plan (for `tuner analyze`'s fraction of peak)
         peak = peak_gflops(tgt, tgt.threads, 5_000_000) if measured_here else None
         limit = kwargs.get("time_limit")
         timed = measured_here and not session.interrupted and (limit is None or time.perf_counter() - t0 < limit)
         last = logged.plan(graph_digest(graph), str(tgt))
+        one = one_layout_plan(space, layouts, prices) if timed else None
+        if one is not None and one.layouts != plan.layouts:
+            # the solved plan against one layout, whole: the faster in the model is the plan
+            checked = check_plan(graph, log, tgt, {"joint": plan, "one layout": one}, kwargs.get("progress", True))
+            if checked["one layout"] < checked["joint"]:
+                plan, est = one, space.estimate(one.layouts, prices)
+                cold_est = space.estimate(plan.layouts, cold_best) if cold else None
         # untimed (replayed, stopped, out of time): the choices the log's plan had timed stay
         choices = time_choices(graph, log, tgt, plan.layouts, kwargs.get("progress", True)) if timed \
             else dict(last.choices) if last is not None else {}
@@ -517,7 +558,7 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
                                                choices=rec.choices if same_choices else last.choices) != rec:
             records.append(log, [rec])          # a tune run again after its end adds no copy of its plan
             appended = True
-    return ModelTuneResult(name, space, session, plan, est, rec, prices, other, other_est, appended)
+    return ModelTuneResult(name, space, session, plan, est, rec, prices, other, other_est, appended, checked)
 
 
 def tune_dynamic(model: str, dynamic, trials: int, buckets: list | None = None, input_shapes: dict | None = None,
