@@ -397,6 +397,14 @@ def open_choices(graph: Graph, layouts: dict) -> list:
     return [c for c in GRAPH_CHOICES if groups(**{c: True}) != base]
 
 
+def _whole_times(built: dict) -> dict:
+    """{name: median seconds} of compiled models ({name: CompiledModel}) timed interleaved on the same
+    random inputs, CHOICE_ROUNDS rounds."""
+    inputs = next(iter(built.values())).random_inputs()
+    times = interleaved({k: (lambda xs, m=m: m.run(*xs)) for k, m in built.items()}, inputs, CHOICE_ROUNDS)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def time_choices(graph: Graph, log: str, tgt, layouts: dict, progress: bool = True) -> dict:
     """{choice: {"on": faster on, "s": [median seconds on, off]}}: each open choice's two compiles
     (with the log's records and `layouts`) timed interleaved on random inputs, CHOICE_ROUNDS rounds."""
@@ -405,9 +413,7 @@ def time_choices(graph: Graph, log: str, tgt, layouts: dict, progress: bool = Tr
     for c in open_choices(graph, layouts):
         built = {v: compile_model(graph, log=log, target=str(tgt), layout_plan=layouts or {}, **{c: v})
                  for v in (True, False)}
-        inputs = built[True].random_inputs()
-        times = interleaved({v: (lambda xs, m=m: m.run(*xs)) for v, m in built.items()}, inputs, CHOICE_ROUNDS)
-        on, off = (statistics.median(times[v]) for v in (True, False))
+        on, off = (_whole_times(built)[v] for v in (True, False))
         out[c] = {"on": on < off, "s": [on, off]}
         if progress:
             print(f"{c}: {on * 1e3:.2f} ms on, {off * 1e3:.2f} ms off -> {'on' if on < off else 'off'}", flush=True)
@@ -434,10 +440,8 @@ def check_plan(graph: Graph, log: str, tgt, plans: dict, progress: bool = True) 
     kernels can lose what they won alone (MobileNetV2's first three convs in NCHW8c: 0.22 ms in the
     model against 0.13 in NCHW16c at 2 threads, docs/history.md)."""
     from .compiler import compile_model
-    built = {k: compile_model(graph, log=log, target=str(tgt), layout_plan=p.layouts) for k, p in plans.items()}
-    inputs = next(iter(built.values())).random_inputs()
-    times = interleaved({k: (lambda xs, m=m: m.run(*xs)) for k, m in built.items()}, inputs, CHOICE_ROUNDS)
-    out = {k: statistics.median(v) for k, v in times.items()}
+    out = _whole_times({k: compile_model(graph, log=log, target=str(tgt), layout_plan=p.layouts)
+                        for k, p in plans.items()})
     if progress:
         print("layout plan in the model: " + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in out.items()), flush=True)
     return out
