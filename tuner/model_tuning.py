@@ -413,7 +413,8 @@ def time_choices(graph: Graph, log: str, tgt, layouts: dict, progress: bool = Tr
     for c in open_choices(graph, layouts):
         built = {v: compile_model(graph, log=log, target=str(tgt), layout_plan=layouts or {}, **{c: v})
                  for v in (True, False)}
-        on, off = (_whole_times(built)[v] for v in (True, False))
+        times = _whole_times(built)
+        on, off = times[True], times[False]
         out[c] = {"on": on < off, "s": [on, off]}
         if progress:
             print(f"{c}: {on * 1e3:.2f} ms on, {off * 1e3:.2f} ms off -> {'on' if on < off else 'off'}", flush=True)
