@@ -336,6 +336,37 @@ def test_files_written_by_torch_onnx_export_import(tmp_path, dynamo):
     _close(interp.run(optimize(g, layout="NCHW16c"), x.numpy())[0], ours)
 
 
+@pytest.mark.slow
+def test_convs_reading_a_channel_shuffle_or_a_permuted_layer_norm_convert_to_blocked_layouts(tmp_path):
+    # ShuffleNet's reshape-transpose-reshape and ConvNeXt's permute-LayerNorm-Linear-permute hand a conv
+    # a 4-D value with no layout: it is NCHW, and ConvertLayout must transform it, not pass it through
+    torch = pytest.importorskip("torch", reason="torch is an optional benchmark dependency")
+    nn = torch.nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2, self.c3 = nn.Conv2d(3, 32, 3, 1, 1), nn.Conv2d(32, 32, 1), nn.Conv2d(32, 16, 3, 1, 1)
+            self.ln, self.fc = nn.LayerNorm(32), nn.Linear(32, 32)
+
+        def forward(self, x):
+            x = self.c1(x)
+            x = x.view(1, 2, 16, 8, 8).transpose(1, 2).reshape(1, 32, 8, 8)     # channel shuffle
+            x = torch.relu(self.c2(x))
+            x = self.fc(self.ln(x.permute(0, 2, 3, 1))).permute(0, 3, 1, 2) + x
+            return self.c3(x)
+
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 8, 8)
+    path = tmp_path / "shuffle.onnx"
+    torch.onnx.export(Net().eval(), (x,), str(path), opset_version=17, dynamo=False)
+    g = load_onnx(path)
+    ours = interp.run(g, x.numpy())[0]
+    np.testing.assert_allclose(ours, ort_run(path, x.numpy())[0], rtol=1e-4, atol=1e-5)
+    for layout in ("NCHW16c", "NCHW8c", "NHWC"):
+        _close(interp.run(optimize(g, layout=layout), x.numpy())[0], ours)
+
+
 # ---------------------------------------------------------------- one definition per operator
 
 def _one_op_graph(op: str):

@@ -36,8 +36,10 @@ class _Converter:
         self.memo: dict = {}
 
     def to(self, x, dst: str):
-        """`x` in layout `dst` (x must be a 4-D activation or constant)."""
-        if not x.layout or x.layout == dst:
+        """`x` in layout `dst` (x must be a 4-D activation or constant); a 4-D activation without a
+        layout (a reshape's or a transpose's output: channel shuffles, ConvNeXt's permutes) is NCHW."""
+        lay = x.layout or ("NCHW" if len(x.shape) == 4 and not x.is_const else "")
+        if not lay or lay == dst:
             return x
         if len(x.shape) == 5 and L.in_blocks_of(x.shape[4], dst, x.shape[1] * x.shape[4]):
             return x    # its data (in the block it has: a concat's may be smaller) is dst's: a copy would move nothing
@@ -49,7 +51,7 @@ class _Converter:
             out = p.inputs[0]                                   # inverse pair: cancel
         else:
             src = p.inputs[0] if p is not None and p.op == "layout_transform" else x   # A->B->C is A->C
-            src_layout = src.layout
+            src_layout = src.layout or lay
             out = self.b.add("layout_transform", [src], {"src": src_layout, "dst": dst}, f"{x.name}_{dst}") \
                 if src_layout != dst else src
         self.memo[key] = out

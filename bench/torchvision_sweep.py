@@ -1,0 +1,121 @@
+"""Every architecture torchvision has, as a user brings it: exported, compiled untuned, checked, timed.
+
+    pip install torchvision            # the build matching the installed torch; not a dependency of tuner
+    python -m bench.torchvision_sweep [--models squeezenet1_1,densenet121,...] [--threads 1] [--rounds 5]
+
+Each model is built with random weights (and random BatchNorm statistics, so that folding them
+means something), exported by `torch.onnx.export` (opset 17, batch 1), imported and compiled with
+no log of the user's (`tuner compile model.onnx`: shipped records where any apply, else defaults),
+run on one random input against ONNX Runtime on the same file (max error over the output's
+range), and timed interleaved with ONNX Runtime at the same thread count. A model that does not
+import, compile or match is a row with its error, not the end of the sweep. Prints a table,
+writes JSON under bench/results/ with the host.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+
+from bench.common import write_results
+
+# torchvision's size per model where it is not 224 (its weights' transforms)
+SIZES = {"inception_v3": 299}
+DEFAULT = ("squeezenet1_1,shufflenet_v2_x1_0,mnasnet1_0,mobilenet_v3_large,efficientnet_b0,efficientnet_v2_s,"
+           "densenet121,inception_v3,resnext50_32x4d,wide_resnet50_2,regnet_x_400mf,regnet_y_800mf,convnext_tiny,"
+           "alexnet,vgg11_bn,swin_t,vit_b_16,maxvit_t")
+
+
+def _torchvision():
+    # a torchvision wheel built for another torch variant (CUDA against a CPU torch) fails to register
+    # its detection ops' fake kernels at import; the classification models need none of them
+    sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations"))
+    import torch
+    import torchvision.models
+    return torch, torchvision.models
+
+
+def export(name: str, path: Path, seed: int = 0) -> Path:
+    torch, models = _torchvision()
+    torch.manual_seed(seed)
+    net = models.get_model(name, weights=None).eval()
+    with torch.no_grad():
+        for m in net.modules():
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+                m.running_mean.uniform_(-0.1, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+        for p in net.parameters():          # a constant init (ViT's zero head, norms' ones) would hide errors
+            if p.numel() > 1 and bool((p == p.flatten()[0]).all()):
+                p.add_(torch.empty_like(p).normal_(0, 0.1 if bool(p.flatten()[0]) else 0.02))
+    size = SIZES.get(name, 224)
+    torch.onnx.export(net, (torch.randn(1, 3, size, size),), str(path), input_names=["input"], opset_version=17,
+                      dynamo=False)
+    return path
+
+
+def check(name: str, workdir: Path, threads: int, rounds: int) -> dict:
+    from tuner.compare.peers import interleaved, onnxruntime_runner, paired_ratios
+    from tuner.compiler import compile_model
+    from tuner.graph import load as load_graph
+    row = {"model": name, "threads": threads}
+    stage = "export"
+    try:
+        path = export(name, workdir / f"{name}.onnx")
+        stage = "import"
+        graph = load_graph(str(path))
+        stage = "compile"
+        t = time.perf_counter()
+        m = compile_model(str(path), threads=threads)
+        row["compile_s"] = time.perf_counter() - t
+        stage = "run"
+        inputs = m.random_inputs(seed=1)
+        ort = onnxruntime_runner(graph, threads, str(path))
+        wants, gots = ort(inputs), m.run(*inputs)
+        assert len(wants) == len(gots) > 0, (len(wants), len(gots))
+        row["max_err_over_range"] = max(float(np.abs(np.float64(g) - w).max() / (float(w.max() - w.min()) or 1.0))
+                                        for w, g in zip(wants, gots))
+        row["ok"] = bool(row["max_err_over_range"] <= 1e-4) and all(float(w.max() - w.min()) > 0 for w in wants)
+        if rounds:
+            stage = "time"
+            ts = interleaved({"tuner": lambda ins: m.run(*ins), "onnxruntime": ort}, inputs, rounds)
+            row.update(median_ms=statistics.median(ts["tuner"]) * 1e3,
+                       onnxruntime_ms=statistics.median(ts["onnxruntime"]) * 1e3,
+                       vs_onnxruntime_paired=statistics.median(paired_ratios(ts["tuner"], ts["onnxruntime"])))
+    except Exception as e:                      # noqa: BLE001 - a row per model, whatever stops it
+        row.update(ok=False, stage=stage, error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300])
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=DEFAULT)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=5, help="timing rounds against ONNX Runtime (0: check only)")
+    ap.add_argument("--out")
+    args = ap.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-torchvision-") as d:
+        for name in args.models.split(","):
+            row = check(name, Path(d), args.threads, args.rounds)
+            rows.append(row)
+            if "error" in row:
+                print(f"{name:<20} FAILED at {row['stage']}: {row['error']}", flush=True)
+            else:
+                timing = (f"{row['median_ms']:9.2f} ms  ORT {row['onnxruntime_ms']:9.2f} ms  "
+                          f"{row['vs_onnxruntime_paired']:.3f}x" if "median_ms" in row else "")
+                print(f"{name:<20} {'ok ' if row['ok'] else 'BAD'} err {row['max_err_over_range']:.1e}  "
+                      f"compile {row['compile_s']:5.1f} s  {timing}", flush=True)
+    ok = sum(r.get("ok", False) for r in rows)
+    print(f"\n{ok} of {len(rows)} models import, compile and match ONNX Runtime to 1e-4 of the output's range")
+    write_results("torchvision_sweep", args.out, {"threads": args.threads, "rounds": args.rounds, "rows": rows})
+    return 0 if ok == len(rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
