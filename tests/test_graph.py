@@ -157,7 +157,11 @@ def test_verifier_and_shape_errors_name_the_node():
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
+from hypothesis import assume, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from tuner.compiler import compile_model  # noqa: E402
 
 from tuner.graph.onnx_frontend import OnnxImportError, load_onnx, to_onnx  # noqa: E402
 
@@ -334,6 +338,45 @@ def test_files_written_by_torch_onnx_export_import(tmp_path, dynamo):
     np.testing.assert_allclose(ours, m(x).detach().numpy(), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(ours, ort_run(path, x.numpy())[0], rtol=1e-4, atol=1e-5)
     _close(interp.run(optimize(g, layout="NCHW16c"), x.numpy())[0], ours)
+
+
+@settings(max_examples=40, deadline=None)
+@given(op=st.sampled_from(["MaxPool", "AveragePool"]), size=st.integers(3, 13), k=st.integers(1, 4),
+       stride=st.integers(1, 3), lo=st.integers(0, 1), hi=st.integers(0, 1), include=st.booleans())
+def test_pools_with_ceil_mode_import_with_onnx_runtimes_output_size_and_values(tmp_path_factory, op, size, k,
+                                                                                stride, lo, hi, include):
+    # torchvision's GoogLeNet and Inception pool with ceil_mode=1: the last window runs past the end pad
+    # (a window starting inside that pad is dropped) and what lies past it is never counted
+    assume(max(lo, hi) < k <= size + lo + hi)
+    extra = {"count_include_pad": int(include)} if op == "AveragePool" else {}
+    node = helper.make_node(op, ["x"], ["y"], kernel_shape=[k, k], strides=[stride, stride], pads=[lo, lo, hi, hi],
+                            ceil_mode=1, **extra)
+    g = helper.make_graph([node], "pool", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, size, size])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    path = tmp_path_factory.mktemp("pool") / "pool.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    x = np.random.default_rng(size).standard_normal((1, 2, size, size)).astype(np.float32)
+    want = ort_run(path, x)[0]
+    try:
+        ours = interp.run(load_onnx(path), x)[0]
+    except OnnxImportError as e:        # the one refused case: its output size would need counted pads
+        assert op == "AveragePool" and include and "count_include_pad" in str(e)
+        return
+    assert ours.shape == want.shape
+    _close(ours, want)
+
+
+def test_googlenets_ceil_mode_max_pool_compiles_to_onnx_runtimes_values(tmp_path):
+    node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)
+    g = helper.make_graph([node], "pool", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 14, 14])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    path = tmp_path / "pool.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    m = compile_model(str(path), threads=1, use_shipped=False, predict=False)
+    x = np.random.default_rng(0).standard_normal((1, 16, 14, 14)).astype(np.float32)
+    want = ort_run(path, x)[0]
+    assert want.shape == (1, 16, 7, 7)
+    np.testing.assert_array_equal(m.run(x)[0], want)
 
 
 @pytest.mark.slow

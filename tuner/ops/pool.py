@@ -155,10 +155,16 @@ def _onnx_pool(cx, ins, a):
     if any(d != 1 for d in dil):
         raise cx.fail("dilated pooling is not supported")
     pads = cx.pads(a, x.shape[2:], k, strides, [1, 1])
-    if a.get("ceil_mode", 0):
-        for size, kk, st, lo, hi in zip(x.shape[2:], k, strides, pads[:2], pads[2:]):
-            if (size + lo + hi - kk) % st:
-                raise cx.fail("ceil_mode=1 changes the output size here; only ceil_mode=0 is supported")
+    if a.get("ceil_mode", 0):        # the last window may run past the end pad: more end pad, never counted
+        for i, (size, kk, st) in enumerate(zip(x.shape[2:], k, strides)):
+            lo, hi = pads[i], pads[i + 2]
+            out = -(-(size + lo + hi - kk) // st) + 1
+            out -= (out - 1) * st >= size + lo             # a window starting in the end pad is dropped
+            extra = (out - 1) * st + kk - (size + lo + hi)
+            if extra > 0 and cx.op_type == "AveragePool" and a.get("count_include_pad", 0):
+                raise cx.fail("ceil_mode=1 with count_include_pad=1 changes the output size here; "
+                              "re-export with count_include_pad=0 or ceil_mode=0")
+            pads[i + 2] += max(extra, 0)
     attrs = {"kernel": list(k), "strides": list(strides), "pads": pads, "layout": "NCHW"}
     if cx.op_type == "AveragePool":
         attrs["count_include_pad"] = a.get("count_include_pad", 0)
