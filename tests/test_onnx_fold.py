@@ -2,6 +2,8 @@
 import numpy as np
 import onnx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from tuner.graph import interp
@@ -157,3 +159,54 @@ def test_cumsum_and_gather_nd_of_constants_fold_to_what_onnx_runtime_computes(tm
                           [helper.make_tensor_value_info("y", typ, None)])
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "o.onnx"))
     np.testing.assert_array_equal(got, ort_run(tmp_path / "o.onnx", dict(inits))[0])
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), op=st.sampled_from(["ScatterND", "ScatterElements"]),
+       reduction=st.sampled_from(["none", "add", "mul", "max", "min"]))
+def test_scatters_of_constants_fold_to_what_onnx_runtime_computes(tmp_path, data, op, reduction):
+    """Swin's shifted-window masks are written with ScatterND on constants."""
+    from conftest import ort_run
+    from tuner.graph.onnx_fold import FOLD
+    shape = data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=3))
+    rng = np.random.default_rng(data.draw(st.integers(0, 1 << 16)))
+    x = rng.integers(-5, 6, shape).astype(np.float32)
+    if op == "ScatterND":
+        k = data.draw(st.integers(1, len(shape)))
+        cells = list(np.ndindex(*shape[:k]))          # distinct targets: ONNX leaves repeats to the runtime
+        picks = data.draw(st.lists(st.sampled_from(cells), min_size=1, max_size=len(cells), unique=True))
+        idx = np.array([[c - shape[j] if rng.random() < 0.3 else c for j, c in enumerate(p)] for p in picks], np.int64)
+        upd = rng.integers(-5, 6, (len(picks), *shape[k:])).astype(np.float32)
+        attrs = {}
+    else:
+        axis = data.draw(st.integers(0, len(shape) - 1))
+        ishape = list(shape)
+        ishape[axis] = 1      # one write per target along the axis
+        idx = rng.integers(-shape[axis], shape[axis], ishape).astype(np.int64)
+        upd = rng.integers(-5, 6, ishape).astype(np.float32)
+        attrs = {"axis": axis}
+    if reduction != "none":
+        attrs["reduction"] = reduction
+    node = helper.make_node(op, ["x", "i", "u"], ["y"], **attrs)
+    inits = {"x": x, "i": idx, "u": upd}
+    got = FOLD[op](list(inits.values()), attrs, 18)[0]
+    g = helper.make_graph([node], "fold", [helper.make_tensor_value_info(k, numpy_helper.from_array(v).data_type,
+                                                                         v.shape) for k, v in inits.items()],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    path = tmp_path / f"{op}.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+    np.testing.assert_array_equal(got, ort_run(path, dict(inits))[0])
+
+
+def test_a_scatter_index_outside_the_data_is_a_one_line_error_naming_the_node(tmp_path):
+    nodes = [helper.make_node("ScatterND", ["zeros", "idx", "upd"], ["mask"], name="window_mask"),
+             helper.make_node("Add", ["x", "mask"], ["y"])]
+    inits = {"zeros": np.zeros((1, 3, 8, 8), np.float32), "idx": np.array([[0, 3]], np.int64),
+             "upd": np.ones((1, 8, 8), np.float32)}
+    with pytest.raises(OnnxImportError, match=r"node 'window_mask' \(ScatterND\) cannot be computed on its constant "
+                                              r"inputs: IndexError") as e:
+        load_onnx(_model(nodes, inits, (1, 3, 8, 8), tmp_path / "bad.onnx"))
+    assert "\n" not in str(e.value)
+    inits["idx"] = np.array([[0, -1]], np.int64)       # the last channel, as ONNX counts from the end
+    g = _matches_onnxruntime(_model(nodes, inits, (1, 3, 8, 8), tmp_path / "ok.onnx"))
+    assert [n.op for n in g.nodes] == ["add"]

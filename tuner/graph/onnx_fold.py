@@ -124,6 +124,45 @@ def _gather_nd(ins, a, opset):
     return [np.stack(out).reshape(*idx.shape[:b], *out[0].shape)]
 
 
+SCATTER = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+def _in_range(idx: np.ndarray, dims) -> np.ndarray:
+    """Indices with negatives counted from the end; one outside [-dim, dim) is an IndexError."""
+    dims = np.asarray(dims, np.int64)
+    if idx.size and ((idx < -dims) | (idx >= dims)).any():
+        raise IndexError(f"an index lies outside the data's dimensions {dims.tolist()}")
+    return idx % np.maximum(dims, 1)
+
+
+def _scatter(out: np.ndarray, where: tuple, updates: np.ndarray, reduction: str) -> list:
+    if reduction == "none":
+        out[where] = updates
+    elif reduction in SCATTER:
+        SCATTER[reduction].at(out, where, updates)
+    else:
+        raise ValueError(f"unknown reduction {reduction!r}")
+    return [out]
+
+
+def _scatter_nd(ins, a, opset):
+    """ONNX ScatterND: the data with the slices its indices' last axis addresses replaced by (or
+    reduced with) the updates (Swin's shifted-window masks are written so)."""
+    out, idx = np.array(ins[0]), np.asarray(ins[1]).astype(np.int64)
+    k = idx.shape[-1]
+    idx = _in_range(idx, out.shape[:k]).reshape(-1, k)
+    updates = np.asarray(ins[2]).reshape(idx.shape[0], *out.shape[k:])
+    return _scatter(out, tuple(idx.T), updates, a.get("reduction", "none"))
+
+
+def _scatter_elements(ins, a, opset):
+    out, idx = np.array(ins[0]), np.asarray(ins[1]).astype(np.int64)
+    axis = a.get("axis", 0) % out.ndim
+    where = list(np.indices(idx.shape))
+    where[axis] = _in_range(idx, out.shape[axis])
+    return _scatter(out, tuple(where), np.asarray(ins[2]), a.get("reduction", "none"))
+
+
 def _elementwise(fn):
     return lambda ins, a, opset: [fn(*(np.asarray(v) for v in ins))]
 
@@ -150,6 +189,9 @@ FOLD = {
     "Trilu": _trilu,
     "CumSum": _cumsum,
     "GatherND": _gather_nd,
+    "ScatterND": _scatter_nd,
+    "ScatterElements": _scatter_elements,
+    "Scatter": _scatter_elements,
     "Add": _elementwise(np.add),
     "Sub": _elementwise(np.subtract),
     "Mul": _elementwise(np.multiply),
