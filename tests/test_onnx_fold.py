@@ -2,7 +2,7 @@
 import numpy as np
 import onnx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
@@ -210,3 +210,52 @@ def test_a_scatter_index_outside_the_data_is_a_one_line_error_naming_the_node(tm
     inits["idx"] = np.array([[0, -1]], np.int64)       # the last channel, as ONNX counts from the end
     g = _matches_onnxruntime(_model(nodes, inits, (1, 3, 8, 8), tmp_path / "ok.onnx"))
     assert [n.op for n in g.nodes] == ["add"]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_an_einsum_of_two_operands_imports_as_a_matmul_with_onnx_runtimes_values(tmp_path, data):
+    """MaxViT writes Q.K^T and P.V as Einsum; any split of its letters into batch, contracted and free
+    ones, in any order, with the second operand an activation or a constant, and `...` for leading axes."""
+    from conftest import ort_run
+    kinds = {k: data.draw(st.integers(0, 2 if k != "red" else 2), label=k) for k in ("batch", "left", "right", "red")}
+    letters = iter("pqrstuvwxyz")
+    groups = {k: [next(letters) for _ in range(n)] for k, n in kinds.items()}
+    size = {c: data.draw(st.integers(1, 4), label=c) for g in groups.values() for c in g}
+    perm = lambda cs: data.draw(st.permutations(cs)) if cs else []      # noqa: E731
+    ta = perm(groups["batch"] + groups["left"] + groups["red"])
+    tb = perm(groups["batch"] + groups["right"] + groups["red"])
+    out = perm(groups["batch"] + groups["left"] + groups["right"])
+    assume(ta and tb)                                   # (inputs of rank 0 are not compiled)
+    ell = data.draw(st.booleans()) and ta and tb and ta[0] == tb[0] == out[0] if out else False
+    term = lambda t: "..." + "".join(t[1:]) if ell else "".join(t)      # noqa: E731
+    eq = f"{term(ta)},{term(tb)}->{term(out)}"
+    const = data.draw(st.booleans())
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal([size[c] for c in ta]).astype(np.float32)
+    b = rng.standard_normal([size[c] for c in tb]).astype(np.float32)
+    node = helper.make_node("Einsum", ["x", "w" if const else "b"], ["y"], equation=eq, name="attn")
+    ins = [helper.make_tensor_value_info("x", TensorProto.FLOAT, a.shape)] + \
+        ([] if const else [helper.make_tensor_value_info("b", TensorProto.FLOAT, b.shape)])
+    g = helper.make_graph([node], "einsum", ins, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(b, "w")] if const else [])
+    path = tmp_path / "einsum.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    feeds = {"x": a} if const else {"x": a, "b": b}
+    want = ort_run(path, feeds)[0]
+    got = interp.run(load_onnx(path), *feeds.values())[0]
+    assert got.shape == want.shape, eq
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=eq)
+
+
+@pytest.mark.parametrize("eq, why", [("ii,ij->j", "diagonal"), ("ij,jk->i", "kept or contracted"),
+                                     ("ij,jk,kl->il", "two operands")])
+def test_an_einsum_beyond_a_product_of_two_is_a_one_line_error_naming_the_node(tmp_path, eq, why):
+    n = len(eq.split("->")[0].split(","))
+    node = helper.make_node("Einsum", ["x"] * n, ["y"], equation=eq, name="mix")
+    g = helper.make_graph([node], "einsum", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "e.onnx"))
+    with pytest.raises(OnnxImportError, match=rf"node 'mix' \(Einsum\): .*{why}") as e:
+        load_onnx(tmp_path / "e.onnx")
+    assert "\n" not in str(e.value)

@@ -120,6 +120,90 @@ def _onnx_matmul(cx, ins, a):
     return [cx.add("batch_matmul", [x, w], {"trans_b": 0})]
 
 
+def _einsum_terms(cx, eq: str, ranks: list) -> tuple:
+    """([letters of each operand], output letters) of an Einsum equation, `...` spelled out as
+    letters of its own; the implicit output is the letters used once, in alphabetical order."""
+    eq = eq.replace(" ", "")
+    lhs, arrow, out = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(ranks) or not all(c.isalpha() for c in eq.replace("...", "").replace(",", "").replace("->", "")):
+        raise cx.fail(f"equation {eq!r} does not fit its {len(ranks)} operands")
+    ell = max((r - len(t.replace("...", "")) for t, r in zip(terms, ranks) if "..." in t), default=0)
+    free = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz" if c not in eq][:ell]
+    spelled = []
+    for t, r in zip(terms, ranks):
+        t = t.replace("...", "".join(free[ell - (r - len(t.replace("...", ""))):]))
+        if len(t) != r:
+            raise cx.fail(f"equation {eq!r}: term {t!r} does not fit an operand of rank {r}")
+        if len(set(t)) != len(t):
+            raise cx.fail(f"equation {eq!r}: a letter repeated in one operand (a diagonal) is not supported")
+        spelled.append(t)
+    if arrow:
+        out = out.replace("...", "".join(free))
+    else:
+        once = [c for c in set("".join(spelled)) if "".join(spelled).count(c) == 1]
+        out = "".join(free) + "".join(sorted(c for c in once if c not in free))
+    return spelled, out
+
+
+def _onnx_einsum(cx, ins, a):
+    """ONNX Einsum of two operands as one batch_matmul (or dense, by a constant matrix): each letter
+    is a batch axis (in both and the output), a contracted one (in both, not the output) or a free
+    one of either side; operands and result are transposed and reshaped around it. MaxViT and
+    relative-position attention write Q.K^T and P.V so."""
+    eq = a.get("equation", b"")
+    eq = eq.decode() if isinstance(eq, bytes) else str(eq)
+    if len(ins) != 2:
+        raise cx.fail(f"{len(ins)} operands: only Einsum of two operands is supported")
+    (ta, tb), out = _einsum_terms(cx, eq, [len(v.shape) for v in ins])
+    x, y = ins
+    size = {c: d for t, v in ((ta, x), (tb, y)) for c, d in zip(t, v.shape)}
+    for c in set(ta) & set(tb):
+        if x.shape[ta.index(c)] != y.shape[tb.index(c)]:
+            raise cx.fail(f"equation {eq!r}: axis {c!r} has {x.shape[ta.index(c)]} and {y.shape[tb.index(c)]} "
+                          "elements (broadcasting in Einsum is not supported)")
+    if set(out) - set(ta + tb) or len(set(out)) != len(out) or (set(ta) ^ set(tb)) - set(out):
+        raise cx.fail(f"equation {eq!r}: only products whose every letter is kept or contracted over both "
+                      "operands are supported")
+    batch = [c for c in out if c in ta and c in tb]
+    left, right = [c for c in out if c in ta and c not in tb], [c for c in out if c in tb and c not in ta]
+    red = [c for c in ta if c in tb and c not in out]
+    prod = lambda cs: int(np.prod([size[c] for c in cs]))      # noqa: E731
+    step = iter(range(8))
+
+    def arrange(v, term, order, shape):
+        """`v` (letters `term`) with its axes in `order`, reshaped to `shape`."""
+        perm = [term.index(c) for c in order]
+        if v.is_const:
+            return cx.constant(np.ascontiguousarray(np.transpose(v.data, perm).reshape(shape)), f"_einsum{next(step)}")
+        if perm != list(range(len(perm))):
+            v = cx.add("transpose", [v], {"perm": perm}, f"_einsum{next(step)}")
+        return v if list(v.shape) == list(shape) else cx.add("reshape", [v], {"shape": list(shape)},
+                                                               f"_einsum{next(step)}")
+
+    bshape = [size[c] for c in batch]
+    lhs = arrange(x, ta, batch + left + red, bshape + [prod(left), prod(red)])
+    if [tb.index(c) for c in batch + right + red] == list(range(len(tb))) and not y.is_const:
+        rhs, trans = arrange(y, tb, batch + right + red, bshape + [prod(right), prod(red)]), 1   # read as N x K
+    else:
+        rhs, trans = arrange(y, tb, batch + red + right, bshape + [prod(red), prod(right)]), 0
+    natural = batch + left + right
+    last = natural == list(out) and [prod(left), prod(right)] == [size[c] for c in left + right]
+    if rhs.is_const and rhs.data.ndim == 2 and not lhs.is_const:
+        mm = cx.add("dense", [lhs, cx.constant(np.ascontiguousarray(rhs.data.T), "_w")], {},
+                    "" if last else f"_einsum{next(step)}")
+    else:
+        mm = cx.add("batch_matmul", [lhs, rhs], {"trans_b": trans}, "" if last else f"_einsum{next(step)}")
+    if last:
+        return [mm]
+    shape = [size[c] for c in natural]
+    if list(out) == natural:
+        return [cx.add("reshape", [mm], {"shape": shape})]
+    if list(mm.shape) != shape:
+        mm = cx.add("reshape", [mm], {"shape": shape}, f"_einsum{next(step)}")
+    return [cx.add("transpose", [mm], {"perm": [natural.index(c) for c in out]})]
+
+
 def _export_dense(ex, n, ins):
     """dense followed by its only consumer, an add of a 1-D constant, is one Gemm with a bias; over
     more than two axes, a MatMul (and an Add)."""
@@ -299,7 +383,7 @@ register(
           te=lambda n, ins, name: dense(merge_heads(ins[0], h, f"{name}_heads") if (h := n.attrs.get("in_heads"))
                                         else ins[0], ins[1], 0, name),
           flops=lambda n: dense_flops(_rows(_dense_data_shape(n)), n.inputs[1].shape[1], n.inputs[1].shape[0]),
-          onnx_in={"Gemm": _onnx_gemm, "MatMul": _onnx_matmul}, onnx_out=_export_dense, task=_dense_task),
+          onnx_in={"Gemm": _onnx_gemm, "MatMul": _onnx_matmul, "Einsum": _onnx_einsum}, onnx_out=_export_dense, task=_dense_task),
     WorkloadDef(name="dense", required=("C", "K"), defaults=dict(N=1, bias=0, relu=0), build=_dense_build,
                 reference=_dense_ref, flops=lambda wl: dense_flops(wl.p["N"], wl.p["C"], wl.p["K"]),
                 example="dense:N=1,C=2048,K=1000,bias=1", epilogue=True, layout="OI16o", check=_dense_check,
