@@ -259,3 +259,48 @@ def test_an_einsum_beyond_a_product_of_two_is_a_one_line_error_naming_the_node(t
     with pytest.raises(OnnxImportError, match=rf"node 'mix' \(Einsum\): .*{why}") as e:
         load_onnx(tmp_path / "e.onnx")
     assert "\n" not in str(e.value)
+
+
+def test_a_layer_computed_on_constants_only_is_evaluated_at_import(tmp_path):
+    # Swin V2's position bias: an MLP over fixed coordinates, then a gather of its table by fixed indices
+    rng = np.random.default_rng(2)
+    nodes = [helper.make_node("MatMul", ["coords", "w1"], ["h"]),
+             helper.make_node("Relu", ["h"], ["hr"]),
+             helper.make_node("MatMul", ["hr", "w2"], ["table"]),
+             helper.make_node("Gather", ["table", "index"], ["bias"], axis=0),
+             helper.make_node("Transpose", ["bias"], ["bias_t"], perm=[1, 0]),
+             helper.make_node("Reshape", ["bias_t", "shape"], ["bias4"]),
+             helper.make_node("Add", ["x", "bias4"], ["y"])]
+    inits = {"coords": rng.standard_normal((15, 2)).astype(np.float32),
+             "w1": rng.standard_normal((2, 16)).astype(np.float32), "w2": rng.standard_normal((16, 3)).astype(np.float32),
+             "index": rng.integers(0, 15, 64).astype(np.int64), "shape": np.array([1, 3, 8, 8], np.int64)}
+    g = _matches_onnxruntime(_model(nodes, inits, (1, 3, 8, 8), tmp_path / "bias.onnx"))
+    assert [n.op for n in g.nodes] == ["add"]
+
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceSumSquare", "ReduceL2"])
+@pytest.mark.parametrize("axes, keep", [([3], 1), ([1, -1], 0), (None, 1)])
+def test_sum_sum_square_and_l2_reductions_import_with_onnx_runtimes_values(tmp_path, op, axes, keep):
+    opset = 18 if op != "ReduceSum" else 13          # axes as an input from these opsets on
+    more = ["axes"] if axes is not None else []
+    nodes = [helper.make_node(op, ["x", *more], ["y"], keepdims=keep)]
+    inits = {"axes": np.array(axes, np.int64)} if axes is not None else {}
+    shape = np.ones((1, 3, 8, 8))
+    out = np.sum(shape, axis=tuple(axes) if axes else None, keepdims=bool(keep)).shape
+    _matches_onnxruntime(_model(nodes, inits, out, tmp_path / "r.onnx", opset=opset))
+
+
+def test_normalize_as_torch_writes_it_imports_with_clamp_and_expand(tmp_path):
+    # F.normalize(x, dim=-1): x / ReduceL2(x).clamp_min(eps).expand_as(x)
+    nodes = [helper.make_node("ReduceL2", ["x", "last"], ["n"], keepdims=1),
+             helper.make_node("Max", ["n", "eps"], ["nc"]),
+             helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Expand", ["nc", "s"], ["ne"]),
+             helper.make_node("Div", ["x", "ne"], ["d"]),
+             helper.make_node("Min", ["d", "cap"], ["y"])]
+    inits = {"last": np.array([-1], np.int64), "eps": np.array(1e-12, np.float32), "cap": np.array(0.25, np.float32)}
+    g = _matches_onnxruntime(_model(nodes, inits, (1, 3, 8, 8), tmp_path / "norm.onnx", opset=18))
+    assert "clip" in [n.op for n in g.nodes]
+    nodes = [helper.make_node("Max", ["x", "x"], ["y"], name="both")]
+    with pytest.raises(OnnxImportError, match=r"node 'both' \(Max\): only the Max or Min of one activation"):
+        load_onnx(_model(nodes, {}, (1, 3, 8, 8), tmp_path / "max.onnx"))

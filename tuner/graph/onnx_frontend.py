@@ -15,10 +15,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import UserError
-from ..ops import OPS
+from ..ops import OPS, evaluate
 from .builder import GraphBuilder
 from .ir import Graph, GraphError, Value
-from .onnx_fold import fold, foldable
+from .onnx_fold import MAX_ELEMENTS, fold, foldable
 
 
 def _identity(cx, ins, a):
@@ -171,10 +171,13 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model") ->
         if node.op_type not in SUPPORTED:
             raise OnnxImportError(f"unsupported operator {node.op_type} (node {node.name!r}); supported: "
                                   f"{', '.join(SUPPORTED)}")
+        start = len(b.nodes)
         try:
             outs = IMPORTERS[node.op_type](Importer(b, node, opset), ins, _attrs(node))
         except GraphError as e:
             raise OnnxImportError(f"node {node.name!r} ({node.op_type}): {e}") from None
+        if any(v is not None for v in ins) and all(v is None or v.is_const for v in ins):
+            outs = _computed(b, start, outs, node)
         for name, v in zip(node.output, outs):
             env[name] = v
     outputs = []
@@ -187,6 +190,25 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model") ->
     inputs = [i.name for i in g.input if i.name not in consts]
     return b.finish(outputs, {"source": source, "opset": opset,
                               "interface": {"inputs": inputs, "outputs": [o.name for o in g.output]}})
+
+
+def _computed(b: GraphBuilder, start: int, outs: list, node) -> list:
+    """The outputs of a node whose inputs are all constants (Swin V2's position-bias MLP on fixed
+    coordinates, a weight's own normalisation): the graph nodes its import added, from `start`,
+    evaluated now and replaced by the constants they compute."""
+    vals: dict = {}
+    for n in b.nodes[start:]:
+        size = int(np.prod(n.output.shape))
+        if size > MAX_ELEMENTS:
+            raise OnnxImportError(f"node {node.name!r} ({node.op_type}) on constants would compute {size} elements, "
+                                  f"over the {MAX_ELEMENTS} a folded constant may have")
+        try:
+            vals[id(n.output)] = evaluate(n, [v.data if v.is_const else vals[id(v)] for v in n.inputs])
+        except (ValueError, IndexError, TypeError, FloatingPointError) as e:
+            raise OnnxImportError(f"node {node.name!r} ({node.op_type}) cannot be computed on its constant inputs: "
+                                  f"{type(e).__name__}: {str(e)[:120]}") from None
+    del b.nodes[start:]
+    return [b.const(vals[id(v)], v.name) if id(v) in vals else v for v in outs]
 
 
 def _check_ssa(g) -> None:

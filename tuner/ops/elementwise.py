@@ -195,6 +195,38 @@ def _onnx_clip(cx, ins, a):
     return [cx.add("clip", ins[:1], {"min": float(lo), "max": float(hi)})]
 
 
+def _onnx_max_min(cx, ins, a):
+    """Max or Min of an activation and one constant scalar (torch's clamp_min and clamp_max, as in
+    F.normalize) is a clip; of two activations, not supported."""
+    acts = [v for v in ins if v is not None and not v.is_const]
+    consts = [v for v in ins if v is not None and v.is_const]
+    if len(acts) != 1 or len(consts) > 1 or (consts and np.size(consts[0].data) != 1):
+        raise cx.fail("only the Max or Min of one activation and at most one constant scalar is supported")
+    bound = float(np.asarray(consts[0].data).reshape(-1)[0]) if consts else None
+    if bound is None:
+        return acts
+    return [cx.add("clip", acts, {"min": bound, "max": np.inf} if cx.op_type == "Max" else
+                   {"min": -np.inf, "max": bound})]
+
+
+def _onnx_expand(cx, ins, a):
+    """Expand of an activation (F.normalize's expand_as) broadcast as an add of zeros shaped only
+    along the axes it grows, so that the constant stays small."""
+    x = ins[0]
+    shape = [int(d) for d in cx.const(ins[1], "the shape")]
+    try:
+        out = np.broadcast_shapes(tuple(x.shape), tuple(shape))
+    except ValueError:
+        raise cx.fail(f"cannot broadcast {list(x.shape)} to {shape}") from None
+    if tuple(out) == tuple(x.shape):
+        return [x]
+    if x.dtype != "float32":
+        raise cx.fail(f"an Expand of a {x.dtype} activation is not supported")
+    have = (1,) * (len(out) - len(x.shape)) + tuple(x.shape)
+    zeros = np.zeros([d if h == 1 else 1 for d, h in zip(out, have)], np.float32)
+    return [cx.add("add", [x, cx.constant(zeros, "_zeros")], {})]
+
+
 def _onnx_pow(cx, ins, a):
     """Pow by a constant exponent: x*x for 2 and x*x*x for 3 (as ONNX Runtime computes them, and the
     form the LayerNorm and GELU rewrites look for), sqrt for 0.5, else powf."""
@@ -291,7 +323,8 @@ def _binary_def(op: str) -> OpDef:
     return OpDef(name=op, pattern=Pattern.BROADCAST, infer=_binary_infer, integers=op != "div",
                  evaluate=lambda node, args: f32(np_fn(args[0].astype(np.float64), args[1].astype(np.float64))),
                  te=lambda node, ins, name: broadcast_binary(op, ins[0], ins[1], name),
-                 onnx_in={onnx_type: onnx_plain(op)}, onnx_out=export_as(onnx_type))
+                 onnx_in={onnx_type: onnx_plain(op), **({"Expand": _onnx_expand} if op == "add" else {})},
+                 onnx_out=export_as(onnx_type))
 
 
 def _act_def(op: str) -> OpDef:
@@ -299,7 +332,8 @@ def _act_def(op: str) -> OpDef:
     return OpDef(name=op, pattern=Pattern.ELEMWISE, infer=same, integers=op == "neg",
                  evaluate=lambda node, args: f32(activation_ref(args[0], op, act_params(node))),
                  te=lambda node, ins, name: activation(ins[0], op, act_params(node), name),
-                 onnx_in={onnx_type: {"clip": _onnx_clip, "pow": _onnx_pow, "gelu": _onnx_gelu}.get(op, _onnx_act(op))}
+                 onnx_in={onnx_type: {"clip": _onnx_clip, "pow": _onnx_pow, "gelu": _onnx_gelu}.get(op, _onnx_act(op)),
+                          **({"Max": _onnx_max_min, "Min": _onnx_max_min} if op == "clip" else {})}
                  if onnx_type else {},
                  onnx_out={"clip": _export_clip, "pow": _export_pow, "gelu": _export_gelu,
                            "gelu_tanh": _export_gelu}.get(

@@ -160,6 +160,24 @@ def _onnx_reduce_mean(cx, ins, a):
     return [cx.add("mean", [x], {"axes": axes, "keepdims": keep})]
 
 
+def _onnx_reduce_sum(cx, ins, a):
+    """ReduceSum, ReduceSumSquare and ReduceL2 (Swin V2's cosine attention normalises q and k) as a
+    mean scaled by the count it averages, of x or of x*x, and a square root for L2."""
+    x = ins[0]
+    axes = a.get("axes")
+    if axes is None and len(ins) > 1 and ins[1] is not None:
+        axes = [int(v) for v in cx.const(ins[1], "axes")]
+    if not axes and a.get("noop_with_empty_axes", 0):
+        return [x]
+    axes = sorted({ax % len(x.shape) for ax in (axes or range(len(x.shape)))})
+    if cx.op_type != "ReduceSum":
+        x = cx.add("mul", [x, x], {}, "_square")
+    y = cx.add("mean", [x], {"axes": axes, "keepdims": a.get("keepdims", 1)}, "_mean")
+    count = np.array(float(np.prod([x.shape[ax] for ax in axes])), np.float32)
+    y = cx.add("mul", [y, cx.constant(count, "_count")], {}, "" if cx.op_type != "ReduceL2" else "_sum")
+    return [cx.add("sqrt", [y], {}) if cx.op_type == "ReduceL2" else y]
+
+
 def _onnx_softmax(cx, ins, a):
     x = ins[0]
     axis = a.get("axis", -1 if cx.opset >= 13 else 1) % len(x.shape)
@@ -171,7 +189,8 @@ def _onnx_softmax(cx, ins, a):
 register(
     OpDef(name="mean", pattern=Pattern.COMM_REDUCE, infer=_mean_infer, evaluate=_mean_eval,
           te=lambda n, ins, name: reduce_mean(ins[0], n.attrs["axes"], bool(n.attrs.get("keepdims", 1)), name),
-          onnx_in={"ReduceMean": _onnx_reduce_mean}),
+          onnx_in={"ReduceMean": _onnx_reduce_mean, **dict.fromkeys(("ReduceSum", "ReduceSumSquare", "ReduceL2"),
+                                                                      _onnx_reduce_sum)}),
     OpDef(name="softmax", pattern=Pattern.COMM_REDUCE, infer=same, evaluate=_softmax_eval,
           te=lambda n, ins, name: softmax(ins[0], n.attrs["axis"], name), flops=lambda n: 3.0 * output_elements(n),
           onnx_in={"Softmax": _onnx_softmax}, onnx_out=export_as("Softmax", lambda n: {"axis": n.attrs["axis"]})),
