@@ -1,10 +1,10 @@
 """Every architecture torchvision has, as a user brings it: exported, compiled untuned, checked, timed.
 
     pip install torchvision            # the build matching the installed torch; not a dependency of tuner
-    python -m bench.torchvision_sweep [--models squeezenet1_1,densenet121,...] [--threads 1] [--rounds 5]
+    python -m bench.torchvision_sweep [--models squeezenet1_1,densenet121,...] [--threads 1] [--rounds 5] [--dynamo]
 
 Each model is built with random weights (and random BatchNorm statistics, so that folding them
-means something), exported by `torch.onnx.export` (opset 17, batch 1), imported and compiled with
+means something), exported by `torch.onnx.export` (opset 17, batch 1; `--dynamo`: torch's dynamo exporter, opset 18), imported and compiled with
 no log of the user's (`tuner compile model.onnx`: shipped records where any apply, else defaults),
 run on one random input against ONNX Runtime on the same file (max error over the output's
 range), and timed interleaved with ONNX Runtime at the same thread count. A model that does not
@@ -41,7 +41,7 @@ def _torchvision():
     return torch, torchvision.models
 
 
-def export(name: str, path: Path, seed: int = 0) -> Path:
+def export(name: str, path: Path, seed: int = 0, dynamo: bool = False) -> Path:
     torch, models = _torchvision()
     torch.manual_seed(seed)
     net = models.get_model(name, weights=None).eval()
@@ -54,19 +54,19 @@ def export(name: str, path: Path, seed: int = 0) -> Path:
             if p.numel() > 1 and bool((p == p.flatten()[0]).all()):
                 p.add_(torch.empty_like(p).normal_(0, 0.1 if bool(p.flatten()[0]) else 0.02))
     size = SIZES.get(name, 224)
-    torch.onnx.export(net, (torch.randn(1, 3, size, size),), str(path), input_names=["input"], opset_version=17,
-                      dynamo=False)
+    torch.onnx.export(net, (torch.randn(1, 3, size, size),), str(path), input_names=["input"],
+                      opset_version=18 if dynamo else 17, dynamo=dynamo)
     return path
 
 
-def check(name: str, workdir: Path, threads: int, rounds: int) -> dict:
+def check(name: str, workdir: Path, threads: int, rounds: int, dynamo: bool = False) -> dict:
     from tuner.compare.peers import interleaved, onnxruntime_runner, paired_ratios
     from tuner.compiler import compile_model
     from tuner.graph import load as load_graph
-    row = {"model": name, "threads": threads}
+    row = {"model": name, "threads": threads, "exporter": "dynamo" if dynamo else "torchscript"}
     stage = "export"
     try:
-        path = export(name, workdir / f"{name}.onnx")
+        path = export(name, workdir / f"{name}.onnx", dynamo=dynamo)
         stage = "import"
         graph = load_graph(str(path))
         stage = "compile"
@@ -97,12 +97,13 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=DEFAULT)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=5, help="timing rounds against ONNX Runtime (0: check only)")
+    ap.add_argument("--dynamo", action="store_true", help="export with torch's dynamo exporter (opset 18)")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-torchvision-") as d:
         for name in args.models.split(","):
-            row = check(name, Path(d), args.threads, args.rounds)
+            row = check(name, Path(d), args.threads, args.rounds, args.dynamo)
             rows.append(row)
             if "error" in row:
                 print(f"{name:<20} FAILED at {row['stage']}: {row['error']}", flush=True)
@@ -113,7 +114,8 @@ def main(argv=None) -> int:
                       f"compile {row['compile_s']:5.1f} s  {timing}", flush=True)
     ok = sum(r.get("ok", False) for r in rows)
     print(f"\n{ok} of {len(rows)} models import, compile and match ONNX Runtime to 1e-4 of the output's range")
-    write_results("torchvision_sweep", args.out, {"threads": args.threads, "rounds": args.rounds, "rows": rows})
+    write_results("torchvision_sweep", args.out, {"threads": args.threads, "rounds": args.rounds,
+                                                  "dynamo": args.dynamo, "rows": rows})
     return 0 if ok == len(rows) else 1
 
 
