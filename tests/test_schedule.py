@@ -314,6 +314,29 @@ def test_the_default_avx512_conv_tile_splits_no_padded_axis_in_two_and_computes_
         check_schedules([(wl, space.steps(dec))], target)
 
 
+@settings(max_examples=12, deadline=None)
+@given(w=st.sampled_from([17, 19, 23, 29, 31, 35, 37, 71, 73]), h=st.integers(1, 24),
+       rs=st.sampled_from([(1, 1), (1, 7), (7, 1), (3, 3)]), isa=st.sampled_from(["avx2", "avx512"]),
+       threads=st.integers(1, 2))
+def test_a_default_conv_tile_over_a_prime_width_fills_its_registers_and_computes_the_reference(w, h, rs, isa,
+                                                                                             threads):
+    """Inception's 17-, 35- and 71-pixel rows have no divisor near the register budget: the default
+    tile takes a guarded last tile rather than one pixel per tile (a quarter of peak), and computes
+    the reference where this host runs the ISA."""
+    r, s = rs
+    lanes = 16 if isa == "avx512" else 8
+    wl = make("conv2d", dict(C=lanes, H=h + r - 1, W=w, K=2 * lanes, R=r, S=s, pad=(0, s // 2, 0, s // 2) if s > 1 else 0,
+                             bias=1, relu=1), f"NCHW{lanes}c")
+    target = parse_target(f"cpu -isa={isa} -threads={threads}", check_host=False)
+    space = SearchSpace(wl, target)
+    dec = space.default()
+    assert space.valid(dec)
+    n, kb, oh, ow, _ = [t[2] for t in dec["tile"]]
+    assert ow > 1 and kb * oh * ow >= min(8, space.out_shape[1] * space.out_shape[2] * w), dec["tile"]
+    if TARGET1.isa == "avx512" or isa == TARGET1.isa:
+        check_schedules([(wl, space.steps(dec))], target)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_a_tile_buffer_too_big_for_the_stack_is_allocated_once_outside_parallel_loops(threads):
     """A pad computed per tile of 16 output rows, 64 channels x 18 x 34 (153 KiB), is no stack

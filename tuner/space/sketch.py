@@ -66,6 +66,24 @@ BLOCK_PLACES = ("outside", "inside")   # a table sketch's channel-block loop: ou
 FOREIGN = (ScheduleError, KeyError, IndexError, TypeError, ValueError)
 
 
+def register_length(extent: int, fit: int, padded: bool = False) -> int:
+    """The default register tile along an output axis of `extent` with room for `fit` tiles: its
+    largest divisor that fits, unless that fills under a quarter of the room (a prime width:
+    Inception's 17 and 71); then the length in [fit/2, fit] whose tiles overrun the extent least,
+    the last tile guarded (lowering peels it off).
+    With an interior version (`padded`), no axis in exactly two tiles: both would be border tiles
+    with a one-sided test, which GCC compiled to spills (a 3x3 conv at 28x28 in two 14-pixel
+    tiles: 0.70 of peak; in four of 7 by two rows: 0.96)."""
+    fit = max(1, fit)
+    ok = lambda x: not (padded and -(-extent // x) == 2)          # noqa: E731
+    fits = [x for x in divisors(extent) if x <= fit]
+    best = max([x for x in fits if ok(x)] or fits)
+    if 4 * best >= fit or fit >= extent:
+        return best
+    guarded = [x for x in range(-(-fit // 2), fit + 1) if ok(x)]
+    return min(guarded, key=lambda x: (-(-extent // x) * x - extent, -x)) if guarded else best
+
+
 def divisors(n: int) -> list:
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return small + [n // d for d in reversed(small) if d * d != n]
@@ -206,12 +224,18 @@ class SearchSpace(DagSketch):
     def register_options(self, d: int) -> list:
         """DagSketch's, and for a GEMM's row axis also the lengths that fill the accumulator budget
         of one, two or three vectors of columns (6 and 12 rows with AVX2) and the default's, with a
-        guarded last tile."""
+        guarded last tile; for another tiled output, the default's guarded length (register_length)."""
         opts = super().register_options(d)
         if d == len(self.out_shape) - 2 and self.gemm_shaped:
             extra = {self.accumulator_budget // v for v in (1, 2, 3)} | {self._gemm_rows()[1]}
             opts += sorted(x for x in extra - set(opts) if x < self.out_shape[d])
+        elif self.kind == "tiled" and d < len(self.out_shape) - 1 and self._default_tile[d][2] not in opts:
+            opts.append(self._default_tile[d][2])
         return opts
+
+    @cached_property
+    def _default_tile(self) -> list:
+        return self.default()["tile"]
 
     @property
     def accumulator_budget(self) -> int:
@@ -307,11 +331,7 @@ class SearchSpace(DagSketch):
             for d in [row] + rest:
                 if acc >= enough:
                     break
-                fits = [x for x in divisors(shape[d]) if x * acc <= cap]
-                # with an interior version, no padded axis in two tiles: both would be border tiles
-                # with a one-sided test, which GCC compiled to spills (a 3x3 conv at 28x28 in two
-                # 14-pixel tiles: 0.70 of peak; in four of 7 by two rows: 0.96)
-                tile[d][2] = max([x for x in fits if not (d in padded and shape[d] == 2 * x)] or fits)
+                tile[d][2] = register_length(shape[d], cap // acc, d in padded)
                 acc *= tile[d][2]
         dec = {"pad": {p: place for p in self.pads}, "tile": tile,
                "reduce": [1 for _ in self.reduce_axes], "unroll": 64, "order": order}
