@@ -1,0 +1,94 @@
+"""PadChannels: convs whose channel count the layout's block does not divide compute whole blocks,
+and the graph's outputs stay what the unpadded graph computes."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tuner.graph import interp
+from tuner.graph.builder import GraphBuilder
+from tuner.graph.passes import optimize
+from tuner.graph.passes.pad_channels import padded_count
+
+CONV = {"strides": [1, 1], "dilations": [1, 1], "groups": 1}
+
+
+def _net(rng, c: int, k: int, tail: str, act: str = "clip"):
+    """conv(c->k)+bias+relu -> depthwise 3x3 + act -> conv(k->k)+bias -> [SE scale] -> tail, NCHW 1x c x 9 x 9
+    (sigmoid makes the extra channels 0.5, which the next conv must weigh by zero)."""
+    b = GraphBuilder("odd")
+    w = lambda *s: b.const(rng.standard_normal(s).astype(np.float32) * 0.3)       # noqa: E731
+    x = b.input("x", (1, c, 9, 9), layout="NCHW")
+    y = b.add("relu", [b.add("add", [b.add("conv2d", [x, w(k, c, 1, 1)], dict(CONV, pads=[0, 0, 0, 0])), w(1, k, 1, 1)])])
+    d = b.add("conv2d", [y, w(k, 1, 3, 3)], dict(CONV, pads=[1, 1, 1, 1], groups=k))
+    d = b.add(act, [b.add("add", [d, w(k, 1, 1)])], {"min": 0.0, "max": 6.0} if act == "clip" else {})
+    z = b.add("add", [b.add("conv2d", [d, w(k, k, 1, 1)], dict(CONV, pads=[0, 0, 0, 0])), w(1, k, 1, 1)])
+    if tail in ("se", "residual"):
+        s = b.add("global_avg_pool2d", [z], {})
+        s = b.add("sigmoid", [b.add("conv2d", [b.add("relu", [b.add("conv2d", [s, w(8, k, 1, 1)],
+                                                                               dict(CONV, pads=[0, 0, 0, 0]))]),
+                                               w(k, 8, 1, 1)], dict(CONV, pads=[0, 0, 0, 0]))])
+        z = b.add("mul", [z, s])
+        if tail == "residual":
+            z = b.add("add", [z, y])
+        z = b.add("div", [z, w(1, k, 1, 1)])
+    if tail == "concat":
+        z = b.add("concat", [z, y], {"axis": 1})
+    if tail == "flatten":
+        z = b.add("flatten", [b.add("global_avg_pool2d", [z], {})], {"axis": 1})
+    return b.finish([z, y] if tail == "two_outputs" else [z])
+
+
+@settings(max_examples=25, deadline=None)
+@given(c=st.integers(3, 40), k=st.sampled_from([18, 24, 40, 58, 100, 116]),
+       tail=st.sampled_from(["none", "se", "residual", "concat", "flatten", "two_outputs"]),
+       act=st.sampled_from(["clip", "sigmoid"]), layout=st.sampled_from(["NCHW16c", "NCHW8c"]),
+       seed=st.integers(0, 99))
+def test_padded_convs_keep_every_output_and_compute_whole_blocks(c, k, tail, act, layout, seed):
+    g = _net(np.random.default_rng(seed), c, k, tail, act)
+    x = np.random.default_rng(seed + 1).standard_normal((1, c, 9, 9)).astype(np.float32)
+    want = interp.run(g, x)
+    o = optimize(g, layout=layout)
+    got = interp.run(o, x)
+    assert len(got) == len(want) > 0
+    for a, r in zip(got, want):
+        assert a.shape == r.shape
+        np.testing.assert_allclose(a, r, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(r).max())))
+    block = int(layout[4:-1])
+    ks = [n.output.shape[1] * n.output.shape[4] for n in o.nodes if n.op == "conv2d" and len(n.output.shape) == 5]
+    assert ks, "no blocked conv"
+    if padded_count(k, block) != k:
+        assert padded_count(k, block) in ks and k not in ks, (k, ks)
+
+
+@pytest.mark.parametrize("k, block, want", [(58, 16, 64), (1000, 16, 1008), (24, 16, 32), (40, 8, 40), (8, 16, 8),
+                                            (12, 16, 12), (116, 16, 128), (64, 16, 64), (18, 8, 18), (20, 8, 24)])
+def test_a_conv_is_padded_only_where_the_pad_costs_less_than_the_small_block(k, block, want):
+    assert padded_count(k, block) == want
+
+
+def test_a_conv_the_layout_plan_runs_in_another_layout_is_not_padded():
+    g = _net(np.random.default_rng(0), 16, 58, "none")
+    first = next(n.name for n in g.nodes if n.op == "conv2d")
+    o = optimize(g, layout="NCHW16c", layout_plan={first: "NCHW"})
+    assert [n.output.shape[1] for n in o.nodes if n.op == "conv2d" and len(n.output.shape) == 4] == [58]
+
+
+@pytest.mark.parametrize("tail", ["residual", "concat"])
+def test_a_compiled_model_with_padded_convs_computes_what_the_graph_does(tail):
+    from tuner.compiler import compile_model
+    g = _net(np.random.default_rng(3), 24, 58, tail, "sigmoid")
+    m = compile_model(g, threads=1, use_shipped=False, predict=False)
+    assert any("K=64," in (s.workload or "") for s in m.steps), [s.workload for s in m.steps]
+    x = np.random.default_rng(4).standard_normal((1, 24, 9, 9)).astype(np.float32)
+    want = interp.run(g, x)[0]
+    np.testing.assert_allclose(m.run(x)[0], want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+
+
+def test_a_conv_the_plan_runs_in_another_blocked_layout_is_padded_to_that_block():
+    # the layout solver prices each layout from the graph compiled in it: a compile must meet those tasks
+    g = _net(np.random.default_rng(0), 16, 20, "none")
+    first = next(n.name for n in g.nodes if n.op == "conv2d")
+    o = optimize(g, layout="NCHW16c", layout_plan={first: "NCHW8c"})
+    conv = next(n for n in o.nodes if n.op == "conv2d")
+    assert conv.output.shape[1] * conv.output.shape[4] == padded_count(20, 8) == 24
