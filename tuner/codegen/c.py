@@ -296,10 +296,13 @@ class CGen:
                 return f"tuner_f{'min' if isinstance(e, Min) else 'max'}({a}, {c})"
             op = "<" if isinstance(e, Min) else ">"
             return f"(({a}) {op} ({c}) ? ({a}) : ({c}))"
-        if isinstance(e, Cmp):
-            return f"({self.expr(e.a)} {e.op} {self.expr(e.b)})"
-        if isinstance(e, And):
-            return f"({self.expr(e.a)} && {self.expr(e.b)})"
+        if isinstance(e, (Cmp, And)):       # an index condition (a concat's, a pad's), simplified in the loop's ranges
+            c = simplify(e, self._bounds())
+            if isinstance(c, Const):
+                return str(int(bool(c.value)))
+            if isinstance(c, Cmp):
+                return f"({self.expr(c.a)} {c.op} {self.expr(c.b)})"
+            return f"({self.expr(c.a)} && {self.expr(c.b)})" if isinstance(c, And) else self.expr(c)
         if isinstance(e, Select):
             return f"({self.expr(e.cond)} ? {self.expr(e.then)} : {self.expr(e.other)})"
         if isinstance(e, Call):
@@ -456,6 +459,8 @@ class CGen:
         if isinstance(e, Call) and e.name in VECTOR_CALLS:
             a, av = self.vexpr(e.args[0], lane, lanes, extra)
             return f"tuner_{e.name}{lanes}({a if av else f'(({vt}){{0}} + ({a}))'})", True
+        if isinstance(e, Select) and not isinstance(e.cond, Const):
+            e = Select(simplify(e.cond, self._bounds(extra)), e.then, e.other)
         if isinstance(e, Select) and lane not in free_vars(e.cond):
             a, av = self.vexpr(e.then, lane, lanes, extra)
             b, bv = self.vexpr(e.other, lane, lanes, extra)
