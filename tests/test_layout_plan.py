@@ -743,3 +743,52 @@ def test_check_plan_times_each_plan_compiled_whole(tmp_path):
     log.write_text("")
     out = check_plan(g, str(log), parse_target("cpu -threads=1"), plans, progress=False)
     assert set(out) == {"NCHW8c", "NCHW16c"} and all(0 < v < 1 for v in out.values())
+
+
+def _renamed(g):
+    """The same graph with every node renamed, as another exporter names it."""
+    from tuner.graph.builder import rebuild
+    return rebuild(g, lambda b, n, ins: b.add(n.op, ins, n.attrs, f"other/{n.name}/Conv"))
+
+
+def test_a_layout_plan_applies_to_another_export_of_the_same_architecture_conv_by_conv(tmp_path):
+    """torchvision's ResNet-50 and the built-in one are the same graph with other node names: a plan of
+    one names the other's convs in order; a graph of another architecture gets none."""
+    from tuner.compiler import compile_model
+    from tuner.graph.ir import graph_digest, graph_structure
+    from tuner.graph.layout_plan import anonymous_structure
+    from tuner.graph.models import tiny
+    from tuner.target import host_isa
+    g, other = tiny(), _renamed(tiny())
+    convs = [n.name for n in g.nodes if n.op == "conv2d"]
+    plan = {c: ("NCHW8c" if k == 0 else "NCHW16c") for k, c in enumerate(convs)}
+    assert graph_structure(other) != graph_structure(g) and anonymous_structure(other)[0] == anonymous_structure(g)[0]
+    log = tmp_path / "plan.jsonl"
+    target = f"cpu -isa={host_isa()} -cores=2 -threads=1"
+    records.append(log, [records.make_plan_record("tiny", graph_digest(g), target, plan, 1e-4, True,
+                                                  structure=graph_structure(g), anonymous=anonymous_structure(g))])
+    assert records.load(log).plans[0].order == tuple(anonymous_structure(g)[1])
+    m = compile_model(other, log=str(log), threads=1, use_shipped=False, predict=False)
+    mine = [n.name for n in other.nodes if n.op == "conv2d"]
+    assert m.meta["layout_plan"] == {mine[k]: lay for k, lay in enumerate(plan.values())}
+    assert any("[NCHW8c]" in (s.workload or "") for s in m.steps)
+    import numpy as np
+    from tuner.graph.builder import GraphBuilder
+    wider = GraphBuilder("wider")          # a different architecture: no plan, every conv in the default
+    x = wider.input("x", (1, 3, 8, 8), layout="NCHW")
+    w = wider.const(np.ones((16, 3, 3, 3), np.float32))
+    wider = wider.finish([wider.add("conv2d", [x, w], {"strides": [1, 1], "pads": [1, 1, 1, 1],
+                                                       "dilations": [1, 1], "groups": 1}, convs[0])])
+    with pytest.warns(UserWarning, match="holds a layout plan of tiny but none of this model"):
+        m = compile_model(wider, log=str(log), threads=1, use_shipped=False, predict=False)
+    assert not m.meta.get("layout_plan")
+
+
+@pytest.mark.parametrize("bad", [{"anonymous": 5, "order": []}, {"anonymous": "h", "order": ["a", "a"]},
+                                 {"anonymous": "h", "order": [""]}, {"anonymous": "h", "order": "conv1"}])
+def test_a_plan_whose_anonymous_structure_or_order_is_malformed_is_refused(bad):
+    from tuner.database.records import PlanRecord, RecordError
+    good = {"model": "m", "model_hash": "x", "target": "cpu -isa=avx2 -threads=1", "layouts": {}, "estimate_s": 1.0}
+    assert PlanRecord.from_json(dict(good, anonymous="h", order=["a", "b"])).order == ("a", "b")
+    with pytest.raises(RecordError, match="anonymous/order"):
+        PlanRecord.from_json(dict(good, **bad))

@@ -56,7 +56,7 @@ from .database.union import Database
 from .errors import UserError
 from .graph import Graph, load
 from .graph.ir import graph_digest, graph_structure
-from .graph.layout_plan import ModelLayouts, Plan, model_layouts
+from .graph.layout_plan import ModelLayouts, Plan, anonymous_structure, model_layouts
 from .graph.passes import GRAPH_CHOICES, optimize
 from .graph.passes.convert_layout import check_choice
 from .measure.interleave import interleaved
@@ -556,7 +556,7 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
         rec = records.make_plan_record(name, graph_digest(graph), str(tgt), plan.layouts, est, plan.exact,
                                        tuple(layouts), peak, cold, cold_est, weights, graph_structure(graph), choices,
                                        {v.name: list(v.shape) for v in graph.inputs}, bool(graph.meta.get("dynamic")),
-                                       ends)
+                                       ends, anonymous_structure(graph))
         same_choices = last is not None and {k: v["on"] for k, v in last.choices.items()} == \
             {k: v["on"] for k, v in rec.choices.items()}       # the times differ run to run; the choices, not
         if last is None or dataclasses.replace(last, timestamp=rec.timestamp, tool=rec.tool, peak_gflops=rec.peak_gflops,

@@ -18,6 +18,7 @@ layouts at compile time and stored in one binary file.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import time
 import warnings
@@ -34,6 +35,7 @@ from ..errors import UserError
 from ..graph import Graph, load
 from ..graph.dynamic import load_at, parse_dynamic
 from ..graph.ir import graph_digest, graph_structure, interface_names
+from ..graph.layout_plan import anonymous_structure
 from ..graph.models import MODELS
 from ..graph.onnx_frontend import input_dims
 from ..graph.passes import GRAPH_CHOICES, optimize
@@ -424,7 +426,12 @@ def _layout_plan(db, graph, model_hash, tgt, layout, layout_plan, source_name, s
     refusing a given plan of another model."""
     plan_from, timed = "given" if layout_plan else None, {}
     if layout_plan is None:
-        found, where = db.plan(model_hash, tgt, graph_structure(graph))
+        anonymous = functools.cache(lambda: anonymous_structure(graph))
+        found, where = db.plan(model_hash, tgt, graph_structure(graph), anonymous)
+        names = {n.name for n in graph.nodes}
+        if found is not None and found.anonymous and not set(found.layouts) <= names \
+                and anonymous()[0] == found.anonymous:     # the same weights and graph, its nodes renamed
+            found = found.renamed(anonymous()[1]) or found
         if found is not None:
             layout_plan, plan_from, timed = found.layouts, where, found.choices
             say(f"layout plan from {where}: {plan_summary(found.layouts)}")

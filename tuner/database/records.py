@@ -22,7 +22,7 @@ import math
 import os
 import warnings
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -202,6 +202,10 @@ class PlanRecord:
     # "code", "above": the code hashes at the bucket of that kernel and of the one above it}, measured
     # (model_tuning.handovers); a task not named, or run with other kernels, ends at the bucket
     ends: dict = field(default_factory=dict)
+    # the name-free structure of the graph before layouts and its conv and dense nodes in order
+    # (layout_plan.anonymous_structure): the plan applies to another export of the same architecture
+    anonymous: str = ""
+    order: tuple = ()
 
     def to_json(self) -> dict:
         d = {"format": self.format, "kind": self.kind, "tool": self.tool, "model": self.model,
@@ -225,7 +229,17 @@ class PlanRecord:
             d["dynamic"] = True
         if self.ends:
             d["ends"] = self.ends
+        if self.anonymous:
+            d["anonymous"], d["order"] = self.anonymous, list(self.order)
         return d
+
+    def renamed(self, order: list) -> "PlanRecord | None":
+        """This plan for a graph of the same anonymous structure whose conv and dense nodes, in
+        order, are named `order`; None where the counts differ."""
+        if len(order) != len(self.order):
+            return None
+        names = dict(zip(self.order, order))
+        return replace(self, layouts={names[k]: v for k, v in self.layouts.items() if k in names})
 
     @classmethod
     def from_json(cls, obj: dict) -> "PlanRecord":
@@ -267,6 +281,11 @@ class PlanRecord:
             and _integer(v["upto"]) and 0 < v["upto"] <= MAX_ELEMENTS
             and all(isinstance(v[c], str) and 0 < len(v[c]) <= MAX_KEY for c in ("code", "above"))
             for k, v in ends.items()), "plan ends is not an object of workload keys to {upto, code, above}")
+        order = obj.get("order", [])
+        _want(isinstance(obj.get("anonymous", ""), str) and len(obj.get("anonymous", "")) <= MAX_KEY
+              and isinstance(order, list) and len(order) <= MAX_ENDS and len(set(order)) == len(order)
+              and all(isinstance(k, str) and 0 < len(k) <= MAX_KEY for k in order),
+              "plan anonymous/order is not a hash and a list of distinct node names")
         return cls(obj["model"], obj["model_hash"], obj["target"], dict(lays), float(obj["estimate_s"]),
                    obj.get("exact", True), obj.get("timestamp", ""), obj.get("tool", ""), obj.get("format", FORMAT),
                    candidates=tuple(cands), peak_gflops=obj.get("peak_gflops"),
@@ -275,20 +294,21 @@ class PlanRecord:
                    structure=obj.get("structure", ""),
                    choices={k: {"on": v["on"], "s": [float(t) for t in v["s"]]} for k, v in choices.items()},
                    shapes={k: list(v) for k, v in shapes.items()}, dynamic=obj.get("dynamic", False),
-                   ends={k: dict(v) for k, v in ends.items()})
+                   ends={k: dict(v) for k, v in ends.items()}, anonymous=obj.get("anonymous", ""),
+                   order=tuple(order))
 
 
 def make_plan_record(model: str, model_hash: str, target: str, layouts: dict, estimate_s: float,
                      exact: bool, candidates=(), peak_gflops: float | None = None, cold: dict | None = None,
                      cold_estimate_s: float | None = None, priced: str = "warm", structure: str = "",
                      choices: dict | None = None, shapes: dict | None = None, dynamic: bool = False,
-                     ends: dict | None = None) -> PlanRecord:
+                     ends: dict | None = None, anonymous: tuple = ("", ())) -> PlanRecord:
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     return PlanRecord(model, model_hash, str(target), dict(layouts), estimate_s, exact, now, f"tuner {__version__}",
                       candidates=tuple(candidates), peak_gflops=peak_gflops, cold=dict(cold or {}),
                       cold_estimate_s=cold_estimate_s, priced=priced, structure=structure, choices=dict(choices or {}),
                       shapes={k: [int(n) for n in v] for k, v in (shapes or {}).items()}, dynamic=dynamic,
-                      ends=dict(ends or {}))
+                      ends=dict(ends or {}), anonymous=anonymous[0], order=tuple(anonymous[1]))
 
 
 def _want(cond, reason: str) -> None:
@@ -315,15 +335,22 @@ class LogContents:
     reasons: Counter = field(default_factory=Counter)   # why lines that are not records were skipped
     plans: list = field(default_factory=list)           # [PlanRecord], in log order
 
-    def plan(self, model_hash: str, target: str, structure: str = "", any_threads: bool = False) -> "PlanRecord | None":
+    def plan(self, model_hash: str, target: str, structure: str = "", any_threads: bool = False,
+             anonymous: tuple = ("", ())) -> "PlanRecord | None":
         """The newest layout plan that applies on `target` (same rule as applicable; any_threads: for
         its backend and ISA at another thread count) of a model: the same graph, or one of the same
-        structure (the same model exported and imported again, or with other weights)."""
+        structure (the same model exported and imported again, or with other weights), or of the
+        same `anonymous` structure (another export of the architecture: its nodes named otherwise;
+        the plan returned names this graph's nodes, from anonymous's order)."""
         want = code_target(target)
         here = [p for p in reversed(self.plans) if (ct := code_target(p.target)) is not None and want is not None
                 and (ct[:2] == want[:2] and ct[2] != want[2] if any_threads else ct == want)]
-        return next((p for p in here if p.model_hash == model_hash), None) or next(
+        found = next((p for p in here if p.model_hash == model_hash), None) or next(
             (p for p in here if structure and p.structure == structure), None)
+        if found is None and anonymous[0]:
+            found = next((r for p in here if p.anonymous == anonymous[0] and (r := p.renamed(list(anonymous[1])))),
+                         None)
+        return found
 
     @property
     def skipped(self) -> int:

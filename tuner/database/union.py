@@ -104,13 +104,16 @@ class Database:
                 f"logged times are another code's and the report promises none (tune them again to time "
                 f"this version's code): {shown}")
 
-    def plan(self, model_hash: str, target, structure: str = "") -> tuple:
+    def plan(self, model_hash: str, target, structure: str = "", anonymous=None) -> tuple:
         """(the newest layout plan of the model on `target` in the first source that has one, that
         source's name), else one for another thread count of the target's ISA (a layout costs
-        alike on one core or more; the name says so), or (None, None)."""
+        alike on one core or more; the name says so), or (None, None). anonymous: a callable giving
+        the graph's layout_plan.anonymous_structure, asked only where no plan matches more closely."""
         for any_threads in (False, True):
             for s in self.sources:
                 found = s.contents.plan(model_hash, str(target), structure, any_threads)
+                if found is None and anonymous is not None and any(p.anonymous for p in s.contents.plans):
+                    found = s.contents.plan(model_hash, str(target), structure, any_threads, anonymous())
                 if found is not None:
                     n = records.code_target(found.target)[2]
                     return found, s.name + (f", {n} thread{'s' * (n > 1)}" if any_threads else "")

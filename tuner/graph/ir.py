@@ -98,8 +98,9 @@ def interface_names(graph: Graph) -> tuple:
     return [v.name for v in graph.inputs], [v.name for v in graph.outputs]
 
 
-def _graph_hash(graph: Graph, structure: bool) -> str:
-    """The hash of graph_digest, or (structure) of graph_structure: one walk, in node order."""
+def _graph_hash(graph: Graph, structure: bool, named: bool = True) -> str:
+    """The hash of graph_digest, or (structure) of graph_structure (without node names: not
+    `named`): one walk, in node order."""
     h = hashlib.sha256()
     names: dict = {}
     for v in graph.inputs:
@@ -114,7 +115,7 @@ def _graph_hash(graph: Graph, structure: bool) -> str:
                        else names.get(id(v), "?"))
         names[id(n.output)] = f"v{len(names)}"
         attrs = sorted((k, str(a)) for k, a in n.attrs.items() if not (structure and isinstance(a, float)))
-        h.update(json.dumps([n.op, n.name, attrs, ins] if structure else [n.op, attrs, ins]).encode())
+        h.update(json.dumps([n.op, n.name, attrs, ins] if structure and named else [n.op, attrs, ins]).encode())
     h.update(json.dumps([names.get(id(v), "?") for v in graph.outputs]).encode())
     return h.hexdigest()[:20]
 

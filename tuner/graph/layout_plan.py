@@ -30,6 +30,7 @@ from ..errors import UserError
 from ..ops import BINARY, UNARY
 from ..ops import winograd as WG
 from ..te import layouts as L
+from .ir import _graph_hash
 from .passes import optimize
 from .passes.convert_layout import (AGNOSTIC_POOLS, followed_operand, fused_read, io_layouts, uses, winograd_applies,
                                     winograd_conv)
@@ -132,6 +133,15 @@ def brute_force(problem: LayoutProblem) -> Plan:
 # ---------------------------------------------------------------- a model's layout problem
 
 PRE_LAYOUT = ("InferType", "SimplifyInference", "FoldConstant", "EliminateCommonSubexpr", "DeadCodeElimination")
+
+
+def anonymous_structure(graph) -> tuple:
+    """(a hash of the graph after the passes before layouts, without node names or weights; the
+    names of its conv and dense nodes in order): the same architecture exported by another tool
+    (torchvision's ResNet-50 and the built-in one) has the same hash, and a layout plan of one
+    applies to the other conv by conv, in that order."""
+    pre = optimize(graph, passes=PRE_LAYOUT)
+    return _graph_hash(pre, structure=True, named=False), [n.name for n in pre.nodes if n.op in ("conv2d", "dense")]
 
 
 @dataclass
