@@ -517,6 +517,27 @@ def test_distill_remeasure_keeps_what_is_fast_now_not_the_lucky_record(tmp_path,
     assert real.policy == "remeasure" and len(real.costs) == 2 and all(0 < c < 1 for c in real.costs)
 
 
+def test_distill_keeps_a_task_whose_records_no_longer_replay_and_retimes_it_as_this_versions_code(tmp_path):
+    """A record whose steps this version builds as other code (its logged hash is an older
+    version's) is no reason to lose the task: distill keeps it as logged, or with --retime-stale
+    times its steps as this version's code and logs that code's hash."""
+    from tuner.task import Task
+    task = Task(SMALL, TARGET1)
+    old = dict(_valid_record(cost=2e-6), code_hash="0" * 20)      # the default's steps, another code's hash
+    log = tmp_path / "log.jsonl"
+    log.write_text(json.dumps(old) + "\n")
+    assert not records.replays(records.load(log).records[0])
+    kept_out, new_out = tmp_path / "kept.jsonl", tmp_path / "new.jsonl"
+    assert distill([str(log)], str(kept_out)) == 1
+    (kept,) = records.load(kept_out).records
+    assert kept.code_hash == "0" * 20 and kept.costs == (2e-6,) * len(kept.costs)
+    lines = []
+    assert distill([str(log)], str(new_out), rounds=2, retime_stale=True, progress=lines.append) == 1
+    (new,) = records.load(new_out).records
+    assert new.policy == "retimed" and new.code_hash == task.default_candidate().code_hash and records.replays(new)
+    assert len(new.costs) == 2 and all(0 < c < 1 for c in new.costs) and "as this version's" in lines[0]
+
+
 def test_a_logged_layout_that_is_no_layout_is_reported_not_a_traceback(tmp_path):
     """Found by the property above: a record whose layout names no layout (here 'OK')."""
     from tuner.analysis.report import analyze

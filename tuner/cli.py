@@ -297,7 +297,8 @@ def _cmd_distill(args) -> int:
     check_output_path(args.output, "-o")
     if args.remeasure < 0 or args.rounds < 1:
         raise UserError("--remeasure must be 0 or more and --rounds at least 1")
-    n = distill(args.logs, args.output, args.remeasure, args.rounds, progress=print if args.remeasure > 1 else None)
+    n = distill(args.logs, args.output, args.remeasure, args.rounds,
+                progress=print if args.remeasure > 1 or args.retime_stale else None, retime_stale=args.retime_stale)
     plans = len(records.load(args.output, warn=False).plans)
     print(f"{args.output}: best records of {n} workload/target pair(s)" + (f", {plans} layout plan(s)" if plans else ""))
     return 0
@@ -630,7 +631,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--remeasure", type=int, default=0, metavar="K",
                    help="time the K fastest schedules of each task again on this host, interleaved, and keep the "
                         "one with the lowest median (the fastest logged record is often a lucky measurement)")
-    d.add_argument("--rounds", type=int, default=5, help="rounds of --remeasure (default 5)")
+    d.add_argument("--rounds", type=int, default=5, help="rounds of --remeasure and --retime-stale (default 5)")
+    d.add_argument("--retime-stale", action="store_true",
+                   help="a task none of whose records this version's code replays: time its fastest schedule "
+                        "again as this version's code where this host can run it (else it is kept as logged)")
     d.set_defaults(fn=_cmd_distill)
 
     pt = sub.add_parser("pretrain", help="train a cost model on logs, to start searches from (transfer)")

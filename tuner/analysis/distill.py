@@ -6,6 +6,10 @@ schedule that was timed in a lucky moment (the winner's curse; docs/history.md h
 distinct schedules of each task this host can run are timed again, interleaved over `rounds`
 rounds, and the one with the lowest median is kept; its record is that new measurement (policy
 "remeasure", one cost per round), not the lucky old one.
+
+A task none of whose records replay (code an older version generated differently) keeps its
+fastest record as it is, stale, unless `retime_stale`: then, where this host can run it, its
+steps are built as this version's code and timed (policy "retimed", the new code's hash).
 """
 from __future__ import annotations
 
@@ -44,10 +48,25 @@ def remeasure(recs: list, rounds: int = 5) -> records.Record:
                                policy="remeasure", replayed_from=None, build_s=0.0, run_s=0.0)
 
 
-def distill(logs: list, out: str, remeasure_top: int = 0, rounds: int = 5, progress=None) -> int:
+def retime(rec: records.Record, rounds: int = 5) -> records.Record:
+    """`rec`'s steps built as this version's code and timed over `rounds` rounds: a new record of
+    that code (its hash, one cost per round)."""
+    task = Task(parse_spec(rec.workload.spec, rec.workload.layout), parse_target(rec.target, check_host=False))
+    kernel = Kernel(task, rec.steps, rec, None)
+    x = task.workload.random_inputs(seed=1)
+    costs = tuple(statistics.median(kernel.time(*x, repeat=3, min_repeat_ms=20.0)) for _ in range(rounds))
+    now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return dataclasses.replace(rec, costs=costs, code_hash=kernel.code_hash, timestamp=now, tool=f"tuner {__version__}",
+                               policy="retimed", replayed_from=None, build_s=0.0, run_s=0.0)
+
+
+def distill(logs: list, out: str, remeasure_top: int = 0, rounds: int = 5, progress=None,
+            retime_stale: bool = False) -> int:
     """Write the best record of every (workload, target) in `logs` and in `out` itself to `out`,
     and the newest layout plan of every (model, target); with remeasure_top=K, the best of the K
-    fastest re-timed on this host where it can run them. Returns the number of records written."""
+    fastest re-timed on this host where it can run them; a task with no record that replays keeps
+    its fastest, re-timed as this version's code where retime_stale and this host can run it.
+    Returns the number of records written."""
     by_task: dict = {}
     plans: dict = {}
     for path in list(logs) + [out]:
@@ -71,6 +90,14 @@ def distill(logs: list, out: str, remeasure_top: int = 0, rounds: int = 5, progr
                          f"of {len(cands)})")
         else:
             b = records.best_of(recs)
+        ok = [r for r in recs if r.ok]
+        if b is None and ok:            # no record replays: the fastest, stale or re-timed as this code
+            b = min(ok, key=lambda r: r.latency)
+            if retime_stale and _runnable_here(b.target):
+                was, b = b.latency, retime(b, rounds)
+                if progress:
+                    progress(f"[{n}/{len(by_task)}] {b.workload.title} [{b.workload.layout}] {b.target}: "
+                             f"logged {was * 1e3:.3f} ms as older code, {b.latency * 1e3:.3f} ms as this version's")
         if b is not None:
             best.append(b)
     ordered = sorted(best, key=lambda r: (r.target, r.workload.title, r.workload.layout))
