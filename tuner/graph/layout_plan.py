@@ -298,13 +298,13 @@ class _GroupTasks:
         for lay in dict.fromkeys([base] + [lay for d in domains.values() for lay in d]):
             plan = {v: lay for v, d in domains.items() if lay in d}
             if WG.parse_choice(lay):     # every conv that can runs as `lay`, the others in its activation layout
-                g = optimize(graph, layout=WG.activation_layout(lay), layout_plan=plan)
+                g = optimize(graph, layout=WG.activation_layout(lay), layout_plan=plan, pad_channels=False)
             elif io := fused_read(lay):  # every conv that can reads io[0] and writes io[1], the others in io[1]
-                g = optimize(graph, layout=io[1], layout_plan=plan)
+                g = optimize(graph, layout=io[1], layout_plan=plan, pad_channels=False)
             elif lay in packings:        # every dense in packing `lay`, the convs in the base layout
-                g = optimize(graph, layout=base, layout_plan=plan)
+                g = optimize(graph, layout=base, layout_plan=plan, pad_channels=False)
             else:
-                g = optimize(graph, layout=lay)
+                g = optimize(graph, layout=lay, pad_channels=False)
             self._collect(g, lay, base)
 
     def _collect(self, g, lay: str, base: str) -> None:

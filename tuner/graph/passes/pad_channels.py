@@ -13,11 +13,14 @@ sliced off before any other:
 
 Extra channels start at zero (zero weights, zero bias) and pass only through ops that keep a finite
 value finite, and every convolution that reads them weighs them by zero, so the real channels are
-exactly what the unpadded graph computes. A conv is padded to the block of the plain blocked layout
-the plan runs it in (the compile's layout where the plan names none; none for NCHW, NHWC, Winograd
-and fused reads, so that the layout solver, which compiles the graph once per layout, prices the
-tasks a compile meets), and only where the compute the pad adds is less than the vector width the
-small block leaves idle.
+exactly what the unpadded graph computes. A conv is padded only where the compute the pad adds is
+less than the vector width the small block leaves idle.
+
+Only a compile in one blocked layout pads (no layout plan: an untuned compile, or one whose logs
+hold no plan of the model). The layout solver prices each conv's tasks from the graph compiled
+once per layout, unpadded (optimize's pad_channels=False), so a plan it solved compiles unpadded
+to the tasks it priced: a padded producer in one layout would change the channels its consumer in
+another layout reads.
 """
 from __future__ import annotations
 
@@ -66,55 +69,70 @@ def pad_channels(graph: Graph, ctx) -> Graph:
     """Conv output channels padded to whole blocks of the layout, carried while consumers can take them."""
     desired = ctx.options.get("layout") or "NCHW"
     plan = ctx.options.get("layout_plan") or {}
-    if not (L.block_of(desired) or any(L.block_of(v) for v in plan.values())) or graph.meta.get("dynamic"):
+    if plan or not ctx.options.get("pad_channels", True) or not L.block_of(desired) or graph.meta.get("dynamic"):
         return graph
     b = GraphBuilder(graph.name)
-    new: dict = {}          # id(old value) -> new value (padded where `real` says so)
-    real: dict = {}         # id(old value) -> its real channel count, for values carried padded
-    sliced: dict = {}
+    new: dict = {}          # id(old value) -> new value
+    real: dict = {}         # id(old value) -> its real channel count, for values whose channels can carry padding
+    made: dict = {}         # (id(old value), channels) -> that value sliced or padded to them
+
+    def to(v, want: int):
+        """Old value `v` with `want` channels: its real ones, then zeros (a conv reading it weighs them by
+        zero). Each conv meets the count its own layout gives (padded_count), as when the layout solver
+        compiled the graph in that layout, whatever its producer's layout padded to."""
+        nv = new.get(id(v), v)
+        if id(v) not in real or nv.shape[1] == want:
+            return nv
+        if (id(v), want) not in made:
+            k, shape = real[id(v)], list(nv.shape)
+            x = nv
+            if shape[1] > k:
+                shape[1] = k
+                x = b.add("slice", [x], {"begin": [0] * len(shape), "step": [1] * len(shape), "shape": list(shape)},
+                          f"{v.name}_channels")
+            if want > k:
+                pads = [0] * (2 * len(shape))
+                pads[len(shape) + 1] = want - k
+                x = b.add("pad", [x], {"pads": pads, "value": 0.0}, f"{v.name}_channels{want}")
+            made[(id(v), want)] = x
+        return made[(id(v), want)]
 
     def plain(v):
-        """The new value of old value `v` with its real channels only."""
-        nv = new.get(id(v), v)
-        if id(v) not in real:
-            return nv
-        if id(v) not in sliced:
-            shape = list(v.shape)
-            sliced[id(v)] = b.add("slice", [nv], {"begin": [0] * len(shape), "step": [1] * len(shape),
-                                                  "shape": shape}, f"{v.name}_channels")
-        return sliced[id(v)]
+        return to(v, real[id(v)]) if id(v) in real else new.get(id(v), v)
 
     for v in graph.inputs:
         new[id(v)] = b.input(v.name, v.shape, v.dtype, v.layout)
     for n in graph.nodes:
         ins, a = n.inputs, dict(n.attrs)
-        padded_in = [v for v in ins if id(v) in real]
         out = None
         block = L.block_of(plan.get(n.name, desired))        # 0 for NCHW, NHWC, Winograd and fused reads
-        if n.op == "conv2d" and len(ins) == 2 and ins[1].is_const and len(ins[0].shape) == 4 and block:
-            w = ins[1].data
+        if n.op == "conv2d" and len(ins) == 2 and ins[1].is_const and len(ins[0].shape) == 4:
+            w, x = ins[1].data, ins[0]
             k, groups = w.shape[0], a.get("groups", 1)
-            x = new.get(id(ins[0]), ins[0])
             if groups == 1:
-                to = padded_count(k, block)
-                if id(ins[0]) in real:                  # the input's extra channels weigh zero
-                    w = _pad_axis(w, 1, x.shape[1])
-                if to != k or id(ins[0]) in real:
-                    w = _pad_axis(w, 0, to)
-                    out = b.add("conv2d", [x, b.const(w.astype(ins[1].data.dtype), f"{ins[1].name}_padded")], a,
-                                n.name)
-                    if to != k:
-                        real[id(n.output)] = k
-            elif groups == k == ins[0].shape[1] and w.shape[1] == 1 and id(ins[0]) in real:   # depthwise
-                to = x.shape[1]
-                a["groups"] = to
-                out = b.add("conv2d", [x, b.const(_pad_axis(w, 0, to), f"{ins[1].name}_padded")], a, n.name)
+                to_k = padded_count(k, block) if block else k
+                c = padded_count(real[id(x)], block) if block and id(x) in real else x.shape[1]
+                if c != x.shape[1]:
+                    w = _pad_axis(w, 1, c)
+                if to_k != k:
+                    w = _pad_axis(w, 0, to_k)
+                xin = to(x, c) if block else plain(x)
+                out = b.add("conv2d", [xin, b.const(w.astype(ins[1].data.dtype), f"{ins[1].name}_padded")
+                                       if w is not ins[1].data else new.get(id(ins[1]), ins[1])], a, n.name)
                 real[id(n.output)] = k
-        elif padded_in and len(n.output.shape) == 4 and (n.op in KEEPS or n.op in IDENTITY):
-            k, to = real[id(padded_in[0])], new[id(padded_in[0])].shape[1]
-            args = [_channel_const(b, v, k, to, IDENTITY.get(n.op, 0.0)) if v.is_const else
-                    new[id(v)] if real.get(id(v)) == k and new[id(v)].shape[1] == to else None for v in ins]
-            if None not in args and n.output.shape[1] == k:
+            elif groups == k == x.shape[1] and w.shape[1] == 1 and id(x) in real and block:        # depthwise
+                c = padded_count(k, block)
+                a["groups"] = c
+                out = b.add("conv2d", [to(x, c), b.const(_pad_axis(w, 0, c), f"{ins[1].name}_padded")], a, n.name)
+                real[id(n.output)] = k
+        elif len(n.output.shape) == 4 and (n.op in KEEPS or n.op in IDENTITY) and \
+                (acts := [v for v in ins if not v.is_const]) and all(id(v) in real for v in acts) and \
+                len({real[id(v)] for v in acts}) == 1 and n.output.shape[1] == real[id(acts[0])]:
+            k = real[id(acts[0])]
+            lead = next((v for v in acts if v.producer is not None and v.producer.op == "conv2d"), acts[0])
+            c = new[id(lead)].shape[1]          # the count of the conv output it may fuse into
+            args = [_channel_const(b, v, k, c, IDENTITY.get(n.op, 0.0)) if v.is_const else to(v, c) for v in ins]
+            if None not in args:
                 out = b.add(n.op, args, a, n.name)
                 real[id(n.output)] = k
         if out is None:
