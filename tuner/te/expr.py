@@ -425,8 +425,10 @@ def _div_mod(a: Expr, c: int, ranges: Ranges, want_div: bool):
     return None
 
 
-def simplify(e: Expr, ranges: Ranges | None = None) -> Expr:
-    """Fold constants, collect affine terms and remove div/mod that the ranges make exact."""
+def simplify(e: Expr, ranges: Ranges | None = None, keep_mods: bool = False) -> Expr:
+    """Fold constants, collect affine terms and remove div/mod that the ranges make exact;
+    keep_mods: an x % c that strips no multiple of c from x stays, though x's range fits (C code
+    for GCC, which reads the bound from it)."""
     ranges = ranges or {}
 
     def step(n: Expr):
@@ -451,8 +453,11 @@ def simplify(e: Expr, ranges: Ranges | None = None) -> Expr:
                 return Const(n.a.value // c if isinstance(n, FloorDiv) else n.a.value % c)
             if c == 1:
                 return n.a if isinstance(n, FloorDiv) else Const(0)
+            if keep_mods and isinstance(n, FloorMod) and (ln := linear(n.a)) is not None and \
+                    not any(k % c == 0 for k in ln[0].values()) and 0 <= ln[1] < c:
+                return None
             out = _div_mod(n.a, c, ranges, isinstance(n, FloorDiv))
-            return simplify(out, ranges) if out is not None else None
+            return simplify(out, ranges, keep_mods) if out is not None else None
         if isinstance(n, (Min, Max)):
             ba, bb = bounds(n.a, ranges), bounds(n.b, ranges)
             if ba is not None and bb is not None:
