@@ -792,3 +792,34 @@ def test_a_plan_whose_anonymous_structure_or_order_is_malformed_is_refused(bad):
     assert PlanRecord.from_json(dict(good, anonymous="h", order=["a", "b"])).order == ("a", "b")
     with pytest.raises(RecordError, match="anonymous/order"):
         PlanRecord.from_json(dict(good, **bad))
+
+
+def test_shipped_conv_records_apply_only_with_a_shipped_plan_that_fits_the_model(tmp_path, monkeypatch):
+    """A shipped conv record was tuned inside its model's plan; a model no shipped plan fits runs
+    its defaults (records without their plan ran 0.97-1.07x the defaults' time), one it fits takes them."""
+    import random as _random
+
+    from tuner.compiler import compile_model
+    from tuner.database.result import MeasureResult
+    from tuner.graph.ir import graph_digest, graph_structure
+    from tuner.graph.layout_plan import anonymous_structure
+    from tuner.graph.models import tiny
+    from tuner.graph.passes import optimize as _optimize
+    from tuner.target import parse_target
+    from tuner.task import Task
+    g = tiny()
+    tgt = parse_target("cpu", 1)
+    shipped = tmp_path / "cpu.jsonl"
+    for t in [t for t in _optimize(g, layout="NCHW16c").meta["tasks"] if t.tunable]:
+        task = Task(t.workload, tgt)
+        steps = task.space.steps(task.space.sample(_random.Random(0)))
+        records.append(shipped, [records.make_record(t.workload, str(tgt), steps, MeasureResult("OK", costs=[1e-5] * 3),
+                                                     task.candidate(steps).code_hash, "test", 0)])
+    monkeypatch.setattr(records, "shipped_database", lambda target: shipped)
+    m = compile_model(g, threads=1, predict=False)
+    assert {s.source for s in m.steps if s.anchor} == {"default"}
+    plan = {n.name: "NCHW16c" for n in g.nodes if n.op == "conv2d"}
+    records.append(shipped, [records.make_plan_record("tiny", graph_digest(g), str(tgt), plan, 1e-4, True,
+                                                      structure=graph_structure(g), anonymous=anonymous_structure(g))])
+    m = compile_model(g, threads=1, predict=False)
+    assert m.meta["layout_plan_from"] == "shipped" and "shipped" in {s.source for s in m.steps if s.anchor}

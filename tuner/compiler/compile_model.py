@@ -348,6 +348,12 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
     db = Database.open(logs, tgt, use_shipped)
     model_hash = graph_digest(graph)
     layout_plan, plan_from, timed = _layout_plan(db, graph, model_hash, tgt, layout, layout_plan, source_name, say)
+    if not str(plan_from).startswith(SHIPPED) and any(n.op == "conv2d" for n in graph.nodes) and \
+            any(s.name == SHIPPED for s in db.sources):
+        # a shipped conv record was tuned inside its model's plan: outside it (a model no shipped plan
+        # fits) such records ran 0.97-1.07x the defaults' time (docs/history.md), so the defaults run
+        db = Database([s for s in db.sources if s.name != SHIPPED])
+        say("no shipped layout plan fits this model: its convs take no shipped record")
     given = {"fuse_attention": fuse_attention, "merge_dense": merge_dense}
     choices = {c: (given[c], "given") if given[c] is not None else (timed[c]["on"], plan_from) if c in timed
                else (False, "default") for c in GRAPH_CHOICES}
