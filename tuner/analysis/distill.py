@@ -31,9 +31,9 @@ def _runnable_here(target: str) -> bool:
     return ct is not None and ct[0] == "cpu" and ct[1] == host_isa() and ct[2] <= host_cores()
 
 
-def remeasure(recs: list, rounds: int = 5) -> records.Record:
-    """Time `recs` (schedules of one task) again, interleaved round by round; the one with the
-    lowest median, as a new record whose costs are its per-round times."""
+def _timed(recs: list, rounds: int) -> tuple:
+    """(this version's kernel of each record's steps (one task), each one's time per round,
+    interleaved round by round)."""
     first = recs[0]
     task = Task(parse_spec(first.workload.spec, first.workload.layout), parse_target(first.target, check_host=False))
     kernels = [Kernel(task, r.steps, r, None) for r in recs]
@@ -42,22 +42,28 @@ def remeasure(recs: list, rounds: int = 5) -> records.Record:
     for _ in range(rounds):
         for k, t in zip(kernels, times):
             t.append(statistics.median(k.time(*x, repeat=3, min_repeat_ms=20.0)))
-    i = min(range(len(recs)), key=lambda j: statistics.median(times[j]))
+    return kernels, times
+
+
+def _new_record(rec: records.Record, costs: list, policy: str, code_hash: str) -> records.Record:
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    return dataclasses.replace(recs[i], costs=tuple(times[i]), timestamp=now, tool=f"tuner {__version__}",
-                               policy="remeasure", replayed_from=None, build_s=0.0, run_s=0.0)
+    return dataclasses.replace(rec, costs=tuple(costs), code_hash=code_hash, timestamp=now, tool=f"tuner {__version__}",
+                               policy=policy, replayed_from=None, build_s=0.0, run_s=0.0)
+
+
+def remeasure(recs: list, rounds: int = 5) -> records.Record:
+    """Time `recs` (schedules of one task) again, interleaved round by round; the one with the
+    lowest median, as a new record whose costs are its per-round times."""
+    _, times = _timed(recs, rounds)
+    i = min(range(len(recs)), key=lambda j: statistics.median(times[j]))
+    return _new_record(recs[i], times[i], "remeasure", recs[i].code_hash)
 
 
 def retime(rec: records.Record, rounds: int = 5) -> records.Record:
     """`rec`'s steps built as this version's code and timed over `rounds` rounds: a new record of
     that code (its hash, one cost per round)."""
-    task = Task(parse_spec(rec.workload.spec, rec.workload.layout), parse_target(rec.target, check_host=False))
-    kernel = Kernel(task, rec.steps, rec, None)
-    x = task.workload.random_inputs(seed=1)
-    costs = tuple(statistics.median(kernel.time(*x, repeat=3, min_repeat_ms=20.0)) for _ in range(rounds))
-    now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    return dataclasses.replace(rec, costs=costs, code_hash=kernel.code_hash, timestamp=now, tool=f"tuner {__version__}",
-                               policy="retimed", replayed_from=None, build_s=0.0, run_s=0.0)
+    (kernel,), (times,) = _timed([rec], rounds)
+    return _new_record(rec, times, "retimed", kernel.code_hash)
 
 
 def distill(logs: list, out: str, remeasure_top: int = 0, rounds: int = 5, progress=None,

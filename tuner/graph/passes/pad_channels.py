@@ -67,9 +67,9 @@ def _channel_const(b, c, real: int, to: int, value: float):
 @register("PadChannels", 3, required=("InferType",))
 def pad_channels(graph: Graph, ctx) -> Graph:
     """Conv output channels padded to whole blocks of the layout, carried while consumers can take them."""
-    desired = ctx.options.get("layout") or "NCHW"
-    plan = ctx.options.get("layout_plan") or {}
-    if plan or not ctx.options.get("pad_channels", True) or not L.block_of(desired) or graph.meta.get("dynamic"):
+    block = L.block_of(ctx.options.get("layout") or "NCHW")
+    if ctx.options.get("layout_plan") or not ctx.options.get("pad_channels", True) or not block \
+            or graph.meta.get("dynamic"):
         return graph
     b = GraphBuilder(graph.name)
     new: dict = {}          # id(old value) -> new value
@@ -78,8 +78,7 @@ def pad_channels(graph: Graph, ctx) -> Graph:
 
     def to(v, want: int):
         """Old value `v` with `want` channels: its real ones, then zeros (a conv reading it weighs them by
-        zero). Each conv meets the count its own layout gives (padded_count), as when the layout solver
-        compiled the graph in that layout, whatever its producer's layout padded to."""
+        zero); a conv reads the count padded_count gives its input's real channels."""
         nv = new.get(id(v), v)
         if id(v) not in real or nv.shape[1] == want:
             return nv
@@ -105,22 +104,20 @@ def pad_channels(graph: Graph, ctx) -> Graph:
     for n in graph.nodes:
         ins, a = n.inputs, dict(n.attrs)
         out = None
-        block = L.block_of(plan.get(n.name, desired))        # 0 for NCHW, NHWC, Winograd and fused reads
         if n.op == "conv2d" and len(ins) == 2 and ins[1].is_const and len(ins[0].shape) == 4:
             w, x = ins[1].data, ins[0]
             k, groups = w.shape[0], a.get("groups", 1)
             if groups == 1:
-                to_k = padded_count(k, block) if block else k
-                c = padded_count(real[id(x)], block) if block and id(x) in real else x.shape[1]
+                to_k = padded_count(k, block)
+                c = padded_count(real[id(x)], block) if id(x) in real else x.shape[1]
                 if c != x.shape[1]:
                     w = _pad_axis(w, 1, c)
                 if to_k != k:
                     w = _pad_axis(w, 0, to_k)
-                xin = to(x, c) if block else plain(x)
-                out = b.add("conv2d", [xin, b.const(w.astype(ins[1].data.dtype), f"{ins[1].name}_padded")
+                out = b.add("conv2d", [to(x, c), b.const(w.astype(ins[1].data.dtype), f"{ins[1].name}_padded")
                                        if w is not ins[1].data else new.get(id(ins[1]), ins[1])], a, n.name)
                 real[id(n.output)] = k
-            elif groups == k == x.shape[1] and w.shape[1] == 1 and id(x) in real and block:        # depthwise
+            elif groups == k == x.shape[1] and w.shape[1] == 1 and id(x) in real:        # depthwise
                 c = padded_count(k, block)
                 a["groups"] = c
                 out = b.add("conv2d", [to(x, c), b.const(_pad_axis(w, 0, c), f"{ins[1].name}_padded")], a, n.name)
