@@ -436,7 +436,7 @@ def _layout_plan(db, graph, model_hash, tgt, layout, layout_plan, source_name, s
         found, where = db.plan(model_hash, tgt, graph_structure(graph), anonymous)
         names = {n.name for n in graph.nodes}
         if found is not None and found.anonymous and not set(found.layouts) <= names \
-                and anonymous()[0] == found.anonymous:     # the same weights and graph, its nodes renamed
+                and anonymous()[0] == found.anonymous:     # another export of the architecture: its names
             found = found.renamed(anonymous()[1]) or found
         if found is not None:
             layout_plan, plan_from, timed = found.layouts, where, found.choices

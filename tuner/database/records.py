@@ -336,21 +336,18 @@ class LogContents:
     plans: list = field(default_factory=list)           # [PlanRecord], in log order
 
     def plan(self, model_hash: str, target: str, structure: str = "", any_threads: bool = False,
-             anonymous: tuple = ("", ())) -> "PlanRecord | None":
+             anonymous: str = "") -> "PlanRecord | None":
         """The newest layout plan that applies on `target` (same rule as applicable; any_threads: for
         its backend and ISA at another thread count) of a model: the same graph, or one of the same
         structure (the same model exported and imported again, or with other weights), or of the
-        same `anonymous` structure (another export of the architecture: its nodes named otherwise;
-        the plan returned names this graph's nodes, from anonymous's order)."""
+        same `anonymous` structure (another export of the architecture, its nodes named otherwise:
+        the caller gives the plan its own names, PlanRecord.renamed)."""
         want = code_target(target)
         here = [p for p in reversed(self.plans) if (ct := code_target(p.target)) is not None and want is not None
                 and (ct[:2] == want[:2] and ct[2] != want[2] if any_threads else ct == want)]
         found = next((p for p in here if p.model_hash == model_hash), None) or next(
             (p for p in here if structure and p.structure == structure), None)
-        if found is None and anonymous[0]:
-            found = next((r for p in here if p.anonymous == anonymous[0] and (r := p.renamed(list(anonymous[1])))),
-                         None)
-        return found
+        return found or next((p for p in here if anonymous and p.anonymous == anonymous), None)
 
     @property
     def skipped(self) -> int:

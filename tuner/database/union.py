@@ -113,7 +113,7 @@ class Database:
             for s in self.sources:
                 found = s.contents.plan(model_hash, str(target), structure, any_threads)
                 if found is None and anonymous is not None and any(p.anonymous for p in s.contents.plans):
-                    found = s.contents.plan(model_hash, str(target), structure, any_threads, anonymous())
+                    found = s.contents.plan(model_hash, str(target), structure, any_threads, anonymous()[0])
                 if found is not None:
                     n = records.code_target(found.target)[2]
                     return found, s.name + (f", {n} thread{'s' * (n > 1)}" if any_threads else "")

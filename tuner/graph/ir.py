@@ -125,6 +125,11 @@ def graph_digest(graph: Graph) -> str:
     return _graph_hash(graph, structure=False)
 
 
+def graph_anonymous(graph: Graph) -> str:
+    """graph_structure without node names: the same architecture however an exporter names it."""
+    return _graph_hash(graph, structure=True, named=False)
+
+
 def graph_structure(graph: Graph) -> str:
     """A hash of what a layout plan depends on: operators, node names, integer attributes, shapes
     and edges; not constants' values nor float attributes (an exporter rounds them to float32)."""

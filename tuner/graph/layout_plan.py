@@ -30,7 +30,7 @@ from ..errors import UserError
 from ..ops import BINARY, UNARY
 from ..ops import winograd as WG
 from ..te import layouts as L
-from .ir import _graph_hash
+from .ir import graph_anonymous
 from .passes import optimize
 from .passes.convert_layout import (AGNOSTIC_POOLS, followed_operand, fused_read, io_layouts, uses, winograd_applies,
                                     winograd_conv)
@@ -141,7 +141,7 @@ def anonymous_structure(graph) -> tuple:
     (torchvision's ResNet-50 and the built-in one) has the same hash, and a layout plan of one
     applies to the other conv by conv, in that order."""
     pre = optimize(graph, passes=PRE_LAYOUT)
-    return _graph_hash(pre, structure=True, named=False), [n.name for n in pre.nodes if n.op in ("conv2d", "dense")]
+    return graph_anonymous(pre), [n.name for n in pre.nodes if n.op in ("conv2d", "dense")]
 
 
 @dataclass

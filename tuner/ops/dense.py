@@ -4,6 +4,8 @@ transformer's projection, its weight packed OI or OI[x]o, with its fused epilogu
 transposed, N x K). ONNX MatMul of any rank imports as one of the two."""
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from ..errors import GraphError
@@ -169,7 +171,7 @@ def _onnx_einsum(cx, ins, a):
     left, right = [c for c in out if c in ta and c not in tb], [c for c in out if c in tb and c not in ta]
     red = [c for c in ta if c in tb and c not in out]
     prod = lambda cs: int(np.prod([size[c] for c in cs]))      # noqa: E731
-    step = iter(range(8))
+    step = itertools.count()
 
     def arrange(v, term, order, shape):
         """`v` (letters `term`) with its axes in `order`, reshaped to `shape`."""
