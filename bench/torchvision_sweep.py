@@ -59,7 +59,8 @@ def export(name: str, path: Path, seed: int = 0, dynamo: bool = False) -> Path:
     return path
 
 
-def check(name: str, workdir: Path, threads: int, rounds: int, dynamo: bool = False) -> dict:
+def check(name: str, workdir: Path, threads: int, rounds: int, dynamo: bool = False, export=export) -> dict:
+    """One row: export (by `export(name, path, dynamo=)`), import, compile, run against ONNX Runtime, time."""
     from tuner.compare.peers import interleaved, onnxruntime_runner, paired_ratios
     from tuner.compiler import compile_model
     from tuner.graph import load as load_graph

@@ -42,6 +42,17 @@ def ort_run(path, feeds) -> list:
     return sess.run(None, feeds if isinstance(feeds, dict) else {sess.get_inputs()[0].name: feeds})
 
 
+def agree_with_onnxruntime(path, feeds: dict, threads: int = 1) -> None:
+    """tuner's compiled model gives ONNX Runtime's outputs for `feeds`, to float32 rounding."""
+    from tuner.compiler import compile_model
+    ref = ort_run(path, feeds)
+    out = compile_model(str(path), threads=threads).run(**feeds)
+    assert len(out) == len(ref) >= 1
+    for o, r in zip(out, ref):
+        assert o.shape == r.shape
+        np.testing.assert_allclose(o, r, rtol=1e-4, atol=1e-4 * max(float(np.abs(r).max()), 1e-30))
+
+
 def run_kernel(lib_path: str, index: int, arrays: list, out_shape: tuple) -> np.ndarray:
     lib = open_library(lib_path)
     out = np.full(out_shape, np.nan, np.float32)

@@ -13,7 +13,7 @@ from tuner.graph.models import MODELS, load_model, mobilenet_v2, resnet, tiny
 from tuner.graph.passes import DEFAULT_PIPELINE, PassContext, PassTiming, PrintIR, get, optimize
 from tuner.graph.passes.convert_layout import data_path_transforms
 from tuner.ops import BINARY, OPS
-from tuner.ops.elementwise import COMPARISONS
+from tuner.ops.elementwise import COMPARISONS, LOGICAL
 
 LAYOUTS = [None, "NHWC", "NCHW8c", "NCHW16c"]
 
@@ -445,6 +445,14 @@ def _one_op_graph(op: str):
     elif op in COMPARISONS or op in ("not", "where"):    # a boolean: selects between floats
         cond = b.add(op if op in COMPARISONS else "less", [x, c(8, 1, 1)])
         y = b.add("where", [b.add("not", [cond]) if op == "not" else cond, x, c(8, 1, 1)])
+    elif op in LOGICAL:                   # two booleans joined, selecting between floats
+        conds = [b.add("less", [x, c(8, 1, 1)]), b.add("greater", [x, c(8, 1, 1)])]
+        y = b.add("where", [b.add(op, conds), x, c(8, 1, 1)])
+    elif op == "gather_elements":         # indices 0..5 from x, along the last axis
+        idx = b.add("cast", [b.add("clip", [x], {"min": 0.0, "max": 5.0})], {"to": "int64"})
+        y = b.add(op, [x, idx], {"axis": 3})
+    elif op == "cumsum":
+        y = b.add(op, [x], {"axis": 2, "exclusive": 1, "reverse": 1})
     elif op in ("gather", "cast"):     # token ids 0..3 from x, looked up in a table
         ids = b.add("cast", [b.add("clip", [x], {"min": 0.0, "max": 3.0})], {"to": "int64"})
         y = b.add("gather", [c(5, 6), ids], {"axis": 0})

@@ -304,3 +304,14 @@ def test_normalize_as_torch_writes_it_imports_with_clamp_and_expand(tmp_path):
     nodes = [helper.make_node("Max", ["x", "x"], ["y"], name="both")]
     with pytest.raises(OnnxImportError, match=r"node 'both' \(Max\): only the Max or Min of one activation"):
         load_onnx(_model(nodes, {}, (1, 3, 8, 8), tmp_path / "max.onnx"))
+
+
+@pytest.mark.parametrize("op", ["Log", "Exp", "Sin", "Cos", "Tanh", "Floor", "Ceil", "Round", "Sign", "Reciprocal"])
+def test_unary_math_on_constants_folds_to_what_onnx_runtime_computes(tmp_path, op):
+    # T5's relative position buckets take a Log of constant distances; rotary tables Sin and Cos
+    c = np.array([-2.5, -0.5, 0.0, 0.5, 1.5, 2.5, 3.0, 7.25], np.float32).reshape(1, 1, 1, 8)
+    nodes = [helper.make_node("Abs" if op == "Log" else "Identity", ["c"], ["c1"]),
+             helper.make_node(op, ["c1"], ["t"]),
+             helper.make_node("Add", ["x", "t"], ["y"])]
+    g = _matches_onnxruntime(_model(nodes, {"c": c + (op == "Log")}, (1, 3, 8, 8), tmp_path / "u.onnx"))
+    assert [n.op for n in g.nodes] == ["add"]

@@ -7,6 +7,7 @@ import warnings
 import numpy as np
 import onnx
 import pytest
+from conftest import agree_with_onnxruntime as _agree
 from conftest import ort_run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -16,17 +17,6 @@ from tuner.compiler import compile_model
 from tuner.errors import UserError
 
 pytest.importorskip("onnxruntime")
-
-
-def _agree(path, feeds: dict) -> None:
-    """tuner's compiled model gives ONNX Runtime's outputs for `feeds`, to float32 rounding."""
-    ref = ort_run(path, feeds)
-    m = compile_model(str(path), threads=1)
-    out = m.run(**feeds)
-    assert len(out) == len(ref) >= 1
-    for o, r in zip(out, ref):
-        assert o.shape == r.shape
-        np.testing.assert_allclose(o, r, rtol=1e-4, atol=1e-4 * float(np.abs(r).max()))
 
 
 def _export(torch, module, args, path, opset: int, dynamo: bool, names: list) -> None:

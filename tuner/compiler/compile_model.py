@@ -419,11 +419,20 @@ def _carried(g: Graph, v) -> dict:
     if not v.dtype.startswith("int"):
         return {}
     lo, hi = -FLOAT_EXACT, FLOAT_EXACT
-    for n in g.nodes:
-        if n.op == "gather" and n.inputs[1] is v:
-            size = n.inputs[0].shape[n.attrs["axis"]]
-            lo, hi = max(lo, -size), min(hi, size)
+    seen, todo = {id(v)}, [v]          # v and the values that only move its elements (GPT-2 reshapes its ids)
+    while todo:
+        u = todo.pop()
+        for n in g.nodes:
+            if n.op == "gather" and n.inputs[1] is u:
+                size = n.inputs[0].shape[n.attrs["axis"]]
+                lo, hi = max(lo, -size), min(hi, size)
+            elif n.op in _MOVES and any(i is u for i in n.inputs) and id(n.output) not in seen:
+                seen.add(id(n.output))
+                todo.append(n.output)
     return {"carried": "float32", "range": [lo, hi]}
+
+
+_MOVES = frozenset({"reshape", "transpose", "slice", "flatten", "concat", "cast", "layout_transform"})
 
 
 def _layout_plan(db, graph, model_hash, tgt, layout, layout_plan, source_name, say) -> tuple:
@@ -826,9 +835,7 @@ def _place_arguments(low: _Lowered, io: _Interface) -> tuple:
             if isinstance(v, np.ndarray):
                 st.args.append(Arg("weight", weights.add(("packed", st.index, len(st.args)), v)))
             elif v.is_const:
-                if v.data.dtype != np.float32:
-                    raise Unsupported(f"constant {v.name} is {v.data.dtype}; kernels take float32 tensors")
-                st.args.append(Arg("weight", weights.add(id(v), v.data)))
+                st.args.append(Arg("weight", weights.add(id(v), _carried_const(v))))
             elif id(v) in io.inputs:
                 st.args.append(Arg("input", io.inputs[id(v)]))
             elif id(v) in io.out_index:
@@ -836,6 +843,17 @@ def _place_arguments(low: _Lowered, io: _Interface) -> tuple:
             else:
                 st.args.append(Arg("arena", offsets[str(id(v))]))
     return lives, arena_bytes, weights
+
+
+def _carried_const(v) -> np.ndarray:
+    """A constant as kernels carry every tensor: float32, a bool as 0 or 1, an integer exactly."""
+    d = v.data
+    if d.dtype == np.float32:
+        return d
+    if d.dtype == np.bool_ or (d.dtype.kind in "iu" and (d.size == 0 or np.abs(d).max() < FLOAT_EXACT)):
+        return d.astype(np.float32)
+    raise Unsupported(f"constant {v.name} is {d.dtype}{' with values past 2^24' if d.dtype.kind in 'iu' else ''}; "
+                      f"kernels carry tensors as float32")
 
 
 def _check_tuned(steps: list, logs: list, tgt) -> None:

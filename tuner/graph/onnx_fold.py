@@ -200,6 +200,16 @@ FOLD = {
     "Neg": _elementwise(np.negative),
     "Abs": _elementwise(np.abs),
     "Sqrt": _elementwise(np.sqrt),
+    "Reciprocal": _elementwise(np.reciprocal),
+    "Log": _elementwise(np.log),            # T5's relative position buckets
+    "Exp": _elementwise(np.exp),
+    "Sin": _elementwise(np.sin),            # rotary embeddings' tables
+    "Cos": _elementwise(np.cos),
+    "Tanh": _elementwise(np.tanh),
+    "Floor": _elementwise(np.floor),
+    "Ceil": _elementwise(np.ceil),
+    "Round": _elementwise(np.round),        # half to even, as ONNX
+    "Sign": _elementwise(np.sign),
     "Pow": _elementwise(np.power),
     "Equal": _elementwise(np.equal),
     "Less": _elementwise(np.less),
@@ -255,4 +265,5 @@ def fold(op_type: str, ins: list, attrs: dict, opset: int) -> list:
     args = [v if v is None or op_type in OF_SHAPE else v.data for v in ins]
     if op_type in GROWS and (n := GROWS[op_type](args, attrs)) > MAX_ELEMENTS:
         raise ValueError(f"its result would have {n} elements, over the {MAX_ELEMENTS} a folded constant may have")
-    return [np.asarray(y) for y in FOLD[op_type](args, attrs, opset)]
+    with np.errstate(all="ignore"):     # inf and NaN as ONNX Runtime computes them (T5 takes log(0) and masks it)
+        return [np.asarray(y) for y in FOLD[op_type](args, attrs, opset)]

@@ -1,9 +1,9 @@
 """Operators: one module per family (conv, dense, pool, elementwise, winograd, layout, shape,
-reduce), each holding its operators' graph definitions (OpDef: shape inference, NumPy evaluation,
+reduce, resize), each holding its operators' graph definitions (OpDef: shape inference, NumPy evaluation,
 tensor expression, FLOPs, ONNX import and export, the task rule) and kernel-side workloads
 (WorkloadDef: spec parameters, compute, reference, FLOPs) next to the tensor expressions and NumPy
 references both use. Adding an operator is one entry in its family's module, and its tests."""
-from . import conv, dense, elementwise, layout, pool, reduce, shape, winograd  # noqa: F401  (each registers its ops)
+from . import conv, dense, elementwise, layout, pool, reduce, resize, shape, winograd  # noqa: F401  (each registers its ops)
 from .common import kernel_layout, nchw_dims
 from .elementwise import ACTIVATIONS, BINARY_FNS, act_params, channel_bias_shape
 from .registry import (OPS, WORKLOADS, NoTask, OpDef, Pattern, Unsupported, WorkloadDef, WorkloadError, evaluate, flops,

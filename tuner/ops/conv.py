@@ -165,11 +165,34 @@ def _conv_flops(node):
     return conv2d_flops(output_elements(node), cg, r, s)
 
 
+def _one_row(cx, a: dict) -> dict:
+    """A 1-D window's attributes as a 2-D one over a single row: the row's stride and dilation
+    repeated (over one row with a one-high kernel they change nothing), no pads above or below."""
+    def one(attr, default):
+        v = a.get(attr, default)
+        if not isinstance(v, (list, tuple)) or len(v) != len(default):
+            raise cx.fail(f"{attr} of a 1-D convolution must have {len(default)} values, got {v}")
+        return list(v)
+    out = dict(a, strides=one("strides", [1]) * 2, dilations=one("dilations", [1]) * 2)
+    if "kernel_shape" in a:
+        out["kernel_shape"] = [1] + one("kernel_shape", [1])
+    if "pads" in a:
+        p0, p1 = one("pads", [0, 0])
+        out["pads"] = [0, p0, 0, p1]
+    return out
+
+
 def _onnx_conv(cx, ins, a):
     x = ins[0]
     w = cx.const(ins[1], "the weight")
-    if len(w.shape) != 4:
-        raise cx.fail("only 2-D convolutions are supported")
+    if len(w.shape) == 3 and len(x.shape) == 3:       # Conv1d (Whisper, wav2vec 2.0): a conv over one row
+        n, c, length = x.shape
+        rows = cx.add("reshape", [x], {"shape": [n, c, 1, length]}, "_row")
+        y = _onnx_conv(cx, [rows, cx.constant(np.ascontiguousarray(w[:, :, None, :]), "_weight2d"), *ins[2:]],
+                       _one_row(cx, a))[0]
+        return [cx.add("reshape", [y], {"shape": [n, y.shape[1], y.shape[3]]}, "_1d")]
+    if len(w.shape) != 4 or len(x.shape) != 4:
+        raise cx.fail("only 1-D and 2-D convolutions are supported")
     k, strides, dil = cx.window(a, list(w.shape[2:]))
     pads = cx.pads(a, x.shape[2:], k, strides, dil)
     y = cx.add("conv2d", [x, ins[1]], {"strides": strides, "pads": pads, "dilations": dil,

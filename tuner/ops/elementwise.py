@@ -227,6 +227,10 @@ def _onnx_expand(cx, ins, a):
     return [cx.add("add", [x, cx.constant(zeros, "_zeros")], {})]
 
 
+def _onnx_reciprocal(cx, ins, a):
+    return [cx.add("div", [cx.constant(np.ones(1, np.float32), "_one"), ins[0]], {})]
+
+
 def _onnx_pow(cx, ins, a):
     """Pow by a constant exponent: x*x for 2 and x*x*x for 3 (as ONNX Runtime computes them, and the
     form the LayerNorm and GELU rewrites look for), sqrt for 0.5, else powf."""
@@ -323,7 +327,8 @@ def _binary_def(op: str) -> OpDef:
     return OpDef(name=op, pattern=Pattern.BROADCAST, infer=_binary_infer, integers=op != "div",
                  evaluate=lambda node, args: f32(np_fn(args[0].astype(np.float64), args[1].astype(np.float64))),
                  te=lambda node, ins, name: broadcast_binary(op, ins[0], ins[1], name),
-                 onnx_in={onnx_type: onnx_plain(op), **({"Expand": _onnx_expand} if op == "add" else {})},
+                 onnx_in={onnx_type: onnx_plain(op), **({"Expand": _onnx_expand} if op == "add" else {}),
+                         **({"Reciprocal": _onnx_reciprocal} if op == "div" else {})},
                  onnx_out=export_as(onnx_type))
 
 
@@ -354,6 +359,20 @@ COMPARISONS = {"equal": ("Equal", lambda u, v: Cmp("==", u, v), np.equal),
                "less_equal": ("LessOrEqual", lambda u, v: u <= v, np.less_equal),
                "greater": ("Greater", lambda u, v: u > v, np.greater),
                "greater_equal": ("GreaterOrEqual", lambda u, v: u >= v, np.greater_equal)}
+
+
+# name -> (ONNX op type, TE formula on 0/1 floats, NumPy function)
+LOGICAL = {"and": ("And", lambda u, v: u * v, np.logical_and),
+           "or": ("Or", lambda u, v: max_expr(u, v), np.logical_or),
+           "xor": ("Xor", lambda u, v: select(Cmp("==", u, v), Const(0.0), Const(1.0)), np.logical_xor)}
+
+
+def _logical_def(op: str) -> OpDef:
+    onnx_type, fn, np_fn = LOGICAL[op]
+    return OpDef(name=op, pattern=Pattern.BROADCAST, infer=_bool_infer, integers=True,
+                 evaluate=lambda n, args: np_fn(args[0], args[1]),
+                 te=lambda n, ins, name: broadcast_te(ins, fn, name),
+                 onnx_in={onnx_type: onnx_plain(op)}, onnx_out=export_as(onnx_type))
 
 
 def _truth(e):
@@ -409,6 +428,7 @@ def _unary_te(fn):
 
 register(
     *(_compare_def(op) for op in COMPARISONS),
+    *(_logical_def(op) for op in LOGICAL),
     OpDef(name="isnan", pattern=Pattern.ELEMWISE, infer=lambda n: (n.inputs[0].shape, "bool", n.inputs[0].layout),
           evaluate=lambda n, args: np.isnan(args[0]),
           te=_unary_te(lambda e: select(Cmp("==", e, e), Const(0.0), Const(1.0))),

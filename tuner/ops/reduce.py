@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import GraphError
-from ..te.expr import Call, Const
+from ..te.expr import Call, Const, select
 from ..te.tensor import Tensor, compute, max_reduce, reduce_axis, sum_reduce
 from .common import export_as, f32, same
 from .registry import OpDef, Pattern, output_elements, register
@@ -87,6 +87,44 @@ def layer_norm(x: Tensor, scale: Tensor, bias: Tensor, axis: int, eps: float, na
                    name, tag="broadcast", inputs=[x, total, sq, scale, bias], axis_names=names)
 
 
+def cumsum(x: Tensor, axis: int, exclusive: bool, reverse: bool, name: str = "cumsum") -> Tensor:
+    """Running sum along `axis`: each element a sum over the axis of the elements at or before it
+    (after it: reverse; strictly: exclusive)."""
+    r = reduce_axis(x.shape[axis], f"{name}_r")
+
+    def f(*i):
+        src = tuple(r.var if k == axis else e for k, e in enumerate(i))
+        lo, hi = (i[axis], r.var) if reverse else (r.var, i[axis])
+        inside = (lo < hi) if exclusive else (lo <= hi)
+        return sum_reduce(select(inside, x[src], Const(0.0)), [r])
+
+    return compute(x.shape, f, name, tag="reduction", inputs=[x], axis_names=[f"{name}_i{k}" for k in range(x.ndim)])
+
+
+def _cumsum_eval(node, args):
+    x, a = args[0], node.attrs
+    ax = a["axis"]
+    y = np.flip(x, ax) if a["reverse"] else x
+    y = np.cumsum(y, axis=ax, dtype=np.float64 if x.dtype.kind == "f" else x.dtype)
+    if a["exclusive"]:
+        y = np.concatenate([np.zeros_like(np.take(y, [0], axis=ax)), np.delete(y, -1, axis=ax)], axis=ax)
+    y = np.flip(y, ax) if a["reverse"] else y
+    return f32(y) if x.dtype.kind == "f" else y.astype(x.dtype)
+
+
+def _onnx_cumsum(cx, ins, a):
+    axis = int(np.asarray(cx.const(ins[1], "the axis")).reshape(-1)[0])
+    if not -len(ins[0].shape) <= axis < len(ins[0].shape):
+        raise cx.fail(f"axis {axis} is outside a {len(ins[0].shape)}-D input")
+    return [cx.add("cumsum", ins[:1], {"axis": axis % len(ins[0].shape), "exclusive": int(a.get("exclusive", 0)),
+                                      "reverse": int(a.get("reverse", 0))})]
+
+
+def _export_cumsum(ex, n, ins):
+    ex.emit(n, "CumSum", [ins[0], ex.tensor(f"{n.name}_axis", [n.attrs["axis"]])],
+            exclusive=n.attrs["exclusive"], reverse=n.attrs["reverse"])
+
+
 def _ln_infer(node):
     x, scale, bias = node.inputs
     d = int(np.prod(x.shape[node.attrs["axis"]:]))
@@ -116,6 +154,28 @@ def _onnx_layer_norm(cx, ins, a):
     return [cx.add("layer_norm", [x, cx.constant(np.ascontiguousarray(scale, np.float32), "_scale"),
                                   cx.constant(np.ascontiguousarray(bias, np.float32), "_bias")],
                    {"axis": axis, "epsilon": float(a.get("epsilon", 1e-5))})]
+
+
+def _onnx_instance_norm(cx, ins, a):
+    """InstanceNormalization (torch's GroupNorm export): a layer_norm over the spatial axes of each
+    sample and channel, then the per-channel scale and bias where they are not ones and zeros."""
+    x = ins[0]
+    if len(x.shape) < 3:
+        raise cx.fail(f"the input must have a channel and at least one spatial axis, got shape {list(x.shape)}")
+    d = int(np.prod(x.shape[2:]))
+    y = cx.add("layer_norm", [x, cx.constant(np.ones(d, np.float32), "_ones"), cx.constant(np.zeros(d, np.float32),
+                                                                                          "_zeros")],
+               {"axis": 2, "epsilon": float(a.get("epsilon", 1e-5))}, "_norm")
+    per_channel = (x.shape[1],) + (1,) * (len(x.shape) - 2)
+    scale, bias = (np.asarray(cx.const(v, what), np.float32).reshape(-1) for v, what in ((ins[1], "the scale"),
+                                                                                       (ins[2], "the bias")))
+    if scale.shape != (x.shape[1],) or bias.shape != (x.shape[1],):
+        raise cx.fail(f"scale and bias must have one value per channel ({x.shape[1]})")
+    if not (scale == 1).all():
+        y = cx.add("mul", [y, cx.constant(scale.reshape(per_channel), "_scale")], {}, "_scaled")
+    if not (bias == 0).all():
+        y = cx.add("add", [y, cx.constant(bias.reshape(per_channel), "_bias")], {}, "_biased")
+    return [y]
 
 
 def _export_ln(ex, n, ins):
@@ -194,8 +254,13 @@ register(
     OpDef(name="softmax", pattern=Pattern.COMM_REDUCE, infer=same, evaluate=_softmax_eval,
           te=lambda n, ins, name: softmax(ins[0], n.attrs["axis"], name), flops=lambda n: 3.0 * output_elements(n),
           onnx_in={"Softmax": _onnx_softmax}, onnx_out=export_as("Softmax", lambda n: {"axis": n.attrs["axis"]})),
+    OpDef(name="cumsum", pattern=Pattern.OPAQUE, infer=same, evaluate=_cumsum_eval, integers=True,
+          te=lambda n, ins, name: cumsum(ins[0], n.attrs["axis"], bool(n.attrs["exclusive"]), bool(n.attrs["reverse"]),
+                                         name),
+          flops=lambda n: float(output_elements(n)), onnx_in={"CumSum": _onnx_cumsum}, onnx_out=_export_cumsum),
     OpDef(name="layer_norm", pattern=Pattern.OPAQUE, infer=_ln_infer, evaluate=_ln_eval,
           te=lambda n, ins, name: layer_norm(ins[0], ins[1], ins[2], n.attrs["axis"], n.attrs["epsilon"], name),
-          flops=lambda n: 8.0 * output_elements(n), onnx_in={"LayerNormalization": _onnx_layer_norm},
+          flops=lambda n: 8.0 * output_elements(n), onnx_in={"LayerNormalization": _onnx_layer_norm,
+                                                     "InstanceNormalization": _onnx_instance_norm},
           onnx_out=_export_ln),
 )

@@ -181,6 +181,27 @@ def _onnx_squeeze(unsqueeze: bool):
     return imp
 
 
+def _onnx_gather_nd(cx, ins, a):
+    """GatherND of an activation at constant indices (torch's x[rows, cols], as transformers index
+    the attention mask): a gather along the indexed dimensions flattened into one."""
+    x, idx = ins
+    if not idx.is_const:
+        raise cx.fail("a GatherND at indices computed at run time is not supported (constant indices are)")
+    if a.get("batch_dims", 0):
+        raise cx.fail(f"batch_dims={a['batch_dims']} is not supported (0 is)")
+    idx = np.asarray(idx.data).astype(np.int64)
+    k = idx.shape[-1]
+    if not 1 <= k <= len(x.shape):
+        raise cx.fail(f"indices of {k} coordinates into a {len(x.shape)}-D input")
+    dims = np.array(x.shape[:k], np.int64)
+    if idx.size and ((idx < -dims) | (idx >= dims)).any():
+        raise cx.fail(f"an index lies outside the input's dimensions {dims.tolist()}")
+    flat = np.ravel_multi_index(tuple(np.moveaxis(idx % np.maximum(dims, 1), -1, 0)), tuple(dims)) if idx.size else \
+        np.zeros(idx.shape[:-1], np.int64)
+    rows = x if k == 1 else cx.add("reshape", [x], {"shape": [int(np.prod(dims))] + list(x.shape[k:])}, "_rows")
+    return [_onnx_gather_at(cx, rows, np.asarray(flat), 0)]
+
+
 def _onnx_gather_at(cx, x, idx: np.ndarray, axis: int):
     """Gather of an activation at constant indices: slices (and a reshape, or a concat)."""
     d = x.shape[axis]
@@ -240,6 +261,39 @@ def _onnx_gather(cx, ins, a):
     if not idx.is_const:
         return [cx.add("gather", [x, idx], {"axis": axis})]
     return [_onnx_gather_at(cx, x, np.asarray(idx.data), axis)]
+
+
+def gather_elements(data: Tensor, idx: Tensor, axis: int, name: str = "gather_elements") -> Tensor:
+    """ONNX GatherElements: out[i] = data[i with its `axis` coordinate replaced by idx[i]], the index
+    clamped into the axis as in `gather`."""
+    size = data.shape[axis]
+
+    def f(*i):
+        raw = Cast("int32", idx[i])
+        k = min_expr(max_expr(select(raw < 0, raw + Const(size), raw), Const(0)), Const(size - 1))
+        return data[i[:axis] + (k,) + i[axis + 1:]]
+
+    return compute(idx.shape, f, name, inputs=[data, idx], axis_names=[f"{name}_i{k}" for k in range(idx.ndim)])
+
+
+def _gather_elements_infer(node):
+    data, idx = node.inputs
+    ax = node.attrs["axis"]
+    if not idx.dtype.startswith("int"):
+        raise GraphError(f"gather_elements {node.name}: indices are {idx.dtype}, not integers")
+    if len(idx.shape) != len(data.shape) or any(a > d for k, (a, d) in enumerate(zip(idx.shape, data.shape)) if k != ax):
+        raise GraphError(f"gather_elements {node.name}: indices {list(idx.shape)} do not fit data {list(data.shape)}")
+    return tuple(idx.shape), data.dtype, ""
+
+
+def _gather_elements_eval(node, args):
+    data, idx = args
+    ax, size = node.attrs["axis"], data.shape[node.attrs["axis"]]
+    if idx.size and (idx.min() < -size or idx.max() >= size):
+        raise GraphError(f"gather_elements {node.name}: index {int(idx.min() if idx.min() < -size else idx.max())} "
+                         f"is outside [-{size}, {size})")
+    sub = data[tuple(slice(None) if k == ax else slice(0, n) for k, n in enumerate(idx.shape))]
+    return np.take_along_axis(sub, idx.astype(np.int64) % size, axis=ax)
 
 
 def _flatten_infer(node):
@@ -346,7 +400,12 @@ register(
           onnx_in={"Pad": _onnx_pad}),
     OpDef(name="gather", pattern=Pattern.INJECTIVE, integers=True, infer=_gather_infer, evaluate=_gather_eval,
           te=lambda n, ins, name: gather(ins[0], ins[1], n.attrs["axis"], name),
-          onnx_in={"Gather": _onnx_gather}, onnx_out=export_as("Gather", lambda n: {"axis": n.attrs["axis"]})),
+          onnx_in={"Gather": _onnx_gather, "GatherND": _onnx_gather_nd}, onnx_out=export_as("Gather", lambda n: {"axis": n.attrs["axis"]})),
+    OpDef(name="gather_elements", pattern=Pattern.INJECTIVE, integers=True, infer=_gather_elements_infer,
+          evaluate=_gather_elements_eval, te=lambda n, ins, name: gather_elements(ins[0], ins[1], n.attrs["axis"], name),
+          onnx_in={"GatherElements": onnx_plain("gather_elements", lambda ins, a: {
+              "axis": a.get("axis", 0) % len(ins[0].shape)})},
+          onnx_out=export_as("GatherElements", lambda n: {"axis": n.attrs["axis"]})),
     OpDef(name="slice", pattern=Pattern.INJECTIVE, integers=True, infer=_slice_infer, evaluate=_slice_eval,
           te=lambda n, ins, name: strided_slice(ins[0], n.attrs["begin"], n.attrs["step"], n.attrs["shape"], name),
           onnx_in={"Slice": _onnx_slice, "Split": _onnx_split}, onnx_out=_export_slice),

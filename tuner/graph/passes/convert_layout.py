@@ -248,6 +248,9 @@ def convert(graph: Graph, desired: str, plan: dict | None = None) -> Graph:
         elif n.op in AGNOSTIC_POOLS and acts:
             attrs["layout"] = ins[0].layout
             out = b.add(n.op, ins, attrs, n.name)
+        elif n.op == "resize" and acts and not ins[0].is_const and set(attrs["axes"]) <= {2, 3} and \
+                ins[0].layout != "NHWC":         # H and W are axes 2 and 3 of NCHW and of NCHW[x]c alike
+            out = b.add(n.op, ins, attrs, n.name)
         elif n.op == "concat" and acts and len(acts) == len(ins) and attrs["axis"] == 1 and _joinable(acts):
             lay = acts[0].layout
             vals = [cv.to(v, lay) for v in ins]

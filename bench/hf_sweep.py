@@ -1,0 +1,172 @@
+"""Hugging Face architectures as a user brings them: exported, compiled untuned, checked, timed.
+
+    pip install transformers onnxscript     # not dependencies of tuner
+    python -m bench.hf_sweep [--models bert,llama,...] [--mask] [--layers 2] [--threads 1] [--rounds 5] [--torchscript]
+
+Each model is built from its library's default configuration (cut to --layers layers) with random
+weights, nothing downloaded; its parameters that init leaves constant (norms' ones, zero biases) get
+noise so that a wrong normalisation or bias shows. It is exported by `torch.onnx.export` (dynamo,
+opset 18; `--torchscript`: the TorchScript exporter, opset 17) with batch 1, sequence --seq (224x224
+images), `--mask` adding the attention mask as a second input, then imported and compiled with no
+log of the user's, run on one random input against ONNX Runtime on the same file (max error over
+the output's range), and timed interleaved with ONNX Runtime at the same thread count. A model that
+does not export, import, compile or match is a row with its error, not the end of the sweep.
+Prints a table, writes JSON under bench/results/ with the host.
+"""
+from __future__ import annotations
+
+import argparse
+import tempfile
+import warnings
+from pathlib import Path
+
+from bench.common import write_results
+from bench.torchvision_sweep import _torchvision, check
+
+# name: (model class, config class, input kind, config overrides); layers are cut by --layers
+MODELS = {
+    "bert": ("BertModel", "BertConfig", "text", {}),
+    "distilbert": ("DistilBertModel", "DistilBertConfig", "text", {}),
+    "roberta": ("RobertaModel", "RobertaConfig", "text", {}),
+    "albert": ("AlbertModel", "AlbertConfig", "text", {}),
+    "electra": ("ElectraModel", "ElectraConfig", "text", {}),
+    "deberta_v2": ("DebertaV2Model", "DebertaV2Config", "text", {}),
+    "mpnet": ("MPNetModel", "MPNetConfig", "text", {}),
+    "t5_encoder": ("T5EncoderModel", "T5Config", "text", {}),
+    "gpt2": ("GPT2Model", "GPT2Config", "text", {}),
+    "gpt_neo": ("GPTNeoModel", "GPTNeoConfig", "text", {"attention_types": [[["global", "local"], 1]], "num_layers": 2}),
+    "opt": ("OPTModel", "OPTConfig", "text", {}),
+    "bloom": ("BloomModel", "BloomConfig", "text", {}),
+    "llama": ("LlamaModel", "LlamaConfig", "text", {"hidden_size": 512, "intermediate_size": 1376,
+                                                    "num_attention_heads": 8, "num_key_value_heads": 4}),
+    "mistral": ("MistralModel", "MistralConfig", "text", {"hidden_size": 512, "intermediate_size": 1376,
+                                                        "num_attention_heads": 8, "num_key_value_heads": 2}),
+    "qwen2": ("Qwen2Model", "Qwen2Config", "text", {"hidden_size": 512, "intermediate_size": 1376,
+                                                  "num_attention_heads": 8, "num_key_value_heads": 2}),
+    "phi": ("PhiModel", "PhiConfig", "text", {"hidden_size": 512, "intermediate_size": 2048,
+                                              "num_attention_heads": 8}),
+    "gemma": ("GemmaModel", "GemmaConfig", "text", {"hidden_size": 512, "intermediate_size": 1376,
+                                                  "num_attention_heads": 8, "num_key_value_heads": 1,
+                                                  "head_dim": 64}),
+    "vit": ("ViTModel", "ViTConfig", "image", {}),
+    "deit": ("DeiTModel", "DeiTConfig", "image", {}),
+    "beit": ("BeitModel", "BeitConfig", "image", {}),
+    "dinov2": ("Dinov2Model", "Dinov2Config", "image", {"image_size": 224}),
+    "clip_vision": ("CLIPVisionModel", "CLIPVisionConfig", "image", {}),
+    "clip_text": ("CLIPTextModel", "CLIPTextConfig", "text", {}),
+    "swin": ("SwinModel", "SwinConfig", "image", {}),
+    "convnext": ("ConvNextModel", "ConvNextConfig", "image", {}),
+    "mobilevit": ("MobileViTModel", "MobileViTConfig", "image", {"image_size": 224}),
+    "segformer": ("SegformerModel", "SegformerConfig", "image", {}),
+    "whisper_encoder": ("models.whisper.modeling_whisper.WhisperEncoder", "WhisperConfig", "audio_features", {}),
+    "wav2vec2": ("Wav2Vec2Model", "Wav2Vec2Config", "audio", {}),
+}
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_layers")
+DEPTHS = {"swin": {"depths": [2, 2, 2, 2]}, "convnext": {"depths": [1, 1, 1, 1]}, "segformer": {"depths": [1, 1, 1, 1]}}
+SEQ = {"clip_text": 77}           # its position table's length
+
+
+def build(name: str, layers: int, seq: int, mask: bool):
+    """(module returning the last hidden state, example inputs, input names)."""
+    try:
+        _torchvision()          # transformers imports torchvision where installed; a mismatched build breaks it
+    except ImportError:
+        pass
+    import torch
+    import transformers as tf
+    model_cls, config_cls, kind, over = MODELS[name]
+    config = getattr(tf, config_cls)(**over, **DEPTHS.get(name, {}))
+    for k in () if name in DEPTHS else LAYER_KEYS:       # stages' depths are cut by DEPTHS
+        if isinstance(getattr(config, k, None), int):
+            setattr(config, k, layers)
+    if hasattr(config, "use_cache"):
+        config.use_cache = False
+    config._attn_implementation = "eager"
+    cls = tf
+    for part in model_cls.split("."):
+        cls = getattr(cls, part) if hasattr(cls, part) else __import__(f"{cls.__name__}.{part}", fromlist=["_"])
+    net = cls(config).eval()
+    with torch.no_grad():
+        for p in net.parameters():
+            if p.numel() > 1 and bool((p == p.flatten()[0]).all()):
+                p.add_(torch.empty_like(p).normal_(0, 0.1 if bool(p.flatten()[0]) else 0.02))
+    vocab, seq = getattr(config, "vocab_size", 1000), min(seq, SEQ.get(name, seq))
+    if kind == "text":
+        xs = {"input_ids": torch.randint(0, vocab, (1, seq))}
+        if mask:
+            m = torch.ones(1, seq, dtype=torch.int64)
+            m[0, seq - seq // 4:] = 0                       # padding at the end, as a tokenizer pads
+            xs["attention_mask"] = m
+    elif kind == "image":
+        xs = {"pixel_values": torch.randn(1, 3, 224, 224)}
+    elif kind == "audio_features":
+        xs = {"input_features": torch.randn(1, config.num_mel_bins, 2 * config.max_source_positions)}
+    else:
+        xs = {"input_values": torch.randn(1, 16000)}
+    names = list(xs)
+
+    class Hidden(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def forward(self, *args):
+            out = self.net(**dict(zip(names, args)))
+            return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+
+    return Hidden().eval(), tuple(xs.values()), names
+
+
+def exporter(layers: int, seq: int, mask: bool, torchscript: bool):
+    def export(name: str, path: Path, seed: int = 0, dynamo: bool = False) -> Path:
+        import torch
+        torch.manual_seed(seed)
+        module, xs, names = build(name, layers, seq, mask)
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(module, xs, str(path), input_names=names, output_names=["hidden"],
+                              opset_version=17 if torchscript else 18, dynamo=not torchscript)
+        return path
+    return export
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--mask", action="store_true", help="export the attention mask as an input too")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=5, help="timing rounds against ONNX Runtime (0: check only)")
+    ap.add_argument("--torchscript", action="store_true", help="the TorchScript exporter (opset 17)")
+    ap.add_argument("--keep", help="keep the exported .onnx files in this directory")
+    ap.add_argument("--out")
+    args = ap.parse_args(argv)
+    unknown = [n for n in args.models.split(",") if n not in MODELS]
+    if unknown:
+        ap.error(f"unknown --models {', '.join(unknown)}: choose from {', '.join(MODELS)}")
+    export = exporter(args.layers, args.seq, args.mask, args.torchscript)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-hf-") as tmp:
+        d = Path(args.keep or tmp)
+        d.mkdir(parents=True, exist_ok=True)
+        for name in args.models.split(","):
+            row = check(name, d, args.threads, args.rounds, export=export)
+            rows.append(row)
+            if "error" in row:
+                print(f"{name:<16} FAILED at {row['stage']}: {row['error']}", flush=True)
+            else:
+                timing = (f"{row['median_ms']:9.2f} ms  ORT {row['onnxruntime_ms']:9.2f} ms  "
+                          f"{row['vs_onnxruntime_paired']:.3f}x" if "median_ms" in row else "")
+                print(f"{name:<16} {'ok ' if row['ok'] else 'BAD'} err {row['max_err_over_range']:.1e}  "
+                      f"compile {row['compile_s']:5.1f} s  {timing}", flush=True)
+    ok = sum(r.get("ok", False) for r in rows)
+    print(f"\n{ok} of {len(rows)} models import, compile and match ONNX Runtime to 1e-4 of the output's range")
+    write_results("hf_sweep", args.out, {"threads": args.threads, "rounds": args.rounds, "layers": args.layers,
+                                         "seq": args.seq, "mask": args.mask, "torchscript": args.torchscript,
+                                         "rows": rows})
+    return 0 if ok == len(rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,166 @@
+"""What Hugging Face exports write beyond BERT, ViT and GPT-2, compiled against ONNX Runtime: LLaMA's
+RMSNorm (Reciprocal), RoBERTa's position ids (CumSum of the ids, GatherElements), the attention mask
+as transformers index it (GatherND of the mask, And with a constant causal mask), wav2vec 2.0's
+GroupNorm (InstanceNormalization), Whisper's and wav2vec 2.0's Conv1d, ids reshaped before their lookup."""
+import numpy as np
+import onnx
+import pytest
+from conftest import agree_with_onnxruntime
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+from tuner.compiler import compile_model
+from tuner.errors import UserError
+
+pytest.importorskip("onnxruntime")
+RNG = np.random.default_rng(0)
+
+
+def _save(path, nodes, inputs: dict, out, inits: dict, opset: int = 18):
+    """inputs: name -> (ONNX element type, shape)."""
+    g = helper.make_graph(nodes, "m", [helper.make_tensor_value_info(k, t, s) for k, (t, s) in inputs.items()],
+                          [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)]), str(path))
+    return path
+
+
+def _f32(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def test_rms_norm_as_llama_exports_it_computes_what_onnx_runtime_computes(tmp_path):
+    nodes = [helper.make_node("Pow", ["x", "two"], ["sq"]),
+             helper.make_node("ReduceMean", ["sq", "last"], ["ms"], keepdims=1),
+             helper.make_node("Add", ["ms", "eps"], ["mse"]),
+             helper.make_node("Sqrt", ["mse"], ["rms"]),
+             helper.make_node("Reciprocal", ["rms"], ["inv"]),
+             helper.make_node("Mul", ["x", "inv"], ["xn"]),
+             helper.make_node("Mul", ["weight", "xn"], ["y"])]
+    inits = {"two": np.array(2.0, np.float32), "last": np.array([-1], np.int64), "eps": np.array(1e-6, np.float32),
+             "weight": _f32(24)}
+    path = _save(tmp_path / "rms.onnx", nodes, {"x": (TensorProto.FLOAT, [1, 5, 24])}, "y", inits)
+    agree_with_onnxruntime(path, {"x": _f32(1, 5, 24)})
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(exclusive=st.integers(0, 1), reverse=st.integers(0, 1), axis=st.sampled_from([1, -1, 0]))
+def test_a_running_sum_of_integer_ids_computes_what_onnx_runtime_computes(tmp_path, exclusive, reverse, axis):
+    """RoBERTa's position ids: cumsum of (ids != pad), times the mask, plus pad, looked up in a table."""
+    nodes = [helper.make_node("Equal", ["ids", "pad"], ["is_pad"]),
+             helper.make_node("Not", ["is_pad"], ["keep"]),
+             helper.make_node("Cast", ["keep"], ["keep_i"], to=TensorProto.INT64),
+             helper.make_node("CumSum", ["keep_i", "axis"], ["run"], exclusive=exclusive, reverse=reverse),
+             helper.make_node("Mul", ["run", "keep_i"], ["masked"]),
+             helper.make_node("Add", ["masked", "pad"], ["pos"]),
+             helper.make_node("Gather", ["table", "pos"], ["y"])]
+    inits = {"pad": np.array(1, np.int64), "axis": np.array(axis, np.int64), "table": _f32(12, 3)}
+    path = _save(tmp_path / "pos.onnx", nodes, {"ids": (TensorProto.INT64, [2, 9])}, "y", inits)
+    ids = RNG.integers(0, 4, (2, 9)).astype(np.int64)
+    agree_with_onnxruntime(path, {"ids": ids})
+
+
+@pytest.mark.parametrize("const_data", [True, False])
+def test_gather_elements_at_run_time_indices_computes_what_onnx_runtime_computes(tmp_path, const_data):
+    # RoBERTa's token types: a constant row gathered at position ids; and an activation gathered
+    nodes = [helper.make_node("GatherElements", ["data", "idx"], ["g"], axis=1),
+             helper.make_node("Add", ["g", "zero"], ["y"])]
+    data = _f32(3, 6)
+    inputs = {"idx": (TensorProto.INT64, [2, 4])} | ({} if const_data else {"data": (TensorProto.FLOAT, [3, 6])})
+    inits = {"zero": np.zeros(1, np.float32)} | ({"data": data} if const_data else {})
+    path = _save(tmp_path / "ge.onnx", nodes, inputs, "y", inits)
+    feeds = {"idx": np.array([[0, 5, -1, 2], [3, 3, -6, 1]], np.int64)} | ({} if const_data else {"data": data})
+    agree_with_onnxruntime(path, feeds)
+
+
+def test_an_attention_mask_indexed_as_transformers_do_computes_what_onnx_runtime_computes(tmp_path):
+    """mask[batch, kv] as GatherND at constant indices, And with a constant causal mask (a bool
+    constant in a kernel), Where to -inf-like, added to scores, softmax."""
+    seq = 6
+    rows = np.stack(np.meshgrid(np.zeros(1, np.int64), np.arange(seq), indexing="ij"), -1).reshape(1, 1, 1, seq, 2)
+    causal = np.tril(np.ones((seq, seq), bool))[None, None]
+    nodes = [helper.make_node("Cast", ["mask"], ["mb"], to=TensorProto.BOOL),
+             helper.make_node("GatherND", ["mb", "rows"], ["kv"]),
+             helper.make_node("And", ["causal", "kv"], ["allowed"]),
+             helper.make_node("Where", ["allowed", "zero", "neg"], ["bias"]),
+             helper.make_node("Add", ["scores", "bias"], ["s"]),
+             helper.make_node("Softmax", ["s"], ["y"], axis=-1)]
+    inits = {"rows": rows, "causal": causal, "zero": np.zeros(1, np.float32), "neg": np.array([-1e9], np.float32)}
+    path = _save(tmp_path / "mask.onnx", nodes, {"mask": (TensorProto.INT64, [1, seq]),
+                                                 "scores": (TensorProto.FLOAT, [1, 2, seq, seq])}, "y", inits)
+    mask = np.array([[1, 1, 1, 1, 0, 0]], np.int64)
+    agree_with_onnxruntime(path, {"mask": mask, "scores": _f32(1, 2, seq, seq)})
+    m = compile_model(str(path), threads=1)
+    out = m.run(mask=mask, scores=_f32(1, 2, seq, seq))[0]
+    assert np.all(out[..., 4:] < 1e-6) and np.allclose(out.sum(-1), 1, atol=1e-5)   # padded keys get nothing
+
+
+def test_instance_normalization_as_torch_writes_group_norm_computes_what_onnx_runtime_computes(tmp_path):
+    nodes = [helper.make_node("InstanceNormalization", ["x", "scale", "bias"], ["y"], epsilon=1e-5)]
+    inits = {"scale": _f32(8), "bias": _f32(8)}
+    path = _save(tmp_path / "in.onnx", nodes, {"x": (TensorProto.FLOAT, [1, 8, 50])}, "y", inits)
+    agree_with_onnxruntime(path, {"x": _f32(1, 8, 50) * 3 + 1})
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(k=st.integers(1, 5), stride=st.integers(1, 3), dil=st.integers(1, 2), pads=st.tuples(st.integers(0, 3),
+       st.integers(0, 3)), groups=st.sampled_from([1, 2, 8]), bias=st.booleans(), length=st.integers(9, 30))
+def test_a_1d_convolution_computes_what_onnx_runtime_computes(tmp_path, k, stride, dil, pads, groups, bias, length):
+    c, out = 8, 16
+    attrs = dict(kernel_shape=[k], strides=[stride], dilations=[dil], pads=list(pads), group=groups)
+    nodes = [helper.make_node("Conv", ["x", "w"] + (["b"] if bias else []), ["c"], **attrs),
+             helper.make_node("Relu", ["c"], ["y"])]
+    inits = {"w": _f32(out, c // groups, k)} | ({"b": _f32(out)} if bias else {})
+    path = _save(tmp_path / "c1.onnx", nodes, {"x": (TensorProto.FLOAT, [1, c, length])}, "y", inits)
+    agree_with_onnxruntime(path, {"x": _f32(1, c, length)})
+
+
+def test_ids_reshaped_before_their_lookup_are_checked_against_the_table(tmp_path):
+    # GPT-2 views its ids as (-1, seq) before the embedding
+    nodes = [helper.make_node("Reshape", ["ids", "shape"], ["ids2"]),
+             helper.make_node("Gather", ["table", "ids2"], ["y"])]
+    path = _save(tmp_path / "ids.onnx", nodes, {"ids": (TensorProto.INT64, [1, 5])}, "y",
+                 {"shape": np.array([-1, 5], np.int64), "table": _f32(7, 4)})
+    m = compile_model(str(path), threads=1)
+    assert m.inputs[0]["range"] == [-7, 7]
+    ids = m.random_inputs(seed=3)[0]
+    assert ids.min() >= -7 and ids.max() < 7
+    agree_with_onnxruntime(path, {"ids": ids})
+    with pytest.raises(UserError, match=r"input ids holds 7, outside \[-7, 7\)"):
+        m.run(ids=np.full((1, 5), 7, np.int64))
+
+
+COORDS = ["half_pixel", "pytorch_half_pixel", "asymmetric", "align_corners", "half_pixel_symmetric"]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), mode=st.sampled_from(["nearest", "linear"]), coords=st.sampled_from(COORDS),
+       nearest=st.sampled_from(["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"]), by_size=st.booleans())
+def test_a_resize_between_convs_computes_what_onnx_runtime_computes(tmp_path, data, mode, coords, nearest, by_size):
+    """Segmentation heads, FPNs and MobileViT: Resize of a conv's output (blocked layout) by scales or
+    to sizes, up or down, in every coordinate mode."""
+    h, w = data.draw(st.integers(2, 9)), data.draw(st.integers(2, 9))
+    if by_size:
+        out = [1, 16, data.draw(st.integers(1, 20)), data.draw(st.integers(1, 20))]
+        extra, inits = ["", "", "sizes"], {"sizes": np.array(out, np.int64)}
+    else:
+        sc = [1.0, 1.0] + [data.draw(st.sampled_from([0.5, 0.75, 1.0, 1.5, 2.0, 3.0])) for _ in range(2)]
+        extra, inits = ["", "scales"], {"scales": np.array(sc, np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Resize", ["c1", *extra], ["r"], mode=mode, coordinate_transformation_mode=coords,
+                              nearest_mode=nearest),
+             helper.make_node("Conv", ["r", "w2"], ["y"])]
+    inits |= {"w1": _f32(16, 3, 3, 3), "w2": _f32(4, 16, 1, 1)}
+    path = _save(tmp_path / "rs.onnx", nodes, {"x": (TensorProto.FLOAT, [1, 3, h, w])}, "y", inits)
+    agree_with_onnxruntime(path, {"x": _f32(1, 3, h, w)})
+
+
+def test_a_resize_beyond_nearest_and_linear_is_a_one_line_error_naming_the_node(tmp_path):
+    from tuner.graph.onnx_frontend import OnnxImportError, load_onnx
+    nodes = [helper.make_node("Resize", ["x", "", "scales"], ["y"], "up", mode="cubic")]
+    path = _save(tmp_path / "c.onnx", nodes, {"x": (TensorProto.FLOAT, [1, 2, 4, 4])}, "y",
+                 {"scales": np.array([1, 1, 2, 2], np.float32)})
+    with pytest.raises(OnnxImportError, match=r"node 'up' \(Resize\): mode 'cubic' is not supported") as e:
+        load_onnx(path)
+    assert "\n" not in str(e.value)

@@ -1,0 +1,174 @@
+"""resize: ONNX Resize (and Upsample) in nearest and linear modes, as segmentation heads, FPNs, UNets
+and MobileViT write it. The importer turns every resized axis into constant tables, computed in
+float32 as ONNX Runtime computes its coordinates: the source index per output position (nearest), or
+the two neighbours and the second one's weight (linear). The kernel reads its input through them, so
+one definition serves every coordinate mode, and an axis's tables do not depend on the others."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import GraphError
+from ..te.expr import Cast, Const
+from ..te.tensor import Tensor, compute
+from .registry import OpDef, Pattern, output_elements, register
+
+
+def _origin(mode: str, out_len: int, in_len: int, scale: np.float32) -> np.ndarray:
+    """The input coordinate of each output position (float32), per coordinate_transformation_mode."""
+    x = np.arange(out_len, dtype=np.float32)
+    half, one = np.float32(0.5), np.float32(1)
+    if mode == "half_pixel":
+        return (x + half) / scale - half
+    if mode == "pytorch_half_pixel":
+        return (x + half) / scale - half if out_len > 1 else np.zeros(out_len, np.float32)
+    if mode == "asymmetric":
+        return x / scale
+    if mode == "align_corners":
+        return x * np.float32(in_len - 1) / np.float32(out_len - 1) if out_len > 1 else np.zeros(out_len, np.float32)
+    if mode == "half_pixel_symmetric":
+        adjust = np.float32(out_len) / (scale * np.float32(in_len))
+        return np.float32(in_len) / 2 * (one - adjust) + (x + half) / scale - half
+    if mode == "tf_half_pixel_for_nn":
+        return (x + half) / scale
+    raise ValueError(f"coordinate_transformation_mode {mode!r} is not supported (half_pixel, pytorch_half_pixel, "
+                     "asymmetric, align_corners, half_pixel_symmetric, tf_half_pixel_for_nn are)")
+
+
+_NEAREST = {"round_prefer_floor": lambda v: np.where(v - np.floor(v) == 0.5, np.floor(v), np.round(v)),
+            "round_prefer_ceil": lambda v: np.where(v - np.floor(v) == 0.5, np.ceil(v), np.round(v)),
+            "floor": np.floor, "ceil": np.ceil}
+
+
+def tables(mode: str, coords: str, nearest: str, out_len: int, in_len: int, scale: float) -> list:
+    """One axis: [source index] (nearest) or [first index, second index, second's weight] (linear)."""
+    v = _origin(coords, out_len, in_len, np.float32(scale))
+    if mode == "nearest":
+        if nearest not in _NEAREST:
+            raise ValueError(f"nearest_mode {nearest!r} is not supported ({', '.join(_NEAREST)} are)")
+        return [np.clip(_NEAREST[nearest](v), 0, in_len - 1).astype(np.int64)]
+    v = np.clip(v, 0, in_len - 1)
+    lo = np.floor(v).astype(np.int64)
+    return [lo, np.minimum(lo + 1, in_len - 1), (v - lo).astype(np.float32)]
+
+
+def resize(x: Tensor, per_axis: list, axes: list, mode: str, name: str = "resize") -> Tensor:
+    """x read through the tables of each resized axis: `per_axis[k]` for `axes[k]`."""
+    shape = list(x.shape)
+    for ax, t in zip(axes, per_axis):
+        shape[ax] = t[0].shape[0]
+
+    def f(*i):
+        corners = [(list(i), Const(1.0))]
+        for ax, t in zip(axes, per_axis):
+            pos = i[ax]
+            if mode == "nearest":
+                corners = [(idx[:ax] + [Cast("int32", t[0][pos])] + idx[ax + 1:], w) for idx, w in corners]
+                continue
+            lo, hi, frac = Cast("int32", t[0][pos]), Cast("int32", t[1][pos]), t[2][pos]
+            corners = [c for idx, w in corners for c in ((idx[:ax] + [lo] + idx[ax + 1:], w * (Const(1.0) - frac)),
+                                                         (idx[:ax] + [hi] + idx[ax + 1:], w * frac))]
+        terms = [x[tuple(idx)] if mode == "nearest" else x[tuple(idx)] * w for idx, w in corners]
+        return sum(terms[1:], start=terms[0])
+
+    return compute(tuple(shape), f, name, inputs=[x] + [a for t in per_axis for a in t],
+                   axis_names=[f"{name}_i{k}" for k in range(len(shape))])
+
+
+def _per_axis(tabs: list, mode: str) -> list:
+    """The tables after the input, grouped by axis."""
+    k = 1 if mode == "nearest" else 3
+    return [tabs[j:j + k] for j in range(0, len(tabs), k)]
+
+
+def _resize_infer(node):
+    x, a = node.inputs[0], node.attrs
+    per = _per_axis(node.inputs[1:], a["mode"])
+    if len(per) != len(a["axes"]) or any(t.shape != per_ax[0].shape or len(t.shape) != 1 for per_ax in per
+                                         for t in per_ax):
+        raise GraphError(f"resize {node.name}: one table set (1-D, of one length) per resized axis is required")
+    shape = list(x.shape)
+    for ax, t in zip(a["axes"], per):
+        shape[ax] = t[0].shape[0]
+    return tuple(shape), x.dtype, x.layout
+
+
+def _resize_eval(node, args):
+    x, mode = args[0], node.attrs["mode"]
+    per = _per_axis(args[1:], mode)
+    y = x.astype(np.float64)
+    for ax, t in zip(node.attrs["axes"], per):
+        if mode == "nearest":
+            y = np.take(y, t[0].astype(np.int64), axis=ax)
+        else:
+            w = t[2].astype(np.float64).reshape([-1 if k == ax else 1 for k in range(y.ndim)])
+            y = np.take(y, t[0].astype(np.int64), axis=ax) * (1 - w) + np.take(y, t[1].astype(np.int64), axis=ax) * w
+    return y.astype(x.dtype)
+
+
+def _onnx_resize(cx, ins, a):
+    x = ins[0]
+    rank = len(x.shape)
+    mode = a.get("mode", "nearest")
+    if isinstance(mode, bytes):
+        mode = mode.decode()
+    if mode not in ("nearest", "linear"):
+        raise cx.fail(f"mode {mode!r} is not supported (nearest and linear are)")
+    if mode == "linear" and x.dtype != "float32":
+        raise cx.fail(f"a linear resize of a {x.dtype} tensor is not supported (of float32 it is)")
+    coords = a.get("coordinate_transformation_mode", "half_pixel" if cx.op_type == "Resize" and cx.opset >= 11
+                   else "asymmetric")
+    nearest = a.get("nearest_mode", "round_prefer_floor" if cx.opset >= 11 else "floor")
+    if a.get("keep_aspect_ratio_policy", "stretch") != "stretch":
+        raise cx.fail(f"keep_aspect_ratio_policy {a['keep_aspect_ratio_policy']!r} is not supported (stretch is)")
+    axes = [ax % rank for ax in a.get("axes", range(rank))]
+    given = list(ins[1:])
+    if cx.op_type == "Upsample" or cx.opset < 11:      # (X, scales)
+        scales, sizes = given[0] if given else None, None
+    else:                                              # (X, roi, scales, sizes)
+        scales = given[1] if len(given) > 1 else None
+        sizes = given[2] if len(given) > 2 else None
+    scales = None if scales is None or np.size(cx.const(scales, "the scales")) == 0 else \
+        np.asarray(cx.const(scales, "the scales"), np.float32).reshape(-1)
+    sizes = None if sizes is None or np.size(cx.const(sizes, "the sizes")) == 0 else \
+        np.asarray(cx.const(sizes, "the sizes"), np.int64).reshape(-1)
+    if (scales is None) == (sizes is None):
+        raise cx.fail("exactly one of scales and sizes must be given")
+    if len(scales if sizes is None else sizes) != len(axes):
+        raise cx.fail(f"{len(scales if sizes is None else sizes)} scales or sizes for {len(axes)} axes")
+    out_axes, tabs = [], []
+    for k, ax in enumerate(axes):
+        n = x.shape[ax]
+        if sizes is None:
+            scale = float(scales[k])
+            if not scale > 0:
+                raise cx.fail(f"scale {scale} of axis {ax} must be positive")
+            m = int(math.floor(n * np.float32(scale)))
+        else:
+            m = int(sizes[k])
+            scale = float(np.float32(m) / np.float32(n)) if n else 1.0
+        if m < 1:
+            raise cx.fail(f"axis {ax} of length {n} would become {m}")
+        if m == n and scale == 1.0:
+            continue
+        if a.get("antialias", 0) and m < n and mode == "linear":
+            raise cx.fail("antialiased downscaling is not supported")
+        try:
+            t = tables(mode, coords, nearest, m, n, scale)
+        except ValueError as e:
+            raise cx.fail(str(e)) from None
+        out_axes.append(ax)
+        tabs += [cx.constant(v, f"_t{ax}_{j}") for j, v in enumerate(t)]
+    if not out_axes:
+        return [x]
+    return [cx.add("resize", [x] + tabs, {"axes": out_axes, "mode": mode})]
+
+
+register(
+    OpDef(name="resize", pattern=Pattern.INJECTIVE, infer=_resize_infer, evaluate=_resize_eval, integers=True,
+          te=lambda n, ins, name: resize(ins[0], _per_axis(ins[1:], n.attrs["mode"]), n.attrs["axes"], n.attrs["mode"],
+                                         name),
+          flops=lambda n: float(output_elements(n)) * (1 if n.attrs["mode"] == "nearest" else 3 * len(n.attrs["axes"])),
+          onnx_in={"Resize": _onnx_resize, "Upsample": _onnx_resize}),
+)
