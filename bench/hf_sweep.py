@@ -118,16 +118,21 @@ def build(name: str, layers: int, seq: int, mask: bool):
 
 
 def exporter(layers: int, seq: int, mask: bool, torchscript: bool):
+    """(export(name, path), feeds(name)): the example inputs of the export are the ones checked and
+    timed (ids in the vocabulary, a mask of ones then padding)."""
+    examples = {}
+
     def export(name: str, path: Path, seed: int = 0, dynamo: bool = False) -> Path:
         import torch
         torch.manual_seed(seed)
         module, xs, names = build(name, layers, seq, mask)
+        examples[name] = [x.numpy() for x in xs]
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
             torch.onnx.export(module, xs, str(path), input_names=names, output_names=["hidden"],
                               opset_version=17 if torchscript else 18, dynamo=not torchscript)
         return path
-    return export
+    return export, examples.__getitem__
 
 
 def main(argv=None) -> int:
@@ -145,13 +150,13 @@ def main(argv=None) -> int:
     unknown = [n for n in args.models.split(",") if n not in MODELS]
     if unknown:
         ap.error(f"unknown --models {', '.join(unknown)}: choose from {', '.join(MODELS)}")
-    export = exporter(args.layers, args.seq, args.mask, args.torchscript)
+    export, feeds = exporter(args.layers, args.seq, args.mask, args.torchscript)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-hf-") as tmp:
         d = Path(args.keep or tmp)
         d.mkdir(parents=True, exist_ok=True)
         for name in args.models.split(","):
-            row = check(name, d, args.threads, args.rounds, export=export)
+            row = check(name, d, args.threads, args.rounds, export=export, feeds=feeds)
             rows.append(row)
             if "error" in row:
                 print(f"{name:<16} FAILED at {row['stage']}: {row['error']}", flush=True)

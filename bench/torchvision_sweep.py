@@ -59,8 +59,10 @@ def export(name: str, path: Path, seed: int = 0, dynamo: bool = False) -> Path:
     return path
 
 
-def check(name: str, workdir: Path, threads: int, rounds: int, dynamo: bool = False, export=export) -> dict:
-    """One row: export (by `export(name, path, dynamo=)`), import, compile, run against ONNX Runtime, time."""
+def check(name: str, workdir: Path, threads: int, rounds: int, dynamo: bool = False, export=export,
+          feeds=None) -> dict:
+    """One row: export (by `export(name, path, dynamo=)`), import, compile, run against ONNX Runtime, time;
+    on `feeds(name)` (the inputs in order) where given, else on random inputs."""
     from tuner.compare.peers import interleaved, onnxruntime_runner, paired_ratios
     from tuner.compiler import compile_model
     from tuner.graph import load as load_graph
@@ -75,7 +77,7 @@ def check(name: str, workdir: Path, threads: int, rounds: int, dynamo: bool = Fa
         m = compile_model(str(path), threads=threads)
         row["compile_s"] = time.perf_counter() - t
         stage = "run"
-        inputs = m.random_inputs(seed=1)
+        inputs = feeds(name) if feeds else m.random_inputs(seed=1)
         ort = onnxruntime_runner(graph, threads, str(path))
         wants, gots = ort(inputs), m.run(*inputs)
         assert len(wants) == len(gots) > 0, (len(wants), len(gots))

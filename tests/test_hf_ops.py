@@ -164,3 +164,53 @@ def test_a_resize_beyond_nearest_and_linear_is_a_one_line_error_naming_the_node(
     with pytest.raises(OnnxImportError, match=r"node 'up' \(Resize\): mode 'cubic' is not supported") as e:
         load_onnx(path)
     assert "\n" not in str(e.value)
+
+
+def _small(tf, name: str):
+    small = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64)
+    if name == "llama":           # RMSNorm, rotary embeddings, grouped KV heads, SiLU gate
+        return tf.LlamaModel(tf.LlamaConfig(vocab_size=100, max_position_embeddings=32, num_key_value_heads=2, **small))
+    if name == "roberta":         # position ids from a CumSum of the ids
+        return tf.RobertaModel(tf.RobertaConfig(vocab_size=100, max_position_embeddings=40, **small),
+                               add_pooling_layer=False)
+    return tf.T5EncoderModel(tf.T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["llama", "roberta", "t5"])
+def test_hugging_face_models_exported_with_their_attention_mask_compute_what_onnx_runtime_computes(tmp_path, name):
+    tf = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnxscript")
+    torch.manual_seed(0)
+    net = _small(tf, name).eval()
+    net.config.use_cache = False
+    with torch.no_grad():
+        for p in net.parameters():           # norms' ones and zero biases random too
+            p.uniform_(-0.3, 0.3)
+
+    class Hidden(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def forward(self, ids, mask):
+            return self.net(input_ids=ids, attention_mask=mask).last_hidden_state
+
+    ids = torch.randint(2, 100, (1, 9))
+    mask = torch.tensor([[1] * 6 + [0] * 3])
+    import warnings
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Hidden().eval(), (ids, mask), str(tmp_path / "m.onnx"), input_names=["ids", "mask"],
+                          output_names=["out"], opset_version=18, dynamo=True)
+    agree_with_onnxruntime(tmp_path / "m.onnx", {"ids": ids.numpy(), "mask": mask.numpy()})
+
+
+@pytest.mark.parametrize("axis", [0, 2, -1, -2])
+def test_flatten_at_every_axis_up_to_the_rank_computes_what_onnx_runtime_computes(tmp_path, axis):
+    # the TorchScript exporter writes a 2-D mask's flatten(start_dim=2) as Flatten(axis=2)
+    nodes = [helper.make_node("Flatten", ["x"], ["f"], axis=axis),
+             helper.make_node("Relu", ["f"], ["y"])]
+    path = _save(tmp_path / "f.onnx", nodes, {"x": (TensorProto.FLOAT, [3, 5])}, "y", {})
+    agree_with_onnxruntime(path, {"x": _f32(3, 5)})

@@ -296,6 +296,15 @@ def _gather_elements_eval(node, args):
     return np.take_along_axis(sub, idx.astype(np.int64) % size, axis=ax)
 
 
+def _onnx_flatten(cx, ins, a):
+    """Flatten's axis lies in [-rank, rank]: rank itself puts every axis in the rows (torch's
+    flatten(start_dim=2) of a 2-D mask), and a negative one counts from the end."""
+    r, axis = len(ins[0].shape), a.get("axis", 1)
+    if not -r <= axis <= r:
+        raise cx.fail(f"axis {axis} is outside [-{r}, {r}]")
+    return [cx.add("flatten", ins[:1], {"axis": axis + r if axis < 0 else axis})]
+
+
 def _flatten_infer(node):
     x, ax = node.inputs[0], node.attrs["axis"]
     return (int(np.prod(x.shape[:ax], dtype=np.int64)), int(np.prod(x.shape[ax:], dtype=np.int64))), x.dtype, ""
@@ -377,7 +386,7 @@ register(
     OpDef(name="flatten", pattern=Pattern.INJECTIVE, integers=True, infer=_flatten_infer,
           evaluate=lambda n, args: args[0].reshape(n.output.shape),
           te=lambda n, ins, name: reshape(ins[0], n.output.shape, name),
-          onnx_in={"Flatten": onnx_plain("flatten", lambda ins, a: {"axis": a.get("axis", 1) % max(1, len(ins[0].shape))})},
+          onnx_in={"Flatten": _onnx_flatten},
           onnx_out=export_as("Flatten", lambda n: {"axis": n.attrs["axis"]})),
     OpDef(name="reshape", pattern=Pattern.INJECTIVE, integers=True, infer=_reshape_infer,
           evaluate=lambda n, args: args[0].reshape(n.attrs["shape"]),
