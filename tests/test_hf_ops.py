@@ -135,11 +135,12 @@ COORDS = ["half_pixel", "pytorch_half_pixel", "asymmetric", "align_corners", "ha
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=st.data(), mode=st.sampled_from(["nearest", "linear"]), coords=st.sampled_from(COORDS),
+@given(data=st.data(), mode=st.sampled_from(["nearest", "linear", "cubic"]), coords=st.sampled_from(COORDS),
        nearest=st.sampled_from(["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"]), by_size=st.booleans())
 def test_a_resize_between_convs_computes_what_onnx_runtime_computes(tmp_path, data, mode, coords, nearest, by_size):
     """Segmentation heads, FPNs and MobileViT: Resize of a conv's output (blocked layout) by scales or
-    to sizes, up or down, in every coordinate mode."""
+    to sizes, up or down, in every mode and coordinate rule."""
+    exclude = data.draw(st.integers(0, 1)) if mode == "cubic" else 0
     h, w = data.draw(st.integers(2, 9)), data.draw(st.integers(2, 9))
     if by_size:
         out = [1, 16, data.draw(st.integers(1, 20)), data.draw(st.integers(1, 20))]
@@ -149,19 +150,19 @@ def test_a_resize_between_convs_computes_what_onnx_runtime_computes(tmp_path, da
         extra, inits = ["", "scales"], {"scales": np.array(sc, np.float32)}
     nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
              helper.make_node("Resize", ["c1", *extra], ["r"], mode=mode, coordinate_transformation_mode=coords,
-                              nearest_mode=nearest),
+                              nearest_mode=nearest, exclude_outside=exclude),
              helper.make_node("Conv", ["r", "w2"], ["y"])]
     inits |= {"w1": _f32(16, 3, 3, 3), "w2": _f32(4, 16, 1, 1)}
     path = _save(tmp_path / "rs.onnx", nodes, {"x": (TensorProto.FLOAT, [1, 3, h, w])}, "y", inits)
     agree_with_onnxruntime(path, {"x": _f32(1, 3, h, w)})
 
 
-def test_a_resize_beyond_nearest_and_linear_is_a_one_line_error_naming_the_node(tmp_path):
+def test_a_resize_mode_beyond_nearest_linear_and_cubic_is_a_one_line_error_naming_the_node(tmp_path):
     from tuner.graph.onnx_frontend import OnnxImportError, load_onnx
-    nodes = [helper.make_node("Resize", ["x", "", "scales"], ["y"], "up", mode="cubic")]
+    nodes = [helper.make_node("Resize", ["x", "", "scales"], ["y"], "up", mode="quadratic")]
     path = _save(tmp_path / "c.onnx", nodes, {"x": (TensorProto.FLOAT, [1, 2, 4, 4])}, "y",
                  {"scales": np.array([1, 1, 2, 2], np.float32)})
-    with pytest.raises(OnnxImportError, match=r"node 'up' \(Resize\): mode 'cubic' is not supported") as e:
+    with pytest.raises(OnnxImportError, match=r"node 'up' \(Resize\): mode 'quadratic' is not supported") as e:
         load_onnx(path)
     assert "\n" not in str(e.value)
 

@@ -319,9 +319,9 @@ class CGen:
 
     # ------------------------------------------------------------ vectorisation
     def vector_loop(self, s: ir.For, d: int) -> list:
-        """A vectorised loop: whole vectors, then, for an extent that no width divides (a softmax
-        over 197 columns), the remainder as a scalar loop (cost_model.features sees such a loop
-        as scalar, as vector_lanes says)."""
+        """A vectorised loop: whole vectors, then, where the width of fewest operations does not
+        divide the extent (a softmax over 197 or 1500 columns), the remainder as a scalar loop
+        (schedule.ir.vector_split; cost_model.features sees the loop as vector_lanes says)."""
         lanes, tail = vector_split(s.extent, self.max_lanes)
         if not lanes:
             raise NotVectorizable("extent below two vectors of 4 and not a multiple of 4")

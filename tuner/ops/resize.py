@@ -1,8 +1,9 @@
-"""resize: ONNX Resize (and Upsample) in nearest and linear modes, as segmentation heads, FPNs, UNets
-and MobileViT write it. The importer turns every resized axis into constant tables, computed in
-float32 as ONNX Runtime computes its coordinates: the source index per output position (nearest), or
-the two neighbours and the second one's weight (linear). The kernel reads its input through them, so
-one definition serves every coordinate mode, and an axis's tables do not depend on the others."""
+"""resize: ONNX Resize (and Upsample) in nearest, linear and cubic modes, as segmentation heads, FPNs,
+UNets and MobileViT write it. The importer turns every resized axis into constant tables, computed
+as ONNX Runtime computes its coordinates in float32: per output position, the input positions it
+reads (1 for nearest, 2 for linear, 4 for cubic) and their weights (none for nearest). The kernel
+reads its input through them, so one definition serves every mode and coordinate rule, and an
+axis's tables do not depend on the others."""
 from __future__ import annotations
 
 import math
@@ -41,35 +42,53 @@ _NEAREST = {"round_prefer_floor": lambda v: np.where(v - np.floor(v) == 0.5, np.
             "floor": np.floor, "ceil": np.ceil}
 
 
-def tables(mode: str, coords: str, nearest: str, out_len: int, in_len: int, scale: float) -> list:
-    """One axis: [source index] (nearest) or [first index, second index, second's weight] (linear)."""
+def _cubic(s: np.ndarray, a: float) -> np.ndarray:
+    """Keys' cubic convolution weights of the taps at -1, 0, 1, 2 from the floor, for fraction s."""
+    d = np.stack([s + 1, s, 1 - s, 2 - s], axis=-1)
+    near = ((a + 2) * d - (a + 3)) * d * d + 1
+    far = ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+    return np.where(d <= 1, near, far)
+
+
+def tables(mode: str, coords: str, nearest: str, out_len: int, in_len: int, scale: float, cubic_a: float = -0.75,
+           exclude_outside: bool = False) -> list:
+    """One axis: [source indices] (nearest) or [source indices, their weights], each (out_len, taps):
+    1 tap (nearest), 2 (linear), 4 (cubic), indices clamped into the axis (the edge repeated)."""
     v = _origin(coords, out_len, in_len, np.float32(scale))
     if mode == "nearest":
         if nearest not in _NEAREST:
             raise ValueError(f"nearest_mode {nearest!r} is not supported ({', '.join(_NEAREST)} are)")
-        return [np.clip(_NEAREST[nearest](v), 0, in_len - 1).astype(np.int64)]
-    v = np.clip(v, 0, in_len - 1)
-    lo = np.floor(v).astype(np.int64)
-    return [lo, np.minimum(lo + 1, in_len - 1), (v - lo).astype(np.float32)]
+        return [np.clip(_NEAREST[nearest](v), 0, in_len - 1).astype(np.int64)[:, None]]
+    if mode == "linear":
+        v = np.clip(v, 0, in_len - 1)
+        lo = np.floor(v)
+        f = (v - lo).astype(np.float32)
+        idx, w = lo[:, None] + np.arange(2), np.stack([np.float32(1) - f, f], axis=-1)
+    else:
+        lo = np.floor(v)
+        idx, w = lo[:, None] + np.arange(-1, 3), _cubic((v - lo).astype(np.float64), cubic_a)
+        if exclude_outside:
+            w = np.where((idx < 0) | (idx >= in_len), 0.0, w)
+            w = w / w.sum(axis=1, keepdims=True)
+    return [np.clip(idx, 0, in_len - 1).astype(np.int64), w.astype(np.float32)]
 
 
-def resize(x: Tensor, per_axis: list, axes: list, mode: str, name: str = "resize") -> Tensor:
-    """x read through the tables of each resized axis: `per_axis[k]` for `axes[k]`."""
+def resize(x: Tensor, per_axis: list, axes: list, name: str = "resize") -> Tensor:
+    """The sum over every resized axis's taps of x at the tapped indices times the taps' weights
+    (`per_axis[k]`: [indices] or [indices, weights] for `axes[k]`)."""
     shape = list(x.shape)
     for ax, t in zip(axes, per_axis):
         shape[ax] = t[0].shape[0]
 
     def f(*i):
-        corners = [(list(i), Const(1.0))]
+        corners = [(list(i), None)]
         for ax, t in zip(axes, per_axis):
             pos = i[ax]
-            if mode == "nearest":
-                corners = [(idx[:ax] + [Cast("int32", t[0][pos])] + idx[ax + 1:], w) for idx, w in corners]
-                continue
-            lo, hi, frac = Cast("int32", t[0][pos]), Cast("int32", t[1][pos]), t[2][pos]
-            corners = [c for idx, w in corners for c in ((idx[:ax] + [lo] + idx[ax + 1:], w * (Const(1.0) - frac)),
-                                                         (idx[:ax] + [hi] + idx[ax + 1:], w * frac))]
-        terms = [x[tuple(idx)] if mode == "nearest" else x[tuple(idx)] * w for idx, w in corners]
+            taps = [(Cast("int32", t[0][pos, Const(k)]), t[1][pos, Const(k)] if len(t) > 1 else None)
+                    for k in range(t[0].shape[1])]
+            corners = [(idx[:ax] + [j] + idx[ax + 1:], v if w is None else w if v is None else w * v)
+                       for idx, w in corners for j, v in taps]
+        terms = [x[tuple(idx)] if w is None else x[tuple(idx)] * w for idx, w in corners]
         return sum(terms[1:], start=terms[0])
 
     return compute(tuple(shape), f, name, inputs=[x] + [a for t in per_axis for a in t],
@@ -78,16 +97,16 @@ def resize(x: Tensor, per_axis: list, axes: list, mode: str, name: str = "resize
 
 def _per_axis(tabs: list, mode: str) -> list:
     """The tables after the input, grouped by axis."""
-    k = 1 if mode == "nearest" else 3
+    k = 1 if mode == "nearest" else 2
     return [tabs[j:j + k] for j in range(0, len(tabs), k)]
 
 
 def _resize_infer(node):
     x, a = node.inputs[0], node.attrs
     per = _per_axis(node.inputs[1:], a["mode"])
-    if len(per) != len(a["axes"]) or any(t.shape != per_ax[0].shape or len(t.shape) != 1 for per_ax in per
+    if len(per) != len(a["axes"]) or any(t.shape != per_ax[0].shape or len(t.shape) != 2 for per_ax in per
                                          for t in per_ax):
-        raise GraphError(f"resize {node.name}: one table set (1-D, of one length) per resized axis is required")
+        raise GraphError(f"resize {node.name}: one set of tables (outputs x taps) per resized axis is required")
     shape = list(x.shape)
     for ax, t in zip(a["axes"], per):
         shape[ax] = t[0].shape[0]
@@ -99,11 +118,10 @@ def _resize_eval(node, args):
     per = _per_axis(args[1:], mode)
     y = x.astype(np.float64)
     for ax, t in zip(node.attrs["axes"], per):
-        if mode == "nearest":
-            y = np.take(y, t[0].astype(np.int64), axis=ax)
-        else:
-            w = t[2].astype(np.float64).reshape([-1 if k == ax else 1 for k in range(y.ndim)])
-            y = np.take(y, t[0].astype(np.int64), axis=ax) * (1 - w) + np.take(y, t[1].astype(np.int64), axis=ax) * w
+        idx = t[0].astype(np.int64)
+        w = t[1].astype(np.float64) if len(t) > 1 else np.ones(idx.shape)
+        y = sum(np.take(y, idx[:, k], axis=ax) * w[:, k].reshape([-1 if d == ax else 1 for d in range(y.ndim)])
+                for k in range(idx.shape[1]))
     return y.astype(x.dtype)
 
 
@@ -113,10 +131,10 @@ def _onnx_resize(cx, ins, a):
     mode = a.get("mode", "nearest")
     if isinstance(mode, bytes):
         mode = mode.decode()
-    if mode not in ("nearest", "linear"):
-        raise cx.fail(f"mode {mode!r} is not supported (nearest and linear are)")
-    if mode == "linear" and x.dtype != "float32":
-        raise cx.fail(f"a linear resize of a {x.dtype} tensor is not supported (of float32 it is)")
+    if mode not in ("nearest", "linear", "cubic"):
+        raise cx.fail(f"mode {mode!r} is not supported (nearest, linear and cubic are)")
+    if mode != "nearest" and x.dtype != "float32":
+        raise cx.fail(f"a {mode} resize of a {x.dtype} tensor is not supported (of float32 it is)")
     coords = a.get("coordinate_transformation_mode", "half_pixel" if cx.op_type == "Resize" and cx.opset >= 11
                    else "asymmetric")
     nearest = a.get("nearest_mode", "round_prefer_floor" if cx.opset >= 11 else "floor")
@@ -152,23 +170,24 @@ def _onnx_resize(cx, ins, a):
             raise cx.fail(f"axis {ax} of length {n} would become {m}")
         if m == n and scale == 1.0:
             continue
-        if a.get("antialias", 0) and m < n and mode == "linear":
+        if a.get("antialias", 0) and m < n and mode != "nearest":
             raise cx.fail("antialiased downscaling is not supported")
         try:
-            t = tables(mode, coords, nearest, m, n, scale)
+            t = tables(mode, coords, nearest, m, n, scale, float(a.get("cubic_coeff_a", -0.75)),
+                       bool(a.get("exclude_outside", 0)))
         except ValueError as e:
             raise cx.fail(str(e)) from None
         out_axes.append(ax)
         tabs += [cx.constant(v, f"_t{ax}_{j}") for j, v in enumerate(t)]
     if not out_axes:
         return [x]
-    return [cx.add("resize", [x] + tabs, {"axes": out_axes, "mode": mode})]
+    return [cx.add("resize", [x] + tabs, {"axes": out_axes, "mode": "nearest" if mode == "nearest" else "weighted"})]
 
 
 register(
     OpDef(name="resize", pattern=Pattern.INJECTIVE, infer=_resize_infer, evaluate=_resize_eval, integers=True,
-          te=lambda n, ins, name: resize(ins[0], _per_axis(ins[1:], n.attrs["mode"]), n.attrs["axes"], n.attrs["mode"],
-                                         name),
-          flops=lambda n: float(output_elements(n)) * (1 if n.attrs["mode"] == "nearest" else 3 * len(n.attrs["axes"])),
+          te=lambda n, ins, name: resize(ins[0], _per_axis(ins[1:], n.attrs["mode"]), n.attrs["axes"], name),
+          flops=lambda n: float(output_elements(n)) * 2 * math.prod(t[0].shape[1] for t in _per_axis(n.inputs[1:],
+                                                                                                     n.attrs["mode"])),
           onnx_in={"Resize": _onnx_resize, "Upsample": _onnx_resize}),
 )
