@@ -491,6 +491,33 @@ def test_simplified_div_and_mod_equal_the_original_everywhere(coefs, const, his,
         assert _value(d, env) == _value(a, env) // c and _value(m, env) == _value(a, env) % c
 
 
+@pytest.mark.slow
+@given(coefs=st.lists(st.integers(0, 40), min_size=1, max_size=3), his=st.lists(st.integers(0, 9), min_size=3, max_size=3),
+       c1=st.integers(2, 12), c2=st.integers(2, 12))
+@settings(max_examples=200, deadline=None)
+def test_divisions_of_divisions_simplify_to_the_original_everywhere(coefs, his, c1, c2):
+    """A reshape chain's index, ((i + c*3136) / 56) / 56 and its remainders, as the C generator reads it."""
+    names = [f"v{i}" for i in range(len(coefs))]
+    a = Const(0)
+    for k, n in zip(coefs, names):
+        a = a + Var(n) * k
+    ranges = {n: (0, hi) for n, hi in zip(names, his)}
+    forms = [(a // c1) // c2, (a // c1) % c2, ((a // c1) // c2) % c1, a % (c1 * c2) // c1]
+    simple = [simplify(f, ranges) for f in forms]
+    for point in itertools.product(*(range(hi + 1) for hi in his[:len(names)])):
+        env = dict(zip(names, point))
+        assert [_value(f, env) for f in simple] == [_value(f, env) for f in forms]
+
+
+def test_a_reshape_chains_index_loses_its_divisions_where_the_ranges_allow():
+    i, c = Var("i"), Var("c")
+    flat = i + c * 3136                  # (c, i) of a [128, 3136] tensor, read as [128, 56, 56] blocked by 16
+    ranges = {"i": (0, 3135), "c": (0, 127)}
+    assert simplify(((flat // 56) // 56) // 16, ranges) == c // 16
+    assert simplify(flat % 56, ranges) == i % 56
+    assert simplify((flat // 56) % 56, ranges) == i // 56
+
+
 GEMMS = [make("dense", dict(N=12, C=40, K=48, bias=1, act="gelu")), make("dense", dict(N=7, C=30, K=10)),
          make("batch_matmul", dict(B=3, M=8, K=16, N=24)), make("dense", dict(N=16, C=8, K=64, bias=1, residual=1)),
          make("dense", dict(N=13, C=16, K=48, bias=1))]

@@ -414,6 +414,9 @@ def _div_mod(a: Expr, c: int, ranges: Ranges, want_div: bool):
         if want_div:
             return from_linear(q_terms, q_const + k)
         return from_linear(r_terms, r_const - k * c)
+    if q_terms and rb is not None and rb[0] >= 0:      # (q*c + r) // c -> q + r // c, % c -> r % c (r >= 0)
+        r = from_linear(r_terms, r_const)
+        return from_linear({**q_terms, FloorDiv(r, Const(c)): 1}, q_const) if want_div else FloorMod(r, Const(c))
     for g in (g for g in range(c - 1, 1, -1) if c % g == 0):
         q_terms, r_terms, q_const, r_const, rb = split(g)
         if not q_terms or rb is None or rb[0] < 0 or rb[1] >= g:
@@ -453,6 +456,9 @@ def simplify(e: Expr, ranges: Ranges | None = None, keep_mods: bool = False) -> 
                 return Const(n.a.value // c if isinstance(n, FloorDiv) else n.a.value % c)
             if c == 1:
                 return n.a if isinstance(n, FloorDiv) else Const(0)
+            if isinstance(n, FloorDiv) and isinstance(n.a, FloorDiv) and isinstance(n.a.b, Const) and n.a.b.is_int \
+                    and c > 0 and n.a.b.value > 0:         # (x // a) // b -> x // (a*b)
+                return simplify(FloorDiv(n.a.a, Const(n.a.b.value * c)), ranges, keep_mods)
             if keep_mods and isinstance(n, FloorMod) and (ln := linear(n.a)) is not None and \
                     not any(k % c == 0 for k in ln[0].values()) and 0 <= ln[1] < c:
                 return None
