@@ -215,3 +215,11 @@ def test_flatten_at_every_axis_up_to_the_rank_computes_what_onnx_runtime_compute
              helper.make_node("Relu", ["f"], ["y"])]
     path = _save(tmp_path / "f.onnx", nodes, {"x": (TensorProto.FLOAT, [3, 5])}, "y", {})
     agree_with_onnxruntime(path, {"x": _f32(3, 5)})
+
+
+def test_a_tile_of_an_activation_computes_what_onnx_runtime_computes(tmp_path):
+    # BLOOM's TorchScript export tiles its ALiBi slopes over the batch and heads
+    nodes = [helper.make_node("Tile", ["x", "reps"], ["t"]), helper.make_node("Relu", ["t"], ["y"])]
+    path = _save(tmp_path / "t.onnx", nodes, {"x": (TensorProto.FLOAT, [2, 1, 3])}, "y",
+                 {"reps": np.array([3, 4, 2], np.int64)})
+    agree_with_onnxruntime(path, {"x": _f32(2, 1, 3)})

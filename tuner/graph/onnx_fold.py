@@ -183,6 +183,7 @@ FOLD = {
     "Expand": lambda ins, a, opset: [np.broadcast_to(ins[0], np.broadcast_shapes(
         np.shape(ins[0]), tuple(int(d) for d in np.asarray(ins[1]).reshape(-1)))).copy()],
     "Transpose": lambda ins, a, opset: [np.transpose(np.asarray(ins[0]), a.get("perm"))],
+    "Tile": lambda ins, a, opset: [np.tile(np.asarray(ins[0]), tuple(int(r) for r in np.asarray(ins[1]).reshape(-1)))],
     "Cast": lambda ins, a, opset: [np.asarray(ins[0]).astype(DTYPES[a["to"]])],
     "ConstantOfShape": _constant_of_shape,
     "Range": lambda ins, a, opset: [np.arange(*(np.asarray(v).item() for v in ins[:3])).astype(np.asarray(ins[0]).dtype)],
@@ -243,6 +244,7 @@ GROWS = {
     "Expand": lambda ins, a: math.prod(np.broadcast_shapes(np.shape(ins[0]),
                                                            tuple(int(d) for d in np.asarray(ins[1]).reshape(-1)))),
     "Range": lambda ins, a: _range_length(ins),
+    "Tile": lambda ins, a: np.size(ins[0]) * math.prod(max(0, int(r)) for r in np.asarray(ins[1]).reshape(-1)),
     "Gather": lambda ins, a: np.size(ins[1]) * np.size(ins[0]) // max(1, np.shape(ins[0])[a.get("axis", 0)]),
     **{t: lambda ins, a: _broadcast(*ins) for t in ("Add", "Sub", "Mul", "Div", "Mod", "Pow", "Equal", "Less",
                                                  "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Where",

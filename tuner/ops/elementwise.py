@@ -227,6 +227,23 @@ def _onnx_expand(cx, ins, a):
     return [cx.add("add", [x, cx.constant(zeros, "_zeros")], {})]
 
 
+def _onnx_tile(cx, ins, a):
+    """Tile of an activation by constant repeats: each axis split in two, the repeats broadcast in
+    by an add of zeros ([d] -> [1, d] + zeros [r, 1] -> [r*d]), as Expand is."""
+    x = ins[0]
+    reps = [int(r) for r in np.asarray(cx.const(ins[1], "the repeats")).reshape(-1)]
+    if len(reps) != len(x.shape) or any(r < 1 for r in reps):
+        raise cx.fail(f"repeats {reps} must be one positive count per axis of {list(x.shape)}")
+    if all(r == 1 for r in reps):
+        return [x]
+    if x.dtype != "float32":
+        raise cx.fail(f"a Tile of a {x.dtype} activation is not supported")
+    split = cx.add("reshape", [x], {"shape": [v for d in x.shape for v in (1, d)]}, "_split")
+    zeros = np.zeros([v for r in reps for v in (r, 1)], np.float32)
+    grown = cx.add("add", [split, cx.constant(zeros, "_zeros")], {}, "_grown")
+    return [cx.add("reshape", [grown], {"shape": [r * d for r, d in zip(reps, x.shape)]})]
+
+
 def _onnx_reciprocal(cx, ins, a):
     return [cx.add("div", [cx.constant(np.ones(1, np.float32), "_one"), ins[0]], {})]
 
@@ -327,7 +344,7 @@ def _binary_def(op: str) -> OpDef:
     return OpDef(name=op, pattern=Pattern.BROADCAST, infer=_binary_infer, integers=op != "div",
                  evaluate=lambda node, args: f32(np_fn(args[0].astype(np.float64), args[1].astype(np.float64))),
                  te=lambda node, ins, name: broadcast_binary(op, ins[0], ins[1], name),
-                 onnx_in={onnx_type: onnx_plain(op), **({"Expand": _onnx_expand} if op == "add" else {}),
+                 onnx_in={onnx_type: onnx_plain(op), **({"Expand": _onnx_expand, "Tile": _onnx_tile} if op == "add" else {}),
                          **({"Reciprocal": _onnx_reciprocal} if op == "div" else {})},
                  onnx_out=export_as(onnx_type))
 
