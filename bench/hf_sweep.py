@@ -21,7 +21,7 @@ import warnings
 from pathlib import Path
 
 from bench.common import write_results
-from bench.torchvision_sweep import _torchvision, check
+from bench.torchvision_sweep import _torchvision, sweep
 
 # name: (model class, config class, input kind, config overrides); layers are cut by --layers
 MODELS = {
@@ -151,22 +151,11 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unknown --models {', '.join(unknown)}: choose from {', '.join(MODELS)}")
     export, feeds = exporter(args.layers, args.seq, args.mask, args.torchscript)
-    rows = []
     with tempfile.TemporaryDirectory(prefix="bench-hf-") as tmp:
         d = Path(args.keep or tmp)
         d.mkdir(parents=True, exist_ok=True)
-        for name in args.models.split(","):
-            row = check(name, d, args.threads, args.rounds, export=export, feeds=feeds)
-            rows.append(row)
-            if "error" in row:
-                print(f"{name:<16} FAILED at {row['stage']}: {row['error']}", flush=True)
-            else:
-                timing = (f"{row['median_ms']:9.2f} ms  ORT {row['onnxruntime_ms']:9.2f} ms  "
-                          f"{row['vs_onnxruntime_paired']:.3f}x" if "median_ms" in row else "")
-                print(f"{name:<16} {'ok ' if row['ok'] else 'BAD'} err {row['max_err_over_range']:.1e}  "
-                      f"compile {row['compile_s']:5.1f} s  {timing}", flush=True)
+        rows = sweep(args.models.split(","), d, args.threads, args.rounds, export=export, feeds=feeds)
     ok = sum(r.get("ok", False) for r in rows)
-    print(f"\n{ok} of {len(rows)} models import, compile and match ONNX Runtime to 1e-4 of the output's range")
     write_results("hf_sweep", args.out, {"threads": args.threads, "rounds": args.rounds, "layers": args.layers,
                                          "seq": args.seq, "mask": args.mask, "torchscript": args.torchscript,
                                          "rows": rows})

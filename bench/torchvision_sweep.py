@@ -95,6 +95,24 @@ def check(name: str, workdir: Path, threads: int, rounds: int, dynamo: bool = Fa
     return row
 
 
+def sweep(names: list, workdir: Path, threads: int, rounds: int, **how) -> list:
+    """A row per model (`check(..., **how)`), each printed as it comes, then the count that match."""
+    rows, width = [], max(map(len, names)) + 2
+    for name in names:
+        row = check(name, workdir, threads, rounds, **how)
+        rows.append(row)
+        if "error" in row:
+            print(f"{name:<{width}} FAILED at {row['stage']}: {row['error']}", flush=True)
+        else:
+            timing = (f"{row['median_ms']:9.2f} ms  ORT {row['onnxruntime_ms']:9.2f} ms  "
+                      f"{row['vs_onnxruntime_paired']:.3f}x" if "median_ms" in row else "")
+            print(f"{name:<{width}} {'ok ' if row['ok'] else 'BAD'} err {row['max_err_over_range']:.1e}  "
+                  f"compile {row['compile_s']:5.1f} s  {timing}", flush=True)
+    ok = sum(r.get("ok", False) for r in rows)
+    print(f"\n{ok} of {len(rows)} models import, compile and match ONNX Runtime to 1e-4 of the output's range")
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=DEFAULT)
@@ -103,20 +121,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dynamo", action="store_true", help="export with torch's dynamo exporter (opset 18)")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
-    rows = []
     with tempfile.TemporaryDirectory(prefix="bench-torchvision-") as d:
-        for name in args.models.split(","):
-            row = check(name, Path(d), args.threads, args.rounds, args.dynamo)
-            rows.append(row)
-            if "error" in row:
-                print(f"{name:<20} FAILED at {row['stage']}: {row['error']}", flush=True)
-            else:
-                timing = (f"{row['median_ms']:9.2f} ms  ORT {row['onnxruntime_ms']:9.2f} ms  "
-                          f"{row['vs_onnxruntime_paired']:.3f}x" if "median_ms" in row else "")
-                print(f"{name:<20} {'ok ' if row['ok'] else 'BAD'} err {row['max_err_over_range']:.1e}  "
-                      f"compile {row['compile_s']:5.1f} s  {timing}", flush=True)
+        rows = sweep(args.models.split(","), Path(d), args.threads, args.rounds, dynamo=args.dynamo)
     ok = sum(r.get("ok", False) for r in rows)
-    print(f"\n{ok} of {len(rows)} models import, compile and match ONNX Runtime to 1e-4 of the output's range")
     write_results("torchvision_sweep", args.out, {"threads": args.threads, "rounds": args.rounds,
                                                   "dynamo": args.dynamo, "rows": rows})
     return 0 if ok == len(rows) else 1
