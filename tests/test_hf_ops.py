@@ -223,3 +223,12 @@ def test_a_tile_of_an_activation_computes_what_onnx_runtime_computes(tmp_path):
     path = _save(tmp_path / "t.onnx", nodes, {"x": (TensorProto.FLOAT, [2, 1, 3])}, "y",
                  {"reps": np.array([3, 4, 2], np.int64)})
     agree_with_onnxruntime(path, {"x": _f32(2, 1, 3)})
+
+
+def test_a_resize_to_a_hostile_size_is_refused_before_anything_is_built(tmp_path):
+    from tuner.graph.onnx_frontend import OnnxImportError, load_onnx
+    nodes = [helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], "up", mode="linear")]
+    path = _save(tmp_path / "h.onnx", nodes, {"x": (TensorProto.FLOAT, [1, 2, 4, 4])}, "y",
+                 {"sizes": np.array([1, 2, 4, 1 << 40], np.int64)})
+    with pytest.raises(OnnxImportError, match=r"node 'up' \(Resize\): axis 3 of length 4 would become 1099511627776"):
+        load_onnx(path)

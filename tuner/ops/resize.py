@@ -15,6 +15,8 @@ from ..te.expr import Cast, Const
 from ..te.tensor import Tensor, compute
 from .registry import OpDef, Pattern, output_elements, register
 
+MAX_LENGTH = 1 << 20        # an axis a resize gives; a hostile `sizes` is refused before its tables are built
+
 
 def _origin(mode: str, out_len: int, in_len: int, scale: np.float32) -> np.ndarray:
     """The input coordinate of each output position (float32), per coordinate_transformation_mode."""
@@ -142,8 +144,8 @@ def _onnx_resize(cx, ins, a):
         raise cx.fail(f"keep_aspect_ratio_policy {a['keep_aspect_ratio_policy']!r} is not supported (stretch is)")
     axes = [ax % rank for ax in a.get("axes", range(rank))]
     given = list(ins[1:])
-    if cx.op_type == "Upsample" or cx.opset < 11:      # (X, scales)
-        scales, sizes = given[0] if given else None, None
+    if cx.op_type == "Upsample" or cx.opset < 11:      # (X, scales), or scales an attribute (opset 7)
+        scales, sizes = given[0] if given else cx.constant(np.asarray(a.get("scales", []), np.float32), "_scales"), None
     else:                                              # (X, roi, scales, sizes)
         scales = given[1] if len(given) > 1 else None
         sizes = given[2] if len(given) > 2 else None
@@ -168,6 +170,8 @@ def _onnx_resize(cx, ins, a):
             scale = float(np.float32(m) / np.float32(n)) if n else 1.0
         if m < 1:
             raise cx.fail(f"axis {ax} of length {n} would become {m}")
+        if m > MAX_LENGTH:
+            raise cx.fail(f"axis {ax} of length {n} would become {m}, over the {MAX_LENGTH} a resize may give")
         if m == n and scale == 1.0:
             continue
         if a.get("antialias", 0) and m < n and mode != "nearest":
