@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from ..ops.reduce import cumsum_ref
 from ..ops.shape import split_sizes, squeeze_shape, unsqueeze_shape
 
 # ONNX TensorProto data types -> NumPy (the ones exporters write for shapes, ids, masks and values)
@@ -101,15 +102,10 @@ def _split(ins, a, opset):
 
 
 def _cumsum(ins, a, opset):
-    """ONNX CumSum: along the axis its second input names; `exclusive` starts from 0, `reverse` from
-    the end (GPT-2's exporters number positions with it)."""
+    """ONNX CumSum along the axis its second input names (GPT-2's exporters number positions with it)."""
     x = np.asarray(ins[0])
     axis = int(np.asarray(ins[1]).reshape(-1)[0]) % x.ndim
-    y = np.flip(x, axis) if a.get("reverse", 0) else x
-    out = np.cumsum(y, axis=axis, dtype=x.dtype)
-    if a.get("exclusive", 0):
-        out = np.concatenate([np.zeros_like(np.take(out, [0], axis=axis)), np.delete(out, -1, axis=axis)], axis=axis)
-    return [np.flip(out, axis) if a.get("reverse", 0) else out]
+    return [cumsum_ref(x, axis, bool(a.get("exclusive", 0)), bool(a.get("reverse", 0)))]
 
 
 def _gather_nd(ins, a, opset):

@@ -101,15 +101,18 @@ def cumsum(x: Tensor, axis: int, exclusive: bool, reverse: bool, name: str = "cu
     return compute(x.shape, f, name, tag="reduction", inputs=[x], axis_names=[f"{name}_i{k}" for k in range(x.ndim)])
 
 
+def cumsum_ref(x: np.ndarray, axis: int, exclusive: bool, reverse: bool) -> np.ndarray:
+    """ONNX CumSum in NumPy, in x's dtype (float32 sums in float64 first)."""
+    y = np.flip(x, axis) if reverse else x
+    y = np.cumsum(y, axis=axis, dtype=np.float64 if x.dtype.kind == "f" else x.dtype)
+    if exclusive:
+        y = np.concatenate([np.zeros_like(np.take(y, [0], axis=axis)), np.delete(y, -1, axis=axis)], axis=axis)
+    return (np.flip(y, axis) if reverse else y).astype(x.dtype)
+
+
 def _cumsum_eval(node, args):
-    x, a = args[0], node.attrs
-    ax = a["axis"]
-    y = np.flip(x, ax) if a["reverse"] else x
-    y = np.cumsum(y, axis=ax, dtype=np.float64 if x.dtype.kind == "f" else x.dtype)
-    if a["exclusive"]:
-        y = np.concatenate([np.zeros_like(np.take(y, [0], axis=ax)), np.delete(y, -1, axis=ax)], axis=ax)
-    y = np.flip(y, ax) if a["reverse"] else y
-    return f32(y) if x.dtype.kind == "f" else y.astype(x.dtype)
+    a = node.attrs
+    return cumsum_ref(args[0], a["axis"], bool(a["exclusive"]), bool(a["reverse"]))
 
 
 def _onnx_cumsum(cx, ins, a):
