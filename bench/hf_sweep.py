@@ -16,6 +16,7 @@ Prints a table, writes JSON under bench/results/ with the host.
 from __future__ import annotations
 
 import argparse
+import importlib
 import tempfile
 import warnings
 from pathlib import Path
@@ -82,10 +83,8 @@ def build(name: str, layers: int, seq: int, mask: bool):
     if hasattr(config, "use_cache"):
         config.use_cache = False
     config._attn_implementation = "eager"
-    cls = tf
-    for part in model_cls.split("."):
-        cls = getattr(cls, part) if hasattr(cls, part) else __import__(f"{cls.__name__}.{part}", fromlist=["_"])
-    net = cls(config).eval()
+    module, _, cls = model_cls.rpartition(".")         # a class transformers does not export at its top
+    net = getattr(importlib.import_module(f"transformers.{module}") if module else tf, cls)(config).eval()
     with torch.no_grad():
         for p in net.parameters():
             if p.numel() > 1 and bool((p == p.flatten()[0]).all()):

@@ -384,14 +384,6 @@ LOGICAL = {"and": ("And", lambda u, v: u * v, np.logical_and),
            "xor": ("Xor", lambda u, v: select(Cmp("==", u, v), Const(0.0), Const(1.0)), np.logical_xor)}
 
 
-def _logical_def(op: str) -> OpDef:
-    onnx_type, fn, np_fn = LOGICAL[op]
-    return OpDef(name=op, pattern=Pattern.BROADCAST, infer=_bool_infer, integers=True,
-                 evaluate=lambda n, args: np_fn(args[0], args[1]),
-                 te=lambda n, ins, name: broadcast_te(ins, fn, name),
-                 onnx_in={onnx_type: onnx_plain(op)}, onnx_out=export_as(onnx_type))
-
-
 def _truth(e):
     """A boolean carried as float32 (0 or 1) -> a TE condition."""
     return Cmp("==", e, Const(0.0))
@@ -402,13 +394,17 @@ def _bool_infer(node):
     return shape, "bool", lay
 
 
-def _compare_def(op: str) -> OpDef:
-    onnx_type, cond, np_fn = COMPARISONS[op]
+def _bool_def(op: str, onnx_type: str, fn, np_fn) -> OpDef:
+    """A binary op with a boolean result: `fn` gives it as 0 or 1 from the two float-carried operands."""
     return OpDef(name=op, pattern=Pattern.BROADCAST, infer=_bool_infer, integers=True,
                  evaluate=lambda n, args: np_fn(args[0], args[1]),
-                 te=lambda n, ins, name: broadcast_te(ins, lambda u, v: select(cond(u, v), Const(1.0), Const(0.0)),
-                                                      name),
+                 te=lambda n, ins, name: broadcast_te(ins, fn, name),
                  onnx_in={onnx_type: onnx_plain(op)}, onnx_out=export_as(onnx_type))
+
+
+def _compare_def(op: str) -> OpDef:
+    onnx_type, cond, np_fn = COMPARISONS[op]
+    return _bool_def(op, onnx_type, lambda u, v: select(cond(u, v), Const(1.0), Const(0.0)), np_fn)
 
 
 def _where_infer(node):
@@ -445,7 +441,7 @@ def _unary_te(fn):
 
 register(
     *(_compare_def(op) for op in COMPARISONS),
-    *(_logical_def(op) for op in LOGICAL),
+    *(_bool_def(op, *LOGICAL[op]) for op in LOGICAL),
     OpDef(name="isnan", pattern=Pattern.ELEMWISE, infer=lambda n: (n.inputs[0].shape, "bool", n.inputs[0].layout),
           evaluate=lambda n, args: np.isnan(args[0]),
           te=_unary_te(lambda e: select(Cmp("==", e, e), Const(0.0), Const(1.0))),
