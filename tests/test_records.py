@@ -313,3 +313,31 @@ def test_distill_keeps_the_newest_layout_plan_of_each_model_and_target(tmp_path)
         kept = records.load(out).plans
         assert sorted((p.target, p.layouts["conv"]) for p in kept) == sorted(
             [(str(TARGET1), "NCHW16c"), ("cpu -isa=avx2 -cores=2 -threads=2", "NCHW8c")])
+
+
+def test_shipped_records_timed_on_this_kind_of_cpu_come_before_the_general_ones(tuned_log, tmp_path, monkeypatch):
+    """Shipped files per kind of CPU (<backend>-<vendor>-<family>-<model>.jsonl): this model's first,
+    then its family's nearest model, then the general file; another vendor's or family's never,
+    nor any host file for a target of another ISA than this host's."""
+    recs = sorted((records.Record.from_json(json.loads(ln)) for ln in tuned_log.read_text().splitlines()),
+                  key=lambda r: r.latency)
+    assert len({r.code_hash for r in recs}) >= 3
+    by_file = {"cpu": recs[0], "cpu-GenuineIntel-6-207": recs[1], "cpu-GenuineIntel-6-143": recs[2],
+               "cpu-GenuineIntel-6-85": recs[0], "cpu-AuthenticAMD-6-207": recs[0], "cpu-GenuineIntel-61-207": recs[0]}
+    for stem, r in by_file.items():
+        (tmp_path / f"{stem}.jsonl").write_text(json.dumps(r.to_json()) + "\n")
+    monkeypatch.setattr(records, "shipped_database", lambda target: tmp_path / "cpu.jsonl")
+    monkeypatch.setattr(records, "host_kind", lambda: "GenuineIntel-6-207")
+    names = [p.stem for p in records.shipped_databases(TARGET1)]
+    assert names == ["cpu-GenuineIntel-6-207", "cpu-GenuineIntel-6-143", "cpu-GenuineIntel-6-85", "cpu"]
+    for stem in names:
+        best, source = Database.open(None, TARGET1).best(SMALL, TARGET1)
+        assert source == "shipped" and best.code_hash == by_file[stem].code_hash, stem
+        (tmp_path / f"{stem}.jsonl").unlink()
+    assert Database.open(None, TARGET1).best(SMALL, TARGET1) == (None, "default")
+    (tmp_path / "cpu.jsonl").write_text("")
+    (tmp_path / "cpu-GenuineIntel-6-207.jsonl").write_text("")
+    other = next(isa for isa in ("sse", "avx2") if isa != TARGET1.isa)
+    assert [p.stem for p in records.shipped_databases(f"cpu -isa={other} -cores=2 -threads=1")] == ["cpu"]
+    monkeypatch.setattr(records, "host_kind", lambda: "")
+    assert [p.stem for p in records.shipped_databases(TARGET1)] == ["cpu"]

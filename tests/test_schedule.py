@@ -102,28 +102,58 @@ def test_peeling_keeps_every_store_of_a_guarded_loop_nest(extent, factor, rows, 
     body = ir.For("j", rows, ir.For("o", outer, ir.For("i", factor, ir.IfThen(cond, store), "unroll")))
     func = ir.Func("f", [], [], body, {})
 
-    def run(s, env, out):
-        if isinstance(s, ir.Seq):
-            for x in s.stmts:
-                run(x, env, out)
-        elif isinstance(s, ir.For):
-            for v in range(s.extent):
-                run(s.body, {**env, s.var: v}, out)
-        elif isinstance(s, ir.IfThen):
-            if _value(s.cond, env):
-                run(s.body, env, out)
-        else:
-            k = tuple(_value(i, env) for i in s.indices)
-            assert k not in out
-            out[k] = _value(s.value, env)
-        return out
-
-    want = run(func.body, {}, {})
+    want = _run_ir(func.body, {}, {})
     assert len(want) == sum(min(extent - j, cap * factor if cap else extent) for j in range(rows) if extent > j)
     peeled = peel_guards(func)
-    assert run(peeled.body, {}, {}) == want
+    assert _run_ir(peeled.body, {}, {}) == want
     loops = [s for s in ir.stmts(peeled.body) if isinstance(s, ir.For) and s.var == "o"]
     assert len(loops) <= 2          # the main loop and at most one remainder
+
+
+@given(st.integers(1, 40), st.integers(1, 9), st.integers(1, 3), st.sampled_from(["<", "<="]), st.integers(0, 8))
+@settings(max_examples=80, deadline=None)
+def test_a_guarded_tile_axis_fused_into_a_parallel_loop_stores_what_the_guarded_nest_stores(extent, factor, rows,
+                                                                                             op, cap):
+    """A parallel loop over rows x tiles (the tile index is fused % tiles) is not cut in two: each
+    iteration runs a copy without the tile's guards where its tile is whole. Over every extent,
+    factor, row count, comparison and second guard, the split nest stores exactly what the guarded
+    one stores, and the whole tiles' copy holds no guard on the tile."""
+    from tuner.schedule.peel import peel_guards
+    from tuner.te.expr import And
+    tiles = -(-extent // factor)
+    f = Var("f")
+    idx = FloorMod(f, Const(tiles)) * Const(factor) + Var("i")
+    row = FloorDiv(f, Const(tiles))
+    bound = Cmp(op, idx, Const(extent if op == "<" else extent - 1))
+    cond = And(bound, Cmp("<", row, Const(cap))) if cap else bound
+    store = ir.Store("y", (row, idx), idx * Const(3) + row)
+    func = ir.Func("f", [], [], ir.For("f", rows * tiles, ir.For("i", factor, ir.IfThen(cond, store), "vectorize"),
+                                       "parallel"), {})
+    want = _run_ir(func.body, {}, {})
+    assert len(want) == (min(rows, cap) if cap else rows) * extent
+    split = peel_guards(func)
+    assert _run_ir(split.body, {}, {}) == want
+    (par,) = [s for s in ir.stmts(split.body) if isinstance(s, ir.For) and s.kind == "parallel"]
+    if extent % factor and extent > factor:      # whole tiles and a part one: a copy for the whole ones
+        whole = par.body.stmts[0]
+        assert isinstance(whole, ir.IfThen)
+        assert not [c for x in ir.stmts(whole.body) if isinstance(x, ir.IfThen) for c in walk(x.cond)
+                    if isinstance(c, Var) and c.name == "i"]
+
+
+def test_a_guarded_column_tile_in_a_parallel_loop_is_vectorised_where_whole_and_correct():
+    """Two threads, 100 columns in tiles of 3 vectors (the last tile part): the tile axis is fused
+    into the parallel loop, the whole tiles run vector code without lane tests, and the result is
+    the reference's."""
+    wl = make("batch_matmul", dict(B=2, M=5, N=100, K=16), "NT")
+    tgt = parse_target("cpu -threads=2")
+    space = SearchSpace(wl, tgt)
+    dec = space.default()
+    dec["tile"][2] = [1, 1, 3 * tgt.lanes]
+    steps = space.steps(dec)
+    src = Task(wl, tgt).candidate(steps).source
+    assert "omp parallel" in src and "f32x" in src and "omp simd" in src    # vectors where whole, lanes in the part
+    check_schedules([(wl, steps)], parse_target("cpu -threads=2"))
 
 
 def test_simplifier_removes_exact_div_and_mod():
@@ -459,6 +489,24 @@ def test_simplifier_reads_a_block_in_another_block_size():
     assert simplify((cc * 8 + cb + 1) // 16, ranges) != cc // 2
 
 
+def _run_ir(s, env, out):
+    """{indices: value} of every store a small IR nest makes (a store made twice fails)."""
+    if isinstance(s, ir.Seq):
+        for x in s.stmts:
+            _run_ir(x, env, out)
+    elif isinstance(s, ir.For):
+        for v in range(s.extent):
+            _run_ir(s.body, {**env, s.var: v}, out)
+    elif isinstance(s, ir.IfThen):
+        if _value(s.cond, env):
+            _run_ir(s.body, env, out)
+    else:
+        k = tuple(_value(i, env) for i in s.indices)
+        assert k not in out
+        out[k] = _value(s.value, env)
+    return out
+
+
 def _value(e, env):
     from tuner.te import expr as E
     ops = {E.Add: lambda a, b: a + b, E.Sub: lambda a, b: a - b, E.Mul: lambda a, b: a * b,
@@ -469,7 +517,7 @@ def _value(e, env):
         return env[e.name]
     if isinstance(e, E.Cmp):
         a, b = _value(e.a, env), _value(e.b, env)
-        return a < b if e.op == "<" else a <= b
+        return {"<": a < b, "<=": a <= b, "==": a == b}[e.op]
     if isinstance(e, E.And):
         return _value(e.a, env) and _value(e.b, env)
     return ops[type(e)](_value(e.a, env), _value(e.b, env))

@@ -155,7 +155,7 @@ def build_op(workload: str | Workload, layout: str | None = None, target: str | 
     wl = workload if isinstance(workload, Workload) else resolve(workload, layout)
     tgt = parse_target(target, threads)
     task = Task(wl, tgt)
-    shipped = records.shipped_database(tgt)
+    shipped = ", ".join(str(p) for p in records.shipped_databases(tgt)) or str(records.shipped_database(tgt))
     rec, where = Database.open(log, tgt, use_shipped, missing="skip", warn=not quiet).best(wl, tgt)
     if rec is None:
         where = None
@@ -164,6 +164,6 @@ def build_op(workload: str | Workload, layout: str | None = None, target: str | 
             warnings.warn(f"no tuning record for {wl.label} on '{tgt}' in {searched}; "
                           "using the default (untuned) schedule", stacklevel=2)
     elif where == SHIPPED:
-        where = str(shipped)
+        where = shipped
     steps = rec.steps if rec else task.space.steps(task.space.default())
     return KERNELS[tgt.kind](task, steps, rec, where)

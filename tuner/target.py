@@ -63,6 +63,25 @@ def host_isa() -> str:
     return "sse"
 
 
+@lru_cache(maxsize=1)
+def host_kind() -> str:
+    """This CPU's vendor, family and model as /proc/cpuinfo states them ("GenuineIntel-6-207"): the
+    kind of core a shipped record was timed on (records.shipped_databases); "" where unknown."""
+    facts = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if not line.strip():
+                    break                # the first processor's block
+                facts.setdefault(key.strip(), value.strip())
+    except OSError:
+        return ""
+    parts = [facts.get(k, "") for k in ("vendor_id", "cpu family", "model")]
+    ok = parts[0].isalnum() and parts[1].isdigit() and parts[2].isdigit()
+    return "-".join(parts) if ok else ""
+
+
 def host_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))

@@ -324,10 +324,9 @@ class _Loop:
         self.extra_callbacks = list(callbacks)
         self.states, self.rows = [], []
         contents = records.load(log, warn=False)
-        shipped = records.shipped_database(tgt)
         # where a fresh task's first round finds its records of another thread count
-        self.others = Database([Source(str(log), contents)]
-                               + ([Source(SHIPPED, records.load(shipped, warn=False))] if shipped.exists() else []))
+        self.others = Database([Source(str(log), contents)] + [Source(SHIPPED, records.load(p, warn=False))
+                                                               for p in records.shipped_databases(tgt)])
         other_way = 0          # records of these tasks timed with the weights the other way: not resumed
         for wl, weight in pairs:
             other_way += self._resume(wl, weight, contents)

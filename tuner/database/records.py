@@ -33,7 +33,7 @@ from .. import __version__
 from ..errors import SetupError, UserError
 from ..ops import parse_spec
 from ..schedule.schedule import ScheduleError
-from ..target import parse_target
+from ..target import host_isa, host_kind, parse_target
 from ..task import Task
 from .result import ERROR_KINDS, NOT_IN_LOG, OK, WEIGHTS, median_cost
 
@@ -631,4 +631,21 @@ def measured(recs) -> list:
 def shipped_database(target) -> Path:
     """tuner/schedules/<backend>.jsonl: the best records shipped with tuner (package data)."""
     return Path(str(resources.files("tuner") / "schedules" / f"{str(target).split()[0]}.jsonl"))
+
+
+def shipped_databases(target) -> list:
+    """The shipped record files that exist for `target`, first wins: where it is this host's own
+    ISA, those timed on this kind of CPU (<backend>-<vendor>-<family>-<model>.jsonl beside
+    shipped_database: this model, then the family's nearest model), then shipped_database. A
+    schedule tuned on one core design can run slower than the default on another of the same ISA
+    (docs/records.md)."""
+    general = shipped_database(target)
+    tgt = parse_target(str(target), check_host=False) if str(target).startswith("cpu") else None
+    kind = host_kind() if tgt is not None and tgt.isa == host_isa() else ""
+    ours = []
+    if kind:
+        vendor_family, model = kind.rsplit("-", 1)
+        ours = sorted(general.parent.glob(f"{general.stem}-{vendor_family}-*.jsonl"),
+                      key=lambda p: abs(int(m) - int(model)) if (m := p.stem.rsplit("-", 1)[1]).isdigit() else 1 << 30)
+    return [p for p in ours + [general] if p.exists()]
 

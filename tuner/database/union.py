@@ -26,8 +26,8 @@ class Database:
 
     @classmethod
     def open(cls, logs, target, use_shipped: bool = True, missing: str = "error", warn: bool = True) -> "Database":
-        """The user's `logs` (a path or a list) in order, then the shipped database of the target's
-        backend. missing: "error" (a UserError naming the log) or "skip" for a log that does not exist."""
+        """The user's `logs` (a path or a list) in order, then the shipped databases of the target's
+        backend (records.shipped_databases: this kind of CPU's first). missing: "error" (a UserError naming the log) or "skip" for a log that does not exist."""
         paths = [logs] if isinstance(logs, (str, Path)) else [p for p in logs or [] if p is not None]
         sources = []
         for p in paths:
@@ -36,9 +36,8 @@ class Database:
                     raise UserError(f"log {p} does not exist; give the log `tuner tune --log` wrote")
                 continue
             sources.append(Source(str(p), records.load(p, warn=warn)))
-        shipped = records.shipped_database(target)
-        if use_shipped and shipped.exists():
-            sources.append(Source(SHIPPED, records.load(shipped, warn=False)))
+        if use_shipped:
+            sources += [Source(SHIPPED, records.load(p, warn=False)) for p in records.shipped_databases(target)]
         return cls(sources)
 
     def best(self, workload, target) -> tuple:

@@ -43,6 +43,8 @@ def _peel(s: ir.Stmt, ranges: dict, peel: bool = True) -> ir.Stmt:
     if not isinstance(s, ir.For):
         return s
     inner = {**ranges, s.var: (0, s.extent - 1)}
+    if peel and s.kind == "parallel" and (split := _split_parallel(s, inner)) is not None:
+        return split
     if peel and s.kind in _PEELED and _symbolic_guards(s):
         return _peel_symbolic(s, inner)
     p = _true_prefix(s, inner) if peel and s.kind in _PEELED and s.limit is None else None
@@ -56,6 +58,33 @@ def _peel(s: ir.Stmt, ranges: dict, peel: bool = True) -> ir.Stmt:
         rest = dataclasses.replace(s, extent=s.extent - p,
                                    body=_peel(body, {**ranges, s.var: (0, s.extent - p - 1)}, False))
     return ir.seq([main] + ([rest] if any(isinstance(x, ir.Store) for x in ir.stmts(rest)) else []))
+
+
+# A parallel loop runs its iterations on several threads, in no order, so it is not cut in two:
+# each iteration tests once whether its tile is whole (every guard on the loop's variable holds
+# for all values of the loops inside it, _worst_case) and runs a copy without those guards if so.
+# A guarded tile axis fused into the parallel loop (tile index = fused / n % m) is split this way.
+
+def _split_parallel(s: ir.For, ranges: dict) -> ir.Stmt | None:
+    inner = _loop_ranges(s.body)
+    gone, tests = set(), []
+    for st in ir.stmts(s.body):
+        if not isinstance(st, ir.IfThen):
+            continue
+        for c in _conjuncts(st.cond):
+            if s.var not in free_vars(c) or c in gone or (test := _worst_case(c, inner)) is None:
+                continue
+            test = simplify(test, ranges)
+            if isinstance(test, Const):
+                continue                     # decided everywhere: the IfThen's own simplification drops it
+            gone.add(c)
+            if test not in tests:
+                tests.append(test)
+    if not gone:
+        return None
+    cond = all_of(*tests)
+    whole, part = _peel(_drop(s.body, gone), ranges), _peel(s.body, ranges)
+    return dataclasses.replace(s, body=ir.seq([ir.IfThen(cond, whole), ir.IfThen(Cmp("==", cond, Const(0)), part)]))
 
 
 # A dynamic kernel's guards compare with the run's extents (te.dynamic): the prefix of a loop where
