@@ -27,7 +27,8 @@ class Database:
     @classmethod
     def open(cls, logs, target, use_shipped: bool = True, missing: str = "error", warn: bool = True) -> "Database":
         """The user's `logs` (a path or a list) in order, then the shipped databases of the target's
-        backend (records.shipped_databases: this kind of CPU's first). missing: "error" (a UserError naming the log) or "skip" for a log that does not exist."""
+        backend (records.shipped_databases: this kind of CPU's first). missing: "error" (a
+        UserError naming the log) or "skip" for a log that does not exist."""
         paths = [logs] if isinstance(logs, (str, Path)) else [p for p in logs or [] if p is not None]
         sources = []
         for p in paths:
