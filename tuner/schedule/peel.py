@@ -66,23 +66,12 @@ def _peel(s: ir.Stmt, ranges: dict, peel: bool = True) -> ir.Stmt:
 # A guarded tile axis fused into the parallel loop (tile index = fused / n % m) is split this way.
 
 def _split_parallel(s: ir.For, ranges: dict) -> ir.Stmt | None:
-    inner = _loop_ranges(s.body)
-    gone, tests = set(), []
-    for st in ir.stmts(s.body):
-        if not isinstance(st, ir.IfThen):
-            continue
-        for c in _conjuncts(st.cond):
-            if s.var not in free_vars(c) or c in gone or (test := _worst_case(c, inner)) is None:
-                continue
-            test = simplify(test, ranges)
-            if isinstance(test, Const):
-                continue                     # decided everywhere: the IfThen's own simplification drops it
-            gone.add(c)
-            if test not in tests:
-                tests.append(test)
-    if not gone:
+    guards = dict.fromkeys(c for st in ir.stmts(s.body) if isinstance(st, ir.IfThen) for c in _conjuncts(st.cond)
+                           if s.var in free_vars(c))
+    gone, interior = _interior(guards, _loop_ranges(s.body), ranges)
+    if not interior:
         return None
-    cond = all_of(*tests)
+    cond = all_of(*interior)
     whole, part = _peel(_drop(s.body, gone), ranges), _peel(s.body, ranges)
     return dataclasses.replace(s, body=ir.seq([ir.IfThen(cond, whole), ir.IfThen(Cmp("==", cond, Const(0)), part)]))
 
@@ -274,11 +263,24 @@ def _unswitch(s: ir.Stmt, ranges: dict) -> ir.Stmt:
 def _split_interior(body: ir.Stmt, outer: dict) -> ir.Stmt:
     """`body` as `if (interior) clean else body`: `clean` has every select test that holds for all
     values of body's own loops wherever `interior` (a test of the loops around) holds, set true."""
-    inner = _loop_ranges(body)
     tests = {c for st in ir.stmts(body) if isinstance(st, ir.Store)
              for n in walk(st.value) if isinstance(n, Select) for c in _conjuncts(n.cond)}
+    gone, interior = _interior(sorted(tests, key=repr), _loop_ranges(body), outer)   # a stable order
+    if not gone:
+        return body
+    clean = _set_true(body, gone)
+    if not interior:
+        return clean
+    cond = all_of(*interior)
+    return ir.seq([ir.IfThen(cond, clean), ir.IfThen(Cmp("==", cond, Const(0)), body)])
+
+
+def _interior(tests, inner: dict, outer: dict) -> tuple:
+    """(the `tests` that hold for every value of the `inner` loops wherever the interior holds,
+    the interior: their worst cases over those loops, tests of the `outer` ones, in the order of
+    `tests`: the same code for the same schedule)."""
     gone, interior = set(), []
-    for c in sorted(tests, key=repr):    # a stable order: the same code for the same schedule
+    for c in tests:
         test = _worst_case(c, inner)
         if test is None:
             continue
@@ -290,13 +292,7 @@ def _split_interior(body: ir.Stmt, outer: dict) -> ir.Stmt:
         gone.add(c)
         if test not in interior:
             interior.append(test)
-    if not gone:
-        return body
-    clean = _set_true(body, gone)
-    if not interior:
-        return clean
-    cond = all_of(*interior)
-    return ir.seq([ir.IfThen(cond, clean), ir.IfThen(Cmp("==", cond, Const(0)), body)])
+    return gone, interior
 
 
 def _worst_case(c, inner: dict):
