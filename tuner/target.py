@@ -50,12 +50,24 @@ class Target:
 
 
 @lru_cache(maxsize=1)
-def host_isa() -> str:
+def _cpuinfo() -> dict:
+    """The first processor's fields in /proc/cpuinfo ({} where there is none)."""
+    facts = {}
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
+            for line in f:
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                facts.setdefault(key.strip(), value.strip())
     except OSError:
-        flags = []
+        pass
+    return facts
+
+
+@lru_cache(maxsize=1)
+def host_isa() -> str:
+    flags = _cpuinfo().get("flags", "").split()
     if "avx512f" in flags and "avx512bw" in flags and "avx512vl" in flags and "avx512dq" in flags:
         return "avx512"
     if "avx2" in flags and "fma" in flags:
@@ -67,17 +79,7 @@ def host_isa() -> str:
 def host_kind() -> str:
     """This CPU's vendor, family and model as /proc/cpuinfo states them ("GenuineIntel-6-207"): the
     kind of core a shipped record was timed on (records.shipped_databases); "" where unknown."""
-    facts = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if not line.strip():
-                    break                # the first processor's block
-                facts.setdefault(key.strip(), value.strip())
-    except OSError:
-        return ""
-    parts = [facts.get(k, "") for k in ("vendor_id", "cpu family", "model")]
+    parts = [_cpuinfo().get(k, "") for k in ("vendor_id", "cpu family", "model")]
     ok = parts[0].isalnum() and parts[1].isdigit() and parts[2].isdigit()
     return "-".join(parts) if ok else ""
 

@@ -30,9 +30,8 @@ from tqdm import tqdm
 
 from .database import records
 from .database.result import OK
-from .database.union import Database, Source
+from .database.union import Database, Source, shipped_sources
 from .errors import check_output_path
-from .runtime.artifact import SHIPPED
 from .measure.runners import Runner, make_runner
 from .measure.runner import RunConfig
 from .ops import Workload, resolve
@@ -325,8 +324,7 @@ class _Loop:
         self.states, self.rows = [], []
         contents = records.load(log, warn=False)
         # where a fresh task's first round finds its records of another thread count
-        self.others = Database([Source(str(log), contents)] + [Source(SHIPPED, records.load(p, warn=False))
-                                                               for p in records.shipped_databases(tgt)])
+        self.others = Database([Source(str(log), contents)] + shipped_sources(tgt))
         other_way = 0          # records of these tasks timed with the weights the other way: not resumed
         for wl, weight in pairs:
             other_way += self._resume(wl, weight, contents)

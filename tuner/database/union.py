@@ -18,6 +18,11 @@ class Source:
     contents: records.LogContents
 
 
+def shipped_sources(target) -> list:
+    """The shipped databases of `target` (records.shipped_databases), first wins, as sources."""
+    return [Source(SHIPPED, records.load(p, warn=False)) for p in records.shipped_databases(target)]
+
+
 @dataclass
 class Database:
     sources: list                    # [Source], first wins
@@ -37,9 +42,7 @@ class Database:
                     raise UserError(f"log {p} does not exist; give the log `tuner tune --log` wrote")
                 continue
             sources.append(Source(str(p), records.load(p, warn=warn)))
-        if use_shipped:
-            sources += [Source(SHIPPED, records.load(p, warn=False)) for p in records.shipped_databases(target)]
-        return cls(sources)
+        return cls(sources + (shipped_sources(target) if use_shipped else []))
 
     def best(self, workload, target) -> tuple:
         """(the best record of `workload` on `target` in the first source that has one, that
