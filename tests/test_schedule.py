@@ -2,6 +2,7 @@
 import itertools
 import json
 import random
+import re
 
 import pytest
 from conftest import TARGET1, check_schedules
@@ -14,6 +15,7 @@ from tuner.schedule.lower import lower
 from tuner.schedule.schedule import Schedule, ScheduleError, replay
 from tuner.space.mutation import mutate
 from tuner.schedule import ir
+from tuner.schedule.ir import vector_split
 from tuner.space.sketch import PAD_PLACES, SearchSpace
 from tuner.target import parse_target
 from tuner.task import Task
@@ -84,13 +86,15 @@ def test_a_tile_that_does_not_divide_its_axis_runs_its_full_tiles_without_bounds
     check_schedules([(wl, space.steps(dec))], TARGET1)
 
 
+@pytest.mark.parametrize("kind", ["unroll", "vectorize"])
 @given(st.integers(1, 40), st.integers(1, 9), st.integers(1, 3), st.sampled_from(["<", "<="]), st.integers(0, 8))
 @settings(max_examples=80, deadline=None)
-def test_peeling_keeps_every_store_of_a_guarded_loop_nest(extent, factor, rows, op, cap):
+def test_peeling_keeps_every_store_of_a_guarded_loop_nest(kind, extent, factor, rows, op, cap):
     """Over every extent, split factor, outer row count, comparison and second guard, a peeled nest
     stores exactly the elements, with exactly the values, that the guarded nest stores (run by a
     small interpreter of the IR); the outer row shifts the bound, so remainders of several
-    iterations occur."""
+    iterations occur. A vectorised inner loop is also cut short where its guard fails for every
+    row, so its remainder runs fewer lanes."""
     from tuner.schedule import ir
     from tuner.schedule.peel import peel_guards
     from tuner.te.expr import And, Cmp
@@ -99,7 +103,7 @@ def test_peeling_keeps_every_store_of_a_guarded_loop_nest(extent, factor, rows, 
     bound = Cmp(op, idx + Var("j"), Const(extent if op == "<" else extent - 1))
     cond = And(bound, Cmp("<", Var("o"), Const(cap))) if cap else bound
     store = ir.Store("y", (Var("j"), idx), idx * Const(2) + Var("j"))
-    body = ir.For("j", rows, ir.For("o", outer, ir.For("i", factor, ir.IfThen(cond, store), "unroll")))
+    body = ir.For("j", rows, ir.For("o", outer, ir.For("i", factor, ir.IfThen(cond, store), kind)))
     func = ir.Func("f", [], [], body, {})
 
     want = _run_ir(func.body, {}, {})
@@ -139,6 +143,24 @@ def test_a_guarded_tile_axis_fused_into_a_parallel_loop_stores_what_the_guarded_
         assert isinstance(whole, ir.IfThen)
         assert not [c for x in ir.stmts(whole.body) if isinstance(x, ir.IfThen) for c in walk(x.cond)
                     if isinstance(c, Var) and c.name == "i"]
+
+
+@pytest.mark.parametrize("cols", [100, 197, 200, 1500 // 8])
+def test_the_last_partial_column_tile_of_a_gemm_runs_vector_code_over_its_own_columns(cols):
+    """A GEMM's guarded column tile of 3 vectors (ViT's 200 scores: 4 tiles of 48 and 8 columns)
+    ran its last tile as 48 guarded lanes under `omp simd`, one at a time; the vector loop now stops
+    where its guard fails for every row, so the part runs vectors too, and computes the reference."""
+    wl = make("batch_matmul", dict(B=2, M=11, N=cols, K=16), "NN")
+    space = SearchSpace(wl, TARGET1)
+    dec = space.default()
+    dec["tile"][2] = [1, 1, 3 * TARGET1.lanes]
+    steps = space.steps(dec)
+    src = Task(wl, TARGET1).candidate(steps).source
+    part = cols % (3 * TARGET1.lanes)
+    lane_loops = [int(e) for e in re.findall(r"omp simd\s+for \(int \w+ = 0; \w+ < (\d+);", src)]
+    assert "f32x" in src and all(e <= part for e in lane_loops), (part, lane_loops)
+    assert bool(lane_loops) == (vector_split(part, TARGET1.lanes)[0] == 0)    # 5 columns: no vector fits
+    check_schedules([(wl, steps)])
 
 
 def test_a_guarded_column_tile_in_a_parallel_loop_is_vectorised_where_whole_and_correct():
@@ -568,7 +590,7 @@ def test_a_reshape_chains_index_loses_its_divisions_where_the_ranges_allow():
 
 GEMMS = [make("dense", dict(N=12, C=40, K=48, bias=1, act="gelu")), make("dense", dict(N=7, C=30, K=10)),
          make("batch_matmul", dict(B=3, M=8, K=16, N=24)), make("dense", dict(N=16, C=8, K=64, bias=1, residual=1)),
-         make("dense", dict(N=13, C=16, K=48, bias=1))]
+         make("dense", dict(N=13, C=16, K=48, bias=1)), make("batch_matmul", dict(B=2, M=9, K=16, N=100))]
 
 
 @pytest.mark.parametrize("isa", ["avx2", "avx512"])
@@ -589,6 +611,44 @@ def test_the_default_gemm_tile_fits_the_registers_runs_every_row_under_a_column_
     assert cases
     if isa == TARGET1.isa or (isa == "avx2" and TARGET1.isa == "avx512"):      # runnable here
         check_schedules(cases, target)
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+@pytest.mark.parametrize("cols", [100, 1500, 200])
+def test_gemm_columns_that_no_whole_vectors_divide_get_a_tile_of_three_vectors_with_a_guarded_last_one(isa, cols):
+    """Whisper's 1500 keys had tiles of 60 columns (7 vectors of 8 lanes and 4 single lanes with
+    AVX-512) by one row, the accumulators being counted as 15 vectors of 4; now 3 whole vectors and
+    the rows the registers hold, the last column tile guarded, and the guarded widths are in the space."""
+    target = parse_target(f"cpu -isa={isa} -threads=1", check_host=False)
+    lanes = target.lanes
+    space = SearchSpace(make("batch_matmul", dict(B=1, M=64, K=8, N=cols), "NT"), target)
+    if any(cols % (k * lanes) == 0 for k in (1, 2, 3)):
+        pytest.skip(f"{cols} columns take whole vectors with {isa}")
+    (_, _, r3), (_, _, c3) = space.default()["tile"][-2:]
+    assert c3 == 3 * lanes and r3 * 3 <= space.accumulator_budget and r3 >= space.accumulator_budget // 3 - 2
+    assert {lanes, 2 * lanes, 3 * lanes} <= set(space.register_options(2))
+    assert space._vectors(60) == 11          # 7 vectors of 8 lanes and 4 lanes, with either ISA
+
+
+@pytest.mark.parametrize("heads,d,lead", [(12, 16, 1), (3, 8, 2), (1, 24, 1)])
+def test_a_gemm_reading_merged_heads_splits_its_reduction_at_the_head_size_and_reads_them_without_division(
+        heads, d, lead):
+    """The output projection reads attention's context [heads, rows, d] as rows of heads * d: by
+    default its reduction is split at d, so the whole tiles index the heads affinely (ViT's ran at
+    2/3 the speed of its Q, K and V projections with a division and a remainder per element);
+    with one head there is no period. The default computes the reference."""
+    rows = 5
+    p = dict(N=lead * rows, C=heads * d, K=32, bias=1, residual=1, in_heads=heads, **({"in_rows": rows} if lead > 1 else {}))
+    wl = make("dense", p, "OI16o")
+    space = SearchSpace(wl, TARGET1)
+    dec = space.default()
+    assert dec["reduce"] == [d if heads > 1 else 1]
+    src = Task(wl, TARGET1).candidate(space.steps(dec)).source
+    hot = [line for line in src.splitlines() if "data[" in line and " if (" not in line]
+    assert hot
+    if lead == 1 and heads > 1:                  # (with lead rows, the row index is divided: not the reduction's)
+        assert not any("/" in line or "%" in line for line in hot), hot
+    check_schedules([(wl, space.steps(dec))])
 
 
 @settings(max_examples=20, deadline=None)

@@ -42,6 +42,10 @@ def _peel(s: ir.Stmt, ranges: dict, peel: bool = True) -> ir.Stmt:
         return dataclasses.replace(s, body=_peel(s.body, ranges, peel))
     if not isinstance(s, ir.For):
         return s
+    if s.kind == "vectorize" and s.limit is None and (q := _live_extent(s, ranges)) is not None and q < s.extent:
+        if q == 0:
+            return ir.Seq([])
+        s = dataclasses.replace(s, extent=q)
     inner = {**ranges, s.var: (0, s.extent - 1)}
     if peel and s.kind == "parallel" and (split := _split_parallel(s, inner)) is not None:
         return split
@@ -177,6 +181,50 @@ def _true_prefix(loop: ir.For, ranges: dict) -> int | None:
             if q is not None:
                 p = q if p is None else min(p, q)
     return p
+
+
+# A vectorised loop whose every store is guarded by a test that fails from some iteration on,
+# whatever the other loops' values (the last, partial column tile of a GEMM: 48 lanes under
+# `n + 192 < 200`), runs only up to there: its guard then folds away and the loop is vectorised,
+# where the guard on the lane had sent all 48 lanes to a scalar loop under `omp simd`.
+
+def _live_extent(loop: ir.For, ranges: dict) -> int | None:
+    """The iterations of `loop` before the last point from which each store's guards fail; None
+    when a store is not so guarded."""
+    var, inner, ends = loop.var, _loop_ranges(loop.body, dict(ranges)), []
+
+    def visit(st, conds):
+        if isinstance(st, ir.Store):
+            ends.append(min((q for c in conds if (q := _dead_from(c, var, inner)) is not None), default=None))
+        elif isinstance(st, ir.IfThen):
+            visit(st.body, conds + list(_conjuncts(st.cond)))
+        elif isinstance(st, ir.Seq):
+            for x in st.stmts:
+                visit(x, conds)
+        elif isinstance(st, (ir.For, ir.Allocate)):
+            visit(st.body, conds)
+        else:
+            ends.append(None)
+    visit(loop.body, [])
+    return None if not ends or None in ends else max(ends)
+
+
+def _dead_from(c, var: str, ranges: dict) -> int | None:
+    """For an increasing-in-`var` guard `a < b` or `a <= b`: the first value of `var` from which it
+    fails for every value of the other variables; None for any other guard."""
+    ln = _difference(c)
+    if ln is None:
+        return None
+    terms, const = ln
+    coef = terms.get(Var(var), 0)
+    if coef <= 0 or any(var in free_vars(t) for t in terms if t != Var(var)):
+        return None
+    rest = bounds(from_linear({t: k for t, k in terms.items() if t != Var(var)}, 0), ranges)
+    if rest is None:
+        return None
+    # coef*v + const + rest >= 0 (> 0 for <=) for every rest once coef*v >= -const - lo (+ 1)
+    need = -const - rest[0] + (1 if c.op == "<=" else 0)
+    return max(0, -(-need // coef))
 
 
 def _loop_ranges(body: ir.Stmt, out: dict | None = None) -> dict:

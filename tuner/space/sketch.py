@@ -50,7 +50,7 @@ from functools import cached_property
 from ..ops import Workload
 from ..schedule.ir import vector_split
 from ..schedule.schedule import Schedule, ScheduleError, replay
-from ..te.expr import Load, free_vars, walk
+from ..te.expr import Const, FloorDiv, FloorMod, Load, free_vars, substitute, walk
 
 MAX_ACCUMULATORS = 32        # vector registers of AVX-512 (AVX2 has 16; spills only cost speed)
 MAX_TILE_FLOATS = 16384      # a 64 KiB accumulator tile stays on the stack and in L1/L2
@@ -224,11 +224,14 @@ class SearchSpace(DagSketch):
         return opts
 
     def register_options(self, d: int) -> list:
-        """DagSketch's, and for a GEMM's row axis also the lengths that fill the accumulator budget
-        of one, two or three vectors of columns (6 and 12 rows with AVX2) and the default's, with a
-        guarded last tile; for another tiled output, the default's guarded length (register_length)."""
+        """DagSketch's; for a GEMM's column axis also one, two and three whole vectors where they do
+        not divide it, and for its row axis the lengths that fill the accumulator budget of one, two
+        or three vectors of columns (6 and 12 rows with AVX2) and the default's, each with a guarded
+        last tile; for another tiled output, the default's guarded length (register_length)."""
         opts = super().register_options(d)
-        if d == len(self.out_shape) - 2 and self.gemm_shaped:
+        if d == len(self.out_shape) - 1 and self.gemm_shaped:
+            opts += [w for w in self._guarded_columns() if w not in opts]
+        elif d == len(self.out_shape) - 2 and self.gemm_shaped:
             extra = {self.accumulator_budget // v for v in (1, 2, 3)} | {self._gemm_rows()[1]}
             opts += sorted(x for x in extra - set(opts) if x < self.out_shape[d])
         elif self.kind == "tiled" and d < len(self.out_shape) - 1 and self._default_tile[d][2] not in opts:
@@ -253,8 +256,16 @@ class SearchSpace(DagSketch):
                 and not self.table)
 
     def _vectors(self, s3_last: int) -> int:
-        lanes = next((w for w in (16, 8, 4) if w <= self.target.lanes and s3_last % w == 0), 0)
-        return s3_last // lanes if lanes else s3_last
+        """Registers a row of `s3_last` columns takes as the C generator vectorises it (vector_split):
+        whole vectors and one per remainder lane (60 columns with AVX-512: 7 of 8 lanes and 4)."""
+        width, tail = vector_split(s3_last, self.target.lanes)
+        return (s3_last - tail) // width + tail if width else s3_last
+
+    def _guarded_columns(self) -> list:
+        """A GEMM's column tiles of one, two and three whole vectors that do not divide its columns
+        (the last tile guarded; lowering peels it off)."""
+        lanes, e = self.target.lanes, self.out_shape[-1]
+        return [k * lanes for k in (1, 2, 3) if k * lanes < e and e % (k * lanes)]
 
     def valid_tile(self, tile: list) -> bool:
         """Whether a tiling fits the registers and the stack (mutations and Optuna propose others)."""
@@ -336,10 +347,27 @@ class SearchSpace(DagSketch):
                 tile[d][2] = register_length(shape[d], cap // acc, d in padded)
                 acc *= tile[d][2]
         dec = {"pad": {p: place for p in self.pads}, "tile": tile,
-               "reduce": [1 for _ in self.reduce_axes], "unroll": 64, "order": order}
+               "reduce": list(self._reduce_periods), "unroll": 64, "order": order}
         if self.epilogues:
             dec["epilogue"] = "fused"
         return dec
+
+    @cached_property
+    def _reduce_periods(self) -> tuple:
+        """Per reduction axis, the shortest period at which a read through an inlined view turns over
+        (the merged heads' channel c read as [c // 64, ..., c % 64]) where it divides the axis, else
+        1: split there, the inner loop reads affinely (the simplifier drops the div and mod)."""
+        sch = Schedule(self.inputs, self.output)
+        views = {s: sch.stage(s).op for s in self.others}
+        exprs = [self.anchor_op.body]
+        for n in walk(self.anchor_op.body):
+            if isinstance(n, Load) and n.buffer in views:
+                op = views[n.buffer]
+                exprs.append(substitute(op.body, {a.name: i for a, i in zip(op.axes, n.indices)}))
+        steps = [{n.b.value for e in exprs for n in walk(e) if isinstance(n, (FloorDiv, FloorMod))
+                  and isinstance(n.b, Const) and name in free_vars(n.a) and 1 < n.b.value < extent
+                  and extent % n.b.value == 0} for name, extent in self.reduce_axes]
+        return tuple(min(c) if c else 1 for c in steps)
 
     def _padded_axes(self) -> set:
         """The output axes (positions) that index a read of a pad producer."""
@@ -375,12 +403,14 @@ class SearchSpace(DagSketch):
     def _gemm_rows(self) -> tuple:
         """(columns, rows) of the default GEMM register tile ([batch,] rows, cols: dense,
         batch_matmul): up to 3 vectors of columns by as many rows as the accumulator budget holds.
-        Rows with no divisor near the register budget (ViT's 197) get a guarded last tile, which lowering
-        peels off. (Two vectors by 6 rows, the BLAS micro-kernel's shape, ran faster alone but not
+        Columns that no multiple of the vector up to 3 divides (Whisper's 1500: 60 as 7 vectors of 8
+        lanes and 4 lanes, by one row) and rows with no divisor near the register budget (ViT's 197)
+        get 3 vectors, or the budget's rows, with a guarded last tile, which lowering peels off. (Two vectors by 6 rows, the BLAS micro-kernel's shape, ran faster alone but not
         inside BERT: docs/history.md.)"""
         lanes, rows = self.target.lanes, self.out_shape[-2]
         wide = [d for d in self.last_options if d % lanes == 0 and d <= 3 * lanes]
-        cols = max(wide) if wide else max(self.last_options)
+        guarded = [w for w in self._guarded_columns() if w == 3 * lanes]
+        cols = max(wide or guarded or self.last_options)
         fit = max(1, self.accumulator_budget // max(1, self._vectors(cols)))
         r = max(x for x in divisors(rows) if x <= fit)
         if 2 * r <= fit < rows:
