@@ -145,37 +145,27 @@ def test_a_guarded_tile_axis_fused_into_a_parallel_loop_stores_what_the_guarded_
                     if isinstance(c, Var) and c.name == "i"]
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("cols", [100, 197, 200, 1500 // 8])
-def test_the_last_partial_column_tile_of_a_gemm_runs_vector_code_over_its_own_columns(cols):
+def test_the_last_partial_column_tile_of_a_gemm_runs_vector_code_over_its_own_columns(cols, threads):
     """A GEMM's guarded column tile of 3 vectors (ViT's 200 scores: 4 tiles of 48 and 8 columns)
     ran its last tile as 48 guarded lanes under `omp simd`, one at a time; the vector loop now stops
-    where its guard fails for every row, so the part runs vectors too, and computes the reference."""
+    where its guard fails for every row, so the part runs vectors too, and computes the reference.
+    With 2 threads the tile index is fused into the parallel loop, and the part's copy takes the
+    last tile's index as a constant, which its guard needs to fold."""
     wl = make("batch_matmul", dict(B=2, M=11, N=cols, K=16), "NN")
-    space = SearchSpace(wl, TARGET1)
+    target = parse_target("cpu", threads=threads)
+    space = SearchSpace(wl, target)
     dec = space.default()
     dec["tile"][2] = [1, 1, 3 * TARGET1.lanes]
     steps = space.steps(dec)
-    src = Task(wl, TARGET1).candidate(steps).source
+    src = Task(wl, target).candidate(steps).source
+    assert ("omp parallel" in src) == (threads > 1)
     part = cols % (3 * TARGET1.lanes)
     lane_loops = [int(e) for e in re.findall(r"omp simd\s+for \(int \w+ = 0; \w+ < (\d+);", src)]
     assert "f32x" in src and all(e <= part for e in lane_loops), (part, lane_loops)
     assert bool(lane_loops) == (vector_split(part, TARGET1.lanes)[0] == 0)    # 5 columns: no vector fits
-    check_schedules([(wl, steps)])
-
-
-def test_a_guarded_column_tile_in_a_parallel_loop_is_vectorised_where_whole_and_correct():
-    """Two threads, 100 columns in tiles of 3 vectors (the last tile part): the tile axis is fused
-    into the parallel loop, the whole tiles run vector code without lane tests, and the result is
-    the reference's."""
-    wl = make("batch_matmul", dict(B=2, M=5, N=100, K=16), "NT")
-    tgt = parse_target("cpu -threads=2")
-    space = SearchSpace(wl, tgt)
-    dec = space.default()
-    dec["tile"][2] = [1, 1, 3 * tgt.lanes]
-    steps = space.steps(dec)
-    src = Task(wl, tgt).candidate(steps).source
-    assert "omp parallel" in src and "f32x" in src and "omp simd" in src    # vectors where whole, lanes in the part
-    check_schedules([(wl, steps)], parse_target("cpu -threads=2"))
+    check_schedules([(wl, steps)], target)
 
 
 def test_simplifier_removes_exact_div_and_mod():

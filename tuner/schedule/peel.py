@@ -76,8 +76,38 @@ def _split_parallel(s: ir.For, ranges: dict) -> ir.Stmt | None:
     if not interior:
         return None
     cond = all_of(*interior)
-    whole, part = _peel(_drop(s.body, gone), ranges), _peel(s.body, ranges)
+    whole, part = _peel(_drop(s.body, gone), ranges), _peel(_pin(s.body, interior, ranges), ranges)
     return dataclasses.replace(s, body=ir.seq([ir.IfThen(cond, whole), ir.IfThen(Cmp("==", cond, Const(0)), part)]))
+
+
+def _pin(body: ir.Stmt, interior: list, ranges: dict) -> ir.Stmt:
+    """`body` where one whole-tile test, increasing in one term (the tile index `f % tiles`),
+    fails: that term at the one value its range leaves then (the last tile) wherever it occurs,
+    so the partial tile's own guards become constant bounds (_live_extent)."""
+    if len(interior) != 1 or (ln := _difference(interior[0])) is None or len(ln[0]) != 1:
+        return body
+    ((term, coef),), const = ln[0].items(), ln[1]
+    b = bounds(term, ranges)
+    if coef <= 0 or b is None:
+        return body
+    # coef*t + const < 0 (<= 0) fails: t >= ceil(-const / coef) (t > -const / coef)
+    low = -(const // coef) if interior[0].op == "<" else -const // coef + 1
+    if max(low, b[0]) != b[1]:
+        return body
+    return _replace(body, lambda e: transform(simplify(e, ranges), lambda n: Const(b[1]) if n == term else None))
+
+
+def _replace(s: ir.Stmt, fn) -> ir.Stmt:
+    """`s` with `fn` applied to every expression in it."""
+    if isinstance(s, ir.Store):
+        return ir.Store(s.buffer, tuple(fn(i) for i in s.indices), fn(s.value))
+    if isinstance(s, ir.IfThen):
+        return ir.IfThen(fn(s.cond), _replace(s.body, fn))
+    if isinstance(s, ir.Seq):
+        return ir.Seq([_replace(x, fn) for x in s.stmts])
+    if isinstance(s, (ir.For, ir.Allocate)):
+        return dataclasses.replace(s, body=_replace(s.body, fn))
+    return s
 
 
 # A dynamic kernel's guards compare with the run's extents (te.dynamic): the prefix of a loop where
