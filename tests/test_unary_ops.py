@@ -167,16 +167,18 @@ def test_onnx_gelu_in_either_form_compiles_to_what_onnxruntime_computes(tmp_path
 
 
 @settings(max_examples=30, deadline=None)
-@given(rows=st.integers(1, 3), n=st.integers(1, 45), kind=st.sampled_from(["sum", "max"]),
+@given(rows=st.integers(1, 3), n=st.one_of(st.integers(1, 45), st.integers(46, 300)), kind=st.sampled_from(["sum", "max"]),
        specials=st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from([np.nan, np.inf, -np.inf])), max_size=2),
        seed=st.integers(0, 1000))
 def test_a_vectorised_reduction_loop_computes_the_sum_and_max_of_every_row_nan_and_infinity_included(
         rows, n, kind, specials, seed):
     """A reduction loop annotated `vectorize` (softmax's and layer_norm's innermost loop) keeps a
-    vector of partial results over whole vectors and adds the scalar remainder; any length,
-    any NaN or infinity where the row has one."""
+    vector of partial results over whole vectors (four independent ones from 8 vectors on),
+    combines the lanes and adds the scalar remainder; any length, any NaN or infinity where the
+    row has one."""
     from tuner.codegen.c import generate_c
     from tuner.measure.builder import build_batch
+    from tuner.schedule.ir import vector_split
     from tuner.schedule.lower import lower
     from tuner.schedule.schedule import replay
     from tuner.target import parse_target
@@ -189,6 +191,8 @@ def test_a_vectorised_reduction_loop_computes_the_sum_and_max_of_every_row_nan_a
     y = compute((rows,), lambda i: fold(x[i, r.var], [r]), "y", tag="reduction", inputs=[x])
     src, _ = generate_c(lower(replay([x], y, [["annotate", "y", "r", "vectorize"]]), "f"), target.lanes, 1)
     assert ("__acc" in src) == (n % 4 == 0 or n >= 8)         # vectorised whenever vector_split allows
+    width, tail = vector_split(n, target.lanes)
+    assert ("__acc3" in src) == (width > 0 and (n - tail) // width >= 8)
     built = build_batch([("f", src)], target, jobs=1)[0]
     assert not built.error, built.error
     xs = np.random.default_rng(seed).standard_normal((rows, n)).astype(np.float32) * 10

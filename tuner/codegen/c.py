@@ -20,6 +20,7 @@ from ..te.expr import (Add, And, Call, Cast, Cmp, Const, Div, Expr, FloorDiv, Fl
 
 STACK_LIMIT_BYTES = 64 * 1024
 VECTOR_UNROLL = 32           # a vector loop's chunks unrolled at most this far (a 50257-wide axis is a loop)
+ACCUMULATORS = 4             # independent partial vectors of a long vectorised reduction
 
 PRELUDE = """#include <math.h>
 #include <stdlib.h>
@@ -399,37 +400,58 @@ class CGen:
         return lines
 
     def vector_reduction(self, s: ir.For, d: int, lanes: int, tail: int, st: ir.Store) -> list:
-        """`b[i] = b[i] + f(r)` (or max) over a vectorised reduction loop r: one vector of partial
-        results over whole vectors of r, folded into b[i] lane by lane, then the scalar remainder.
-        A sum is reassociated (lane j adds r = j, j + lanes, ...); a max is exact, NaN included."""
+        """`b[i] = b[i] + f(r)` (or max) over a vectorised reduction loop r: vectors of partial
+        results over whole vectors of r, combined lane by lane in log2(lanes) rotations and folded
+        into b[i], then the scalar remainder. With at least 2 * ACCUMULATORS vectors, ACCUMULATORS
+        independent partial vectors, so that consecutive vectors do not wait on each other's add or
+        max (Whisper's 1500-long softmax rows: one chain of 93). A sum is reassociated; a max is
+        exact, NaN included."""
         op = _REDUCERS[type(st.value)]
         value = st.value.b if st.value.a == Load(st.buffer, st.indices) else st.value.a
         chunks = s.extent // lanes
         lane, chunk = f"{s.var}__lane", f"{s.var}__chunk"
         dynamic = s.limit is not None
-        saved = dict(self.ranges)
-        if chunks > 1 or dynamic:
-            self.ranges[chunk] = chunks
-        try:
-            at = substitute(value, {s.var: Var(lane) if chunks == 1 and not dynamic
-                                    else Var(chunk) * Const(lanes) + Var(lane)})
-            code, is_vec = self.vexpr(at, lane, lanes, {lane: (0, lanes - 1)})
-        finally:
-            self.ranges = saved
         vt, acc = f"f32x{lanes}", f"{c_name(s.var)}__acc"
-        code = code if is_vec else f"(({vt}){{0}} + ({code}))"
-        target = self.lvalue(st.buffer, st.indices)
+        k = ACCUMULATORS if not dynamic and chunks >= 2 * ACCUMULATORS else 1
+
+        def vec(index: Expr, loops: dict) -> str:
+            saved = dict(self.ranges)
+            self.ranges.update(loops)
+            try:
+                code, is_vec = self.vexpr(substitute(value, {s.var: index}), lane, lanes, {lane: (0, lanes - 1)})
+            finally:
+                self.ranges = saved
+            return code if is_vec else f"(({vt}){{0}} + ({code}))"
+
+        def step(a: str, v: str) -> str:
+            return f"{a} = {op[1].format(acc=a, v=v, w=lanes)};"
         ind = "  " * (d + 1)
-        out = ["  " * d + "{", ind + f"{vt} {acc} = ({vt}){{0}} + ({op[0]});"]
-        step = op[1].format(acc=acc, v=code, w=lanes)
-        if dynamic:
-            out.append(ind + _runtime_for(c_name(chunk), "0", self._whole(s, lanes)) + f" {acc} = {step};")
+        accs = [acc] + [f"{acc}{j}" for j in range(1, k)]
+        out = ["  " * d + "{", ind + f"{vt} " + ", ".join(f"{a} = ({vt}){{0}} + ({op[0]})" for a in accs) + ";"]
+        if k > 1:
+            q, rounds = f"{s.var}__round", chunks // k
+            body = " ".join(step(a, vec((Var(q) * Const(k) + Const(j)) * Const(lanes) + Var(lane), {q: rounds}))
+                            for j, a in enumerate(accs))
+            out.append(ind + f"for (int {c_name(q)} = 0; {c_name(q)} < {rounds}; ++{c_name(q)}) {{ {body} }}")
+            out += [ind + step(acc, vec(Const(c * lanes) + Var(lane), {})) for c in range(rounds * k, chunks)]
+            while len(accs) > 1:
+                out += [ind + step(a, b) for a, b in zip(accs[::2], accs[1::2])]
+                accs = accs[::2]
+        elif dynamic:
+            out.append(ind + _runtime_for(c_name(chunk), "0", self._whole(s, lanes))
+                       + f" {step(acc, vec(Var(chunk) * Const(lanes) + Var(lane), {chunk: chunks}))}")
         elif chunks > 1:
-            out.append(ind + f"for (int {c_name(chunk)} = 0; {c_name(chunk)} < {chunks}; ++{c_name(chunk)}) {acc} = {step};")
+            out.append(ind + f"for (int {c_name(chunk)} = 0; {c_name(chunk)} < {chunks}; ++{c_name(chunk)}) "
+                       + step(acc, vec(Var(chunk) * Const(lanes) + Var(lane), {chunk: chunks})))
         else:
-            out.append(ind + f"{acc} = {step};")
-        fold = op[2].format(a=target, b=f"{acc}[{{j}}]")
-        out += [ind + f"{target} = {fold.format(j=j)};" for j in range(lanes)]
+            out.append(ind + step(acc, vec(Var(lane), {})))
+        half = lanes // 2
+        while half:             # every lane ends with the whole: lane i combines itself with lane i + half
+            rot = ", ".join(str((i + half) % lanes) for i in range(lanes))
+            out.append(ind + step(acc, f"__builtin_shuffle({acc}, (i32x{lanes}){{{rot}}})"))
+            half //= 2
+        target = self.lvalue(st.buffer, st.indices)
+        out.append(ind + f"{target} = {op[2].format(a=target, b=f'{acc}[0]')};")
         out.append("  " * d + "}")
         return out + self.scalar_tail(s, d, tail, lanes)
 
