@@ -242,18 +242,11 @@ def _live_extent(loop: ir.For, ranges: dict) -> int | None:
 def _dead_from(c, var: str, ranges: dict) -> int | None:
     """For an increasing-in-`var` guard `a < b` or `a <= b`: the first value of `var` from which it
     fails for every value of the other variables; None for any other guard."""
-    ln = _difference(c)
-    if ln is None:
+    if (form := _in_var(c, var, ranges)) is None:
         return None
-    terms, const = ln
-    coef = terms.get(Var(var), 0)
-    if coef <= 0 or any(var in free_vars(t) for t in terms if t != Var(var)):
-        return None
-    rest = bounds(from_linear({t: k for t, k in terms.items() if t != Var(var)}, 0), ranges)
-    if rest is None:
-        return None
+    coef, const, (lo, _) = form
     # coef*v + const + rest >= 0 (> 0 for <=) for every rest once coef*v >= -const - lo (+ 1)
-    need = -const - rest[0] + (1 if c.op == "<=" else 0)
+    need = -const - lo + (1 if c.op == "<=" else 0)
     return max(0, -(-need // coef))
 
 
@@ -284,6 +277,17 @@ def _difference(c):
 def _prefix(c, var: str, ranges: dict) -> int | None:
     """For `a < b` or `a <= b` increasing-in-`var` guards: how many of var's first values satisfy
     it for every value of the other variables (0 when none does); None for any other guard."""
+    if (form := _in_var(c, var, ranges)) is None:
+        return None
+    coef, const, (_, hi) = form
+    # coef*v + const + rest < 0 (or <= 0) for every rest: v <= (-const - hi - 1) // coef (or without the -1)
+    limit = -const - hi - (1 if c.op == "<" else 0)
+    return max(0, limit // coef + 1)
+
+
+def _in_var(c, var: str, ranges: dict) -> tuple | None:
+    """(coef, const, bounds of the rest) of a guard `coef*var + const + rest < 0` (or <= 0) with
+    coef > 0 and the rest free of `var`; None for any other guard."""
     ln = _difference(c)
     if ln is None:
         return None
@@ -292,11 +296,7 @@ def _prefix(c, var: str, ranges: dict) -> int | None:
     if coef <= 0 or any(var in free_vars(t) for t in terms if t != Var(var)):
         return None
     rest = bounds(from_linear({t: k for t, k in terms.items() if t != Var(var)}, 0), ranges)
-    if rest is None:
-        return None
-    # coef*v + const + rest < 0 (or <= 0) for every rest: v <= (-const - hi - 1) // coef (or without the -1)
-    limit = -const - rest[1] - (1 if c.op == "<" else 0)
-    return max(0, limit // coef + 1)
+    return None if rest is None else (coef, const, rest)
 
 
 def _substitute(s: ir.Stmt, mapping: dict) -> ir.Stmt:
