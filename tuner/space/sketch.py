@@ -364,10 +364,10 @@ class SearchSpace(DagSketch):
             if isinstance(n, Load) and n.buffer in views:
                 op = views[n.buffer]
                 exprs.append(substitute(op.body, {a.name: i for a, i in zip(op.axes, n.indices)}))
-        steps = [{n.b.value for e in exprs for n in walk(e) if isinstance(n, (FloorDiv, FloorMod))
-                  and isinstance(n.b, Const) and name in free_vars(n.a) and 1 < n.b.value < extent
-                  and extent % n.b.value == 0} for name, extent in self.reduce_axes]
-        return tuple(min(c) if c else 1 for c in steps)
+        periods = [{n.b.value for e in exprs for n in walk(e) if isinstance(n, (FloorDiv, FloorMod))
+                    and isinstance(n.b, Const) and name in free_vars(n.a) and 1 < n.b.value < extent
+                    and extent % n.b.value == 0} for name, extent in self.reduce_axes]
+        return tuple(min(c) if c else 1 for c in periods)
 
     def _padded_axes(self) -> set:
         """The output axes (positions) that index a read of a pad producer."""
@@ -403,10 +403,11 @@ class SearchSpace(DagSketch):
     def _gemm_rows(self) -> tuple:
         """(columns, rows) of the default GEMM register tile ([batch,] rows, cols: dense,
         batch_matmul): up to 3 vectors of columns by as many rows as the accumulator budget holds.
-        Columns that no multiple of the vector up to 3 divides (Whisper's 1500: 60 as 7 vectors of 8
-        lanes and 4 lanes, by one row) and rows with no divisor near the register budget (ViT's 197)
-        get 3 vectors, or the budget's rows, with a guarded last tile, which lowering peels off. (Two vectors by 6 rows, the BLAS micro-kernel's shape, ran faster alone but not
-        inside BERT: docs/history.md.)"""
+        Columns that no multiple of the vector up to 3 divides (Whisper's 1500, which had 60 as 7
+        vectors of 8 lanes and 4 lanes, by one row) and rows with no divisor near the register
+        budget (ViT's 197) get 3 vectors, or the budget's rows, with a guarded last tile, which
+        lowering peels off. (Two vectors by 6 rows, the BLAS micro-kernel's shape, ran faster alone
+        but not inside BERT: docs/history.md.)"""
         lanes, rows = self.target.lanes, self.out_shape[-2]
         wide = [d for d in self.last_options if d % lanes == 0 and d <= 3 * lanes]
         guarded = [w for w in self._guarded_columns() if w == 3 * lanes]
