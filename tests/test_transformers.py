@@ -242,15 +242,21 @@ def test_a_tunable_operator_with_an_epilogue_its_workload_lacks_stays_a_task_and
     assert {t.workload.op for t in g.meta["tasks"] if t.tunable} >= {"batch_matmul", "dense"}
 
 
-def test_a_batch_matmul_whose_columns_no_vector_divides_multiplies_by_zero_padded_columns_then_slices():
-    """ViT-small's 17 tokens: Q.K^T runs on 24 columns and the slice keeps 17 (the built-in test
-    above checks the numbers against ONNX Runtime)."""
+def test_a_batch_matmul_whose_columns_no_vector_divides_keeps_them_unless_padmatmulcolumns_is_asked_for():
+    """ViT-small's 17 tokens: by default Q.K^T runs on its 17 columns (a guarded last tile); with
+    PadMatmulColumns in the pipeline it runs on 24 zero-padded columns and the slice keeps 17 (the
+    built-in test above checks the default's numbers against ONNX Runtime)."""
     from tuner.graph import transformer_models
-    from tuner.graph.passes import optimize
+    from tuner.graph.passes import DEFAULT_PIPELINE, optimize
+
+    def bmm_columns(g):
+        return {t.workload.p["N"] for t in g.meta["tasks"] if t.tunable and t.workload.op == "batch_matmul"}
     g = optimize(transformer_models.vit(**SMALL["vit"][0]))
-    specs = [(t.workload.op, t.workload.p) for t in g.meta["tasks"] if t.tunable]
-    bmm = [p for op, p in specs if op == "batch_matmul"]
-    assert bmm and 24 in {p["N"] for p in bmm} and 17 not in {p["N"] for p in bmm}
+    assert 17 in bmm_columns(g) and 24 not in bmm_columns(g) and not any(n.op == "pad" for n in g.nodes)
+    passes = list(DEFAULT_PIPELINE)
+    passes.insert(passes.index("FuseTransformerOps") + 1, "PadMatmulColumns")
+    g = optimize(transformer_models.vit(**SMALL["vit"][0]), passes=passes)
+    assert 24 in bmm_columns(g) and 17 not in bmm_columns(g)
     assert any(n.op == "slice" and n.output.shape[-1] == 17 for n in g.nodes)
     assert any(n.op == "pad" for n in g.nodes)
 

@@ -6,7 +6,7 @@ from . import pad_channels as _pad_channels  # noqa: F401 (registers PadChannels
 from . import merge_dense as _merge_dense  # noqa: F401 (registers MergeParallelDense; optimize's option shares the name)
 from .base import REGISTRY, Pass, PassContext, PassTiming, PrintIR, Sequential
 
-DEFAULT_PIPELINE = ("InferType", "FuseTransformerOps", "PadMatmulColumns", "SimplifyInference",
+DEFAULT_PIPELINE = ("InferType", "FuseTransformerOps", "SimplifyInference",
                     "FoldConstant", "EliminateCommonSubexpr", "DeadCodeElimination", "PadChannels", "ConvertLayout", "FoldConstant",
                     "EliminateCommonSubexpr", "DeadCodeElimination", "AbsorbHeadViews", "FuseOps", "ExtractTasks")
 GRAPH_CHOICES = ("fuse_attention", "merge_dense")    # optimize's options with a cost either way (model_tuning times them)

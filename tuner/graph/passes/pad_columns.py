@@ -1,6 +1,9 @@
 """PadMatmulColumns: a batch_matmul whose column count no vector width divides (ViT's 197 tokens in
 Q.K^T) multiplies by its second operand padded with zero columns to a multiple of 8, and the product
 is sliced back: the task gets whole vectors of columns, for the cost of a pad and a slice copy.
+Not in the default pipeline since GEMM tiles take a guarded last tile of columns that runs vectors
+(ViT-B/16 ran 1.07x faster at 1 thread and 1.04x at 2 without it, on an AVX-512 host:
+docs/history.md); `tuner inspect --passes` runs it.
 A graph imported for a range of shapes (meta "dynamic", graph.dynamic) is left as it is: its
 column count varies, and one decision must hold for every value.
 """
