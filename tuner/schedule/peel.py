@@ -97,16 +97,19 @@ def _pin(body: ir.Stmt, interior: list, ranges: dict) -> ir.Stmt:
     return _replace(body, lambda e: transform(simplify(e, ranges), lambda n: Const(b[1]) if n == term else None))
 
 
-def _replace(s: ir.Stmt, fn) -> ir.Stmt:
-    """`s` with `fn` applied to every expression in it."""
+def _replace(s: ir.Stmt, fn, bound=()) -> ir.Stmt:
+    """`s` with `fn` applied to every expression in it, except under a loop that rebinds a name in
+    `bound` (the names `fn` replaces: inside such a loop they are not ours)."""
     if isinstance(s, ir.Store):
         return ir.Store(s.buffer, tuple(fn(i) for i in s.indices), fn(s.value))
     if isinstance(s, ir.IfThen):
-        return ir.IfThen(fn(s.cond), _replace(s.body, fn))
+        return ir.IfThen(fn(s.cond), _replace(s.body, fn, bound))
     if isinstance(s, ir.Seq):
-        return ir.Seq([_replace(x, fn) for x in s.stmts])
+        return ir.Seq([_replace(x, fn, bound) for x in s.stmts])
+    if isinstance(s, ir.For) and s.var in bound:
+        return s
     if isinstance(s, (ir.For, ir.Allocate)):
-        return dataclasses.replace(s, body=_replace(s.body, fn))
+        return dataclasses.replace(s, body=_replace(s.body, fn, bound))
     return s
 
 
@@ -300,14 +303,7 @@ def _in_var(c, var: str, ranges: dict) -> tuple | None:
 
 
 def _substitute(s: ir.Stmt, mapping: dict) -> ir.Stmt:
-    if isinstance(s, ir.Store):
-        return ir.Store(s.buffer, tuple(substitute(i, mapping) for i in s.indices), substitute(s.value, mapping))
-    if isinstance(s, ir.IfThen):
-        return ir.IfThen(substitute(s.cond, mapping), _substitute(s.body, mapping))
-    if isinstance(s, ir.Seq):
-        return ir.Seq([_substitute(x, mapping) for x in s.stmts])
-    if isinstance(s, ir.For) and s.var in mapping:      # the name rebound inside: not ours
-        return s
+    return _replace(s, lambda e: substitute(e, mapping), mapping)
     if isinstance(s, (ir.For, ir.Allocate)):
         return dataclasses.replace(s, body=_substitute(s.body, mapping))
     return s

@@ -230,7 +230,7 @@ class SearchSpace(DagSketch):
         last tile; for another tiled output, the default's guarded length (register_length)."""
         opts = super().register_options(d)
         if d == len(self.out_shape) - 1 and self.gemm_shaped:
-            opts += [w for w in self._guarded_columns() if w not in opts]
+            opts += [w for w in self._guarded_columns if w not in opts]
         elif d == len(self.out_shape) - 2 and self.gemm_shaped:
             extra = {self.accumulator_budget // v for v in (1, 2, 3)} | {self._gemm_rows()[1]}
             opts += sorted(x for x in extra - set(opts) if x < self.out_shape[d])
@@ -261,6 +261,7 @@ class SearchSpace(DagSketch):
         width, tail = vector_split(s3_last, self.target.lanes)
         return (s3_last - tail) // width + tail if width else s3_last
 
+    @cached_property
     def _guarded_columns(self) -> list:
         """A GEMM's column tiles of one, two and three whole vectors that do not divide its columns
         (the last tile guarded; lowering peels it off)."""
@@ -410,7 +411,7 @@ class SearchSpace(DagSketch):
         but not inside BERT: docs/history.md.)"""
         lanes, rows = self.target.lanes, self.out_shape[-2]
         wide = [d for d in self.last_options if d % lanes == 0 and d <= 3 * lanes]
-        guarded = [w for w in self._guarded_columns() if w == 3 * lanes]
+        guarded = [w for w in self._guarded_columns if w == 3 * lanes]
         cols = max(wide or guarded or self.last_options)
         fit = max(1, self.accumulator_budget // max(1, self._vectors(cols)))
         r = max(x for x in divisors(rows) if x <= fit)
