@@ -166,16 +166,31 @@ def test_onnx_gelu_in_either_form_compiles_to_what_onnxruntime_computes(tmp_path
     np.testing.assert_allclose(m.run(x)[0], ort_run(path, x)[0], rtol=1e-5, atol=1e-6)
 
 
+def _tail_code(src: str, n: int, width: int, tail: int) -> None:
+    """The remainder after whole vectors of `width` runs as tail_widths says: a vector of each
+    narrower width, then a scalar loop over the lanes left only."""
+    import re
+    from tuner.codegen.c import PRELUDE
+    from tuner.schedule.ir import tail_widths
+    narrower, left = tail_widths(tail, width)
+    body = src.replace(PRELUDE, "")
+    for w in (8, 4):
+        if w < width:
+            assert bool(re.search(rf"\(f32x{w}\*\)|__acc_w{w} ", body)) == (w in narrower), (w, narrower)
+    scalar = [(int(a), int(b)) for a, b in re.findall(r"for \(int \w+ = (\d+); \w+ < (\d+); ", body) if int(a) > 0]
+    assert scalar == ([(n - left, n)] if left else []), (scalar, left)
+
+
 @settings(max_examples=30, deadline=None)
 @given(rows=st.integers(1, 3), n=st.one_of(st.integers(1, 45), st.integers(46, 300)), kind=st.sampled_from(["sum", "max"]),
        specials=st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from([np.nan, np.inf, -np.inf])), max_size=2),
-       seed=st.integers(0, 1000))
+       seed=st.integers(0, 1000), isa=st.sampled_from(["avx2", "avx512"]))
 def test_a_vectorised_reduction_loop_computes_the_sum_and_max_of_every_row_nan_and_infinity_included(
-        rows, n, kind, specials, seed):
+        rows, n, kind, specials, seed, isa):
     """A reduction loop annotated `vectorize` (softmax's and layer_norm's innermost loop) keeps a
     vector of partial results over whole vectors (four independent ones from 8 vectors on),
-    combines the lanes and adds the scalar remainder; any length, any NaN or infinity where the
-    row has one."""
+    combines the lanes and adds the remainder (a vector of 8, one of 4, the lanes left one by one);
+    any length, any NaN or infinity where the row has one."""
     from tuner.codegen.c import generate_c
     from tuner.measure.builder import build_batch
     from tuner.schedule.ir import vector_split
@@ -184,7 +199,10 @@ def test_a_vectorised_reduction_loop_computes_the_sum_and_max_of_every_row_nan_a
     from tuner.target import parse_target
     from tuner.te.tensor import compute, max_reduce, placeholder, reduce_axis, sum_reduce
     from tuner.toolchain.library import open_library, pointer_array
-    target = parse_target("cpu -threads=1")
+    from tuner.target import host_isa
+    if isa == "avx512" and host_isa() != "avx512":
+        isa = "avx2"
+    target = parse_target(f"cpu -isa={isa} -threads=1", check_host=False)
     x = placeholder((rows, n), "x")
     r = reduce_axis(n, "r")
     fold = sum_reduce if kind == "sum" else max_reduce
@@ -193,6 +211,8 @@ def test_a_vectorised_reduction_loop_computes_the_sum_and_max_of_every_row_nan_a
     assert ("__acc" in src) == (n % 4 == 0 or n >= 8)         # vectorised whenever vector_split allows
     width, tail = vector_split(n, target.lanes)
     assert ("__acc3" in src) == (width > 0 and (n - tail) // width >= 8)
+    if width:
+        _tail_code(src, n, width, tail)
     built = build_batch([("f", src)], target, jobs=1)[0]
     assert not built.error, built.error
     xs = np.random.default_rng(seed).standard_normal((rows, n)).astype(np.float32) * 10
@@ -203,6 +223,38 @@ def test_a_vectorised_reduction_loop_computes_the_sum_and_max_of_every_row_nan_a
     with np.errstate(invalid="ignore", over="ignore"):
         want = xs.astype(np.float64).sum(axis=1) if kind == "sum" else xs.max(axis=1)
     np.testing.assert_allclose(out, want.astype(np.float32), rtol=1e-5, atol=1e-4 * np.sqrt(n) * 10)
+
+
+@settings(max_examples=25, deadline=None)
+@given(rows=st.integers(1, 3), n=st.integers(8, 300), isa=st.sampled_from(["avx2", "avx512"]), seed=st.integers(0, 1000))
+def test_a_vectorised_elementwise_loop_runs_its_remainder_as_narrower_vectors_and_computes_the_reference(rows, n, isa, seed):
+    """exp(x) * 2 over rows of any length: whole vectors, then a vector of 8 and one of 4 where they
+    fit, then the lanes left one by one (softmax's rows of 197: 12 vectors, one of 4 and one lane;
+    the five lanes called the C library's expf one by one before)."""
+    from tuner.codegen.c import generate_c
+    from tuner.measure.builder import build_batch
+    from tuner.schedule.ir import vector_split
+    from tuner.schedule.lower import lower
+    from tuner.schedule.schedule import replay
+    from tuner.target import host_isa, parse_target
+    from tuner.te.expr import Call, Const
+    from tuner.te.tensor import compute, placeholder
+    from tuner.toolchain.library import open_library, pointer_array
+    if isa == "avx512" and host_isa() != "avx512":
+        isa = "avx2"
+    target = parse_target(f"cpu -isa={isa} -threads=1", check_host=False)
+    x = placeholder((rows, n), "x")
+    y = compute((rows, n), lambda i, j: Call("exp", (x[i, j],)) * Const(2.0), "y", tag="elemwise", inputs=[x])
+    src, _ = generate_c(lower(replay([x], y, [["annotate", "y", "i1", "vectorize"]]), "f"), target.lanes, 1)
+    width, tail = vector_split(n, target.lanes)
+    assert width and f"(f32x{width}*)" in src
+    _tail_code(src, n, width, tail)
+    built = build_batch([("f", src)], target, jobs=1)[0]
+    assert not built.error, built.error
+    xs = (np.random.default_rng(seed).standard_normal((rows, n)) * 5).astype(np.float32)
+    out = np.empty((rows, n), np.float32)
+    assert open_library(built.lib).tuner_run(built.index, pointer_array([xs, out])) == 0
+    np.testing.assert_allclose(out, np.exp(xs.astype(np.float64)) * 2, rtol=2e-6)
 
 
 @settings(max_examples=25, deadline=None)

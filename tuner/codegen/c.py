@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from ..schedule import ir
-from ..schedule.ir import vector_split
+from ..schedule.ir import tail_widths, vector_split
 from ..schedule.lower import c_name
 from ..te.dynamic import symbol_var
 from ..te.expr import (Add, And, Call, Cast, Cmp, Const, Div, Expr, FloorDiv, FloorMod, Load, Max, Min, Mul, Select,
@@ -321,42 +321,27 @@ class CGen:
     # ------------------------------------------------------------ vectorisation
     def vector_loop(self, s: ir.For, d: int) -> list:
         """A vectorised loop: whole vectors, then, where the width of fewest operations does not
-        divide the extent (a softmax over 197 or 1500 columns), the remainder as a scalar loop
-        (schedule.ir.vector_split; cost_model.features sees the loop as vector_lanes says)."""
+        divide the extent (a softmax over 197 or 1500 columns), the remainder as one vector of 8
+        and one of 4 where they fit and the rest lane by lane (schedule.ir.vector_split, tail_widths;
+        cost_model.features sees the loop as vector_lanes says)."""
         lanes, tail = vector_split(s.extent, self.max_lanes)
         if not lanes:
             raise NotVectorizable("extent below two vectors of 4 and not a multiple of 4")
         stores = _straight_stores(s.body)
+        for guard_conds, _ in stores:
+            if any(s.var in free_vars(g) for g in guard_conds):
+                raise NotVectorizable("condition depends on the lane")
         if _reduction(s, stores):
             return self.vector_reduction(s, d, lanes, tail, stores[0][1])
         chunks = s.extent // lanes
-        lane = f"{s.var}__lane"
-        chunk = f"{s.var}__chunk"
+        lane, chunk = f"{s.var}__lane", f"{s.var}__chunk"
         dynamic = s.limit is not None        # a run-time trip count: its whole vectors, then the rest lane by lane
         value_of_var = Var(lane) if chunks == 1 and not dynamic else Var(chunk) * Const(lanes) + Var(lane)
-        extra = {lane: (0, lanes - 1)}
         saved = dict(self.ranges)
         if chunks > 1 or dynamic:
             self.ranges[chunk] = chunks
         try:
-            body = []
-            for guard_conds, st in stores:
-                for g in guard_conds:
-                    if s.var in free_vars(g):
-                        raise NotVectorizable("condition depends on the lane")
-                idx = tuple(substitute(i, {s.var: value_of_var}) for i in st.indices)
-                off = self.offset(st.buffer, idx, extra)
-                stride, base0 = _lane_form(off, lane)
-                if stride != 1:
-                    raise NotVectorizable("store is not contiguous")
-                base = self.expr(base0)
-                val = substitute(st.value, {s.var: value_of_var})
-                code, is_vec = self.vexpr(val, lane, lanes, extra)
-                if not is_vec:
-                    code = f"((f32x{lanes}){{0}} + ({code}))"
-                line = f"*(f32x{lanes}*)&{c_name(st.buffer)}[{base}] = {code};"
-                conds = [self.expr(simplify(g, self._bounds())) for g in guard_conds]
-                body.append((conds, line))
+            body = self._vector_stores(s, stores, lanes, value_of_var)
         finally:
             self.ranges = saved
         out = []
@@ -368,14 +353,39 @@ class CGen:
             out.append("  " * d + f"#pragma GCC unroll {min(chunks, VECTOR_UNROLL)}")
             out.append("  " * d + f"for (int {c_name(chunk)} = 0; {c_name(chunk)} < {chunks}; ++{c_name(chunk)}) {{")
             inner = d + 1
-        for conds, line in body:
-            if conds:
-                out.append("  " * inner + f"if ({' && '.join(conds)}) {line}")
-            else:
-                out.append("  " * inner + line)
+        out += self._guarded(body, inner)
         if chunks > 1 or dynamic:
             out.append("  " * d + "}")
-        return out + self.scalar_tail(s, d, tail, lanes)
+        if dynamic:
+            return out + self.scalar_tail(s, d, tail, lanes)
+        narrower, left = tail_widths(tail, lanes)
+        base = s.extent - tail
+        for w in narrower:
+            out += self._guarded(self._vector_stores(s, stores, w, Const(base) + Var(lane)), d)
+            base += w
+        return out + self.scalar_tail(s, d, left, lanes)
+
+    def _vector_stores(self, s: ir.For, stores: list, lanes: int, value_of_var: Expr) -> list:
+        """(guard conditions, vector store line) of each store of loop `s` with its variable
+        replaced by `value_of_var`, `lanes` wide."""
+        lane = f"{s.var}__lane"
+        extra = {lane: (0, lanes - 1)}
+        body = []
+        for guard_conds, st in stores:
+            idx = tuple(substitute(i, {s.var: value_of_var}) for i in st.indices)
+            stride, base0 = _lane_form(self.offset(st.buffer, idx, extra), lane)
+            if stride != 1:
+                raise NotVectorizable("store is not contiguous")
+            code, is_vec = self.vexpr(substitute(st.value, {s.var: value_of_var}), lane, lanes, extra)
+            if not is_vec:
+                code = f"((f32x{lanes}){{0}} + ({code}))"
+            line = f"*(f32x{lanes}*)&{c_name(st.buffer)}[{self.expr(base0)}] = {code};"
+            body.append(([self.expr(simplify(g, self._bounds())) for g in guard_conds], line))
+        return body
+
+    @staticmethod
+    def _guarded(body: list, d: int) -> list:
+        return ["  " * d + (f"if ({' && '.join(conds)}) {line}" if conds else line) for conds, line in body]
 
     def _whole(self, s: ir.For, lanes: int) -> str:
         """The number of whole vectors in a dynamic loop's run-time trip count."""
@@ -414,14 +424,14 @@ class CGen:
         vt, acc = f"f32x{lanes}", f"{c_name(s.var)}__acc"
         k = ACCUMULATORS if not dynamic and chunks >= 2 * ACCUMULATORS else 1
 
-        def vec(index: Expr, loops: dict) -> str:
+        def vec(index: Expr, loops: dict, w: int = lanes) -> str:
             saved = dict(self.ranges)
             self.ranges.update(loops)
             try:
-                code, is_vec = self.vexpr(substitute(value, {s.var: index}), lane, lanes, {lane: (0, lanes - 1)})
+                code, is_vec = self.vexpr(substitute(value, {s.var: index}), lane, w, {lane: (0, w - 1)})
             finally:
                 self.ranges = saved
-            return code if is_vec else f"(({vt}){{0}} + ({code}))"
+            return code if is_vec else f"((f32x{w}){{0}} + ({code}))"
 
         def step(a: str, v: str) -> str:
             return f"{a} = {op[1].format(acc=a, v=v, w=lanes)};"
@@ -445,15 +455,28 @@ class CGen:
                        + step(acc, vec(Var(chunk) * Const(lanes) + Var(lane), {chunk: chunks})))
         else:
             out.append(ind + step(acc, vec(Var(lane), {})))
-        half = lanes // 2
-        while half:             # every lane ends with the whole: lane i combines itself with lane i + half
-            rot = ", ".join(str((i + half) % lanes) for i in range(lanes))
-            out.append(ind + step(acc, f"__builtin_shuffle({acc}, (i32x{lanes}){{{rot}}})"))
-            half //= 2
         target = self.lvalue(st.buffer, st.indices)
-        out.append(ind + f"{target} = {op[2].format(a=target, b=f'{acc}[0]')};")
+
+        def fold(a: str, w: int) -> list:      # every lane ends with the whole: lane i takes in lane i + half
+            lines, half = [], w // 2
+            while half:
+                rot = ", ".join(str((i + half) % w) for i in range(w))
+                lines.append(ind + f"{a} = {op[1].format(acc=a, v=f'__builtin_shuffle({a}, (i32x{w}){{{rot}}})', w=w)};")
+                half //= 2
+            return lines + [ind + f"{target} = {op[2].format(a=target, b=f'{a}[0]')};"]
+        out += fold(acc, lanes)
+        if dynamic:
+            out.append("  " * d + "}")
+            return out + self.scalar_tail(s, d, tail, lanes)
+        narrower, left = tail_widths(tail, lanes)
+        base = s.extent - tail
+        for w in narrower:
+            part = f"{acc}_w{w}"
+            out.append(ind + f"f32x{w} {part} = {vec(Const(base) + Var(lane), {}, w)};")
+            out += fold(part, w)
+            base += w
         out.append("  " * d + "}")
-        return out + self.scalar_tail(s, d, tail, lanes)
+        return out + self.scalar_tail(s, d, left, lanes)
 
     def vexpr(self, e: Expr, lane: str, lanes: int, extra: dict):
         """(C code, is_vector) of `e` evaluated for all lanes at once."""

@@ -159,3 +159,15 @@ def vector_split(extent: int, max_lanes: int) -> tuple:
         return 0, extent
     _, tail, w = min(fits)
     return -w, tail
+
+
+def tail_widths(tail: int, lanes: int) -> tuple:
+    """(narrower vector widths, lanes left) the remainder after whole vectors of `lanes` is run
+    with: one vector of 8, then one of 4, where each fits, then lane by lane (197 columns of
+    AVX-512: 12 vectors, one of 4 and one lane)."""
+    widths = []
+    for w in (8, 4):
+        if w < lanes and tail >= w:
+            widths.append(w)
+            tail -= w
+    return tuple(widths), tail

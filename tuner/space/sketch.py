@@ -48,7 +48,7 @@ import random
 from functools import cached_property
 
 from ..ops import Workload
-from ..schedule.ir import vector_split
+from ..schedule.ir import tail_widths, vector_split
 from ..schedule.schedule import Schedule, ScheduleError, replay
 from ..te.expr import Const, FloorDiv, FloorMod, Load, free_vars, substitute, walk
 
@@ -256,10 +256,14 @@ class SearchSpace(DagSketch):
                 and not self.table)
 
     def _vectors(self, s3_last: int) -> int:
-        """Registers a row of `s3_last` columns takes as the C generator vectorises it (vector_split):
-        whole vectors and one per remainder lane (60 columns with AVX-512: 7 of 8 lanes and 4)."""
+        """Registers a row of `s3_last` columns takes as the C generator vectorises it (vector_split,
+        tail_widths): whole vectors, narrower ones, one per lane left (60 columns with AVX-512: 7 of
+        8 lanes and one of 4)."""
         width, tail = vector_split(s3_last, self.target.lanes)
-        return (s3_last - tail) // width + tail if width else s3_last
+        if not width:
+            return s3_last
+        narrower, left = tail_widths(tail, width)
+        return (s3_last - tail) // width + len(narrower) + left
 
     @cached_property
     def _guarded_columns(self) -> list:
