@@ -132,7 +132,7 @@ def test_gelu_in_its_erf_form_compiles_to_what_onnxruntime_computes(tmp_path, tm
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("shape", [[2, 3, 16, 32], [5, 7], [3, 13], [2, 2, 197]])
-def test_a_softmax_runs_its_exp_vectorised_with_a_scalar_tail_and_its_rows_in_parallel_and_computes_what_onnxruntime_computes(
+def test_a_softmax_runs_its_exp_vectorised_with_a_tail_and_its_rows_in_parallel_and_computes_what_onnxruntime_computes(
         tmp_path, tmp_cache, shape, threads):
     from tuner.target import parse_target
     g = helper.make_graph([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], "softmax",
@@ -318,10 +318,11 @@ def test_a_stage_computed_at_a_loop_must_be_read_only_there_and_a_row_group_neve
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("n", [197, 13, 7])
-def test_an_elementwise_kernel_whose_last_axis_no_vector_divides_runs_vectorised_with_a_scalar_tail(
+def test_an_elementwise_kernel_whose_last_axis_no_vector_divides_runs_vectorised_with_a_tail(
         tmp_path, tmp_cache, n, threads):
     """ViT's 197 tokens: the injective sketch vectorises the whole innermost axis (vectors, then the
-    remainder lane by lane) instead of one element per iteration of a loop fused with the others."""
+    remainder as narrower vectors and lanes) instead of one element per iteration of a loop fused
+    with the others."""
     from tuner.codegen.c import PRELUDE
     from tuner.schedule.ir import vector_split
     from tuner.target import parse_target

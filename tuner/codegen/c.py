@@ -385,6 +385,7 @@ class CGen:
 
     @staticmethod
     def _guarded(body: list, d: int) -> list:
+        """Lines of (guard conditions, statement) pairs at depth d: each under an `if` of its guards."""
         return ["  " * d + (f"if ({' && '.join(conds)}) {line}" if conds else line) for conds, line in body]
 
     def _whole(self, s: ir.For, lanes: int) -> str:
@@ -412,7 +413,8 @@ class CGen:
     def vector_reduction(self, s: ir.For, d: int, lanes: int, tail: int, st: ir.Store) -> list:
         """`b[i] = b[i] + f(r)` (or max) over a vectorised reduction loop r: vectors of partial
         results over whole vectors of r, combined lane by lane in log2(lanes) rotations and folded
-        into b[i], then the scalar remainder. With at least 2 * ACCUMULATORS vectors, ACCUMULATORS
+        into b[i], then the remainder (a vector of 8 and one of 4 where they fit, each combined and
+        folded alike, then lane by lane). With at least 2 * ACCUMULATORS vectors, ACCUMULATORS
         independent partial vectors, so that consecutive vectors do not wait on each other's add or
         max (Whisper's 1500-long softmax rows: one chain of 93). A sum is reassociated; a max is
         exact, NaN included."""
