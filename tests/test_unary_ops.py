@@ -166,6 +166,12 @@ def test_onnx_gelu_in_either_form_compiles_to_what_onnxruntime_computes(tmp_path
     np.testing.assert_allclose(m.run(x)[0], ort_run(path, x)[0], rtol=1e-5, atol=1e-6)
 
 
+def _one_thread(isa: str):
+    """A 1-thread CPU target of `isa`, or of AVX2 where this host lacks AVX-512."""
+    from tuner.target import host_isa, parse_target
+    return parse_target(f"cpu -isa={isa if host_isa() == 'avx512' else 'avx2'} -threads=1", check_host=False)
+
+
 def _tail_code(src: str, n: int, width: int, tail: int) -> None:
     """The remainder after whole vectors of `width` runs as tail_widths says: a vector of each
     narrower width, then a scalar loop over the lanes left only."""
@@ -196,13 +202,9 @@ def test_a_vectorised_reduction_loop_computes_the_sum_and_max_of_every_row_nan_a
     from tuner.schedule.ir import vector_split
     from tuner.schedule.lower import lower
     from tuner.schedule.schedule import replay
-    from tuner.target import parse_target
     from tuner.te.tensor import compute, max_reduce, placeholder, reduce_axis, sum_reduce
     from tuner.toolchain.library import open_library, pointer_array
-    from tuner.target import host_isa
-    if isa == "avx512" and host_isa() != "avx512":
-        isa = "avx2"
-    target = parse_target(f"cpu -isa={isa} -threads=1", check_host=False)
+    target = _one_thread(isa)
     x = placeholder((rows, n), "x")
     r = reduce_axis(n, "r")
     fold = sum_reduce if kind == "sum" else max_reduce
@@ -236,13 +238,10 @@ def test_a_vectorised_elementwise_loop_runs_its_remainder_as_narrower_vectors_an
     from tuner.schedule.ir import vector_split
     from tuner.schedule.lower import lower
     from tuner.schedule.schedule import replay
-    from tuner.target import host_isa, parse_target
     from tuner.te.expr import Call, Const
     from tuner.te.tensor import compute, placeholder
     from tuner.toolchain.library import open_library, pointer_array
-    if isa == "avx512" and host_isa() != "avx512":
-        isa = "avx2"
-    target = parse_target(f"cpu -isa={isa} -threads=1", check_host=False)
+    target = _one_thread(isa)
     x = placeholder((rows, n), "x")
     y = compute((rows, n), lambda i, j: Call("exp", (x[i, j],)) * Const(2.0), "y", tag="elemwise", inputs=[x])
     src, _ = generate_c(lower(replay([x], y, [["annotate", "y", "i1", "vectorize"]]), "f"), target.lanes, 1)
