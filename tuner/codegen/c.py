@@ -435,8 +435,8 @@ class CGen:
                 self.ranges = saved
             return code if is_vec else f"((f32x{w}){{0}} + ({code}))"
 
-        def step(a: str, v: str) -> str:
-            return f"{a} = {op[1].format(acc=a, v=v, w=lanes)};"
+        def step(a: str, v: str, w: int = lanes) -> str:
+            return f"{a} = {op[1].format(acc=a, v=v, w=w)};"
         ind = "  " * (d + 1)
         accs = [acc] + [f"{acc}{j}" for j in range(1, k)]
         out = ["  " * d + "{", ind + f"{vt} " + ", ".join(f"{a} = ({vt}){{0}} + ({op[0]})" for a in accs) + ";"]
@@ -463,7 +463,7 @@ class CGen:
             lines, half = [], w // 2
             while half:
                 rot = ", ".join(str((i + half) % w) for i in range(w))
-                lines.append(ind + f"{a} = {op[1].format(acc=a, v=f'__builtin_shuffle({a}, (i32x{w}){{{rot}}})', w=w)};")
+                lines.append(ind + step(a, f"__builtin_shuffle({a}, (i32x{w}){{{rot}}})", w))
                 half //= 2
             return lines + [ind + f"{target} = {op[2].format(a=target, b=f'{a}[0]')};"]
         out += fold(acc, lanes)
