@@ -17,7 +17,7 @@ from tuner.space.mutation import mutate
 from tuner.schedule import ir
 from tuner.schedule.ir import vector_split
 from tuner.space.sketch import PAD_PLACES, SearchSpace
-from tuner.target import parse_target
+from tuner.target import host_isa, parse_target
 from tuner.task import Task
 from tuner.te.expr import Cmp, Const, FloorDiv, FloorMod, Select, Var, coefficient, simplify, walk
 
@@ -438,6 +438,28 @@ def test_every_point_of_the_winograd_transforms_table_sketch_computes_the_refere
         cases += [(wl, space.steps(dict(zip(choices, point)))) for point in itertools.product(*choices.values())]
     assert len(cases) >= (20 if threads == 1 else 12)
     check_schedules(cases, target)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_transform_of_a_blocked_input_defaults_to_vectors_no_wider_than_its_blocks(threads):
+    """An NCHW8c input read by an AVX-512 input transform: 16 lanes would gather from two blocks
+    one element at a time; the default takes 8, loaded whole. 16c and NHWC inputs keep 16. (Run
+    where the host has AVX-512; the code is checked everywhere.)"""
+    avx512 = parse_target("cpu -isa=avx512", threads=threads, check_host=False)
+    cases = []
+    for layout, run, vec in (("NCHW8c", 8, 8), ("NCHW16c", 16, 16), ("NHWC", None, 16)):
+        wl = make("winograd_input", dict(C=32, H=9, W=9, pad=1, m=4), layout)
+        space = SearchSpace(wl, avx512)
+        dec = space.default()
+        assert (space.vector_run, dec["vec"]) == (run, vec)
+        if layout == "NCHW8c":
+            src = Task(wl, avx512).candidate(space.steps(dec)).source
+            assert re.search(r"\(f32x8\*\)&data\[", src) and not re.search(r"\(f32x\d+\)\{data\[", src)
+            wide = Task(wl, avx512).candidate(space.steps({**dec, "vec": 16})).source
+            assert re.search(r"\(f32x16\)\{data\[", wide)         # the gather the default avoids
+        cases.append((wl, space.steps(dec)))
+    if host_isa() == "avx512":
+        check_schedules(cases, avx512)
 
 
 def test_a_blocked_output_transform_can_run_its_channel_blocks_inside_the_tiles():

@@ -28,9 +28,10 @@ Tiled sketch, for a DAG with one reduction (conv2d, dense, pooling):
 Table sketch, for a reduction over a small constant matrix (the Winograd transforms: its stage's
 `table` names the axes that pick matrix entries): those axes and the reduction are unrolled, so
 that the C compiler folds the entries into constants (the tiled sketch leaves them as select
-chains evaluated on every element); the innermost axis is split by a vector length (a decision)
-and vectorised inside them, pad producers inlined or at root (a decision), the epilogue computed
-from the unrolled tile, the outer loops fused and parallel. A blocked output transform
+chains evaluated on every element); the innermost axis is split by a vector length (a decision;
+by default the widest that is one register and no wider than the input's contiguous run,
+`vector_run`) and vectorised inside them, pad producers inlined or at root (a decision), the
+epilogue computed from the unrolled tile, the outer loops fused and parallel. A blocked output transform
 (NCHW[x]c: a channel-block axis outside the tile axes) also decides where that block loop runs
 (`blocks`): outside the tile loops, or inside them so that each tile reads its rows of the
 product once for all blocks.
@@ -50,7 +51,7 @@ from functools import cached_property
 from ..ops import Workload
 from ..schedule.ir import tail_widths, vector_split
 from ..schedule.schedule import Schedule, ScheduleError, replay
-from ..te.expr import Const, FloorDiv, FloorMod, Load, free_vars, substitute, walk
+from ..te.expr import Const, FloorDiv, FloorMod, Load, Var, free_vars, substitute, walk
 
 MAX_ACCUMULATORS = 32        # vector registers of AVX-512 (AVX2 has 16; spills only cost speed)
 MAX_TILE_FLOATS = 16384      # a 64 KiB accumulator tile stays on the stack and in L1/L2
@@ -312,8 +313,11 @@ class SearchSpace(DagSketch):
             return {"vec": max(self.injective_vecs), "unroll": 0}
         if self.kind == "table":
             # each decision's first option (the pad read in place, a register accumulator), and one
-            # vector register per table entry
-            vec = [v for v in self.last_options if v <= self.target.lanes]
+            # vector register per table entry, no wider than the input's contiguous run (an 8c
+            # input's transform in 16 lanes gathered them one by one: 2.7x slower, docs/history.md)
+            run = self.vector_run or self.target.lanes
+            vec = [v for v in self.last_options if v <= self.target.lanes and v <= run] or \
+                [v for v in self.last_options if v <= self.target.lanes]
             return {**{name: opts[0] for name, opts in self.choices().items()}, "vec": max(vec or self.last_options)}
         shape = self.out_shape
         # the pad inlined with an interior version where the border tiles' tests have registers to
@@ -356,6 +360,33 @@ class SearchSpace(DagSketch):
         if self.epilogues:
             dec["epilogue"] = "fused"
         return dec
+
+    @cached_property
+    def vector_run(self) -> int | None:
+        """Elements of an input that the innermost output axis reads contiguously, through the
+        stages between (a blocked layout's c % 8: 8); None where every read is unbounded along it.
+        A vector wider than that gathers its lanes one by one from several blocks."""
+        sch = Schedule(self.inputs, self.output)
+        stages = {s.name: s.op for s in sch.stages}
+        last, runs, seen = self.out_axes[-1], [], set()
+        todo = [(self.output.name, {last: Var(last)})]
+        while todo:
+            name, env = todo.pop()
+            op = stages[name]
+            for n in walk(op.body):
+                if not isinstance(n, Load):
+                    continue
+                idx = [substitute(i, env) for i in n.indices]
+                key = (n.buffer, tuple(map(str, idx)))
+                if key in seen:
+                    continue
+                seen.add(key)
+                if n.buffer in stages and n.buffer != name:
+                    todo.append((n.buffer, {a.name: i for a, i in zip(stages[n.buffer].axes, idx)}))
+                elif idx and isinstance(idx[-1], FloorMod) and isinstance(idx[-1].b, Const) \
+                        and last in free_vars(idx[-1].a):
+                    runs.append(idx[-1].b.value)
+        return min(runs) if runs else None
 
     @cached_property
     def _reduce_periods(self) -> tuple:
