@@ -31,10 +31,10 @@ that the C compiler folds the entries into constants (the tiled sketch leaves th
 chains evaluated on every element); the innermost axis is split by a vector length (a decision;
 by default the widest that is one register and no wider than the input's contiguous run,
 `vector_run`) and vectorised inside them, pad producers inlined or at root (a decision), the
-epilogue computed from the unrolled tile, the outer loops fused and parallel. A blocked output transform
-(NCHW[x]c: a channel-block axis outside the tile axes) also decides where that block loop runs
-(`blocks`): outside the tile loops, or inside them so that each tile reads its rows of the
-product once for all blocks.
+epilogue computed from the unrolled tile, the outer loops fused and parallel. A blocked output
+transform (NCHW[x]c: a channel-block axis outside the tile axes) also decides where that block
+loop runs (`blocks`): outside the tile loops, or inside them so that each tile reads its rows of
+the product once for all blocks.
 Injective sketch, for DAGs without a reduction: producers inlined, innermost axis vectorised,
 the rest fused and parallel.
 
@@ -313,8 +313,8 @@ class SearchSpace(DagSketch):
             return {"vec": max(self.injective_vecs), "unroll": 0}
         if self.kind == "table":
             # each decision's first option (the pad read in place, a register accumulator), and one
-            # vector register per table entry, no wider than the input's contiguous run (an 8c
-            # input's transform in 16 lanes gathered them one by one: 2.7x slower, docs/history.md)
+            # vector register per table entry, no wider than the input's contiguous run (16 lanes
+            # of an 8c input are gathered one by one: docs/history.md)
             run = self.vector_run or self.target.lanes
             vec = [v for v in self.last_options if v <= self.target.lanes and v <= run] or \
                 [v for v in self.last_options if v <= self.target.lanes]
