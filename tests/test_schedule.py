@@ -462,6 +462,32 @@ def test_a_transform_of_a_blocked_input_defaults_to_vectors_no_wider_than_its_bl
         check_schedules(cases, avx512)
 
 
+def test_two_threads_split_the_larger_operand_of_a_conv_first_and_both_orders_compute_the_reference():
+    """At 2 threads the fused parallel loop runs the outer tiles of the axes that index only the
+    activation (rows, columns) first where the activation outweighs the weights, so each thread
+    takes its own rows; else the output channel blocks first, each thread its share of the
+    weights. Both are points of the space; one thread, a point logged before the decision and a
+    DAG without constants have no such decision."""
+    two = parse_target("cpu", threads=2)
+    wide = make("conv2d", dict(C=32, H=14, W=14, K=32, R=1, S=1, stride=1, pad=0, bias=1), "NCHW16c")
+    deep = make("conv2d", dict(C=256, H=2, W=2, K=64, R=1, S=1, stride=1, pad=0, bias=1), "NCHW16c")
+    cases = []
+    for wl, default in ((wide, "input"), (deep, "axes")):
+        space = SearchSpace(wl, two)
+        dec = space.default()
+        assert space.parallel_orders == ("axes", "input") and dec["parallel"] == default
+        n, k, h, w, b = (f"{a}.0" for a in space.out_axes)
+        fused = {p: next(s for s in space.steps({**dec, "parallel": p}) if s[0] == "fuse")[2] for p in ("axes", "input")}
+        assert fused == {"axes": [n, k, h, w, b], "input": [n, h, w, k, b]}
+        old = {key: v for key, v in dec.items() if key != "parallel"}
+        assert space.steps(old) == space.steps({**dec, "parallel": "axes"})
+        cases += [(wl, space.steps({**dec, "parallel": p})) for p in ("axes", "input")]
+    assert SearchSpace(wide, TARGET1).parallel_orders == () and "parallel" not in SearchSpace(wide, TARGET1).default()
+    assert SearchSpace(make("max_pool2d", dict(C=16, H=8, W=8, R=3, S=3, stride=2, pad=1), "NCHW16c"),
+                       two).parallel_orders == ()
+    check_schedules(cases, two)
+
+
 def test_a_blocked_output_transform_can_run_its_channel_blocks_inside_the_tiles():
     """`blocks: inside` moves an NCHW16c output transform's channel-block loop inside the tile
     loops, so each tile reads its alpha^2 rows of M once, contiguously, rather than a 64-byte

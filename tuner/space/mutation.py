@@ -4,7 +4,8 @@ Each mutation changes one decision and keeps the point legal: a tile mutation mo
 factor of an axis from one tiling level to another (the product stays the axis extent, rounded up
 to whole tiles for a guarded one); the
 others pick a different reduce split, auto-unroll depth, pad placement (another of three),
-epilogue placement, register-tile loop order or a GPU shared tile's storage order.
+epilogue placement, register-tile loop order, the parallel loop's order or a GPU shared tile's
+storage order.
 A point of a flat sketch (injective, table) gets another option for one of its decisions.
 """
 from __future__ import annotations
@@ -16,7 +17,8 @@ import random
 from .sketch import UNROLL_CHOICES, SearchSpace, divisors
 
 # how often each kind of mutation is tried: tiling matters most
-WEIGHTS = {"tile": 0.6, "reduce": 0.15, "unroll": 0.15, "pad": 0.1, "epilogue": 0.05, "order": 0.1, "major": 0.1}
+WEIGHTS = {"tile": 0.6, "reduce": 0.15, "unroll": 0.15, "pad": 0.1, "epilogue": 0.05, "order": 0.1, "major": 0.1,
+           "parallel": 0.05}
 
 
 def _prime_factors(n: int) -> list:
@@ -41,7 +43,7 @@ def mutate(space: SearchSpace, dec: dict, rng: random.Random, attempts: int = 20
         name = rng.choice(names)
         return {**dec, name: rng.choice(options[name])}
     present = {"pad": space.pads, "reduce": space.reduce_axes, "epilogue": space.epilogues, "order": space.orders,
-               "major": space.major_options}
+               "major": space.major_options, "parallel": getattr(space, "parallel_orders", ())}
     kinds = [k for k in WEIGHTS if present.get(k, True)]
     for _ in range(attempts):
         kind = rng.choices(kinds, weights=[WEIGHTS[k] for k in kinds])[0]
@@ -78,6 +80,9 @@ def mutate(space: SearchSpace, dec: dict, rng: random.Random, attempts: int = 20
             new["major"][k] ^= 1
         elif kind == "order":
             new["order"] = rng.choice([o for o in space.orders if o != new.get("order", space.orders[0])])
+        elif kind == "parallel":
+            opts = space.parallel_orders
+            new["parallel"] = rng.choice([o for o in opts if o != new.get("parallel", opts[0])])
         else:
             p = rng.choice(space.pads)
             new["pad"][p] = rng.choice([w for w in space.pad_places if w != new["pad"][p]])

@@ -24,7 +24,11 @@ Tiled sketch, for a DAG with one reduction (conv2d, dense, pooling):
     `order`; the vector axis stays innermost): for NCHW[x]c, reversed puts the pixels outside
     the channel blocks, so each input broadcast feeds every channel block while the weight
     vectors stay in registers, as MLAS's AVX-512 kernels do, and wider tiles fit the registers;
-  * outer tiles fused and parallel when the target has more than one thread.
+  * outer tiles fused and parallel when the target has more than one thread, in the output's
+    axis order or with the axes that index only the activation first (a decision, `parallel`,
+    where the two differ): each thread then takes its own rows of the activation and reads all
+    the weights, rather than its share of the weights and all the activation; by default where
+    the activation is the larger (ResNet-50's early 1x1 convs);
 Table sketch, for a reduction over a small constant matrix (the Winograd transforms: its stage's
 `table` names the axes that pick matrix entries): those axes and the reduction are unrolled, so
 that the C compiler folds the entries into constants (the tiled sketch leaves them as select
@@ -49,6 +53,7 @@ import random
 from functools import cached_property
 
 from ..ops import Workload
+from ..ops.workload import CONSTANT_INPUTS
 from ..schedule.ir import tail_widths, vector_split
 from ..schedule.schedule import Schedule, ScheduleError, replay
 from ..te.expr import Const, FloorDiv, FloorMod, Load, Var, free_vars, substitute, walk
@@ -58,6 +63,7 @@ MAX_TILE_FLOATS = 16384      # a 64 KiB accumulator tile stays on the stack and 
 UNROLL_CHOICES = (0, 16, 64, 512)
 PAD_PLACES = ("inline", "root", "tile", "interior")   # where a pad producer is computed (tile: per output tile)
 ORDERS = ("axes", "reversed")  # the register tile's unrolled loops: the output's axis order, or reversed
+PARALLEL_ORDERS = ("axes", "input")  # the fused parallel loop: outer tiles in axis order, or the activation's axes first
 # the CPU space's version, in every pre-trained model's metadata: bumped when the space gains a
 # structure that a model trained before ranks blind (2: pad interior, also the default's)
 SPACE_VERSION = 2
@@ -206,6 +212,34 @@ class SearchSpace(DagSketch):
         """The register tile's loop orders (decision `order`): ORDERS for the tiled sketch, else ()."""
         return ORDERS if self.kind == "tiled" else ()
 
+    @cached_property
+    def parallel_orders(self) -> tuple:
+        """The fused parallel loop's orders (decision `parallel`): PARALLEL_ORDERS where the tiled
+        sketch runs on more than one thread and `input` moves an axis, else ()."""
+        if self.kind != "tiled" or self.target.threads <= 1:
+            return ()
+        moved = [d for d in self._input_first if self.out_shape[d] > 1]     # axes of one tile move nothing
+        return PARALLEL_ORDERS if moved != sorted(moved) else ()
+
+    @cached_property
+    def _input_first(self) -> list:
+        """Output axis positions, those that index the activation (the inputs that are not a
+        model's constants) and no constant first, each group in axis order."""
+        const = {t.name for t in self.inputs if t.name in CONSTANT_INPUTS}
+        reads = [(n.buffer in const, frozenset().union(*(free_vars(i) for i in n.indices)))
+                 for n in walk(self.anchor_op.body) if isinstance(n, Load)]
+        weights = frozenset().union(*(v for c, v in reads if c))
+        acts = frozenset().union(*(v for c, v in reads if not c))
+        first = [d for d, a in enumerate(self.local_axes) if a in acts and a not in weights]
+        return first + [d for d in range(len(self.local_axes)) if d not in first]
+
+    @cached_property
+    def _activation_larger(self) -> bool:
+        """Whether the activation's bytes exceed the constants' (the weights')."""
+        size = lambda ts: sum(math.prod(t.shape) for t in ts)       # noqa: E731
+        const = [t for t in self.inputs if t.name in CONSTANT_INPUTS]
+        return size([t for t in self.inputs if t not in const]) > size(const)
+
     # ------------------------------------------------------------ per-axis options
     @cached_property
     def last_options(self) -> list:
@@ -305,6 +339,8 @@ class SearchSpace(DagSketch):
         if self.epilogues:
             dec["epilogue"] = rng.choice(self.epilogues)
         dec["order"] = rng.choice(self.orders)
+        if self.parallel_orders:
+            dec["parallel"] = rng.choice(self.parallel_orders)
         return dec
 
     def default(self) -> dict:
@@ -359,6 +395,8 @@ class SearchSpace(DagSketch):
                "reduce": list(self._reduce_periods), "unroll": 64, "order": order}
         if self.epilogues:
             dec["epilogue"] = "fused"
+        if self.parallel_orders:
+            dec["parallel"] = PARALLEL_ORDERS[self._activation_larger]
         return dec
 
     @cached_property
@@ -476,7 +514,10 @@ class SearchSpace(DagSketch):
         tile = dec["tile"]
         for ax, (s1, s2, s3) in zip(out_axes, tile):
             steps.append(["split", out, ax, [s1, s2 * s3]])
-        order = [f"{a}.{lvl}" for lvl in range(3) for a in out_axes]
+        outer = [f"{a}.0" for a in out_axes]       # points logged before `parallel` was a decision: axes
+        if dec.get("parallel") == "input":
+            outer = [outer[d] for d in self._input_first]
+        order = outer + [f"{a}.{lvl}" for lvl in (1, 2) for a in out_axes]
         steps.append(["reorder", out, order])
         steps.append(["compute_at", local, out, f"{out_axes[-1]}.1"])
         for ax, (_, _, s3) in zip(self.local_axes, tile):
@@ -507,8 +548,8 @@ class SearchSpace(DagSketch):
         if t_last % 4 == 0:
             steps.append(["annotate", out, f"{out_axes[-1]}.2", "vectorize"])
         if self.target.threads > 1:
-            steps.append(["fuse", out, [f"{a}.0" for a in out_axes]])
-            steps.append(["annotate", out, "@".join(f"{a}.0" for a in out_axes), "parallel"])
+            steps.append(["fuse", out, outer])
+            steps.append(["annotate", out, "@".join(outer), "parallel"])
         if apart:                   # the epilogue's own loop nest, as the injective sketch writes it
             steps += self._injective_steps({"vec": max(self.injective_vecs), "unroll": 1}, inline=False)
         return steps
