@@ -482,6 +482,12 @@ def test_two_threads_split_the_larger_operand_of_a_conv_first_and_both_orders_co
         old = {key: v for key, v in dec.items() if key != "parallel"}
         assert space.steps(old) == space.steps({**dec, "parallel": "axes"})
         cases += [(wl, space.steps({**dec, "parallel": p})) for p in ("axes", "input")]
+    rng = random.Random(0)
+    flips = [m for m in (mutate(space, dec, rng) for _ in range(300)) if m and m["parallel"] != dec["parallel"]]
+    assert flips and all(dict(m, parallel=dec["parallel"]) == dec for m in flips)
+    assert {space.sample(rng)["parallel"] for _ in range(40)} == {"axes", "input"}
+    from tuner.search.optuna_search import _parameter_table
+    assert ("parallel", ("parallel",), ["axes", "input"]) in _parameter_table(space)
     assert SearchSpace(wide, TARGET1).parallel_orders == () and "parallel" not in SearchSpace(wide, TARGET1).default()
     assert SearchSpace(make("max_pool2d", dict(C=16, H=8, W=8, R=3, S=3, stride=2, pad=1), "NCHW16c"),
                        two).parallel_orders == ()
