@@ -26,14 +26,11 @@ import numpy as np
 from bench.common import write_results
 from tuner.graph import load as load_graph
 from tuner.graph.onnx_frontend import to_onnx
+from tuner.ops.common import conv_out_size, pads4
+from tuner.ops.workload import parse_spec
 from tuner.runtime import load
 
 WINOGRAD_STEP = re.compile(r"_winograd_(input|gemm)$")
-
-
-def _spec(workload: str) -> tuple:
-    op, _, rest = workload.split(" ")[0].partition(":")
-    return op, dict(kv.split("=") for kv in rest.split(",") if "=" in kv)
 
 
 def conv_key(c: int, h: int, w: int, k: int, r: int, s: int, oh: int, ow: int) -> str:
@@ -43,16 +40,17 @@ def conv_key(c: int, h: int, w: int, k: int, r: int, s: int, oh: int, ow: int) -
 def step_keys(steps) -> list:
     """Each step's row: its conv's shape (Winograd transforms and GEMM by the conv's node name), else its op."""
     convs = {}
-    for s in steps:
-        op, d = _spec(s.workload)
+    for st in steps:
+        op = st.workload.split(" ")[0].partition(":")[0]
         if op in ("conv2d", "winograd_gemm"):
-            r, st, p = int(d.get("R", 3)), int(d.get("stride", 1)), int(d["pad"])
-            kw = int(d.get("S", r))
-            oh = (int(d["H"]) + 2 * p - r) // st + 1
-            ow = (int(d["W"]) + 2 * p - kw) // st + 1
-            convs[WINOGRAD_STEP.sub("", s.node)] = conv_key(int(d["C"]), int(d["H"]), int(d["W"]), int(d["K"]),
-                                                            r, kw, oh, ow)
-    return [convs.get(WINOGRAD_STEP.sub("", s.node)) or _spec(s.workload)[0] for s in steps]
+            spec, _, layout = st.workload.partition(" [")
+            p = parse_spec(spec, layout.rstrip("]")).p
+            r, s, stride, dil = p.get("R", 3), p.get("S", 3), p.get("stride", 1), p.get("dilation", 1)
+            top, left, bottom, right = pads4(p["pad"])
+            oh = conv_out_size(p["H"], r, stride, top, bottom, dil)
+            ow = conv_out_size(p["W"], s, stride, left, right, dil)
+            convs[WINOGRAD_STEP.sub("", st.node)] = conv_key(p["C"], p["H"], p["W"], p["K"], r, s, oh, ow)
+    return [convs.get(WINOGRAD_STEP.sub("", st.node)) or st.workload.split(" ")[0].partition(":")[0] for st in steps]
 
 
 def node_key(args: dict) -> str:

@@ -60,7 +60,7 @@ class OptunaSearch(Policy):
                 dec = {"epilogue": "fused", **dec}          # logged before the epilogue was a decision
             if self.space.orders:
                 dec = {"order": self.space.orders[0], **dec}   # logged before the loop order was one
-            if getattr(self.space, "parallel_orders", ()):
+            if self.space.parallel_orders:
                 dec = {"parallel": self.space.parallel_orders[0], **dec}   # logged before it was one
             try:
                 params = self._params(dec)
@@ -137,7 +137,7 @@ def _parameter_table(space) -> list:
     rows += [(f"reduce.{r}", ("reduce", j), divisors(e)) for j, (r, e) in enumerate(space.reduce_axes)]
     rows.append(("unroll", ("unroll",), list(UNROLL_CHOICES)))
     rows += [("order", ("order",), list(space.orders))] if space.orders else []
-    rows += [("parallel", ("parallel",), list(space.parallel_orders))] if getattr(space, "parallel_orders", ()) else []
+    rows += [("parallel", ("parallel",), list(space.parallel_orders))] if space.parallel_orders else []
     return rows
 
 

@@ -53,6 +53,7 @@ class GpuSearchSpace(DagSketch):
         self.pads = []                       # always inlined, into the shared copy: no decision
         self.epilogues = ()
         self.orders = ()          # the register tile's loop order is a CPU decision (space.sketch)
+        self.parallel_orders = ()  # so is the order of the threads' parallel loop
         if self.anchor:
             self.reads = sorted({t.name for t in self.anchor_op.inputs})
             self._loads = [n for n in walk(self.anchor_op.body.source) if isinstance(n, Load)]

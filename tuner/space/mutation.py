@@ -43,7 +43,7 @@ def mutate(space: SearchSpace, dec: dict, rng: random.Random, attempts: int = 20
         name = rng.choice(names)
         return {**dec, name: rng.choice(options[name])}
     present = {"pad": space.pads, "reduce": space.reduce_axes, "epilogue": space.epilogues, "order": space.orders,
-               "major": space.major_options, "parallel": getattr(space, "parallel_orders", ())}
+               "major": space.major_options, "parallel": space.parallel_orders}
     kinds = [k for k in WEIGHTS if present.get(k, True)]
     for _ in range(attempts):
         kind = rng.choices(kinds, weights=[WEIGHTS[k] for k in kinds])[0]

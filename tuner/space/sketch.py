@@ -351,9 +351,8 @@ class SearchSpace(DagSketch):
             # each decision's first option (the pad read in place, a register accumulator), and one
             # vector register per table entry, no wider than the input's contiguous run (16 lanes
             # of an 8c input are gathered one by one: docs/history.md)
-            run = self.vector_run or self.target.lanes
-            vec = [v for v in self.last_options if v <= self.target.lanes and v <= run] or \
-                [v for v in self.last_options if v <= self.target.lanes]
+            fits = [v for v in self.last_options if v <= self.target.lanes]
+            vec = [v for v in fits if v <= (self.vector_run or v)] or fits
             return {**{name: opts[0] for name, opts in self.choices().items()}, "vec": max(vec or self.last_options)}
         shape = self.out_shape
         # the pad inlined with an interior version where the border tiles' tests have registers to
