@@ -24,6 +24,9 @@ Tiled sketch, for a DAG with one reduction (conv2d, dense, pooling):
     `order`; the vector axis stays innermost): for NCHW[x]c, reversed puts the pixels outside
     the channel blocks, so each input broadcast feeds every channel block while the weight
     vectors stay in registers, as MLAS's AVX-512 kernels do, and wider tiles fit the registers;
+    by default an output whose vector axis the broadcast operand does not index either (a
+    Winograd GEMM's or an NHWC conv's channels) takes up to 4 vectors of it by rows of the axes
+    not every operand reads;
   * outer tiles fused and parallel when the target has more than one thread, in the output's
     axis order or with the axes that index only the activation first (a decision, `parallel`,
     where the two differ): each thread then takes its own rows of the activation and reads all
@@ -384,6 +387,13 @@ class SearchSpace(DagSketch):
                 tile[pair][2], acc, cap, order = 2, 2 * acc, MAX_ACCUMULATORS - 4, "reversed"
                 enough = cap
                 rest.remove(pair)
+            elif vectors := self._broadcast_vectors():
+                # no such axis, but the broadcast operand does not index the vector axis either
+                # (a Winograd GEMM's columns): up to 4 vectors of it per broadcast, then rows of
+                # axes that not every operand reads (its 6x6 positions are a batch: no reuse)
+                tile[-1][2], acc, cap = vectors * self.target.lanes, vectors, MAX_ACCUMULATORS - 4
+                enough = cap
+                rest = [d for d in rest if d not in self._batch_axes]
             padded = self._padded_axes() if place == "interior" else set()
             for d in [row] + rest:
                 if acc >= enough:
@@ -456,14 +466,39 @@ class SearchSpace(DagSketch):
         if self.target.lanes < 16 or not self.anchor:
             return None
         names = self.local_axes
-        loads = [frozenset().union(*(free_vars(i) for i in n.indices)) for n in walk(self.anchor_op.body)
-                 if isinstance(n, Load)]
+        loads = self._load_vars
         scalar = [v for v in loads if names[-1] not in v]
         for d in range(1, len(names) - 1):
             if d != row and self.out_shape[d] % 2 == 0 and any(names[d] not in v for v in scalar) \
                     and any(names[d] in v for v in loads):
                 return d
         return None
+
+    def _broadcast_vectors(self) -> int:
+        """With 32 vector registers, the whole vectors (up to 4) of the vector axis that each
+        broadcast element feeds, where an operand read without the vector axis (the broadcast one)
+        and another that reads it both exist; else 0. A Winograd GEMM's default with one vector by
+        its 6 positions (which index both operands: no reuse) took twice the time of 4 by 4 tiles."""
+        if self.target.lanes < 16:
+            return 0
+        names = self.local_axes
+        loads = self._load_vars
+        if not (any(names[-1] not in v for v in loads) and any(names[-1] in v for v in loads)):
+            return 0
+        lanes, e = self.target.lanes, self.out_shape[-1]
+        return max([v for v in (2, 3, 4) if e % (v * lanes) == 0], default=0)
+
+    @cached_property
+    def _load_vars(self) -> list:
+        """The axes each read of the reduction's body indexes."""
+        return [frozenset().union(*(free_vars(i) for i in n.indices)) for n in walk(self.anchor_op.body)
+                if isinstance(n, Load)]
+
+    @cached_property
+    def _batch_axes(self) -> set:
+        """Output axis positions that every operand of the reduction reads."""
+        loads = self._load_vars
+        return {d for d, a in enumerate(self.local_axes) if all(a in v for v in loads)}
 
     def _gemm_tile(self, tile: list) -> None:
         """The default tile of a GEMM-shaped output (_gemm_rows), with every row tile inside each
