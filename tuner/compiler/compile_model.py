@@ -35,7 +35,7 @@ from ..errors import UserError
 from ..graph import Graph, load
 from ..graph.dynamic import load_at, parse_dynamic
 from ..graph.ir import graph_digest, graph_structure, interface_names
-from ..graph.layout_plan import anonymous_structure
+from ..graph.layout_plan import anonymous_structure, default_plan
 from ..graph.models import MODELS
 from ..graph.onnx_frontend import input_dims
 from ..graph.passes import GRAPH_CHOICES, optimize
@@ -339,7 +339,7 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
     if tgt.kind != "cpu":
         raise UserError(f"a whole model compiles for CPU targets in this version, not {tgt.kind}: "
                         "use --target cpu")
-    layout = layout or DEFAULT_LAYOUT
+    chosen_layout, layout = layout, layout or DEFAULT_LAYOUT
     L.check_activation_layout(layout)
     family = _Family.load(model, dynamic, input_shapes) if dynamic is not None else None
     graph = family.graphs[0] if family else model if isinstance(model, Graph) else load(str(model), input_shapes)
@@ -348,6 +348,10 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
     db = Database.open(logs, tgt, use_shipped)
     model_hash = graph_digest(graph)
     layout_plan, plan_from, timed = _layout_plan(db, graph, model_hash, tgt, layout, layout_plan, source_name, say)
+    if layout_plan is None and chosen_layout is None and family is None \
+            and (layout_plan := default_plan(graph, layout, tgt.lanes)):
+        plan_from = "default"
+        say(f"layout plan (default, none measured): {plan_summary(layout_plan)}")
     if not str(plan_from).startswith(SHIPPED) and any(n.op == "conv2d" for n in graph.nodes) and \
             any(s.name == SHIPPED for s in db.sources):
         # a shipped conv record was tuned inside its model's plan: outside it (a model no shipped plan
@@ -390,6 +394,7 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
         "model_hash": model_hash,
         "target": str(tgt),
         "layout": layout,
+        "layout_given": chosen_layout is not None,
         "layout_plan": dict(layout_plan or {}),
         "layout_plan_from": plan_from,
         "choices": {c: {"on": on, "from": src} for c, (on, src) in choices.items()},
@@ -453,7 +458,7 @@ def _layout_plan(db, graph, model_hash, tgt, layout, layout_plan, source_name, s
         elif planned := db.planned_models():
             same = any(Path(m).resolve() == Path(str(source_name)).resolve() for m in planned)
             shapes = " at these input shapes" if same else ""          # (say, a dynamic tune's buckets)
-            convs = f" (every conv in {layout})" if any(n.op == "conv2d" for n in graph.nodes) else ""
+            convs = " (the default layouts)" if any(n.op == "conv2d" for n in graph.nodes) else ""
             warnings.warn(f"the log holds a layout plan of {', '.join(planned)} but none of this model{shapes} "
                           f"on '{tgt}': compiling {source_name} without one{convs}")
     unknown = sorted(set(layout_plan or {}) - {n.name for n in graph.nodes if n.op in ("conv2d", "dense")})
@@ -462,7 +467,7 @@ def _layout_plan(db, graph, model_hash, tgt, layout, layout_plan, source_name, s
                 f"not have: {', '.join(unknown[:4])}")
         if plan_from == "given":
             raise UserError(f"{said}; give a plan of this model")
-        warnings.warn(f"{said} (its nodes were renamed?): compiling without it (every conv in {layout})")
+        warnings.warn(f"{said} (its nodes were renamed?): compiling without it (the default layouts)")
         return None, None, {}
     return layout_plan, plan_from, timed
 

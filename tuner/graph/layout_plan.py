@@ -144,6 +144,33 @@ def anonymous_structure(graph) -> tuple:
     return graph_anonymous(pre), [n.name for n in pre.nodes if n.op in ("conv2d", "dense")]
 
 
+# The plan of a compile with none measured: a 3x3 stride-1 conv runs as Winograd F(m x m) from
+# `least` output pixels a side (the first that fits), else directly. What the tuned plans of
+# ResNet-50, ResNet-18 and GoogLeNet chose on three hosts, and with the default schedules ResNet-50
+# ran 1.09x faster than all direct (docs/history.md).
+WINOGRAD_DEFAULT = ((28, 4), (14, 2))
+WINOGRAD_MIN_CHANNELS = 16
+
+
+def default_plan(graph, layout: str, lanes: int) -> dict:
+    """{conv name: Winograd choice} by WINOGRAD_DEFAULT, in the block of `layout` (a blocked one),
+    for the convs of 16 input channels or more whose output channels take whole blocks; empty
+    with fewer than 16 lanes (AVX2: its default Winograd schedules are unmeasured)."""
+    if lanes < 16 or not L.block_of(layout):
+        return {}
+    pre = optimize(graph, passes=PRE_LAYOUT)
+    choices = {m: f"winograd{m}@{layout}" for _, m in WINOGRAD_DEFAULT}
+    nodes = {n.name: n for n in pre.nodes}
+    plan = {}
+    for name, domain in _domains(pre, tuple(choices.values()), ()).items():
+        n = nodes[name]
+        side = min(n.output.shape[2:])
+        m = next((m for least, m in WINOGRAD_DEFAULT if side >= least), None)
+        if m is not None and choices[m] in domain and n.inputs[0].shape[1] >= WINOGRAD_MIN_CHANNELS:
+            plan[name] = choices[m]
+    return plan
+
+
 @dataclass
 class ModelLayouts:
     """The layout choices of one model and the tasks whose latencies price them.
