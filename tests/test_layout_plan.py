@@ -829,8 +829,8 @@ def test_a_compile_with_no_plan_runs_wide_3x3_convs_as_winograd_where_the_target
     """No plan measured: a 3x3 stride-1 conv of 16 input channels or more runs as Winograd F(4x4)
     from 28 output pixels a side and F(2x2) from 14 where the target has 16 lanes (AVX-512), in
     the compile's block; strided convs, small images and narrow inputs run directly, and so does
-    every conv with 8 lanes, an unblocked layout or a layout the user chose. The compiled model
-    matches ONNX Runtime."""
+    every conv with 8 lanes, an unblocked layout or a layout the user chose. Channels padded to
+    whole blocks stay padded under that plan. The compiled model matches ONNX Runtime."""
     import numpy as np
     from tuner.graph.builder import GraphBuilder
     from tuner.graph.layout_plan import default_plan
@@ -838,7 +838,7 @@ def test_a_compile_with_no_plan_runs_wide_3x3_convs_as_winograd_where_the_target
     b = GraphBuilder("winograd_default")
     rng = np.random.default_rng(0)
     v = b.input("x", (1, 8, 28, 28), layout="NCHW")
-    for name, (c, k, stride) in dict(narrow=(8, 16, 1), w4=(16, 16, 1), down=(16, 32, 2), w2=(32, 32, 1),
+    for name, (c, k, stride) in dict(narrow=(8, 24, 1), w4=(24, 16, 1), down=(16, 32, 2), w2=(32, 32, 1),
                                      down2=(32, 32, 2), small=(32, 32, 1)).items():
         w = b.const(rng.standard_normal((k, c, 3, 3)).astype(np.float32) * 0.2)
         v = b.add("conv2d", [v, w], {"strides": [stride] * 2, "pads": [1] * 4, "dilations": [1, 1], "groups": 1}, name)
@@ -853,6 +853,8 @@ def test_a_compile_with_no_plan_runs_wide_3x3_convs_as_winograd_where_the_target
     assert m.meta["layout_plan"] == (want if host.lanes >= 16 else {})
     assert m.meta["layout_plan_from"] == ("default" if host.lanes >= 16 else None)
     assert any("winograd_gemm" in (s.workload or "") for s in m.steps) == (host.lanes >= 16)
+    # the 24 channels the narrow conv writes run as 32 (PadChannels), read as such by the Winograd one
+    assert any("C=8,H=28,W=28,K=32," in (s.workload or "") for s in m.steps)
     assert_matches_onnxruntime(m, g)
     chosen = compile_model(g, threads=1, use_shipped=False, predict=False, layout="NCHW16c")
     assert not chosen.meta["layout_plan"] and not any("winograd" in (s.workload or "") for s in chosen.steps)

@@ -17,7 +17,8 @@ exactly what the unpadded graph computes. A conv is padded only where the comput
 less than the vector width the small block leaves idle.
 
 Only a compile in one blocked layout pads (no layout plan: an untuned compile, or one whose logs
-hold no plan of the model). The layout solver prices each conv's tasks from the graph compiled
+hold no plan of the model; or the default plan, whose Winograd convs read and write that layout's
+blocks). The layout solver prices each conv's tasks from the graph compiled
 once per layout, unpadded (optimize's pad_channels=False), so a plan it solved compiles unpadded
 to the tasks it priced: a padded producer in one layout would change the channels its consumer in
 another layout reads.
@@ -29,6 +30,7 @@ import numpy as np
 from ..builder import GraphBuilder
 from ..ir import Graph
 from ...ops import UNARY
+from ...ops import winograd as WG
 from ...te import layouts as L
 from .base import register
 
@@ -64,12 +66,19 @@ def _channel_const(b, c, real: int, to: int, value: float):
     return b.const(_pad_axis(d, d.ndim - 3, to, value).astype(d.dtype), f"{c.name}_padded")
 
 
+def keeps_blocks(plan: dict, layout: str) -> bool:
+    """Whether every conv of `plan` reads and writes `layout`'s blocks (Winograd in them: the
+    default plan), so that padded channels mean the same to each."""
+    return all((WG.parse_choice(lay) or (None, None))[1] == layout for lay in plan.values())
+
+
 @register("PadChannels", 3, required=("InferType",))
 def pad_channels(graph: Graph, ctx) -> Graph:
     """Conv output channels padded to whole blocks of the layout, carried while consumers can take them."""
-    block = L.block_of(ctx.options.get("layout") or "NCHW")
-    if ctx.options.get("layout_plan") or not ctx.options.get("pad_channels", True) or not block \
-            or graph.meta.get("dynamic"):
+    layout = ctx.options.get("layout") or "NCHW"
+    block = L.block_of(layout)
+    if not keeps_blocks(ctx.options.get("layout_plan") or {}, layout) or not ctx.options.get("pad_channels", True) \
+            or not block or graph.meta.get("dynamic"):
         return graph
     b = GraphBuilder(graph.name)
     new: dict = {}          # id(old value) -> new value
