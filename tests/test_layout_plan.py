@@ -858,3 +858,4 @@ def test_a_compile_with_no_plan_runs_wide_3x3_convs_as_winograd_where_the_target
     assert_matches_onnxruntime(m, g)
     chosen = compile_model(g, threads=1, use_shipped=False, predict=False, layout="NCHW16c")
     assert not chosen.meta["layout_plan"] and not any("winograd" in (s.workload or "") for s in chosen.steps)
+    assert (m.meta["layout_given"], chosen.meta["layout_given"]) == (False, True)   # tuner bench recompiles alike

@@ -34,7 +34,8 @@ def _model_for(model: str, threads: int, logs: list):
     if (d / META).is_file():
         m = load(d)
         if m.threads != threads:    # the thread count is compiled in: compile the same model again for this one
-            m = compile_model(m.meta["model"], log=m.meta["logs"] or logs, threads=threads, layout=m.meta["layout"] if m.meta.get("layout_given", True) else None,
+            given = m.meta["layout"] if m.meta.get("layout_given", True) else None    # else the default plan again
+            m = compile_model(m.meta["model"], log=m.meta["logs"] or logs, threads=threads, layout=given,
                               dynamic=m.meta.get("dynamic"))
         source = m.meta["model"]
     else:

@@ -145,9 +145,8 @@ def anonymous_structure(graph) -> tuple:
 
 
 # The plan of a compile with none measured: a 3x3 stride-1 conv runs as Winograd F(m x m) from
-# `least` output pixels a side (the first that fits), else directly. What the tuned plans of
-# ResNet-50, ResNet-18 and GoogLeNet chose on three hosts, and with the default schedules ResNet-50
-# ran 1.09x faster than all direct (docs/history.md).
+# `least` output pixels a side (the first that fits), else directly: what the tuned plans of
+# ResNet-50, ResNet-18 and GoogLeNet chose on three hosts (docs/history.md).
 WINOGRAD_DEFAULT = ((28, 4), (14, 2))
 WINOGRAD_MIN_CHANNELS = 16
 

@@ -477,8 +477,7 @@ class SearchSpace(DagSketch):
     def _broadcast_vectors(self) -> int:
         """With 32 vector registers, the whole vectors (up to 4) of the vector axis that each
         broadcast element feeds, where an operand read without the vector axis (the broadcast one)
-        and another that reads it both exist; else 0. A Winograd GEMM's default with one vector by
-        its 6 positions (which index both operands: no reuse) took twice the time of 4 by 4 tiles."""
+        and another that reads it both exist; else 0 (docs/history.md: a Winograd GEMM's default)."""
         if self.target.lanes < 16:
             return 0
         names = self.local_axes
