@@ -397,13 +397,12 @@ def _quick(args, log: str, others: list) -> str:
     """compile --quick N: measure N candidates of each task of the plan the compile will apply (from
     `others`, `log` or the shipped database) into `log` (model_tuning.quick_tune)."""
     from .graph import parse_input_shapes
-    from .compiler.compile_model import DEFAULT_LAYOUT
     from .model_tuning import quick_tune
     if not 1 <= args.quick <= 1000:
         raise UserError(f"--quick {args.quick}: give a number of candidates per task from 1 to 1000 (8 is typical)")
     if args.time_limit is not None and not args.time_limit > 0:
         raise UserError(f"--time-limit {args.time_limit}: give a positive number of seconds")
-    res = quick_tune(args.model, args.quick, log, args.layout or DEFAULT_LAYOUT, parse_input_shapes(args.input_shape),
+    res = quick_tune(args.model, args.quick, log, args.layout, parse_input_shapes(args.input_shape),
                      others, not args.no_shipped, target=args.target, threads=args.threads, time_limit=args.time_limit)
     s = res.session
     print(f"--quick {args.quick}: {len(s.tasks)} tasks, {s.new} candidates measured in {s.seconds:.1f} s; log: {log}")

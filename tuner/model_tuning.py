@@ -56,7 +56,7 @@ from .database.union import Database
 from .errors import UserError
 from .graph import Graph, load
 from .graph.ir import graph_digest, graph_structure
-from .graph.layout_plan import ModelLayouts, Plan, anonymous_structure, model_layouts
+from .graph.layout_plan import ModelLayouts, Plan, anonymous_structure, default_plan, model_layouts
 from .graph.passes import GRAPH_CHOICES, optimize
 from .graph.passes.convert_layout import check_choice
 from .measure.interleave import interleaved
@@ -368,19 +368,22 @@ def cold_prices(tasks, tgt, known: dict | None = None, progress: bool = True,
     return out
 
 
-def quick_tune(model, per_task: int, log: str, layout: str, input_shapes: dict | None = None,
+def quick_tune(model, per_task: int, log: str, layout: str | None = None, input_shapes: dict | None = None,
                plan_logs=(), use_shipped: bool = True, **kwargs) -> ModelTuneResult:
     """`tuner compile --quick N`: a model tune in which every task has its first look only, N
     candidates: the default schedule, its record for another thread count, and what the cost model
     (the shipped pre-trained one) ranks first; FIRST_LOOK's fixed looks as in any tune. The tasks
     are those of the layout plan the compile would apply (`plan_logs`, `log`, then the shipped
-    database; one of another thread count too), else of `layout` alone. Resumes like any tune: a
+    database; one of another thread count too), else of the default plan (`layout` None: the
+    compile's, graph.layout_plan.default_plan) or of `layout` alone. Resumes like any tune: a
     log that holds as many records for the tasks measures nothing new."""
+    from .compiler.compile_model import DEFAULT_LAYOUT
     graph = model if isinstance(model, Graph) else load(str(model), input_shapes)
     tgt = parse_target(kwargs.get("target", "cpu"), kwargs.get("threads"))
     found, _ = Database.open([p for p in [*plan_logs, log] if Path(p).exists()], tgt, use_shipped,
                              missing="skip", warn=False).plan(graph_digest(graph), tgt, graph_structure(graph))
-    plan = found.layouts if found is not None else {}
+    plan = found.layouts if found is not None else {} if layout else default_plan(graph, DEFAULT_LAYOUT, tgt.lanes)
+    layout = layout or DEFAULT_LAYOUT
     layouts = (layout, *sorted(set(plan.values()) - {layout}))
     return tune_model(graph, None, log, layouts=layouts, plan=plan, warmup_batch=per_task, **kwargs)
 
