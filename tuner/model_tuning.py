@@ -382,7 +382,10 @@ def quick_tune(model, per_task: int, log: str, layout: str | None = None, input_
     tgt = parse_target(kwargs.get("target", "cpu"), kwargs.get("threads"))
     found, _ = Database.open([p for p in [*plan_logs, log] if Path(p).exists()], tgt, use_shipped,
                              missing="skip", warn=False).plan(graph_digest(graph), tgt, graph_structure(graph))
-    plan = found.layouts if found is not None else {} if layout else default_plan(graph, DEFAULT_LAYOUT, tgt.lanes)
+    if found is not None:
+        plan = found.layouts
+    else:           # what the compile applies with no plan: the default one, unless a layout is given
+        plan = {} if layout else default_plan(graph, DEFAULT_LAYOUT, tgt.lanes)
     layout = layout or DEFAULT_LAYOUT
     layouts = (layout, *sorted(set(plan.values()) - {layout}))
     return tune_model(graph, None, log, layouts=layouts, plan=plan, warmup_batch=per_task, **kwargs)

@@ -229,10 +229,8 @@ class SearchSpace(DagSketch):
         """Output axis positions, those that index the activation (the inputs that are not a
         model's constants) and no constant first, each group in axis order."""
         const = {t.name for t in self.inputs if t.name in CONSTANT_INPUTS}
-        reads = [(n.buffer in const, frozenset().union(*(free_vars(i) for i in n.indices)))
-                 for n in walk(self.anchor_op.body) if isinstance(n, Load)]
-        weights = frozenset().union(*(v for c, v in reads if c))
-        acts = frozenset().union(*(v for c, v in reads if not c))
+        weights = frozenset().union(*(v for b, v in self._reads if b in const))
+        acts = frozenset().union(*(v for b, v in self._reads if b not in const))
         first = [d for d, a in enumerate(self.local_axes) if a in acts and a not in weights]
         return first + [d for d in range(len(self.local_axes)) if d not in first]
 
@@ -454,9 +452,7 @@ class SearchSpace(DagSketch):
 
     def _padded_axes(self) -> set:
         """The output axes (positions) that index a read of a pad producer."""
-        pads = set(self.pads)
-        read = frozenset().union(*(free_vars(i) for n in walk(self.anchor_op.body)
-                                   if isinstance(n, Load) and n.buffer in pads for i in n.indices))
+        read = frozenset().union(*(v for b, v in self._reads if b in self.pads))
         return {d for d, name in enumerate(self.local_axes) if name in read}
 
     def _broadcast_axis(self, row: int) -> int | None:
@@ -465,8 +461,7 @@ class SearchSpace(DagSketch):
         does not index while another operand does; else None."""
         if self.target.lanes < 16 or not self.anchor:
             return None
-        names = self.local_axes
-        loads = self._load_vars
+        names, loads = self.local_axes, [v for _, v in self._reads]
         scalar = [v for v in loads if names[-1] not in v]
         for d in range(1, len(names) - 1):
             if d != row and self.out_shape[d] % 2 == 0 and any(names[d] not in v for v in scalar) \
@@ -480,24 +475,22 @@ class SearchSpace(DagSketch):
         and another that reads it both exist; else 0 (docs/history.md: a Winograd GEMM's default)."""
         if self.target.lanes < 16:
             return 0
-        names = self.local_axes
-        loads = self._load_vars
-        if not (any(names[-1] not in v for v in loads) and any(names[-1] in v for v in loads)):
+        last = self.local_axes[-1]
+        if not (any(last not in v for _, v in self._reads) and any(last in v for _, v in self._reads)):
             return 0
         lanes, e = self.target.lanes, self.out_shape[-1]
         return max([v for v in (2, 3, 4) if e % (v * lanes) == 0], default=0)
 
     @cached_property
-    def _load_vars(self) -> list:
-        """The axes each read of the reduction's body indexes."""
-        return [frozenset().union(*(free_vars(i) for i in n.indices)) for n in walk(self.anchor_op.body)
-                if isinstance(n, Load)]
+    def _reads(self) -> list:
+        """(buffer, the axes its indices use) for each read in the reduction's body."""
+        return [(n.buffer, frozenset().union(*(free_vars(i) for i in n.indices)))
+                for n in walk(self.anchor_op.body) if isinstance(n, Load)]
 
     @cached_property
     def _batch_axes(self) -> set:
         """Output axis positions that every operand of the reduction reads."""
-        loads = self._load_vars
-        return {d for d, a in enumerate(self.local_axes) if all(a in v for v in loads)}
+        return {d for d, a in enumerate(self.local_axes) if all(a in v for _, v in self._reads)}
 
     def _gemm_tile(self, tile: list) -> None:
         """The default tile of a GEMM-shaped output (_gemm_rows), with every row tile inside each

@@ -69,7 +69,7 @@ def _channel_const(b, c, real: int, to: int, value: float):
 def keeps_blocks(plan: dict, layout: str) -> bool:
     """Whether every conv of `plan` reads and writes `layout`'s blocks (Winograd in them: the
     default plan), so that padded channels mean the same to each."""
-    return all((WG.parse_choice(lay) or (None, None))[1] == layout for lay in plan.values())
+    return all((choice := WG.parse_choice(lay)) is not None and choice[1] == layout for lay in plan.values())
 
 
 @register("PadChannels", 3, required=("InferType",))
