@@ -695,16 +695,25 @@ def test_the_one_layout_plan_runs_every_conv_that_can_in_the_compile_default_lay
     assert one_layout_plan(space, ("winograd2@NCHW16c",), prices) is None
 
 
-@pytest.mark.parametrize("winner", ["one layout", "joint"])
-def test_a_solved_plan_that_loses_to_one_layout_in_the_whole_model_is_not_the_plan_the_log_keeps(
+@pytest.mark.parametrize("winner", ["one layout", "joint", "default"])
+def test_a_solved_plan_that_loses_to_one_layout_or_the_untuned_plan_in_the_whole_model_is_not_the_plan_kept(
         tmp_path, monkeypatch, winner):
-    """After the search, the solved plan and the plan of one layout are compiled and timed whole
-    (check_plan); the log's plan line, the result and its estimate are the faster one's, and the
-    table says which was kept."""
+    """After the search, the solved plan, the plan of one layout and the untuned compile's plan are
+    compiled and timed whole (check_plan); the log's plan line, the result and its estimate are the
+    fastest one's, and the table says which was kept."""
+    import itertools
     import tuner.model_tuning as MT
     calls = []
 
-    def other_layout(space, layouts, prices):      # a one-layout plan that differs from the solved one
+    def differing(space, prices, avoid):            # a plan whose layouts differ from each of `avoid`
+        names = sorted(space.domains)
+        for pick in itertools.product(*(space.domains[v] for v in names)):
+            plan, est = space.restricted(dict(zip(names, pick))).plan(prices)
+            if plan is not None and math.isfinite(est) and all(plan.layouts != a.layouts for a in avoid):
+                return plan
+        raise AssertionError("no plan differs from those given")
+
+    def other_layout(space, layouts, prices):
         solved, _ = space.plan(prices)
         for base in ("NCHW8c", "NCHW16c"):
             plan, _ = space.restricted({v: base for v in space.domains}).plan(prices)
@@ -712,21 +721,46 @@ def test_a_solved_plan_that_loses_to_one_layout_in_the_whole_model_is_not_the_pl
                 return plan
         raise AssertionError("no one-layout plan differs from the solved plan")
 
+    def untuned(space, graph, layouts, prices, lanes):
+        return differing(space, prices, [space.plan(prices)[0], other_layout(space, layouts, prices)])
+
     def timed(graph, log, tgt, plans, progress=True):
         calls.append({k: dict(p.layouts) for k, p in plans.items()})
         return {k: (1e-3 if k == winner else 2e-3) for k in plans}
     monkeypatch.setattr(MT, "one_layout_plan", other_layout)
+    monkeypatch.setattr(MT, "default_layout_plan", untuned)
     monkeypatch.setattr(MT, "check_plan", timed)
     log = tmp_path / "plan.jsonl"
     res = tune_model("tiny", trials=19, log=str(log), target="cpu -threads=1", layouts=("NCHW8c", "NCHW16c"),
                      warmup_batch=1, progress=False)
-    assert len(calls) == 1 and calls[0]["joint"] != calls[0]["one layout"]
+    assert len(calls) == 1 and set(calls[0]) == {"joint", "one layout", "default"}
+    assert len({tuple(sorted(p.items())) for p in calls[0].values()}) == 3
     kept = calls[0][winner]
     assert res.plan.layouts == kept and records.load(log).plans[-1].layouts == kept
     assert math.isclose(res.estimate_s, res.space.estimate(kept, _latencies(res.session.tasks)))
-    assert res.plan_check == {"joint": 1e-3 if winner == "joint" else 2e-3,
-                              "one layout": 1e-3 if winner == "one layout" else 2e-3}
-    assert f"{'one layout' if winner == 'one layout' else 'the solved plan'} kept" in res.table()
+    assert res.plan_check == {k: 1e-3 if k == winner else 2e-3 for k in ("joint", "one layout", "default")}
+    said = {"joint": "the solved plan", "one layout": "one layout", "default": "the untuned compile's plan"}
+    assert f"{said[winner]} kept" in res.table()
+
+
+def test_the_untuned_plan_a_tune_checks_is_the_default_plans_winograd_convs_and_the_default_layout_elsewhere():
+    """default_layout_plan: with 16 lanes, the convs graph.layout_plan.default_plan names take its
+    Winograd layouts and the others NCHW16c; a tune without those layouts has no such plan; with 8
+    lanes it is the one-layout plan."""
+    from tuner.graph.layout_plan import default_plan
+    from tuner.model_tuning import default_layout_plan, one_layout_plan
+    g = resnet(18, image=64)
+    layouts = ("NCHW8c", "NCHW16c", "winograd2@NCHW16c", "winograd4@NCHW16c")
+    space = model_layouts(g, layouts)
+    prices = {wl.key: 1e-3 for wl, _ in space.workloads()}
+    wino = default_plan(g, "NCHW16c", 16)
+    assert wino and set(wino.values()) <= set(layouts)
+    plan = default_layout_plan(space, g, layouts, prices, 16)
+    assert plan is not None and set(plan.layouts) == set(space.domains)
+    assert all(plan.layouts[v] == wino.get(v, "NCHW16c") for v in space.domains)
+    direct = ("NCHW8c", "NCHW16c")
+    assert default_layout_plan(model_layouts(g, direct), g, direct, prices, 16) is None
+    assert default_layout_plan(space, g, layouts, prices, 8).layouts == one_layout_plan(space, layouts, prices).layouts
 
 
 def test_check_plan_times_each_plan_compiled_whole(tmp_path):

@@ -116,7 +116,7 @@ class ModelTuneResult:
     other_plan: Plan | None = None               # weights="warm": the plan the cold prices give
     other_estimate_s: float = math.inf           # its estimate under those prices
     appended: bool = False                       # whether `record` was appended (not the log's newest already)
-    plan_check: dict = field(default_factory=dict)   # {"joint", "one layout": whole-model seconds} (check_plan)
+    plan_check: dict = field(default_factory=dict)   # {"joint", "one layout", "default": whole-model s} (check_plan)
 
     def table(self) -> str:
         """The tasks the plan uses (with occurrences, trials, best latency, share) and the plan."""
@@ -142,9 +142,11 @@ class ModelTuneResult:
             rows.append(f"with the weights of its {cold} kernels cold (timed again with them evicted before each "
                         f"call): {r.cold_estimate_s * 1e3:.3f} ms; a model run back to back lands between")
         if self.plan_check:
-            j, o = self.plan_check["joint"], self.plan_check["one layout"]
-            rows.append(f"the whole model with the solved plan {j * 1e3:.2f} ms, with one layout {o * 1e3:.2f} ms "
-                        f"(timed interleaved after the search): {'one layout' if o < j else 'the solved plan'} kept")
+            said = {"joint": "the solved plan", "one layout": "one layout", "default": "the untuned compile's plan"}
+            kept = min(self.plan_check, key=self.plan_check.get)
+            rows.append("the whole model with " + ", with ".join(f"{said[k]} {s * 1e3:.2f} ms"
+                                                                  for k, s in self.plan_check.items())
+                        + f" (timed interleaved after the search): {said[kept]} kept")
         for c, v in (r.choices if r else {}).items():
             rows.append(f"{c}: {'on' if v['on'] else 'off'} (the whole model {v['s'][0] * 1e3:.2f} ms on, "
                         f"{v['s'][1] * 1e3:.2f} ms off, timed interleaved after the search)")
@@ -440,6 +442,18 @@ def one_layout_plan(space: ModelLayouts, layouts, prices: dict):
     return plan if plan is not None and math.isfinite(est) else None
 
 
+def default_layout_plan(space: ModelLayouts, graph: Graph, layouts, prices: dict, lanes: int):
+    """The plan an untuned compile applies (graph.layout_plan.default_plan: its Winograd convs, the
+    rest in the compile's default layout), solved under `prices`; None where the tune lacks one of
+    its layouts or no finite estimate exists."""
+    from .compiler.compile_model import DEFAULT_LAYOUT
+    wino = default_plan(graph, DEFAULT_LAYOUT, lanes)
+    if DEFAULT_LAYOUT not in layouts or any(lay not in layouts for lay in wino.values()):
+        return None
+    plan, est = space.restricted({v: wino.get(v, DEFAULT_LAYOUT) for v in space.domains}).plan(prices)
+    return plan if plan is not None and math.isfinite(est) else None
+
+
 def check_plan(graph: Graph, log: str, tgt, plans: dict, progress: bool = True) -> dict:
     """{name: median seconds} of the model compiled with each of `plans` ({name: Plan}) and the log's
     records, timed interleaved on random inputs, CHOICE_ROUNDS rounds. A plan is solved from each
@@ -547,12 +561,19 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
         limit = kwargs.get("time_limit")
         timed = measured_here and not session.interrupted and (limit is None or time.perf_counter() - t0 < limit)
         last = logged.plan(graph_digest(graph), str(tgt))
-        one = one_layout_plan(space, layouts, prices) if timed else None
-        if one is not None and one.layouts != plan.layouts:
-            # the solved plan against one layout, whole: the faster in the model is the plan
-            checked = check_plan(graph, log, tgt, {"joint": plan, "one layout": one}, kwargs.get("progress", True))
-            if checked["one layout"] < checked["joint"]:
-                plan, est = one, space.estimate(one.layouts, prices)
+        rivals = {"one layout": one_layout_plan(space, layouts, prices),
+                  "default": default_layout_plan(space, graph, layouts, prices, tgt.lanes)} if timed else {}
+        contest = {"joint": plan}
+        for k, p in rivals.items():
+            if p is not None and all(p.layouts != q.layouts for q in contest.values()):
+                contest[k] = p
+        if len(contest) > 1:
+            # the solved plan against one layout and the untuned compile's plan, whole: the fastest
+            # in the model is the plan
+            checked = check_plan(graph, log, tgt, contest, kwargs.get("progress", True))
+            best = min(checked, key=checked.get)
+            if best != "joint":
+                plan, est = contest[best], space.estimate(contest[best].layouts, prices)
                 cold_est = space.estimate(plan.layouts, cold_best) if cold else None
         # untimed (replayed, stopped, out of time): the choices the log's plan had timed stay
         choices = time_choices(graph, log, tgt, plan.layouts, kwargs.get("progress", True)) if timed \
