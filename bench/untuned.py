@@ -4,7 +4,8 @@
 
 Each model (a built-in name or an .onnx file) is compiled at each thread count (a) with its default
 schedules (`--no-predict --no-shipped`), (b) with the cost model's picks (`--no-shipped`: nothing
-measured), (c) with `--quick N` (N candidates of each task measured first, into a fresh log) and
+measured), (c) with `--quick N` as `tuner compile --quick N` does it (N candidates of each task of the plan
+that compile applies measured first, into a fresh log; shipped plans and records as it finds them) and
 (d) with the shipped schedules where any apply to this host (a record of another thread count
 of its ISA, parallelised, included); then all are timed in one run,
 interleaved round by round with ONNX Runtime (default CPU provider, all graph optimisations, the
@@ -24,7 +25,6 @@ from pathlib import Path
 from bench.common import write_results
 from tuner.compare.peers import interleaved, onnxruntime_runner, paired_ratios
 from tuner.compiler import compile_model
-from tuner.compiler.compile_model import DEFAULT_LAYOUT
 from tuner.graph import load as load_graph
 from tuner.model_tuning import quick_tune
 from tuner.runtime.artifact import DEFAULT, OTHER_THREADS, PREDICTED, SHIPPED
@@ -39,9 +39,8 @@ def variants(model: str, threads: int, quick: int, workdir: Path) -> dict:
     if quick:
         log = workdir / f"{Path(model).stem}.t{threads}.quick{quick}.jsonl"
         t = time.perf_counter()
-        quick_tune(model, quick, str(log), DEFAULT_LAYOUT, threads=threads, progress=False)
-        out[f"quick{quick}"] = (compile_model(model, log=str(log), threads=threads, use_shipped=False),
-                                time.perf_counter() - t)
+        quick_tune(model, quick, str(log), None, threads=threads, progress=False)    # as `tuner compile --quick`
+        out[f"quick{quick}"] = (compile_model(model, log=str(log), threads=threads), time.perf_counter() - t)
     t = time.perf_counter()
     shipped = compile_model(model, threads=threads, predict=False)
     if any(s.source in (SHIPPED, OTHER_THREADS) for s in shipped.steps):

@@ -725,7 +725,7 @@ def test_a_solved_plan_that_loses_to_one_layout_or_the_untuned_plan_in_the_whole
         return differing(space, prices, [space.plan(prices)[0], other_layout(space, layouts, prices)])
 
     def timed(graph, log, tgt, plans, progress=True):
-        calls.append({k: dict(p.layouts) for k, p in plans.items()})
+        calls.append({k: dict(p) for k, p in plans.items()})
         return {k: (1e-3 if k == winner else 2e-3) for k in plans}
     monkeypatch.setattr(MT, "one_layout_plan", other_layout)
     monkeypatch.setattr(MT, "default_layout_plan", untuned)
@@ -771,8 +771,8 @@ def test_check_plan_times_each_plan_compiled_whole(tmp_path):
     g = tiny()
     space = model_layouts(g, ("NCHW8c", "NCHW16c"))
     prices = {wl.key: 1e-4 for wl, _ in space.workloads()}
-    plans = {b: space.restricted({v: b for v in space.domains}).plan(prices)[0] for b in ("NCHW8c", "NCHW16c")}
-    assert plans["NCHW8c"].layouts != plans["NCHW16c"].layouts
+    plans = {b: space.restricted({v: b for v in space.domains}).plan(prices)[0].layouts for b in ("NCHW8c", "NCHW16c")}
+    assert plans["NCHW8c"] != plans["NCHW16c"]
     log = tmp_path / "empty.jsonl"
     log.write_text("")
     out = check_plan(g, str(log), parse_target("cpu -threads=1"), plans, progress=False)
@@ -907,3 +907,71 @@ def test_compile_quick_measures_the_tasks_of_the_default_plan_and_keeps_its_wino
     res = quick_tune(g, 1, str(tmp_cache.parent / "quick.jsonl"), None, use_shipped=False, threads=1, progress=False)
     assert res.plan is not None and {v: res.plan.layouts.get(v) for v in want} == want
     assert any(t.workload.op == "winograd_gemm" for t in res.session.tasks) == bool(want)
+
+
+def _narrow_then_wide(image: int = 14):
+    """A conv writing 24 channels (padded to 32 in NCHW16c) read by a 3x3 conv that runs as Winograd
+    by default with 16 lanes."""
+    import numpy as np
+    from tuner.graph.builder import GraphBuilder
+    b = GraphBuilder("narrow_then_wide")
+    rng = np.random.default_rng(0)
+    v = b.input("x", (1, 8, image, image), layout="NCHW")
+    for name, (c, k) in dict(narrow=(8, 24), wide=(24, 16)).items():
+        w = b.const(rng.standard_normal((k, c, 3, 3)).astype(np.float32) * 0.2)
+        v = b.add("conv2d", [v, w], {"strides": [1, 1], "pads": [1] * 4, "dilations": [1, 1], "groups": 1}, name)
+        v = b.add("relu", [v], {}, f"{name}_relu")
+    return b.finish([v])
+
+
+@pytest.mark.slow
+def test_compile_quick_with_no_plan_measures_the_padded_convs_the_compile_runs_and_logs_no_plan_that_unpads_them(
+        tmp_cache):
+    """With no plan, a compile pads a conv's 24 channels to 32 (PadChannels); compile --quick tunes
+    those padded tasks and appends no plan (a solved plan compiles unpadded), so the compile after it
+    still pads, still runs the default plan, and takes every kernel from the quick log."""
+    from tuner.graph.layout_plan import default_plan, padded_graph
+    from tuner.model_tuning import quick_tune
+    from tuner.target import parse_target
+    g = _narrow_then_wide()
+    want = default_plan(g, "NCHW16c", parse_target("cpu", 1).lanes)
+    assert padded_graph(g, "NCHW16c", want) is not None and padded_graph(tiny(), "NCHW16c", {}) is None
+    log = tmp_cache.parent / "quick.jsonl"
+    res = quick_tune(g, 1, str(log), None, use_shipped=False, threads=1, progress=False)
+    assert any("K=32" in t.workload.spec for t in res.session.tasks if t.workload.op == "conv2d")
+    assert res.record is None and not records.load(log).plans
+    m = compile_model(g, threads=1, use_shipped=False, predict=False, log=str(log))
+    assert m.meta["layout_plan"] == want and m.meta["layout_plan_from"] == ("default" if want else None)
+    anchors = [s for s in m.steps if s.anchor]
+    assert anchors and all(s.source == str(log) for s in anchors)
+    assert any("C=8,H=14,W=14,K=32," in (s.workload or "") for s in anchors)
+    assert_matches_onnxruntime(m, g)
+
+
+@pytest.mark.slow
+def test_a_tune_keeps_the_untuned_compiles_padded_plan_where_it_runs_fastest_whole(tmp_cache, monkeypatch):
+    """A model whose untuned compile pads conv channels: the plan check compiles that rival as the
+    untuned compile does (only its Winograd convs named, channels padded); where it is fastest the
+    plan line is marked padded, and a compile from the log pads and runs its Winograd convs again."""
+    import tuner.model_tuning as MT
+    from tuner.graph.layout_plan import default_plan
+    from tuner.target import parse_target
+    g = _narrow_then_wide()
+    want = default_plan(g, "NCHW16c", parse_target("cpu", 1).lanes)
+    calls = []
+
+    def timed(graph, log, tgt, plans, progress=True):
+        calls.append(dict(plans))
+        return {k: (1e-3 if k == "default" else 2e-3) for k in plans}
+    monkeypatch.setattr(MT, "check_plan", timed)
+    log = tmp_cache.parent / "tune.jsonl"
+    res = tune_model(g, None, log=str(log), target="cpu -threads=1", layouts=("NCHW16c", "winograd2@NCHW16c"),
+                     warmup_batch=1, progress=False)
+    assert len(calls) == 1 and calls[0]["default"] == want and "joint" in calls[0]
+    assert res.padded and res.record.padded and records.load(log).plans[-1].padded
+    assert set(res.record.layouts) == set(res.space.domains)        # the whole plan, for tuner analyze
+    assert "padded to whole blocks" in res.table()
+    m = compile_model(g, threads=1, use_shipped=False, predict=False, log=str(log))
+    assert m.meta["layout_plan"] == want and m.meta["layout_plan_from"] == str(log)
+    assert any("C=8,H=14,W=14,K=32," in (s.workload or "") for s in m.steps)
+    assert_matches_onnxruntime(m, g)

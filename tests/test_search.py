@@ -633,3 +633,18 @@ def test_a_fresh_tune_tries_the_tasks_record_of_another_thread_count_right_after
     assert mine[1].steps == task2.space.steps(dec) and any(s[-1] == "parallel" for s in mine[1].steps)
     tune([SMALL], two, log=str(log), trials=4, policy="random", progress=False)
     assert sum(r.decisions == dec for r in records.load(log).records if r.target == str(two)) == 1
+
+
+def test_a_first_look_proposes_no_more_than_asked_even_with_seeds_from_another_thread_count():
+    """The default and the task's seeds open its first look, but only as many as the look asks for,
+    and those left out are not marked seen: a first look longer than its share took the budget of
+    the last tasks' first looks (compile --quick measured nothing of them)."""
+    from tuner.search.random_search import RandomSearch
+    task = Task(SMALL, TARGET1)
+    rng = random.Random(3)
+    task.seeds = [task.space.sample(rng) for _ in range(3)]
+    seen: set = set()
+    one = RandomSearch(task).propose(1, seen, first=True)
+    assert [c.code_hash for c in one] == [task.default_candidate().code_hash] and len(seen) == 1
+    rest = RandomSearch(task).default_if_new(seen, 10)
+    assert 1 <= len(rest) <= 3 and task.default_candidate().code_hash not in {c.code_hash for c in rest}

@@ -56,12 +56,13 @@ from .database.union import Database
 from .errors import UserError
 from .graph import Graph, load
 from .graph.ir import graph_digest, graph_structure
-from .graph.layout_plan import ModelLayouts, Plan, anonymous_structure, default_plan, model_layouts
+from .graph.layout_plan import ModelLayouts, Plan, anonymous_structure, default_plan, model_layouts, padded_graph
 from .graph.passes import GRAPH_CHOICES, optimize
 from .graph.passes.convert_layout import check_choice
 from .measure.interleave import interleaved
 from .measure.peak import peak_gflops
 from .measure.runner import CpuRunner, RunConfig
+from .ops import winograd as WG
 from .search.scheduler import family
 from .target import parse_target
 from .task import Task
@@ -117,6 +118,7 @@ class ModelTuneResult:
     other_estimate_s: float = math.inf           # its estimate under those prices
     appended: bool = False                       # whether `record` was appended (not the log's newest already)
     plan_check: dict = field(default_factory=dict)   # {"joint", "one layout", "default": whole-model s} (check_plan)
+    padded: bool = False         # the plan compiles as the untuned compile does, channels padded (records.PlanRecord)
 
     def table(self) -> str:
         """The tasks the plan uses (with occurrences, trials, best latency, share) and the plan."""
@@ -146,7 +148,8 @@ class ModelTuneResult:
             kept = min(self.plan_check, key=self.plan_check.get)
             rows.append("the whole model with " + ", with ".join(f"{said[k]} {s * 1e3:.2f} ms"
                                                                   for k, s in self.plan_check.items())
-                        + f" (timed interleaved after the search): {said[kept]} kept")
+                        + f" (timed interleaved after the search): {said[kept]} kept"
+                        + (", its convs' channels padded to whole blocks as that compile pads them" if self.padded else ""))
         for c, v in (r.choices if r else {}).items():
             rows.append(f"{c}: {'on' if v['on'] else 'off'} (the whole model {v['s'][0] * 1e3:.2f} ms on, "
                         f"{v['s'][1] * 1e3:.2f} ms off, timed interleaved after the search)")
@@ -377,8 +380,9 @@ def quick_tune(model, per_task: int, log: str, layout: str | None = None, input_
     (the shipped pre-trained one) ranks first; FIRST_LOOK's fixed looks as in any tune. The tasks
     are those of the layout plan the compile would apply (`plan_logs`, `log`, then the shipped
     database; one of another thread count too), else of the default plan (`layout` None: the
-    compile's, graph.layout_plan.default_plan) or of `layout` alone. Resumes like any tune: a
-    log that holds as many records for the tasks measures nothing new."""
+    compile's, graph.layout_plan.default_plan) or of `layout` alone; where that compile pads conv
+    channels (graph.layout_plan.padded_graph), the padded graph's, and no plan is appended. Resumes
+    like any tune: a log that holds as many records for the tasks measures nothing new."""
     from .compiler.compile_model import DEFAULT_LAYOUT
     graph = model if isinstance(model, Graph) else load(str(model), input_shapes)
     tgt = parse_target(kwargs.get("target", "cpu"), kwargs.get("threads"))
@@ -390,7 +394,12 @@ def quick_tune(model, per_task: int, log: str, layout: str | None = None, input_
         plan = {} if layout else default_plan(graph, DEFAULT_LAYOUT, tgt.lanes)
     layout = layout or DEFAULT_LAYOUT
     layouts = (layout, *sorted(set(plan.values()) - {layout}))
-    return tune_model(graph, None, log, layouts=layouts, plan=plan, warmup_batch=per_task, **kwargs)
+    keep = True
+    if found is None:   # the convs the default plan leaves out run in `layout`, as the compile runs them
+        if (padded := padded_graph(graph, layout, plan)) is not None:
+            graph, keep = padded, False     # the compile pads them: its tasks, and no plan that stops it
+        plan = {v: plan.get(v, layout) for v in model_layouts(graph, layouts).domains}
+    return tune_model(graph, None, log, layouts=layouts, plan=plan, warmup_batch=per_task, record_plan=keep, **kwargs)
 
 
 CHOICE_ROUNDS = 5          # interleaved rounds timing each graph choice (GRAPH_CHOICES) both ways
@@ -455,14 +464,13 @@ def default_layout_plan(space: ModelLayouts, graph: Graph, layouts, prices: dict
 
 
 def check_plan(graph: Graph, log: str, tgt, plans: dict, progress: bool = True) -> dict:
-    """{name: median seconds} of the model compiled with each of `plans` ({name: Plan}) and the log's
+    """{name: median seconds} of the model compiled with each of `plans` ({name: layout plan}) and the log's
     records, timed interleaved on random inputs, CHOICE_ROUNDS rounds. A plan is solved from each
     kernel's time alone; in the model, where caches hold what the step before left, a layout's
     kernels can lose what they won alone (MobileNetV2's first three convs in NCHW8c: 0.22 ms in the
     model against 0.13 in NCHW16c at 2 threads, docs/history.md)."""
     from .compiler import compile_model
-    out = _whole_times({k: compile_model(graph, log=log, target=str(tgt), layout_plan=p.layouts)
-                        for k, p in plans.items()})
+    out = _whole_times({k: compile_model(graph, log=log, target=str(tgt), layout_plan=p) for k, p in plans.items()})
     if progress:
         print("layout plan in the model: " + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in out.items()), flush=True)
     return out
@@ -472,7 +480,7 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
                layouts=DEFAULT_CHOICES, input_shapes: dict | None = None, warmup_batch: int = 4,
                batch_size: int = 16, policy: str = "evolutionary", weights: str = WEIGHTS[0],
                plan: dict | None = None, contenders: dict | None = None, name: str | None = None,
-               handover=None, **kwargs) -> ModelTuneResult:
+               handover=None, record_plan: bool = True, **kwargs) -> ModelTuneResult:
     """Tune a built-in model, an ONNX file or a Graph until `trials` records exist for its tasks in
     `log`, its weighted tasks timed with their weights cold or warm (`weights`, see the module's
     doc), time each task's front-runners a second time (confirm_bests), and append the layout
@@ -480,7 +488,8 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
     timed warm is also priced cold (cold_prices; not for replayed costs or a stopped tune), which
     with weights="cold" is what the plan uses. Other options as tuning.tune (run_config's
     cold_weights is set by `weights`). plan: {conv or dense node: layout} fixes the nodes it names
-    to those layouts (compile --quick tunes the plan the compile will apply). trials=None: every
+    to those layouts (compile --quick tunes the plan the compile will apply; record_plan=False: no
+    plan checked or appended, for a compile that applies its own). trials=None: every
     task's first look only (FIRST_LOOK's, else `warmup_batch` candidates). contenders: {workload
     key: [steps]} timed in its task's heat too (tune_dynamic: the schedules of a larger bucket).
     name: the model's name in the plan (default: the built-in name or path; a Graph's own name).
@@ -554,43 +563,53 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
         else:
             other, other_est = space.plan(cold_best)
         cold_est = space.estimate(plan.layouts, cold_best) if cold else None   # (what the plan line keeps)
-    rec, appended, checked = None, False, {}
-    if plan is not None and math.isfinite(est):
+    rec, appended, checked, padded = None, False, {}, False
+    if plan is not None and math.isfinite(est) and record_plan:
         # the host's peak goes with the plan (for `tuner analyze`'s fraction of peak)
         peak = peak_gflops(tgt, tgt.threads, 5_000_000) if measured_here else None
         limit = kwargs.get("time_limit")
         timed = measured_here and not session.interrupted and (limit is None or time.perf_counter() - t0 < limit)
         last = logged.plan(graph_digest(graph), str(tgt))
+        from .compiler.compile_model import DEFAULT_LAYOUT
         rivals = {"one layout": one_layout_plan(space, layouts, prices),
                   "default": default_layout_plan(space, graph, layouts, prices, tgt.lanes)} if timed else {}
         contest = {"joint": plan}
+        compiled = {"joint": plan.layouts}      # what each compiles with
         for k, p in rivals.items():
-            if p is not None and all(p.layouts != q.layouts for q in contest.values()):
-                contest[k] = p
+            if p is None:
+                continue
+            wino = default_plan(graph, DEFAULT_LAYOUT, tgt.lanes) if k == "default" else None
+            if wino is not None and padded_graph(graph, DEFAULT_LAYOUT, wino) is not None:
+                contest[k], compiled[k] = p, wino   # as the untuned compile: its channels padded
+            elif all(p.layouts != q for q in compiled.values()):
+                contest[k], compiled[k] = p, p.layouts
         if len(contest) > 1:
             # the solved plan against one layout and the untuned compile's plan, whole: the fastest
             # in the model is the plan
-            checked = check_plan(graph, log, tgt, contest, kwargs.get("progress", True))
+            checked = check_plan(graph, log, tgt, compiled, kwargs.get("progress", True))
             best = min(checked, key=checked.get)
+            padded = compiled[best] is not contest[best].layouts
             if best != "joint":
                 plan, est = contest[best], space.estimate(contest[best].layouts, prices)
                 cold_est = space.estimate(plan.layouts, cold_best) if cold else None
         # untimed (replayed, stopped, out of time): the choices the log's plan had timed stay
-        choices = time_choices(graph, log, tgt, plan.layouts, kwargs.get("progress", True)) if timed \
+        as_compiled = {k: v for k, v in plan.layouts.items() if WG.parse_choice(v) is not None} if padded \
+            else plan.layouts
+        choices = time_choices(graph, log, tgt, as_compiled, kwargs.get("progress", True)) if timed \
             else dict(last.choices) if last is not None else {}
         known = dict(last.ends) if last is not None else {}
         ends = handover(session.tasks, config, log, known) if handover is not None and timed else known
         rec = records.make_plan_record(name, graph_digest(graph), str(tgt), plan.layouts, est, plan.exact,
                                        tuple(layouts), peak, cold, cold_est, weights, graph_structure(graph), choices,
                                        {v.name: list(v.shape) for v in graph.inputs}, bool(graph.meta.get("dynamic")),
-                                       ends, anonymous_structure(graph))
+                                       ends, anonymous_structure(graph), padded)
         same_choices = last is not None and {k: v["on"] for k, v in last.choices.items()} == \
             {k: v["on"] for k, v in rec.choices.items()}       # the times differ run to run; the choices, not
         if last is None or dataclasses.replace(last, timestamp=rec.timestamp, tool=rec.tool, peak_gflops=rec.peak_gflops,
                                                choices=rec.choices if same_choices else last.choices) != rec:
             records.append(log, [rec])          # a tune run again after its end adds no copy of its plan
             appended = True
-    return ModelTuneResult(name, space, session, plan, est, rec, prices, other, other_est, appended, checked)
+    return ModelTuneResult(name, space, session, plan, est, rec, prices, other, other_est, appended, checked, padded)
 
 
 def tune_dynamic(model: str, dynamic, trials: int, buckets: list | None = None, input_shapes: dict | None = None,

@@ -41,6 +41,7 @@ from ..graph.onnx_frontend import input_dims
 from ..graph.passes import GRAPH_CHOICES, optimize
 from ..graph.passes.extract_tasks import group_summary, transform_workload, workload_of
 from ..ops import WORKLOADS, Unsupported, flops, to_te
+from ..ops import winograd as WG
 from ..runtime.artifact import (FLOAT_EXACT, GENERIC, OTHER_THREADS, PLAIN, PREDICTED, SHIPPED, UNTUNED, Arg, Step,
                                 declaration)
 from ..runtime.model import CompiledModel
@@ -454,6 +455,8 @@ def _layout_plan(db, graph, model_hash, tgt, layout, layout_plan, source_name, s
             found = found.renamed(anonymous()[1]) or found
         if found is not None:
             layout_plan, plan_from, timed = found.layouts, where, found.choices
+            if found.padded:        # as an untuned compile: its Winograd convs, channels padded (PadChannels)
+                layout_plan = {k: v for k, v in found.layouts.items() if WG.parse_choice(v) is not None}
             say(f"layout plan from {where}: {plan_summary(found.layouts)}")
         elif planned := db.planned_models():
             same = any(Path(m).resolve() == Path(str(source_name)).resolve() for m in planned)

@@ -206,6 +206,9 @@ class PlanRecord:
     # (layout_plan.anonymous_structure): the plan applies to another export of the same architecture
     anonymous: str = ""
     order: tuple = ()
+    # compiled as an untuned compile is (the tune's plan check timed it fastest whole): only its
+    # Winograd convs named, the rest in the compile's layout, conv channels padded to whole blocks
+    padded: bool = False
 
     def to_json(self) -> dict:
         d = {"format": self.format, "kind": self.kind, "tool": self.tool, "model": self.model,
@@ -231,6 +234,8 @@ class PlanRecord:
             d["ends"] = self.ends
         if self.anonymous:
             d["anonymous"], d["order"] = self.anonymous, list(self.order)
+        if self.padded:
+            d["padded"] = True
         return d
 
     def renamed(self, order: list) -> "PlanRecord | None":
@@ -286,6 +291,7 @@ class PlanRecord:
               and isinstance(order, list) and len(order) <= MAX_ENDS and len(set(order)) == len(order)
               and all(isinstance(k, str) and 0 < len(k) <= MAX_KEY for k in order),
               "plan anonymous/order is not a hash and a list of distinct node names")
+        _want(isinstance(obj.get("padded", False), bool), "plan padded is not a boolean")
         return cls(obj["model"], obj["model_hash"], obj["target"], dict(lays), float(obj["estimate_s"]),
                    obj.get("exact", True), obj.get("timestamp", ""), obj.get("tool", ""), obj.get("format", FORMAT),
                    candidates=tuple(cands), peak_gflops=obj.get("peak_gflops"),
@@ -295,20 +301,20 @@ class PlanRecord:
                    choices={k: {"on": v["on"], "s": [float(t) for t in v["s"]]} for k, v in choices.items()},
                    shapes={k: list(v) for k, v in shapes.items()}, dynamic=obj.get("dynamic", False),
                    ends={k: dict(v) for k, v in ends.items()}, anonymous=obj.get("anonymous", ""),
-                   order=tuple(order))
+                   order=tuple(order), padded=obj.get("padded", False))
 
 
 def make_plan_record(model: str, model_hash: str, target: str, layouts: dict, estimate_s: float,
                      exact: bool, candidates=(), peak_gflops: float | None = None, cold: dict | None = None,
                      cold_estimate_s: float | None = None, priced: str = "warm", structure: str = "",
                      choices: dict | None = None, shapes: dict | None = None, dynamic: bool = False,
-                     ends: dict | None = None, anonymous: tuple = ("", ())) -> PlanRecord:
+                     ends: dict | None = None, anonymous: tuple = ("", ()), padded: bool = False) -> PlanRecord:
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     return PlanRecord(model, model_hash, str(target), dict(layouts), estimate_s, exact, now, f"tuner {__version__}",
                       candidates=tuple(candidates), peak_gflops=peak_gflops, cold=dict(cold or {}),
                       cold_estimate_s=cold_estimate_s, priced=priced, structure=structure, choices=dict(choices or {}),
                       shapes={k: [int(n) for n in v] for k, v in (shapes or {}).items()}, dynamic=dynamic,
-                      ends=dict(ends or {}), anonymous=anonymous[0], order=tuple(anonymous[1]))
+                      ends=dict(ends or {}), anonymous=anonymous[0], order=tuple(anonymous[1]), padded=padded)
 
 
 def _want(cond, reason: str) -> None:

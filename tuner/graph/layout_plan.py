@@ -170,6 +170,18 @@ def default_plan(graph, layout: str, lanes: int) -> dict:
     return plan
 
 
+def padded_graph(graph, layout: str, plan: dict):
+    """The graph with its conv channels padded to whole blocks of `layout` (PadChannels), as a
+    compile with no plan of the model's pads them under `plan` (the default plan, or {} where a
+    layout is chosen), before the passes that choose layouts; None where nothing is padded. A plan
+    solved on the unpadded graph compiles unpadded, so a tune of such a model measures this graph's
+    tasks to serve that compile (model_tuning.quick_tune)."""
+    pre = optimize(graph, passes=PRE_LAYOUT)
+    out = optimize(pre, passes=("InferType", "PadChannels"), layout=layout, layout_plan=plan)
+    convs = lambda g: [n.inputs[1].shape for n in g.nodes if n.op == "conv2d"]  # noqa: E731
+    return out if convs(out) != convs(pre) else None
+
+
 @dataclass
 class ModelLayouts:
     """The layout choices of one model and the tasks whose latencies price them.

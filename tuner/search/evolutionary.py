@@ -87,7 +87,6 @@ class EvolutionarySearch(Policy):
 
     # ------------------------------------------------------------ proposing
     def propose(self, n: int, seen: set, first: bool = False) -> list:
-        out = self.random.default_if_new(seen) if first else []
         # a pre-trained model ranks from the start; a fresh one first sees a random batch. With a
         # pre-trained model the first batches are small (8, 8, 16, then n): each is followed by
         # fine-tuning and by mutating what it found, which is what finds the last few percent
@@ -95,6 +94,7 @@ class EvolutionarySearch(Policy):
         warm = self.warmup if self.warmup is not None else 0 if pretrained else n
         if pretrained and self.first_batches:
             n = min(n, max(self.first_batches, len(self.measured), self.proposed))
+        out = self.random.default_if_new(seen, n) if first else []
         if len(self.measured) < warm or not self.shared.ready:
             out += self.random.propose(n - len(out), seen)
         else:

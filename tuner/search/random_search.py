@@ -16,9 +16,10 @@ class RandomSearch(Policy):
         self.seed = seed
         self.rng = random.Random(seed)
 
-    def default_if_new(self, seen: set) -> list:
+    def default_if_new(self, seen: set, n: int) -> list:
         """[the default schedule, then the task's seeds (decisions measured for another thread
-        count: Task.seeds)], those whose code was not measured already."""
+        count: Task.seeds)], the first `n` of those whose code was not measured already: a first
+        look is no longer than asked, or a tune's budget runs out before its last tasks' first look."""
         out = [self.task.default_candidate()]
         for dec in self.task.seeds:
             try:
@@ -27,7 +28,7 @@ class RandomSearch(Policy):
                 pass
         new = []
         for cand in out:
-            if cand.code_hash not in seen:
+            if len(new) < n and cand.code_hash not in seen:
                 seen.add(cand.code_hash)
                 new.append(cand)
         return new
@@ -37,7 +38,7 @@ class RandomSearch(Policy):
 
         On the first round the default schedule goes first, so every tune has a baseline.
         """
-        out = self.default_if_new(seen) if first else []
+        out = self.default_if_new(seen, n) if first else []
         attempts = 0
         while len(out) < n and attempts < 50 * n + 200:
             attempts += 1
