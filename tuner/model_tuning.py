@@ -62,7 +62,6 @@ from .graph.passes.convert_layout import check_choice
 from .measure.interleave import interleaved
 from .measure.peak import peak_gflops
 from .measure.runner import CpuRunner, RunConfig
-from .ops import winograd as WG
 from .search.scheduler import family
 from .target import parse_target
 from .task import Task
@@ -573,28 +572,24 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
         from .compiler.compile_model import DEFAULT_LAYOUT
         rivals = {"one layout": one_layout_plan(space, layouts, prices),
                   "default": default_layout_plan(space, graph, layouts, prices, tgt.lanes)} if timed else {}
-        contest = {"joint": plan}
-        compiled = {"joint": plan.layouts}      # what each compiles with
+        wino = default_plan(graph, DEFAULT_LAYOUT, tgt.lanes)
+        pads = rivals.get("default") is not None and padded_graph(graph, DEFAULT_LAYOUT, wino) is not None
+        contest = {"joint": (plan, plan.layouts)}       # name -> (plan, the layouts it compiles with)
         for k, p in rivals.items():
-            if p is None:
-                continue
-            wino = default_plan(graph, DEFAULT_LAYOUT, tgt.lanes) if k == "default" else None
-            if wino is not None and padded_graph(graph, DEFAULT_LAYOUT, wino) is not None:
-                contest[k], compiled[k] = p, wino   # as the untuned compile: its channels padded
-            elif all(p.layouts != q for q in compiled.values()):
-                contest[k], compiled[k] = p, p.layouts
+            if k == "default" and pads:                 # as the untuned compile: its channels padded
+                contest[k] = (p, wino)
+            elif p is not None and all(p.layouts != c for _, c in contest.values()):
+                contest[k] = (p, p.layouts)
+        as_compiled = plan.layouts
         if len(contest) > 1:
             # the solved plan against one layout and the untuned compile's plan, whole: the fastest
             # in the model is the plan
-            checked = check_plan(graph, log, tgt, compiled, kwargs.get("progress", True))
+            checked = check_plan(graph, log, tgt, {k: c for k, (_, c) in contest.items()}, kwargs.get("progress", True))
             best = min(checked, key=checked.get)
-            padded = compiled[best] is not contest[best].layouts
-            if best != "joint":
-                plan, est = contest[best], space.estimate(contest[best].layouts, prices)
-                cold_est = space.estimate(plan.layouts, cold_best) if cold else None
+            (plan, as_compiled), padded = contest[best], best == "default" and pads
+            est = space.estimate(plan.layouts, prices)
+            cold_est = space.estimate(plan.layouts, cold_best) if cold else cold_est
         # untimed (replayed, stopped, out of time): the choices the log's plan had timed stay
-        as_compiled = {k: v for k, v in plan.layouts.items() if WG.parse_choice(v) is not None} if padded \
-            else plan.layouts
         choices = time_choices(graph, log, tgt, as_compiled, kwargs.get("progress", True)) if timed \
             else dict(last.choices) if last is not None else {}
         known = dict(last.ends) if last is not None else {}
