@@ -87,7 +87,7 @@ def test_layout_transform(src):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("act", ["clip", "sigmoid", "hard_sigmoid", "hard_swish"])
+@pytest.mark.parametrize("act", ["clip", "sigmoid", "hard_sigmoid", "hard_swish", "silu"])
 def test_activation_epilogues(act):
     extra = {"clip": dict(lo=-0.5, hi=0.75), "hard_sigmoid": dict(alpha=0.25, beta=0.4)}.get(act, {})
     check_schedules([

@@ -355,3 +355,44 @@ def test_an_elementwise_kernel_over_half_a_million_odd_columns_compiles_and_comp
     m = compile_model(str(path), target="cpu -threads=1", use_shipped=False)
     x = np.random.default_rng(0).standard_normal((1, n)).astype(np.float32)
     np.testing.assert_allclose(m.run(x)[0], np.maximum(x / 0.5, 0), rtol=1e-6)
+
+
+def test_silu_as_torch_exports_it_runs_in_the_epilogue_of_the_conv_before_it_and_computes_what_onnxruntime_computes(
+        tmp_path, tmp_cache):
+    torch = pytest.importorskip("torch", reason="torch is not installed (the [bench] extra)")
+    pytest.importorskip("onnxscript", reason="torch.onnx.export needs onnxscript")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.SiLU(),
+                              torch.nn.Conv2d(16, 24, 1), torch.nn.SiLU()).eval()
+    path = str(tmp_path / "silu.onnx")
+    torch.onnx.export(net, (torch.randn(1, 3, 12, 12),), path, input_names=["input"], dynamo=False)
+    m = compile_model(path, target="cpu -threads=1", use_shipped=False)
+    assert [s.summary.split(" ")[0] for s in m.steps if "silu" in s.summary] == ["conv2d", "conv2d"]
+    assert not any("sigmoid" in s.summary or s.summary == "mul" for s in m.steps), [s.summary for s in m.steps]
+    x = (np.random.default_rng(0).standard_normal((1, 3, 12, 12)) * 3).astype(np.float32)
+    np.testing.assert_allclose(m.run(x)[0], ort_run(path, x)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("order", ["x*sigmoid(x)", "sigmoid(x)*x", "sigmoid(x)*y"])
+def test_a_mul_by_a_sigmoid_is_silu_only_of_the_sigmoids_own_input(tmp_path, tmp_cache, order):
+    """x * sigmoid(x) in either order becomes one silu node (a vectorised kernel); sigmoid(x) * y stays
+    a sigmoid and a mul (a gate, as squeeze-excitation's)."""
+    a, b = {"x*sigmoid(x)": ("x", "s"), "sigmoid(x)*x": ("s", "x"), "sigmoid(x)*y": ("s", "y")}[order]
+    shape = [2, 3, 40]
+    g = helper.make_graph([helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", [a, b], ["z"])], "silu",
+                          [helper.make_tensor_value_info(v, TensorProto.FLOAT, shape) for v in ("x", "y")],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, shape)])
+    path = tmp_path / "s.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    from tuner.graph.passes import optimize
+    ops = sorted(n.op for n in optimize(load_onnx(path), passes=["FuseTransformerOps"]).nodes)
+    rng = np.random.default_rng(4)
+    x, y = ((rng.standard_normal(shape) * 30).astype(np.float32) for _ in range(2))
+    x[0, 0, :4] = [np.nan, np.inf, -np.inf, -100.0]
+    m = compile_model(str(path), target="cpu -threads=1", use_shipped=False)
+    with np.errstate(over="ignore", invalid="ignore"):     # exact (ONNX Runtime's sigmoid is 0 below -18); -inf: NaN
+        want = 1 / (1 + np.exp(-x.astype(np.float64))) * (y if order == "sigmoid(x)*y" else x)
+    np.testing.assert_allclose(m.run(x, y)[0], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(interp.run(load_onnx(path), x, y)[0], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(m.run(x, y)[0], ort_run(path, {"x": x, "y": y})[0], rtol=1e-3, atol=1e-5)
+    assert ops == (["mul", "sigmoid"] if order == "sigmoid(x)*y" else ["silu"])

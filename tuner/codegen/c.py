@@ -46,8 +46,13 @@ static inline float tuner_fmin(float a, float b) { return (!(a >= b) && b == b) 
 /* Clamps for the W-lane math below: max/min instructions where the ISA has them (one cycle, where
    a compare and a blend take four), with x second, so that a NaN x comes through. GCC's builtins,
    not <immintrin.h>, which takes half a second to compile in every kernel's file. */
+#if defined(__AVX512F__)
+#define TUNER_VMAX16(lo, x) __builtin_ia32_maxps512_mask(lo, x, lo, (unsigned short)-1, 4)
+#define TUNER_VMIN16(hi, x) __builtin_ia32_minps512_mask(hi, x, hi, (unsigned short)-1, 4)
+#else
 #define TUNER_VMAX16(lo, x) TUNER_VSEL(16, (x) < (lo), lo, x)
 #define TUNER_VMIN16(hi, x) TUNER_VSEL(16, (x) > (hi), hi, x)
+#endif
 #if defined(__AVX__)
 #define TUNER_VMAX8(lo, x) __builtin_ia32_maxps256(lo, x)
 #define TUNER_VMIN8(hi, x) __builtin_ia32_minps256(hi, x)
@@ -68,8 +73,9 @@ static inline float tuner_fmin(float a, float b) { return (!(a >= b) && b == b) 
    Eigen and XLA use), 4.2e-7 from erf at most. tanh: likewise on [-7.9, 7.9], x itself below
    0.0004, 3.9e-7 at most. exp: 2^n e^r with n = round(x / ln 2) and
    r = x - n ln 2 (ln 2 in two parts), e^r by Cephes' degree-5 polynomial, 8.4e-8 relative at
-   most; 2^n as two powers made in the exponent bits, so that x up to 88.8 (clamped there)
-   overflows to inf in the product; 0 below the normal floats; NaN stays NaN in all three.
+   most; y 2^n by AVX-512's scalef, else as two powers made in the exponent bits, so that x up to
+   88.8 (clamped there) overflows to inf in the product; 0 below the normal floats (y zeroed before
+   the scaling, which is slow where it makes a subnormal); NaN stays NaN in all three.
    Polynomials are evaluated in pairs of terms (Estrin), not term by term (Horner): the chain of
    dependent operations, which bounds how many of these run at once, is about half as long. */
 #define TUNER_VMATH(W) \\
@@ -95,11 +101,20 @@ static inline f32x##W tuner_exp##W(f32x##W x) { \\
   f32x##W r = c - n * 0.693359375f + n * 2.12194440e-4f, r2 = r * r; \\
   f32x##W p01 = r * 1.9875691500e-4f + 1.3981999507e-3f, p23 = r * 8.3334519073e-3f + 4.1665795894e-2f; \\
   f32x##W p = (p01 * r2 + p23) * r2 + (r * 1.6666665459e-1f + 5.0000001201e-1f); \\
-  i32x##W k = __builtin_convertvector(n, i32x##W), h = k >> 1; \\
-  f32x##W y = (p * r2 + r + 1.0f) * (f32x##W)((h + 127) << 23) * (f32x##W)((k - h + 127) << 23); \\
-  y = TUNER_VSEL(W, x < -87.3365479f, (f32x##W){0}, y); \\
+  f32x##W y = tuner_pow2_##W(TUNER_VSEL(W, x < -87.3365479f, (f32x##W){0}, p * r2 + r + 1.0f), n); \\
   return TUNER_VSEL(W, x == x, y, x); \\
 }
+#define TUNER_POW2(W) static inline f32x##W tuner_pow2_##W(f32x##W y, f32x##W n) { \\
+  i32x##W k = __builtin_convertvector(n, i32x##W), h = k >> 1; \\
+  return y * (f32x##W)((h + 127) << 23) * (f32x##W)((k - h + 127) << 23); \\
+}
+#if defined(__AVX512F__)
+static inline f32x16 tuner_pow2_16(f32x16 y, f32x16 n) { return __builtin_ia32_scalefps512_mask(y, n, y, (unsigned short)-1, 4); }
+#else
+TUNER_POW2(16)
+#endif
+TUNER_POW2(8)
+TUNER_POW2(4)
 TUNER_VMATH(16)
 TUNER_VMATH(8)
 TUNER_VMATH(4)

@@ -29,6 +29,9 @@ ACTIVATIONS = {
              lambda x, p: np.clip(x, p["lo"], p["hi"])),
     "sigmoid": ({}, lambda e, p: Const(1.0) / (Const(1.0) + Call("exp", (Const(-1.0) * e,))),
                 lambda x, p: 1.0 / (1.0 + np.exp(-x))),
+    # x * sigmoid(x) (SiLU, swish): EfficientNet's, YOLO's and SwiGLU's activation, written as Sigmoid and Mul
+    "silu": ({}, lambda e, p: e / (Const(1.0) + Call("exp", (Const(-1.0) * e,))),
+             lambda x, p: x / (1.0 + np.exp(-x))),
     "hard_sigmoid": ({"alpha": 0.2, "beta": 0.5}, lambda e, p: _clamp(Const(float(p["alpha"])) * e
                                                                       + Const(float(p["beta"])), 0.0, 1.0),
                      lambda x, p: np.clip(p["alpha"] * x + p["beta"], 0.0, 1.0)),
@@ -138,10 +141,11 @@ def _binary_infer(node):
 
 # activation -> (its ONNX op type, {ops.elementwise.ACTIVATIONS parameter: (node attribute, value when the
 # attribute is absent)}); node attributes are named and defaulted as ONNX's. None: imported through
-# another's (gelu_tanh is ONNX Gelu with approximate="tanh")
+# another's (gelu_tanh is ONNX Gelu with approximate="tanh"), or by a pattern (silu: FuseTransformerOps)
 _ACTS = {"relu": ("Relu", {}), "sigmoid": ("Sigmoid", {}), "hard_swish": ("HardSwish", {}),
          **{op: (op.capitalize(), {}) for op in ("erf", "tanh", "exp", "sqrt", "neg")},
          "pow": ("Pow", {"exponent": ("exponent", 1.0)}), "gelu": ("Gelu", {}), "gelu_tanh": (None, {}),
+         "silu": (None, {}),
          "clip": ("Clip", {"lo": ("min", -np.inf), "hi": ("max", np.inf)}),
          "hard_sigmoid": ("HardSigmoid", {"alpha": ("alpha", 0.2), "beta": ("beta", 0.5)})}
 
@@ -297,6 +301,11 @@ def _export_gelu(ex, n, ins):
     ex.emit(n, "Mul", [half, ex.node("Add", [inner, ex.scalar(f"{name}_one", 1.0)], f"{name}_1p")])
 
 
+def _export_silu(ex, n, ins):
+    """x * sigmoid(x), as exporters write SiLU (ONNX has no op for it before opset 24)."""
+    ex.emit(n, "Mul", [ins[0], ex.node("Sigmoid", [ins[0]], f"{n.name}_sigmoid")])
+
+
 def _export_pow(ex, n, ins):
     ex.emit(n, "Pow", ins + [ex.scalar(f"{n.name}_exponent", n.attrs["exponent"])])
 
@@ -358,7 +367,7 @@ def _act_def(op: str) -> OpDef:
                           **({"Max": _onnx_max_min, "Min": _onnx_max_min} if op == "clip" else {})}
                  if onnx_type else {},
                  onnx_out={"clip": _export_clip, "pow": _export_pow, "gelu": _export_gelu,
-                           "gelu_tanh": _export_gelu}.get(
+                           "gelu_tanh": _export_gelu, "silu": _export_silu}.get(
                      op, export_as(onnx_type, lambda n: _act_attrs(op, n.attrs))))
 
 
