@@ -975,3 +975,9 @@ def test_a_tune_keeps_the_untuned_compiles_padded_plan_where_it_runs_fastest_who
     assert m.meta["layout_plan"] == want and m.meta["layout_plan_from"] == str(log)
     assert any("C=8,H=14,W=14,K=32," in (s.workload or "") for s in m.steps)
     assert_matches_onnxruntime(m, g)
+    # compile --quick on that log measures the padded tasks that compile runs, and appends no plan
+    plans = len(records.load(log).plans)
+    quick = MT.quick_tune(g, 1, str(log), None, use_shipped=False, threads=1, progress=False)
+    specs = [t.workload.spec for t in quick.session.tasks]
+    assert any("K=32," in s for s in specs) and not any(k in s for s in specs for k in ("K=24,", "C=24,")), specs
+    assert len(records.load(log).plans) == plans

@@ -56,7 +56,8 @@ from .database.union import Database
 from .errors import UserError
 from .graph import Graph, load
 from .graph.ir import graph_digest, graph_structure
-from .graph.layout_plan import ModelLayouts, Plan, anonymous_structure, default_plan, model_layouts, padded_graph
+from .graph.layout_plan import (ModelLayouts, Plan, anonymous_structure, default_plan, model_layouts, padded_graph,
+                                winograd_convs)
 from .graph.passes import GRAPH_CHOICES, optimize
 from .graph.passes.convert_layout import check_choice
 from .measure.interleave import interleaved
@@ -380,21 +381,25 @@ def quick_tune(model, per_task: int, log: str, layout: str | None = None, input_
     are those of the layout plan the compile would apply (`plan_logs`, `log`, then the shipped
     database; one of another thread count too), else of the default plan (`layout` None: the
     compile's, graph.layout_plan.default_plan) or of `layout` alone; where that compile pads conv
-    channels (graph.layout_plan.padded_graph), the padded graph's, and no plan is appended. Resumes
+    channels (graph.layout_plan.padded_graph), the padded graph's, and no plan is appended. A plan
+    found marked padded compiles so (its Winograd convs, the rest padded in `layout`), and is tuned so. Resumes
     like any tune: a log that holds as many records for the tasks measures nothing new."""
     from .compiler.compile_model import DEFAULT_LAYOUT
     graph = model if isinstance(model, Graph) else load(str(model), input_shapes)
     tgt = parse_target(kwargs.get("target", "cpu"), kwargs.get("threads"))
     found, _ = Database.open([p for p in [*plan_logs, log] if Path(p).exists()], tgt, use_shipped,
                              missing="skip", warn=False).plan(graph_digest(graph), tgt, graph_structure(graph))
-    if found is not None:
+    unpadded = found is not None and not found.padded
+    if unpadded:
         plan = found.layouts
+    elif found is not None:     # a padded plan compiles as no plan does, with its own Winograd convs
+        plan = winograd_convs(found.layouts)
     else:           # what the compile applies with no plan: the default one, unless a layout is given
         plan = {} if layout else default_plan(graph, DEFAULT_LAYOUT, tgt.lanes)
     layout = layout or DEFAULT_LAYOUT
     layouts = (layout, *sorted(set(plan.values()) - {layout}))
     keep = True
-    if found is None:   # the convs the default plan leaves out run in `layout`, as the compile runs them
+    if not unpadded:    # the convs the plan leaves out run in `layout`, as the compile runs them
         if (padded := padded_graph(graph, layout, plan)) is not None:
             graph, keep = padded, False     # the compile pads them: its tasks, and no plan that stops it
         plan = {v: plan.get(v, layout) for v in model_layouts(graph, layouts).domains}

@@ -35,13 +35,12 @@ from ..errors import UserError
 from ..graph import Graph, load
 from ..graph.dynamic import load_at, parse_dynamic
 from ..graph.ir import graph_digest, graph_structure, interface_names
-from ..graph.layout_plan import anonymous_structure, default_plan
+from ..graph.layout_plan import anonymous_structure, default_plan, winograd_convs
 from ..graph.models import MODELS
 from ..graph.onnx_frontend import input_dims
 from ..graph.passes import GRAPH_CHOICES, optimize
 from ..graph.passes.extract_tasks import group_summary, transform_workload, workload_of
 from ..ops import WORKLOADS, Unsupported, flops, to_te
-from ..ops import winograd as WG
 from ..runtime.artifact import (FLOAT_EXACT, GENERIC, OTHER_THREADS, PLAIN, PREDICTED, SHIPPED, UNTUNED, Arg, Step,
                                 declaration)
 from ..runtime.model import CompiledModel
@@ -456,7 +455,7 @@ def _layout_plan(db, graph, model_hash, tgt, layout, layout_plan, source_name, s
         if found is not None:
             layout_plan, plan_from, timed = found.layouts, where, found.choices
             if found.padded:        # as an untuned compile: its Winograd convs, channels padded (PadChannels)
-                layout_plan = {k: v for k, v in found.layouts.items() if WG.parse_choice(v) is not None}
+                layout_plan = winograd_convs(found.layouts)
             say(f"layout plan from {where}: {plan_summary(found.layouts)}")
         elif planned := db.planned_models():
             same = any(Path(m).resolve() == Path(str(source_name)).resolve() for m in planned)

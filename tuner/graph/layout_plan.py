@@ -170,6 +170,11 @@ def default_plan(graph, layout: str, lanes: int) -> dict:
     return plan
 
 
+def winograd_convs(layouts: dict) -> dict:
+    """The Winograd entries of a plan: all a plan marked padded applies (records.PlanRecord)."""
+    return {k: v for k, v in layouts.items() if WG.parse_choice(v) is not None}
+
+
 def padded_graph(graph, layout: str, plan: dict):
     """The graph with its conv channels padded to whole blocks of `layout` (PadChannels), as a
     compile with no plan of the model's pads them under `plan` (the default plan, or {} where a
