@@ -981,3 +981,47 @@ def test_a_tune_keeps_the_untuned_compiles_padded_plan_where_it_runs_fastest_who
     specs = [t.workload.spec for t in quick.session.tasks]
     assert any("K=32," in s for s in specs) and not any(k in s for s in specs for k in ("K=24,", "C=24,")), specs
     assert len(records.load(log).plans) == plans
+
+
+def _squeeze_excitation(reduced: int = 4):
+    """A conv writing 24 channels (padded to 32 in NCHW16c), then squeeze-excitation: global pool, a
+    1x1 conv down to `reduced` channels (which no block of 8 or 16 divides), a 1x1 conv back up
+    with a sigmoid, the gate times the conv's output."""
+    import numpy as np
+    from tuner.graph.builder import GraphBuilder
+    b = GraphBuilder("squeeze_excitation")
+    rng = np.random.default_rng(0)
+    w = lambda *s: b.const(rng.standard_normal(s).astype(np.float32) * 0.3)  # noqa: E731
+    conv = lambda v, wt, name, pad: b.add("conv2d", [v, wt], {"strides": [1, 1], "pads": [pad] * 4,  # noqa: E731
+                                                              "dilations": [1, 1], "groups": 1}, name)
+    x = b.add("relu", [conv(b.input("x", (1, 8, 10, 10), layout="NCHW"), w(24, 8, 3, 3), "body", 1)], {}, "body_relu")
+    s = b.add("relu", [conv(b.add("global_avg_pool2d", [x], {}, "squeeze"), w(reduced, 24, 1, 1), "down", 0)], {}, "dr")
+    gate = b.add("sigmoid", [conv(s, w(24, reduced, 1, 1), "up", 0)], {}, "gate")
+    return b.finish([b.add("mul", [x, gate], {}, "excite")])
+
+
+def test_a_conv_whose_channels_no_block_divides_is_priced_in_the_fitted_block_a_one_layout_compile_runs_it_in():
+    from tuner.te.layouts import fit_block
+    space = model_layouts(_squeeze_excitation(4), ("NCHW", "NCHW8c", "NCHW16c"))
+    assert space.domains["down"] == ("NCHW", "NCHW16c")           # 4 channels: blocks of 4 either way, once
+    assert fit_block(4, 16) == fit_block(4, 8) == 4
+    assert any(wl.layout == "NCHW16c" and wl.p["K"] == 4 for wl in space.unary["down"]["NCHW16c"])
+    assert model_layouts(_squeeze_excitation(10), ("NCHW", "NCHW8c", "NCHW16c")).domains["down"] == \
+        ("NCHW", "NCHW16c", "NCHW8c")                              # 10 channels: blocks of 10 and of 5
+
+
+@pytest.mark.slow
+def test_compile_quick_measures_every_task_the_compile_runs_squeeze_excitation_convs_included(tmp_cache):
+    """The compile pads the 24 channels (so quick appends no plan) and runs the conv down to 4
+    channels in NCHW16c, blocks of 4: quick measures that task, not the conv in NCHW."""
+    from tuner.graph.layout_plan import padded_graph
+    from tuner.model_tuning import quick_tune
+    g = _squeeze_excitation(4)
+    assert padded_graph(g, "NCHW16c", {}) is not None
+    log = tmp_cache.parent / "quick.jsonl"
+    quick_tune(g, 1, str(log), None, use_shipped=False, threads=1, progress=False)
+    m = compile_model(g, threads=1, use_shipped=False, predict=False, log=str(log))
+    anchors = [s for s in m.steps if s.anchor]
+    assert any("K=4," in (s.workload or "") for s in anchors)
+    assert anchors and all(s.source == str(log) for s in anchors), [(s.workload, s.source) for s in anchors]
+    assert_matches_onnxruntime(m, g)

@@ -262,7 +262,10 @@ def _conv_layouts(n, layouts) -> tuple:
     a Winograd choice (ops.winograd.parse_choice) where it applies (3x3, stride 1; a blocked one
     where its block divides the output channels); reading one blocked layout and writing another
     (convert_layout.fused_read) for ordinary convs whose output channels the second's block
-    divides; NCHW alone when none of these fits.
+    divides; NCHW alone when none of these fits. An ordinary conv also gets a blocked layout whose
+    block its output channels do not take, in the block fitted to them (te.layouts.fit_block), where
+    no candidate holds those bytes already: a compile in that layout runs it so (a squeeze-excitation
+    conv writing 4 channels runs in NCHW16c as blocks of 4), and a plan should price what it runs.
 
     An ordinary conv whose output channels a blocked layout of `layouts` does not take (24 in
     NCHW16c) also gets that layout as a read (NCHW16c>NCHW8c, writing the largest block of
@@ -296,6 +299,11 @@ def _conv_layouts(n, layouts) -> tuple:
             fits = [w for w in blocked if k % L.block_of(w) == 0 and not L.same_data(w, lay, c)]
             if fits and (read := f"{lay}>{max(fits, key=L.block_of)}") not in out:
                 out.append(read)
+        # ... and run in the block fitted to them, as a compile in that layout runs them (4 channels in
+        # NCHW16c: blocks of 4), where no candidate holds that data yet (24 in NCHW16c are NCHW8c's)
+        for lay in sorted((lay for lay in blocked if k % L.block_of(lay)), key=L.block_of, reverse=True):
+            if not any(o in blocked and L.same_data(lay, o, k) for o in out):
+                out.append(lay)
     return tuple(sorted(out, key=lambda lay: lay != "NCHW")) or ("NCHW",)
 
 
