@@ -35,6 +35,7 @@ from .passes import optimize
 from .passes.convert_layout import (AGNOSTIC_POOLS, followed_operand, fused_read, io_layouts, uses, winograd_applies,
                                     winograd_conv)
 from .passes.extract_tasks import transform_task, workload_of
+from .passes.pad_channels import padded_count
 
 
 class NoPlan(UserError):
@@ -264,8 +265,9 @@ def _conv_layouts(n, layouts) -> tuple:
     (convert_layout.fused_read) for ordinary convs whose output channels the second's block
     divides; NCHW alone when none of these fits. An ordinary conv also gets a blocked layout whose
     block its output channels do not take, in the block fitted to them (te.layouts.fit_block), where
-    no candidate holds those bytes already: a compile in that layout runs it so (a squeeze-excitation
-    conv writing 4 channels runs in NCHW16c as blocks of 4), and a plan should price what it runs.
+    the compile in that layout does not pad them (PadChannels) and no candidate holds those bytes
+    already: that compile runs it so (a squeeze-excitation conv writing 4 channels runs in NCHW16c
+    as blocks of 4), and a plan should price what it runs.
 
     An ordinary conv whose output channels a blocked layout of `layouts` does not take (24 in
     NCHW16c) also gets that layout as a read (NCHW16c>NCHW8c, writing the largest block of
@@ -299,10 +301,11 @@ def _conv_layouts(n, layouts) -> tuple:
             fits = [w for w in blocked if k % L.block_of(w) == 0 and not L.same_data(w, lay, c)]
             if fits and (read := f"{lay}>{max(fits, key=L.block_of)}") not in out:
                 out.append(read)
-        # ... and run in the block fitted to them, as a compile in that layout runs them (4 channels in
-        # NCHW16c: blocks of 4), where no candidate holds that data yet (24 in NCHW16c are NCHW8c's)
+        # ... and run in the block fitted to them, as a compile in that layout runs them where it does
+        # not pad them (4 channels in NCHW16c: blocks of 4; PadChannels), where no candidate holds
+        # that data yet (24 in NCHW16c are NCHW8c's)
         for lay in sorted((lay for lay in blocked if k % L.block_of(lay)), key=L.block_of, reverse=True):
-            if not any(o in blocked and L.same_data(lay, o, k) for o in out):
+            if padded_count(k, L.block_of(lay)) == k and not any(o in blocked and L.same_data(lay, o, k) for o in out):
                 out.append(lay)
     return tuple(sorted(out, key=lambda lay: lay != "NCHW")) or ("NCHW",)
 
