@@ -577,8 +577,8 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
         from .compiler.compile_model import DEFAULT_LAYOUT
         rivals = {"one layout": one_layout_plan(space, layouts, prices),
                   "default": default_layout_plan(space, graph, layouts, prices, tgt.lanes)} if timed else {}
-        wino = default_plan(graph, DEFAULT_LAYOUT, tgt.lanes)
-        pads = rivals.get("default") is not None and padded_graph(graph, DEFAULT_LAYOUT, wino) is not None
+        wino = default_plan(graph, DEFAULT_LAYOUT, tgt.lanes) if rivals.get("default") is not None else None
+        pads = wino is not None and padded_graph(graph, DEFAULT_LAYOUT, wino) is not None
         contest = {"joint": (plan, plan.layouts)}       # name -> (plan, the layouts it compiles with)
         for k, p in rivals.items():
             if k == "default" and pads:                 # as the untuned compile: its channels padded

@@ -297,14 +297,15 @@ def _conv_layouts(n, layouts) -> tuple:
             out.append(lay)
     if groups == 1:                    # a block the output channels do not take is still read (the note above)
         blocked = [lay for lay in layouts if L.block_of(lay)]      # plain NCHW[x]c only
-        for lay in (lay for lay in blocked if k % L.block_of(lay)):
+        untaken = [lay for lay in blocked if k % L.block_of(lay)]
+        for lay in untaken:
             fits = [w for w in blocked if k % L.block_of(w) == 0 and not L.same_data(w, lay, c)]
             if fits and (read := f"{lay}>{max(fits, key=L.block_of)}") not in out:
                 out.append(read)
         # ... and run in the block fitted to them, as a compile in that layout runs them where it does
         # not pad them (4 channels in NCHW16c: blocks of 4; PadChannels), where no candidate holds
         # that data yet (24 in NCHW16c are NCHW8c's)
-        for lay in sorted((lay for lay in blocked if k % L.block_of(lay)), key=L.block_of, reverse=True):
+        for lay in sorted(untaken, key=L.block_of, reverse=True):
             if padded_count(k, L.block_of(lay)) == k and not any(o in blocked and L.same_data(lay, o, k) for o in out):
                 out.append(lay)
     return tuple(sorted(out, key=lambda lay: lay != "NCHW")) or ("NCHW",)
