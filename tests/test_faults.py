@@ -517,6 +517,52 @@ def test_distill_remeasure_keeps_what_is_fast_now_not_the_lucky_record(tmp_path,
     assert real.policy == "remeasure" and len(real.costs) == 2 and all(0 < c < 1 for c in real.costs)
 
 
+def test_distill_remeasure_keeps_this_versions_default_where_it_beats_every_logged_schedule(tmp_path, monkeypatch):
+    """A record tuned against an older version's defaults (here the only one, logged cold) loses to
+    this version's default when both are timed again: the default's steps are kept, timed cold as
+    the record was, so a compile takes them rather than a slower record of another file."""
+    import random as _random
+
+    from tuner.build import Kernel
+    from tuner.database.result import MeasureResult
+    from tuner.task import Task
+
+    task = Task(SMALL, TARGET1)
+    default = task.default_candidate()
+    rng = _random.Random(1)
+    other = next(s for s in (task.space.steps(task.space.sample(rng)) for _ in range(50))
+                 if task.candidate(s, "k").code_hash != default.code_hash)
+    cand = task.candidate(other, "k")
+    old = records.make_record(SMALL, TARGET1, cand.steps, MeasureResult("OK", "", [1e-6], cold=True), cand.code_hash,
+                              "evolutionary", 1)
+    assert old.cold
+    log, out = tmp_path / "log.jsonl", tmp_path / "db.jsonl"
+    records.append(log, [old])
+    timed = []
+
+    def fake_time(self, *a, **kw):
+        timed.append((self.code_hash, kw.get("cold")))
+        return [{cand.code_hash: 4e-6, default.code_hash: 2e-6}[self.code_hash]] * kw.get("repeat", 5)
+
+    monkeypatch.setattr(Kernel, "time", fake_time)
+    lines = []
+    assert distill([str(log)], str(out), remeasure_top=3, rounds=2, progress=lines.append) == 1
+    (kept,) = records.load(out).records
+    assert kept.steps == default.steps and kept.code_hash == default.code_hash and records.replays(kept)
+    assert kept.policy == "remeasure" and kept.cold and kept.costs == (2e-6, 2e-6) and kept.decisions is None
+    assert sorted(set(timed)) == sorted({(cand.code_hash, True), (default.code_hash, True)}) and len(timed) == 4
+    assert "kept 0.002 ms now (this version's default, beside 1 logged)" in lines[0]
+    timed.clear()                                         # faster than the default: the record stays
+    monkeypatch.setattr(Kernel, "time", lambda self, *a, **kw: [1e-6 if self.code_hash == cand.code_hash else 2e-6] * 3)
+    assert distill([str(log)], str(tmp_path / "db2.jsonl"), remeasure_top=1, rounds=2) == 1
+    (kept,) = records.load(tmp_path / "db2.jsonl").records
+    assert kept.code_hash == cand.code_hash and kept.policy == "remeasure"
+    monkeypatch.undo()                                     # and for real, the weights evicted before each call
+    assert distill([str(log)], str(tmp_path / "db3.jsonl"), remeasure_top=1, rounds=2) == 1
+    (real,) = records.load(tmp_path / "db3.jsonl").records
+    assert real.cold and len(real.costs) == 2 and all(0 < c < 1 for c in real.costs)
+
+
 def test_distill_keeps_a_task_whose_records_no_longer_replay_and_retimes_it_as_this_versions_code(tmp_path):
     """A record whose steps this version builds as other code (its logged hash is an older
     version's) is no reason to lose the task: distill keeps it as logged, or with --retime-stale

@@ -318,6 +318,48 @@ def test_distill_keeps_the_newest_layout_plan_of_each_model_and_target(tmp_path)
             [(str(TARGET1), "NCHW16c"), ("cpu -isa=avx2 -cores=2 -threads=2", "NCHW8c")])
 
 
+def test_distill_check_plans_replaces_a_plan_the_untuned_compiles_plan_outruns_and_keeps_one_it_does_not(
+        tmp_path, monkeypatch):
+    """A plan tuned against an older version's defaults: timed whole against the plan an untuned
+    compile applies, with the same records, it gives way to that plan (a line marked padded, its
+    estimate the time measured) where that is faster, and stays where it is not; a plan of a model
+    this host does not have is left as it is."""
+    import tuner.measure.interleave as inter
+    from tuner.analysis.distill import distill
+    from tuner.graph import load
+    from tuner.graph.ir import graph_digest
+    from tuner.graph.layout_plan import default_plan
+    from tuner.target import parse_target
+    tgt = str(parse_target("cpu", 1))
+    graph = load("tiny")
+    slow = {"conv1": "NCHW", "conv4": "NCHW8c"}
+    assert default_plan(graph, "NCHW16c", parse_target("cpu", 1).lanes) != slow
+    log, out = tmp_path / "log.jsonl", tmp_path / "db.jsonl"
+    records.append(log, [records.make_plan_record("tiny", graph_digest(graph), tgt, slow, 1e-3, True),
+                         records.make_plan_record("no_such_model", "h", tgt, {"c": "NCHW"}, 1e-3, True)])
+    for faster, replaced in (("default", True), ("plan", False)):
+        seen = []
+
+        def fake(runners, inputs, rounds=5, **kw):
+            seen.append((sorted(runners), rounds))
+            [r(inputs) for r in runners.values()]            # both compiled models run
+            return {k: [1e-3 if k == faster else 2e-3] * rounds for k in runners}
+
+        monkeypatch.setattr(inter, "interleaved", fake)
+        lines = []
+        assert distill([str(log)], str(out), rounds=4, check_plans=True, progress=lines.append) == 0
+        plans = {p.model: p for p in records.load(out).plans}
+        assert seen == [(["default", "plan"], 4)] and plans["no_such_model"].layouts == {"c": "NCHW"}
+        p = plans["tiny"]
+        if replaced:
+            assert p.padded and p.layouts == default_plan(graph, "NCHW16c", 16) and p.estimate_s == 1e-3
+            assert any("the untuned compile's plan replaces it" in ln and "0.500x paired" in ln for ln in lines)
+            out.unlink()
+        else:
+            assert not p.padded and p.layouts == slow and any(ln.endswith(": kept") for ln in lines)
+        assert any("no_such_model" in ln and "not checked" in ln for ln in lines)
+
+
 def test_shipped_records_timed_on_this_kind_of_cpu_come_before_the_general_ones(tuned_log, tmp_path, monkeypatch):
     """Shipped files per kind of CPU (<backend>-<vendor>-<family>-<model>.jsonl): this model's first,
     then its family's nearest model, then the general file; another vendor's or family's never,

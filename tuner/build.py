@@ -75,11 +75,18 @@ class Kernel(_OpKernel):
             raise RuntimeError(f"{self.workload.label} kernel failed with code {rc}")
         return out
 
-    def time(self, *arrays: np.ndarray, repeat: int = 5, min_repeat_ms: float = 50.0) -> list:
-        """Seconds per call over `repeat` repeats, timed in C."""
+    def time(self, *arrays: np.ndarray, repeat: int = 5, min_repeat_ms: float = 50.0, cold: bool = False) -> list:
+        """Seconds per call over `repeat` repeats, timed in C; cold: the workload's constant inputs
+        evicted from every cache level before each call (RunConfig.cold_weights)."""
         keep = [np.ascontiguousarray(a, dtype=np.float32) for a in arrays] + [np.empty(self.output_shape, np.float32)]
         costs = ffi().new("double[]", repeat)
-        rc = self._lib.tuner_time(self._index, pointer_array(keep), 0, repeat, min_repeat_ms, 0, costs)
+        consts = self.workload.constant_inputs if cold else ()
+        evict = [a.nbytes if k in consts else 0 for k, a in enumerate(keep)]
+        if any(evict):
+            rc = self._lib.tuner_time_cold(self._index, pointer_array(keep), len(evict), ffi().new("long long[]", evict),
+                                           0, repeat, min_repeat_ms, costs)
+        else:
+            rc = self._lib.tuner_time(self._index, pointer_array(keep), 0, repeat, min_repeat_ms, 0, costs)
         if rc:
             raise RuntimeError(f"{self.workload.label} kernel failed with code {rc}")
         return list(costs)

@@ -298,7 +298,8 @@ def _cmd_distill(args) -> int:
     if args.remeasure < 0 or args.rounds < 1:
         raise UserError("--remeasure must be 0 or more and --rounds at least 1")
     n = distill(args.logs, args.output, args.remeasure, args.rounds,
-                progress=print if args.remeasure > 1 or args.retime_stale else None, retime_stale=args.retime_stale)
+                progress=print if args.remeasure > 0 or args.retime_stale or args.check_plans else None,
+                retime_stale=args.retime_stale, check_plans=args.check_plans)
     plans = len(records.load(args.output, warn=False).plans)
     print(f"{args.output}: best records of {n} workload/target pair(s)" + (f", {plans} layout plan(s)" if plans else ""))
     return 0
@@ -628,12 +629,18 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("logs", nargs="+")
     d.add_argument("-o", "--output", required=True, help="database to write (merged with what it holds)")
     d.add_argument("--remeasure", type=int, default=0, metavar="K",
-                   help="time the K fastest schedules of each task again on this host, interleaved, and keep the "
-                        "one with the lowest median (the fastest logged record is often a lucky measurement)")
+                   help="time the K fastest schedules of each task and this version's default again on this host, "
+                        "interleaved, as they were timed (weights cold or warm), and keep the one with the lowest "
+                        "median (the fastest logged record is often a lucky measurement, and one tuned against an "
+                        "older version's defaults can lose to this one's)")
     d.add_argument("--rounds", type=int, default=5, help="rounds of --remeasure and --retime-stale (default 5)")
     d.add_argument("--retime-stale", action="store_true",
                    help="a task none of whose records this version's code replays: time its fastest schedule "
                         "again as this version's code where this host can run it (else it is kept as logged)")
+    d.add_argument("--check-plans", action="store_true",
+                   help="time each model's layout plan whole against the plan an untuned compile applies (both with "
+                        "the records kept), where this host can run it, and keep the faster: a plan tuned against an "
+                        "older version's defaults can lose to this one's (built-in models, and ONNX files at their path)")
     d.set_defaults(fn=_cmd_distill)
 
     pt = sub.add_parser("pretrain", help="train a cost model on logs, to start searches from (transfer)")

@@ -3,13 +3,21 @@
 The fastest logged record is the minimum over many noisy measurements, so it is biased towards a
 schedule that was timed in a lucky moment (the winner's curse; docs/history.md has a case). With
 `remeasure=K`, the K fastest
-distinct schedules of each task this host can run are timed again, interleaved over `rounds`
-rounds, and the one with the lowest median is kept; its record is that new measurement (policy
-"remeasure", one cost per round), not the lucky old one.
+distinct schedules of each task this host can run, and this version's default schedule, are timed
+again, interleaved over `rounds` rounds, as their records were timed (weights cold where they were:
+Record.cold), and the one with the lowest median is kept; its record is that new measurement
+(policy "remeasure", one cost per round), not the lucky old one. A record tuned against the
+defaults of an older version can lose to this one's: the default's steps are then the record, so
+that a compile takes them rather than a slower record of another file (records.shipped_databases).
 
 A task none of whose records replay (code an older version generated differently) keeps its
 fastest record as it is, stale, unless `retime_stale`: then, where this host can run it, its
 steps are built as this version's code and timed (policy "retimed", the new code's hash).
+
+A layout plan is solved against the defaults of its day too: with `check_plans`, each model's
+plan that this host can run is timed whole against the untuned compile's plan, both with the
+records kept, and the faster stays (recheck_plan): a plan an older version tuned can lose to a
+newer version's default plan, and a compile applies a file's plan before any default.
 """
 from __future__ import annotations
 
@@ -17,6 +25,7 @@ import dataclasses
 import datetime as _dt
 import os
 import statistics
+import warnings
 
 from .. import __version__
 from ..build import Kernel
@@ -31,32 +40,43 @@ def _runnable_here(target: str) -> bool:
     return ct is not None and ct[0] == "cpu" and ct[1] == host_isa() and ct[2] <= host_cores()
 
 
-def _timed(recs: list, rounds: int) -> tuple:
-    """(this version's kernel of each record's steps (one task), each one's time per round,
-    interleaved round by round)."""
+def _timed(recs: list, rounds: int, default: bool = False) -> tuple:
+    """(this version's kernel of each record's steps (one task), and with `default` of its default
+    schedule last where no record builds the same code; each one's time per round, interleaved
+    round by round, weights cold where the first record was timed so)."""
     first = recs[0]
     task = Task(parse_spec(first.workload.spec, first.workload.layout), parse_target(first.target, check_host=False))
     kernels = [Kernel(task, r.steps, r, None) for r in recs]
+    if default:
+        k = Kernel(task, task.space.steps(task.space.default()), None, None)
+        if k.code_hash not in {x.code_hash for x in kernels}:
+            kernels.append(k)
     x = task.workload.random_inputs(seed=1)
-    times = [[] for _ in recs]
+    times = [[] for _ in kernels]
     for _ in range(rounds):
         for k, t in zip(kernels, times):
-            t.append(statistics.median(k.time(*x, repeat=3, min_repeat_ms=20.0)))
+            t.append(statistics.median(k.time(*x, repeat=3, min_repeat_ms=20.0, cold=first.cold)))
     return kernels, times
 
 
-def _new_record(rec: records.Record, costs: list, policy: str, code_hash: str) -> records.Record:
+def _new_record(rec: records.Record, costs: list, policy: str, code_hash: str, **changes) -> records.Record:
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     return dataclasses.replace(rec, costs=tuple(costs), code_hash=code_hash, timestamp=now, tool=f"tuner {__version__}",
-                               policy=policy, replayed_from=None, build_s=0.0, run_s=0.0)
+                               policy=policy, replayed_from=None, build_s=0.0, run_s=0.0, **changes)
 
 
 def remeasure(recs: list, rounds: int = 5) -> records.Record:
-    """Time `recs` (schedules of one task) again, interleaved round by round; the one with the
-    lowest median, as a new record whose costs are its per-round times."""
-    _, times = _timed(recs, rounds)
-    i = min(range(len(recs)), key=lambda j: statistics.median(times[j]))
-    return _new_record(recs[i], times[i], "remeasure", recs[i].code_hash)
+    """Time `recs` (schedules of one task, timed alike: all cold or all warm) and this version's
+    default schedule again, interleaved round by round; the one with the lowest median, as a new
+    record whose costs are its per-round times (the default's: of the first record's task, with
+    the default's steps and decisions)."""
+    kernels, times = _timed(recs, rounds, default=True)
+    i = min(range(len(kernels)), key=lambda j: statistics.median(times[j]))
+    if i < len(recs):
+        return _new_record(recs[i], times[i], "remeasure", recs[i].code_hash)
+    k = kernels[i]
+    return _new_record(recs[0], times[i], "remeasure", k.code_hash, steps=k.steps, seed=None,
+                       decisions=None, heat="")
 
 
 def retime(rec: records.Record, rounds: int = 5) -> records.Record:
@@ -67,11 +87,12 @@ def retime(rec: records.Record, rounds: int = 5) -> records.Record:
 
 
 def distill(logs: list, out: str, remeasure_top: int = 0, rounds: int = 5, progress=None,
-            retime_stale: bool = False) -> int:
+            retime_stale: bool = False, check_plans: bool = False) -> int:
     """Write the best record of every (workload, target) in `logs` and in `out` itself to `out`,
     and the newest layout plan of every (model, target); with remeasure_top=K, the best of the K
     fastest re-timed on this host where it can run them; a task with no record that replays keeps
-    its fastest, re-timed as this version's code where retime_stale and this host can run it.
+    its fastest, re-timed as this version's code where retime_stale and this host can run it;
+    with check_plans, each plan against the untuned compile's (recheck_plan), with the records kept.
     Returns the number of records written."""
     by_task: dict = {}
     plans: dict = {}
@@ -85,15 +106,16 @@ def distill(logs: list, out: str, remeasure_top: int = 0, rounds: int = 5, progr
                 plans[key] = p
     best = []
     for n, recs in enumerate(by_task.values(), 1):
-        if remeasure_top > 1 and _runnable_here(recs[0].target):
-            cands = records.fastest_that_replay(recs, remeasure_top)
-            b = remeasure(cands, rounds) if len(cands) > 1 else (cands[0] if cands else None)
-            if progress and b is not None:
-                was = cands[0].latency
+        cands = []           # timed alike: those timed cold if any replays, else the warm ones (records.best_of)
+        for group in ([r for r in recs if r.cold], [r for r in recs if not r.cold]):
+            cands = cands or (records.fastest_that_replay(group, remeasure_top) if remeasure_top > 0 else [])
+        if cands and _runnable_here(recs[0].target):
+            b = remeasure(cands, rounds)
+            if progress:
+                rank = next((f"rank {k + 1} of {len(cands)}" for k, c in enumerate(cands) if c.code_hash == b.code_hash),
+                            f"this version's default, beside {len(cands)} logged")
                 progress(f"[{n}/{len(by_task)}] {b.workload.title} [{b.workload.layout}] {b.target}: "
-                         f"best logged {was * 1e3:.3f} ms, kept {b.latency * 1e3:.3f} ms now "
-                         f"(rank {next(k for k, c in enumerate(cands) if c.code_hash == b.code_hash) + 1} "
-                         f"of {len(cands)})")
+                         f"best logged {cands[0].latency * 1e3:.3f} ms, kept {b.latency * 1e3:.3f} ms now ({rank})")
         else:
             b = records.best_of(recs)
         ok = [r for r in recs if r.ok]
@@ -108,8 +130,66 @@ def distill(logs: list, out: str, remeasure_top: int = 0, rounds: int = 5, progr
             best.append(b)
     ordered = sorted(best, key=lambda r: (r.target, r.workload.title, r.workload.layout))
     tmp = f"{out}.tmp"
-    if os.path.exists(tmp):
-        os.remove(tmp)
-    records.append(tmp, ordered + sorted(plans.values(), key=lambda p: (p.target, p.model, p.timestamp)))
+
+    def write() -> None:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        records.append(tmp, ordered + sorted(plans.values(), key=lambda p: (p.target, p.model, p.timestamp)))
+
+    write()
+    if check_plans:
+        for key, p in sorted(plans.items(), key=lambda kv: (kv[1].target, kv[1].model)):
+            plans[key] = recheck_plan(p, tmp, max(rounds, 3), progress) or p
+        write()
     os.replace(tmp, out)
     return len(ordered)
+
+
+def recheck_plan(plan: records.PlanRecord, log: str, rounds: int = 5, progress=None) -> records.PlanRecord | None:
+    """The model of `plan` compiled with it and with `log`'s records, and compiled as an untuned
+    compile is (the default plan's Winograd convs, the other convs in the default layout, channels
+    padded: graph.layout_plan.default_plan) with the same records, timed whole, interleaved over
+    `rounds` rounds on random inputs; where the untuned compile's plan is faster (the median of the
+    paired ratios below 1), that plan as a line marked padded, its estimate the time measured.
+    None where the plan stands or cannot be checked here: its target not runnable here, a dynamic
+    plan, a model that is no built-in one or file here, or another version of it (its hash)."""
+    from ..compiler import compile_model
+    from ..compiler.compile_model import DEFAULT_LAYOUT
+    from ..errors import UserError
+    from ..graph import load
+    from ..graph.ir import graph_digest
+    from ..graph.layout_plan import default_plan, winograd_convs
+    from ..measure.interleave import interleaved
+
+    say = progress or (lambda _: None)
+    if plan.dynamic or not _runnable_here(plan.target):
+        return None
+    tgt = parse_target(plan.target, check_host=False)
+    try:
+        graph = load(plan.model, plan.shapes if plan.model.endswith(".onnx") else None)
+    except (UserError, OSError, ValueError):
+        say(f"plan of {plan.model} on '{plan.target}': not checked (no such model here)")
+        return None
+    if graph_digest(graph) != plan.model_hash:
+        say(f"plan of {plan.model} on '{plan.target}': not checked (the model here is another version)")
+        return None
+    mine = winograd_convs(plan.layouts) if plan.padded else plan.layouts
+    untuned = default_plan(graph, DEFAULT_LAYOUT, tgt.lanes)
+    if mine == untuned:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        built = {k: compile_model(graph, log=log, target=str(tgt), layout_plan=lay)
+                 for k, lay in (("plan", mine), ("default", untuned))}
+    inputs = built["plan"].random_inputs()
+    times = interleaved({k: (lambda xs, m=m: m.run(*xs)) for k, m in built.items()}, inputs, rounds)
+    ratio = statistics.median(d / p for d, p in zip(times["default"], times["plan"]))
+    kept = ratio < 1
+    say(f"plan of {plan.model} on '{plan.target}': {statistics.median(times['plan']) * 1e3:.2f} ms, the untuned "
+        f"compile's plan {statistics.median(times['default']) * 1e3:.2f} ms ({ratio:.3f}x paired, {rounds} rounds): "
+        + ("the untuned compile's plan replaces it" if kept else "kept"))
+    if not kept:
+        return None
+    now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return dataclasses.replace(plan, layouts=untuned, padded=True, estimate_s=statistics.median(times["default"]),
+                               exact=True, cold={}, cold_estimate_s=None, timestamp=now, tool=f"tuner {__version__}")
