@@ -354,10 +354,11 @@ def test_distill_check_plans_replaces_a_plan_the_untuned_compiles_plan_outruns_a
         if replaced:
             assert p.padded and p.layouts == default_plan(graph, "NCHW16c", 16) and p.estimate_s == 1e-3
             assert any("the untuned compile's plan replaces it" in ln and "0.500x paired" in ln for ln in lines)
-            out.unlink()
         else:
             assert not p.padded and p.layouts == slow and any(ln.endswith(": kept") for ln in lines)
         assert any("no_such_model" in ln and "not checked" in ln for ln in lines)
+        assert not [q.name for q in tmp_path.iterdir() if ".tmp" in q.name]     # nor its temporary file's lock
+        out.unlink()
 
 
 def test_shipped_records_timed_on_this_kind_of_cpu_come_before_the_general_ones(tuned_log, tmp_path, monkeypatch):

@@ -142,6 +142,8 @@ def distill(logs: list, out: str, remeasure_top: int = 0, rounds: int = 5, progr
             plans[key] = recheck_plan(p, tmp, max(rounds, 3), progress) or p
         write()
     os.replace(tmp, out)
+    if os.path.exists(f"{tmp}.lock"):         # records.append's lock of the private temporary file
+        os.remove(f"{tmp}.lock")
     return len(ordered)
 
 
