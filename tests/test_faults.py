@@ -549,7 +549,9 @@ def test_distill_remeasure_keeps_this_versions_default_where_it_beats_every_logg
     assert distill([str(log)], str(out), remeasure_top=3, rounds=2, progress=lines.append) == 1
     (kept,) = records.load(out).records
     assert kept.steps == default.steps and kept.code_hash == default.code_hash and records.replays(kept)
-    assert kept.policy == "remeasure" and kept.cold and kept.costs == (2e-6, 2e-6) and kept.decisions is None
+    assert kept.policy == "remeasure" and kept.cold and kept.costs == (2e-6, 2e-6)
+    assert kept.decisions == task.space.default() and task.candidate(task.space.steps(kept.decisions)).code_hash \
+        == default.code_hash
     assert sorted(set(timed)) == sorted({(cand.code_hash, True), (default.code_hash, True)}) and len(timed) == 4
     assert "kept 0.002 ms now (this version's default, beside 1 logged)" in lines[0]
     timed.clear()                                         # faster than the default: the record stays

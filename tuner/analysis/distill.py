@@ -43,7 +43,7 @@ def _runnable_here(target: str) -> bool:
 def _timed(recs: list, rounds: int, default: bool = False) -> tuple:
     """(this version's kernel of each record's steps (one task), and with `default` of its default
     schedule last where no record builds the same code; each one's time per round, interleaved
-    round by round, weights cold where the first record was timed so)."""
+    round by round, weights cold where the first record was timed so; their Task)."""
     first = recs[0]
     task = Task(parse_spec(first.workload.spec, first.workload.layout), parse_target(first.target, check_host=False))
     kernels = [Kernel(task, r.steps, r, None) for r in recs]
@@ -56,7 +56,7 @@ def _timed(recs: list, rounds: int, default: bool = False) -> tuple:
     for _ in range(rounds):
         for k, t in zip(kernels, times):
             t.append(statistics.median(k.time(*x, repeat=3, min_repeat_ms=20.0, cold=first.cold)))
-    return kernels, times
+    return kernels, times, task
 
 
 def _new_record(rec: records.Record, costs: list, policy: str, code_hash: str, **changes) -> records.Record:
@@ -70,19 +70,19 @@ def remeasure(recs: list, rounds: int = 5) -> records.Record:
     default schedule again, interleaved round by round; the one with the lowest median, as a new
     record whose costs are its per-round times (the default's: of the first record's task, with
     the default's steps and decisions)."""
-    kernels, times = _timed(recs, rounds, default=True)
+    kernels, times, task = _timed(recs, rounds, default=True)
     i = min(range(len(kernels)), key=lambda j: statistics.median(times[j]))
     if i < len(recs):
         return _new_record(recs[i], times[i], "remeasure", recs[i].code_hash)
     k = kernels[i]
     return _new_record(recs[0], times[i], "remeasure", k.code_hash, steps=k.steps, seed=None,
-                       decisions=None, heat="")
+                       decisions=task.space.default(), heat="")
 
 
 def retime(rec: records.Record, rounds: int = 5) -> records.Record:
     """`rec`'s steps built as this version's code and timed over `rounds` rounds: a new record of
     that code (its hash, one cost per round)."""
-    (kernel,), (times,) = _timed([rec], rounds)
+    (kernel,), (times,), _ = _timed([rec], rounds)
     return _new_record(rec, times, "retimed", kernel.code_hash)
 
 
@@ -179,10 +179,14 @@ def recheck_plan(plan: records.PlanRecord, log: str, rounds: int = 5, progress=N
     untuned = default_plan(graph, DEFAULT_LAYOUT, tgt.lanes)
     if mine == untuned:
         return None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        built = {k: compile_model(graph, log=log, target=str(tgt), layout_plan=lay)
-                 for k, lay in (("plan", mine), ("default", untuned))}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            built = {k: compile_model(graph, log=log, target=str(tgt), layout_plan=lay)
+                     for k, lay in (("plan", mine), ("default", untuned))}
+    except UserError as e:
+        say(f"plan of {plan.model} on '{plan.target}': not checked (it does not compile here: {e})")
+        return None
     inputs = built["plan"].random_inputs()
     times = interleaved({k: (lambda xs, m=m: m.run(*xs)) for k, m in built.items()}, inputs, rounds)
     ratio = statistics.median(d / p for d, p in zip(times["default"], times["plan"]))
