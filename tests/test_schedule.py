@@ -10,7 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from tuner.codegen.c import generate_c
-from tuner.ops import make
+from tuner.ops import make, parse_spec
 from tuner.schedule.lower import lower
 from tuner.schedule.schedule import Schedule, ScheduleError, replay
 from tuner.space.mutation import mutate
@@ -347,7 +347,7 @@ def test_the_default_avx512_conv_tile_splits_no_padded_axis_in_two_and_computes_
     assert space.valid(dec) and dec["pad"] == {p: "interior" for p in space.pads}
     reg = [t[2] for t in dec["tile"]]
     assert reg[-1] == 16 and reg[0] * reg[1] * reg[2] * reg[3] <= 28
-    padded = space._padded_axes()
+    padded = space._pad_reads[1]
     assert (2 in padded and 3 in padded) == (pad > 0)
     for d in padded & {2, 3}:
         n = space.out_shape[d]
@@ -374,9 +374,38 @@ def test_a_default_conv_tile_over_a_prime_width_fills_its_registers_and_computes
     dec = space.default()
     assert space.valid(dec)
     n, kb, oh, ow, _ = [t[2] for t in dec["tile"]]
-    assert ow > 1 and kb * oh * ow >= min(8, space.out_shape[1] * space.out_shape[2] * w), dec["tile"]
+    assert max(oh, ow) > 1 and kb * oh * ow >= min(8, space.out_shape[1] * space.out_shape[2] * w), dec["tile"]
     if TARGET1.isa == "avx512" or isa == TARGET1.isa:
         check_schedules([(wl, space.steps(dec))], target)
+
+
+@pytest.mark.parametrize("spec, tile", [
+    ("C=160,H=17,W=17,K=192,R=1,S=7,pad=0.3.0.3", (3, 9, 1)),     # columns padded: the tile runs down the rows
+    ("C=160,H=17,W=17,K=160,R=7,S=1,pad=3.0.3.0", (2, 1, 9)),     # rows padded: along the row, no border in it
+    ("C=384,H=8,W=8,K=384,R=1,S=3,pad=0.1.0.1", (3, 8, 1)),
+    ("C=64,H=35,W=35,K=96,R=3,S=3,pad=1", (3, 1, 7)),              # a 7-pixel row: three channel blocks
+    ("C=160,H=7,W=7,K=960,R=1,S=1,pad=0", (3, 1, 7)),
+    ("C=512,H=7,W=7,K=2048,R=1,S=1,pad=0", (2, 1, 7)),             # 4 blocks of 7 and their weights: 33 registers
+    ("C=64,H=56,W=56,K=64,R=3,S=3,pad=1", (2, 1, 14)),
+    ("C=96,H=7,W=7,K=96,R=5,S=5,pad=2,groups=96", (3, 1, 7)),       # depthwise: its channels are no row
+])
+def test_the_default_avx512_conv_tile_keeps_borders_out_of_its_rows_and_fills_short_rows_with_channel_blocks(
+        spec, tile):
+    """With an interior version, the register tile runs along an output axis whose input dimension
+    is not padded where the row's is (a 1x7 conv: down its rows, so that no tile holds a border
+    test); a row of 7 to 9 pixels takes 3 or 4 blocks of output channels where they divide them
+    and the accumulators, weight vectors and broadcast fit the 32 registers. Each computes the
+    reference where this host runs AVX-512."""
+    wl = parse_spec(f"conv2d:N=1,{spec},stride=1,bias=1,relu=1", "NCHW16c")
+    for threads in (1, 2):
+        target = parse_target(f"cpu -isa=avx512 -threads={threads}", check_host=False)
+        space = SearchSpace(wl, target)
+        dec = space.default()
+        _, kb, oh, ow, _ = [t[2] for t in dec["tile"]]
+        assert space.valid(dec) and (kb, oh, ow) == tile, dec["tile"]
+        assert kb * oh * ow + kb + 1 <= 32
+        if TARGET1.isa == "avx512":
+            check_schedules([(wl, space.steps(dec))], target)
 
 
 @pytest.mark.parametrize("threads", [1, 2])

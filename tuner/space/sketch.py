@@ -26,7 +26,9 @@ Tiled sketch, for a DAG with one reduction (conv2d, dense, pooling):
     vectors stay in registers, as MLAS's AVX-512 kernels do, and wider tiles fit the registers;
     by default an output whose vector axis the broadcast operand does not index either (a
     Winograd GEMM's or an NHWC conv's channels) takes up to 4 vectors of it by rows of the axes
-    not every operand reads;
+    not every operand reads; a conv whose row is padded where a column is not (1x7) runs its tile
+    down the columns, where that is as long, so that no tile holds a border test; a row of 7 to 9
+    pixels (17, 35 or 8 wide outputs) takes 3 or 4 channel blocks where they fit the registers;
   * outer tiles fused and parallel when the target has more than one thread, in the output's
     axis order or with the axes that index only the activation first (a decision, `parallel`,
     where the two differ): each thread then takes its own rows of the activation and reads all
@@ -59,7 +61,7 @@ from ..ops import Workload
 from ..ops.workload import CONSTANT_INPUTS
 from ..schedule.ir import tail_widths, vector_split
 from ..schedule.schedule import Schedule, ScheduleError, replay
-from ..te.expr import Const, FloorDiv, FloorMod, Load, Var, free_vars, substitute, walk
+from ..te.expr import Const, FloorDiv, FloorMod, Load, Select, Var, free_vars, substitute, walk
 
 MAX_ACCUMULATORS = 32        # vector registers of AVX-512 (AVX2 has 16; spills only cost speed)
 MAX_TILE_FLOATS = 16384      # a 64 KiB accumulator tile stays on the stack and in L1/L2
@@ -379,6 +381,14 @@ class SearchSpace(DagSketch):
             # channel blocks), each broadcast feeding two FMAs, the pixels outside them
             # (reversed), up to 28 accumulators, then rows: MLAS's AVX-512 tile (docs/history.md)
             row = len(shape) - 2 if shape[-2] > 1 else max(others, key=lambda d: (shape[d], d))
+            reads, padded = self._pad_reads if place == "interior" else (set(), set())
+            if row in padded and (free := [d for d in others if d in reads and d not in padded]):
+                # the border only along the row (a 1x7 conv): the tile runs down the columns instead,
+                # so that no tile holds a border test, where it is as long there (docs/history.md)
+                alt = max(free, key=lambda d: (shape[d], d))
+                fit = (MAX_ACCUMULATORS - 4) // 2 if self._broadcast_axis(alt) is not None else 24
+                if register_length(shape[alt], fit) >= register_length(shape[row], fit, True):
+                    row = alt
             rest = sorted((d for d in others if d != row), key=lambda d: -shape[d])
             cap, enough, pair = 24, 12, self._broadcast_axis(row)
             if pair is not None:
@@ -392,12 +402,20 @@ class SearchSpace(DagSketch):
                 tile[-1][2], acc, cap = vectors * self.target.lanes, vectors, MAX_ACCUMULATORS - 4
                 enough = cap
                 rest = [d for d in rest if d not in self._batch_axes]
-            padded = self._padded_axes() if place == "interior" else set()
             for d in [row] + rest:
                 if acc >= enough:
                     break
                 tile[d][2] = register_length(shape[d], cap // acc, d in padded)
                 acc *= tile[d][2]
+            if pair is not None and acc < enough:
+                # a short row (17, 35 or 8 wide: 9, 7 or 8 pixels) leaves registers: 3 or 4 blocks
+                # of the broadcast axis, each broadcast feeding as many FMAs, where the accumulators,
+                # those blocks' weight vectors and the broadcast fit the registers (docs/history.md)
+                per = acc // 2
+                wider = [m for m in (4, 3) if shape[pair] % m == 0 and per * m <= cap
+                         and per * m + m + 1 <= MAX_ACCUMULATORS]
+                if wider:
+                    tile[pair][2], acc = wider[0], per * wider[0]
         dec = {"pad": {p: place for p in self.pads}, "tile": tile,
                "reduce": list(self._reduce_periods), "unroll": 64, "order": order}
         if self.epilogues:
@@ -450,10 +468,26 @@ class SearchSpace(DagSketch):
                     and extent % n.b.value == 0} for name, extent in self.reduce_axes]
         return tuple(min(c) if c else 1 for c in periods)
 
-    def _padded_axes(self) -> set:
-        """The output axes (positions) that index a read of a pad producer."""
-        read = frozenset().union(*(v for b, v in self._reads if b in self.pads))
-        return {d for d, name in enumerate(self.local_axes) if name in read}
+    @cached_property
+    def _pad_reads(self) -> tuple:
+        """(output axis positions that index a dimension a pad producer tests, those that index one
+        it pads): a 1x7 conv tests rows and columns but pads its columns only, so its rows have no
+        border; a depthwise conv's channels it does not test."""
+        sch = Schedule(self.inputs, self.output)
+        reads, padded = set(), set()
+        for n in walk(self.anchor_op.body):
+            if not (isinstance(n, Load) and n.buffer in self.pads):
+                continue
+            op = sch.stage(n.buffer).op
+            tested = frozenset().union(*(free_vars(e.cond) for e in walk(op.body) if isinstance(e, Select)))
+            src = op.inputs[0].shape if len(op.inputs) == 1 and len(op.inputs[0].shape) == len(op.axes) else None
+            for d, idx in enumerate(n.indices):
+                if op.axes[d].name in tested:
+                    reads |= free_vars(idx)
+                    if src is None or op.axes[d].extent != src[d]:
+                        padded |= free_vars(idx)
+        pos = lambda names: {d for d, a in enumerate(self.local_axes) if a in names}   # noqa: E731
+        return pos(reads), pos(padded)
 
     def _broadcast_axis(self, row: int) -> int | None:
         """With 32 vector registers (AVX-512), an even output axis other than `row` and the vector
