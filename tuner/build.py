@@ -80,8 +80,7 @@ class Kernel(_OpKernel):
         evicted from every cache level before each call (RunConfig.cold_weights)."""
         keep = [np.ascontiguousarray(a, dtype=np.float32) for a in arrays] + [np.empty(self.output_shape, np.float32)]
         costs = ffi().new("double[]", repeat)
-        consts = self.workload.constant_inputs if cold else ()
-        evict = [a.nbytes if k in consts else 0 for k, a in enumerate(keep)]
+        evict = self.workload.cold_bytes(keep) if cold else []
         if any(evict):
             rc = self._lib.tuner_time_cold(self._index, pointer_array(keep), len(evict), ffi().new("long long[]", evict),
                                            0, repeat, min_repeat_ms, costs)

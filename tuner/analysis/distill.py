@@ -106,10 +106,12 @@ def distill(logs: list, out: str, remeasure_top: int = 0, rounds: int = 5, progr
                 plans[key] = p
     best = []
     for n, recs in enumerate(by_task.values(), 1):
-        cands = []           # timed alike: those timed cold if any replays, else the warm ones (records.best_of)
-        for group in ([r for r in recs if r.cold], [r for r in recs if not r.cold]):
-            cands = cands or (records.fastest_that_replay(group, remeasure_top) if remeasure_top > 0 else [])
-        if cands and _runnable_here(recs[0].target):
+        # timed alike: those timed cold if any replays, else the warm ones (records.best_of); replaying
+        # builds each record's code, so only for a task this host will time
+        cands = remeasure_top > 0 and _runnable_here(recs[0].target) and (
+            records.fastest_that_replay([r for r in recs if r.cold], remeasure_top)
+            or records.fastest_that_replay([r for r in recs if not r.cold], remeasure_top))
+        if cands:
             b = remeasure(cands, rounds)
             if progress:
                 rank = next((f"rank {k + 1} of {len(cands)}" for k, c in enumerate(cands) if c.code_hash == b.code_hash),

@@ -209,8 +209,7 @@ class CpuRunner:
         (built here by `measure`, or elsewhere: a cluster's build workers)."""
         self._set_data(task.workload.key, *task.data)
         cold = self.config.times_cold(task.workload)
-        consts = task.workload.constant_inputs if cold else ()
-        self._cold = [a.nbytes if k in consts else 0 for k, a in enumerate(task.data[0])] + [0]
+        self._cold = (task.workload.cold_bytes(task.data[0]) if cold else [0] * len(task.data[0])) + [0]
         for cand, b in zip(batch, built):
             if b.error is not None:
                 yield cand, MeasureResult(COMPILE_ERROR, b.error, build_s=b.seconds, cold=cold)

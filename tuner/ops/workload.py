@@ -124,6 +124,11 @@ class Workload:
         per inference, they arrive cold from memory there (measure.runner.RunConfig.cold_weights)."""
         return tuple(k for k, t in enumerate(self.build()[0]) if t.name in CONSTANT_INPUTS)
 
+    def cold_bytes(self, arrays) -> list:
+        """Per kernel argument, the bytes evicted before each call timed cold: a constant input's
+        size, 0 for the others (the activations and the output stay warm)."""
+        return [a.nbytes if k in self.constant_inputs else 0 for k, a in enumerate(arrays)]
+
     # ------------------------------------------------------------ data and reference
     def random_inputs(self, seed: int = 0) -> list:
         """Random, never all-zero inputs in this workload's layout (uniform in [-1, 1))."""
