@@ -30,7 +30,7 @@ per round, and of medians) and to PyTorch, the joint plan against the fastest si
 Logs go to logs/bench/tune/ (--resume keeps them; the tuning time of a log resumed with nothing
 left to tune is its records' own, from their timestamps). --untuned times the compile with no log
 (default schedules) in the same run. Every variant also gets GFLOPS, its fraction of the FP32 peak
-and its time split by kernel kind (GEMMs, attention, LayerNorm/softmax, the rest; each step timed
+(the FMA microbenchmark timed in each round beside the models, paired round by round) and its time split by kernel kind (GEMMs, attention, LayerNorm/softmax, the rest; each step timed
 in context). Transformers (issue 35's figures):
 
     python -m bench.models --tune 3000 --models bert_base,vit_b16,gpt2 --single "" --untuned
@@ -55,11 +55,13 @@ from tuner.compiler import compile_model
 from tuner.database import records
 from tuner.database.result import WEIGHTS
 from tuner.graph import load as load_graph
-from tuner.measure.peak import peak_gflops
+from tuner.measure.peak import peak_gflops, peak_runner
 from tuner.model_tuning import tune_model
 from tuner.target import parse_target
 from tuner.te.layouts import CONV_LAYOUTS, DEFAULT_CHOICES
 
+
+PEAK = "FP32 peak"      # the FMA microbenchmark's runner among the models'
 
 KINDS = (("GEMMs", ("dense", "conv2d")), ("attention", ("batch_matmul",)),
          ("LayerNorm/softmax", ("layer_norm", "softmax")))     # first match of a step's ops; else "the rest"
@@ -145,17 +147,21 @@ def tune_figures(args) -> int:
         runners["torch NCHW"] = torch_runner(graph, tt, channels_last=False)
         if any(len(v.shape) == 4 for v in graph.inputs):
             runners["torch channels_last"] = torch_runner(graph, tt, channels_last=True)
+        # the FMA peak timed in each round too: on a shared host it moves with the model's speed,
+        # and each round's GFLOPS over that round's peak is the fraction of what the core gave then
+        runners[PEAK], peak_flop = peak_runner(parse_target("cpu", tt), tt)
         inputs = variants[0]["model"].random_inputs(seed=1)
         times = interleaved(runners, inputs, args.rounds, progress=lambda s: print(f"  {s}", flush=True))
         med = {k: statistics.median(v) for k, v in times.items()}
         torch_key = min((k for k in runners if k.startswith("torch")), key=lambda k: med[k])
-        peak = peak_gflops(parse_target("cpu", tt), tt)
+        peak = peak_flop / 1e9 / med[PEAK]
         gflop = sum(st.flops for st in variants[0]["model"].steps) / 1e9
         for v in variants:
             t = times[v["label"]]
             v["measured_s"] = med[v["label"]]
             v["gflops"] = gflop / v["measured_s"]
-            v["fraction_of_peak"] = v["gflops"] / peak
+            v["fraction_of_peak"] = statistics.median(gflop / s / (peak_flop / 1e9 / p)
+                                                      for s, p in zip(t, times[PEAK]))
             v["split_s"] = kind_split(v["model"])
             v["vs_onnxruntime_paired"] = statistics.median(paired_ratios(t, times["onnxruntime"]))
             v["vs_onnxruntime"] = med[v["label"]] / med["onnxruntime"]

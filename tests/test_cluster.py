@@ -47,6 +47,7 @@ def test_a_tune_through_the_cluster_logs_what_a_local_tune_logs(policy, ahead, t
     kw = dict(target=target, trials=24, policy=policy, progress=False, batch_size=8, cost_model_from=["none"])
     tune([SMALL], log=str(tmp_path / "here.jsonl"), runner=ReplayRunner(str(REPLAY_LOG), ahead=ahead), **kw)
     with ClusterRunner("local:2", target, replay=str(REPLAY_LOG), ahead=ahead) as runner:
+        assert len(runner.measuring_workers()) == 2           # joined before the first batch is sent
         session = tune([SMALL], log=str(tmp_path / "there.jsonl"), runner=runner, **kw)
     here, there = _lines(tmp_path / "here.jsonl"), _lines(tmp_path / "there.jsonl")
     assert len(here) == 24 and session.new == 24

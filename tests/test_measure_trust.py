@@ -87,3 +87,19 @@ def test_two_libraries_for_one_source_are_warned_of_and_the_stranger_removed(tmp
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert compile_library("int f(void) { return 1; }\n", flags)[0] == real
+
+
+def test_the_peak_runner_reports_the_flops_its_microbenchmark_does():
+    """bench.models times it beside the models, round by round: its FLOPs over the call's wall time
+    cannot exceed the rate the microbenchmark measures inside the call, and not fall far below it."""
+    import time
+
+    from tuner.measure.peak import peak_runner
+    run, flops = peak_runner(TARGET1, 1, iters=1_000_000)
+    assert flops == 2 * 12 * TARGET1.lanes * 1_000_000
+    rates = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        inside = run(None)
+        rates.append((flops / 1e9 / (time.perf_counter() - t0), inside))
+    assert all(0.2 * inside <= outside <= 1.01 * inside for outside, inside in rates), rates

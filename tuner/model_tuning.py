@@ -418,12 +418,16 @@ def open_choices(graph: Graph, layouts: dict) -> list:
     return [c for c in GRAPH_CHOICES if groups(**{c: True}) != base]
 
 
-def _whole_times(built: dict) -> dict:
-    """{name: median seconds} of compiled models ({name: CompiledModel}) timed interleaved on the same
-    random inputs, CHOICE_ROUNDS rounds."""
+def whole_times(built: dict, rounds: int = CHOICE_ROUNDS) -> dict:
+    """{name: [seconds per round]} of compiled models ({name: CompiledModel}) timed interleaved on
+    the same random inputs."""
     inputs = next(iter(built.values())).random_inputs()
-    times = interleaved({k: (lambda xs, m=m: m.run(*xs)) for k, m in built.items()}, inputs, CHOICE_ROUNDS)
-    return {k: statistics.median(v) for k, v in times.items()}
+    return interleaved({k: (lambda xs, m=m: m.run(*xs)) for k, m in built.items()}, inputs, rounds)
+
+
+def _whole_times(built: dict) -> dict:
+    """{name: median seconds} of whole_times."""
+    return {k: statistics.median(v) for k, v in whole_times(built).items()}
 
 
 def time_choices(graph: Graph, log: str, tgt, layouts: dict, progress: bool = True) -> dict:

@@ -163,7 +163,7 @@ def recheck_plan(plan: records.PlanRecord, log: str, rounds: int = 5, progress=N
     from ..graph import load
     from ..graph.ir import graph_digest
     from ..graph.layout_plan import default_plan, winograd_convs
-    from ..measure.interleave import interleaved
+    from ..model_tuning import whole_times
 
     say = progress or (lambda _: None)
     if plan.dynamic or not _runnable_here(plan.target):
@@ -189,8 +189,7 @@ def recheck_plan(plan: records.PlanRecord, log: str, rounds: int = 5, progress=N
     except UserError as e:
         say(f"plan of {plan.model} on '{plan.target}': not checked (it does not compile here: {e})")
         return None
-    inputs = built["plan"].random_inputs()
-    times = interleaved({k: (lambda xs, m=m: m.run(*xs)) for k, m in built.items()}, inputs, rounds)
+    times = whole_times(built, rounds)
     ratio = statistics.median(d / p for d, p in zip(times["default"], times["plan"]))
     kept = ratio < 1
     say(f"plan of {plan.model} on '{plan.target}': {statistics.median(times['plan']) * 1e3:.2f} ms, the untuned "

@@ -66,6 +66,7 @@ _TASKS = collections.OrderedDict()   # on a worker: (spec, layout, target) -> Ta
 TASKS_KEPT = 8                       # few tasks (a model tune has hundreds)
 POLL_S = 2.0                 # how often a tuner waiting for a job checks that the workers it needs are there
 CONNECT_S = 5.0              # how long a tuner tries to reach its scheduler
+LOCAL_START_S = 120.0        # how long a tuner waits for a local cluster's workers to join its scheduler
 JOBS_DIR = "jobs"            # under the cache root: one directory per job's shipped libraries, deleted after it
 
 
@@ -393,6 +394,15 @@ class ClusterRunner:
                 self._cluster.close()
             raise SetupError(f"cannot reach the Dask scheduler at {address}: {e}; start it with "
                              "`dask scheduler` and check the address") from None
+        if self._cluster is not None:
+            # its worker processes join the scheduler some time after it starts (seconds on a loaded
+            # machine): a first batch sent before would find no worker that measures
+            try:
+                self.client.wait_for_workers(sum(parse_local(spec.address)), timeout=LOCAL_START_S)
+            except TimeoutError:
+                self.close()
+                raise SetupError(f"--cluster {spec.address}: its workers did not start within {LOCAL_START_S:.0f} s; "
+                                 "is this machine out of memory or processes?") from None
         self.workers_seen: set = set()
         self.builders_seen: set = set()
         self.busy_s = 0.0          # seconds the measuring workers spent on this runner's jobs

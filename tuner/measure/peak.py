@@ -32,7 +32,7 @@ double peak_gflops(long iters, int threads) {
 """
 
 
-def peak_gflops(target: Target, threads: int = 1, iters: int = 20_000_000, repeat: int = 3) -> float:
+def _library(target: Target):
     lanes = target.lanes
     src = _SOURCE % {"bytes": lanes * 4, "lanes": lanes}
     lib_path, err = compile_library(src, list(target.cflags) + ["-fopenmp"])
@@ -41,8 +41,20 @@ def peak_gflops(target: Target, threads: int = 1, iters: int = 20_000_000, repea
     open_library(lib_path)  # pins the OpenMP runtime for this process
     ffi = FFI()
     ffi.cdef("double peak_gflops(long iters, int threads);")
-    lib = ffi.dlopen(lib_path)
+    return ffi.dlopen(lib_path)
+
+
+def peak_gflops(target: Target, threads: int = 1, iters: int = 20_000_000, repeat: int = 3) -> float:
+    lib = _library(target)
     return max(lib.peak_gflops(iters, threads) for _ in range(repeat))
+
+
+def peak_runner(target: Target, threads: int = 1, iters: int = 2_000_000) -> tuple:
+    """(a callable of one argument that runs the microbenchmark once, the FLOPs it does): timed
+    beside a model, round by round (measure.interleave), it gives the peak of the moment, which
+    on a shared host moves with the model's own speed."""
+    lib = _library(target)
+    return (lambda _inputs: lib.peak_gflops(iters, threads)), 2.0 * 12 * target.lanes * iters * threads
 
 
 if __name__ == "__main__":

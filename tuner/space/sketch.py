@@ -374,6 +374,12 @@ class SearchSpace(DagSketch):
         else:
             tile[-1][2] = max(last) if last else 1
             acc = self._vectors(tile[-1][2])
+
+            def fit(row) -> tuple:
+                """(accumulators a tile along `row` may hold, the axis paired with it, or None)."""
+                pair = self._broadcast_axis(row)
+                return (24, None) if pair is None else (MAX_ACCUMULATORS - 4, pair)
+
             # register tile along the axis next to the vector axis (the output row, as in the
             # classic NCHW[x]c schedule), then widen along the largest other axis until enough
             # independent accumulators hide the FMA latency. With 32 vector registers, first two
@@ -386,13 +392,14 @@ class SearchSpace(DagSketch):
                 # the border only along the row (a 1x7 conv): the tile runs down the columns instead,
                 # so that no tile holds a border test, where it is as long there (docs/history.md)
                 alt = max(free, key=lambda d: (shape[d], d))
-                fit = (MAX_ACCUMULATORS - 4) // 2 if self._broadcast_axis(alt) is not None else 24
-                if register_length(shape[alt], fit) >= register_length(shape[row], fit, True):
+                cap, pair = fit(alt)
+                room = cap // (acc if pair is None else 2 * acc)
+                if register_length(shape[alt], room) >= register_length(shape[row], room, True):
                     row = alt
             rest = sorted((d for d in others if d != row), key=lambda d: -shape[d])
-            cap, enough, pair = 24, 12, self._broadcast_axis(row)
+            (cap, pair), enough = fit(row), 12
             if pair is not None:
-                tile[pair][2], acc, cap, order = 2, 2 * acc, MAX_ACCUMULATORS - 4, "reversed"
+                tile[pair][2], acc, order = 2, 2 * acc, "reversed"
                 enough = cap
                 rest.remove(pair)
             elif vectors := self._broadcast_vectors():
