@@ -324,7 +324,7 @@ def test_distill_check_plans_replaces_a_plan_the_untuned_compiles_plan_outruns_a
     compile applies, with the same records, it gives way to that plan (a line marked padded, its
     estimate the time measured) where that is faster, and stays where it is not; a plan of a model
     this host does not have is left as it is."""
-    import tuner.measure.interleave as inter
+    import tuner.model_tuning as mt
     from tuner.analysis.distill import distill
     from tuner.graph import load
     from tuner.graph.ir import graph_digest
@@ -345,7 +345,7 @@ def test_distill_check_plans_replaces_a_plan_the_untuned_compiles_plan_outruns_a
             [r(inputs) for r in runners.values()]            # both compiled models run
             return {k: [1e-3 if k == faster else 2e-3] * rounds for k in runners}
 
-        monkeypatch.setattr(inter, "interleaved", fake)
+        monkeypatch.setattr(mt, "interleaved", fake)          # whole_times times the compiled models
         lines = []
         assert distill([str(log)], str(out), rounds=4, check_plans=True, progress=lines.append) == 0
         plans = {p.model: p for p in records.load(out).plans}
