@@ -30,7 +30,8 @@ per round, and of medians) and to PyTorch, the joint plan against the fastest si
 Logs go to logs/bench/tune/ (--resume keeps them; the tuning time of a log resumed with nothing
 left to tune is its records' own, from their timestamps). --untuned times the compile with no log
 (default schedules) in the same run. Every variant also gets GFLOPS, its fraction of the FP32 peak
-(the FMA microbenchmark timed in each round beside the models, paired round by round) and its time split by kernel kind (GEMMs, attention, LayerNorm/softmax, the rest; each step timed
+(the FMA microbenchmark timed in each round beside the models, paired round by round) and its
+time split by kernel kind (GEMMs, attention, LayerNorm/softmax, the rest; each step timed
 in context). Transformers (issue 35's figures):
 
     python -m bench.models --tune 3000 --models bert_base,vit_b16,gpt2 --single "" --untuned
