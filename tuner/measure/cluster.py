@@ -368,8 +368,9 @@ class ClusterRunner:
                             "'.[cluster]'") from None
         spec = cluster if isinstance(cluster, Cluster) else Cluster(cluster)
         address, tls = spec.address, (spec.tls_ca_file, spec.tls_cert, spec.tls_key)
+        local = 0               # the local cluster's workers, all of which the first batch waits for
         if address.startswith(LOCAL):
-            parse_local(address)
+            local = sum(parse_local(address))
             if any(tls):
                 raise UserError(f"--cluster {address}: a local cluster runs on this machine's loopback; the --tls-* "
                                 "options are for a tls:// scheduler address")
@@ -394,11 +395,11 @@ class ClusterRunner:
                 self._cluster.close()
             raise SetupError(f"cannot reach the Dask scheduler at {address}: {e}; start it with "
                              "`dask scheduler` and check the address") from None
-        if self._cluster is not None:
+        if local:
             # its worker processes join the scheduler some time after it starts (seconds on a loaded
             # machine): a first batch sent before would find no worker that measures
             try:
-                self.client.wait_for_workers(sum(parse_local(spec.address)), timeout=LOCAL_START_S)
+                self.client.wait_for_workers(local, timeout=LOCAL_START_S)
             except TimeoutError:
                 self.close()
                 raise SetupError(f"--cluster {spec.address}: its workers did not start within {LOCAL_START_S:.0f} s; "
