@@ -89,6 +89,26 @@ def test_single_thread_measurements_stay_on_one_core_with_aligned_buffers():
         np.testing.assert_array_equal(a, b)
 
 
+def test_timing_a_built_op_hands_its_kernel_64_byte_aligned_buffers(monkeypatch, tmp_cache):
+    """Kernel.time times on buffers aligned as the measuring worker and a compiled model align
+    them: on NumPy's 16-byte alignment a 64-byte vector load straddles two cache lines."""
+    import numpy as np
+
+    import tuner.build
+    from tuner.build import build_op
+
+    k = build_op("dense:N=8,C=32,K=48,bias=1", use_shipped=False, quiet=True)
+    x = [np.ascontiguousarray(a) for a in k.workload.random_inputs(seed=0)]
+    shifted = np.empty(x[0].size + 1, np.float32)[1:].reshape(x[0].shape)   # 4 bytes off any line
+    shifted[...] = x[0]
+    seen = []
+    real = tuner.build.pointer_array
+    monkeypatch.setattr(tuner.build, "pointer_array", lambda arrays, *a: seen.extend(arrays) or real(arrays, *a))
+    assert len(k.time(shifted, *x[1:], repeat=1, min_repeat_ms=0.0)) == 1
+    assert len(seen) == 4 and all(a.ctypes.data % 64 == 0 for a in seen)
+    np.testing.assert_allclose(k(shifted, *x[1:]), k.workload.reference(x), rtol=1e-4, atol=1e-4)
+
+
 def test_cold_weights_evict_exactly_the_constant_inputs_and_still_check_the_output():
     """RunConfig.cold_weights times with the weights and bias evicted before each call
     (tuner_time_cold) and the activations kept; a wrong kernel is still caught first."""

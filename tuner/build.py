@@ -15,7 +15,7 @@ from .ops import Workload, resolve
 from .runtime.artifact import SHIPPED
 from .target import Target, parse_target
 from .task import Task
-from .toolchain.library import ffi, open_library, pointer_array
+from .toolchain.library import aligned_copy, aligned_empty, ffi, open_library, pointer_array
 
 
 class _OpKernel:
@@ -78,7 +78,7 @@ class Kernel(_OpKernel):
     def time(self, *arrays: np.ndarray, repeat: int = 5, min_repeat_ms: float = 50.0, cold: bool = False) -> list:
         """Seconds per call over `repeat` repeats, timed in C; cold: the workload's constant inputs
         evicted from every cache level before each call (RunConfig.cold_weights)."""
-        keep = [np.ascontiguousarray(a, dtype=np.float32) for a in arrays] + [np.empty(self.output_shape, np.float32)]
+        keep = [aligned_copy(np.asarray(a, dtype=np.float32)) for a in arrays] + [aligned_empty(self.output_shape)]
         costs = ffi().new("double[]", repeat)
         evict = self.workload.cold_bytes(keep) if cold else []
         if any(evict):
