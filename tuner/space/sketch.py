@@ -28,7 +28,7 @@ Tiled sketch, for a DAG with one reduction (conv2d, dense, pooling):
     Winograd GEMM's or an NHWC conv's channels) takes up to 4 vectors of it by rows of the axes
     not every operand reads; a conv whose row is padded where a column is not (1x7) runs its tile
     down the columns, where that is as long, so that no tile holds a border test; a row of 7 to 9
-    pixels (17, 35 or 8 wide outputs) takes 3 or 4 channel blocks where they fit the registers;
+    pixels (7, 17, 35 or 8 wide outputs) takes 3 or 4 channel blocks where their accumulators fit;
   * outer tiles fused and parallel when the target has more than one thread, in the output's
     axis order or with the axes that index only the activation first (a decision, `parallel`,
     where the two differ): each thread then takes its own rows of the activation and reads all
@@ -415,12 +415,13 @@ class SearchSpace(DagSketch):
                 tile[d][2] = register_length(shape[d], cap // acc, d in padded)
                 acc *= tile[d][2]
             if pair is not None and acc < enough:
-                # a short row (17, 35 or 8 wide: 9, 7 or 8 pixels) leaves registers: 3 or 4 blocks
-                # of the broadcast axis, each broadcast feeding as many FMAs, where the accumulators,
-                # those blocks' weight vectors and the broadcast fit the registers (docs/history.md)
+                # a short row (7, 17, 35 or 8 wide: 7, 9, 7 or 8 pixels) leaves registers: 3 or 4
+                # blocks of the broadcast axis, each broadcast feeding as many FMAs, where the
+                # accumulators fit; 4 x 7 of them leave one register short for the 4 weight vectors
+                # and the broadcast, and still beat 2 x 7 (the compiler reads one operand from L1:
+                # docs/history.md)
                 per = acc // 2
-                wider = [m for m in (4, 3) if shape[pair] % m == 0 and per * m <= cap
-                         and per * m + m + 1 <= MAX_ACCUMULATORS]
+                wider = [m for m in (4, 3) if shape[pair] % m == 0 and per * m <= cap]
                 if wider:
                     tile[pair][2], acc = wider[0], per * wider[0]
         dec = {"pad": {p: place for p in self.pads}, "tile": tile,
