@@ -157,6 +157,20 @@ def test_a_resize_between_convs_computes_what_onnx_runtime_computes(tmp_path, da
     agree_with_onnxruntime(path, {"x": _f32(1, 3, h, w)})
 
 
+@pytest.mark.parametrize("nearest", ["floor", "ceil", "round_prefer_floor"])
+def test_a_half_pixel_symmetric_resize_picks_the_pixel_onnx_runtime_picks_where_the_coordinate_is_whole(
+        tmp_path, nearest):
+    """3 columns to 1: the coordinate is 1 exactly, and ONNX Runtime computes it just below 1 (its
+    offset in float32, the rest in double), so floor takes column 0; so does tuner."""
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Resize", ["c1", "", "", "sizes"], ["r"], mode="nearest",
+                              coordinate_transformation_mode="half_pixel_symmetric", nearest_mode=nearest),
+             helper.make_node("Conv", ["r", "w2"], ["y"])]
+    inits = {"sizes": np.array([1, 16, 1, 1], np.int64), "w1": _f32(16, 3, 3, 3), "w2": _f32(4, 16, 1, 1)}
+    path = _save(tmp_path / "rs.onnx", nodes, {"x": (TensorProto.FLOAT, [1, 3, 2, 3])}, "y", inits)
+    agree_with_onnxruntime(path, {"x": _f32(1, 3, 2, 3)})
+
+
 def test_a_resize_mode_beyond_nearest_linear_and_cubic_is_a_one_line_error_naming_the_node(tmp_path):
     from tuner.graph.onnx_frontend import OnnxImportError, load_onnx
     nodes = [helper.make_node("Resize", ["x", "", "scales"], ["y"], "up", mode="quadratic")]

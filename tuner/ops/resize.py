@@ -30,9 +30,9 @@ def _origin(mode: str, out_len: int, in_len: int, scale: np.float32) -> np.ndarr
         return x / scale
     if mode == "align_corners":
         return x * np.float32(in_len - 1) / np.float32(out_len - 1) if out_len > 1 else np.zeros(out_len, np.float32)
-    if mode == "half_pixel_symmetric":
-        adjust = np.float32(out_len) / (scale * np.float32(in_len))
-        return np.float32(in_len) / 2 * (one - adjust) + (x + half) / scale - half
+    if mode == "half_pixel_symmetric":       # its offset in float32, the rest in double, as ONNX Runtime
+        offset = np.float32(in_len) / np.float32(2) * (one - np.float32(out_len) / (scale * np.float32(in_len)))
+        return (np.float64(offset) + (x.astype(np.float64) + 0.5) / np.float64(scale) - 0.5).astype(np.float32)
     if mode == "tf_half_pixel_for_nn":
         return (x + half) / scale
     raise ValueError(f"coordinate_transformation_mode {mode!r} is not supported (half_pixel, pytorch_half_pixel, "
