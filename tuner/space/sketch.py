@@ -28,7 +28,8 @@ Tiled sketch, for a DAG with one reduction (conv2d, dense, pooling):
     Winograd GEMM's or an NHWC conv's channels) takes up to 4 vectors of it by rows of the axes
     not every operand reads; a conv whose row is padded where a column is not (1x7) runs its tile
     down the columns, where that is as long, so that no tile holds a border test; a row of 7 to 9
-    pixels (7, 17, 35 or 8 wide outputs) takes 3 or 4 channel blocks where their accumulators fit;
+    pixels (7, 17, 35 or 8 wide outputs) takes 3 or 4 channel blocks where their accumulators fit,
+    and an unpadded row of 14 (a 1x1 conv's) 4 blocks by 7 pixels;
   * outer tiles fused and parallel when the target has more than one thread, in the output's
     axis order or with the axes that index only the activation first (a decision, `parallel`,
     where the two differ): each thread then takes its own rows of the activation and reads all
@@ -424,6 +425,12 @@ class SearchSpace(DagSketch):
                 wider = [m for m in (4, 3) if shape[pair] % m == 0 and per * m <= cap]
                 if wider:
                     tile[pair][2], acc = wider[0], per * wider[0]
+            elif pair is not None and tile[pair][2] == 2 and tile[row][2] == 14 and row not in padded \
+                    and shape[pair] % 4 == 0:
+                # an unpadded row (a 1x1 conv's): 4 blocks by 7 pixels rather than 2 by 14, each
+                # broadcast feeding 4 FMAs (MLAS's 4 blocks); with a border test in both halves of
+                # a padded row it lost (docs/history.md)
+                tile[pair][2], tile[row][2] = 4, 7
         dec = {"pad": {p: place for p in self.pads}, "tile": tile,
                "reduce": list(self._reduce_periods), "unroll": 64, "order": order}
         if self.epilogues:
