@@ -45,12 +45,12 @@ TORCH_ACTS = {"relu": ("relu", {}), "gelu": ("gelu", {}), "gelu_tanh": ("gelu", 
 
 def log_workloads(path: str, threads: int) -> list:
     """The GEMM-shaped workloads (dense, batch_matmul) that `path` holds records of at `threads`,
-    as specs, in the log's order."""
+    as logged (WorkloadRef), in the log's order."""
     seen = {}
     for r in records.load(path).records:
         if r.workload.spec.split(":")[0] in GEMMS and (ct := records.code_target(r.target)) and ct[2] == threads:
             seen.setdefault(r.workload.key, r.workload)
-    return [w for w in seen.values()]
+    return list(seen.values())
 
 
 def torch_callables(wl, arrays, device: str = "cpu") -> dict:
