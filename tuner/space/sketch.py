@@ -425,8 +425,7 @@ class SearchSpace(DagSketch):
                 wider = [m for m in (4, 3) if shape[pair] % m == 0 and per * m <= cap]
                 if wider:
                     tile[pair][2], acc = wider[0], per * wider[0]
-            elif pair is not None and tile[pair][2] == 2 and tile[row][2] == 14 and row not in padded \
-                    and shape[pair] % 4 == 0:
+            elif pair is not None and tile[row][2] == 14 and row not in padded and shape[pair] % 4 == 0:
                 # an unpadded row (a 1x1 conv's): 4 blocks by 7 pixels rather than 2 by 14, each
                 # broadcast feeding 4 FMAs (MLAS's 4 blocks); with a border test in both halves of
                 # a padded row it lost (docs/history.md)
