@@ -56,7 +56,7 @@ from tuner.compiler import compile_model
 from tuner.database import records
 from tuner.database.result import WEIGHTS
 from tuner.graph import load as load_graph
-from tuner.measure.peak import peak_gflops, peak_runner
+from tuner.measure.peak import fraction_of_peak, peak_gflops, peak_runner
 from tuner.model_tuning import tune_model
 from tuner.target import parse_target
 from tuner.te.layouts import CONV_LAYOUTS, DEFAULT_CHOICES
@@ -161,8 +161,7 @@ def tune_figures(args) -> int:
             t = times[v["label"]]
             v["measured_s"] = med[v["label"]]
             v["gflops"] = gflop / v["measured_s"]
-            v["fraction_of_peak"] = statistics.median(gflop / s / (peak_flop / 1e9 / p)
-                                                      for s, p in zip(t, times[PEAK]))
+            v["fraction_of_peak"] = fraction_of_peak(gflop, t, [peak_flop / 1e9 / p for p in times[PEAK]])
             v["split_s"] = kind_split(v["model"])
             v["vs_onnxruntime_paired"] = statistics.median(paired_ratios(t, times["onnxruntime"]))
             v["vs_onnxruntime"] = med[v["label"]] / med["onnxruntime"]

@@ -21,6 +21,7 @@ import os
 import platform
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 
 os.environ.setdefault("GOMP_SPINCOUNT", "10000")  # both OpenMP runtimes in this process spin briefly
@@ -31,7 +32,7 @@ from bench.common import bench_workload, write_results  # noqa: E402
 from tuner.analysis.report import task_report  # noqa: E402
 from tuner.build import build_op  # noqa: E402
 from tuner.database import records  # noqa: E402
-from tuner.measure.peak import peak_runner  # noqa: E402
+from tuner.measure.peak import fraction_of_peak, peak_runner  # noqa: E402
 from tuner.ops import BUILTIN, resolve  # noqa: E402
 from tuner.target import parse_target  # noqa: E402
 from tuner.te.layouts import act_to_nchw, conv_weight_to_oihw, dense_weight_to_oi  # noqa: E402
@@ -66,7 +67,7 @@ def torch_callables(wl, arrays, device: str = "cpu") -> dict:
         act = p.get("act") or ("relu" if p.get("relu") else None)
         if act and act not in TORCH_ACTS:
             raise ValueError(f"{wl.label}: no PyTorch peer for act={act}")
-        fn = (lambda y, f=getattr(F, TORCH_ACTS[act][0]), kw=TORCH_ACTS[act][1]: f(y, **kw)) if act else (lambda y: y)
+        fn = partial(getattr(F, TORCH_ACTS[act][0]), **TORCH_ACTS[act][1]) if act else (lambda y: y)
         g = torch.Generator().manual_seed(0)
         if wl.op == "batch_matmul":
             a = torch.randn(p["B"], p["M"], p["K"], generator=g)
@@ -76,7 +77,9 @@ def torch_callables(wl, arrays, device: str = "cpu") -> dict:
         w = t(dense_weight_to_oi(arrays[1], wl.blocks[1]))
         b = t(arrays[2]) if p["bias"] else None
         r = t(arrays[-1]) if p.get("residual") else None
-        return {"dense": lambda: fn(F.linear(x, w, b)) + r if r is not None else fn(F.linear(x, w, b))}
+        def dense():
+            return fn(F.linear(x, w, b))
+        return {"dense": (lambda: dense() + r) if r is not None else dense}
     x = t(act_to_nchw(arrays[0], wl.layout))
     w = t(conv_weight_to_oihw(arrays[1], wl.layout))
     if not isinstance(p["pad"], int):
@@ -118,21 +121,19 @@ def bench_one(wl, threads, trials, log, rounds, progress, policy="random", untun
     for k in kernels.values():
         np.testing.assert_allclose(k(*arrays), wl.reference(arrays), rtol=2e-3, atol=2e-3)
     tfns = torch_callables(wl, arrays)
-    run_peak, peak_flop = peak_runner(tgt, threads)
+    run_peak, _ = peak_runner(tgt, threads)
     ours, theirs, peaks = {k: [] for k in kernels}, {f: [] for f in tfns}, []
     for _ in range(rounds):  # interleaved, every PyTorch format each round: a busy neighbour slows all alike
         for k, kernel in kernels.items():
             ours[k].append(statistics.median(kernel.time(*arrays, repeat=3, min_repeat_ms=30)))
         for f, fn in tfns.items():
             theirs[f].append(time_python(fn, repeat=3, min_ms=30))
-        t0 = time.perf_counter()
-        run_peak(None)
-        peaks.append(peak_flop / 1e9 / (time.perf_counter() - t0))
+        peaks.append(run_peak(None))          # the GFLOPS it measures
     tfmt = min(theirs, key=lambda f: statistics.median(theirs[f]))   # PyTorch in its faster format
     t_ours, t_torch = statistics.median(ours["tuner"]), statistics.median(theirs[tfmt])
 
-    def of_peak(ts):       # each round's GFLOPS over that round's peak
-        return statistics.median(wl.flops / 1e9 / t / p for t, p in zip(ts, peaks))
+    def of_peak(ts):
+        return fraction_of_peak(wl.flops / 1e9, ts, peaks)
     rep = task_report(log, wl.key, str(tgt)) if Path(log).exists() else None
     row = {
         "workload": name or wl.label, "spec": wl.spec, "layout": wl.layout, "threads": threads,

@@ -103,3 +103,11 @@ def test_the_peak_runner_reports_the_flops_its_microbenchmark_does():
         inside = run(None)
         rates.append((flops / 1e9 / (time.perf_counter() - t0), inside))
     assert all(0.2 * inside <= outside <= 1.01 * inside for outside, inside in rates), rates
+
+
+def test_the_fraction_of_peak_pairs_each_round_with_the_peak_timed_in_it():
+    from tuner.measure.peak import fraction_of_peak
+    # 2 GFLOP in 1 s against a 4 GFLOPS peak, then in 0.5 s against 2: 0.5 and 2.0 of peak
+    assert fraction_of_peak(2.0, [1.0, 0.5, 0.25], [4.0, 2.0, 16.0]) == 0.5
+    with pytest.raises(ValueError):
+        fraction_of_peak(2.0, [1.0, 0.5], [4.0])

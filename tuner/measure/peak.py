@@ -1,6 +1,8 @@
 """The machine's peak FP32 FMA rate, from a small C microbenchmark built like the kernels."""
 from __future__ import annotations
 
+import statistics
+
 from cffi import FFI
 
 from ..target import Target
@@ -57,6 +59,11 @@ def peak_runner(target: Target, threads: int = 1, iters: int = 2_000_000) -> tup
     on a shared host moves with the model's own speed."""
     lib = _library(target)
     return (lambda _inputs: lib.peak_gflops(iters, threads)), 2.0 * CHAINS * target.lanes * iters * threads
+
+
+def fraction_of_peak(gflop: float, seconds: list, peaks: list) -> float:
+    """The median over rounds of each round's GFLOPS over the peak (GFLOPS) timed in that round."""
+    return statistics.median(gflop / s / p for s, p in zip(seconds, peaks, strict=True))
 
 
 if __name__ == "__main__":
