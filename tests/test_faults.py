@@ -565,6 +565,47 @@ def test_distill_remeasure_keeps_this_versions_default_where_it_beats_every_logg
     assert real.cold and len(real.costs) == 2 and all(0 < c < 1 for c in real.costs)
 
 
+def test_distill_only_given_remeasures_the_given_logs_tasks_and_keeps_the_output_files_others(tmp_path, monkeypatch):
+    """Refreshing some tasks of a shipped file: with only_given, the tasks of the given logs are
+    timed again beside the default; a task only the output file holds keeps its record untouched.
+    Without it, both are timed."""
+    import random as _random
+
+    from tuner.build import Kernel
+    from tuner.database.result import MeasureResult
+    from tuner.task import Task
+
+    other_wl = make("conv2d", dict(C=8, H=6, W=6, K=16, R=1, S=1), "NCHW8c")
+    recs = []
+    for wl in (SMALL, other_wl):
+        task = Task(wl, TARGET1)
+        rng = _random.Random(2)
+        steps = next(s for s in (task.space.steps(task.space.sample(rng)) for _ in range(50))
+                     if task.candidate(s, "k").code_hash != task.default_candidate().code_hash)
+        cand = task.candidate(steps, "k")
+        recs.append(records.make_record(wl, TARGET1, cand.steps, MeasureResult("OK", "", [5e-6]), cand.code_hash,
+                                        "evolutionary", 1))
+    shipped, given = tmp_path / "shipped.jsonl", tmp_path / "given.jsonl"
+    records.append(shipped, recs)
+    records.append(given, recs[:1])
+    timed = []
+
+    def fake_time(self, *a, **kw):              # every default beats every logged schedule
+        timed.append(self.workload.key)
+        return [1e-6 if self.record is None else 4e-6] * kw.get("repeat", 5)
+
+    monkeypatch.setattr(Kernel, "time", fake_time)
+    assert distill([str(given)], str(shipped), remeasure_top=1, rounds=2, only_given=True) == 2
+    kept = {r.workload.key: r for r in records.load(shipped).records}
+    assert set(timed) == {SMALL.key}
+    assert kept[SMALL.key].policy == "remeasure" and kept[SMALL.key].code_hash == Task(SMALL, TARGET1).default_candidate().code_hash
+    assert kept[other_wl.key].to_json() == recs[1].to_json()
+    timed.clear()
+    assert distill([str(given)], str(shipped), remeasure_top=1, rounds=2) == 2
+    assert set(timed) == {SMALL.key, other_wl.key}
+    assert records.load(shipped).records[0].policy == "remeasure" == records.load(shipped).records[1].policy
+
+
 def test_distill_keeps_a_task_whose_records_no_longer_replay_and_retimes_it_as_this_versions_code(tmp_path):
     """A record whose steps this version builds as other code (its logged hash is an older
     version's) is no reason to lose the task: distill keeps it as logged, or with --retime-stale

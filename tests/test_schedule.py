@@ -1,5 +1,6 @@
 """Schedule primitives, their errors, replay determinism, and the simplifier they rely on."""
 import itertools
+import math
 import json
 import random
 import re
@@ -409,6 +410,38 @@ def test_the_default_avx512_conv_tile_keeps_borders_out_of_its_rows_and_fills_sh
         assert kb * oh * ow <= 28
         if TARGET1.isa == "avx512":
             check_schedules([(wl, space.steps(dec))], target)
+
+
+@pytest.mark.parametrize("spec, threads, rows, chunk", [
+    ("C=1024,H=14,W=14,K=256,R=1,S=1,stride=1,pad=0", 1, 7, 4),     # 4 blocks x 1024 channels: 256 KiB
+    ("C=1024,H=14,W=14,K=256,R=1,S=1,stride=1,pad=0", 2, 7, 4),
+    ("C=1024,H=14,W=14,K=256,R=1,S=1,stride=1,pad=0", 16, 1, 4),    # 4 outer tiles per thread: one row
+    ("C=2048,H=7,W=7,K=512,R=1,S=1,stride=1,pad=0", 2, 7, 4),
+    ("C=1024,H=14,W=14,K=2048,R=1,S=1,stride=2,pad=0", 1, 7, 4),
+    ("C=512,H=28,W=28,K=128,R=1,S=1,stride=1,pad=0", 1, None, None),   # 128 KiB: not blocked
+    ("C=512,H=7,W=7,K=512,R=3,S=3,stride=1,pad=1", 1, None, None),      # padded: not blocked
+])
+def test_the_default_blocks_the_reduction_where_a_register_tiles_weights_reach_256_kib(spec, threads, rows, chunk):
+    """A 1x1 conv whose 4 channel blocks read 256 KiB of weights or more over the reduction: the
+    input-channel blocks in chunks of 16 KiB of weights (4 blocks of 16 channels), the channels
+    within a block inside them, and each chunk serving the whole row and up to 7 rows, as many as
+    leave 4 outer tiles per thread. Smaller panels and padded convs keep the full reduction per
+    tile. Blocked, each computes the reference where this host runs AVX-512."""
+    wl = parse_spec(f"conv2d:N=1,{spec},bias=1,relu=1", "NCHW16c")
+    target = parse_target(f"cpu -isa=avx512 -threads={threads}", check_host=False)
+    space = SearchSpace(wl, target)
+    dec = space.default()
+    assert space.valid(dec)
+    tile = dec["tile"]
+    if rows is None:
+        assert dec["reduce"] == [1] * len(space.reduce_axes) and all(s2 == 1 for _, s2, _ in tile)
+        return
+    assert dec["reduce"] == [chunk, 1, 1, 16]
+    assert tile[2][1] == rows and tile[3][1] * tile[3][2] == space.out_shape[3]
+    outer = math.prod(e // (s2 * s3) for e, (_, s2, s3) in zip(space.out_shape, tile))
+    assert rows == 1 or outer >= 4 * threads             # one row: as many outer tiles as the conv has
+    if TARGET1.isa == "avx512" and threads <= 2:
+        check_schedules([(wl, space.steps(dec))], target)
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -87,28 +87,34 @@ def retime(rec: records.Record, rounds: int = 5) -> records.Record:
 
 
 def distill(logs: list, out: str, remeasure_top: int = 0, rounds: int = 5, progress=None,
-            retime_stale: bool = False, check_plans: bool = False) -> int:
+            retime_stale: bool = False, check_plans: bool = False, only_given: bool = False) -> int:
     """Write the best record of every (workload, target) in `logs` and in `out` itself to `out`,
     and the newest layout plan of every (model, target); with remeasure_top=K, the best of the K
     fastest re-timed on this host where it can run them; a task with no record that replays keeps
     its fastest, re-timed as this version's code where retime_stale and this host can run it;
     with check_plans, each plan against the untuned compile's (recheck_plan), with the records kept.
+    only_given: re-time (remeasure, retime_stale) only the tasks that `logs` hold; those only `out`
+    holds keep their best record as it is (refreshing some tasks of a shipped file).
     Returns the number of records written."""
     by_task: dict = {}
     plans: dict = {}
-    for path in list(logs) + [out]:
+    given: set = set()
+    for i, path in enumerate(list(logs) + [out]):
         contents = records.load(path, warn=False)
         for rec in contents.records:
             by_task.setdefault(rec.task_key, []).append(rec)
+            if i < len(logs):
+                given.add(rec.task_key)
         for p in contents.plans:
             key = (p.model_hash, p.target)
             if key not in plans or p.timestamp > plans[key].timestamp:
                 plans[key] = p
     best = []
-    for n, recs in enumerate(by_task.values(), 1):
+    for n, (key, recs) in enumerate(by_task.items(), 1):
+        here = _runnable_here(recs[0].target) and (not only_given or key in given)
         # timed alike: those timed cold if any replays, else the warm ones (records.best_of); replaying
         # builds each record's code, so only for a task this host will time
-        cands = remeasure_top > 0 and _runnable_here(recs[0].target) and (
+        cands = remeasure_top > 0 and here and (
             records.fastest_that_replay([r for r in recs if r.cold], remeasure_top)
             or records.fastest_that_replay([r for r in recs if not r.cold], remeasure_top))
         if cands:
@@ -123,7 +129,7 @@ def distill(logs: list, out: str, remeasure_top: int = 0, rounds: int = 5, progr
         ok = [r for r in recs if r.ok]
         if b is None and ok:            # no record replays: the fastest, stale or re-timed as this code
             b = min(ok, key=lambda r: r.latency)
-            if retime_stale and _runnable_here(b.target):
+            if retime_stale and here:
                 was, b = b.latency, retime(b, rounds)
                 if progress:
                     progress(f"[{n}/{len(by_task)}] {b.workload.title} [{b.workload.layout}] {b.target}: "
