@@ -419,14 +419,20 @@ def test_the_default_avx512_conv_tile_keeps_borders_out_of_its_rows_and_fills_sh
     ("C=2048,H=7,W=7,K=512,R=1,S=1,stride=1,pad=0", 2, 7, 4),
     ("C=1024,H=14,W=14,K=2048,R=1,S=1,stride=2,pad=0", 1, 7, 4),
     ("C=512,H=28,W=28,K=128,R=1,S=1,stride=1,pad=0", 1, None, None),   # 128 KiB: not blocked
-    ("C=512,H=7,W=7,K=512,R=3,S=3,stride=1,pad=1", 1, None, None),      # padded: not blocked
+    ("C=512,H=7,W=7,K=512,R=3,S=3,stride=1,pad=1", 2, 7, 1),         # every tile holds both borders
+    ("C=256,H=14,W=14,K=256,R=3,S=3,stride=1,pad=1", 1, None, None),    # 2 blocks by 14: not blocked
+    ("C=512,H=14,W=14,K=512,R=3,S=3,stride=2,pad=1", 1, None, None),    # the padded copy: 4 x 0.5 > 1.2 MiB
+    ("C=192,H=7,W=7,K=384,R=3,S=3,stride=1,pad=1", 2, None, None),      # one 7-pixel tile per chunk at 2 threads
 ])
 def test_the_default_blocks_the_reduction_where_a_register_tiles_weights_reach_256_kib(spec, threads, rows, chunk):
-    """A 1x1 conv whose 4 channel blocks read 256 KiB of weights or more over the reduction: the
-    input-channel blocks in chunks of 16 KiB of weights (4 blocks of 16 channels), the channels
-    within a block inside them, and each chunk serving the whole row and up to 7 rows, as many as
-    leave 4 outer tiles per thread. Smaller panels and padded convs keep the full reduction per
-    tile. Blocked, each computes the reference where this host runs AVX-512."""
+    """A conv whose 4 channel blocks read 256 KiB of weights or more over the reduction: the
+    input-channel blocks in chunks of 16 KiB of weights (4 blocks of 16 channels; a 3x3 conv's
+    36 KiB block alone), the rest of the reduction inside them, and each chunk serving the whole
+    row and up to 7 rows, as many as leave 4 outer tiles per thread. Smaller panels keep the full
+    reduction per tile, and so do padded convs, but where every register tile holds both borders
+    of its row (a 7x7 output), unless their padded copy is over a quarter of the panel (stride 2)
+    or a chunk would serve one register tile; blocked, those copy the pad first. Blocked, each
+    computes the reference where this host runs AVX-512."""
     wl = parse_spec(f"conv2d:N=1,{spec},bias=1,relu=1", "NCHW16c")
     target = parse_target(f"cpu -isa=avx512 -threads={threads}", check_host=False)
     space = SearchSpace(wl, target)
@@ -435,8 +441,10 @@ def test_the_default_blocks_the_reduction_where_a_register_tiles_weights_reach_2
     tile = dec["tile"]
     if rows is None:
         assert dec["reduce"] == [1] * len(space.reduce_axes) and all(s2 == 1 for _, s2, _ in tile)
+        assert all(place == "interior" for place in dec["pad"].values())
         return
-    assert dec["reduce"] == [chunk, 1, 1, 16]
+    assert dec["reduce"] == [chunk, *[e for _, e in space.reduce_axes[1:]]]
+    assert all(place == "root" for place in dec["pad"].values())      # a padded copy first: no border tests
     assert tile[2][1] == rows and tile[3][1] * tile[3][2] == space.out_shape[3]
     outer = math.prod(e // (s2 * s3) for e, (_, s2, s3) in zip(space.out_shape, tile))
     assert rows == 1 or outer >= 4 * threads             # one row: as many outer tiles as the conv has

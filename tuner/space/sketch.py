@@ -370,6 +370,7 @@ class SearchSpace(DagSketch):
         tile = [[1, 1, 1] for _ in shape]
         order = self.orders[0]
         others = [d for d in range(len(shape) - 1) if shape[d] > 1]
+        pair = None
         if self.gemm_shaped:
             self._gemm_tile(tile)
         elif not others:
@@ -434,8 +435,14 @@ class SearchSpace(DagSketch):
                 # a padded row it lost (docs/history.md)
                 tile[pair][2], tile[row][2] = 4, 7
         reduce = list(self._reduce_periods)
-        if not self.gemm_shaped and others and not self.pads:
-            reduce = self._block_reduction(tile, row) or reduce
+        # blocked where each weight vector feeds few pixels (4 blocks by 7: a 3x3 conv's 2 x 14
+        # tile blocked ran 1.03-1.3x slower), and where no tile has a border or every one has (a
+        # padded row in one tile: no interior to keep apart), the pad then copied first: with a
+        # border test in the chunk's loops, a blocked 3x3 conv ran 1.2-2x slower (docs/history.md)
+        if pair is not None and tile[pair][2] >= 4 \
+                and (not self.pads or (row in padded and tile[row][2] >= shape[row])) \
+                and (blocked := self._block_reduction(tile, row)):
+            reduce, place = blocked, "root"
         dec = {"pad": {p: place for p in self.pads}, "tile": tile,
                "reduce": reduce, "unroll": 64, "order": order}
         if self.epilogues:
@@ -448,37 +455,48 @@ class SearchSpace(DagSketch):
         """Cache blocking over the reduction, where the constant operand's panel that one register
         tile reads over the whole reduction reaches PANEL_BYTES (a 1x1 conv's 4 channel blocks with
         1024 or more input channels): the reduce decision that splits the outermost reduction axis
-        into chunks whose panel fits PANEL_CHUNK, every other reduction axis inside them, and `tile`
-        widened in place so that each chunk serves whole rows of register tiles (S2: the row, then
-        up to TILE_ROWS rows, the local tile within 32 KiB and 4 outer tiles per thread) while it
-        is in L1. Without blocking, every register tile reads the panel from L2 again, and a 1x1
-        conv with 1024 input channels ran 0.85-0.9x slower (docs/history.md). None: no blocking."""
+        into chunks whose panel fits PANEL_CHUNK, every other reduction axis inside them, with
+        `tile` widened in place so that each chunk serves whole rows of register tiles (S2: the
+        row, then up to TILE_ROWS rows, the local tile within 32 KiB and 4 outer tiles per thread)
+        while it is in L1. Without blocking, every register tile reads the panel from L2 again: a
+        1x1 conv with 1024 input channels ran 0.85-0.9x slower (docs/history.md). None, `tile`
+        untouched: no blocking; so too where a chunk would serve one register tile (nothing to
+        reuse), or where a pad is copied first and the copy is over a quarter of the panel (its
+        pass cost what the blocking saved: a stride-2 3x3 conv)."""
         const = {t.name for t in self.inputs if t.name in CONSTANT_INPUTS}
         red = dict(self.reduce_axes)
-        if not red:
+        panel = max([math.prod(s3 for a, (_, _, s3) in zip(self.local_axes, tile) if a in axes)
+                     * math.prod(e for r, e in red.items() if r in axes) * 4
+                     for buf, axes in self._reads if buf in const], default=0)
+        if panel < PANEL_BYTES or not any(self.reduce_axes[0][0] in v for _, v in self._reads):
             return None
-        panels = []
-        for buf, axes in self._reads:
-            if buf in const:
-                n = math.prod(s3 for a, (_, _, s3) in zip(self.local_axes, tile) if a in axes)
-                panels.append(n * math.prod(e for r, e in red.items() if r in axes) * 4)
+        if self.pads and 4 * self._pad_bytes > panel:
+            return None
         first, extent = self.reduce_axes[0]
-        if not panels or max(panels) < PANEL_BYTES or first not in [a for _, v in self._reads for a in v]:
-            return None
-        per = max(panels) // extent                      # bytes of one step of the outermost axis
+        per = panel // extent                            # bytes of one step of the outermost axis
         chunk = max(d for d in divisors(extent) if d * per <= PANEL_CHUNK or d == 1)
         tiles = [-(-e // s3) for e, (_, _, s3) in zip(self.out_shape, tile)]
-        tile[row][1] = tiles[row]
-        rows = [d for d in range(len(tile) - 1) if d != row and tiles[d] > 1 and tile[d][2] == 1]
+        new = [list(t) for t in tile]
+        new[row][1] = tiles[row]
+        rows = [d for d in range(len(new) - 1) if d != row and tiles[d] > 1 and new[d][2] == 1]
         if rows:
             d = max(rows, key=lambda d: (self.out_shape[d], d))
-            floats = math.prod(s2 * s3 for _, s2, s3 in tile)
-            outer = math.prod(t // s2 for t, (_, s2, _) in zip(tiles, tile))
+            floats = math.prod(s2 * s3 for _, s2, s3 in new)
+            outer = math.prod(t // s2 for t, (_, s2, _) in zip(tiles, new))
             need = 4 * self.target.threads if self.target.threads > 1 else 1
             fits = [x for x in divisors(tiles[d]) if x <= TILE_ROWS and floats * x * 4 <= 32768
                     and outer // x >= need]
-            tile[d][1] = max(fits, default=1)
+            new[d][1] = max(fits, default=1)
+        if math.prod(s2 for _, s2, _ in new) < 2:
+            return None
+        tile[:] = new
         return [chunk if r == first else e for r, e in self.reduce_axes]
+
+    @cached_property
+    def _pad_bytes(self) -> int:
+        """Bytes of the padded copies of the inputs (what a pad at root writes and the reduction reads)."""
+        sch = Schedule(self.inputs, self.output)
+        return sum(4 * math.prod(a.extent for a in sch.stage(p).op.axes) for p in self.pads)
 
     @cached_property
     def vector_run(self) -> int | None:
