@@ -29,7 +29,9 @@ Tiled sketch, for a DAG with one reduction (conv2d, dense, pooling):
     not every operand reads; a conv whose row is padded where a column is not (1x7) runs its tile
     down the columns, where that is as long, so that no tile holds a border test; a row of 7 to 9
     pixels (7, 17, 35 or 8 wide outputs) takes 3 or 4 channel blocks where their accumulators fit,
-    and an unpadded row of 14 (a 1x1 conv's) 4 blocks by 7 pixels;
+    and an unpadded row of 14 (a 1x1 conv's) 4 blocks by 7 pixels; where such a tile's weights
+    over the whole reduction reach PANEL_BYTES, the reduction is blocked into L1-sized chunks,
+    each serving rows of tiles (`_block_reduction`);
   * outer tiles fused and parallel when the target has more than one thread, in the output's
     axis order or with the axes that index only the activation first (a decision, `parallel`,
     where the two differ): each thread then takes its own rows of the activation and reads all
@@ -351,7 +353,8 @@ class SearchSpace(DagSketch):
         return dec
 
     def default(self) -> dict:
-        """A reasonable untuned point: a vector-wide, register-sized tile, no cache blocking."""
+        """A reasonable untuned point: a vector-wide, register-sized tile, cache blocking only where
+        a register tile's weights reach PANEL_BYTES (_block_reduction)."""
         if self.kind == "injective":
             return {"vec": max(self.injective_vecs), "unroll": 0}
         if self.kind == "table":
