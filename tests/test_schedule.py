@@ -564,13 +564,16 @@ def test_two_threads_split_the_larger_operand_of_a_conv_first_and_both_orders_co
     """At 2 threads the fused parallel loop runs the outer tiles of the axes that index only the
     activation (rows, columns) first where the activation outweighs the weights, so each thread
     takes its own rows; else the output channel blocks first, each thread its share of the
-    weights. Both are points of the space; one thread, a point logged before the decision and a
-    DAG without constants have no such decision."""
+    weights; and so for a grouped or depthwise conv, whose channel blocks split the activation
+    too. Both are points of the space; one thread, a point logged before the decision and a DAG
+    without constants have no such decision."""
     two = parse_target("cpu", threads=2)
     wide = make("conv2d", dict(C=32, H=14, W=14, K=32, R=1, S=1, stride=1, pad=0, bias=1), "NCHW16c")
     deep = make("conv2d", dict(C=256, H=2, W=2, K=64, R=1, S=1, stride=1, pad=0, bias=1), "NCHW16c")
+    grouped = make("conv2d", dict(C=64, H=14, W=14, K=64, R=3, S=3, stride=1, pad=1, groups=16, bias=1), "NCHW4c")
+    depthwise = make("conv2d", dict(C=32, H=14, W=14, K=32, R=3, S=3, stride=1, pad=1, groups=32, bias=1), "NCHW16c")
     cases = []
-    for wl, default in ((wide, "input"), (deep, "axes")):
+    for wl, default in ((wide, "input"), (deep, "axes"), (grouped, "axes"), (depthwise, "axes")):
         space = SearchSpace(wl, two)
         dec = space.default()
         assert space.parallel_orders == ("axes", "input") and dec["parallel"] == default

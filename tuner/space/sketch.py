@@ -233,21 +233,33 @@ class SearchSpace(DagSketch):
         return PARALLEL_ORDERS if moved != sorted(moved) else ()
 
     @cached_property
-    def _input_first(self) -> list:
-        """Output axis positions, those that index the activation (the inputs that are not a
-        model's constants) and no constant first, each group in axis order."""
+    def _operand_axes(self) -> tuple:
+        """(the axes the activation's reads use (the inputs that are not a model's constants), the
+        axes the constants' reads use)."""
         const = {t.name for t in self.inputs if t.name in CONSTANT_INPUTS}
-        weights = frozenset().union(*(v for b, v in self._reads if b in const))
-        acts = frozenset().union(*(v for b, v in self._reads if b not in const))
+        return (frozenset().union(*(v for b, v in self._reads if b not in const)),
+                frozenset().union(*(v for b, v in self._reads if b in const)))
+
+    @cached_property
+    def _input_first(self) -> list:
+        """Output axis positions, those that index the activation and no constant first, each group
+        in axis order."""
+        acts, weights = self._operand_axes
         first = [d for d, a in enumerate(self.local_axes) if a in acts and a not in weights]
         return first + [d for d in range(len(self.local_axes)) if d not in first]
 
     @cached_property
     def _activation_larger(self) -> bool:
-        """Whether the activation's bytes exceed the constants' (the weights')."""
+        """Whether `parallel: input` is the default: the activation's bytes exceed the constants'
+        (the weights'), and a thread given a share of the output axes that index the weights would
+        read all of the activation. A grouped or depthwise conv's channels index both: split by
+        them, each thread reads its share of either, and the producer's threads wrote by channels
+        too (ResNeXt-50's grouped convs at 2 threads, in the model: 0.93x the time; docs/history.md)."""
         size = lambda ts: sum(math.prod(t.shape) for t in ts)       # noqa: E731
         const = [t for t in self.inputs if t.name in CONSTANT_INPUTS]
-        return size([t for t in self.inputs if t not in const]) > size(const)
+        acts, weights = self._operand_axes
+        shared = any(a in acts and a in weights for a in self.local_axes)
+        return not shared and size([t for t in self.inputs if t not in const]) > size(const)
 
     # ------------------------------------------------------------ per-axis options
     @cached_property
