@@ -36,7 +36,8 @@ Tiled sketch, for a DAG with one reduction (conv2d, dense, pooling):
     axis order or with the axes that index only the activation first (a decision, `parallel`,
     where the two differ): each thread then takes its own rows of the activation and reads all
     the weights, rather than its share of the weights and all the activation; by default where
-    the activation is the larger (ResNet-50's early 1x1 convs);
+    the activation is the larger (ResNet-50's early 1x1 convs) and the channels do not index it
+    too (a grouped or depthwise conv, whose channel blocks split both operands);
 Table sketch, for a reduction over a small constant matrix (the Winograd transforms: its stage's
 `table` names the axes that pick matrix entries): those axes and the reduction are unrolled, so
 that the C compiler folds the entries into constants (the tiled sketch leaves them as select
