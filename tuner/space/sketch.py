@@ -479,6 +479,8 @@ class SearchSpace(DagSketch):
         untouched: no blocking; so too where a chunk would serve one register tile (nothing to
         reuse), or where a pad is copied first and the copy is over a quarter of the panel (its
         pass cost what the blocking saved: a stride-2 3x3 conv)."""
+        if not self.reduce_axes:
+            return None
         const = {t.name for t in self.inputs if t.name in CONSTANT_INPUTS}
         red = dict(self.reduce_axes)
         panel = max([math.prod(s3 for a, (_, _, s3) in zip(self.local_axes, tile) if a in axes)
