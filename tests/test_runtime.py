@@ -472,3 +472,39 @@ def test_importing_tuner_and_its_cost_model_leaves_the_openmp_wait_policy_alone(
     out = subprocess.run([sys.executable, "-c", code], env={**env, "OMP_WAIT_POLICY": "ACTIVE"},
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "ACTIVE"
+
+
+def test_steps_ab_pairs_the_steps_two_artifacts_schedule_differently_and_refuses_two_models(tmp_path):
+    """bench.steps_ab: two compiles of one model whose first conv task runs another schedule
+    differ in that task's steps only; it lists them, pairs their sum beside the unchanged steps'
+    and writes both to JSON. Artifacts of two models are refused."""
+    from bench import steps_ab
+    g = tiny()
+    first = []
+
+    def choose(task):
+        sp = task.space
+        if sp.kind == "tiled" and not first:
+            first.append(task.workload.key)
+        dec = sp.default()
+        if task.workload.key in first:
+            dec = dict(dec, unroll=0 if dec.get("unroll") else 16)
+        return sp.steps(dec)
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    compile_model(g, threads=1, use_shipped=False, predict=False).save(a)
+    compile_model(g, threads=1, use_shipped=False, predict=False, choose=choose).save(b)
+    out = tmp_path / "ab.json"
+    assert steps_ab.main([f"old={a}", f"new={b}", "--rounds", "1", "--runs", "1", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    m = load(b)
+    changed = [i for i, s in enumerate(m.steps) if s.workload_key in first]
+    assert changed and [r["step"] for r in res["rows"]] == changed
+    assert res["changed_steps"] == len(changed) and res["unchanged_steps"] == len(m.steps) - len(changed)
+    assert res["changed_a_ms"] > 0 and res["changed_b_ms"] > 0 and res["changed_paired"] > 0
+    other = tmp_path / "other"
+    compile_model(resnet(18, 8, 1), threads=1, use_shipped=False, predict=False).save(other)
+    with pytest.raises(SystemExit, match="not one model's plan"):
+        steps_ab.main([f"old={a}", f"new={other}", "--rounds", "1"])
+    with pytest.raises(SystemExit, match="the same schedules"):
+        steps_ab.main([f"old={a}", f"new={a}", "--rounds", "1"])
