@@ -47,7 +47,7 @@ by default the widest that is one register and no wider than the input's contigu
 epilogue computed from the unrolled tile, the outer loops fused and parallel. A blocked output
 transform (NCHW[x]c: a channel-block axis outside the tile axes) also decides where that block
 loop runs (`blocks`): outside the tile loops, or inside them so that each tile reads its rows of
-the product once for all blocks.
+the product once for all blocks (the default).
 Injective sketch, for DAGs without a reduction: producers inlined, innermost axis vectorised,
 the rest fused and parallel.
 
