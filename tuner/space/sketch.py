@@ -73,6 +73,7 @@ UNROLL_CHOICES = (0, 16, 64, 512)
 PANEL_BYTES = 256 * 1024     # a register tile's constant panel over the whole reduction from which it is blocked
 PANEL_CHUNK = 16 * 1024      # ... into chunks of this panel, each kept in L1 while rows of tiles pass over it
 TILE_ROWS = 7                # rows of register tiles that one chunk serves, at most
+BLOCKED_TILE_BYTES = 32 * 1024   # ... and the local tile they accumulate
 PAD_PLACES = ("inline", "root", "tile", "interior")   # where a pad producer is computed (tile: per output tile)
 ORDERS = ("axes", "reversed")  # the register tile's unrolled loops: the output's axis order, or reversed
 PARALLEL_ORDERS = ("axes", "input")  # the fused parallel loop: outer tiles in axis order, or the activation's axes first
@@ -234,12 +235,15 @@ class SearchSpace(DagSketch):
         return PARALLEL_ORDERS if moved != sorted(moved) else ()
 
     @cached_property
+    def _constants(self) -> frozenset:
+        """Names of the inputs that are a model's constants (the weights); the others are the activation."""
+        return frozenset(t.name for t in self.inputs if t.name in CONSTANT_INPUTS)
+
+    @cached_property
     def _operand_axes(self) -> tuple:
-        """(the axes the activation's reads use (the inputs that are not a model's constants), the
-        axes the constants' reads use)."""
-        const = {t.name for t in self.inputs if t.name in CONSTANT_INPUTS}
-        return (frozenset().union(*(v for b, v in self._reads if b not in const)),
-                frozenset().union(*(v for b, v in self._reads if b in const)))
+        """(the axes the activation's reads use, the axes the constants' reads use)."""
+        return (frozenset().union(*(v for b, v in self._reads if b not in self._constants)),
+                frozenset().union(*(v for b, v in self._reads if b in self._constants)))
 
     @cached_property
     def _input_first(self) -> list:
@@ -256,11 +260,10 @@ class SearchSpace(DagSketch):
         read all of the activation. A grouped or depthwise conv's channels index both: split by
         them, each thread reads its share of either, and the producer's threads wrote by channels
         too (ResNeXt-50's grouped convs at 2 threads, in the model: 0.93x the time; docs/history.md)."""
-        size = lambda ts: sum(math.prod(t.shape) for t in ts)       # noqa: E731
-        const = [t for t in self.inputs if t.name in CONSTANT_INPUTS]
+        size = lambda const: sum(math.prod(t.shape) for t in self.inputs if (t.name in self._constants) == const)  # noqa: E731
         acts, weights = self._operand_axes
         shared = any(a in acts and a in weights for a in self.local_axes)
-        return not shared and size([t for t in self.inputs if t not in const]) > size(const)
+        return not shared and size(False) > size(True)
 
     # ------------------------------------------------------------ per-axis options
     @cached_property
@@ -485,16 +488,15 @@ class SearchSpace(DagSketch):
         pass cost what the blocking saved: a stride-2 3x3 conv)."""
         if not self.reduce_axes:
             return None
-        const = {t.name for t in self.inputs if t.name in CONSTANT_INPUTS}
         red = dict(self.reduce_axes)
         panel = max([math.prod(s3 for a, (_, _, s3) in zip(self.local_axes, tile) if a in axes)
                      * math.prod(e for r, e in red.items() if r in axes) * 4
-                     for buf, axes in self._reads if buf in const], default=0)
-        if panel < PANEL_BYTES or not any(self.reduce_axes[0][0] in v for _, v in self._reads):
+                     for buf, axes in self._reads if buf in self._constants], default=0)
+        first, extent = self.reduce_axes[0]
+        if panel < PANEL_BYTES or not any(first in v for _, v in self._reads):
             return None
         if self.pads and 4 * self._pad_bytes > panel:
             return None
-        first, extent = self.reduce_axes[0]
         per = panel // extent                            # bytes of one step of the outermost axis
         chunk = max(d for d in divisors(extent) if d * per <= PANEL_CHUNK or d == 1)
         tiles = [-(-e // s3) for e, (_, _, s3) in zip(self.out_shape, tile)]
@@ -506,7 +508,7 @@ class SearchSpace(DagSketch):
             floats = math.prod(s2 * s3 for _, s2, s3 in new)
             outer = math.prod(t // s2 for t, (_, s2, _) in zip(tiles, new))
             need = 4 * self.target.threads if self.target.threads > 1 else 1
-            fits = [x for x in divisors(tiles[d]) if x <= TILE_ROWS and floats * x * 4 <= 32768
+            fits = [x for x in divisors(tiles[d]) if x <= TILE_ROWS and floats * x * 4 <= BLOCKED_TILE_BYTES
                     and outer // x >= need]
             new[d][1] = max(fits, default=1)
         if math.prod(s2 for _, s2, _ in new) < 2:
