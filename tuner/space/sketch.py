@@ -254,7 +254,7 @@ class SearchSpace(DagSketch):
         return first + [d for d in range(len(self.local_axes)) if d not in first]
 
     @cached_property
-    def _activation_larger(self) -> bool:
+    def _input_first_by_default(self) -> bool:
         """Whether `parallel: input` is the default: the activation's bytes exceed the constants'
         (the weights'), and a thread given a share of the output axes that index the weights would
         read all of the activation. A grouped or depthwise conv's channels index both: split by
@@ -374,12 +374,12 @@ class SearchSpace(DagSketch):
         if self.kind == "injective":
             return {"vec": max(self.injective_vecs), "unroll": 0}
         if self.kind == "table":
-            # each decision's first option (the pad read in place, a register accumulator), and one
-            # vector register per table entry, no wider than the input's contiguous run (16 lanes
-            # of an 8c input are gathered one by one: docs/history.md)
-            # a blocked output transform's block loop inside its tiles, so that each tile reads its
+            # each decision's first option (the pad read in place, a register accumulator), but a
+            # blocked output transform's block loop inside its tiles, so that each tile reads its
             # rows of the product once for all blocks and its threads split the tiles as the
-            # producer's did (ResNet-50's at 2 threads in the model: 0.53x the time of outside)
+            # producer's did (ResNet-50's at 2 threads in the model: 0.53x the time of outside);
+            # one vector register per table entry, no wider than the input's contiguous run (16
+            # lanes of an 8c input are gathered one by one: docs/history.md)
             fits = [v for v in self.last_options if v <= self.target.lanes]
             vec = [v for v in fits if v <= (self.vector_run or v)] or fits
             return {**{name: opts[0] for name, opts in self.choices().items()}, "vec": max(vec or self.last_options),
@@ -465,38 +465,36 @@ class SearchSpace(DagSketch):
         if pair is not None and tile[pair][2] >= 4 \
                 and (not self.pads or (row in padded and tile[row][2] >= shape[row])) \
                 and (blocked := self._block_reduction(tile, row)):
-            reduce, place = blocked, "root"
+            (tile, reduce), place = blocked, "root"
         dec = {"pad": {p: place for p in self.pads}, "tile": tile,
                "reduce": reduce, "unroll": 64, "order": order}
         if self.epilogues:
             dec["epilogue"] = "fused"
         if self.parallel_orders:
-            dec["parallel"] = PARALLEL_ORDERS[self._activation_larger]
+            dec["parallel"] = PARALLEL_ORDERS[self._input_first_by_default]
         return dec
 
-    def _block_reduction(self, tile: list, row: int) -> list | None:
+    def _block_reduction(self, tile: list, row: int) -> tuple | None:
         """Cache blocking over the reduction, where the constant operand's panel that one register
         tile reads over the whole reduction reaches PANEL_BYTES (a 1x1 conv's 4 channel blocks with
-        1024 or more input channels): the reduce decision that splits the outermost reduction axis
-        into chunks whose panel fits PANEL_CHUNK, every other reduction axis inside them, with
-        `tile` widened in place so that each chunk serves whole rows of register tiles (S2: the
-        row, then up to TILE_ROWS rows, the local tile within 32 KiB and 4 outer tiles per thread)
-        while it is in L1. Without blocking, every register tile reads the panel from L2 again: a
-        1x1 conv with 1024 input channels ran 0.85-0.9x slower (docs/history.md). None, `tile`
-        untouched: no blocking; so too where a chunk would serve one register tile (nothing to
-        reuse), or where a pad is copied first and the copy is over a quarter of the panel (its
-        pass cost what the blocking saved: a stride-2 3x3 conv)."""
+        1024 or more input channels): (`tile` widened so that each chunk serves whole rows of
+        register tiles while it is in L1: S2 the row, then up to TILE_ROWS rows, the local tile
+        within BLOCKED_TILE_BYTES and 4 outer tiles per thread; the reduce decision that splits the
+        outermost reduction axis into chunks whose panel fits PANEL_CHUNK, every other reduction
+        axis inside them). Without blocking, every register tile reads the panel from L2 again: a
+        1x1 conv with 1024 input channels ran 0.85-0.9x slower (docs/history.md). None: no
+        blocking; so too where a chunk would serve one register tile (nothing to reuse), or where a
+        pad is copied first and the copy is over a quarter of the panel (its pass cost what the
+        blocking saved: a stride-2 3x3 conv)."""
         if not self.reduce_axes:
             return None
         red = dict(self.reduce_axes)
         panel = max([math.prod(s3 for a, (_, _, s3) in zip(self.local_axes, tile) if a in axes)
                      * math.prod(e for r, e in red.items() if r in axes) * 4
                      for buf, axes in self._reads if buf in self._constants], default=0)
+        if panel < PANEL_BYTES or (self.pads and 4 * self._pad_bytes > panel):
+            return None
         first, extent = self.reduce_axes[0]
-        if panel < PANEL_BYTES or not any(first in v for _, v in self._reads):
-            return None
-        if self.pads and 4 * self._pad_bytes > panel:
-            return None
         per = panel // extent                            # bytes of one step of the outermost axis
         chunk = max(d for d in divisors(extent) if d * per <= PANEL_CHUNK or d == 1)
         tiles = [-(-e // s3) for e, (_, _, s3) in zip(self.out_shape, tile)]
@@ -513,8 +511,7 @@ class SearchSpace(DagSketch):
             new[d][1] = max(fits, default=1)
         if math.prod(s2 for _, s2, _ in new) < 2:
             return None
-        tile[:] = new
-        return [chunk if r == first else e for r, e in self.reduce_axes]
+        return new, [chunk if r == first else e for r, e in self.reduce_axes]
 
     @cached_property
     def _pad_bytes(self) -> int:
