@@ -25,6 +25,7 @@ import numpy as np
 
 from bench.common import write_results
 from tuner.graph import load as load_graph
+from tuner.measure.interleave import SETTLE_S
 from tuner.graph.onnx_frontend import to_onnx
 from tuner.ops.common import conv_out_size, pads4
 from tuner.ops.workload import parse_spec
@@ -84,9 +85,11 @@ def main(argv=None) -> int:
     feed = dict(zip([i.name for i in sess.get_inputs()], x))
     ours, whole, theirs = [], [], []
     for r in range(args.rounds):
+        time.sleep(SETTLE_S)
         steps, runs = art.profile(x, runs=args.runs)
         ours.append(steps)
         whole += list(runs)
+        time.sleep(SETTLE_S)
         for _ in range(args.runs):
             t = time.perf_counter()
             sess.run(None, feed)

@@ -450,7 +450,7 @@ def test_interleaved_timing_rotates_the_turn_so_every_runner_takes_every_place_a
     from tuner.compare.peers import interleaved
     order = []
     runners = {f"r{k}": (lambda _inputs, k=k: order.append(k)) for k in range(n)}
-    out = interleaved(runners, None, rounds=rounds, min_seconds=0.0)
+    out = interleaved(runners, None, rounds=rounds, min_seconds=0.0, settle=0.0)
     assert all(len(v) == rounds for v in out.values()) and len(out) == n
     each = len(order) // (n * rounds)                   # time_call's calls per turn (a warm-up, then 3)
     assert each >= 3 and len(order) == each * n * rounds
@@ -458,6 +458,20 @@ def test_interleaved_timing_rotates_the_turn_so_every_runner_takes_every_place_a
     assert len(turns) == rounds
     for r, turn in enumerate(turns):
         assert turn == [(k + r) % n for k in range(n)]
+
+
+def test_interleaved_timing_idles_before_every_turn_so_no_runner_meets_the_last_ones_spinning_threads(monkeypatch):
+    from tuner.measure import interleave
+    events = []
+    monkeypatch.setattr(interleave.time, "sleep", lambda s: events.append(("idle", s)))
+    runners = {name: (lambda _inputs, name=name: events.append(("run", name))) for name in ("tuner", "onnxruntime")}
+    interleave.interleaved(runners, None, rounds=3, min_seconds=0.0)
+    turns = [k for k in range(1, len(events)) if events[k][0] == "run" and events[k - 1][0] != "run"]
+    assert len(turns) == 6
+    assert all(events[k - 1] == ("idle", interleave.SETTLE_S) for k in turns) and interleave.SETTLE_S >= 0.1
+    events.clear()
+    interleave.interleaved(runners, None, rounds=2, min_seconds=0.0, settle=0.0)
+    assert {e for e in events if e[0] == "idle"} <= {("idle", 0.0)}
 
 
 def test_importing_tuner_and_its_cost_model_leaves_the_openmp_wait_policy_alone():

@@ -420,9 +420,9 @@ def open_choices(graph: Graph, layouts: dict) -> list:
 
 def whole_times(built: dict, rounds: int = CHOICE_ROUNDS) -> dict:
     """{name: [seconds per round]} of compiled models ({name: CompiledModel}) timed interleaved on
-    the same random inputs."""
+    the same random inputs (with no pause between turns: their steps run on one OpenMP pool)."""
     inputs = next(iter(built.values())).random_inputs()
-    return interleaved({k: (lambda xs, m=m: m.run(*xs)) for k, m in built.items()}, inputs, rounds)
+    return interleaved({k: (lambda xs, m=m: m.run(*xs)) for k, m in built.items()}, inputs, rounds, settle=0.0)
 
 
 def _whole_times(built: dict) -> dict:

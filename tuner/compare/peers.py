@@ -3,8 +3,9 @@ CPU provider, all graph optimisations) and PyTorch eager (the graph run op by op
 torch.nn.functional, in NCHW or channels_last), and the interleaved timing of all of them.
 
 Timing is interleaved round by round (each round times every runner once, in turn), so that a
-slow spell of a shared machine hits every runner alike; the figure reported is the median over
-rounds of each round's median call time.
+slow spell of a shared machine hits every runner alike, each turn after an idle pause, so that no
+runner shares the cores with the last one's spinning threads; the figure reported is the median
+over rounds of each round's median call time.
 """
 from __future__ import annotations
 

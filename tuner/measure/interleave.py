@@ -19,15 +19,23 @@ def time_call(fn, inputs, min_seconds: float = 0.2, max_calls: int = 50) -> floa
     return statistics.median(times)
 
 
-def interleaved(runners: dict, inputs, rounds: int = 5, min_seconds: float = 0.2, progress=None) -> dict:
+# Idle seconds before each turn: a runtime's threads spin for a while after its last call (ONNX
+# Runtime's intra-op pool for tens of milliseconds), holding a core the next runner needs.
+SETTLE_S = 0.25
+
+
+def interleaved(runners: dict, inputs, rounds: int = 5, min_seconds: float = 0.2, progress=None,
+                settle: float = SETTLE_S) -> dict:
     """{name: [median seconds per round]} timing every runner once per round, in turn, the turn
     rotated by one each round: a runner's place in the round (what ran just before it, which
     caches it finds warm) moved a model's time by 4-5% on a shared host, and rotating spreads
-    that over every runner alike."""
+    that over every runner alike. Each turn starts after `settle` idle seconds, so that it does
+    not share the cores with the last runner's spinning threads (0: runners of one thread pool)."""
     out = {name: [] for name in runners}
     names = list(runners)
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
+            time.sleep(settle)
             out[name].append(time_call(runners[name], inputs, min_seconds))
         if progress:
             progress(f"round {r + 1}/{rounds}: " + ", ".join(f"{n} {statistics.median(v) * 1e3:.2f} ms"
