@@ -474,6 +474,24 @@ def test_interleaved_timing_idles_before_every_turn_so_no_runner_meets_the_last_
     assert {e for e in events if e[0] == "idle"} <= {("idle", 0.0)}
 
 
+def test_bench_settle_times_a_model_right_after_onnx_runtime_and_after_the_pause(tmp_path):
+    pytest.importorskip("onnxruntime")
+    import onnx
+
+    from bench import settle
+    from tuner.graph.onnx_frontend import to_onnx
+    from tuner.measure.interleave import SETTLE_S
+    path = tmp_path / "tiny.onnx"
+    onnx.save(to_onnx(tiny()), path)
+    out = tmp_path / "settle.json"
+    assert settle.main(["--models", str(path), "--threads", "1", "--rounds", "2", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["settle_s"] == SETTLE_S and [r["way"] for r in res["rows"]] == list(settle.WAYS)
+    for r in res["rows"]:
+        assert len(r["tuner_rounds_s"]) == len(r["onnxruntime_rounds_s"]) == 2
+        assert r["tuner_ms"] > 0 and r["onnxruntime_ms"] > 0 and r["tuner_vs_onnxruntime"] > 0
+
+
 def test_importing_tuner_and_its_cost_model_leaves_the_openmp_wait_policy_alone():
     """xgboost's OpenMP runtime starts passive; the variable is put back, so a compiled model's
     own OpenMP runtime, loaded later in the process, spins between steps instead of sleeping
