@@ -171,6 +171,58 @@ def test_a_half_pixel_symmetric_resize_picks_the_pixel_onnx_runtime_picks_where_
     agree_with_onnxruntime(path, {"x": _f32(1, 3, 2, 3)})
 
 
+# (coordinate rule, nearest rule, input H x W, "sizes" or "scales", the last two of them): nearest resizes
+# where tuner once picked another pixel than ONNX Runtime. Most put a coordinate on a half that float32
+# misses by an ulp or two, which ONNX Runtime ties all the same; 40 to 202 and 176 to 208 also put one
+# 1.9e-6 off a half, which it does not tie. The 1.25 scales keep a short axis's length: no length
+# changing, the input comes back as it is, but an axis keeping its length beside one that changes is
+# resized (unless its scale is 1).
+NEAREST_TIES = [
+    ("half_pixel", "round_prefer_ceil", (1, 20), "sizes", (1, 6)),            # 14.499999 is 14.5: 15
+    ("half_pixel", "round_prefer_floor", (1, 14), "sizes", (1, 19)),          # 6.5000005 is 6.5: 6
+    ("half_pixel", "round_prefer_floor", (1, 18), "sizes", (1, 21)),
+    ("pytorch_half_pixel", "round_prefer_ceil", (1, 17), "scales", (1.0, 0.3)),
+    ("asymmetric", "round_prefer_ceil", (1, 7), "sizes", (1, 8)),             # 3.4999998 is 3.5: 4
+    ("asymmetric", "round_prefer_ceil", (1, 13), "sizes", (1, 14)),
+    ("half_pixel_symmetric", "round_prefer_floor", (1, 7), "scales", (1.0, 0.6)),
+    ("half_pixel_symmetric", "round_prefer_ceil", (1, 18), "scales", (1.0, 0.75)),
+    ("half_pixel_symmetric", "round_prefer_floor", (1, 14), "sizes", (1, 19)),
+    ("tf_half_pixel_for_nn", "round_prefer_floor", (1, 7), "sizes", (1, 19)),
+    ("tf_half_pixel_for_nn", "round_prefer_ceil", (1, 13), "sizes", (1, 1)),
+    ("tf_half_pixel_for_nn", "round_prefer_ceil", (1, 9), "scales", (1.0, 0.6)),
+    ("half_pixel", "round_prefer_ceil", (1, 40), "sizes", (1, 202)),          # 29.499998: 29, no tie
+    ("tf_half_pixel_for_nn", "round_prefer_floor", (1, 176), "sizes", (1, 208)),
+    ("half_pixel", "floor", (3, 3), "scales", (1.25, 1.25)),                  # no length changes: a copy
+    ("tf_half_pixel_for_nn", "ceil", (2, 3), "scales", (1.25, 1.25)),
+    ("asymmetric", "floor", (3, 3), "scales", (1.25, 2.0)),                   # H keeps 3 yet is resized
+    ("tf_half_pixel_for_nn", "ceil", (3, 5), "sizes", (7, 5)),
+]
+
+
+@pytest.mark.parametrize("coords, nearest, hw, given, value", NEAREST_TIES,
+                         ids=[f"{c}-{r}-{h}x{w}-{g}-{'x'.join(map(str, v))}" for c, r, (h, w), g, v in NEAREST_TIES])
+def test_a_nearest_resize_picks_the_pixel_onnx_runtime_picks_where_the_coordinate_is_a_half_in_float32_or_nearly(
+        coords, nearest, hw, given, value):
+    """Each output holds its source's position in the input, so the pixels picked must be ONNX Runtime's
+    exactly; the importer's tables are read by the interpreter (no build)."""
+    import onnxruntime as ort
+
+    from tuner.graph import interp
+    from tuner.graph.onnx_frontend import from_onnx
+    arg = np.array([1, 1, *value], np.int64 if given == "sizes" else np.float32)
+    node = helper.make_node("Resize", ["x", "", *([""] if given == "sizes" else []), given], ["y"], mode="nearest",
+                            coordinate_transformation_mode=coords, nearest_mode=nearest)
+    g = helper.make_graph([node], "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, *hw])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(arg, given)])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    x = np.arange(hw[0] * hw[1], dtype=np.float32).reshape(1, 1, *hw)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = interp.run(from_onnx(model), x)[0]
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
 def test_a_resize_mode_beyond_nearest_linear_and_cubic_is_a_one_line_error_naming_the_node(tmp_path):
     from tuner.graph.onnx_frontend import OnnxImportError, load_onnx
     nodes = [helper.make_node("Resize", ["x", "", "scales"], ["y"], "up", mode="quadratic")]

@@ -3,7 +3,15 @@ UNets and MobileViT write it. The importer turns every resized axis into constan
 as ONNX Runtime computes its coordinates in float32: per output position, the input positions it
 reads (1 for nearest, 2 for linear, 4 for cubic) and their weights (none for nearest). The kernel
 reads its input through them, so one definition serves every mode and coordinate rule, and an
-axis's tables do not depend on the others."""
+axis's tables do not depend on the others.
+
+Nearest, as ONNX Runtime's CPU kernel picks: the float32 coordinate counts as a half (a tie, which
+round_prefer_floor takes down and round_prefer_ceil up) when it lies within 1e-6 of one, so a
+coordinate that is a half in exact arithmetic but an ulp or two off in float32 still ties; any
+other rounds to the nearer whole number; floor and ceil take the coordinate as it is. An axis
+whose scale is exactly 1 maps each position to itself, and a resize that changes no length copies
+its input whatever the scales say. Resize before opset 11 and Upsample floor the coordinate when
+the axis grows and ceil it when it shrinks."""
 from __future__ import annotations
 
 import math
@@ -39,8 +47,19 @@ def _origin(mode: str, out_len: int, in_len: int, scale: np.float32) -> np.ndarr
                      "asymmetric, align_corners, half_pixel_symmetric, tf_half_pixel_for_nn are)")
 
 
-_NEAREST = {"round_prefer_floor": lambda v: np.where(v - np.floor(v) == 0.5, np.floor(v), np.round(v)),
-            "round_prefer_ceil": lambda v: np.where(v - np.floor(v) == 0.5, np.ceil(v), np.round(v)),
+TIE = 1e-6      # how near a half (absolute) a float32 coordinate may lie and still count as the half
+
+
+def _round(v: np.ndarray, up: bool) -> np.ndarray:
+    """Nearest whole number to each float32 coordinate; one within TIE of a half takes the half's
+    upper neighbour if `up`, else its lower one."""
+    v = v.astype(np.float64)                    # exact: every float32 is a double, and so is v - floor(v)
+    lo = np.floor(v)
+    tie = np.abs(v - lo - 0.5) <= TIE
+    return np.where(tie, lo + 1 if up else lo, np.rint(v))
+
+
+_NEAREST = {"round_prefer_floor": lambda v: _round(v, False), "round_prefer_ceil": lambda v: _round(v, True),
             "floor": np.floor, "ceil": np.ceil}
 
 
@@ -137,9 +156,9 @@ def _onnx_resize(cx, ins, a):
         raise cx.fail(f"mode {mode!r} is not supported (nearest, linear and cubic are)")
     if mode != "nearest" and x.dtype != "float32":
         raise cx.fail(f"a {mode} resize of a {x.dtype} tensor is not supported (of float32 it is)")
-    coords = a.get("coordinate_transformation_mode", "half_pixel" if cx.op_type == "Resize" and cx.opset >= 11
-                   else "asymmetric")
-    nearest = a.get("nearest_mode", "round_prefer_floor" if cx.opset >= 11 else "floor")
+    legacy = cx.op_type == "Upsample" or cx.opset < 11     # asymmetric; floor up, ceil down (per axis)
+    coords = "asymmetric" if legacy else a.get("coordinate_transformation_mode", "half_pixel")
+    nearest = a.get("nearest_mode", "round_prefer_floor")
     if a.get("keep_aspect_ratio_policy", "stretch") != "stretch":
         raise cx.fail(f"keep_aspect_ratio_policy {a['keep_aspect_ratio_policy']!r} is not supported (stretch is)")
     axes = [ax % rank for ax in a.get("axes", range(rank))]
@@ -157,7 +176,7 @@ def _onnx_resize(cx, ins, a):
         raise cx.fail("exactly one of scales and sizes must be given")
     if len(scales if sizes is None else sizes) != len(axes):
         raise cx.fail(f"{len(scales if sizes is None else sizes)} scales or sizes for {len(axes)} axes")
-    out_axes, tabs = [], []
+    per = []
     for k, ax in enumerate(axes):
         n = x.shape[ax]
         if sizes is None:
@@ -172,12 +191,18 @@ def _onnx_resize(cx, ins, a):
             raise cx.fail(f"axis {ax} of length {n} would become {m}")
         if m > MAX_LENGTH:
             raise cx.fail(f"axis {ax} of length {n} would become {m}, over the {MAX_LENGTH} a resize may give")
-        if m == n and scale == 1.0:
+        per.append((ax, n, m, scale))
+    if all(m == n for _, n, m, _ in per):      # no length changes: the input as it is, whatever the scales
+        return [x]
+    out_axes, tabs = [], []
+    for ax, n, m, scale in per:
+        if scale == 1.0:                        # (then m == n) each position reads itself
             continue
         if a.get("antialias", 0) and m < n and mode != "nearest":
             raise cx.fail("antialiased downscaling is not supported")
+        rule = ("ceil" if scale < 1 else "floor") if legacy else nearest
         try:
-            t = tables(mode, coords, nearest, m, n, scale, float(a.get("cubic_coeff_a", -0.75)),
+            t = tables(mode, coords, rule, m, n, scale, float(a.get("cubic_coeff_a", -0.75)),
                        bool(a.get("exclude_outside", 0)))
         except ValueError as e:
             raise cx.fail(str(e)) from None
