@@ -1025,3 +1025,71 @@ def test_compile_quick_measures_every_task_the_compile_runs_squeeze_excitation_c
     assert any("K=4," in (s.workload or "") for s in anchors)
     assert anchors and all(s.source == str(log) for s in anchors), [(s.workload, s.source) for s in anchors]
     assert_matches_onnxruntime(m, g)
+
+
+def _record_beside_its_default(tmp_path, defaults: bool):
+    """tiny in NCHW16c, a log with one conv task's record that is not its default schedule and a
+    plan line that names that record as slower than the default in the model (or names none):
+    (graph, log, target, the task's workload, the record's code hash, the default's code hash)."""
+    from tuner.database.result import MeasureResult
+    from tuner.graph.ir import graph_digest
+    from tuner.target import parse_target
+    from tuner.task import Task
+    g, tgt = tiny(), parse_target("cpu -threads=1")
+    wl = next(w for w, _ in model_layouts(g, ("NCHW16c",)).workloads() if w.op == "conv2d")
+    task = Task(wl, tgt)
+    default = task.default_candidate().code_hash
+    rng = random.Random(0)
+    cand = next(c for c in (task.from_decisions(task.space.sample(rng)) for _ in range(50)) if c.code_hash != default)
+    log = tmp_path / "in_model.jsonl"
+    plan = {n.name: "NCHW16c" for n in g.nodes if n.op == "conv2d"}
+    records.append(log, [records.make_record(wl, str(tgt), cand.steps, MeasureResult("OK", costs=[1e-5] * 3),
+                                             cand.code_hash, "random", 1, cand.decisions),
+                         records.make_plan_record("tiny", graph_digest(g), str(tgt), plan, 1e-4, True,
+                                                  defaults={wl.key: cand.code_hash} if defaults else {})])
+    return g, log, tgt, wl, cand.code_hash, default
+
+
+@pytest.mark.parametrize("defaults", [True, False])
+def test_a_plan_runs_the_default_schedule_where_its_tune_timed_the_record_slower_in_the_model(tmp_cache, tmp_path,
+                                                                                                defaults):
+    from tuner.runtime.artifact import IN_MODEL
+    g, log, tgt, wl, rec_hash, default = _record_beside_its_default(tmp_path, defaults)
+    m = compile_model(g, log=str(log), threads=1, use_shipped=False, predict=False)
+    mine = [s for s in m.steps if s.workload_key == wl.key]
+    assert mine and all(s.code_hash == (default if defaults else rec_hash) for s in mine)
+    assert all((s.source == IN_MODEL) == defaults for s in mine)
+    if defaults:                 # a faster record of other code than the one the plan timed: it runs
+        from tuner.database.result import MeasureResult
+        from tuner.task import Task
+        task, rng = Task(wl, tgt), random.Random(1)
+        cand = next(c for c in (task.from_decisions(task.space.sample(rng)) for _ in range(50))
+                    if c.code_hash not in (rec_hash, default))
+        records.append(log, [records.make_record(wl, str(tgt), cand.steps, MeasureResult("OK", costs=[5e-6] * 3),
+                                                 cand.code_hash, "random", 1, cand.decisions)])
+        m = compile_model(g, log=str(log), threads=1, use_shipped=False, predict=False)
+        assert {s.code_hash for s in m.steps if s.workload_key == wl.key} == {cand.code_hash}
+
+
+@pytest.mark.parametrize("tuned_s", [2e-3, 1e-3])
+def test_in_model_defaults_names_the_records_whose_defaults_ran_faster_where_they_run(tmp_cache, tmp_path,
+                                                                                      monkeypatch, tuned_s):
+    """in_model_defaults compiles the plan with the log's records and with every default, times
+    each step in the model (profile, faked here: the task's record takes `tuned_s` a step, every
+    other step 1 ms) and names the task whose default took at most IN_MODEL_MARGIN of its time."""
+    import numpy as np
+
+    from tuner.model_tuning import in_model_defaults
+    from tuner.runtime.model import CompiledModel
+    g, log, tgt, wl, rec_hash, _ = _record_beside_its_default(tmp_path, False)
+    profiled = []
+
+    def profile(self, inputs=None, runs=20):
+        profiled.append(self)
+        row = [tuned_s if s.code_hash == rec_hash else 1e-3 for s in self.steps]
+        return np.array([row] * runs), np.full(runs, sum(row))
+    monkeypatch.setattr(CompiledModel, "profile", profile)
+    plan = records.load(log).plans[-1].layouts
+    out = in_model_defaults(g, str(log), tgt, plan, {}, progress=False)
+    assert out == ({wl.key: rec_hash} if tuned_s > 1e-3 else {})
+    assert len(profiled) == 14 and len({id(m) for m in profiled}) == 2

@@ -172,15 +172,19 @@ END = {"upto": 96, "code": "1a505e692e596de6ea5a", "above": "2b505e692e596de6ea5
                                               {"upto": 0}, {"upto": 96.0}, {"upto": True}, {"upto": 1 << 31},
                                               {"upto": "96); system(\"x\""}, {"code": 5}, {"above": ""},
                                               {"extra": 1})],
-                                          ("ends", {"": END}), ("ends", {"k" * 5000: END}), ("ends", [END])])
+                                          ("ends", {"": END}), ("ends", {"k" * 5000: END}), ("ends", [END]),
+                                          ("defaults", {"k": 5}), ("defaults", {"": "c0de"}), ("defaults", ["k"]),
+                                          ("defaults", {"k": "x" * 5000})])
 def test_a_plan_line_whose_shapes_flags_or_ends_are_malformed_is_refused_by_name(field, value):
     """A plan names the input shapes its model was tuned at, whether it is a bucket of a range,
     whether it compiles padded as an untuned compile, and how far above it its kernels serve; a
     good one round-trips, anything else in a log is refused with the field named."""
     good = records.make_plan_record("m", "h1", "cpu -isa=avx2 -threads=1", {}, 1e-3, True,
                                     shapes={"input_ids": [1, 64]}, dynamic=True, ends={"a0c302c6a5d30412": END},
-                                    padded=True)
+                                    padded=True, defaults={"a0c302c6a5d30412": "5f1c0de"})
     assert records.PlanRecord.from_json(json.loads(json.dumps(good.to_json()))) == good
+    assert good.to_json()["defaults"] == {"a0c302c6a5d30412": "5f1c0de"}
+    assert "defaults" not in dataclasses.replace(good, defaults={}).to_json()
     assert good.to_json()["shapes"] == {"input_ids": [1, 64]} and good.to_json()["dynamic"] is True
     assert good.to_json()["padded"] is True and "padded" not in dataclasses.replace(good, padded=False).to_json()
     assert good.to_json()["ends"] == {"a0c302c6a5d30412": END}

@@ -50,6 +50,8 @@ import uuid
 from pathlib import Path
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .database import records
 from .database.result import WEIGHTS
 from .database.union import Database
@@ -63,6 +65,7 @@ from .graph.passes.convert_layout import check_choice
 from .measure.interleave import interleaved
 from .measure.peak import peak_gflops
 from .measure.runner import CpuRunner, RunConfig
+from .runtime.artifact import UNTUNED
 from .search.scheduler import family
 from .target import parse_target
 from .task import Task
@@ -153,6 +156,10 @@ class ModelTuneResult:
         for c, v in (r.choices if r else {}).items():
             rows.append(f"{c}: {'on' if v['on'] else 'off'} (the whole model {v['s'][0] * 1e3:.2f} ms on, "
                         f"{v['s'][1] * 1e3:.2f} ms off, timed interleaved after the search)")
+        if r and r.defaults:
+            rows.append(f"in the model: {len(r.defaults)} task(s) run their default schedule, faster there than their "
+                        "best record (each step timed where it runs after the search): "
+                        + "; ".join(by_key[k].workload.label for k in r.defaults if k in by_key))
         return "\n".join(rows)
 
 
@@ -484,6 +491,46 @@ def check_plan(graph: Graph, log: str, tgt, plans: dict, progress: bool = True) 
     return out
 
 
+IN_MODEL_ROUNDS, IN_MODEL_RUNS = 7, 10     # rounds of whole runs of each compile timing the tuned records in the model
+IN_MODEL_MARGIN = 0.97         # a default replaces its task's record where it took at most this share of its time
+
+
+def in_model_defaults(graph: Graph, log: str, tgt, layouts: dict, choices: dict, progress: bool = True) -> dict:
+    """{workload key: its best record's code hash} for each task whose default schedule ran in at
+    most IN_MODEL_MARGIN of that record's time where it runs: the model compiled with `layouts`
+    and `choices` ({choice: on}) twice, with the log's records and with every task on its default
+    schedule, each step timed in context (CompiledModel.profile), the two in turn, IN_MODEL_ROUNDS
+    rounds, paired per task. A record is timed alone, and in a model at 2 threads a third of
+    ResNet-50's tuned records ran slower than their defaults, each thread reading what the other
+    core's step had written (docs/history.md)."""
+    from .compiler import compile_model
+    opts = dict(log=log, target=str(tgt), layout_plan=layouts, **choices)
+    tuned = compile_model(graph, **opts)
+    default = compile_model(graph, choose=lambda task: task.space.steps(task.space.default()), **opts)
+    keys = [s.workload_key for s in tuned.steps]
+    if keys != [s.workload_key for s in default.steps]:
+        return {}
+    differ = [i for i, (a, b) in enumerate(zip(tuned.steps, default.steps))
+              if a.workload_key is not None and a.code_hash != b.code_hash and a.source not in UNTUNED]
+    if not differ:
+        return {}
+    inputs = tuned.random_inputs(seed=1)
+    times = {"tuned": [], "default": []}
+    for r in range(IN_MODEL_ROUNDS):
+        for name, m in (("tuned", tuned), ("default", default))[::1 if r % 2 == 0 else -1]:
+            times[name].append(np.median(m.profile(inputs, runs=IN_MODEL_RUNS)[0], axis=0))
+    t, d = np.array(times["tuned"]), np.array(times["default"])
+    out = {}
+    for key in dict.fromkeys(keys[i] for i in differ):
+        idx = [i for i in differ if keys[i] == key]
+        if float(np.median(d[:, idx].sum(1) / t[:, idx].sum(1))) <= IN_MODEL_MARGIN:
+            out[key] = tuned.steps[idx[0]].code_hash
+    if progress:
+        print(f"in the model: {len(out)} of {len(dict.fromkeys(keys[i] for i in differ))} tuned tasks ran slower "
+              f"than their default schedules where they run; the plan runs those defaults", flush=True)
+    return out
+
+
 def tune_model(model, trials: int | None, log: str | None = None, target: str = "cpu", threads: int | None = None,
                layouts=DEFAULT_CHOICES, input_shapes: dict | None = None, warmup_batch: int = 4,
                batch_size: int = 16, policy: str = "evolutionary", weights: str = WEIGHTS[0],
@@ -603,10 +650,13 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
             else dict(last.choices) if last is not None else {}
         known = dict(last.ends) if last is not None else {}
         ends = handover(session.tasks, config, log, known) if handover is not None and timed else known
+        defaults = in_model_defaults(graph, log, tgt, as_compiled, {k: v["on"] for k, v in choices.items()},
+                                     kwargs.get("progress", True)) if timed \
+            else dict(last.defaults) if last is not None and last.layouts == plan.layouts else {}
         rec = records.make_plan_record(name, graph_digest(graph), str(tgt), plan.layouts, est, plan.exact,
                                        tuple(layouts), peak, cold, cold_est, weights, graph_structure(graph), choices,
                                        {v.name: list(v.shape) for v in graph.inputs}, bool(graph.meta.get("dynamic")),
-                                       ends, anonymous_structure(graph), padded)
+                                       ends, anonymous_structure(graph), padded, defaults)
         same_choices = last is not None and {k: v["on"] for k, v in last.choices.items()} == \
             {k: v["on"] for k, v in rec.choices.items()}       # the times differ run to run; the choices, not
         if last is None or dataclasses.replace(last, timestamp=rec.timestamp, tool=rec.tool, peak_gflops=rec.peak_gflops,

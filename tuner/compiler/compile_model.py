@@ -41,7 +41,7 @@ from ..graph.onnx_frontend import input_dims
 from ..graph.passes import GRAPH_CHOICES, optimize
 from ..graph.passes.extract_tasks import group_summary, transform_workload, workload_of
 from ..ops import WORKLOADS, Unsupported, flops, to_te
-from ..runtime.artifact import (FLOAT_EXACT, GENERIC, OTHER_THREADS, PLAIN, PREDICTED, SHIPPED, UNTUNED, Arg, Step,
+from ..runtime.artifact import (FLOAT_EXACT, GENERIC, IN_MODEL, OTHER_THREADS, PLAIN, PREDICTED, SHIPPED, UNTUNED, Arg, Step,
                                 declaration)
 from ..runtime.model import CompiledModel
 from ..schedule.ir import flat_index, vector_split
@@ -347,7 +347,8 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
     logs = [str(p) for p in ([log] if isinstance(log, (str, Path)) else list(log or []))]
     db = Database.open(logs, tgt, use_shipped)
     model_hash = graph_digest(graph)
-    layout_plan, plan_from, timed = _layout_plan(db, graph, model_hash, tgt, layout, layout_plan, source_name, say)
+    layout_plan, plan_from, timed, in_model = _layout_plan(db, graph, model_hash, tgt, layout, layout_plan,
+                                                           source_name, say)
     if layout_plan is None and chosen_layout is None and family is None \
             and (layout_plan := default_plan(graph, layout, tgt.lanes)):
         plan_from = "default"
@@ -377,7 +378,7 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
         predictor.start([Task(t.workload, tgt) for t in g.meta["tasks"] if t.workload is not None
                          and t.workload.op in predictor.ops and db.best(t.workload, tgt)[0] is None])
     try:
-        low = _lower_groups(g, io, db, tgt, choose, say, predictor, family)
+        low = _lower_groups(g, io, db, tgt, choose, say, predictor, family, in_model)
     finally:
         if predictor is not None:
             predictor.close()
@@ -442,9 +443,9 @@ _MOVES = frozenset({"reshape", "transpose", "slice", "flatten", "concat", "cast"
 
 def _layout_plan(db, graph, model_hash, tgt, layout, layout_plan, source_name, say) -> tuple:
     """(the layout plan to compile with: the given one, else the newest the logs hold for this
-    model and target, else None; where it came from; the graph choices that plan's tune timed),
-    refusing a given plan of another model."""
-    plan_from, timed = "given" if layout_plan else None, {}
+    model and target, else None; where it came from; the graph choices that plan's tune timed; the
+    records it found slower than their defaults in the model), refusing a given plan of another model."""
+    plan_from, timed, defaults = "given" if layout_plan else None, {}, {}
     if layout_plan is None:
         anonymous = functools.cache(lambda: anonymous_structure(graph))
         found, where = db.plan(model_hash, tgt, graph_structure(graph), anonymous)
@@ -453,7 +454,7 @@ def _layout_plan(db, graph, model_hash, tgt, layout, layout_plan, source_name, s
                 and anonymous()[0] == found.anonymous:     # another export of the architecture: its names
             found = found.renamed(anonymous()[1]) or found
         if found is not None:
-            layout_plan, plan_from, timed = found.layouts, where, found.choices
+            layout_plan, plan_from, timed, defaults = found.layouts, where, found.choices, found.defaults
             if found.padded:        # as an untuned compile: its Winograd convs, channels padded (PadChannels)
                 layout_plan = winograd_convs(found.layouts)
             say(f"layout plan from {where}: {plan_summary(found.layouts)}")
@@ -471,7 +472,7 @@ def _layout_plan(db, graph, model_hash, tgt, layout, layout_plan, source_name, s
             raise UserError(f"{said}; give a plan of this model")
         warnings.warn(f"{said} (its nodes were renamed?): compiling without it (the default layouts)")
         return None, None, {}
-    return layout_plan, plan_from, timed
+    return layout_plan, plan_from, timed, defaults
 
 
 class _Interface:
@@ -724,10 +725,12 @@ class _Lowered:
     lifetimes: dict = field(default_factory=dict)   # value id -> [first step, last step, bytes]
 
 
-def _lower_groups(g: Graph, io: _Interface, db, tgt, choose, say, predictor=None, family=None) -> _Lowered:
+def _lower_groups(g: Graph, io: _Interface, db, tgt, choose, say, predictor=None, family=None,
+                  in_model: dict | None = None) -> _Lowered:
     """One step per fused group, in graph order: a task's best record (else its default), or a
     generic kernel; kernels with equal code are shared. With a dynamic `family`, a group whose
-    dimensions vary gets a dynamic kernel (te.dynamic)."""
+    dimensions vary gets a dynamic kernel (te.dynamic). in_model: the plan's records that lost to
+    their defaults in the model (records.PlanRecord.defaults)."""
     low = _Lowered()
     for gi, grp in enumerate(g.meta["fused_groups"]):
         ins, out_v = _group_io(g, grp.nodes, io.uses, io.outputs)
@@ -745,7 +748,7 @@ def _lower_groups(g: Graph, io: _Interface, db, tgt, choose, say, predictor=None
         if wl is not None:
             kern, args, sched, where, label, expected = _task_kernel(g, grp, wl, ins, db, tgt, choose,
                                                                      f"{func}_bound" if versions else func,
-                                                                     predictor, dims)
+                                                                     predictor, dims, in_model)
             if versions:
                 kern = _dispatch(func, versions, kern, len(args) + 1, family.symbol)
         else:
@@ -766,13 +769,17 @@ def _lower_groups(g: Graph, io: _Interface, db, tgt, choose, say, predictor=None
     return low
 
 
-def _task_kernel(g: Graph, grp, wl, ins: list, db, tgt, choose, func: str, predictor=None, dims=None) -> tuple:
+def _task_kernel(g: Graph, grp, wl, ins: list, db, tgt, choose, func: str, predictor=None, dims=None,
+                 in_model: dict | None = None) -> tuple:
     """(Kernel, its arguments, steps, where they came from, label, the latency the record promises)
-    of a group that is a task: apply-best, else the cost model's pick, else the default."""
+    of a group that is a task: apply-best, else the cost model's pick, else the default; the
+    default too where the plan found the best record slower than it in the model (`in_model`)."""
     task = Task(wl, tgt)
     rec, where = db.best(wl, tgt)
     plain = wl.plain() if rec is None else None
-    if rec is not None:
+    if rec is not None and dims is None and (in_model or {}).get(wl.key) == rec.code_hash:
+        rec, where, sched = None, IN_MODEL, task.space.steps(task.space.default())
+    elif rec is not None:
         sched = rec.steps
     elif plain is not None and (sched := _rendered(task, db.best(plain, tgt)[0])) is not None:
         where = PLAIN                       # operands read in place: a record of them as copies

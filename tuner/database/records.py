@@ -209,6 +209,10 @@ class PlanRecord:
     # compiled as an untuned compile is (the tune's plan check timed it fastest whole): only its
     # Winograd convs named, the rest in the compile's layout, conv channels padded to whole blocks
     padded: bool = False
+    # workload key -> the code hash of its best record, for each task whose default schedule ran
+    # faster than that record where it runs in this plan's model (model_tuning.in_model_defaults):
+    # the compile runs the default there while the task's best is that record
+    defaults: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         d = {"format": self.format, "kind": self.kind, "tool": self.tool, "model": self.model,
@@ -236,6 +240,8 @@ class PlanRecord:
             d["anonymous"], d["order"] = self.anonymous, list(self.order)
         if self.padded:
             d["padded"] = True
+        if self.defaults:
+            d["defaults"] = self.defaults
         return d
 
     def renamed(self, order: list) -> "PlanRecord | None":
@@ -292,6 +298,10 @@ class PlanRecord:
               and all(isinstance(k, str) and 0 < len(k) <= MAX_KEY for k in order),
               "plan anonymous/order is not a hash and a list of distinct node names")
         _want(isinstance(obj.get("padded", False), bool), "plan padded is not a boolean")
+        defaults = obj.get("defaults", {})
+        _want(isinstance(defaults, dict) and len(defaults) <= MAX_ENDS and all(
+            isinstance(k, str) and 0 < len(k) <= MAX_KEY and isinstance(v, str) and 0 < len(v) <= MAX_KEY
+            for k, v in defaults.items()), "plan defaults is not an object of workload keys to code hashes")
         return cls(obj["model"], obj["model_hash"], obj["target"], dict(lays), float(obj["estimate_s"]),
                    obj.get("exact", True), obj.get("timestamp", ""), obj.get("tool", ""), obj.get("format", FORMAT),
                    candidates=tuple(cands), peak_gflops=obj.get("peak_gflops"),
@@ -301,20 +311,22 @@ class PlanRecord:
                    choices={k: {"on": v["on"], "s": [float(t) for t in v["s"]]} for k, v in choices.items()},
                    shapes={k: list(v) for k, v in shapes.items()}, dynamic=obj.get("dynamic", False),
                    ends={k: dict(v) for k, v in ends.items()}, anonymous=obj.get("anonymous", ""),
-                   order=tuple(order), padded=obj.get("padded", False))
+                   order=tuple(order), padded=obj.get("padded", False), defaults=dict(defaults))
 
 
 def make_plan_record(model: str, model_hash: str, target: str, layouts: dict, estimate_s: float,
                      exact: bool, candidates=(), peak_gflops: float | None = None, cold: dict | None = None,
                      cold_estimate_s: float | None = None, priced: str = "warm", structure: str = "",
                      choices: dict | None = None, shapes: dict | None = None, dynamic: bool = False,
-                     ends: dict | None = None, anonymous: tuple = ("", ()), padded: bool = False) -> PlanRecord:
+                     ends: dict | None = None, anonymous: tuple = ("", ()), padded: bool = False,
+                     defaults: dict | None = None) -> PlanRecord:
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     return PlanRecord(model, model_hash, str(target), dict(layouts), estimate_s, exact, now, f"tuner {__version__}",
                       candidates=tuple(candidates), peak_gflops=peak_gflops, cold=dict(cold or {}),
                       cold_estimate_s=cold_estimate_s, priced=priced, structure=structure, choices=dict(choices or {}),
                       shapes={k: [int(n) for n in v] for k, v in (shapes or {}).items()}, dynamic=dynamic,
-                      ends=dict(ends or {}), anonymous=anonymous[0], order=tuple(anonymous[1]), padded=padded)
+                      ends=dict(ends or {}), anonymous=anonymous[0], order=tuple(anonymous[1]), padded=padded,
+                      defaults=dict(defaults or {}))
 
 
 def _want(cond, reason: str) -> None:

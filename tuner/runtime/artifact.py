@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 # same workload with its operands given as copies (Workload.plain), rendered to read them in place
 SHIPPED, PREDICTED, OTHER_THREADS, DEFAULT, GENERIC = "shipped", "predicted", "other threads", "default", "generic"
 PLAIN = "plain record"
+IN_MODEL = "default, faster in the model"    # the plan's tune timed the task's record slower than this in the model
 UNTUNED = (PREDICTED, OTHER_THREADS, PLAIN, DEFAULT)   # no record for this target: nothing measured promises a time
 
 FLOAT_EXACT = 1 << 24      # integers below this magnitude are exact in float32, as integer inputs travel

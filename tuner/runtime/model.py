@@ -27,7 +27,7 @@ from ..errors import TunerError, UserError
 from ..target import ISAS, host_isa, parse_target
 from ..te.layouts import plan_summary
 from ..toolchain.library import aligned_empty, content_hash, open_library, pointer_array
-from .artifact import (DECLARED, DEFAULT, FLOAT_EXACT, GENERIC, OTHER_THREADS, PLAIN, PREDICTED, SHIPPED, UNTUNED,
+from .artifact import (DECLARED, DEFAULT, FLOAT_EXACT, GENERIC, IN_MODEL, OTHER_THREADS, PLAIN, PREDICTED, SHIPPED, UNTUNED,
                        Step, declaration)
 
 META = "model.json"
@@ -329,7 +329,7 @@ class CompiledModel:
         total = sum(s.flops for s in self.steps) or 1.0
         rows = [f"{'#':>3} {'group':<34} {'schedule':<22} {'record':>10} {'FLOPs':>6}  workload"]
         for s in self.steps:
-            src = s.source if s.source in (SHIPPED, *UNTUNED, GENERIC) else f"log {Path(s.source).name}"
+            src = s.source if s.source in (SHIPPED, *UNTUNED, GENERIC, IN_MODEL) else f"log {Path(s.source).name}"
             rec = f"{s.expected_s * 1e3:.3f} ms" if s.expected_s else "-"
             rows.append(f"{s.index:>3} {s.summary[:34]:<34} {src[:22]:<22} {rec:>10} {100 * s.flops / total:5.1f}%  "
                         f"{s.workload}")
