@@ -1,6 +1,7 @@
 """Graph-level layout selection: the solver against brute force, and plans on real graphs."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -674,6 +675,11 @@ def test_a_plan_applies_to_the_same_model_exported_to_onnx_and_is_named_where_it
     assert other.meta["layout_plan"] == {}
     with pytest.raises(UserError, match="names 1 conv or dense node.* does not have: nowhere"):
         compile_model(tiny(), target=REPLAY_TARGET, layout_plan=dict(res.plan.layouts, nowhere="NHWC"))
+    records.append(out, [dataclasses.replace(res.record, layouts=dict(res.plan.layouts, nowhere="NHWC"), anonymous="",
+                                             order=())])
+    with pytest.warns(UserWarning, match="names 1 conv or dense node.* compiling without it"):
+        m = compile_model(tiny(), log=str(out), target=REPLAY_TARGET)      # a log's plan that does not fit: none
+    assert not m.meta["layout_plan"] and m.meta["layout_plan_from"] is None
 
 
 @settings(max_examples=10, deadline=None)

@@ -471,7 +471,7 @@ def _layout_plan(db, graph, model_hash, tgt, layout, layout_plan, source_name, s
         if plan_from == "given":
             raise UserError(f"{said}; give a plan of this model")
         warnings.warn(f"{said} (its nodes were renamed?): compiling without it (the default layouts)")
-        return None, None, {}
+        return None, None, {}, {}
     return layout_plan, plan_from, timed, defaults
 
 
