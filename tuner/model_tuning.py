@@ -520,14 +520,14 @@ def in_model_defaults(graph: Graph, log: str, tgt, layouts: dict, choices: dict,
         for name, m in (("tuned", tuned), ("default", default))[::1 if r % 2 == 0 else -1]:
             times[name].append(np.median(m.profile(inputs, runs=IN_MODEL_RUNS)[0], axis=0))
     t, d = np.array(times["tuned"]), np.array(times["default"])
-    out = {}
-    for key in dict.fromkeys(keys[i] for i in differ):
-        idx = [i for i in differ if keys[i] == key]
-        if float(np.median(d[:, idx].sum(1) / t[:, idx].sum(1))) <= IN_MODEL_MARGIN:
-            out[key] = tuned.steps[idx[0]].code_hash
+    steps = {}                                   # workload key -> its steps whose code differs
+    for i in differ:
+        steps.setdefault(keys[i], []).append(i)
+    out = {key: tuned.steps[idx[0]].code_hash for key, idx in steps.items()
+           if float(np.median(d[:, idx].sum(1) / t[:, idx].sum(1))) <= IN_MODEL_MARGIN}
     if progress:
-        print(f"in the model: {len(out)} of {len(dict.fromkeys(keys[i] for i in differ))} tuned tasks ran slower "
-              f"than their default schedules where they run; the plan runs those defaults", flush=True)
+        print(f"in the model: {len(out)} of {len(steps)} tuned tasks ran slower than their default schedules "
+              "where they run; the plan runs those defaults", flush=True)
     return out
 
 
