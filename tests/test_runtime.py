@@ -330,6 +330,7 @@ def test_compile_quick_measures_n_candidates_per_task_into_a_log_beside_the_mode
     cost model's picks), logged to OUTPUT.jsonl, then the compile applies that log; run again it
     measures nothing new; a bad N and a --time-limit without --quick are one-line errors."""
     from tuner.cli import main
+    from tuner.runtime.artifact import IN_MODEL
     art = tmp_path / "tiny"
     assert main(["compile", "tiny", "--threads", "1", "--quick", "2", "-o", str(art)]) == 0
     log = tmp_path / "tiny.jsonl"
@@ -339,7 +340,9 @@ def test_compile_quick_measures_n_candidates_per_task_into_a_log_beside_the_mode
         per_task[r.workload.key] = per_task.get(r.workload.key, 0) + 1
     assert per_task and max(per_task.values()) == 2 and all(r.ok for r in measured)
     steps = json.loads((art / "model.json").read_text())["steps"]
-    assert all(s["source"] == str(log) for s in steps if s["workload_key"])
+    named = records.load(log).plans[-1].defaults          # a record that lost to its default in the model
+    assert all(s["source"] == str(log) or (s["source"] == IN_MODEL and s["workload_key"] in named)
+               for s in steps if s["workload_key"])
     out = capsys.readouterr().out
     assert "--quick 2:" in out and f"{len(measured)} candidates measured" in out
     assert main(["compile", "tiny", "--threads", "1", "--quick", "2", "-o", str(art)]) == 0
@@ -357,6 +360,7 @@ def test_quick_measures_the_tasks_of_the_plan_the_compile_applies_even_one_of_an
     from tuner.graph.ir import graph_digest, graph_structure
     from tuner.graph.layout_plan import model_layouts
     from tuner.model_tuning import quick_tune
+    from tuner.runtime.artifact import IN_MODEL
     from tuner.target import host_isa
     g = tiny()
     convs = [n.name for n in g.nodes if n.op == "conv2d"]
@@ -376,7 +380,8 @@ def test_quick_measures_the_tasks_of_the_plan_the_compile_applies_even_one_of_an
     assert logged.plans[-1].layouts == plan
     m = compile_model(g, log=[str(log), str(planlog)], threads=2, use_shipped=False)
     assert m.meta["layout_plan"] == plan and m.meta["layout_plan_from"] == str(log)
-    assert all(s.source == str(log) for s in m.steps if s.anchor)
+    named = logged.plans[-1].defaults              # records that lost to their defaults in the model
+    assert all(s.source == str(log) or (s.source == IN_MODEL and s.workload_key in named) for s in m.steps if s.anchor)
 
 
 @pytest.mark.slow
