@@ -25,8 +25,8 @@ import numpy as np
 
 from bench.common import write_results
 from tuner.graph import load as load_graph
-from tuner.measure.interleave import SETTLE_S
 from tuner.graph.onnx_frontend import to_onnx
+from tuner.measure.interleave import SETTLE_S
 from tuner.ops.common import conv_out_size, pads4
 from tuner.ops.workload import parse_spec
 from tuner.runtime import load

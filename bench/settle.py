@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 import warnings
 
 from bench.common import write_results
-from tuner.compare.peers import onnxruntime_runner, paired_ratios, time_call
+from tuner.compare.peers import interleaved, onnxruntime_runner, paired_ratios
 from tuner.compiler import compile_model
 from tuner.graph import load as load_graph
 from tuner.measure.interleave import SETTLE_S
@@ -42,9 +41,8 @@ def main(argv=None) -> int:
         t = {(way, r): [] for way in WAYS for r in runners}
         for _ in range(args.rounds):
             for way, pause in WAYS.items():
-                for r, fn in runners.items():
-                    time.sleep(pause)
-                    t[way, r].append(time_call(fn, ins))
+                for r, (s,) in interleaved(runners, ins, rounds=1, settle=pause).items():
+                    t[way, r].append(s)
         for way in WAYS:
             tu, o = t[way, "tuner"], t[way, "onnxruntime"]
             ratio = statistics.median(paired_ratios(tu, o))

@@ -16,6 +16,7 @@ import argparse
 import numpy as np
 
 from bench.common import write_results
+from tuner.measure.interleave import interleaved_profiles
 from tuner.runtime import load
 
 
@@ -30,16 +31,9 @@ def main(argv=None) -> int:
     a, b = load(da), load(db)
     if [s.summary for s in a.steps] != [s.summary for s in b.steps] or a.meta["model_hash"] != b.meta["model_hash"]:
         raise SystemExit(f"{da} and {db} are not one model's plan: compare them whole with bench.artifacts")
-    inputs = a.random_inputs(seed=1)
-    steps, whole = {na: [], nb: []}, {na: [], nb: []}
-    for r in range(args.rounds):
-        for name, m in ((na, a), (nb, b)):
-            per, runs = m.profile(inputs, runs=args.runs)
-            steps[name].append(np.median(per, axis=0))
-            whole[name].append(float(np.median(runs)))
-        print(f"  round {r + 1}/{args.rounds}: {na} {whole[na][-1] * 1e3:.2f} ms, {nb} {whole[nb][-1] * 1e3:.2f} ms",
-              flush=True)
-    ta, tb = np.array(steps[na]), np.array(steps[nb])
+    steps, whole = interleaved_profiles({na: a, nb: b}, a.random_inputs(seed=1), args.rounds, args.runs,
+                                        progress=lambda msg: print(f"  {msg}", flush=True))
+    ta, tb = steps[na], steps[nb]
     changed = [i for i, (x, y) in enumerate(zip(a.steps, b.steps)) if x.steps != y.steps]
     same = [i for i in range(len(a.steps)) if i not in changed]
     if not changed:

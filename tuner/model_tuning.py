@@ -62,7 +62,7 @@ from .graph.layout_plan import (ModelLayouts, Plan, anonymous_structure, default
                                 winograd_convs)
 from .graph.passes import GRAPH_CHOICES, optimize
 from .graph.passes.convert_layout import check_choice
-from .measure.interleave import interleaved
+from .measure.interleave import interleaved, interleaved_profiles
 from .measure.peak import peak_gflops
 from .measure.runner import CpuRunner, RunConfig
 from .runtime.artifact import UNTUNED
@@ -514,12 +514,9 @@ def in_model_defaults(graph: Graph, log: str, tgt, layouts: dict, choices: dict,
               if a.workload_key is not None and a.code_hash != b.code_hash and a.source not in UNTUNED]
     if not differ:
         return {}
-    inputs = tuned.random_inputs(seed=1)
-    times = {"tuned": [], "default": []}
-    for r in range(IN_MODEL_ROUNDS):
-        for name, m in (("tuned", tuned), ("default", default))[::1 if r % 2 == 0 else -1]:
-            times[name].append(np.median(m.profile(inputs, runs=IN_MODEL_RUNS)[0], axis=0))
-    t, d = np.array(times["tuned"]), np.array(times["default"])
+    times, _ = interleaved_profiles({"tuned": tuned, "default": default}, tuned.random_inputs(seed=1),
+                                    IN_MODEL_ROUNDS, IN_MODEL_RUNS)
+    t, d = times["tuned"], times["default"]
     steps = {}                                   # workload key -> its steps whose code differs
     for i in differ:
         steps.setdefault(keys[i], []).append(i)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import statistics
 import time
 
+import numpy as np
+
 
 def time_call(fn, inputs, min_seconds: float = 0.2, max_calls: int = 50) -> float:
     """Median seconds per call over calls filling `min_seconds` (at least 3 calls)."""
@@ -41,6 +43,23 @@ def interleaved(runners: dict, inputs, rounds: int = 5, min_seconds: float = 0.2
             progress(f"round {r + 1}/{rounds}: " + ", ".join(f"{n} {statistics.median(v) * 1e3:.2f} ms"
                                                             for n, v in out.items()))
     return out
+
+
+def interleaved_profiles(models: dict, inputs, rounds: int, runs: int, progress=None) -> tuple:
+    """({name: array (rounds, steps) of each step's median seconds where it runs}, {name: [median
+    seconds of a whole run, per round]}): compiled models of one plan ({name: CompiledModel}), each
+    run whole `runs` times with every step timed (CompiledModel.profile), in turn, the turn rotated
+    by one each round as in `interleaved` (no pause: they share one OpenMP pool)."""
+    steps, whole = {name: [] for name in models}, {name: [] for name in models}
+    names = list(models)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            per, run = models[name].profile(inputs, runs=runs)
+            steps[name].append(np.median(per, axis=0))
+            whole[name].append(float(np.median(run)))
+        if progress:
+            progress(f"round {r + 1}/{rounds}: " + ", ".join(f"{n} {v[-1] * 1e3:.2f} ms" for n, v in whole.items()))
+    return {name: np.array(v) for name, v in steps.items()}, whole
 
 
 def paired_ratios(a: list, b: list) -> list:
