@@ -24,6 +24,7 @@ from pathlib import Path
 from bench.common import write_results
 from bench.torchvision_sweep import _torchvision, sweep
 
+LLM = {"hidden_size": 512, "intermediate_size": 1376, "num_attention_heads": 8, "num_key_value_heads": 2}
 # name: (model class, config class, input kind, config overrides); layers are cut by --layers
 MODELS = {
     "bert": ("BertModel", "BertConfig", "text", {}),
@@ -61,9 +62,64 @@ MODELS = {
     "segformer": ("SegformerModel", "SegformerConfig", "image", {}),
     "whisper_encoder": ("models.whisper.modeling_whisper.WhisperEncoder", "WhisperConfig", "audio_features", {}),
     "wav2vec2": ("Wav2Vec2Model", "Wav2Vec2Config", "audio", {}),
+    # more of each family: their own norms, position schemes, convs and int arithmetic on ids
+    "xlm_roberta": ("XLMRobertaModel", "XLMRobertaConfig", "text", {}),
+    "mobilebert": ("MobileBertModel", "MobileBertConfig", "text", {}),
+    "squeezebert": ("SqueezeBertModel", "SqueezeBertConfig", "text", {}),
+    "funnel": ("FunnelBaseModel", "FunnelConfig", "text", {}),
+    "convbert": ("ConvBertModel", "ConvBertConfig", "text", {}),
+    "nystromformer": ("NystromformerModel", "NystromformerConfig", "text", {}),
+    "ernie": ("ErnieModel", "ErnieConfig", "text", {}),
+    "roformer": ("RoFormerModel", "RoFormerConfig", "text", {}),
+    "xlnet": ("XLNetModel", "XLNetConfig", "text", {}),
+    "canine": ("CanineModel", "CanineConfig", "text", {}),
+    "big_bird": ("BigBirdModel", "BigBirdConfig", "text", {"attention_type": "original_full"}),
+    "modernbert": ("ModernBertModel", "ModernBertConfig", "text", {}),
+    "falcon": ("FalconModel", "FalconConfig", "text", {"hidden_size": 512, "num_attention_heads": 8}),
+    "gpt_neox": ("GPTNeoXModel", "GPTNeoXConfig", "text", {"hidden_size": 512, "intermediate_size": 2048,
+                                                        "num_attention_heads": 8}),
+    "gptj": ("GPTJModel", "GPTJConfig", "text", {"n_embd": 512, "n_head": 8, "rotary_dim": 32}),
+    "codegen": ("CodeGenModel", "CodeGenConfig", "text", {"n_embd": 512, "n_head": 8, "rotary_dim": 32}),
+    "stablelm": ("StableLmModel", "StableLmConfig", "text", LLM),
+    "olmo": ("OlmoModel", "OlmoConfig", "text", LLM),
+    "phi3": ("Phi3Model", "Phi3Config", "text", LLM),
+    "granite": ("GraniteModel", "GraniteConfig", "text", LLM),
+    "qwen3": ("Qwen3Model", "Qwen3Config", "text", {**LLM, "head_dim": 64}),
+    "gemma2": ("Gemma2Model", "Gemma2Config", "text", {**LLM, "head_dim": 64}),
+    "gemma3": ("Gemma3TextModel", "Gemma3TextConfig", "text", {**LLM, "head_dim": 64}),
+    "levit": ("LevitModel", "LevitConfig", "image", {}),
+    "poolformer": ("PoolFormerModel", "PoolFormerConfig", "image", {}),
+    "regnet": ("RegNetModel", "RegNetConfig", "image", {}),
+    "resnet": ("ResNetModel", "ResNetConfig", "image", {}),
+    "efficientnet": ("EfficientNetModel", "EfficientNetConfig", "image", {"width_coefficient": 1.0,
+                                                                        "depth_coefficient": 1.0}),
+    "mobilenet_v1": ("MobileNetV1Model", "MobileNetV1Config", "image", {}),
+    "mobilenet_v2": ("MobileNetV2Model", "MobileNetV2Config", "image", {}),
+    "bit": ("BitModel", "BitConfig", "image", {}),
+    "cvt": ("CvtModel", "CvtConfig", "image", {}),
+    "pvt": ("PvtModel", "PvtConfig", "image", {}),
+    "pvt_v2": ("PvtV2Model", "PvtV2Config", "image", {}),
+    "focalnet": ("FocalNetModel", "FocalNetConfig", "image", {}),
+    "data2vec_vision": ("Data2VecVisionModel", "Data2VecVisionConfig", "image", {}),
+    "swinv2": ("Swinv2Model", "Swinv2Config", "image", {}),
+    "glpn": ("GLPNModel", "GLPNConfig", "image", {}),
+    "dpt": ("DPTModel", "DPTConfig", "image", {}),
+    "yolos": ("YolosModel", "YolosConfig", "image", {}),
+    "convnextv2": ("ConvNextV2Model", "ConvNextV2Config", "image", {}),
+    "hiera": ("HieraModel", "HieraConfig", "image", {}),
+    "mobilevitv2": ("MobileViTV2Model", "MobileViTV2Config", "image", {"image_size": 224}),
+    "siglip_vision": ("SiglipVisionModel", "SiglipVisionConfig", "image", {}),
+    "dinov2_registers": ("Dinov2WithRegistersModel", "Dinov2WithRegistersConfig", "image", {"image_size": 224}),
+    "hubert": ("HubertModel", "HubertConfig", "audio", {}),
+    "wavlm": ("WavLMModel", "WavLMConfig", "audio", {}),
+    "data2vec_audio": ("Data2VecAudioModel", "Data2VecAudioConfig", "audio", {}),
+    "sew": ("SEWModel", "SEWConfig", "audio", {}),
 }
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_layers")
-DEPTHS = {"swin": {"depths": [2, 2, 2, 2]}, "convnext": {"depths": [1, 1, 1, 1]}, "segformer": {"depths": [1, 1, 1, 1]}}
+ONES = {"depths": [1, 1, 1, 1]}
+DEPTHS = {"swin": {"depths": [2, 2, 2, 2]}, "swinv2": {"depths": [2, 2, 2, 2]}, "convnext": ONES, "segformer": ONES,
+          "convnextv2": ONES, "focalnet": ONES, "poolformer": ONES, "hiera": ONES, "pvt": ONES, "pvt_v2": ONES,
+          "funnel": {"block_sizes": [1, 1, 1]}, "cvt": {"depth": [1, 1, 1]}, "levit": {"depths": [1, 1, 1]}}
 SEQ = {"clip_text": 77}           # its position table's length
 
 

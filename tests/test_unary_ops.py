@@ -399,3 +399,25 @@ def test_a_mul_by_a_sigmoid_is_silu_only_of_the_sigmoids_own_input(tmp_path, tmp
             np.testing.assert_allclose(interp.run(graph, x, y)[0], want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(m.run(x, y)[0], ort_run(path, {"x": x, "y": y})[0], rtol=1e-3, atol=1e-5)
     assert ops == (["mul", "sigmoid"] if order == "sigmoid(x)*y" else ["silu"])
+
+
+@pytest.mark.parametrize("op", ["Sigmoid", "Erf", "Tanh"])
+@pytest.mark.parametrize("cols", [16, 32, 40])
+def test_a_math_call_whose_argument_is_the_same_in_every_lane_compiles_and_computes_what_onnxruntime_computes(
+        tmp_path, tmp_cache, op, cols):
+    """y = reshape(op(a)[:, None] * b): the vector loop over y's flat index reads a at index // cols, the
+    same in all of a vector's lanes (WavLM's gated position bias: the C did not compile)."""
+    rows = 6
+    nodes = [helper.make_node(op, ["a"], ["s"]), helper.make_node("Unsqueeze", ["s", "ax"], ["u"]),
+             helper.make_node("Mul", ["u", "b"], ["m"]), helper.make_node("Reshape", ["m", "flat"], ["y"])]
+    g = helper.make_graph(nodes, "lanes", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [rows]),
+                                           helper.make_tensor_value_info("b", TensorProto.FLOAT, [rows, cols])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows * cols])],
+                          [numpy_helper.from_array(np.array([1], np.int64), "ax"),
+                           numpy_helper.from_array(np.array([rows * cols], np.int64), "flat")])
+    path = tmp_path / "lanes.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    rng = np.random.default_rng(cols)
+    feeds = {"a": rng.standard_normal(rows).astype(np.float32), "b": rng.standard_normal((rows, cols)).astype(np.float32)}
+    m = compile_model(str(path), target="cpu -threads=1", use_shipped=False)
+    np.testing.assert_allclose(m.run(**feeds)[0], ort_run(path, feeds)[0], rtol=1e-5, atol=1e-6)

@@ -512,11 +512,11 @@ class CGen:
             return f"(({vt}){{{', '.join(elems)}}})", True
         if not is_float(e):
             raise NotVectorizable("integer value depends on the lane")
-        if isinstance(e, (Add, Sub, Mul, Div)):
-            a, _ = self.vexpr(e.a, lane, lanes, extra)
-            b, _ = self.vexpr(e.b, lane, lanes, extra)
+        if isinstance(e, (Add, Sub, Mul, Div)):      # scalar where neither operand moves with the lane
+            a, av = self.vexpr(e.a, lane, lanes, extra)
+            b, bv = self.vexpr(e.b, lane, lanes, extra)
             op = {Add: "+", Sub: "-", Mul: "*", Div: "/"}[type(e)]
-            return f"({a} {op} {b})", True
+            return f"({a} {op} {b})", av or bv
         if isinstance(e, (Max, Min)):
             a, av = self.vexpr(e.a, lane, lanes, extra)
             b, bv = self.vexpr(e.b, lane, lanes, extra)
