@@ -172,7 +172,7 @@ def build(name: str, layers: int, seq: int, mask: bool):
     return Hidden().eval(), tuple(xs.values()), names
 
 
-def exporter(layers: int, seq: int, mask: bool, torchscript: bool):
+def exporter(layers: int, seq: int, mask: bool):
     """(export(name, path), feeds(name)): the example inputs of the export are the ones checked and
     timed (ids in the vocabulary, a mask of ones then padding)."""
     examples = {}
@@ -185,7 +185,7 @@ def exporter(layers: int, seq: int, mask: bool, torchscript: bool):
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
             torch.onnx.export(module, xs, str(path), input_names=names, output_names=["hidden"],
-                              opset_version=17 if torchscript else 18, dynamo=not torchscript)
+                              opset_version=18 if dynamo else 17, dynamo=dynamo)
         return path
     return export, examples.__getitem__
 
@@ -205,11 +205,12 @@ def main(argv=None) -> int:
     unknown = [n for n in args.models.split(",") if n not in MODELS]
     if unknown:
         ap.error(f"unknown --models {', '.join(unknown)}: choose from {', '.join(MODELS)}")
-    export, feeds = exporter(args.layers, args.seq, args.mask, args.torchscript)
+    export, feeds = exporter(args.layers, args.seq, args.mask)
     with tempfile.TemporaryDirectory(prefix="bench-hf-") as tmp:
         d = Path(args.keep or tmp)
         d.mkdir(parents=True, exist_ok=True)
-        rows = sweep(args.models.split(","), d, args.threads, args.rounds, export=export, feeds=feeds)
+        rows = sweep(args.models.split(","), d, args.threads, args.rounds, export=export, feeds=feeds,
+                     dynamo=not args.torchscript)
     ok = sum(r.get("ok", False) for r in rows)
     write_results("hf_sweep", args.out, {"threads": args.threads, "rounds": args.rounds, "layers": args.layers,
                                          "seq": args.seq, "mask": args.mask, "torchscript": args.torchscript,

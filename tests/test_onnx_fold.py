@@ -315,3 +315,26 @@ def test_unary_math_on_constants_folds_to_what_onnx_runtime_computes(tmp_path, o
              helper.make_node("Add", ["x", "t"], ["y"])]
     g = _matches_onnxruntime(_model(nodes, {"c": c + (op == "Log")}, (1, 3, 8, 8), tmp_path / "u.onnx"))
     assert [n.op for n in g.nodes] == ["add"]
+
+
+@pytest.mark.parametrize("shape", [(2, 4), (1, 4, 6), (1, 4, 3, 5), (1, 4, 2, 3, 2)], ids=["2-D", "3-D", "4-D", "5-D"])
+@pytest.mark.parametrize("on", ["constant", "activation"])
+def test_batch_norm_of_any_rank_on_a_constant_or_an_activation_computes_what_onnx_runtime_computes(tmp_path, tmp_cache,
+                                                                                                  shape, on):
+    """Channels on axis 1 at every rank: BiT standardises its conv weights by a BatchNormalization of
+    the weight as (1, out, in x kh x kw), which the import evaluates; audio models normalise (N, C, L)."""
+    from tuner.compiler import compile_model
+    rng = np.random.default_rng(len(shape))
+    inits = {k: rng.uniform(0.5, 1.5, 4).astype(np.float32) for k in ("scale", "bias", "mean", "var")}
+    src = "x"
+    if on == "constant":
+        inits["c"] = rng.standard_normal(shape).astype(np.float32)
+        src = "c"
+    nodes = [helper.make_node("BatchNormalization", [src, "scale", "bias", "mean", "var"], ["b"], epsilon=1e-3),
+             helper.make_node("Add", ["b", "x"], ["y"])]
+    g = _matches_onnxruntime(_model(nodes, inits, shape, tmp_path / "bn.onnx", opset=15, in_shape=shape), shape)
+    assert [n.op for n in g.nodes if n.op == "batch_norm"] == ([] if on == "constant" else ["batch_norm"])
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    want = ort.InferenceSession(str(tmp_path / "bn.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    m = compile_model(str(tmp_path / "bn.onnx"), target="cpu -threads=1", use_shipped=False)
+    np.testing.assert_allclose(m.run(x)[0], want, rtol=1e-5, atol=1e-5)

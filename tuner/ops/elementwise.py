@@ -164,7 +164,7 @@ def _bn_eval(node, args):
     lay = node.attrs.get("layout", "NCHW")
     scale, bias, mean, var = (v.astype(np.float64) for v in args[1:5])
     y = to_nchw(args[0], lay).astype(np.float64)
-    sh = (1, -1, 1, 1) if y.ndim == 4 else (1, -1)
+    sh = (1, -1) + (1,) * (y.ndim - 2)           # channels on axis 1, of any rank
     y = (y - mean.reshape(sh)) / np.sqrt(var.reshape(sh) + node.attrs["epsilon"]) * scale.reshape(sh) + bias.reshape(sh)
     return f32(from_nchw(y, lay))
 

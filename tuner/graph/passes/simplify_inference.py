@@ -117,8 +117,12 @@ def simplify_inference(graph: Graph, ctx) -> Graph:
             x = ins[0]
             scale, bias, mean, var = (v.data.astype(np.float64) for v in ins[1:5])
             a = scale / np.sqrt(var + n.attrs["epsilon"])
-            y = emit(b, "mul", [x, _bias_const(b, a, x, "bn_scale")], n.name + "_scale")
-            return emit(b, "add", [y, _bias_const(b, bias - mean * a, x, "bn_shift")], n.name + "_shift")
+            # NCHW: channels on axis 1 at any rank ((N, C, L) in audio models); else as the layout puts them
+            sh = (len(a),) + (1,) * (len(x.shape) - 2) if n.attrs.get("layout", "NCHW") == "NCHW" else \
+                _channel_shape(x, len(a))
+            y = emit(b, "mul", [x, b.const(a.astype(np.float32).reshape(sh), "bn_scale")], n.name + "_scale")
+            return emit(b, "add", [y, b.const((bias - mean * a).astype(np.float32).reshape(sh), "bn_shift")],
+                        n.name + "_shift")
         return rule(b, n.op, ins, n.name)
 
     return dead_code_elimination(rebuild(graph, rw), ctx)
