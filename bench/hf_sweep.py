@@ -92,7 +92,7 @@ MODELS = {
     "regnet": ("RegNetModel", "RegNetConfig", "image", {}),
     "resnet": ("ResNetModel", "ResNetConfig", "image", {}),
     "efficientnet": ("EfficientNetModel", "EfficientNetConfig", "image", {"width_coefficient": 1.0,
-                                                                        "depth_coefficient": 1.0}),
+                                                                        "depth_coefficient": 1.0, "hidden_dim": 1280}),
     "mobilenet_v1": ("MobileNetV1Model", "MobileNetV1Config", "image", {}),
     "mobilenet_v2": ("MobileNetV2Model", "MobileNetV2Config", "image", {}),
     "bit": ("BitModel", "BitConfig", "image", {}),
@@ -119,7 +119,7 @@ LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder
 ONES = {"depths": [1, 1, 1, 1]}
 DEPTHS = {"swin": {"depths": [2, 2, 2, 2]}, "swinv2": {"depths": [2, 2, 2, 2]}, "convnext": ONES, "segformer": ONES,
           "convnextv2": ONES, "focalnet": ONES, "poolformer": ONES, "hiera": ONES, "pvt": ONES, "pvt_v2": ONES,
-          "funnel": {"block_sizes": [1, 1, 1]}, "cvt": {"depth": [1, 1, 1]}, "levit": {"depths": [1, 1, 1]}}
+          "funnel": {"block_sizes": [1, 1, 1]}, "levit": {"depths": [1, 1, 1]}}
 SEQ = {"clip_text": 77}           # its position table's length
 
 

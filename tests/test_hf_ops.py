@@ -298,3 +298,108 @@ def test_a_resize_to_a_hostile_size_is_refused_before_anything_is_built(tmp_path
                  {"sizes": np.array([1, 2, 4, 1 << 40], np.int64)})
     with pytest.raises(OnnxImportError, match=r"node 'up' \(Resize\): axis 3 of length 4 would become 1099511627776"):
         load_onnx(path)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(op=st.sampled_from(["MaxPool", "AveragePool"]), k=st.integers(1, 4), stride=st.integers(1, 3),
+       pads=st.tuples(st.integers(0, 1), st.integers(0, 1)), length=st.integers(8, 30), count_pad=st.integers(0, 1))
+def test_a_1d_pooling_computes_what_onnx_runtime_computes(tmp_path, op, k, stride, pads, length, count_pad):
+    """SEW pools its sequence with AvgPool1d; CANINE max-pools its characters."""
+    attrs = dict(kernel_shape=[k], strides=[stride], pads=[min(v, k - 1) for v in pads]) | (
+        {"count_include_pad": count_pad} if op == "AveragePool" else {})
+    nodes = [helper.make_node(op, ["x"], ["p"], **attrs), helper.make_node("Relu", ["p"], ["y"])]
+    path = _save(tmp_path / "p1.onnx", nodes, {"x": (TensorProto.FLOAT, [1, 6, length])}, "y", {})
+    agree_with_onnxruntime(path, {"x": _f32(1, 6, length)})
+
+
+@pytest.mark.parametrize("op, attrs", [
+    ("MaxPool", dict(kernel_shape=[2, 1], strides=[2, 1])),
+    ("AveragePool", dict(kernel_shape=[2, 3], strides=[1, 3], pads=[0, 1, 1, 1])),
+    ("Conv", dict(kernel_shape=[3, 3], strides=[2, 1], pads=[1, 1, 1, 1])),
+    ("Conv", dict(kernel_shape=[3, 1], strides=[1, 2], dilations=[2, 1]))],
+    ids=["max 2x1 stride 2x1", "average stride 1x3", "conv stride 2x1", "conv dilation 2x1"])
+def test_a_window_with_a_stride_or_dilation_per_axis_computes_what_onnx_runtime_computes(tmp_path, op, attrs):
+    """Funnel pools its sequence with a (2, 1) window and stride; such nodes are compiled as generic
+    kernels (no task)."""
+    ins, inits = ["x"], {}
+    if op == "Conv":
+        ins, inits = ["x", "w"], {"w": _f32(5, 4, *attrs["kernel_shape"])}
+    nodes = [helper.make_node(op, ins, ["p"], **attrs), helper.make_node("Relu", ["p"], ["y"])]
+    path = _save(tmp_path / "w.onnx", nodes, {"x": (TensorProto.FLOAT, [1, 4, 11, 12])}, "y", inits)
+    agree_with_onnxruntime(path, {"x": _f32(1, 4, 11, 12)})
+
+
+@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(op=st.sampled_from(["ReduceMax", "ReduceMin"]), axes=st.lists(st.integers(-3, 2), min_size=0, max_size=3,
+                                                                       unique=True),
+       keep=st.integers(0, 1), opset=st.sampled_from([13, 18]))
+def test_reduce_max_and_min_over_any_axes_compute_what_onnx_runtime_computes(tmp_path, op, axes, keep, opset):
+    """torch.max(x, dim) and amax (Hiera's unroll) write ReduceMax; no axes: over every axis."""
+    if len({a % 3 for a in axes}) != len(axes):
+        axes = sorted({a % 3 for a in axes})
+    by_input = opset >= 18 and axes
+    nodes = [helper.make_node(op, ["x"] + (["axes"] if by_input else []), ["r"], keepdims=keep,
+                              **({"axes": axes} if axes and not by_input else {})),
+             helper.make_node("Add", ["r", "one"], ["y"])]
+    inits = {"one": np.array(1.0, np.float32)} | ({"axes": np.array(axes, np.int64)} if by_input else {})
+    path = _save(tmp_path / "r.onnx", nodes, {"x": (TensorProto.FLOAT, [2, 5, 7])}, "y", inits, opset=opset)
+    if len(axes) in (0, 3) and not keep:
+        with pytest.raises(UserError, match="a reduction to a 0-d value .* export it with keepdim=True"):
+            compile_model(str(path))
+        return
+    agree_with_onnxruntime(path, {"x": _f32(2, 5, 7)})
+
+
+@pytest.mark.parametrize("fmod", [0, 1])
+def test_mod_of_integer_ids_computes_what_onnx_runtime_computes(tmp_path, fmod):
+    """CANINE hashes its character ids: ((id + 1) * prime) % buckets, looked up in a table; with
+    negative operands the sign follows the divisor (fmod=0) or the dividend (fmod=1)."""
+    nodes = [helper.make_node("Add", ["ids", "one"], ["p1"]), helper.make_node("Mul", ["p1", "prime"], ["h"]),
+             helper.make_node("Mod", ["h", "buckets"], ["b"], fmod=fmod),
+             helper.make_node("Mod", ["ids", "signed"], ["s"], fmod=fmod),
+             helper.make_node("Add", ["b", "s"], ["bs"]), helper.make_node("Add", ["bs", "shift"], ["at"]),
+             helper.make_node("Gather", ["table", "at"], ["y"])]
+    inits = {"one": np.array(1, np.int64), "prime": np.array(31, np.int64), "buckets": np.array(16, np.int64),
+             "signed": np.array([5, -5, 7, -3], np.int64), "shift": np.array(8, np.int64), "table": _f32(32, 3)}
+    path = _save(tmp_path / "mod.onnx", nodes, {"ids": (TensorProto.INT64, [3, 4])}, "y", inits)
+    agree_with_onnxruntime(path, {"ids": RNG.integers(-9, 9, (3, 4)).astype(np.int64)})
+
+
+def test_float_mod_computes_what_onnx_runtime_computes_and_fmod_0_on_floats_is_a_one_line_error(tmp_path):
+    nodes = [helper.make_node("Mod", ["x", "d"], ["y"], fmod=1)]
+    path = _save(tmp_path / "fmod.onnx", nodes, {"x": (TensorProto.FLOAT, [4, 6])}, "y", {"d": _f32(6) + 2})
+    agree_with_onnxruntime(path, {"x": _f32(4, 6) * 5})
+    bad = _save(tmp_path / "bad.onnx", [helper.make_node("Mod", ["x", "d"], ["y"], fmod=0)],
+                {"x": (TensorProto.FLOAT, [4, 6])}, "y", {"d": _f32(6) + 2})
+    with pytest.raises(UserError, match="fmod=0 on float32 operands"):
+        compile_model(str(bad))
+
+
+@pytest.mark.parametrize("data_const", [False, True])
+@pytest.mark.parametrize("idx", [[[1], [3]], [[0, 2], [3, 1], [0, 2]]], ids=["rows", "cells, one twice"])
+def test_a_scatter_nd_into_or_of_an_activation_computes_what_onnx_runtime_computes(tmp_path, data_const, idx):
+    """Funnel writes its pooled sequence into place with ScatterND at constant indices."""
+    idx = np.array(idx, np.int64)
+    upd_shape = list(idx.shape[:-1]) + [5, 6][idx.shape[-1] - 1:]
+    nodes = [helper.make_node("Relu", ["u"], ["ur"]),
+             helper.make_node("ScatterND", ["data", "idx", "ur"], ["s"]),
+             helper.make_node("Mul", ["s", "two"], ["y"])]
+    ins = {"u": (TensorProto.FLOAT, upd_shape)} | ({} if data_const else {"data": (TensorProto.FLOAT, [4, 5, 6])})
+    inits = {"idx": idx, "two": np.array(2.0, np.float32)} | ({"data": _f32(4, 5, 6)} if data_const else {})
+    if len(idx) == 3:      # a cell written twice: ONNX leaves it undefined, so both updates agree there
+        nodes[0] = helper.make_node("Relu", ["u0"], ["ur"])
+        nodes.insert(0, helper.make_node("Concat", ["u", "u_first"], ["u0"], axis=0))
+        ins["u"] = (TensorProto.FLOAT, [2, 6])
+        nodes.insert(0, helper.make_node("Slice", ["u", "z", "o", "z"], ["u_first"]))
+        inits |= {"z": np.array([0], np.int64), "o": np.array([1], np.int64)}
+    path = _save(tmp_path / "sc.onnx", nodes, ins, "y", inits)
+    feeds = {"u": _f32(*ins["u"][1])} | ({} if data_const else {"data": _f32(4, 5, 6)})
+    agree_with_onnxruntime(path, feeds)
+
+
+def test_a_gather_of_many_scattered_indices_of_an_activation_computes_what_onnx_runtime_computes(tmp_path):
+    """ConvBERT's unfold gathers a thousand constant, scattered positions of its activation."""
+    at = RNG.integers(-40, 40, (9, 20)).astype(np.int64)
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Gather", ["r", "at"], ["y"], axis=1)]
+    path = _save(tmp_path / "g.onnx", nodes, {"x": (TensorProto.FLOAT, [2, 40, 3])}, "y", {"at": at})
+    agree_with_onnxruntime(path, {"x": _f32(2, 40, 3)})

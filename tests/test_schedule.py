@@ -868,3 +868,38 @@ def test_a_remainder_that_strips_nothing_stays_in_a_simplified_condition():
     has_mod = lambda e: any(isinstance(n, FloorMod) for n in walk(e))       # noqa: E731
     assert not has_mod(simplify(cond, {"t": (0, 15)})) and has_mod(simplify(cond, {"t": (0, 15)}, keep_mods=True))
     assert simplify(FloorMod(t * Const(8) + Var("u"), Const(8)), {"t": (0, 15), "u": (0, 7)}, keep_mods=True) == Var("u")
+
+
+def test_a_stage_too_big_to_inline_is_a_schedule_error_and_a_generic_group_computes_it_whole(monkeypatch, tmp_path,
+                                                                                              tmp_cache):
+    """Inlined reads copy a stage's body into its reader, indices and all: chains of reshapes of a tensor
+    read twice grow as powers (Funnel's relative shifts took a compile past ten minutes). Past
+    INLINE_LIMIT nodes the inline is an error, and the generic group falls back to computing each stage
+    whole, with the same values."""
+    import numpy as np
+    import onnx
+    from conftest import ort_run
+    from onnx import TensorProto, helper, numpy_helper
+
+    import tuner.schedule.lower as lowering
+    from tuner.compiler import compile_model
+    ins, out = CONV.build()
+    sch = replay(ins, out, [["compute_inline", "conv_pad"]])
+    lower(sch)
+    monkeypatch.setattr(lowering, "INLINE_LIMIT", 5)
+    with pytest.raises(ScheduleError, match=r"conv_pad inlined where it is read makes an expression of \d+ nodes"):
+        lower(replay(ins, out, [["compute_inline", "conv_pad"]]))
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1]),
+             helper.make_node("Reshape", ["t", "shape"], ["r"]),
+             helper.make_node("Slice", ["r", "lo", "hi", "ax"], ["s"]),
+             helper.make_node("Mul", ["s", "s"], ["y"])]
+    inits = {"shape": np.array([1, 12, 10], np.int64), "lo": np.array([1], np.int64), "hi": np.array([11], np.int64),
+             "ax": np.array([1], np.int64)}
+    g = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 10, 12])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    path = tmp_path / "chain.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    x = np.random.default_rng(0).standard_normal((1, 10, 12)).astype(np.float32)
+    m = compile_model(str(path), target="cpu -threads=1", use_shipped=False)
+    np.testing.assert_allclose(m.run(x)[0], ort_run(path, x)[0], rtol=1e-6)

@@ -123,7 +123,7 @@ static inline int tuner_floormod(int a, int b) { int r = a % b; return (r != 0 &
 """
 
 _CALLS = {"exp": "expf", "sqrt": "sqrtf", "tanh": "tanhf", "log": "logf", "erf": "erff", "pow": "powf",
-          "trunc": "truncf"}
+          "trunc": "truncf", "fmod": "fmodf"}
 VECTOR_CALLS = ("erf", "tanh", "exp")      # with a W-lane version in PRELUDE (tuner_erfW, ...)
 
 

@@ -158,3 +158,19 @@ def unary(te_fn):
 def hw_dims(layout: str) -> tuple:
     return (1, 2) if layout == "NHWC" else (2, 3)
 
+
+def one_row(cx, a: dict) -> dict:
+    """A 1-D window's attributes as a 2-D one over a single row: the row's stride and dilation
+    repeated (over one row with a one-high kernel they change nothing), no pads above or below."""
+    def one(attr, default):
+        v = a.get(attr, default)
+        if not isinstance(v, (list, tuple)) or len(v) != len(default):
+            raise cx.fail(f"{attr} of a 1-D window must have {len(default)} values, got {v}")
+        return list(v)
+    out = dict(a, strides=one("strides", [1]) * 2, dilations=one("dilations", [1]) * 2)
+    if "kernel_shape" in a:
+        out["kernel_shape"] = [1] + one("kernel_shape", [1])
+    if "pads" in a:
+        p0, p1 = one("pads", [0, 0])
+        out["pads"] = [0, p0, 0, p1]
+    return out

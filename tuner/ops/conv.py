@@ -8,54 +8,55 @@ from ..errors import GraphError
 from ..te import layouts as L
 from ..te.tensor import Tensor, compute, placeholder, reduce_axis, sum_reduce
 from .common import (conv_out_size, data_placeholder, export_as, f32, from_nchw, hw_dims, kernel_layout, nchw_dims,
-                     nchw_in, pad_ref, pad_spatial, pads4, pads_param, to_nchw, unsupported, window_out)
+                     nchw_in, one_row, pad_ref, pad_spatial, pads4, pads_param, to_nchw, unsupported, window_out)
 from .elementwise import epilogue, epilogue_ref
 from .registry import NoTask, OpDef, Pattern, WorkloadDef, WorkloadError, output_elements, register
 
 
-def conv2d(data: Tensor, kernel: Tensor, layout: str, stride: int, pads: tuple,
-           dilation: int = 1, groups: int = 1, name: str = "conv") -> Tensor:
-    """conv2d in NCHW (OIHW weights), NHWC (HWIO) or NCHW[x]c (OIHW[i]i[o]o)."""
+def conv2d(data: Tensor, kernel: Tensor, layout: str, stride, pads: tuple,
+           dilation=1, groups: int = 1, name: str = "conv") -> Tensor:
+    """conv2d in NCHW (OIHW weights), NHWC (HWIO) or NCHW[x]c (OIHW[i]i[o]o); stride and dilation
+    are one number or an (h, w) pair."""
     padded = pad_spatial(data, hw_dims(layout), pads, 0.0, name=f"{name}_pad") if any(pads) else data
-    s, d = stride, dilation
+    (sh, sw), (dh, dw) = (v if isinstance(v, (tuple, list)) else (v, v) for v in (stride, dilation))
     if layout == "NCHW":
         n_, c_, h_, w_ = data.shape
         k_, cg, r_, s_ = kernel.shape
-        oh = conv_out_size(h_, r_, s, pads[0], pads[2], d)
-        ow = conv_out_size(w_, s_, s, pads[1], pads[3], d)
+        oh = conv_out_size(h_, r_, sh, pads[0], pads[2], dh)
+        ow = conv_out_size(w_, s_, sw, pads[1], pads[3], dw)
         kg = k_ // groups
         rc, rh, rw = reduce_axis(cg, "rc"), reduce_axis(r_, "rh"), reduce_axis(s_, "rw")
         return compute(
             (n_, k_, oh, ow),
             lambda n, k, y, x: sum_reduce(
-                padded[n, (k // kg) * cg + rc.var if groups > 1 else rc.var, y * s + rh.var * d, x * s + rw.var * d]
+                padded[n, (k // kg) * cg + rc.var if groups > 1 else rc.var, y * sh + rh.var * dh, x * sw + rw.var * dw]
                 * kernel[k, rc.var, rh.var, rw.var], [rc, rh, rw]),
             name, tag="conv2d", inputs=[padded, kernel], axis_names=["n", "k", "oh", "ow"])
     if layout == "NHWC":
         n_, h_, w_, c_ = data.shape
         r_, s_, cg, k_ = kernel.shape
-        oh = conv_out_size(h_, r_, s, pads[0], pads[2], d)
-        ow = conv_out_size(w_, s_, s, pads[1], pads[3], d)
+        oh = conv_out_size(h_, r_, sh, pads[0], pads[2], dh)
+        ow = conv_out_size(w_, s_, sw, pads[1], pads[3], dw)
         kg = k_ // groups
         rh, rw, rc = reduce_axis(r_, "rh"), reduce_axis(s_, "rw"), reduce_axis(cg, "rc")
         return compute(
             (n_, oh, ow, k_),
             lambda n, y, x, k: sum_reduce(
-                padded[n, y * s + rh.var * d, x * s + rw.var * d, (k // kg) * cg + rc.var if groups > 1 else rc.var]
+                padded[n, y * sh + rh.var * dh, x * sw + rw.var * dw, (k // kg) * cg + rc.var if groups > 1 else rc.var]
                 * kernel[rh.var, rw.var, rc.var, k], [rh, rw, rc]),
             name, tag="conv2d", inputs=[padded, kernel], axis_names=["n", "oh", "ow", "k"])
     # NCHW[x]c
     n_, icc, h_, w_, ib = data.shape
     occ, _, r_, s_, kib, ob = kernel.shape
-    oh = conv_out_size(h_, r_, s, pads[0], pads[2], d)
-    ow = conv_out_size(w_, s_, s, pads[1], pads[3], d)
+    oh = conv_out_size(h_, r_, sh, pads[0], pads[2], dh)
+    ow = conv_out_size(w_, s_, sw, pads[1], pads[3], dw)
     if groups == 1:
         rcc, rh, rw, rcb = (reduce_axis(icc, "rcc"), reduce_axis(r_, "rh"), reduce_axis(s_, "rw"),
                             reduce_axis(ib, "rcb"))
         return compute(
             (n_, occ, oh, ow, ob),
             lambda n, kc, y, x, kb: sum_reduce(
-                padded[n, rcc.var, y * s + rh.var * d, x * s + rw.var * d, rcb.var]
+                padded[n, rcc.var, y * sh + rh.var * dh, x * sw + rw.var * dw, rcb.var]
                 * kernel[kc, rcc.var, rh.var, rw.var, rcb.var, kb], [rcc, rh, rw, rcb]),
             name, tag="conv2d", inputs=[padded, kernel], axis_names=["n", "kc", "oh", "ow", "kb"])
     if kib > 1:       # grouped, each block in one group: output block kc reads its group's input blocks
@@ -65,7 +66,7 @@ def conv2d(data: Tensor, kernel: Tensor, layout: str, stride: int, pads: tuple,
         return compute(
             (n_, occ, oh, ow, ob),
             lambda n, kc, y, x, kb: sum_reduce(
-                padded[n, (kc // per_out) * per_in + rcc.var, y * s + rh.var * d, x * s + rw.var * d, rcb.var]
+                padded[n, (kc // per_out) * per_in + rcc.var, y * sh + rh.var * dh, x * sw + rw.var * dw, rcb.var]
                 * kernel[kc, rcc.var, rh.var, rw.var, rcb.var, kb], [rcc, rh, rw, rcb]),
             name, tag="conv2d", inputs=[padded, kernel], axis_names=["n", "kc", "oh", "ow", "kb"])
     # depthwise: one input channel per output channel, same blocking
@@ -73,7 +74,7 @@ def conv2d(data: Tensor, kernel: Tensor, layout: str, stride: int, pads: tuple,
     return compute(
         (n_, occ, oh, ow, ob),
         lambda n, kc, y, x, kb: sum_reduce(
-            padded[n, kc, y * s + rh.var * d, x * s + rw.var * d, kb]
+            padded[n, kc, y * sh + rh.var * dh, x * sw + rw.var * dw, kb]
             * kernel[kc, 0, rh.var, rw.var, 0, kb], [rh, rw]),
         name, tag="conv2d", inputs=[padded, kernel], axis_names=["n", "kc", "oh", "ow", "kb"])
 
@@ -149,37 +150,18 @@ def _conv_eval(node, args):
 def _conv_te(node, ins, name):
     a = node.attrs
     lay = a.get("layout", "NCHW")
-    if a["strides"][0] != a["strides"][1] or a["dilations"][0] != a["dilations"][1]:
-        unsupported(node, "different strides or dilations per axis")
     if a.get("kernel_layout", kernel_layout(lay)) != kernel_layout(lay):
         unsupported(node, f"weight layout {a['kernel_layout']} with activation layout {lay}")
     if L.block_of(lay) and a["groups"] > 1 and node.inputs[1].shape[1] != 1 and node.inputs[1].shape[4] == 1:
         unsupported(node, "a grouped (not depthwise) convolution in a blocked layout whose block no group width takes")
-    return conv2d(ins[0], ins[1], lay, a["strides"][0], tuple(a["pads"]), a["dilations"][0], a["groups"],
-                         name=name)
+    return conv2d(ins[0], ins[1], lay, tuple(a["strides"]), tuple(a["pads"]), tuple(a["dilations"]), a["groups"],
+                  name=name)
 
 
 def _conv_flops(node):
     lay = node.attrs.get("layout", "NCHW")
     _, cg, r, s = _oihw_shape(node.inputs[1].shape, node.attrs.get("kernel_layout", kernel_layout(lay)))
     return conv2d_flops(output_elements(node), cg, r, s)
-
-
-def _one_row(cx, a: dict) -> dict:
-    """A 1-D window's attributes as a 2-D one over a single row: the row's stride and dilation
-    repeated (over one row with a one-high kernel they change nothing), no pads above or below."""
-    def one(attr, default):
-        v = a.get(attr, default)
-        if not isinstance(v, (list, tuple)) or len(v) != len(default):
-            raise cx.fail(f"{attr} of a 1-D convolution must have {len(default)} values, got {v}")
-        return list(v)
-    out = dict(a, strides=one("strides", [1]) * 2, dilations=one("dilations", [1]) * 2)
-    if "kernel_shape" in a:
-        out["kernel_shape"] = [1] + one("kernel_shape", [1])
-    if "pads" in a:
-        p0, p1 = one("pads", [0, 0])
-        out["pads"] = [0, p0, 0, p1]
-    return out
 
 
 def _onnx_conv(cx, ins, a):
@@ -189,7 +171,7 @@ def _onnx_conv(cx, ins, a):
         n, c, length = x.shape
         rows = cx.add("reshape", [x], {"shape": [n, c, 1, length]}, "_row")
         y = _onnx_conv(cx, [rows, cx.constant(np.ascontiguousarray(w[:, :, None, :]), "_weight2d"), *ins[2:]],
-                       _one_row(cx, a))[0]
+                       one_row(cx, a))[0]
         return [cx.add("reshape", [y], {"shape": [n, y.shape[1], y.shape[3]]}, "_1d")]
     if len(w.shape) != 4 or len(x.shape) != 4:
         raise cx.fail("only 1-D and 2-D convolutions are supported")

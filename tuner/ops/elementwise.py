@@ -444,6 +444,38 @@ def _onnx_cast(cx, ins, a):
     return [cx.add("cast", ins[:1], {"to": to})]
 
 
+def _mod_te(node, ins, name):
+    """ONNX Mod: C's fmod (fmod=1: the dividend's sign), or with the divisor's sign (fmod=0, integers:
+    Python's %), exact on integers carried as float32."""
+    def f(a, b):
+        r = Call("fmod", (a, b))
+        if node.attrs["fmod"]:
+            return r
+        return select(r < Const(0.0), select(b > Const(0.0), r + b, r),
+                      select(r > Const(0.0), select(b < Const(0.0), r + b, r), r))
+    return broadcast_te(ins, f, name)
+
+
+def _mod_eval(node, args):
+    a, b = args
+    if a.dtype.kind == "f":
+        a, b = a.astype(np.float64), b.astype(np.float64)
+    if a.dtype.kind != "f" and (b == 0).any():
+        raise GraphError(f"mod {node.name}: an integer divisor is 0")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = (np.fmod if node.attrs["fmod"] else np.mod)(a, b)
+    return f32(y) if y.dtype.kind == "f" else y
+
+
+def _onnx_mod(cx, ins, a):
+    fmod = int(a.get("fmod", 0))
+    if ins[0].dtype != ins[1].dtype:
+        raise cx.fail(f"operands are {ins[0].dtype} and {ins[1].dtype}; Mod takes two of one type")
+    if not fmod and not ins[0].dtype.startswith(("int", "uint")):
+        raise cx.fail(f"fmod=0 on {ins[0].dtype} operands: ONNX takes it for integers only; export with fmod=1")
+    return [cx.add("mod", ins[:2], {"fmod": fmod})]
+
+
 def _unary_te(fn):
     return lambda n, ins, name: elementwise_map(ins[0], fn, name)
 
@@ -451,6 +483,8 @@ def _unary_te(fn):
 register(
     *(_compare_def(op) for op in COMPARISONS),
     *(_bool_def(op, *LOGICAL[op]) for op in LOGICAL),
+    OpDef(name="mod", pattern=Pattern.BROADCAST, infer=_binary_infer, integers=True, evaluate=_mod_eval,
+          te=_mod_te, onnx_in={"Mod": _onnx_mod}, onnx_out=export_as("Mod", lambda n: {"fmod": n.attrs["fmod"]})),
     OpDef(name="isnan", pattern=Pattern.ELEMWISE, infer=lambda n: (n.inputs[0].shape, "bool", n.inputs[0].layout),
           evaluate=lambda n, args: np.isnan(args[0]),
           te=_unary_te(lambda e: select(Cmp("==", e, e), Const(0.0), Const(1.0))),

@@ -8,18 +8,20 @@ from ..errors import GraphError
 from ..te.expr import Cast, Const, max_expr, min_expr
 from ..te.tensor import Tensor, compute, max_reduce, reduce_axis, sum_reduce
 from .common import (axis_names, conv_out_size, data_placeholder, export_as, f32, from_nchw, hw_dims, nchw_dims,
-                     nchw_in, nchw_out, onnx_plain, pad_ref, pad_spatial, pads4, pads_param, relayout, to_nchw, unary,
-                     unsupported, window_out)
+                     nchw_in, nchw_out, onnx_plain, one_row, pad_ref, pad_spatial, pads4, pads_param, relayout, to_nchw,
+                     unary, window_out)
 from .registry import NoTask, OpDef, Pattern, WorkloadDef, WorkloadError, output_elements, register
 
 
-def pool2d(data: Tensor, layout: str, kind: str, kernel: tuple, stride: int, pads: tuple,
+def pool2d(data: Tensor, layout: str, kind: str, kernel: tuple, stride, pads: tuple,
            count_include_pad: bool = False, name: str = "pool") -> Tensor:
+    """Max or average over windows; stride is one number or an (h, w) pair."""
     hd, wd = hw_dims(layout)
     r_, s_ = kernel
+    sh, sw = stride if isinstance(stride, (tuple, list)) else (stride, stride)
     H, W = data.shape[hd], data.shape[wd]
-    oh = conv_out_size(H, r_, stride, pads[0], pads[2], 1)
-    ow = conv_out_size(W, s_, stride, pads[1], pads[3], 1)
+    oh = conv_out_size(H, r_, sh, pads[0], pads[2], 1)
+    ow = conv_out_size(W, s_, sw, pads[1], pads[3], 1)
     fill = float("-inf") if kind == "max" else 0.0
     padded = pad_spatial(data, (hd, wd), pads, fill, name=f"{name}_pad") if any(pads) else data
     rh, rw = reduce_axis(r_, "rh"), reduce_axis(s_, "rw")
@@ -29,8 +31,8 @@ def pool2d(data: Tensor, layout: str, kind: str, kernel: tuple, stride: int, pad
 
     def window(*idx):
         src = list(idx)
-        src[hd] = idx[hd] * stride + rh.var
-        src[wd] = idx[wd] * stride + rw.var
+        src[hd] = idx[hd] * sh + rh.var
+        src[wd] = idx[wd] * sw + rw.var
         return padded[tuple(src)]
 
     reducer = max_reduce if kind == "max" else sum_reduce
@@ -44,7 +46,7 @@ def pool2d(data: Tensor, layout: str, kind: str, kernel: tuple, stride: int, pad
         if count_include_pad:
             count = Const(float(r_ * s_))
         else:
-            hs, ws = y * stride - pads[0], x * stride - pads[1]
+            hs, ws = y * sh - pads[0], x * sw - pads[1]
             ch = min_expr(hs + r_, H) - max_expr(hs, 0)
             cw = min_expr(ws + s_, W) - max_expr(ws, 0)
             count = Cast("float32", ch * cw)
@@ -53,18 +55,19 @@ def pool2d(data: Tensor, layout: str, kind: str, kernel: tuple, stride: int, pad
     return compute(shape, average, name, tag="elemwise", inputs=[acc], axis_names=[f"{a}_" for a in names])
 
 
-def pool2d_ref(x: np.ndarray, kind: str, kernel: tuple, stride: int, pads: tuple,
+def pool2d_ref(x: np.ndarray, kind: str, kernel: tuple, stride, pads: tuple,
                count_include_pad: bool = False) -> np.ndarray:
     fill = -np.inf if kind == "max" else 0.0
+    sh, sw = stride if isinstance(stride, (tuple, list)) else (stride, stride)
     xp = pad_ref(x.astype(np.float64), (2, 3), pads, fill)
-    win = np.lib.stride_tricks.sliding_window_view(xp, kernel, axis=(2, 3))[:, :, ::stride, ::stride]
+    win = np.lib.stride_tricks.sliding_window_view(xp, kernel, axis=(2, 3))[:, :, ::sh, ::sw]
     if kind == "max":
         return win.max(axis=(4, 5))
     total = win.sum(axis=(4, 5))
     if count_include_pad:
         return total / (kernel[0] * kernel[1])
     ones = pad_ref(np.ones((1, 1) + x.shape[2:]), (2, 3), pads, 0.0)
-    counts = np.lib.stride_tricks.sliding_window_view(ones, kernel, axis=(2, 3))[:, :, ::stride, ::stride]
+    counts = np.lib.stride_tricks.sliding_window_view(ones, kernel, axis=(2, 3))[:, :, ::sh, ::sw]
     return total / counts.sum(axis=(4, 5))
 
 
@@ -118,16 +121,14 @@ def _pool_infer(node):
 def _pool_eval(node, args):
     a = node.attrs
     lay = a.get("layout", "NCHW")
-    y = pool2d_ref(to_nchw(args[0], lay), node.op[:3], tuple(a["kernel"]), a["strides"][0], tuple(a["pads"]),
+    y = pool2d_ref(to_nchw(args[0], lay), node.op[:3], tuple(a["kernel"]), tuple(a["strides"]), tuple(a["pads"]),
                           bool(a.get("count_include_pad", 0)))
     return f32(from_nchw(y, lay))
 
 
 def _pool_te(node, ins, name):
     a = node.attrs
-    if a["strides"][0] != a["strides"][1]:
-        unsupported(node, "different strides per axis")
-    return pool2d(ins[0], a.get("layout", "NCHW"), node.op[:3], tuple(a["kernel"]), a["strides"][0],
+    return pool2d(ins[0], a.get("layout", "NCHW"), node.op[:3], tuple(a["kernel"]), tuple(a["strides"]),
                          tuple(a["pads"]), bool(a.get("count_include_pad", 0)), name=name)
 
 
@@ -149,8 +150,13 @@ def _gap_eval(node, args):
 
 def _onnx_pool(cx, ins, a):
     x = ins[0]
+    if len(x.shape) == 3:       # 1-D (SEW squeezes its sequence so): a 2-D pooling over a single row
+        n, c, length = x.shape
+        rows = cx.add("reshape", [x], {"shape": [n, c, 1, length]}, "_row")
+        y = _onnx_pool(cx, [rows], one_row(cx, a))[0]
+        return [cx.add("reshape", [y], {"shape": [n, c, y.shape[3]]}, "_1d")]
     if len(x.shape) != 4:
-        raise cx.fail("only 2-D pooling is supported")
+        raise cx.fail("only 1-D and 2-D pooling are supported")
     k, strides, dil = cx.window(a)
     if any(d != 1 for d in dil):
         raise cx.fail("dilated pooling is not supported")

@@ -13,28 +13,46 @@ from .registry import OpDef, Pattern, output_elements, register
 from .shape import reshape
 
 
-def reduce_mean(x: Tensor, axes: list, keepdims: bool, name: str = "mean") -> Tensor:
-    axes = sorted(a % x.ndim for a in axes)
+def _over_axes(x: Tensor, axes: list, keepdims: bool, name: str):
+    """(output shape, reduce axes, index of x at an output index and the reduce axes) of a reduction of
+    x over `axes` (sorted, non-negative)."""
     raxes = [reduce_axis(x.shape[a], f"{name}_r{a}") for a in axes]
-    kept = [k for k in range(x.ndim) if k not in axes]
-    shape = [1 if k in axes else x.shape[k] for k in range(x.ndim)] if keepdims else [x.shape[k] for k in kept]
-    count = float(np.prod([x.shape[a] for a in axes]))
+    shape = [1 if k in axes else x.shape[k] for k in range(x.ndim)] if keepdims else \
+        [x.shape[k] for k in range(x.ndim) if k not in axes]
 
-    def f(*i):
-        src, pos = [], 0
+    def src(i):
+        out, pos = [], 0
         for k in range(x.ndim):
             if k in axes:
-                src.append(raxes[axes.index(k)].var)
-                if keepdims:
-                    pos += 1
+                out.append(raxes[axes.index(k)].var)
+                pos += keepdims
             else:
-                src.append(i[pos])
+                out.append(i[pos])
                 pos += 1
-        return sum_reduce(x[tuple(src)], raxes)
+        return tuple(out)
+    return shape, raxes, src
 
-    acc = compute(shape, f, f"{name}_sum", tag="reduction", inputs=[x],
+
+def reduce_mean(x: Tensor, axes: list, keepdims: bool, name: str = "mean") -> Tensor:
+    axes = sorted(a % x.ndim for a in axes)
+    shape, raxes, src = _over_axes(x, axes, keepdims, name)
+    count = float(np.prod([x.shape[a] for a in axes]))
+    acc = compute(shape, lambda *i: sum_reduce(x[src(i)], raxes), f"{name}_sum", tag="reduction", inputs=[x],
                   axis_names=[f"{name}_s{k}" for k in range(len(shape))])
     return compute(shape, lambda *i: acc[i] * Const(1.0 / count), name, tag="elemwise", inputs=[acc],
+                   axis_names=[f"{name}_i{k}" for k in range(len(shape))])
+
+
+def reduce_extreme(x: Tensor, axes: list, keepdims: bool, kind: str, name: str = "reduce") -> Tensor:
+    """The largest (kind "max") or smallest ("min": -max(-x), exact) element over `axes`."""
+    axes = sorted(a % x.ndim for a in axes)
+    shape, raxes, src = _over_axes(x, axes, keepdims, name)
+    if kind == "max":
+        return compute(shape, lambda *i: max_reduce(x[src(i)], raxes), name, tag="reduction", inputs=[x],
+                       axis_names=[f"{name}_i{k}" for k in range(len(shape))])
+    neg = compute(shape, lambda *i: max_reduce(Const(0.0) - x[src(i)], raxes), f"{name}_neg", tag="reduction",
+                  inputs=[x], axis_names=[f"{name}_s{k}" for k in range(len(shape))])
+    return compute(shape, lambda *i: Const(0.0) - neg[i], name, tag="elemwise", inputs=[neg],
                    axis_names=[f"{name}_i{k}" for k in range(len(shape))])
 
 
@@ -202,20 +220,41 @@ def _mean_eval(node, args):
                                                 keepdims=bool(node.attrs.get("keepdims", 1))))
 
 
+def _extreme_eval(node, args):
+    fn = np.max if node.attrs["kind"] == "max" else np.min
+    return fn(args[0], axis=tuple(node.attrs["axes"]), keepdims=bool(node.attrs.get("keepdims", 1)))
+
+
 def _softmax_eval(node, args):
     xd = args[0].astype(np.float64)
     e = np.exp(xd - xd.max(axis=node.attrs["axis"], keepdims=True))
     return f32(e / e.sum(axis=node.attrs["axis"], keepdims=True))
 
 
+def _onnx_axes(cx, ins, a):
+    """A reduction's axes, sorted and non-negative (attribute, or input from opset 18; none: every
+    axis), or None where there are none and noop_with_empty_axes says return the input."""
+    x, axes = ins[0], a.get("axes")
+    if axes is None and len(ins) > 1 and ins[1] is not None:
+        axes = [int(v) for v in np.asarray(cx.const(ins[1], "axes")).reshape(-1)]
+    if not axes and a.get("noop_with_empty_axes", 0):
+        return None
+    if any(not -len(x.shape) <= ax < len(x.shape) for ax in axes or []):
+        raise cx.fail(f"axes {list(axes)} lie outside the input's {len(x.shape)} dimensions")
+    out = sorted({ax % len(x.shape) for ax in (axes or range(len(x.shape)))})
+    if len(out) == len(x.shape) and not a.get("keepdims", 1):
+        raise cx.fail("a reduction to a 0-d value (every axis, keepdims=0) is not supported; "
+                      "export it with keepdim=True")
+    return out
+
+
 def _onnx_reduce_mean(cx, ins, a):
     """ReduceMean over H and W of a 4-D tensor (how PyTorch writes global pooling) becomes
     global_avg_pool2d, so that layout conversion can carry it; other axes stay a mean."""
     x = ins[0]
-    axes = a.get("axes")
-    if axes is None and len(ins) > 1 and ins[1] is not None:
-        axes = [int(v) for v in cx.const(ins[1], "axes")]
-    axes = sorted(ax % len(x.shape) for ax in (axes if axes is not None else range(len(x.shape))))
+    axes = _onnx_axes(cx, ins, a)
+    if axes is None:
+        return [x]
     keep = a.get("keepdims", 1)
     if len(x.shape) == 4 and axes == [2, 3]:
         y = cx.add("global_avg_pool2d", [x], {"layout": "NCHW"})
@@ -223,16 +262,24 @@ def _onnx_reduce_mean(cx, ins, a):
     return [cx.add("mean", [x], {"axes": axes, "keepdims": keep})]
 
 
+def _onnx_reduce_extreme(cx, ins, a):
+    """ReduceMax and ReduceMin (torch.max(x, dim) and amax write them)."""
+    axes = _onnx_axes(cx, ins, a)
+    if axes is None:
+        return [ins[0]]
+    if any(ins[0].shape[ax] == 0 for ax in axes):
+        raise cx.fail("a max or min over an empty axis has no value")
+    return [cx.add("reduce", [ins[0]], {"axes": axes, "keepdims": a.get("keepdims", 1),
+                                        "kind": "max" if cx.op_type == "ReduceMax" else "min"})]
+
+
 def _onnx_reduce_sum(cx, ins, a):
     """ReduceSum, ReduceSumSquare and ReduceL2 (Swin V2's cosine attention normalises q and k) as a
     mean scaled by the count it averages, of x or of x*x, and a square root for L2."""
     x = ins[0]
-    axes = a.get("axes")
-    if axes is None and len(ins) > 1 and ins[1] is not None:
-        axes = [int(v) for v in cx.const(ins[1], "axes")]
-    if not axes and a.get("noop_with_empty_axes", 0):
+    axes = _onnx_axes(cx, ins, a)
+    if axes is None:
         return [x]
-    axes = sorted({ax % len(x.shape) for ax in (axes or range(len(x.shape)))})
     if cx.op_type != "ReduceSum":
         x = cx.add("mul", [x, x], {}, "_square")
     y = cx.add("mean", [x], {"axes": axes, "keepdims": a.get("keepdims", 1)}, "_mean")
@@ -254,6 +301,13 @@ register(
           te=lambda n, ins, name: reduce_mean(ins[0], n.attrs["axes"], bool(n.attrs.get("keepdims", 1)), name),
           onnx_in={"ReduceMean": _onnx_reduce_mean, **dict.fromkeys(("ReduceSum", "ReduceSumSquare", "ReduceL2"),
                                                                       _onnx_reduce_sum)}),
+    OpDef(name="reduce", pattern=Pattern.COMM_REDUCE, infer=_mean_infer, evaluate=_extreme_eval, integers=True,
+          te=lambda n, ins, name: reduce_extreme(ins[0], n.attrs["axes"], bool(n.attrs.get("keepdims", 1)),
+                                                 n.attrs["kind"], name),
+          onnx_in=dict.fromkeys(("ReduceMax", "ReduceMin"), _onnx_reduce_extreme),
+          onnx_out=lambda ex, n, ins: ex.emit(n, "ReduceMax" if n.attrs["kind"] == "max" else "ReduceMin",
+                                              [ins[0], ex.tensor(f"{n.name}_axes", n.attrs["axes"])],
+                                              keepdims=int(n.attrs.get("keepdims", 1)))),
     OpDef(name="softmax", pattern=Pattern.COMM_REDUCE, infer=same, evaluate=_softmax_eval,
           te=lambda n, ins, name: softmax(ins[0], n.attrs["axis"], name), flops=lambda n: 3.0 * output_elements(n),
           onnx_in={"Softmax": _onnx_softmax}, onnx_out=export_as("Softmax", lambda n: {"axis": n.attrs["axis"]})),

@@ -202,6 +202,37 @@ def _onnx_gather_nd(cx, ins, a):
     return [_onnx_gather_at(cx, rows, np.asarray(flat), 0)]
 
 
+def _onnx_scatter_nd(cx, ins, a):
+    """ScatterND into or of activations at constant indices (Funnel writes its pooled sequence so):
+    the updates gathered to where they go, the data kept elsewhere (a where on a constant mask). A
+    slice addressed twice takes its last update."""
+    data, idx, upd = ins
+    if not idx.is_const:
+        raise cx.fail("a ScatterND at indices computed at run time is not supported (constant indices are)")
+    if a.get("reduction", "none") != "none":
+        raise cx.fail(f"reduction={a['reduction']!r} into an activation is not supported (none is)")
+    idx = np.asarray(idx.data).astype(np.int64)
+    k = idx.shape[-1] if idx.ndim else 0
+    if not 1 <= k <= len(data.shape):
+        raise cx.fail(f"indices of {k} coordinates into a {len(data.shape)}-D input")
+    if list(upd.shape) != list(idx.shape[:-1]) + list(data.shape[k:]):
+        raise cx.fail(f"updates {list(upd.shape)} do not fit indices {list(idx.shape)} into data {list(data.shape)}")
+    dims = np.array(data.shape[:k], np.int64)
+    if ((idx < -dims) | (idx >= dims)).any():
+        raise cx.fail(f"an index lies outside the data's dimensions {dims.tolist()}")
+    rows = np.ravel_multi_index(tuple((idx.reshape(-1, k) % dims).T), tuple(dims))
+    if not rows.size:
+        return [data]
+    inner = int(np.prod(data.shape[k:]))
+    src, mask = np.zeros(int(np.prod(data.shape)), np.int64), np.zeros(int(np.prod(data.shape)), bool)
+    for j, r in enumerate(rows):
+        src[r * inner:(r + 1) * inner] = np.arange(j * inner, (j + 1) * inner)
+        mask[r * inner:(r + 1) * inner] = True
+    flat = cx.add("reshape", [upd], {"shape": [rows.size * inner]}, "_updates")
+    picked = cx.add("gather", [flat, cx.constant(src.reshape(data.shape), "_from")], {"axis": 0}, "_picked")
+    return [cx.add("where", [cx.constant(mask.reshape(data.shape), "_mask"), picked, data], {})]
+
+
 def _onnx_gather_at(cx, x, idx: np.ndarray, axis: int):
     """Gather of an activation at constant indices: slices (and a reshape, or a concat)."""
     d = x.shape[axis]
@@ -215,8 +246,8 @@ def _onnx_gather_at(cx, x, idx: np.ndarray, axis: int):
                                             else None, step)])
     elif 0 < len(flat) <= 64:
         parts = [cx.add("concat", _slice_nodes(cx, x, axis, [(i, i + 1, 1) for i in flat]), {"axis": axis}, "_concat")]
-    else:
-        raise cx.fail(f"a gather of {len(flat)} scattered indices of an activation is not supported")
+    else:                       # many scattered indices (ConvBERT's unfold): a gather at a constant index tensor
+        return cx.add("gather", [x, cx.constant(np.asarray(flat, np.int64).reshape(idx.shape), "_at")], {"axis": axis})
     shape = list(x.shape[:axis]) + list(idx.shape) + list(x.shape[axis + 1:])
     y = parts[0]
     return y if list(y.shape) == shape else cx.add("reshape", [y], {"shape": shape}, "_shape")
@@ -409,7 +440,8 @@ register(
           onnx_in={"Pad": _onnx_pad}),
     OpDef(name="gather", pattern=Pattern.INJECTIVE, integers=True, infer=_gather_infer, evaluate=_gather_eval,
           te=lambda n, ins, name: gather(ins[0], ins[1], n.attrs["axis"], name),
-          onnx_in={"Gather": _onnx_gather, "GatherND": _onnx_gather_nd}, onnx_out=export_as("Gather", lambda n: {"axis": n.attrs["axis"]})),
+          onnx_in={"Gather": _onnx_gather, "GatherND": _onnx_gather_nd, "ScatterND": _onnx_scatter_nd},
+          onnx_out=export_as("Gather", lambda n: {"axis": n.attrs["axis"]})),
     OpDef(name="gather_elements", pattern=Pattern.INJECTIVE, integers=True, infer=_gather_elements_infer,
           evaluate=_gather_elements_eval, te=lambda n, ins, name: gather_elements(ins[0], ins[1], n.attrs["axis"], name),
           onnx_in={"GatherElements": onnx_plain("gather_elements", lambda ins, a: {

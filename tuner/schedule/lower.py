@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..te.dynamic import DynamicDims
 from ..te.expr import (And, Cmp, Const, Expr, FloorDiv, FloorMod, Load, Max, Min, Reduce, Var, all_of, as_expr,
-                       bounds, free_vars, from_linear, linear, simplify, substitute, transform, walk)
+                       bounds, free_vars, from_linear, linear, simplify, substitute, transform, tree_size, walk)
 from . import ir
 from .schedule import Schedule, ScheduleError, Stage
 from .peel import peel_guards, unswitch
@@ -94,6 +94,11 @@ def interval_of(e: Expr, env: dict):
     return Interval({fixed: 1}, 0, 0) if ok else None
 
 
+# nodes of a stage's body inlined where it is read, past which it is an error (chains of reshapes and
+# slices of one tensor read twice grow as powers: Funnel's relative shifts); the caller computes it whole
+INLINE_LIMIT = 20_000
+
+
 class Lowerer:
     def __init__(self, sch: Schedule, func_name: str, dims: DynamicDims | None = None):
         self.sch = sch
@@ -118,8 +123,11 @@ class Lowerer:
         def fn(n):
             if isinstance(n, Load) and n.buffer in inlined:
                 st = inlined[n.buffer]
-                mapping = {a.name: i for a, i in zip(st.op.axes, n.indices)}
-                return self._inline(substitute(st.op.body, mapping))
+                body = substitute(st.op.body, {a.name: i for a, i in zip(st.op.axes, n.indices)})
+                if (size := tree_size(body)) > INLINE_LIMIT:
+                    raise ScheduleError(f"{st.name} inlined where it is read makes an expression of {size} nodes; "
+                                        "compute it whole")
+                return self._inline(body)
             return None
 
         if isinstance(body, Reduce):

@@ -255,6 +255,17 @@ def transform(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
     return e if out is None else out
 
 
+def tree_size(e: Expr) -> int:
+    """Nodes of `e` written out: a subexpression shared by reference counts once per use."""
+    memo: dict = {}
+
+    def size(n: Expr) -> int:
+        if id(n) not in memo:
+            memo[id(n)] = 1 + sum(size(c) for c in children(n))
+        return memo[id(n)]
+    return size(e)
+
+
 def substitute(e: Expr, mapping: Mapping[str, Expr]) -> Expr:
     if not mapping:
         return e
