@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 import pytest
 from conftest import agree_with_onnxruntime
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
@@ -403,3 +403,30 @@ def test_a_gather_of_many_scattered_indices_of_an_activation_computes_what_onnx_
     nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Gather", ["r", "at"], ["y"], axis=1)]
     path = _save(tmp_path / "g.onnx", nodes, {"x": (TensorProto.FLOAT, [2, 40, 3])}, "y", {"at": at})
     agree_with_onnxruntime(path, {"x": _f32(2, 40, 3)})
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(block=st.tuples(st.integers(1, 3), st.integers(1, 3)), strides=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+       dil=st.tuples(st.integers(1, 2), st.integers(1, 2)), pads=st.tuples(*[st.integers(0, 1)] * 4),
+       hw=st.tuples(st.integers(5, 9), st.integers(5, 9)))
+def test_col2im_folds_overlapping_and_disjoint_blocks_as_onnx_runtime_does(tmp_path, block, strides, dil, pads, hw):
+    """torch's nn.Fold (MobileViT V2 folds its patches back) as Col2Im: each pixel sums what lands on it."""
+    rows = [(s + pads[k] + pads[k + 2] - d * (b - 1) - 1) // st_ + 1
+            for k, (s, b, st_, d) in enumerate(zip(hw, block, strides, dil))]
+    assume(min(rows) >= 1)
+    c = 3
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Col2Im", ["r", "hw", "block"], ["y"], strides=list(strides), dilations=list(dil),
+                              pads=list(pads))]
+    inits = {"hw": np.array(hw, np.int64), "block": np.array(block, np.int64)}
+    shape = [2, c * block[0] * block[1], rows[0] * rows[1]]
+    path = _save(tmp_path / "fold.onnx", nodes, {"x": (TensorProto.FLOAT, shape)}, "y", inits)
+    agree_with_onnxruntime(path, {"x": _f32(*shape)})
+
+
+def test_a_col2im_to_a_hostile_image_size_is_a_one_line_error_before_any_table_is_built(tmp_path):
+    nodes = [helper.make_node("Col2Im", ["x", "hw", "block"], ["y"], strides=[100000, 100000])]
+    inits = {"hw": np.array([100000, 100000], np.int64), "block": np.array([1, 1], np.int64)}
+    path = _save(tmp_path / "big.onnx", nodes, {"x": (TensorProto.FLOAT, [1, 4, 1])}, "y", inits)
+    with pytest.raises(UserError, match="past the .* elements its index tables may hold"):
+        compile_model(str(path))

@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from ..ops.reduce import cumsum_ref
-from ..ops.shape import split_sizes, squeeze_shape, unsqueeze_shape
+from ..ops.shape import MAX_ELEMENTS, split_sizes, squeeze_shape, unsqueeze_shape
 
 # ONNX TensorProto data types -> NumPy (the ones exporters write for shapes, ids, masks and values)
 DTYPES = {1: np.float32, 2: np.uint8, 3: np.int8, 5: np.int16, 6: np.int32, 7: np.int64, 9: np.bool_,
@@ -220,9 +220,6 @@ FOLD = {
     "Min": _elementwise(np.minimum),
     "Max": _elementwise(np.maximum),
 }
-
-
-MAX_ELEMENTS = 1 << 28      # a folded constant larger than this is refused before it is computed
 
 
 def _broadcast(*arrays) -> int:

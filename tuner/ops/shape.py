@@ -11,6 +11,8 @@ from ..te.tensor import Tensor, compute
 from .common import export_as, onnx_plain, unsupported
 from .registry import OpDef, Pattern, register
 
+MAX_ELEMENTS = 1 << 28      # a constant the import computes (folded, or a table it builds) is refused past this
+
 
 def _unflatten(flat, shape: tuple) -> tuple:
     idx = []
@@ -233,6 +235,52 @@ def _onnx_scatter_nd(cx, ins, a):
     return [cx.add("where", [cx.constant(mask.reshape(data.shape), "_mask"), picked, data], {})]
 
 
+def _onnx_col2im(cx, ins, a):
+    """Col2Im (torch's nn.Fold: MobileViT V2 folds its patches back): each output pixel the sum of the
+    columns' entries that land on it, at most m of them; the sum of m gathers of the flattened columns
+    at constant positions, each masked where a pixel has fewer (one gather where blocks do not overlap)."""
+    x = ins[0]
+    hw, block = (np.asarray(cx.const(v, what)).astype(np.int64).reshape(-1) for v, what in
+                 ((ins[1], "the image shape"), (ins[2], "the block shape")))
+    if len(x.shape) != 3 or len(hw) != 2 or len(block) != 2:
+        raise cx.fail("only a 2-D Col2Im of (N, C x block, L) columns is supported")
+    dil, strides, pads = (list(a.get(k, d)) for k, d in (("dilations", [1, 1]), ("strides", [1, 1]),
+                                                          ("pads", [0, 0, 0, 0])))
+    (h, w), (kh, kw), (n, ckk, length) = hw, block, x.shape
+    if min(h, w, kh, kw) < 1 or ckk % (kh * kw) or min(strides + dil) < 1 or min(pads) < 0:
+        raise cx.fail(f"image {hw.tolist()}, block {block.tolist()}, strides {strides}, dilations {dil} or pads "
+                      f"{pads} do not fold {list(x.shape)} columns")
+    rows = [(size + lo + hi - d * (k - 1) - 1) // st + 1
+            for size, lo, hi, d, k, st in ((h, pads[0], pads[2], dil[0], kh, strides[0]),
+                                           (w, pads[1], pads[3], dil[1], kw, strides[1]))]
+    if rows[0] * rows[1] != length:
+        raise cx.fail(f"{length} columns, but the image and block give {rows[0]} x {rows[1]}")
+    c = ckk // (kh * kw)
+    if c * h * w > MAX_ELEMENTS or c * kh * kw * length > MAX_ELEMENTS:
+        raise cx.fail(f"an image of {c} x {h} x {w} is past the {MAX_ELEMENTS} elements its index tables may hold")
+    ch, i, j, by, bx = np.meshgrid(*(np.arange(v) for v in (c, kh, kw, rows[0], rows[1])), indexing="ij")
+    y, xx = by * strides[0] - pads[0] + i * dil[0], bx * strides[1] - pads[1] + j * dil[1]
+    inside = ((0 <= y) & (y < h) & (0 <= xx) & (xx < w)).reshape(-1)
+    pixel = ((ch * h + y) * w + xx).reshape(-1)[inside]      # output pixel <- flat column position
+    col = ((((ch * kh + i) * kw + j) * length) + by * rows[1] + bx).reshape(-1)[inside]
+    if not pixel.size:
+        raise cx.fail("no column lands in the image")
+    order = np.argsort(pixel, kind="stable")
+    pixel, col = pixel[order], col[order]
+    first = np.searchsorted(pixel, pixel)                    # each entry's rank among its pixel's
+    rank = np.arange(pixel.size) - first
+    at, keep = np.zeros((rank.max() + 1, c * h * w), np.int64), np.zeros((rank.max() + 1, c * h * w), np.float32)
+    at[rank, pixel], keep[rank, pixel] = col, 1.0
+    flat = cx.add("reshape", [x], {"shape": [n, ckk * length]}, "_flat")
+    out = None
+    for t in range(len(at)):
+        part = cx.add("gather", [flat, cx.constant(at[t].reshape(c, h, w), f"_at{t}")], {"axis": 1}, f"_part{t}")
+        if not keep[t].all():
+            part = cx.add("mul", [part, cx.constant(keep[t].reshape(c, h, w), f"_keep{t}")], {}, f"_kept{t}")
+        out = part if out is None else cx.add("add", [out, part], {}, f"_sum{t}")
+    return [out]
+
+
 def _onnx_gather_at(cx, x, idx: np.ndarray, axis: int):
     """Gather of an activation at constant indices: slices (and a reshape, or a concat)."""
     d = x.shape[axis]
@@ -440,7 +488,8 @@ register(
           onnx_in={"Pad": _onnx_pad}),
     OpDef(name="gather", pattern=Pattern.INJECTIVE, integers=True, infer=_gather_infer, evaluate=_gather_eval,
           te=lambda n, ins, name: gather(ins[0], ins[1], n.attrs["axis"], name),
-          onnx_in={"Gather": _onnx_gather, "GatherND": _onnx_gather_nd, "ScatterND": _onnx_scatter_nd},
+          onnx_in={"Gather": _onnx_gather, "GatherND": _onnx_gather_nd, "ScatterND": _onnx_scatter_nd,
+                   "Col2Im": _onnx_col2im},
           onnx_out=export_as("Gather", lambda n: {"axis": n.attrs["axis"]})),
     OpDef(name="gather_elements", pattern=Pattern.INJECTIVE, integers=True, infer=_gather_elements_infer,
           evaluate=_gather_elements_eval, te=lambda n, ins, name: gather_elements(ins[0], ins[1], n.attrs["axis"], name),
