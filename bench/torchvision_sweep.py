@@ -14,6 +14,7 @@ writes JSON under bench/results/ with the host.
 from __future__ import annotations
 
 import argparse
+import inspect
 import statistics
 import sys
 import tempfile
@@ -44,7 +45,9 @@ def _torchvision():
 def export(name: str, path: Path, seed: int = 0, dynamo: bool = False) -> Path:
     torch, models = _torchvision()
     torch.manual_seed(seed)
-    net = models.get_model(name, weights=None).eval()
+    builder = models.get_model_builder(name)      # segmentation heads sit on a backbone: no weights for it either
+    extra = {"weights_backbone": None} if "weights_backbone" in inspect.signature(builder).parameters else {}
+    net = builder(weights=None, **extra).eval()
     with torch.no_grad():
         for m in net.modules():
             if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
