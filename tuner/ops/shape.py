@@ -227,9 +227,9 @@ def _onnx_scatter_nd(cx, ins, a):
         return [data]
     inner = int(np.prod(data.shape[k:]))
     src, mask = np.zeros(int(np.prod(data.shape)), np.int64), np.zeros(int(np.prod(data.shape)), bool)
-    for j, r in enumerate(rows):
-        src[r * inner:(r + 1) * inner] = np.arange(j * inner, (j + 1) * inner)
-        mask[r * inner:(r + 1) * inner] = True
+    at = (rows[:, None] * inner + np.arange(inner)).reshape(-1)    # where each update element goes, in order
+    last = at.size - 1 - np.unique(at[::-1], return_index=True)[1]  # the last update of each place written
+    src[at[last]], mask[at] = last, True
     flat = cx.add("reshape", [upd], {"shape": [rows.size * inner]}, "_updates")
     picked = cx.add("gather", [flat, cx.constant(src.reshape(data.shape), "_from")], {"axis": 0}, "_picked")
     return [cx.add("where", [cx.constant(mask.reshape(data.shape), "_mask"), picked, data], {})]
