@@ -338,3 +338,22 @@ def test_batch_norm_of_any_rank_on_a_constant_or_an_activation_computes_what_onn
     want = ort.InferenceSession(str(tmp_path / "bn.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     m = compile_model(str(tmp_path / "bn.onnx"), target="cpu -threads=1", use_shipped=False)
     np.testing.assert_allclose(m.run(x)[0], want, rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=3), depth=st.integers(1, 6), data=st.data())
+def test_a_one_hot_of_constants_folds_to_what_onnx_runtime_computes(tmp_path, shape, depth, data):
+    """CANINE's TorchScript export one-hots constant ids; an index outside [-depth, depth) is all off."""
+    from conftest import ort_run
+    from tuner.graph.onnx_fold import FOLD
+    axis = data.draw(st.integers(-len(shape) - 1, len(shape)))
+    inits = {"i": np.array(data.draw(st.lists(st.integers(-depth - 1, depth), min_size=int(np.prod(shape)),
+                                              max_size=int(np.prod(shape)))), np.int64).reshape(shape),
+             "d": np.array(depth, np.int64), "v": np.array([0.5, 3.0], np.float32)}
+    node = helper.make_node("OneHot", ["i", "d", "v"], ["y"], axis=axis)
+    got = FOLD["OneHot"](list(inits.values()), {"axis": axis}, 17)[0]
+    g = helper.make_graph([node], "fold", [helper.make_tensor_value_info(k, numpy_helper.from_array(v).data_type,
+                                                                         v.shape) for k, v in inits.items()],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "o.onnx"))
+    np.testing.assert_array_equal(got, ort_run(tmp_path / "o.onnx", dict(inits))[0])

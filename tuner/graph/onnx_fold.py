@@ -159,6 +159,17 @@ def _scatter_elements(ins, a, opset):
     return _scatter(out, tuple(where), np.asarray(ins[2]), a.get("reduction", "none"))
 
 
+def _one_hot(ins, a, opset):
+    """ONNX OneHot: values[1] where the index (negatives counted from depth) is the position along the
+    new axis, values[0] elsewhere (an index outside the depth: nowhere)."""
+    idx = np.trunc(np.asarray(ins[0])).astype(np.int64)
+    depth, values = int(np.asarray(ins[1]).reshape(-1)[0]), np.asarray(ins[2]).reshape(-1)
+    if depth < 1 or values.size != 2:
+        raise ValueError(f"depth {depth} and {values.size} values do not make a one-hot (depth >= 1, 2 values)")
+    hot = np.where(idx < 0, idx + depth, idx)[..., None] == np.arange(depth)
+    return [np.moveaxis(np.where(hot, values[1], values[0]), -1, a.get("axis", -1) % (idx.ndim + 1))]
+
+
 def _elementwise(fn):
     return lambda ins, a, opset: [fn(*(np.asarray(v) for v in ins))]
 
@@ -187,6 +198,7 @@ FOLD = {
     "CumSum": _cumsum,
     "GatherND": _gather_nd,
     "ScatterND": _scatter_nd,
+    "OneHot": _one_hot,
     "ScatterElements": _scatter_elements,
     "Scatter": _scatter_elements,
     "Add": _elementwise(np.add),
@@ -237,6 +249,7 @@ GROWS = {
     "Expand": lambda ins, a: math.prod(np.broadcast_shapes(np.shape(ins[0]),
                                                            tuple(int(d) for d in np.asarray(ins[1]).reshape(-1)))),
     "Range": lambda ins, a: _range_length(ins),
+    "OneHot": lambda ins, a: np.size(ins[0]) * max(1, int(np.asarray(ins[1]).reshape(-1)[0])),
     "Tile": lambda ins, a: np.size(ins[0]) * math.prod(max(0, int(r)) for r in np.asarray(ins[1]).reshape(-1)),
     "Gather": lambda ins, a: np.size(ins[1]) * np.size(ins[0]) // max(1, np.shape(ins[0])[a.get("axis", 0)]),
     **{t: lambda ins, a: _broadcast(*ins) for t in ("Add", "Sub", "Mul", "Div", "Mod", "Pow", "Equal", "Less",
