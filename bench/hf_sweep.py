@@ -24,6 +24,7 @@ from pathlib import Path
 from bench.common import write_results
 from bench.torchvision_sweep import _torchvision, sweep
 
+# a small LLM: a decoder layer of hidden 512 with grouped-query attention
 LLM = {"hidden_size": 512, "intermediate_size": 1376, "num_attention_heads": 8, "num_key_value_heads": 2}
 # name: (model class, config class, input kind, config overrides); layers are cut by --layers
 MODELS = {
@@ -39,17 +40,12 @@ MODELS = {
     "gpt_neo": ("GPTNeoModel", "GPTNeoConfig", "text", {"attention_types": [[["global", "local"], 1]], "num_layers": 2}),
     "opt": ("OPTModel", "OPTConfig", "text", {}),
     "bloom": ("BloomModel", "BloomConfig", "text", {}),
-    "llama": ("LlamaModel", "LlamaConfig", "text", {"hidden_size": 512, "intermediate_size": 1376,
-                                                    "num_attention_heads": 8, "num_key_value_heads": 4}),
-    "mistral": ("MistralModel", "MistralConfig", "text", {"hidden_size": 512, "intermediate_size": 1376,
-                                                        "num_attention_heads": 8, "num_key_value_heads": 2}),
-    "qwen2": ("Qwen2Model", "Qwen2Config", "text", {"hidden_size": 512, "intermediate_size": 1376,
-                                                  "num_attention_heads": 8, "num_key_value_heads": 2}),
+    "llama": ("LlamaModel", "LlamaConfig", "text", {**LLM, "num_key_value_heads": 4}),
+    "mistral": ("MistralModel", "MistralConfig", "text", LLM),
+    "qwen2": ("Qwen2Model", "Qwen2Config", "text", LLM),
     "phi": ("PhiModel", "PhiConfig", "text", {"hidden_size": 512, "intermediate_size": 2048,
                                               "num_attention_heads": 8}),
-    "gemma": ("GemmaModel", "GemmaConfig", "text", {"hidden_size": 512, "intermediate_size": 1376,
-                                                  "num_attention_heads": 8, "num_key_value_heads": 1,
-                                                  "head_dim": 64}),
+    "gemma": ("GemmaModel", "GemmaConfig", "text", {**LLM, "num_key_value_heads": 1, "head_dim": 64}),
     "vit": ("ViTModel", "ViTConfig", "image", {}),
     "deit": ("DeiTModel", "DeiTConfig", "image", {}),
     "beit": ("BeitModel", "BeitConfig", "image", {}),
