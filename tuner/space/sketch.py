@@ -65,7 +65,7 @@ from ..ops import Workload
 from ..ops.workload import CONSTANT_INPUTS
 from ..schedule.ir import tail_widths, vector_split
 from ..schedule.schedule import Schedule, ScheduleError, replay
-from ..te.expr import Const, FloorDiv, FloorMod, Load, Select, Var, free_vars, substitute, walk
+from ..te.expr import Const, FloorDiv, FloorMod, Load, Select, Var, children, free_vars, substitute, walk
 
 MAX_ACCUMULATORS = 32        # vector registers of AVX-512 (AVX2 has 16; spills only cost speed)
 MAX_TILE_FLOATS = 16384      # a 64 KiB accumulator tile stays on the stack and in L1/L2
@@ -449,13 +449,15 @@ class SearchSpace(DagSketch):
                 # and the broadcast, and still beat 2 x 7 (the compiler reads one operand from L1:
                 # docs/history.md)
                 per = acc // 2
-                wider = [m for m in (4, 3) if shape[pair] % m == 0 and per * m <= cap]
+                wider = [m for m in (4, 3) if self._reuse(pair) % m == 0 and per * m <= cap]
                 if wider:
                     tile[pair][2], acc = wider[0], per * wider[0]
-            elif pair is not None and tile[row][2] == 14 and row not in padded and shape[pair] % 4 == 0:
-                # an unpadded row (a 1x1 conv's): 4 blocks by 7 pixels rather than 2 by 14, each
-                # broadcast feeding 4 FMAs (MLAS's 4 blocks); with a border test in both halves of
-                # a padded row it lost (docs/history.md)
+            elif pair is not None and tile[row][2] == 14 and (row not in padded or shape[row] >= 56) \
+                    and self._reuse(pair) % 4 == 0:
+                # an unpadded row (a 1x1 conv's), or a padded one of 56 or more pixels (a quarter
+                # of its 7-pixel tiles hold a border): 4 blocks by 7 pixels rather than 2 by 14,
+                # each broadcast feeding 4 FMAs (MLAS's 4 blocks); a padded row of 14, a border
+                # test in both halves, lost (docs/history.md)
                 tile[pair][2], tile[row][2] = 4, 7
         reduce = list(self._reduce_periods)
         # blocked where each weight vector feeds few pixels (4 blocks by 7: a 3x3 conv's 2 x 14
@@ -585,18 +587,37 @@ class SearchSpace(DagSketch):
         return pos(reads), pos(padded)
 
     def _broadcast_axis(self, row: int) -> int | None:
-        """With 32 vector registers (AVX-512), an even output axis other than `row` and the vector
-        axis that an operand read without the vector axis (one element broadcast to all lanes)
-        does not index while another operand does; else None."""
+        """With 32 vector registers (AVX-512), an output axis other than `row` and the vector axis
+        along which an operand read without the vector axis (one element broadcast to all lanes)
+        keeps its element for an even run of steps (`_reuse`) while another operand moves; else None."""
         if self.target.lanes < 16 or not self.anchor:
             return None
         names, loads = self.local_axes, [v for _, v in self._reads]
-        scalar = [v for v in loads if names[-1] not in v]
         for d in range(1, len(names) - 1):
-            if d != row and self.out_shape[d] % 2 == 0 and any(names[d] not in v for v in scalar) \
-                    and any(names[d] in v for v in loads):
+            if d != row and self._reuse(d) % 2 == 0 and any(names[d] in v for v in loads):
                 return d
         return None
+
+    def _reuse(self, d: int) -> int:
+        """Aligned steps of output axis `d` over which some broadcast read (one without the vector
+        axis) keeps its element: the axis's extent where it does not index that read, m where it
+        does only as d // m (a grouped conv's output channel blocks: m blocks per group), else 1."""
+        name, last = self.local_axes[d], self.local_axes[-1]
+
+        def period(e) -> int:
+            if isinstance(e, FloorDiv) and e.a == Var(name) and isinstance(e.b, Const):
+                return e.b.value
+            if e == Var(name):
+                return 1
+            inner = [period(c) for c in children(e) if name in free_vars(c)]
+            return math.gcd(*inner) if inner else 0
+
+        best = 1
+        for n in walk(self.anchor_op.body):
+            if isinstance(n, Load) and last not in frozenset().union(*(free_vars(i) for i in n.indices)):
+                m = math.gcd(*(period(i) for i in n.indices))   # 0: the read does not use the axis
+                best = max(best, math.gcd(m, self.out_shape[d]) if m else self.out_shape[d])
+        return best
 
     def _broadcast_vectors(self) -> int:
         """With 32 vector registers, the whole vectors (up to 4) of the vector axis that each
