@@ -1,11 +1,18 @@
 """Every operator in every layout computes the NumPy reference (default schedules, small shapes)."""
+import random
+
+import numpy as np
+import onnx
 import pytest
 from conftest import TARGET1, check_schedules
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from onnx import TensorProto, helper
 
+from tuner.compiler import compile_model
 from tuner.ops import make
-from tuner.te.layouts import CONV_LAYOUTS
+from tuner.task import Task
+from tuner.te.layouts import CONV_LAYOUTS, dense_weight_from_oi, dense_weight_to_oi
 
 CONV_CASES = [
     dict(C=16, H=7, W=7, K=16, R=3, S=3, stride=1, pad=1),
@@ -61,6 +68,38 @@ def test_a_grouped_conv_in_a_block_its_group_widths_take_computes_the_reference(
 def test_dense(layout):
     check_schedules([(make("dense", dict(C=24, K=48), layout), None),
                      (make("dense", dict(N=3, C=20, K=40, bias=1, relu=1), layout), None)])
+
+
+@settings(max_examples=10, deadline=None)
+@given(k=st.integers(17, 80).filter(lambda k: k % 4), n=st.integers(1, 9), c=st.integers(1, 40))
+def test_a_dense_weight_whose_outputs_no_power_of_two_block_divides_is_packed_in_whole_vectors_padded_with_zeros(
+        k, n, c):
+    """K=195 (FocalNet's) in blocks of 15 read each vector lane by lane; packed in blocks of 16 the
+    last one padded, every schedule still computes the reference and the packing round-trips."""
+    wl = make("dense", dict(N=n, C=c, K=k, bias=1), "OI16o")
+    assert wl.blocks[1] == 16 and wl.build()[0][1].shape == (-(-k // 16), c, 16)
+    w = np.random.default_rng(k).standard_normal((k, c)).astype(np.float32)
+    packed = dense_weight_from_oi(w, 16)
+    assert packed.shape == (-(-k // 16), c, 16) and not packed[-1, :, k % 16:].any()
+    np.testing.assert_array_equal(dense_weight_to_oi(packed, 16, k), w)
+    task = Task(wl, TARGET1)
+    check_schedules([(wl, None), (wl, task.space.steps(task.space.sample(random.Random(k))))])
+
+
+def test_a_gemm_with_an_odd_number_of_outputs_compiles_to_numpys_values(tmp_path):
+    rng = np.random.default_rng(0)
+    w, bias = rng.standard_normal((48, 35)).astype(np.float32), rng.standard_normal(35).astype(np.float32)
+    node = helper.make_node("Gemm", ["x", "w", "b"], ["y"])
+    g = helper.make_graph([node], "gemm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [20, 48])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [helper.make_tensor("w", TensorProto.FLOAT, w.shape, w.ravel()),
+                           helper.make_tensor("b", TensorProto.FLOAT, bias.shape, bias)])
+    path = tmp_path / "gemm.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    m = compile_model(str(path), threads=1, use_shipped=False, predict=False)
+    assert "OI16o" in str(m.meta)
+    x = rng.standard_normal((20, 48)).astype(np.float32)
+    np.testing.assert_allclose(m.run(x)[0], x @ w + bias, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.slow

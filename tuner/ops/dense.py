@@ -16,13 +16,14 @@ from .elementwise import epilogue, epilogue_ref
 from .registry import NoTask, OpDef, Pattern, WorkloadDef, WorkloadError, register
 
 
-def dense(data: Tensor, weight: Tensor, block: int, name: str = "dense") -> Tensor:
-    """data (..., C) x weight (K, C) (or packed K/b, C, b): over the last axis, the leading axes rows."""
+def dense(data: Tensor, weight: Tensor, block: int, name: str = "dense", k: int | None = None) -> Tensor:
+    """data (..., C) x weight (K, C) (or packed ceil(K/b), C, b: its first `k` rows, all where
+    None): over the last axis, the leading axes rows."""
     lead, nl = data.shape[:-1], data.ndim - 1
     rc = reduce_axis(data.shape[-1], "rc")
     if block:
         b = weight.shape[2]
-        k_, w = weight.shape[0] * b, lambda k, r: weight[k // b, r, k % b]
+        k_, w = k or weight.shape[0] * b, lambda k, r: weight[k // b, r, k % b]
     else:
         k_, w = weight.shape[0], lambda k, r: weight[k, r]
     return compute((*lead, k_), lambda *i: sum_reduce(data[i[:nl] + (rc.var,)] * w(i[nl], rc.var), [rc]),
@@ -232,8 +233,8 @@ def _dense_build(wl):
                        inputs=[stored])
     else:
         stored = data = placeholder((p["N"], p["C"]), "data")
-    weight = placeholder((p["K"] // ob, p["C"], ob) if ob else (p["K"], p["C"]), "weight")
-    return epilogue(wl, [stored, weight], dense(data, weight, ob), 0)
+    weight = placeholder((-(-p["K"] // ob), p["C"], ob) if ob else (p["K"], p["C"]), "weight")
+    return epilogue(wl, [stored, weight], dense(data, weight, ob, k=p["K"]), 0)
 
 
 def _dense_ref(wl, arrays: list):
@@ -241,7 +242,7 @@ def _dense_ref(wl, arrays: list):
     x = arrays[0]
     if p.get("in_heads"):
         x = merge_heads_ref(x, p["in_heads"]).reshape(p["N"], p["C"])
-    y = dense_ref(x, L.dense_weight_to_oi(arrays[1], wl.blocks[1]))
+    y = dense_ref(x, L.dense_weight_to_oi(arrays[1], wl.blocks[1], p["K"]))
     if p["bias"]:
         y = y + arrays[2]
     if p.get("residual"):

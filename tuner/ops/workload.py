@@ -98,7 +98,7 @@ class Workload:
         if WORKLOADS[self.op].layouts:
             return (0, 0)
         if self.op == "dense":
-            return (0, L.fit_block(p["K"], L.dense_block(self.layout)) if L.dense_block(self.layout) else 0)
+            return (0, L.dense_pack_block(p["K"], L.dense_block(self.layout)) if L.dense_block(self.layout) else 0)
         b = L.block_of(self.layout)
         if not b:
             return (0, 0)

@@ -83,6 +83,14 @@ def fit_block(channels: int, block: int) -> int:
     return max(b for b in range(1, min(block, channels) + 1) if channels % b == 0)
 
 
+def dense_pack_block(k: int, block: int) -> int:
+    """The block of a dense weight packed [ceil(K/b), C, b]: fit_block's where it is a power of two
+    of 4 or more, or covers K; else the layout's, the last block padded with zeros (K=195 in blocks
+    of 15 read a vector of 16 as 16 scalars with a division each: 0.22x the time of K=192)."""
+    fit = fit_block(k, block)
+    return fit if (fit >= 4 and not fit & (fit - 1)) or k <= block else block
+
+
 def in_blocks_of(block: int, layout: str, channels: int) -> bool:
     """Whether `channels` channels held in blocks of `block` are already blocked layout `layout`'s
     data: its block fitted to them is `block` (24 channels in blocks of 8 are NCHW16c's)."""
@@ -154,17 +162,21 @@ def conv_weight_to_oihw(w: np.ndarray, layout: str) -> np.ndarray:
 
 
 def dense_weight_from_oi(w: np.ndarray, block: int) -> np.ndarray:
+    """[K, C] packed [ceil(K/b), C, b], the last block's missing rows zeros."""
     if not block:
         return np.ascontiguousarray(w)
     k, c = w.shape
-    return np.ascontiguousarray(w.reshape(k // block, block, c).transpose(0, 2, 1))
+    if k % block:
+        w = np.concatenate([w, np.zeros((block - k % block, c), w.dtype)])
+    return np.ascontiguousarray(w.reshape(-1, block, c).transpose(0, 2, 1))
 
 
-def dense_weight_to_oi(w: np.ndarray, block: int) -> np.ndarray:
+def dense_weight_to_oi(w: np.ndarray, block: int, k: int | None = None) -> np.ndarray:
+    """dense_weight_from_oi's inverse: its first `k` rows (all where None)."""
     if not block:
         return w
     kb, c, b = w.shape
-    return np.ascontiguousarray(w.transpose(0, 2, 1).reshape(kb * b, c))
+    return np.ascontiguousarray(w.transpose(0, 2, 1).reshape(kb * b, c)[:k])
 
 
 def plan_summary(layouts: dict) -> str:
