@@ -67,6 +67,7 @@ static inline float tuner_fmin(float a, float b) { return (!(a >= b) && b == b) 
 #define TUNER_VMAX4(lo, x) TUNER_VSEL(4, (x) < (lo), lo, x)
 #define TUNER_VMIN4(hi, x) TUNER_VSEL(4, (x) > (hi), hi, x)
 #endif
+#define TUNER_VABS(W, x) ((f32x##W)((i32x##W)(x) & 0x7fffffff))
 #define TUNER_VCLAMP(W, x, lo, hi) TUNER_VMIN##W((f32x##W){0} + (hi), TUNER_VMAX##W((f32x##W){0} + (lo), x))
 /* erf, tanh and exp of W lanes, for vectorised loops (the C library's are called lane by lane).
    erf: x P(x^2) / Q(x^2) on [-4, 4], where float erf is +-1 beyond (the rational approximation
@@ -77,23 +78,29 @@ static inline float tuner_fmin(float a, float b) { return (!(a >= b) && b == b) 
    88.8 (clamped there) overflows to inf in the product; 0 below the normal floats (y zeroed before
    the scaling, which is slow where it makes a subnormal); NaN stays NaN in all three.
    Polynomials are evaluated in pairs of terms (Estrin), not term by term (Horner): the chain of
-   dependent operations, which bounds how many of these run at once, is about half as long. */
+   dependent operations, which bounds how many of these run at once, is about half as long. Their
+   |x| is raised to 1e-4 (erf: under half an ulp of the quotient) and 0.0004 (tanh, which returns x
+   below): the powers of a smaller one underflow, and so would x P for a tiny x (erf takes
+   x (P / Q), tanh |x| P / Q with x's sign), and each operation on a subnormal takes a
+   microcode assist (FocalNet's GELUs of values near 0 ran 5-20x slower). */
 #define TUNER_VMATH(W) \\
 static inline f32x##W tuner_erf##W(f32x##W x) { \\
-  f32x##W c = TUNER_VCLAMP(W, x, -4.0f, 4.0f), z = c * c, z2 = z * z, z4 = z2 * z2; \\
+  f32x##W c = TUNER_VCLAMP(W, x, -4.0f, 4.0f), a = TUNER_VMAX##W((f32x##W){0} + 1e-4f, TUNER_VABS(W, c)); \\
+  f32x##W z = a * a, z2 = z * z, z4 = z2 * z2; \\
   f32x##W p = (z * -2.95459980854025e-03f - 1.60960333262415e-02f) + z2 * (z * -5.69250639462346e-05f - 7.34990630326855e-04f) \\
     + z4 * ((z * 2.77068142495902e-08f - 2.10102402082508e-06f) + z2 * -2.72614225801306e-10f); \\
   f32x##W q = (z * -7.37332916720468e-03f - 1.42647390514189e-02f) + z2 * (z * -2.13374055278905e-04f - 1.68282697438203e-03f) \\
     + z4 * -1.45660718464996e-05f; \\
-  return c * p / q; \\
+  return c * (p / q); \\
 } \\
 static inline f32x##W tuner_tanh##W(f32x##W x) { \\
-  f32x##W c = TUNER_VCLAMP(W, x, -7.90531110763549805f, 7.90531110763549805f), z = c * c, z2 = z * z, z4 = z2 * z2; \\
+  f32x##W c = TUNER_VCLAMP(W, x, -7.90531110763549805f, 7.90531110763549805f), ax = TUNER_VABS(W, x); \\
+  f32x##W a = TUNER_VMAX##W((f32x##W){0} + 0.0004f, TUNER_VABS(W, c)), z = a * a, z2 = z * z, z4 = z2 * z2; \\
   f32x##W p = (z * 6.37261928875436e-04f + 4.89352455891786e-03f) + z2 * (z * 5.12229709037114e-08f + 1.48572235717979e-05f) \\
     + z4 * ((z * 2.00018790482477e-13f - 8.60467152213735e-11f) + z2 * -2.76076847742355e-16f); \\
   f32x##W q = (z * 2.26843463243900e-03f + 4.89352518554385e-03f) + z2 * (z * 1.19825839466702e-06f + 1.18534705686654e-04f); \\
-  f32x##W ax = (f32x##W)((i32x##W)x & 0x7fffffff); \\
-  return TUNER_VSEL(W, ax < 0.0004f, x, c * p / q); \\
+  f32x##W t = (f32x##W)((i32x##W)(a * p / q) | ((i32x##W)c & (int)0x80000000)); \\
+  return TUNER_VSEL(W, ax < 0.0004f, x, t); \\
 } \\
 static inline f32x##W tuner_exp##W(f32x##W x) { \\
   f32x##W c = TUNER_VCLAMP(W, x, -87.3365479f, 88.8f); \\
