@@ -76,7 +76,8 @@ static inline float tuner_fmin(float a, float b) { return (!(a >= b) && b == b) 
    r = x - n ln 2 (ln 2 in two parts), e^r by Cephes' degree-5 polynomial, 8.4e-8 relative at
    most; y 2^n by AVX-512's scalef, else as two powers made in the exponent bits, so that x up to
    88.8 (clamped there) overflows to inf in the product; 0 below the normal floats (y zeroed before
-   the scaling, which is slow where it makes a subnormal); NaN stays NaN in all three.
+   the scaling, which is slow where it makes a subnormal; only an |x| below 1e-19, whose square
+   is subnormal, still makes one); NaN stays NaN in all three.
    Polynomials are evaluated in pairs of terms (Estrin), not term by term (Horner): the chain of
    dependent operations, which bounds how many of these run at once, is about half as long. Their
    |x| is raised to 1e-4 (erf: under half an ulp of the quotient) and 0.0004 (tanh, which returns x
