@@ -56,8 +56,10 @@ def step_keys(steps) -> list:
 
 def node_key(args: dict) -> str:
     if args["op_name"] == "Conv":
-        x, w = args["input_type_shape"][0]["float"], args["input_type_shape"][1]["float"]
-        y = args["output_type_shape"][0]["float"]
+        # a 1-D conv runs as a 2-D one over one row
+        x, w, y = (s[:2] + [1] * (4 - len(s)) + s[2:] for s in (args["input_type_shape"][0]["float"],
+                                                                args["input_type_shape"][1]["float"],
+                                                                args["output_type_shape"][0]["float"]))
         return conv_key(x[1], x[2], x[3], w[0], w[2], w[3], y[2], y[3])
     return "onnxruntime " + args["op_name"]
 
