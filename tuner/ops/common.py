@@ -155,6 +155,11 @@ def unary(te_fn):
     return build
 
 
+def hw_pair(v) -> tuple:
+    """A stride or dilation given as one number or an (h, w) pair, as the pair."""
+    return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
+
+
 def hw_dims(layout: str) -> tuple:
     return (1, 2) if layout == "NHWC" else (2, 3)
 

@@ -7,8 +7,9 @@ import numpy as np
 from ..errors import GraphError
 from ..te import layouts as L
 from ..te.tensor import Tensor, compute, placeholder, reduce_axis, sum_reduce
-from .common import (conv_out_size, data_placeholder, export_as, f32, from_nchw, hw_dims, kernel_layout, nchw_dims,
-                     nchw_in, one_row, pad_ref, pad_spatial, pads4, pads_param, to_nchw, unsupported, window_out)
+from .common import (conv_out_size, data_placeholder, export_as, f32, from_nchw, hw_dims, hw_pair, kernel_layout,
+                     nchw_dims, nchw_in, one_row, pad_ref, pad_spatial, pads4, pads_param, to_nchw, unsupported,
+                     window_out)
 from .elementwise import epilogue, epilogue_ref
 from .registry import NoTask, OpDef, Pattern, WorkloadDef, WorkloadError, output_elements, register
 
@@ -18,7 +19,7 @@ def conv2d(data: Tensor, kernel: Tensor, layout: str, stride, pads: tuple,
     """conv2d in NCHW (OIHW weights), NHWC (HWIO) or NCHW[x]c (OIHW[i]i[o]o); stride and dilation
     are one number or an (h, w) pair."""
     padded = pad_spatial(data, hw_dims(layout), pads, 0.0, name=f"{name}_pad") if any(pads) else data
-    (sh, sw), (dh, dw) = (v if isinstance(v, (tuple, list)) else (v, v) for v in (stride, dilation))
+    (sh, sw), (dh, dw) = hw_pair(stride), hw_pair(dilation)
     if layout == "NCHW":
         n_, c_, h_, w_ = data.shape
         k_, cg, r_, s_ = kernel.shape

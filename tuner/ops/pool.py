@@ -7,9 +7,9 @@ import numpy as np
 from ..errors import GraphError
 from ..te.expr import Cast, Const, max_expr, min_expr
 from ..te.tensor import Tensor, compute, max_reduce, reduce_axis, sum_reduce
-from .common import (axis_names, conv_out_size, data_placeholder, export_as, f32, from_nchw, hw_dims, nchw_dims,
-                     nchw_in, nchw_out, onnx_plain, one_row, pad_ref, pad_spatial, pads4, pads_param, relayout, to_nchw,
-                     unary, window_out)
+from .common import (axis_names, conv_out_size, data_placeholder, export_as, f32, from_nchw, hw_dims, hw_pair,
+                     nchw_dims, nchw_in, nchw_out, onnx_plain, one_row, pad_ref, pad_spatial, pads4, pads_param,
+                     relayout, to_nchw, unary, window_out)
 from .registry import NoTask, OpDef, Pattern, WorkloadDef, WorkloadError, output_elements, register
 
 
@@ -18,7 +18,7 @@ def pool2d(data: Tensor, layout: str, kind: str, kernel: tuple, stride, pads: tu
     """Max or average over windows; stride is one number or an (h, w) pair."""
     hd, wd = hw_dims(layout)
     r_, s_ = kernel
-    sh, sw = stride if isinstance(stride, (tuple, list)) else (stride, stride)
+    sh, sw = hw_pair(stride)
     H, W = data.shape[hd], data.shape[wd]
     oh = conv_out_size(H, r_, sh, pads[0], pads[2], 1)
     ow = conv_out_size(W, s_, sw, pads[1], pads[3], 1)
@@ -58,7 +58,7 @@ def pool2d(data: Tensor, layout: str, kind: str, kernel: tuple, stride, pads: tu
 def pool2d_ref(x: np.ndarray, kind: str, kernel: tuple, stride, pads: tuple,
                count_include_pad: bool = False) -> np.ndarray:
     fill = -np.inf if kind == "max" else 0.0
-    sh, sw = stride if isinstance(stride, (tuple, list)) else (stride, stride)
+    sh, sw = hw_pair(stride)
     xp = pad_ref(x.astype(np.float64), (2, 3), pads, fill)
     win = np.lib.stride_tricks.sliding_window_view(xp, kernel, axis=(2, 3))[:, :, ::sh, ::sw]
     if kind == "max":

@@ -599,25 +599,33 @@ class SearchSpace(DagSketch):
         return None
 
     def _reuse(self, d: int) -> int:
-        """Aligned steps of output axis `d` over which some broadcast read (one without the vector
+        return self._reuses[d]
+
+    @cached_property
+    def _reuses(self) -> list:
+        """Per output axis, the aligned steps over which some broadcast read (one without the vector
         axis) keeps its element: the axis's extent where it does not index that read, m where it
         does only as d // m (a grouped conv's output channel blocks: m blocks per group), else 1."""
-        name, last = self.local_axes[d], self.local_axes[-1]
+        last = self.local_axes[-1]
+        broadcast = [n for n in walk(self.anchor_op.body)
+                     if isinstance(n, Load) and last not in frozenset().union(*(free_vars(i) for i in n.indices))]
 
-        def period(e) -> int:
+        def period(e, name: str) -> int:
             if isinstance(e, FloorDiv) and e.a == Var(name) and isinstance(e.b, Const):
                 return e.b.value
             if e == Var(name):
                 return 1
-            inner = [period(c) for c in children(e) if name in free_vars(c)]
+            inner = [period(c, name) for c in children(e) if name in free_vars(c)]
             return math.gcd(*inner) if inner else 0
 
-        best = 1
-        for n in walk(self.anchor_op.body):
-            if isinstance(n, Load) and last not in frozenset().union(*(free_vars(i) for i in n.indices)):
-                m = math.gcd(*(period(i) for i in n.indices))   # 0: the read does not use the axis
-                best = max(best, math.gcd(m, self.out_shape[d]) if m else self.out_shape[d])
-        return best
+        out = []
+        for name, extent in zip(self.local_axes, self.out_shape):
+            best = 1
+            for n in broadcast:
+                m = math.gcd(*(period(i, name) for i in n.indices))   # 0: the read does not use the axis
+                best = max(best, math.gcd(m, extent) if m else extent)
+            out.append(best)
+        return out
 
     def _broadcast_vectors(self) -> int:
         """With 32 vector registers, the whole vectors (up to 4) of the vector axis that each
