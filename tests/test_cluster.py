@@ -6,6 +6,7 @@ import re
 import signal
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -332,3 +333,21 @@ def test_tuner_worker_processes_measure_and_build_for_a_tune(tmp_path, tmp_cache
     recs = records.load(str(log), warn=False).records
     assert s.new == 8 and len(recs) == 8 and all(r.ok and r.host for r in recs)
     assert "measures for 'cpu" in said[0] and "builds, 1 compiler call at once" in said[1], said
+
+
+def test_a_tune_whose_measuring_workers_all_left_waits_for_one_and_says_so(monkeypatch):
+    """Mid-tune, a census with no measuring worker waits for one (as docs/cluster.md says), where
+    before any was seen it is an error; a worker restarting under load failed the whole tune."""
+    import tuner.measure.cluster as cl
+    runner = object.__new__(ClusterRunner)
+    said, answers = [], iter([([], []), ([], []), (["w2"], [])])
+    runner.say, runner.replay, runner.workers = said.append, False, lambda: next(answers)
+    runner.workers_seen, runner.builders_seen = {"w1"}, set()
+    runner.target, runner.resource = TARGET1, measure_resource(TARGET1)
+    runner.client = SimpleNamespace(scheduler=SimpleNamespace(address="tcp://127.0.0.1:8786"))
+    monkeypatch.setattr(cl, "POLL_S", 0.0)
+    assert runner._census() == (["w2"], [])
+    assert said[0] == "cluster: no measuring worker is left; waiting for one" and runner.workers_seen == {"w2"}
+    runner.workers_seen, runner.workers = set(), lambda: ([], [])
+    with pytest.raises(SetupError, match="no worker of the cluster measures"):
+        runner._census()

@@ -433,6 +433,11 @@ class ClusterRunner:
     def _census(self) -> tuple:
         """The measuring and build workers now, with a line when some joined or left."""
         workers, builders = self.workers()
+        if not workers and self.workers_seen:       # mid-tune: wait for one, as the docs say
+            self.say("cluster: no measuring worker is left; waiting for one")
+            while not workers:
+                time.sleep(POLL_S)
+                workers, builders = self.workers()
         builders = [] if self.replay else builders
         if not workers:
             raise SetupError(f"no worker of the cluster measures for {self.target} (resource {self.resource}): "
