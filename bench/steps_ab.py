@@ -5,9 +5,10 @@
 Both artifacts must hold the same steps (one model, one layout plan; `tuner compile` by two versions
 of tuner, or from two logs). Each round profiles each artifact's whole runs in turn
 (`CompiledModel.profile`: every step timed in the model, its caches as its producers left them).
-Steps whose schedules differ are the changed ones: their summed time is paired round by round, and
-so is the unchanged steps', which is the host's drift between the two for the same code. Prints
-the changed steps one by one, both sums and the whole runs; writes JSON under bench/results/.
+Steps whose schedules differ, or that write over an input in one only, are the changed ones: their
+summed time is paired round by round, and so is the unchanged steps', which is the host's drift
+between the two for the same code. Prints the changed steps one by one, both sums and the whole
+runs; writes JSON under bench/results/.
 """
 from __future__ import annotations
 
@@ -34,10 +35,11 @@ def main(argv=None) -> int:
     steps, whole = interleaved_profiles({na: a, nb: b}, a.random_inputs(seed=1), args.rounds, args.runs,
                                         progress=lambda msg: print(f"  {msg}", flush=True))
     ta, tb = steps[na], steps[nb]
-    changed = [i for i, (x, y) in enumerate(zip(a.steps, b.steps)) if x.steps != y.steps]
+    changed = [i for i, (x, y) in enumerate(zip(a.steps, b.steps))
+               if (x.steps, x.inplace) != (y.steps, y.inplace)]
     same = [i for i in range(len(a.steps)) if i not in changed]
     if not changed:
-        raise SystemExit(f"{da} and {db} run the same schedules in every step")
+        raise SystemExit(f"{da} and {db} run the same code on the same memory in every step")
     med = lambda v: float(np.median(v))        # noqa: E731
     ratio = lambda idx: med(tb[:, idx].sum(1) / ta[:, idx].sum(1)) if idx else float("nan")   # noqa: E731
     rows = []

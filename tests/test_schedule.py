@@ -42,6 +42,8 @@ def _sched(steps):
     ([["split", "conv", "ow", [2]], ["cache_write", "conv"]], r"step 1 .*before any other step"),
     ([["teleport", "conv"]], r"unknown primitive"),
     ([["compute_at", "conv_pad", "conv", "zz"]], r"'zz' is not a loop"),
+    ([["compute_at", "conv_pad", "conv", "ow"], ["split", "conv", "ow", [2]]], r"step 1 .*conv_pad is computed at"),
+    ([["compute_at", "conv_pad", "conv", "oh"], ["fuse", "conv", ["oh", "ow"]]], r"step 1 .*split or fuse that loop"),
 ])
 def test_illegal_steps_name_the_step_and_reason(steps, message):
     with pytest.raises(ScheduleError, match=message):

@@ -276,7 +276,7 @@ def test_a_group_whose_output_is_a_pad_gets_its_vectorised_default_schedule():
     from tuner.measure.builder import build_batch
     from tuner.toolchain.library import open_library, pointer_array
     target = parse_target("cpu -threads=1")
-    steps, src, _ = _generic_kernel(([x], out), target, "f")
+    steps, src, _, _ = _generic_kernel(([x], out), target, "f")
     assert steps and ["compute_inline", "pad"] not in steps and ["compute_inline", "transpose"] in steps
     assert any(s[0] == "annotate" and s[-1] == "vectorize" for s in steps)
     built = build_batch([("f", src)], target, jobs=1)[0]

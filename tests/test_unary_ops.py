@@ -300,7 +300,7 @@ def test_a_softmax_or_layer_norm_computed_row_by_row_keeps_no_whole_tensor_and_c
     pre = compute(shape, lambda *i: x[i] * Const(0.5), "pre", tag="elemwise", inputs=[x])
     ins = [x] if op == "softmax" else [x, placeholder((n,), "in1"), placeholder((n,), "in2")]
     y = softmax(pre, len(shape) - 1, "s0") if op == "softmax" else layer_norm(pre, ins[1], ins[2], len(shape) - 1, 1e-5, "s0")
-    steps, src, omp = _generic_kernel((ins, y), target, "f")
+    steps, src, omp, _ = _generic_kernel((ins, y), target, "f")
     assert any(s[0] == "compute_at" for s in steps) and "aligned_alloc" not in src
     assert ["compute_inline", "pre"] in steps and "pre[" not in src
     built = build_batch([("f", src)], target, openmp=omp, jobs=1)[0]
@@ -333,7 +333,7 @@ def test_a_stage_computed_at_a_loop_must_be_read_only_there_and_a_row_group_neve
         lower(replay([x], y, [["compute_at", "sm_exp", "sm_sum", "sm_s0"]]))
     col = reduce_mean(x, [0], keepdims=True, name="colmean")
     centred = compute((6, 10), lambda i, j: x[i, j] - col[0, j], "centred", tag="elemwise", inputs=[x, col])
-    steps, _, _ = _generic_kernel(([x], softmax(centred, 1, "sm2")), parse_target("cpu -threads=1"), "f")
+    steps, _, _, _ = _generic_kernel(([x], softmax(centred, 1, "sm2")), parse_target("cpu -threads=1"), "f")
     assert steps and not any(s[0] == "compute_at" for s in steps)
 
 

@@ -164,8 +164,9 @@ def c_float(v: float) -> str:
 
 
 class CGen:
-    def __init__(self, func: ir.Func, max_lanes: int = 16, threads: int = 1):
+    def __init__(self, func: ir.Func, max_lanes: int = 16, threads: int = 1, aliased: frozenset = frozenset()):
         self.func = func
+        self.aliased = aliased       # arguments that may share memory (an in-place step): not restrict
         self.max_lanes = max_lanes
         self.threads = threads
         self.lines: list = []
@@ -180,7 +181,7 @@ class CGen:
         f = self.func
         self.emit(0, f"int {f.name}(float** restrict args) {{")
         for k, b in enumerate(f.args):
-            self.emit(1, f"float* restrict {c_name(b.name)} = args[{k}];")
+            self.emit(1, f"float*{'' if b.name in self.aliased else ' restrict'} {c_name(b.name)} = args[{k}];")
         if f.symbols:          # a dynamic kernel: the run's values of its symbols follow the buffers
             self.emit(1, f"const int* restrict tuner_dims = (const int*)args[{len(f.args)}];")
             for k, sym in enumerate(f.symbols):
@@ -656,8 +657,9 @@ def _alloc_bytes(shape: tuple) -> int:
     return -(-n // 64) * 64
 
 
-def generate_c(func: ir.Func, max_lanes: int = 16, threads: int = 1) -> tuple:
-    """(C source of one kernel function, whether it needs OpenMP)."""
-    g = CGen(func, max_lanes, threads)
+def generate_c(func: ir.Func, max_lanes: int = 16, threads: int = 1, aliased: frozenset = frozenset()) -> tuple:
+    """(C source of one kernel function, whether it needs OpenMP); `aliased`: the names of
+    arguments that may share memory, declared without restrict."""
+    g = CGen(func, max_lanes, threads, aliased)
     src = g.generate()
     return src, g.uses_openmp

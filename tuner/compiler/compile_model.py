@@ -44,6 +44,7 @@ from ..ops import WORKLOADS, Unsupported, flops, to_te
 from ..runtime.artifact import (FLOAT_EXACT, GENERIC, IN_MODEL, OTHER_THREADS, PLAIN, PREDICTED, SHIPPED, UNTUNED, Arg, Step,
                                 declaration)
 from ..runtime.model import CompiledModel
+from ..schedule.inplace import writes_over
 from ..schedule.ir import flat_index, vector_split
 from ..schedule.lower import lower
 from ..schedule.schedule import Schedule, ScheduleError, replay
@@ -279,11 +280,12 @@ def _rows_fit(fn, sch: Schedule, target: Target) -> bool:
                for name, n in local)       # a cache_write's accumulator has its stage's shape
 
 
-def _generic_kernel(dag: tuple, target: Target, func: str, dims=None):
-    """(steps, C source, uses OpenMP) of a generic group: the default point of its search space,
-    else row by row (_row_steps: groups with reductions over the last axis), else every stage
-    computed whole, one after the other (_stage_steps: vectorised and parallel where they can be),
-    else the same without (always legal)."""
+def _generic_kernel(dag: tuple, target: Target, func: str, dims=None, over: int | None = None):
+    """(steps, C source, uses OpenMP, whether it writes over input `over`) of a generic group: the
+    default point of its search space, else row by row (_row_steps: groups with reductions over
+    the last axis), else every stage computed whole, one after the other (_stage_steps: vectorised
+    and parallel where they can be), else the same without (always legal). over: the index of an
+    input whose memory the output may take (schedule.inplace decides)."""
     sch = Schedule(*dag)
     tries = [[step for st in sch.stages for step in _stage_steps(st, target)], []]
     if (rows := _row_steps(sch.stages, target)) is not None:
@@ -302,8 +304,11 @@ def _generic_kernel(dag: tuple, target: Target, func: str, dims=None):
             continue
         if steps is rows and not _rows_fit(fn, sch, target):
             continue
-        src, omp = generate_c(dataclasses.replace(fn, name=func), target.lanes, target.threads)
-        return steps, src, omp
+        src_name = dag[0][over].name if over is not None else None
+        inplace = src_name is not None and writes_over(fn, src_name)
+        aliased = frozenset((src_name, fn.args[-1].name)) if inplace else frozenset()
+        src, omp = generate_c(dataclasses.replace(fn, name=func), target.lanes, target.threads, aliased)
+        return steps, src, omp, inplace
     raise AssertionError(f"no schedule lowers for {dag[1].name}: {last_error}")
 
 
@@ -408,7 +413,7 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
             "dynamic": family.dyn.spec()} if family else {}),
         "arena_bytes": arena_bytes,
         "intermediate_bytes": sum(align(t.nbytes) for t in lives),
-        "peak_live_bytes": peak_live_bytes(lives),
+        "peak_live_bytes": peak_live_bytes(lives, _over(low)),
         "weights_bytes": weights.size,
         "weights_sha256": hashlib.sha256(blob).hexdigest(),
         "kernels": len(low.kernels),
@@ -723,6 +728,8 @@ class _Lowered:
     steps: list = field(default_factory=list)
     step_args: list = field(default_factory=list)   # per step: [(value or array)]
     lifetimes: dict = field(default_factory=dict)   # value id -> [first step, last step, bytes]
+    inplace: dict = field(default_factory=dict)     # value id -> the input's whose memory it takes
+    apart: dict = field(default_factory=dict)       # step -> its output's bytes, of the in-place steps
 
 
 def _lower_groups(g: Graph, io: _Interface, db, tgt, choose, say, predictor=None, family=None,
@@ -732,6 +739,7 @@ def _lower_groups(g: Graph, io: _Interface, db, tgt, choose, say, predictor=None
     dimensions vary gets a dynamic kernel (te.dynamic). in_model: the plan's records that lost to
     their defaults in the model (records.PlanRecord.defaults)."""
     low = _Lowered()
+    group_of = {id(g.nodes[k]): gi for gi, grp in enumerate(g.meta["fused_groups"]) for k in grp.nodes}
     for gi, grp in enumerate(g.meta["fused_groups"]):
         ins, out_v = _group_io(g, grp.nodes, io.uses, io.outputs)
         func = f"kernel{len(low.kernels)}"
@@ -739,7 +747,7 @@ def _lower_groups(g: Graph, io: _Interface, db, tgt, choose, say, predictor=None
         if wl is None and (lt := transform_workload(g, grp)) is not None and db.best(lt, tgt)[0] is not None:
             wl = lt                  # a transform a model tune measured: its record, not the generic kernel
         dims = family.dims(gi, wl is not None) if family else None
-        versions = []
+        versions, over = [], None
         if wl is not None and dims is not None:
             task = Task(wl, tgt)
             dims = family.bind(gi, (list(ins) if wl.op == "layout_transform" else _task_binding(g, grp, wl, task.space.inputs))
@@ -752,14 +760,19 @@ def _lower_groups(g: Graph, io: _Interface, db, tgt, choose, say, predictor=None
             if versions:
                 kern = _dispatch(func, versions, kern, len(args) + 1, family.symbol)
         else:
-            kern, args, sched = _generic_group(g, grp.nodes, ins, out_v, tgt, func, dims)
+            over = None if dims is not None else _dying_input(ins, out_v, gi, io, group_of)
+            kern, args, sched, inplace = _generic_group(g, grp.nodes, ins, out_v, tgt, func, dims, over)
+            if inplace:
+                low.inplace[id(out_v)] = id(ins[over])
+                low.apart[gi] = 4 * int(np.prod(out_v.shape))
             where, label, expected = GENERIC, f"{group_summary(g, grp.nodes)} -> {out_v.type_str()}", None
         kern = low.kernels.setdefault(kern.code_hash, kern)
         anchor = g.nodes[grp.anchor] if grp.anchor is not None else g.nodes[grp.nodes[0]]
         low.steps.append(Step(gi, group_summary(g, grp.nodes), anchor.name, kern.func, [], label,
                               wl.key if wl is not None else None, where, expected,
                               sum(flops(g.nodes[k]) for k in grp.nodes), kern.code_hash, sched, dims is not None,
-                              [{"bucket": v, "upto": upto, "source": src} for v, upto, _, src in versions]))
+                              [{"bucket": v, "upto": upto, "source": src} for v, upto, _, src in versions],
+                              over if id(out_v) in low.inplace else None))
         low.step_args.append(args + [out_v])
         for v in args + [out_v]:
             if not io.outside_arena(v):
@@ -767,6 +780,18 @@ def _lower_groups(g: Graph, io: _Interface, db, tgt, choose, say, predictor=None
                 life[1] = max(life[1], gi)
         say(f"[{gi + 1}/{len(g.meta['fused_groups'])}] {low.steps[-1].summary}: {where}")
     return low
+
+
+def _dying_input(ins: list, out_v, gi: int, io: _Interface, group_of: dict) -> int | None:
+    """The index of an input of group `gi` whose memory its output could take: in the arena, as
+    large as the output, and read by no later step."""
+    if io.outside_arena(out_v):
+        return None
+    for k, v in enumerate(ins):
+        if (not io.outside_arena(v) and np.prod(v.shape) == np.prod(out_v.shape)
+                and max(group_of[id(n)] for n in io.uses[id(v)]) == gi):
+            return k
+    return None
 
 
 def _task_kernel(g: Graph, grp, wl, ins: list, db, tgt, choose, func: str, predictor=None, dims=None,
@@ -832,17 +857,18 @@ def _rendered(task: Task, rec) -> list | None:
         return None
 
 
-def _generic_group(g: Graph, nodes: list, ins: list, out_v, tgt, func: str, dims=None) -> tuple:
-    """(Kernel, its arguments, steps) of a group that is no task, built from the operator registry."""
-    sched, src, omp = _generic_kernel(_generic_dag(g, nodes, ins, out_v), tgt, func, dims)
-    return Kernel(func, src, omp, code_hash(src, func)), list(ins), sched
+def _generic_group(g: Graph, nodes: list, ins: list, out_v, tgt, func: str, dims=None, over: int | None = None) -> tuple:
+    """(Kernel, its arguments, steps, whether it writes over input `over`) of a group that is no
+    task, built from the operator registry."""
+    sched, src, omp, inplace = _generic_kernel(_generic_dag(g, nodes, ins, out_v), tgt, func, dims, over)
+    return Kernel(func, src, omp, code_hash(src, func)), list(ins), sched, inplace
 
 
 def _place_arguments(low: _Lowered, io: _Interface) -> tuple:
     """(lifetimes, arena bytes, weights): every step argument placed in the arena (planned from
     the lifetimes), the weights blob, or the model's inputs and outputs."""
     lives = [Lifetime(str(k), n, a, b) for k, (a, b, n) in low.lifetimes.items()]
-    offsets, arena_bytes = plan(lives)
+    offsets, arena_bytes = plan(lives, _over(low))
     weights = _Weights()
     for st, args in zip(low.steps, low.step_args):
         for v in args:
@@ -857,6 +883,11 @@ def _place_arguments(low: _Lowered, io: _Interface) -> tuple:
             else:
                 st.args.append(Arg("arena", offsets[str(id(v))]))
     return lives, arena_bytes, weights
+
+
+def _over(low: _Lowered) -> dict:
+    """memory.plan's `over`: in-place steps' outputs and inputs by their Lifetime names."""
+    return {str(o): str(i) for o, i in low.inplace.items()}
 
 
 def _carried_const(v) -> np.ndarray:
@@ -881,7 +912,7 @@ def _check_tuned(steps: list, logs: list, tgt) -> None:
 
 def _build_library(low: _Lowered, tgt, meta: dict, say) -> tuple:
     """(path of the model's library, its C source): kernels, steps and the executor, declaring meta."""
-    source = executor_source(list(low.kernels.values()), low.steps, declaration(meta))
+    source = executor_source(list(low.kernels.values()), low.steps, declaration(meta), low.apart)
     say(f"building {len(low.kernels)} kernels for {len(low.steps)} steps")
     flags = list(tgt.cflags) + (["-fopenmp"] if any(k.openmp for k in low.kernels.values()) else [])
     lib, err = compile_library(source, flags)

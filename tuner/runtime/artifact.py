@@ -43,6 +43,7 @@ class Step:
     steps: list = field(default_factory=list)
     dynamic: bool = False     # its kernel reads the run's values of the model's symbols (issue 37)
     versions: list = field(default_factory=list)   # [{"bucket", "upto", "source"}]: records at buckets, dispatched on the run's value
+    inplace: int | None = None  # the argument whose memory its output takes (memory.plan), if any
 
     @property
     def anchor(self) -> bool:

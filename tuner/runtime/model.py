@@ -342,6 +342,9 @@ class CompiledModel:
         rows.append(f"arena {m['arena_bytes'] / 2**20:.2f} MiB for {m['intermediate_bytes'] / 2**20:.2f} MiB of "
                     f"intermediates (largest live set {m['peak_live_bytes'] / 2**20:.2f} MiB); "
                     f"weights {m['weights_bytes'] / 2**20:.1f} MiB{huge}")
+        if over := [s for s in self.steps if s.inplace is not None]:
+            rows.append(f"{len(over)} steps write their output over an input read by no later step "
+                        f"({', '.join(sorted({s.summary for s in over}))})")
         if self.symbols:
             dyn = sum(s.dynamic for s in self.steps)
             ranges = ", ".join(f"{y['name']} from {y['lo']} to {y['hi']}" for y in self.symbols)

@@ -127,6 +127,7 @@ class Schedule:
         if st.attach[0] == "inline":
             raise ScheduleError(f"{stage} is inlined and has no loops")
         pos = self._leaf(st, axis)
+        self._not_attached(stage, [axis])
         if not factors or any(not isinstance(f, int) or isinstance(f, bool) or f < 1 for f in factors):
             raise ScheduleError(f"split factors must be positive integers, got {factors}")
         children = [f"{axis}.{k}" for k in range(len(factors) + 1)]
@@ -145,9 +146,17 @@ class Schedule:
         kinds = {st.is_reduce(a) for a in axes}
         if len(kinds) > 1:
             raise ScheduleError("cannot fuse a reduction loop with a spatial loop")
+        self._not_attached(stage, axes)
         fused = "@".join(axes)
         st.relations.append(("fuse", list(axes), fused))
         st.leaves[pos[0]:pos[-1] + 1] = [fused]
+
+    def _not_attached(self, stage: str, axes: list) -> None:
+        """A loop that another stage is computed at stays a loop (split or fuse it before)."""
+        for o in self.stages:
+            if o.attach[0] == "at" and o.attach[1] == stage and o.attach[2] in axes:
+                raise ScheduleError(f"{o.name} is computed at {stage}'s loop {o.attach[2]}; split or fuse that "
+                                    "loop before the compute_at")
 
     def _reorder(self, stage: str, order: list):
         st = self.stage(stage)
