@@ -194,3 +194,44 @@ def test_a_softmax_between_two_matmuls_writes_over_its_scores_in_the_compiled_mo
     loaded = load(m.save(tmp_path / "art"))
     assert [s.inplace for s in loaded.steps] == [s.inplace for s in m.steps]
     np.testing.assert_allclose(loaded.run(**feeds)[0], m.run(**feeds)[0])
+
+
+def _hand(shape, body, temps=()):
+    from tuner.schedule import ir
+    x, o = ir.Buffer("x", shape, "arg"), ir.Buffer("o", shape, "arg")
+    return ir.Func("hand", [x, o], list(temps), body, {"x": x, "o": o, **{t.name: t for t in temps}})
+
+
+def _hand_kernels():
+    """Loop nests lowering does not write today, each of which reads an element of the input after
+    writing it when run in place (a review's counterexamples to a first version of the analysis)."""
+    from tuner.schedule import ir
+    from tuner.te.expr import Add, Cmp, Load, Max, Mul, Var
+    i = Var("i")
+    neg = Mul(Const(-1.0), Load("x", (i,)))
+    t = ir.Buffer("t", (1,), "global")
+    return {
+        "a test read on the way down": _hand((6,), ir.For("i", 6, ir.IfThen(
+            Cmp("<", Const(0.0), Load("x", (Const(0),))), ir.Store("o", (i,), neg)))),
+        "a test read between statements": _hand((3, 2), ir.For("i", 3, ir.Seq([
+            ir.Store("o", (i, Const(0)), Mul(Const(-1.0), Load("x", (i, Const(0))))),
+            ir.IfThen(Cmp("<", Const(0.0), Load("x", (i, Const(0)))), ir.Store("o", (i, Const(1)), Const(1.0))),
+            ir.IfThen(Cmp("<", Load("x", (i, Const(0))), Const(0.0)), ir.Store("o", (i, Const(1)), Const(7.0)))]))),
+        "a loop no access follows": _hand((6,), ir.For("i", 6, ir.For("r", 2, ir.Store(
+            "o", (i,), Mul(Const(2.0), Load("x", (i,))))))),
+        "an unfolded constant index": _hand((6,), ir.Seq([
+            ir.For("i", 6, ir.Store("o", (i,), Mul(Const(2.0), Load("x", (i,))))),
+            ir.Store("t", (Const(0),), Load("x", (Add(Max(Const(13), Const(3)), Const(-10)),))),
+            ir.For("i", 6, ir.Store("o", (i,), Add(Load("o", (i,)), Load("t", (Const(0),)))))]), [t]),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_hand_kernels()))
+def test_a_nest_that_reads_what_it_wrote_over_is_refused(case):
+    from types import SimpleNamespace
+    fn = _hand_kernels()[case]
+    shape = fn.args[0].shape
+    assert not writes_over(fn, "x")
+    data = [np.abs(np.random.default_rng(0).standard_normal(shape)).astype(np.float32) + 0.5]
+    apart, over = _run_both(fn, ([SimpleNamespace(shape=shape)], SimpleNamespace(shape=shape)), data)
+    assert not np.allclose(over, apart)

@@ -7,12 +7,14 @@ the loops inside the level looked at), and anything the rules cannot bound is re
 - The body is walked down while one statement holds every read of the input and write of the
   output; the loops passed on the way are the level's loops.
 - Over the level's loops (run in any order, or in parallel), every access must share one offset
-  in their variables (its `base`), the reads' hull must lie inside the writes' hull, and the
-  writes' hulls of two iterations must not meet (the base's independent parts as digits of a
-  mixed radix: each part's gap wider than the spans of those below it).
+  in their variables (its `base`), which every loop of more than one iteration moves; the reads'
+  hull must lie inside the writes' hull, and the writes' hulls of two iterations must not meet
+  (the base's independent parts as digits of a mixed radix: each part's gap wider than the spans
+  of those below it).
 - Inside one iteration, statements run in order: a statement that reads the input may not read
   what an earlier one wrote; one that reads and writes is checked the same way, a level down (a
-  single store reads where it writes).
+  single store reads where it writes). A test (IfThen) that reads the input is a read before its
+  body.
 """
 from __future__ import annotations
 
@@ -46,6 +48,10 @@ class _Accesses:
 
     def flat(self, buffer: str, indices: tuple):
         return ir.flat_linear(*self.fn.buffers[buffer].stored(indices))
+
+    def tests(self, s: ir.IfThen) -> bool:
+        """Whether the test of `s` reads the input."""
+        return any(True for _ in self._reads(s.cond, {}, s))
 
     def under(self, s: ir.Stmt) -> list:
         if id(s) not in self.memo:
@@ -88,7 +94,7 @@ def _safe(a: _Accesses, s: ir.Stmt, level: list) -> bool:
         if isinstance(s, ir.For):
             level = level + [s]
             s = s.body
-        elif isinstance(s, (ir.Allocate, ir.Unswitch, ir.IfThen)):
+        elif isinstance(s, (ir.Allocate, ir.Unswitch)) or (isinstance(s, ir.IfThen) and not a.tests(s)):
             s = s.body
         elif isinstance(s, ir.Seq) and len(kids := [x for x in s.stmts if a.under(x)]) == 1:
             s = kids[0]
@@ -107,8 +113,10 @@ def _safe(a: _Accesses, s: ir.Stmt, level: list) -> bool:
         return False
     if isinstance(s, ir.Store):
         return True
+    if isinstance(s, ir.IfThen):                  # its test reads before its body writes
+        return _safe(a, s.body, level)
     written: list = []                            # hulls of what earlier statements wrote
-    for piece in _pieces(s):
+    for piece in _pieces(a, s):
         holders = {id(x) for x in ir.stmts(piece)}
         mine = [(k, p) for (k, _, _, h), p in zip(acc, split) if h in holders]
         reads = [p[1] for k, p in mine if k == "r"]
@@ -121,13 +129,14 @@ def _safe(a: _Accesses, s: ir.Stmt, level: list) -> bool:
     return True
 
 
-def _pieces(s: ir.Stmt):
-    """The loops and stores under `s` in the order they run (Seq, Allocate and IfThen opened)."""
+def _pieces(a: _Accesses, s: ir.Stmt):
+    """The loops, stores and tests of the input under `s` in the order they run (Seq, Allocate and
+    the IfThens whose test does not read the input opened)."""
     if isinstance(s, ir.Seq):
         for x in s.stmts:
-            yield from _pieces(x)
-    elif isinstance(s, (ir.Allocate, ir.Unswitch, ir.IfThen)):
-        yield from _pieces(s.body)
+            yield from _pieces(a, x)
+    elif isinstance(s, (ir.Allocate, ir.Unswitch)) or (isinstance(s, ir.IfThen) and not a.tests(s)):
+        yield from _pieces(a, s.body)
     else:
         yield s
 
@@ -139,7 +148,12 @@ def _split(form, loops: dict, outer: dict):
     base, lo, hi = {}, const, const
     for t, c in terms.items():
         names = free_vars(t)
-        if names <= outer.keys():
+        if not names:                             # a constant left unfolded (max(13, 3))
+            v = _evaluate(t, {})
+            if v is None:
+                return None
+            lo, hi = lo + c * v, hi + c * v
+        elif names <= outer.keys():
             base[t] = c
         elif isinstance(t, Var) and t.name in loops:
             span = c * (loops[t.name] - 1)
@@ -163,7 +177,10 @@ def _separate(split: list, kinds: list, outer: dict) -> bool:
     lo, hi = min(h[0] for h in writes), max(h[1] for h in writes)
     if any(r[0] < lo or r[1] > hi for r in reads):
         return False
-    parts = _parts([b for b, _ in split], outer)
+    bases = [b for b, _ in split]
+    if any(n > 1 and v not in {x for b in bases for t in b for x in free_vars(t)} for v, n in outer.items()):
+        return False                              # a loop that no access follows repeats them
+    parts = _parts(bases, outer)
     if parts is None:
         return False
     reach = hi - lo                               # how far the parts below the next one spread
