@@ -235,3 +235,15 @@ def test_a_nest_that_reads_what_it_wrote_over_is_refused(case):
     data = [np.abs(np.random.default_rng(0).standard_normal(shape)).astype(np.float32) + 0.5]
     apart, over = _run_both(fn, ([SimpleNamespace(shape=shape)], SimpleNamespace(shape=shape)), data)
     assert not np.allclose(over, apart)
+
+
+def test_a_dynamic_softmax_writes_over_its_scores_at_every_length(tmp_path):
+    """Checked at the bounds: a run's loops cover a prefix of each extent, a subset of what was proven."""
+    from conftest import ort_run
+    from test_dynamic import _attention_onnx, _compile
+    path = _attention_onnx(tmp_path / "att.onnx", [1, "seq"])
+    model = _compile(path, "x=1x[1..24]x16", threads=2)
+    assert [(s.summary, s.dynamic) for s in model.steps if s.inplace is not None] == [("mul + softmax", True)]
+    for n in (1, 7, 24):
+        x = np.random.default_rng(n).standard_normal((1, n, 16)).astype(np.float32)
+        np.testing.assert_allclose(model.run(x)[0], ort_run(path, x)[0], rtol=1e-4, atol=1e-4, err_msg=f"length {n}")

@@ -760,7 +760,7 @@ def _lower_groups(g: Graph, io: _Interface, db, tgt, choose, say, predictor=None
             if versions:
                 kern = _dispatch(func, versions, kern, len(args) + 1, family.symbol)
         else:
-            over = None if dims is not None else _dying_input(ins, out_v, gi, io, group_of)
+            over = _dying_input(ins, out_v, gi, io, group_of)
             kern, args, sched, inplace = _generic_group(g, grp.nodes, ins, out_v, tgt, func, dims, over)
             if inplace:
                 low.inplace[id(out_v)] = id(ins[over])

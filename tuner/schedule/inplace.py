@@ -2,7 +2,9 @@
 steps: a softmax or LayerNorm whose input dies with it writes back what it read).
 
 Sound and conservative: an access set is bounded by its hull (the range of its flat offset over
-the loops inside the level looked at), and anything the rules cannot bound is refused.
+the loops inside the level looked at), and anything the rules cannot bound is refused (an index
+that reads a dynamic kernel's symbols among them). A dynamic kernel's loops run a prefix of their
+extents, and a subset of the accesses proven apart is apart: it is checked at its bounds.
 
 - The body is walked down while one statement holds every read of the input and write of the
   output; the loops passed on the way are the level's loops.
@@ -31,7 +33,7 @@ ENUMERATE_LIMIT = 1 << 20       # iterations a base part is evaluated over, at m
 def writes_over(fn: ir.Func, src: str) -> bool:
     """Whether `fn` computes the same when its output (its last argument) is `src`'s memory."""
     out = fn.args[-1].name
-    if fn.symbols or src == out or src not in fn.buffers:
+    if src == out or src not in fn.buffers:
         return False
     a = _Accesses(fn, src, out)
     return a.ok and _safe(a, fn.body, [])
@@ -74,9 +76,7 @@ class _Accesses:
         elif isinstance(s, ir.Seq):
             for x in s.stmts:
                 yield from self._walk(x, loops)
-        elif isinstance(s, ir.For):
-            if s.limit is not None:
-                self.ok = False
+        elif isinstance(s, ir.For):         # a dynamic loop's run is a prefix of its extent: a subset
             yield from self._walk(s.body, {**loops, s.var: s.extent})
         elif isinstance(s, ir.IfThen):
             yield from self._reads(s.cond, loops, s)
