@@ -189,6 +189,7 @@ def test_a_softmax_between_two_matmuls_writes_over_its_scores_in_the_compiled_mo
     [sm] = [s for s in m.steps if s.summary == "softmax"]
     assert sm.inplace == 0 and sm.args[0] == sm.args[-1] and sm.args[0].kind == "arena"
     assert m.meta["arena_bytes"] < m.meta["intermediate_bytes"]
+    assert "1 step writes its output over an input read by no later step (softmax)" in m.report()
     np.testing.assert_allclose(m.run(**feeds)[0], ort_run(tmp_path / "att.onnx", feeds)[0], rtol=1e-4, atol=1e-5)
     assert all(t > 0 for t in m.time(list(feeds.values()), step=sm.index, repeat=2, min_repeat_ms=1))
     loaded = load(m.save(tmp_path / "art"))

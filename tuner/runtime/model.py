@@ -343,8 +343,9 @@ class CompiledModel:
                     f"intermediates (largest live set {m['peak_live_bytes'] / 2**20:.2f} MiB); "
                     f"weights {m['weights_bytes'] / 2**20:.1f} MiB{huge}")
         if over := [s for s in self.steps if s.inplace is not None]:
-            rows.append(f"{len(over)} steps write their output over an input read by no later step "
-                        f"({', '.join(sorted({s.summary for s in over}))})")
+            one = len(over) == 1
+            rows.append(f"{len(over)} step{'' if one else 's'} write{'s its' if one else ' their'} output over an "
+                        f"input read by no later step ({', '.join(sorted({s.summary for s in over}))})")
         if self.symbols:
             dyn = sum(s.dynamic for s in self.steps)
             ranges = ", ".join(f"{y['name']} from {y['lo']} to {y['hi']}" for y in self.symbols)
