@@ -39,7 +39,7 @@ def main(argv=None) -> int:
                if (x.steps, x.inplace) != (y.steps, y.inplace)]
     same = [i for i in range(len(a.steps)) if i not in changed]
     if not changed:
-        raise SystemExit(f"{da} and {db} run the same code on the same memory in every step")
+        raise SystemExit(f"{da} and {db} run the same schedules, in place in the same steps")
     med = lambda v: float(np.median(v))        # noqa: E731
     ratio = lambda idx: med(tb[:, idx].sum(1) / ta[:, idx].sum(1)) if idx else float("nan")   # noqa: E731
     rows = []

@@ -248,3 +248,33 @@ def test_a_dynamic_softmax_writes_over_its_scores_at_every_length(tmp_path):
     for n in (1, 7, 24):
         x = np.random.default_rng(n).standard_normal((1, n, 16)).astype(np.float32)
         np.testing.assert_allclose(model.run(x)[0], ort_run(path, x)[0], rtol=1e-4, atol=1e-4, err_msg=f"length {n}")
+
+
+def test_a_group_writes_over_the_first_dying_input_it_may_when_the_first_it_could_may_not_be():
+    from tuner.compiler.compile_model import _generic_kernel
+    a, b = placeholder((2, 8, 8), "in0"), placeholder((2, 8, 8), "in1")
+    y = compute((2, 8, 8), lambda i, j, k: a[i, k, j] - b[i, j, k], "y", inputs=[a, b])   # a read transposed
+    assert _generic_kernel(([a, b], y), TARGET1, "f", None, (0,))[3] is None
+    assert _generic_kernel(([a, b], y), TARGET1, "f", None, (0, 1))[3] == 1
+
+
+def test_a_step_is_timed_on_what_the_steps_before_it_gave_it(tmp_path):
+    """time(step=i) runs the steps before i, not the whole model: an in-place softmax is timed on its
+    scores, not on probabilities the whole run left in their place."""
+    from tuner.compiler import compile_model
+    feeds = _attention(tmp_path / "att.onnx", heads=2, seq=8, d=4)
+    m = compile_model(str(tmp_path / "att.onnx"), threads=1)
+    assert hasattr(m._lib, "tuner_model_prefix")
+    [sm] = [s for s in m.steps if s.inplace is not None]
+    from tuner.runtime.model import _ffi
+    from tuner.toolchain.library import aligned_empty
+    arena, ffi = aligned_empty((m.arena_bytes // 4 + 16,)), _ffi()
+    ins = [np.ascontiguousarray(feeds[s["name"]]) for s in m.meta["inputs"]]
+    outs = [np.empty(s["shape"], np.float32) for s in m.meta["outputs"]]
+    ptrs = lambda arrays: ffi.new("float*[]", [ffi.cast("float*", a.ctypes.data) for a in arrays])  # noqa: E731
+    weights = ffi.cast("char*", m._weights.ctypes.data)
+    base = ffi.cast("char*", arena.ctypes.data)
+    assert m._lib.tuner_model_prefix(sm.index, ptrs(ins), ptrs(outs), base, weights) == 0
+    off = sm.args[0].where // 4
+    scores = np.einsum("hsd,hdt->hst", feeds["q"], feeds["k"]).ravel()
+    np.testing.assert_allclose(arena[off:off + scores.size], scores, rtol=1e-5, atol=1e-5)

@@ -280,12 +280,12 @@ def _rows_fit(fn, sch: Schedule, target: Target) -> bool:
                for name, n in local)       # a cache_write's accumulator has its stage's shape
 
 
-def _generic_kernel(dag: tuple, target: Target, func: str, dims=None, over: int | None = None):
-    """(steps, C source, uses OpenMP, whether it writes over input `over`) of a generic group: the
+def _generic_kernel(dag: tuple, target: Target, func: str, dims=None, over: tuple = ()):
+    """(steps, C source, uses OpenMP, the input it writes over or None) of a generic group: the
     default point of its search space, else row by row (_row_steps: groups with reductions over
     the last axis), else every stage computed whole, one after the other (_stage_steps: vectorised
-    and parallel where they can be), else the same without (always legal). over: the index of an
-    input whose memory the output may take (schedule.inplace decides)."""
+    and parallel where they can be), else the same without (always legal). over: the indices of
+    the inputs whose memory the output may take, the first that schedule.inplace allows taken."""
     sch = Schedule(*dag)
     tries = [[step for st in sch.stages for step in _stage_steps(st, target)], []]
     if (rows := _row_steps(sch.stages, target)) is not None:
@@ -304,11 +304,10 @@ def _generic_kernel(dag: tuple, target: Target, func: str, dims=None, over: int 
             continue
         if steps is rows and not _rows_fit(fn, sch, target):
             continue
-        src_name = dag[0][over].name if over is not None else None
-        inplace = src_name is not None and writes_over(fn, src_name)
-        aliased = frozenset((src_name, fn.args[-1].name)) if inplace else frozenset()
+        taken = next((k for k in over if writes_over(fn, dag[0][k].name)), None)
+        aliased = frozenset((dag[0][taken].name, fn.args[-1].name)) if taken is not None else frozenset()
         src, omp = generate_c(dataclasses.replace(fn, name=func), target.lanes, target.threads, aliased)
-        return steps, src, omp, inplace
+        return steps, src, omp, taken
     raise AssertionError(f"no schedule lowers for {dag[1].name}: {last_error}")
 
 
@@ -760,9 +759,9 @@ def _lower_groups(g: Graph, io: _Interface, db, tgt, choose, say, predictor=None
             if versions:
                 kern = _dispatch(func, versions, kern, len(args) + 1, family.symbol)
         else:
-            over = _dying_input(ins, out_v, gi, io, group_of)
-            kern, args, sched, inplace = _generic_group(g, grp.nodes, ins, out_v, tgt, func, dims, over)
-            if inplace:
+            kern, args, sched, over = _generic_group(g, grp.nodes, ins, out_v, tgt, func, dims,
+                                                     _dying_inputs(ins, out_v, gi, io, group_of))
+            if over is not None:
                 low.inplace[id(out_v)] = id(ins[over])
                 low.apart[gi] = 4 * int(np.prod(out_v.shape))
             where, label, expected = GENERIC, f"{group_summary(g, grp.nodes)} -> {out_v.type_str()}", None
@@ -782,16 +781,13 @@ def _lower_groups(g: Graph, io: _Interface, db, tgt, choose, say, predictor=None
     return low
 
 
-def _dying_input(ins: list, out_v, gi: int, io: _Interface, group_of: dict) -> int | None:
-    """The index of an input of group `gi` whose memory its output could take: in the arena, as
+def _dying_inputs(ins: list, out_v, gi: int, io: _Interface, group_of: dict) -> list:
+    """The indices of the inputs of group `gi` whose memory its output could take: in the arena, as
     large as the output, and read by no later step."""
     if io.outside_arena(out_v):
-        return None
-    for k, v in enumerate(ins):
-        if (not io.outside_arena(v) and np.prod(v.shape) == np.prod(out_v.shape)
-                and max(group_of[id(n)] for n in io.uses[id(v)]) == gi):
-            return k
-    return None
+        return []
+    return [k for k, v in enumerate(ins) if not io.outside_arena(v) and np.prod(v.shape) == np.prod(out_v.shape)
+            and max(group_of[id(n)] for n in io.uses[id(v)]) == gi]
 
 
 def _task_kernel(g: Graph, grp, wl, ins: list, db, tgt, choose, func: str, predictor=None, dims=None,
@@ -857,11 +853,11 @@ def _rendered(task: Task, rec) -> list | None:
         return None
 
 
-def _generic_group(g: Graph, nodes: list, ins: list, out_v, tgt, func: str, dims=None, over: int | None = None) -> tuple:
-    """(Kernel, its arguments, steps, whether it writes over input `over`) of a group that is no
-    task, built from the operator registry."""
-    sched, src, omp, inplace = _generic_kernel(_generic_dag(g, nodes, ins, out_v), tgt, func, dims, over)
-    return Kernel(func, src, omp, code_hash(src, func)), list(ins), sched, inplace
+def _generic_group(g: Graph, nodes: list, ins: list, out_v, tgt, func: str, dims=None, over: list = ()) -> tuple:
+    """(Kernel, its arguments, steps, the input it writes over or None) of a group that is no task,
+    built from the operator registry; over: as _generic_kernel's."""
+    sched, src, omp, taken = _generic_kernel(_generic_dag(g, nodes, ins, out_v), tgt, func, dims, tuple(over))
+    return Kernel(func, src, omp, code_hash(src, func)), list(ins), sched, taken
 
 
 def _place_arguments(low: _Lowered, io: _Interface) -> tuple:

@@ -21,10 +21,16 @@ int tuner_model_run(float** inputs, float** outputs, char* arena, char* weights)
   for (int i = 0; i < %(count)d; ++i) { int rc = tuner_steps[i](&c); if (rc) return 1000 + i; }
   return 0;
 }
-/* a step that writes over its input, run with its output in c->apart: timed alone, it reads
-   what the model gave it on every call */
+/* a step that writes over its input, run with its output in c->apart: timed alone, every call
+   reads what the steps before it gave it, not its own output */
 static const tuner_step_fn tuner_apart[] = { %(apart)s };
 static const long long tuner_apart_bytes[] = { %(apart_bytes)s };
+/* the steps before `upto`, as a run runs them: the data step `upto` is timed on */
+int tuner_model_prefix(int upto, float** inputs, float** outputs, char* arena, char* weights) {
+  tuner_ctx c = { inputs, outputs, arena, weights, 0 };
+  for (int i = 0; i < upto && i < %(count)d; ++i) { int rc = tuner_steps[i](&c); if (rc) return 1000 + i; }
+  return 0;
+}
 static int tuner_call(int step, const tuner_ctx* c) {
   if (step >= %(count)d) return -1;
   if (step >= 0) return c->apart ? tuner_apart[step](c) : tuner_steps[step](c);

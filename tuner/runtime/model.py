@@ -37,6 +37,7 @@ CDEF = """
 int tuner_model_steps(void);
 const char* tuner_model_declared(void);
 int tuner_model_run(float** inputs, float** outputs, char* arena, char* weights);
+int tuner_model_prefix(int upto, float** inputs, float** outputs, char* arena, char* weights);
 int tuner_model_time(int step, float** inputs, float** outputs, char* arena, char* weights, int repeat,
                      double min_repeat_ms, double* costs);
 int tuner_model_profile(float** inputs, float** outputs, char* arena, char* weights, int runs, double* per_step);
@@ -270,9 +271,11 @@ class CompiledModel:
         inputs = self._inputs(self.random_inputs() if inputs is None else inputs, {})
         costs = _ffi().new("double[]", int(repeat))
 
-        def timed(*a):      # the whole model first, so that a step is timed on the data it would see
-            return self._lib.tuner_model_run(*a) or self._lib.tuner_model_time(int(step), *a, int(repeat),
-                                                                              float(min_repeat_ms), costs)
+        prefix = getattr(self._lib, "tuner_model_prefix", None) if step >= 0 else None   # None: built before it
+
+        def timed(*a):      # the steps before it first (else the whole model): the data it would see
+            return ((prefix(int(step), *a) if prefix else self._lib.tuner_model_run(*a))
+                    or self._lib.tuner_model_time(int(step), *a, int(repeat), float(min_repeat_ms), costs))
         self._call(timed, inputs)
         return list(costs)
 
