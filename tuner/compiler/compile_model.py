@@ -727,7 +727,7 @@ class _Lowered:
     steps: list = field(default_factory=list)
     step_args: list = field(default_factory=list)   # per step: [(value or array)]
     lifetimes: dict = field(default_factory=dict)   # value id -> [first step, last step, bytes]
-    inplace: dict = field(default_factory=dict)     # value id -> the input's whose memory it takes
+    inplace: dict = field(default_factory=dict)     # value id -> that of the input whose memory it takes
     apart: dict = field(default_factory=dict)       # step -> its output's bytes, of the in-place steps
 
 
@@ -770,8 +770,7 @@ def _lower_groups(g: Graph, io: _Interface, db, tgt, choose, say, predictor=None
         low.steps.append(Step(gi, group_summary(g, grp.nodes), anchor.name, kern.func, [], label,
                               wl.key if wl is not None else None, where, expected,
                               sum(flops(g.nodes[k]) for k in grp.nodes), kern.code_hash, sched, dims is not None,
-                              [{"bucket": v, "upto": upto, "source": src} for v, upto, _, src in versions],
-                              over if id(out_v) in low.inplace else None))
+                              [{"bucket": v, "upto": upto, "source": src} for v, upto, _, src in versions], over))
         low.step_args.append(args + [out_v])
         for v in args + [out_v]:
             if not io.outside_arena(v):

@@ -4,10 +4,10 @@ A tensor lives from the step that writes it to the last step that reads it (both
 kernel's output shares no memory with its own inputs), except where a step writes its output over
 an input that dies with it (`over`: a softmax or LayerNorm that schedule.inplace found safe): the
 two are then one tensor. Tensors whose lifetimes overlap get disjoint byte ranges; the others may
-share. Placement is greedy by size, largest first, each at
-the lowest aligned offset that clashes with no placed tensor alive at the same time (the
-"greedy by size" planner of TFLite and TVM's storage rewrite); it is not optimal, but on
-convolutional networks it comes within a few percent of the largest live set.
+share. Placement is greedy by size, largest first, each at the lowest aligned offset that clashes
+with no placed tensor alive at the same time (the "greedy by size" planner of TFLite and TVM's
+storage rewrite); it is not optimal, but on convolutional networks it comes within a few percent
+of the largest live set.
 """
 from __future__ import annotations
 
