@@ -1,5 +1,6 @@
 """In-place steps: a kernel that schedule.inplace lets write over its input computes what it
 computes into a buffer of its own, under every schedule; the memory plan gives the two one range."""
+import dataclasses
 import random
 
 import numpy as np
@@ -96,7 +97,7 @@ def _run_both(fn, dag, data: list) -> tuple:
     """The kernel's output into a buffer of its own, and written over its first input."""
     name = fn.args[-1].name
     plain, _ = generate_c(fn, TARGET1.lanes, TARGET1.threads)
-    fn_over = fn.__class__(**{**fn.__dict__, "name": fn.name + "_over"})
+    fn_over = dataclasses.replace(fn, name=fn.name + "_over")
     over, _ = generate_c(fn_over, TARGET1.lanes, TARGET1.threads, frozenset((fn.args[0].name, name)))
     built = build_batch([(fn.name, plain), (fn_over.name, over)], TARGET1, openmp=True, jobs=1)
     assert not any(b.error for b in built), [b.error for b in built]

@@ -727,8 +727,6 @@ class _Lowered:
     steps: list = field(default_factory=list)
     step_args: list = field(default_factory=list)   # per step: [(value or array)]
     lifetimes: dict = field(default_factory=dict)   # value id -> [first step, last step, bytes]
-    inplace: dict = field(default_factory=dict)     # value id -> that of the input whose memory it takes
-    apart: dict = field(default_factory=dict)       # step -> its output's bytes, of the in-place steps
 
 
 def _lower_groups(g: Graph, io: _Interface, db, tgt, choose, say, predictor=None, family=None,
@@ -761,9 +759,6 @@ def _lower_groups(g: Graph, io: _Interface, db, tgt, choose, say, predictor=None
         else:
             kern, args, sched, over = _generic_group(g, grp.nodes, ins, out_v, tgt, func, dims,
                                                      _dying_inputs(ins, out_v, gi, io, group_of))
-            if over is not None:
-                low.inplace[id(out_v)] = id(ins[over])
-                low.apart[gi] = 4 * int(np.prod(out_v.shape))
             where, label, expected = GENERIC, f"{group_summary(g, grp.nodes)} -> {out_v.type_str()}", None
         kern = low.kernels.setdefault(kern.code_hash, kern)
         anchor = g.nodes[grp.anchor] if grp.anchor is not None else g.nodes[grp.nodes[0]]
@@ -882,7 +877,8 @@ def _place_arguments(low: _Lowered, io: _Interface) -> tuple:
 
 def _over(low: _Lowered) -> dict:
     """memory.plan's `over`: in-place steps' outputs and inputs by their Lifetime names."""
-    return {str(o): str(i) for o, i in low.inplace.items()}
+    return {str(id(args[-1])): str(id(args[s.inplace])) for s, args in zip(low.steps, low.step_args)
+            if s.inplace is not None}
 
 
 def _carried_const(v) -> np.ndarray:
@@ -907,7 +903,9 @@ def _check_tuned(steps: list, logs: list, tgt) -> None:
 
 def _build_library(low: _Lowered, tgt, meta: dict, say) -> tuple:
     """(path of the model's library, its C source): kernels, steps and the executor, declaring meta."""
-    source = executor_source(list(low.kernels.values()), low.steps, declaration(meta), low.apart)
+    apart = {s.index: low.lifetimes[id(args[-1])][2] for s, args in zip(low.steps, low.step_args)
+             if s.inplace is not None}
+    source = executor_source(list(low.kernels.values()), low.steps, declaration(meta), apart)
     say(f"building {len(low.kernels)} kernels for {len(low.steps)} steps")
     flags = list(tgt.cflags) + (["-fopenmp"] if any(k.openmp for k in low.kernels.values()) else [])
     lib, err = compile_library(source, flags)

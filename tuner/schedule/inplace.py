@@ -35,8 +35,7 @@ def writes_over(fn: ir.Func, src: str) -> bool:
     out = fn.args[-1].name
     if src == out or src not in fn.buffers:
         return False
-    a = _Accesses(fn, src, out)
-    return a.ok and _safe(a, fn.body, [])
+    return _safe(_Accesses(fn, src, out), fn.body, [])
 
 
 class _Accesses:
@@ -51,9 +50,11 @@ class _Accesses:
     def flat(self, buffer: str, indices: tuple):
         return ir.flat_linear(*self.fn.buffers[buffer].stored(indices))
 
-    def tests(self, s: ir.IfThen) -> bool:
-        """Whether the test of `s` reads the input."""
-        return any(True for _ in self._reads(s.cond, {}, s))
+    def opens(self, s: ir.Stmt) -> bool:
+        """Whether `s` only wraps its body: an Allocate, an Unswitch, or an IfThen whose test does
+        not read the input (one that does is a read before its body)."""
+        return isinstance(s, (ir.Allocate, ir.Unswitch)) or (
+            isinstance(s, ir.IfThen) and not any(True for _ in self._reads(s.cond, {}, s)))
 
     def under(self, s: ir.Stmt) -> list:
         if id(s) not in self.memo:
@@ -94,7 +95,7 @@ def _safe(a: _Accesses, s: ir.Stmt, level: list) -> bool:
         if isinstance(s, ir.For):
             level = level + [s]
             s = s.body
-        elif isinstance(s, (ir.Allocate, ir.Unswitch)) or (isinstance(s, ir.IfThen) and not a.tests(s)):
+        elif a.opens(s):
             s = s.body
         elif isinstance(s, ir.Seq) and len(kids := [x for x in s.stmts if a.under(x)]) == 1:
             s = kids[0]
@@ -135,7 +136,7 @@ def _pieces(a: _Accesses, s: ir.Stmt):
     if isinstance(s, ir.Seq):
         for x in s.stmts:
             yield from _pieces(a, x)
-    elif isinstance(s, (ir.Allocate, ir.Unswitch)) or (isinstance(s, ir.IfThen) and not a.tests(s)):
+    elif a.opens(s):
         yield from _pieces(a, s.body)
     else:
         yield s
