@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from ..schedule import ir
-from ..schedule.ir import tail_widths, vector_split
+from ..schedule.ir import nest_steps, tail_widths, vector_split
 from ..schedule.lower import c_name
 from ..te.dynamic import symbol_var
 from ..te.expr import (Add, And, Call, Cast, Cmp, Const, Div, Expr, FloorDiv, FloorMod, Load, Max, Min, Mul, Select,
@@ -236,6 +236,8 @@ class CGen:
             self.emit(d, "}")
         elif isinstance(s, ir.Sync):
             pass                      # one thread runs the whole block's loops: nothing to wait for
+        elif isinstance(s, ir.Prefetch):
+            self.emit(d, f"__builtin_prefetch(&{c_name(s.buffer)}[{self.expr(simplify(s.offset, self._bounds()))}], 0, 2);")
         else:
             raise TypeError(f"cannot generate C for {type(s).__name__}")
 
@@ -620,18 +622,6 @@ def _straight_stores(s: ir.Stmt, conds=()) -> list:
     if isinstance(s, ir.IfThen):
         return _straight_stores(s.body, tuple(conds) + (s.cond,))
     raise NotVectorizable(f"body has a {type(s).__name__}")
-
-
-def nest_steps(s: ir.Stmt) -> int:
-    """Statement executions in a loop nest: the C generator unrolls a nest that has at most its
-    auto_unroll_max_step (the cost model's features must see the same loops unrolled)."""
-    if isinstance(s, ir.For):
-        return s.extent * nest_steps(s.body)
-    if isinstance(s, ir.Seq):
-        return sum(nest_steps(x) for x in s.stmts)
-    if isinstance(s, (ir.IfThen, ir.Allocate)):
-        return nest_steps(s.body)
-    return 1
 
 
 def _threaded(s: ir.For, threads: int) -> bool:

@@ -93,6 +93,8 @@ class CudaGen(CGen):
 
     # ------------------------------------------------------------ statements
     def stmt(self, s: ir.Stmt, d: int):
+        if isinstance(s, ir.Prefetch):
+            return                    # a CPU cache hint
         if isinstance(s, ir.Sync):
             if not self.lines or self.lines[-1].strip() != "__syncthreads();":
                 self.emit(d, "__syncthreads();")

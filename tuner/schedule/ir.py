@@ -52,6 +52,14 @@ class Sync(Stmt):
 
 
 @dataclass
+class Prefetch(Stmt):
+    """A hint, no effect on results: fetch the cache line holding `buffer`'s element at the flat
+    offset `offset` into L2 (schedule.prefetch); nothing on a GPU."""
+    buffer: str
+    offset: Expr
+
+
+@dataclass
 class Allocate(Stmt):
     """A buffer local to `body` (a tile computed at a loop of its consumer)."""
     buffer: str
@@ -130,6 +138,19 @@ def map_loops(s: Stmt, fn) -> Stmt:
     if isinstance(s, (IfThen, Allocate, Unswitch)):
         return dataclasses.replace(s, body=map_loops(s.body, fn))
     return s
+
+
+def nest_steps(s: Stmt) -> int:
+    """Statement executions in a loop nest: the C generator unrolls a nest that has at most its
+    auto_unroll_max_step (the cost model's features must see the same loops unrolled); a prefetch
+    is a hint and counts for nothing (adding one never changes what is unrolled)."""
+    if isinstance(s, For):
+        return s.extent * nest_steps(s.body)
+    if isinstance(s, Seq):
+        return sum(nest_steps(x) for x in s.stmts)
+    if isinstance(s, (IfThen, Allocate)):
+        return nest_steps(s.body)
+    return 0 if isinstance(s, Prefetch) else 1
 
 
 def seq(stmts: list) -> Stmt:

@@ -16,6 +16,7 @@ from ..te.expr import (And, Cmp, Const, Expr, FloorDiv, FloorMod, Load, Max, Min
 from . import ir
 from .schedule import Schedule, ScheduleError, Stage
 from .peel import peel_guards, unswitch
+from .prefetch import prefetch_panels
 from .vthread import inject_virtual_threads
 
 _NAME = re.compile(r"[^0-9A-Za-z_]")
@@ -553,4 +554,5 @@ _RELAXED = ("threadIdx.x", "vthread")     # loops a shared buffer serves all of
 def lower(sch: Schedule, func_name: str = "kernel", dims: DynamicDims | None = None) -> ir.Func:
     """The loop nest of a replayed schedule; with `dims`, a dynamic kernel (te.dynamic): its
     buffers at the bound shapes, its loops over the dynamic dimensions stopping at the run's."""
-    return peel_guards(inject_virtual_threads(unswitch(Lowerer(sch, func_name, dims).lower())))
+    return prefetch_panels(peel_guards(inject_virtual_threads(unswitch(Lowerer(sch, func_name, dims).lower()))),
+                           sch.prefetches)

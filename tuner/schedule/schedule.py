@@ -20,6 +20,9 @@ A step is a JSON list whose first element names the primitive:
     ["storage_order", stage, [every axis of the stage's output, outermost first]]
                                              -> its own buffer (a stage computed at a loop) stores
                                                 them in that order; indexing is unchanged
+    ["prefetch", stage, tensor]            -> while one panel of the input `tensor` (what one iteration
+                                                of the outermost loop moving through it reads) is
+                                                computed, the next is fetched into L2 (schedule.prefetch)
     ["bind", stage, axis, "blockIdx.x" | "threadIdx.x" | "vthread"]
                                              -> the loop is the GPU grid / block / a thread's
                                                 interleaved copies of its work (schedule.vthread)
@@ -87,6 +90,7 @@ class Schedule:
         self.stages = [Stage(t.name, t.op, [a.name for a in t.op.axes] + [r.name for r in t.op.reduce_axes])
                        for t in self.tensors.values() if isinstance(t.op, ComputeOp)]
         self.steps: list = []
+        self.prefetches: list = []   # inputs whose next panel the kernel fetches ahead (schedule.prefetch)
 
     # ------------------------------------------------------------ lookup
     def stage(self, name: str) -> Stage:
@@ -236,6 +240,16 @@ class Schedule:
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ScheduleError(f"auto_unroll_max_step must be a non-negative integer, got {value!r}")
         st.auto_unroll[axis] = value
+
+    def _prefetch(self, stage: str, tensor: str):
+        st = self.stage(stage)
+        if tensor not in {t.name for t in self.inputs}:
+            raise ScheduleError(f"{tensor!r} is not an input; prefetch names one of {', '.join(t.name for t in self.inputs)}")
+        if not any(isinstance(n, Load) and n.buffer == tensor for n in _walk_op(st.op)):
+            raise ScheduleError(f"{stage} does not read {tensor}")
+        if tensor in self.prefetches:
+            raise ScheduleError(f"{tensor} is already prefetched")
+        self.prefetches.append(tensor)
 
     def _compute_at(self, stage: str, target: str, axis: str):
         st, tg = self.stage(stage), self.stage(target)

@@ -18,7 +18,7 @@ from .sketch import UNROLL_CHOICES, SearchSpace, divisors
 
 # how often each kind of mutation is tried: tiling matters most
 WEIGHTS = {"tile": 0.6, "reduce": 0.15, "unroll": 0.15, "pad": 0.1, "epilogue": 0.05, "order": 0.1, "major": 0.1,
-           "parallel": 0.05}
+           "parallel": 0.05, "prefetch": 0.05}
 
 
 def _prime_factors(n: int) -> list:
@@ -43,7 +43,8 @@ def mutate(space: SearchSpace, dec: dict, rng: random.Random, attempts: int = 20
         name = rng.choice(names)
         return {**dec, name: rng.choice(options[name])}
     present = {"pad": space.pads, "reduce": space.reduce_axes, "epilogue": space.epilogues, "order": space.orders,
-               "major": space.major_options, "parallel": space.parallel_orders}
+               "major": space.major_options, "parallel": space.parallel_orders,
+               "prefetch": getattr(space, "prefetched", ())}
     kinds = [k for k in WEIGHTS if present.get(k, True)]
     for _ in range(attempts):
         kind = rng.choices(kinds, weights=[WEIGHTS[k] for k in kinds])[0]
@@ -80,6 +81,8 @@ def mutate(space: SearchSpace, dec: dict, rng: random.Random, attempts: int = 20
             new["major"][k] ^= 1
         elif kind == "order":
             new["order"] = rng.choice([o for o in space.orders if o != new.get("order", space.orders[0])])
+        elif kind == "prefetch":
+            new["prefetch"] = 1 - new.get("prefetch", 0)
         elif kind == "parallel":
             opts = space.parallel_orders
             new["parallel"] = rng.choice([o for o in opts if o != new.get("parallel", opts[0])])

@@ -235,6 +235,14 @@ class SearchSpace(DagSketch):
         return PARALLEL_ORDERS if moved != sorted(moved) else ()
 
     @cached_property
+    def prefetched(self) -> tuple:
+        """The constant inputs the reduction reads, whose next panel the tiled sketch's kernel may
+        fetch ahead (decision `prefetch`: schedule.prefetch); () for the other sketches."""
+        if self.kind != "tiled":
+            return ()
+        return tuple(sorted(b for b, _ in self._reads if b in self._constants))
+
+    @cached_property
     def _constants(self) -> frozenset:
         """Names of the inputs that are a model's constants (the weights); the others are the activation."""
         return frozenset(t.name for t in self.inputs if t.name in CONSTANT_INPUTS)
@@ -366,6 +374,8 @@ class SearchSpace(DagSketch):
         dec["order"] = rng.choice(self.orders)
         if self.parallel_orders:
             dec["parallel"] = rng.choice(self.parallel_orders)
+        if self.prefetched:
+            dec["prefetch"] = rng.choice((0, 1))
         return dec
 
     def default(self) -> dict:
@@ -474,6 +484,8 @@ class SearchSpace(DagSketch):
             dec["epilogue"] = "fused"
         if self.parallel_orders:
             dec["parallel"] = PARALLEL_ORDERS[self._input_first_by_default]
+        if self.prefetched:
+            dec["prefetch"] = 1
         return dec
 
     def _block_reduction(self, tile: list, row: int) -> tuple | None:
@@ -734,6 +746,8 @@ class SearchSpace(DagSketch):
         if self.target.threads > 1:
             steps.append(["fuse", out, outer])
             steps.append(["annotate", out, "@".join(outer), "parallel"])
+        if dec.get("prefetch"):     # points logged before the decision existed: none
+            steps += [["prefetch", local, t] for t in self.prefetched]
         if apart:                   # the epilogue's own loop nest, as the injective sketch writes it
             steps += self._injective_steps({"vec": max(self.injective_vecs), "unroll": 1}, inline=False)
         return steps

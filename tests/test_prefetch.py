@@ -1,0 +1,156 @@
+"""The `prefetch` step (schedule.prefetch): a kernel fetches its weight's next panel into L2 while it
+computes the current one. A hint: it must change nothing but the added prefetches, never point
+outside the weight, and never sit where the C compiler would otherwise unroll."""
+import random
+
+import numpy as np
+import pytest
+from conftest import TARGET1, run_kernel
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tuner.codegen.c import generate_c
+from tuner.measure.builder import build_batch
+from tuner.ops import make
+from tuner.schedule import ir
+from tuner.schedule.prefetch import PEELED
+from tuner.schedule.schedule import ScheduleError
+from tuner.space.gpu import GpuSearchSpace
+from tuner.space.mutation import mutate
+from tuner.target import parse_target
+from tuner.task import Task
+from tuner.te.expr import bounds, simplify
+
+
+def _without(steps: list) -> list:
+    return [s for s in steps if s[0] != "prefetch"]
+
+
+def _prefetches(s: ir.Stmt, loops: list):
+    """(the Prefetch, the loops around it outermost first) of each prefetch in a loop nest."""
+    if isinstance(s, ir.Prefetch):
+        yield s, loops
+    elif isinstance(s, ir.For):
+        yield from _prefetches(s.body, loops + [s])
+    elif isinstance(s, ir.Seq):
+        for x in s.stmts:
+            yield from _prefetches(x, loops)
+    elif isinstance(s, (ir.IfThen, ir.Allocate, ir.Unswitch)):
+        yield from _prefetches(s.body, loops)
+
+
+def _c(task, steps) -> str:
+    return generate_c(task.lowered(steps), TARGET1.lanes, TARGET1.threads)[0]
+
+
+def test_the_default_dense_kernel_fetches_its_next_weight_panel_and_computes_the_same_bits():
+    task = Task(make("dense", dict(N=32, C=64, K=96, bias=1)), TARGET1)
+    steps = task.space.steps(task.space.default())
+    assert ["prefetch", "dense", "weight"] in steps
+    assert "__builtin_prefetch(&weight[" in _c(task, steps)
+    cands = [task.candidate(s, func_name=f"f{k}") for k, s in enumerate((steps, _without(steps)))]
+    built = build_batch([(c.func_name, c.source) for c in cands], TARGET1)
+    assert not any(b.error for b in built), [b.error for b in built]
+    inputs, ref = task.data
+    with_, without = (run_kernel(b.lib, b.index, inputs, ref.shape) for b in built)
+    np.testing.assert_array_equal(with_, without)
+    np.testing.assert_allclose(with_, ref, rtol=1e-4, atol=1e-4)
+
+
+@st.composite
+def gemm_like(draw):
+    """Small dense and conv workloads whose weights can be read panel by panel."""
+    if draw(st.booleans()):
+        return make("dense", dict(N=draw(st.sampled_from([8, 16, 24, 40])), C=draw(st.sampled_from([17, 32, 48, 96])),
+                                  K=draw(st.sampled_from([16, 48, 96, 112])), bias=int(draw(st.booleans()))))
+    c = draw(st.sampled_from([16, 32, 64]))
+    r = draw(st.sampled_from([1, 3]))
+    return make("conv2d", dict(C=c, H=draw(st.integers(5, 14)), W=draw(st.integers(5, 14)),
+                               K=draw(st.sampled_from([16, 32, 48])), R=r, S=r, pad=r // 2,
+                               stride=draw(st.sampled_from([1, 2])), bias=1, relu=int(draw(st.booleans()))),
+                draw(st.sampled_from(["NCHW16c", "NCHW8c", "NHWC"])))
+
+
+def _point(space, seed: int, mutations: int) -> dict:
+    """A sampled point (mutations < 0) or the default mutated that many times, prefetching."""
+    rng = random.Random(seed)
+    dec = space.sample(rng) if mutations < 0 else space.default()
+    for _ in range(mutations):
+        dec = mutate(space, dec, rng) or dec
+    return {**dec, "prefetch": 1}
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(wl=gemm_like(), seed=st.integers(0, 10**6), mutations=st.integers(-1, 4), threads=st.sampled_from([1, 2]))
+def test_a_prefetch_adds_only_prefetches_inside_the_weight_in_a_loop_the_compiler_keeps(wl, seed, mutations, threads):
+    target = parse_target("cpu", threads=threads)
+    task = Task(wl, target)
+    assert task.space.prefetched == ("weight",)
+    dec = _point(task.space, seed, mutations)
+    steps = task.space.steps(dec)
+    fn = task.lowered(steps)
+    found = list(_prefetches(fn.body, []))
+    code = generate_c(fn, target.lanes, threads)[0]
+    plain = generate_c(task.lowered(_without(steps)), target.lanes, threads)[0]
+    assert [ln for ln in code.splitlines() if "__builtin_prefetch" not in ln] == plain.splitlines()
+    assert code.count("__builtin_prefetch") == len(found)
+    size = int(np.prod(fn.buffers["weight"].shape))
+    for p, loops in found:
+        assert p.buffer == "weight"
+        lo, hi = bounds(simplify(p.offset), {lp.var: (0, lp.extent - 1) for lp in loops})
+        assert 0 <= lo <= hi < size, (lo, hi, size)
+        assert loops[-1].kind == "serial" and loops[-1].extent > PEELED
+
+
+def test_most_mutants_of_a_dense_default_still_prefetch():
+    for threads in (1, 2):
+        task = Task(make("dense", dict(N=40, C=96, K=112, bias=1)), parse_target("cpu", threads=threads))
+        fetching = sum(bool(list(_prefetches(task.lowered(task.space.steps(_point(task.space, seed, seed % 5))).body, [])))
+                       for seed in range(40))
+        assert fetching >= 10, (threads, fetching)
+
+
+def test_every_dense_in_a_bert_layer_and_a_winograd_gemm_are_prefetched_by_default():
+    cases = [make("dense", dict(N=128, C=768, K=3072, bias=1, act="gelu")),
+             make("dense", dict(N=128, C=3072, K=768, bias=1, residual=1)),
+             make("winograd_gemm", dict(C=128, H=28, W=28, K=128, pad=1, m=4), "NHWC")]
+    for wl in cases:
+        task = Task(wl, TARGET1)
+        assert "__builtin_prefetch" in _c(task, task.space.steps(task.space.default())), wl.label
+
+
+def test_a_weight_read_once_with_no_panel_to_reuse_lowers_as_without_the_step():
+    task = Task(make("dense", dict(N=1, C=256, K=64, bias=1)), TARGET1)     # a GEMV: no row reads a panel again
+    steps = task.space.steps(task.space.default())
+    assert ["prefetch", "dense", "weight"] in steps
+    assert _c(task, steps) == _c(task, _without(steps))
+
+
+def test_a_point_logged_before_the_decision_existed_replays_to_the_same_code():
+    task = Task(make("dense", dict(N=32, C=64, K=96, bias=1)), TARGET1)
+    dec = task.space.default()
+    old = {k: v for k, v in dec.items() if k != "prefetch"}
+    assert not any(s[0] == "prefetch" for s in task.space.steps(old))
+    assert mutate(task.space, {**dec, "prefetch": 0}, random.Random(0)) is not None
+
+
+@pytest.mark.parametrize("step, message", [
+    (["prefetch", "dense", "data"], None),
+    (["prefetch", "dense", "nothing"], "is not an input"),
+    (["prefetch", "bias_add", "weight"], "does not read weight"),
+])
+def test_a_prefetch_step_names_an_input_its_stage_reads_once(step, message):
+    task = Task(make("dense", dict(N=8, C=32, K=48, bias=1)), TARGET1)
+    steps = _without(task.space.steps(task.space.default()))
+    if message is None:
+        task.lowered(steps + [step])       # the activation too: legal, a no-op where no panel is found
+        with pytest.raises(ScheduleError, match="already prefetched"):
+            task.lowered(steps + [step, step])
+    else:
+        with pytest.raises(ScheduleError, match=message):
+            task.lowered(steps + [step])
+
+
+def test_the_gpu_space_never_prefetches():
+    space = GpuSearchSpace(make("dense", dict(N=32, C=64, K=96, bias=1)), parse_target("cuda -arch=sm_90"))
+    assert not any(s[0] == "prefetch" for s in space.steps(space.default()))

@@ -1,0 +1,172 @@
+"""Software prefetch of a constant input's next panel (the `prefetch` step).
+
+A GEMM-shaped kernel reads its weight panel by panel: the outermost loop that moves through the
+weight (the panel loop) picks a panel, and the loops inside it read that panel again for every
+row block (the reuse loops). The first row block of each panel reads it from memory at the rate
+of its own compute, faster than one core's memory bandwidth, while the hardware prefetcher sees no
+stream until the panel begins. The rule: while one panel is computed, the next is fetched into L2,
+one line at a time, spread evenly over the iterations inside the panel loop.
+
+It applies where every read of the input has a flat offset affine in loop variables, one panel
+loop (serial or parallel, a static extent) holds them all, some loop inside it does not move the
+offset (the reuse), and a panel's offsets cover one range without gaps (a packed weight). Anything
+else lowers as if the step were absent: the step only ever changes speed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from ..te.expr import Const, FloorDiv, FloorMod, Load, Var, min_expr, simplify, walk
+from . import ir
+
+LINE_FLOATS = 16        # floats in a 64-byte cache line
+MAX_PER_ITERATION = 4   # prefetches in one iteration of the loop they sit in, at most
+# a loop of at most this many iterations the C compiler may unroll whole; a prefetch in it stops
+# that, and a register tile's accumulators then live in memory (a 1x1 conv ran 2.2x slower)
+PEELED = 16
+SPREAD = 0.5            # the share of a panel's iterations its successor's prefetches are spread over
+
+
+def prefetch_panels(fn: ir.Func, tensors: list) -> ir.Func:
+    for t in tensors:
+        fn = _one(fn, t) or fn
+    return fn
+
+
+def _reads(s: ir.Stmt, buffer: str, path: list):
+    """(the Load, the loops around it outermost first) of each read of `buffer`."""
+    if isinstance(s, ir.For):
+        yield from _reads(s.body, buffer, path + [s])
+    elif isinstance(s, ir.Seq):
+        for x in s.stmts:
+            yield from _reads(x, buffer, path)
+    elif isinstance(s, (ir.Allocate, ir.Unswitch)):
+        yield from _reads(s.body, buffer, path)
+    elif isinstance(s, (ir.Store, ir.IfThen)):
+        exprs = (*s.indices, s.value) if isinstance(s, ir.Store) else (s.cond,)
+        for e in exprs:
+            for n in walk(e):
+                if isinstance(n, Load) and n.buffer == buffer:
+                    yield n, path
+        if isinstance(s, ir.IfThen):
+            yield from _reads(s.body, buffer, path)
+
+
+def _digit(t, ranges: dict):
+    """A term of a flat offset as (loop var, divisor, modulus, values it takes): v, v // c or
+    v % c of one loop variable; None for anything else."""
+    if isinstance(t, Var) and t.name in ranges:
+        return t.name, 1, 0, ranges[t.name][1] + 1
+    if (isinstance(t, (FloorDiv, FloorMod)) and isinstance(t.a, Var) and t.a.name in ranges
+            and isinstance(t.b, Const) and t.b.is_int and t.b.value > 0):
+        n, c = ranges[t.a.name][1] + 1, t.b.value
+        return (t.a.name, c, 0, -(-n // c)) if isinstance(t, FloorDiv) else (t.a.name, 1, c, min(c, n))
+    return None
+
+
+def _covers(terms: list) -> int | None:
+    """The length of the range [0, n) that sum(c * v) over v in [0, extent) fills without a gap,
+    or None: each coefficient at most one past the reach of the smaller ones."""
+    reach = 1
+    for c, e in sorted(terms):
+        if c <= 0 or c > reach:
+            return None
+        reach += c * (e - 1)
+    return reach
+
+
+def _one(fn: ir.Func, tensor: str) -> ir.Func | None:
+    buf = fn.buffers.get(tensor)
+    if buf is None:
+        return None
+    reads = list(_reads(fn.body, tensor, []))
+    if not reads:
+        return None
+    forms = []
+    for load, path in reads:
+        ranges = {lp.var: (0, lp.extent - 1) for lp in path}
+        indices, shape = buf.stored(load.indices)
+        ln = ir.flat_linear(tuple(simplify(i, ranges) for i in indices), shape)
+        if ln is None:
+            return None
+        terms = {}
+        for t, c in ln[0].items():
+            d = _digit(t, ranges)
+            if d is None:
+                return None
+            terms[d] = c
+        forms.append((terms, ln[1], path))
+    panel = {id(next(lp for lp in path if any(d[0] == lp.var for d in terms)))
+             for terms, _, path in forms if terms}
+    if len(panel) != 1 or any(not terms for terms, _, _ in forms):
+        return None
+    outer = next(lp for lp in forms[0][2] if id(lp) in panel)
+    steps = {tuple(c for d, c in terms.items() if d[0] == outer.var) for terms, _, _ in forms}
+    whole = (outer.var, 1, 0, outer.extent)
+    if (len(steps) != 1 or any(terms.get(whole) is None for terms, _, _ in forms) or len(next(iter(steps))) != 1
+            or outer.kind not in ("serial", "parallel") or outer.limit is not None or outer.extent < 2):
+        return None            # the panel loop moves the offset by one step per iteration
+    step = next(iter(steps))[0]
+    # the loops every read sits in, from just inside the panel loop down
+    inner = []
+    for lps in zip(*(path for _, _, path in forms)):
+        if len({id(lp) for lp in lps}) != 1:
+            break
+        inner.append(lps[0])
+    unrolled, budget = set(), 0
+    for lp in inner:           # what codegen unrolls (its auto_unroll budget): a prefetch there is copied
+        budget = max(budget, lp.auto_unroll)
+        if lp.kind == "unroll" or (budget and ir.nest_steps(lp) <= budget):
+            unrolled.add(id(lp))
+    inner = inner[[id(lp) for lp in inner].index(id(outer)) + 1:]
+    while inner and (inner[-1].kind != "serial" or inner[-1].extent <= PEELED or id(inner[-1]) in unrolled):
+        inner.pop()            # the prefetch sits in a serial loop, not in a vector or unrolled one
+    if not inner or any(lp.limit is not None for lp in inner):
+        return None
+    moved = {d[0] for terms, _, _ in forms for d in terms}
+    if all(lp.var in moved for lp in inner):
+        return None            # no loop inside reads the panel again: nothing to hide
+    lo = hi = None
+    for terms, const, _ in forms:
+        own = [(c, d[3]) for d, c in terms.items() if d[0] != outer.var]
+        if _covers(own) is None:
+            return None
+        a, b = const, const + sum(c * (n - 1) for c, n in own)
+        lo, hi = (a, b) if lo is None else (min(lo, a), max(hi, b))
+    if step <= 0 or lo < 0 or hi - lo + 1 > 2 * step:
+        return None            # panels overlap by more than one: no stream to get ahead of
+    # every address inside the buffer (a digit-wise bound can overshoot a loop that v // c splits unevenly)
+    size = math.prod(buf.shape)
+    lines = min(-(-(hi - lo + 1) // LINE_FLOATS), (size - 1 - (outer.extent - 1) * step - lo) // LINE_FLOATS + 1)
+    if lines < 1:
+        return None
+    iters = math.prod(lp.extent for lp in inner)
+    count = Const(0)
+    for lp in inner:
+        count = count * Const(lp.extent) + Var(lp.var)
+    per = -(-lines // iters)
+    if per > MAX_PER_ITERATION:
+        return None
+    spacing = 1 if per > 1 else 1 << max(0, int(math.log2(iters * SPREAD / lines)))
+    # no test in the loop: the last panel fetches itself again, and the last line is fetched again
+    # where the iterations outnumber the lines
+    base = min_expr(Var(outer.var) + Const(1), Const(outer.extent - 1)) * Const(step) + Const(lo)
+    fetches = []
+    for j in range(per):
+        line = count * Const(per) + Const(j) if spacing == 1 else count // Const(spacing)
+        fetches.append(ir.Prefetch(tensor, base + min_expr(line, Const(lines - 1)) * Const(LINE_FLOATS)))
+    target = inner[-1]
+    return ir.Func(fn.name, fn.args, fn.temps, _place(fn.body, target, fetches), fn.buffers, fn.symbols)
+
+
+def _place(s: ir.Stmt, target: ir.For, fetches: list) -> ir.Stmt:
+    """`s` with `fetches` first in the body of the loop `target` (found by identity)."""
+    if s is target:
+        return dataclasses.replace(s, body=ir.seq(fetches + [s.body]))
+    if isinstance(s, ir.Seq):
+        return ir.Seq([_place(x, target, fetches) for x in s.stmts])
+    if isinstance(s, (ir.For, ir.IfThen, ir.Allocate, ir.Unswitch)):
+        return dataclasses.replace(s, body=_place(s.body, target, fetches))
+    return s
+
