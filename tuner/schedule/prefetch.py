@@ -108,22 +108,24 @@ def _one(fn: ir.Func, tensor: str) -> ir.Func | None:
             or outer.kind not in ("serial", "parallel") or outer.limit is not None or outer.extent < 2):
         return None            # the panel loop moves the offset by one step per iteration
     step = next(iter(steps))[0]
-    # the loops every read sits in, from just inside the panel loop down
-    inner = []
-    for lps in zip(*(path for _, _, path in forms)):
-        if len({id(lp) for lp in lps}) != 1:
-            break
-        inner.append(lps[0])
-    unrolled, budget = set(), 0
-    for lp in inner:           # what codegen unrolls (its auto_unroll budget): a prefetch there is copied
-        budget = max(budget, lp.auto_unroll)
-        if lp.kind == "unroll" or (budget and ir.nest_steps(lp) <= budget):
-            unrolled.add(id(lp))
-    inner = inner[[id(lp) for lp in inner].index(id(outer)) + 1:]
-    while inner and (inner[-1].kind != "serial" or inner[-1].extent <= PEELED or id(inner[-1]) in unrolled):
-        inner.pop()            # the prefetch sits in a serial loop, not in a vector or unrolled one
-    if not inner or any(lp.limit is not None for lp in inner):
+    # per read, the loops from just inside the panel loop down to the one the prefetch sits in; an
+    # unswitched nest's interior and border copies each get one, over the same loops
+    belows = []
+    for _, _, path in forms:
+        unrolled, budget = set(), 0
+        for lp in path:        # what codegen unrolls (its auto_unroll budget): a prefetch there is copied
+            budget = max(budget, lp.auto_unroll)
+            if lp.kind == "unroll" or (budget and ir.nest_steps(lp) <= budget):
+                unrolled.add(id(lp))
+        below = path[[id(lp) for lp in path].index(id(outer)) + 1:]
+        while below and (below[-1].kind != "serial" or below[-1].extent <= PEELED or id(below[-1]) in unrolled):
+            below.pop()        # the prefetch sits in a serial loop, not in a vector or unrolled one
+        if not below or any(lp.limit is not None for lp in below):
+            return None
+        belows.append(below)
+    if len({tuple((lp.var, lp.extent) for lp in b) for b in belows}) != 1:
         return None
+    inner = belows[0]
     moved = {d[0] for terms, _, _ in forms for d in terms}
     if all(lp.var in moved for lp in inner):
         return None            # no loop inside reads the panel again: nothing to hide
@@ -156,8 +158,10 @@ def _one(fn: ir.Func, tensor: str) -> ir.Func | None:
     for j in range(per):
         line = count * Const(per) + Const(j) if spacing == 1 else count // Const(spacing)
         fetches.append(ir.Prefetch(tensor, base + min_expr(line, Const(lines - 1)) * Const(LINE_FLOATS)))
-    target = inner[-1]
-    return ir.Func(fn.name, fn.args, fn.temps, _place(fn.body, target, fetches), fn.buffers, fn.symbols)
+    body = fn.body
+    for target in {id(b[-1]): b[-1] for b in belows}.values():
+        body = _place(body, target, fetches)
+    return ir.Func(fn.name, fn.args, fn.temps, body, fn.buffers, fn.symbols)
 
 
 def _place(s: ir.Stmt, target: ir.For, fetches: list) -> ir.Stmt:
