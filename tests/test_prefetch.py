@@ -110,8 +110,9 @@ def test_most_mutants_of_a_dense_default_still_prefetch():
         assert fetching >= 10, (threads, fetching)
 
 
-def test_every_dense_in_a_bert_layer_and_a_winograd_gemm_are_prefetched_by_default():
+def test_the_denses_of_bert_and_vit_layers_and_a_winograd_gemm_prefetch_by_default():
     cases = [make("dense", dict(N=128, C=768, K=3072, bias=1, act="gelu")),
+             make("dense", dict(N=197, C=768, K=768, bias=1)),    # ViT's tokens: a peeled last row of tiles
              make("dense", dict(N=128, C=3072, K=768, bias=1, residual=1)),
              make("winograd_gemm", dict(C=128, H=28, W=28, K=128, pad=1, m=4), "NHWC")]
     for wl in cases:

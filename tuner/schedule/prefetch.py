@@ -108,8 +108,7 @@ def _one(fn: ir.Func, tensor: str) -> ir.Func | None:
             or outer.kind not in ("serial", "parallel") or outer.limit is not None or outer.extent < 2):
         return None            # the panel loop moves the offset by one step per iteration
     step = next(iter(steps))[0]
-    # per read, the loops from just inside the panel loop down to the one the prefetch sits in; an
-    # unswitched nest's interior and border copies each get one, over the same loops
+    # per read, the loops from just inside the panel loop down to the one the prefetch sits in
     belows = []
     for _, _, path in forms:
         unrolled, budget = set(), 0
@@ -123,9 +122,11 @@ def _one(fn: ir.Func, tensor: str) -> ir.Func | None:
         if not below or any(lp.limit is not None for lp in below):
             return None
         belows.append(below)
-    if len({tuple((lp.var, lp.extent) for lp in b) for b in belows}) != 1:
-        return None
-    inner = belows[0]
+    # the copies over the most iterations carry it (a peeled last row of tiles, run once at the
+    # panel's end, has fewer loops and none); they all run the same loops, so one count serves
+    sig = lambda b: tuple((lp.var, lp.extent) for lp in b)     # noqa: E731
+    inner = max(belows, key=lambda b: math.prod(lp.extent for lp in b))
+    belows = [b for b in belows if sig(b) == sig(inner)]
     moved = {d[0] for terms, _, _ in forms for d in terms}
     if all(lp.var in moved for lp in inner):
         return None            # no loop inside reads the panel again: nothing to hide
