@@ -15,6 +15,7 @@ from tuner.ops import make
 from tuner.schedule import ir
 from tuner.schedule.prefetch import PEELED
 from tuner.schedule.schedule import ScheduleError
+from tuner.search.optuna_search import _parameter_table
 from tuner.space.gpu import GpuSearchSpace
 from tuner.space.mutation import mutate
 from tuner.target import parse_target
@@ -127,12 +128,19 @@ def test_a_weight_read_once_with_no_panel_to_reuse_lowers_as_without_the_step():
     assert _c(task, steps) == _c(task, _without(steps))
 
 
-def test_a_point_logged_before_the_decision_existed_replays_to_the_same_code():
-    task = Task(make("dense", dict(N=32, C=64, K=96, bias=1)), TARGET1)
-    dec = task.space.default()
+def test_prefetch_is_a_decision_sampled_mutated_and_searched_and_a_point_logged_before_it_has_none():
+    space = Task(make("dense", dict(N=32, C=64, K=96, bias=1)), TARGET1).space
+    dec = space.default()
+    assert space.prefetched == ("weight",) and dec["prefetch"] == 1
     old = {k: v for k, v in dec.items() if k != "prefetch"}
-    assert not any(s[0] == "prefetch" for s in task.space.steps(old))
-    assert mutate(task.space, {**dec, "prefetch": 0}, random.Random(0)) is not None
+    assert space.steps(old) == space.steps({**dec, "prefetch": 0}) == _without(space.steps(dec))
+    rng = random.Random(0)
+    flips = [m for m in (mutate(space, dec, rng) for _ in range(300)) if m and m["prefetch"] != dec["prefetch"]]
+    assert flips and all(dict(m, prefetch=1) == dec for m in flips)
+    assert {space.sample(rng)["prefetch"] for _ in range(40)} == {0, 1}
+    assert ("prefetch", ("prefetch",), [0, 1]) in _parameter_table(space)
+    pool = make("max_pool2d", dict(C=16, H=8, W=8, R=3, S=3, stride=2, pad=1), "NCHW16c")
+    assert Task(pool, TARGET1).space.prefetched == () and "prefetch" not in Task(pool, TARGET1).space.default()
 
 
 @pytest.mark.parametrize("step, message", [

@@ -5,7 +5,7 @@ weight (the panel loop) picks a panel, and the loops inside it read that panel a
 row block (the reuse loops). The first row block of each panel reads it from memory at the rate
 of its own compute, faster than one core's memory bandwidth, while the hardware prefetcher sees no
 stream until the panel begins. The rule: while one panel is computed, the next is fetched into L2,
-one line at a time, spread evenly over the iterations inside the panel loop.
+one line every few iterations, over the first half of the iterations inside the panel loop.
 
 It applies where every read of the input has a flat offset affine in loop variables, one panel
 loop (serial or parallel, a static extent) holds them all, some loop inside it does not move the
@@ -22,8 +22,9 @@ from . import ir
 
 LINE_FLOATS = 16        # floats in a 64-byte cache line
 MAX_PER_ITERATION = 4   # prefetches in one iteration of the loop they sit in, at most
-# a loop of at most this many iterations the C compiler may unroll whole; a prefetch in it stops
-# that, and a register tile's accumulators then live in memory (a 1x1 conv ran 2.2x slower)
+# no prefetch in a loop of this many iterations or fewer: in one around a register tile (a blocked
+# 1x1 conv's 4 x 7, 16 iterations) GCC then kept the tile's accumulators in memory (2.2x slower);
+# a GEMM's longer reduction loop kept them in registers
 PEELED = 16
 SPREAD = 0.5            # the share of a panel's iterations its successor's prefetches are spread over
 
@@ -119,9 +120,12 @@ def _one(fn: ir.Func, tensor: str) -> ir.Func | None:
         below = path[[id(lp) for lp in path].index(id(outer)) + 1:]
         while below and (below[-1].kind != "serial" or below[-1].extent <= PEELED or id(below[-1]) in unrolled):
             below.pop()        # the prefetch sits in a serial loop, not in a vector or unrolled one
-        if not below or any(lp.limit is not None for lp in below):
+        if any(lp.limit is not None for lp in below):
             return None
-        belows.append(below)
+        if below:
+            belows.append(below)
+    if not belows:
+        return None
     # the copies over the most iterations carry it (a peeled last row of tiles, run once at the
     # panel's end, has fewer loops and none); they all run the same loops, so one count serves
     sig = lambda b: tuple((lp.var, lp.extent) for lp in b)     # noqa: E731
