@@ -66,15 +66,15 @@ def _digit(t, ranges: dict):
     return None
 
 
-def _covers(terms: list) -> int | None:
-    """The length of the range [0, n) that sum(c * v) over v in [0, extent) fills without a gap,
-    or None: each coefficient at most one past the reach of the smaller ones."""
+def _gapless(terms: list) -> bool:
+    """Whether sum(c * v) over v in [0, extent) for (c, extent) in `terms` fills a range without a
+    gap: each coefficient at most one past the reach of the smaller ones."""
     reach = 1
     for c, e in sorted(terms):
         if c <= 0 or c > reach:
-            return None
+            return False
         reach += c * (e - 1)
-    return reach
+    return True
 
 
 def _one(fn: ir.Func, tensor: str) -> ir.Func | None:
@@ -103,12 +103,12 @@ def _one(fn: ir.Func, tensor: str) -> ir.Func | None:
     if len(panel) != 1 or any(not terms for terms, _, _ in forms):
         return None
     outer = next(lp for lp in forms[0][2] if id(lp) in panel)
-    steps = {tuple(c for d, c in terms.items() if d[0] == outer.var) for terms, _, _ in forms}
-    whole = (outer.var, 1, 0, outer.extent)
-    if (len(steps) != 1 or any(terms.get(whole) is None for terms, _, _ in forms) or len(next(iter(steps))) != 1
+    # the panel loop moves every read's offset by one step per iteration, and only so
+    steps = {tuple((d, c) for d, c in terms.items() if d[0] == outer.var) for terms, _, _ in forms}
+    if (len(steps) != 1 or [d for d, _ in next(iter(steps))] != [(outer.var, 1, 0, outer.extent)]
             or outer.kind not in ("serial", "parallel") or outer.limit is not None or outer.extent < 2):
-        return None            # the panel loop moves the offset by one step per iteration
-    step = next(iter(steps))[0]
+        return None
+    step = next(iter(steps))[0][1]
     # per read, the loops from just inside the panel loop down to the one the prefetch sits in
     belows = []
     for _, _, path in forms:
@@ -137,7 +137,7 @@ def _one(fn: ir.Func, tensor: str) -> ir.Func | None:
     lo = hi = None
     for terms, const, _ in forms:
         own = [(c, d[3]) for d, c in terms.items() if d[0] != outer.var]
-        if _covers(own) is None:
+        if not _gapless(own):
             return None
         a, b = const, const + sum(c * (n - 1) for c, n in own)
         lo, hi = (a, b) if lo is None else (min(lo, a), max(hi, b))
