@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from ..schedule import ir
-from ..schedule.ir import nest_steps, tail_widths, vector_split
+from ..schedule.ir import tail_widths, unrolled, vector_split
 from ..schedule.lower import c_name
 from ..te.dynamic import symbol_var
 from ..te.expr import (Add, And, Call, Cast, Cmp, Const, Div, Expr, FloorDiv, FloorMod, Load, Max, Min, Mul, Select,
@@ -259,7 +259,7 @@ class CGen:
         elif threaded:
             self.emit(d, f"#pragma omp parallel for num_threads({self.threads})")
             self.uses_openmp = True
-        elif s.kind == "unroll" or (self.unroll_budget and nest_steps(s) <= self.unroll_budget):
+        elif unrolled(s, self.unroll_budget):
             self.emit(d, f"#pragma GCC unroll {s.extent}")
         v = c_name(s.var)
         if plain_end or threaded:

@@ -25,7 +25,7 @@ from ..schedule import ir
 from ..schedule.lower import c_name
 from ..schedule.schedule import ScheduleError
 from ..te.expr import Cmp, Const, Load, Var, free_vars, from_linear, linear, simplify, substitute
-from .c import CGen, NotVectorizable, _straight_stores, nest_steps
+from .c import CGen, NotVectorizable, _straight_stores
 
 PRELUDE = r"""#define TUNER_INF __int_as_float(0x7f800000)
 __device__ __forceinline__ float tuner_fmax(float a, float b) { return (!(a <= b) && b == b) ? a : b; }
@@ -136,7 +136,7 @@ class CudaGen(CGen):
         saved = self.unroll_budget
         if s.auto_unroll:
             self.unroll_budget = max(self.unroll_budget, s.auto_unroll)
-        if s.kind in ("unroll", "vectorize") or (self.unroll_budget and nest_steps(s) <= self.unroll_budget):
+        if s.kind == "vectorize" or ir.unrolled(s, self.unroll_budget):
             self.emit(d, "#pragma unroll")
         self.emit(d, f"for (int {v} = 0; {v} < {s.extent}; ++{v}) {{")
         self.ranges[s.var] = s.extent

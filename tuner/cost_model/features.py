@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..codegen.c import is_float, nest_steps
+from ..codegen.c import is_float
 from ..schedule.ir import vector_lanes
 from ..codegen.cuda import launch_shape
 from ..schedule import ir
@@ -143,7 +143,7 @@ class _Extractor:
                 self._visit(x, loops, allocs, guards, budget)
         elif isinstance(s, ir.For):
             budget = max(budget, s.auto_unroll)
-            if s.kind == "serial" and budget and nest_steps(s) <= budget:
+            if s.kind == "serial" and ir.unrolled(s, budget):
                 s = dataclasses.replace(s, kind="unroll")     # what the C generator unrolls
             self._visit(s.body, loops + [s], allocs, guards, budget)
         elif isinstance(s, ir.IfThen):

@@ -153,6 +153,12 @@ def nest_steps(s: Stmt) -> int:
     return 0 if isinstance(s, Prefetch) else 1
 
 
+def unrolled(s: For, budget: int) -> bool:
+    """Whether the C generator unrolls loop `s` (neither vectorised nor run on threads) under the
+    auto_unroll_max_step `budget` of the loops around it and its own."""
+    return s.kind == "unroll" or bool(budget and nest_steps(s) <= budget)
+
+
 def seq(stmts: list) -> Stmt:
     flat = []
     for s in stmts:

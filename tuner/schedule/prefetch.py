@@ -115,7 +115,7 @@ def _one(fn: ir.Func, tensor: str) -> ir.Func | None:
         unrolled, budget = set(), 0
         for lp in path:        # what codegen unrolls (its auto_unroll budget): a prefetch there is copied
             budget = max(budget, lp.auto_unroll)
-            if lp.kind == "unroll" or (budget and ir.nest_steps(lp) <= budget):
+            if ir.unrolled(lp, budget):
                 unrolled.add(id(lp))
         below = path[[id(lp) for lp in path].index(id(outer)) + 1:]
         while below and (below[-1].kind != "serial" or below[-1].extent <= PEELED or id(below[-1]) in unrolled):

@@ -62,7 +62,7 @@ class OptunaSearch(Policy):
                 dec = {"order": self.space.orders[0], **dec}   # logged before the loop order was one
             if self.space.parallel_orders:
                 dec = {"parallel": self.space.parallel_orders[0], **dec}   # logged before it was one
-            if getattr(self.space, "prefetched", ()):
+            if self.space.prefetched:
                 dec = {"prefetch": 0, **dec}                 # logged before the prefetch was one: none
             try:
                 params = self._params(dec)
@@ -140,7 +140,7 @@ def _parameter_table(space) -> list:
     rows.append(("unroll", ("unroll",), list(UNROLL_CHOICES)))
     rows += [("order", ("order",), list(space.orders))] if space.orders else []
     rows += [("parallel", ("parallel",), list(space.parallel_orders))] if space.parallel_orders else []
-    rows += [("prefetch", ("prefetch",), [0, 1])] if getattr(space, "prefetched", ()) else []
+    rows += [("prefetch", ("prefetch",), [0, 1])] if space.prefetched else []
     return rows
 
 

@@ -44,7 +44,7 @@ def mutate(space: SearchSpace, dec: dict, rng: random.Random, attempts: int = 20
         return {**dec, name: rng.choice(options[name])}
     present = {"pad": space.pads, "reduce": space.reduce_axes, "epilogue": space.epilogues, "order": space.orders,
                "major": space.major_options, "parallel": space.parallel_orders,
-               "prefetch": getattr(space, "prefetched", ())}
+               "prefetch": space.prefetched}
     kinds = [k for k in WEIGHTS if present.get(k, True)]
     for _ in range(attempts):
         kind = rng.choices(kinds, weights=[WEIGHTS[k] for k in kinds])[0]

@@ -116,6 +116,8 @@ class DagSketch:
     elementwise stages after the anchor (its epilogue) and the others, and the axes it tiles.
     The CPU sketches below and the CUDA ones (space.gpu) are built on it."""
 
+    prefetched: tuple = ()      # the inputs a kernel may prefetch (decision `prefetch`): the CPU tiled sketch's
+
     def __init__(self, workload: Workload | None, target, dag: tuple | None = None):
         """The space of `workload`'s compute DAG, or of `dag` = (inputs, output) when given (a fused
         group that no workload describes, compiled by `tuner compile`)."""
