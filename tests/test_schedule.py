@@ -417,6 +417,33 @@ def test_the_default_avx512_conv_tile_keeps_borders_out_of_its_rows_and_fills_sh
             check_schedules([(wl, space.steps(dec))], target)
 
 
+@pytest.mark.parametrize("spec, layout, tile", [
+    ("C=256,H=56,W=56,K=64,R=1,S=1,pad=0", "NCHW16c", (2, 3, 16)),     # 2 vectors of a block by 2 blocks
+    ("C=512,H=7,W=7,K=512,R=3,S=3,pad=1", "NCHW16c", (2, 3, 16)),      # 7 as 3 + 3 + 1
+    ("C=2048,H=7,W=7,K=512,R=1,S=1,pad=0", "NCHW16c", (2, 3, 16)),     # not blocked
+    ("C=256,H=14,W=14,K=256,R=3,S=3,pad=1", "NCHW8c", (4, 3, 8)),      # one vector a block: 4 blocks
+    ("C=64,H=14,W=14,K=24,R=1,S=1,pad=0", "NCHW8c", (1, 14, 8)),       # 3 blocks: none paired
+    ("C=64,H=2,W=2,K=64,R=1,S=1,pad=0", "NCHW16c", (2, 2, 16)),        # a row of 2: the rows fill the rest
+    ("C=96,H=14,W=14,K=96,R=3,S=3,pad=1,groups=96", "NCHW8c", (1, 14, 8)),   # depthwise: no broadcast reuse
+])
+def test_the_default_avx2_conv_tile_feeds_four_vectors_from_each_broadcast_by_three_pixels(spec, layout, tile):
+    """With 16 vector registers, a conv whose input element is broadcast to several output channel
+    blocks holds the block's whole vectors and as many blocks as make 4 vectors per broadcast, by 3
+    pixels of the row (the last tile guarded), reversed: 12 accumulators at most, the pad copied
+    first and the reduction not blocked. Each computes the reference where this host runs AVX2."""
+    wl = parse_spec(f"conv2d:N=1,{spec},stride=1,bias=1,relu=1", layout)
+    for threads in (1, 2):
+        space = SearchSpace(wl, parse_target(f"cpu -isa=avx2 -threads={threads}", check_host=False))
+        dec = space.default()
+        _, kb, oh, ow, vec = [t[2] for t in dec["tile"]]
+        assert space.valid(dec) and (kb, ow, vec) == tile, dec["tile"]
+        assert kb * oh * ow * vec // 8 <= 16 and dec["reduce"] == [1] * len(space.reduce_axes)
+        assert set(dec["pad"].values()) <= {"root"} and (dec["order"] == "reversed") == (kb > 1)
+        if kb > 1:
+            assert kb * oh * ow * vec // 8 <= 12
+        check_schedules([(wl, space.steps(dec))], space.target)
+
+
 @settings(max_examples=12, deadline=None)
 @given(per=st.integers(1, 5), groups=st.integers(2, 4), hw=st.sampled_from([7, 14, 28]), r=st.sampled_from([1, 3]),
        threads=st.integers(1, 2))

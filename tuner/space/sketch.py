@@ -400,7 +400,8 @@ class SearchSpace(DagSketch):
         # the pad inlined with an interior version where the border tiles' tests have registers to
         # spare (32: AVX-512), else a padded copy first: with 16 (AVX2) the border tiles' tests
         # made a 3x3 conv 1.6x slower than the copy (docs/history.md)
-        place = "interior" if self.target.lanes >= 16 and self.pads else "root"
+        wide_regs = self.target.lanes >= 16      # 32 vector registers (AVX-512), else 16 (AVX2)
+        place = "interior" if wide_regs and self.pads else "root"
         last = [d for d in self.last_options if d <= self.target.lanes]
         tile = [[1, 1, 1] for _ in shape]
         order = self.orders[0]
@@ -415,10 +416,13 @@ class SearchSpace(DagSketch):
             tile[-1][2] = max(last) if last else 1
             acc = self._vectors(tile[-1][2])
 
+            # the vector axis's tiles of whole vectors, up to 4 (16 registers pair only those)
+            whole = [d for d in self.last_options if d % self.target.lanes == 0 and d <= 4 * self.target.lanes]
+
             def fit(row) -> tuple:
                 """(accumulators a tile along `row` may hold, the axis paired with it, or None)."""
-                pair = self._broadcast_axis(row)
-                return (24, None) if pair is None else (MAX_ACCUMULATORS - 4, pair)
+                pair = self._broadcast_axis(row) if wide_regs or whole else None
+                return (24, None) if pair is None else (MAX_ACCUMULATORS - 4 if wide_regs else self.accumulator_budget, pair)
 
             # register tile along the axis next to the vector axis (the output row, as in the
             # classic NCHW[x]c schedule), then widen along the largest other axis until enough
@@ -438,7 +442,21 @@ class SearchSpace(DagSketch):
                     row = alt
             rest = sorted((d for d in others if d != row), key=lambda d: -shape[d])
             (cap, pair), enough = fit(row), 12
-            if pair is not None:
+            row_done = False
+            if pair is not None and not wide_regs:
+                # 16 registers: 4 vectors of FMAs per broadcast (the vector axis's whole vectors,
+                # then blocks of `pair`) by 3 pixels of the row, the last tile guarded: 12
+                # accumulators, the weights read as FMA operands (MLAS's FMA3 conv tile: 0.61-0.84x
+                # the time of 14 pixels by one vector on ResNet-50's convs; docs/history.md)
+                tile[-1][2] = max(whole)
+                acc = self._vectors(tile[-1][2])
+                m = max(k for k in (4 // acc, 2, 1) if k * acc <= 4 and self._reuse(pair) % k == 0)
+                tile[pair][2], order, enough = m, "reversed", cap
+                tile[row][2] = min(shape[row], cap // (acc * m))
+                acc *= m * tile[row][2]
+                rest.remove(pair)
+                row_done = True
+            elif pair is not None:
                 tile[pair][2], acc, order = 2, 2 * acc, "reversed"
                 enough = cap
                 rest.remove(pair)
@@ -449,12 +467,12 @@ class SearchSpace(DagSketch):
                 tile[-1][2], acc, cap = vectors * self.target.lanes, vectors, MAX_ACCUMULATORS - 4
                 enough = cap
                 rest = [d for d in rest if d not in self._batch_axes]
-            for d in [row] + rest:
+            for d in ([] if row_done else [row]) + rest:
                 if acc >= enough:
                     break
                 tile[d][2] = register_length(shape[d], cap // acc, d in padded)
                 acc *= tile[d][2]
-            if pair is not None and acc < enough:
+            if pair is not None and wide_regs and acc < enough:
                 # a short row (7, 17, 35 or 8 wide: 7, 9, 7 or 8 pixels) leaves registers: 3 or 4
                 # blocks of the broadcast axis, each broadcast feeding as many FMAs, where the
                 # accumulators fit; 4 x 7 of them leave one register short for the 4 weight vectors
@@ -464,7 +482,7 @@ class SearchSpace(DagSketch):
                 wider = [m for m in (4, 3) if self._reuse(pair) % m == 0 and per * m <= cap]
                 if wider:
                     tile[pair][2], acc = wider[0], per * wider[0]
-            elif pair is not None and tile[row][2] == 14 and (row not in padded or shape[row] >= 56) \
+            elif pair is not None and wide_regs and tile[row][2] == 14 and (row not in padded or shape[row] >= 56) \
                     and self._reuse(pair) % 4 == 0:
                 # an unpadded row (a 1x1 conv's), or a padded one of 56 or more pixels (a quarter
                 # of its 7-pixel tiles hold a border): 4 blocks by 7 pixels rather than 2 by 14,
@@ -475,8 +493,9 @@ class SearchSpace(DagSketch):
         # blocked where each weight vector feeds few pixels (4 blocks by 7: a 3x3 conv's 2 x 14
         # tile blocked ran 1.03-1.3x slower), and where no tile has a border or every one has (a
         # padded row in one tile: no interior to keep apart), the pad then copied first: with a
-        # border test in the chunk's loops, a blocked 3x3 conv ran 1.2-2x slower (docs/history.md)
-        if pair is not None and tile[pair][2] >= 4 \
+        # border test in the chunk's loops, a blocked 3x3 conv ran 1.2-2x slower; with 16 registers
+        # the 3-pixel tile blocked ran 1.8x slower (docs/history.md)
+        if pair is not None and wide_regs and tile[pair][2] >= 4 \
                 and (not self.pads or (row in padded and tile[row][2] >= shape[row])) \
                 and (blocked := self._block_reduction(tile, row)):
             (tile, reduce), place = blocked, "root"
@@ -601,10 +620,10 @@ class SearchSpace(DagSketch):
         return pos(reads), pos(padded)
 
     def _broadcast_axis(self, row: int) -> int | None:
-        """With 32 vector registers (AVX-512), an output axis other than `row` and the vector axis
-        along which an operand read without the vector axis (one element broadcast to all lanes)
-        keeps its element for an even run of steps (`_reuse`) while another operand moves; else None."""
-        if self.target.lanes < 16 or not self.anchor:
+        """An output axis other than `row` and the vector axis along which an operand read without
+        the vector axis (one element broadcast to all lanes) keeps its element for an even run of
+        steps (`_reuse`) while another operand moves; else None."""
+        if not self.anchor:
             return None
         names, loads = self.local_axes, [v for _, v in self._reads]
         for d in range(1, len(names) - 1):
