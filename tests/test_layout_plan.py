@@ -750,9 +750,9 @@ def test_a_solved_plan_that_loses_to_one_layout_or_the_untuned_plan_in_the_whole
 
 
 def test_the_untuned_plan_a_tune_checks_is_the_default_plans_winograd_convs_and_the_default_layout_elsewhere():
-    """default_layout_plan: with 16 lanes, the convs graph.layout_plan.default_plan names take its
-    Winograd layouts and the others NCHW16c; a tune without those layouts has no such plan; with 8
-    lanes it is the one-layout plan."""
+    """default_layout_plan: with 8 or 16 lanes, the convs graph.layout_plan.default_plan names take
+    its Winograd layouts and the others NCHW16c; a tune without those layouts has no such plan; with
+    4 lanes it is the one-layout plan."""
     from tuner.graph.layout_plan import default_plan
     from tuner.model_tuning import default_layout_plan, one_layout_plan
     g = resnet(18, image=64)
@@ -766,7 +766,8 @@ def test_the_untuned_plan_a_tune_checks_is_the_default_plans_winograd_convs_and_
     assert all(plan.layouts[v] == wino.get(v, "NCHW16c") for v in space.domains)
     direct = ("NCHW8c", "NCHW16c")
     assert default_layout_plan(model_layouts(g, direct), g, direct, prices, 16) is None
-    assert default_layout_plan(space, g, layouts, prices, 8).layouts == one_layout_plan(space, layouts, prices).layouts
+    assert default_layout_plan(space, g, layouts, prices, 8).layouts == plan.layouts
+    assert default_layout_plan(space, g, layouts, prices, 4).layouts == one_layout_plan(space, layouts, prices).layouts
 
 
 def test_check_plan_times_each_plan_compiled_whole(tmp_path):
@@ -865,11 +866,11 @@ def test_shipped_conv_records_apply_only_with_a_shipped_plan_that_fits_the_model
     assert m.meta["layout_plan_from"] == "shipped" and "shipped" in {s.source for s in m.steps if s.anchor}
 
 
-def test_a_compile_with_no_plan_runs_wide_3x3_convs_as_winograd_where_the_target_has_32_registers(tmp_cache):
+def test_a_compile_with_no_plan_runs_wide_3x3_convs_as_winograd_where_the_target_has_8_lanes_or_more(tmp_cache):
     """No plan measured: a 3x3 stride-1 conv of 16 input channels or more runs as Winograd F(4x4)
-    from 28 output pixels a side and F(2x2) from 14 where the target has 16 lanes (AVX-512), in
-    the compile's block; strided convs, small images and narrow inputs run directly, and so does
-    every conv with 8 lanes, an unblocked layout or a layout the user chose. Channels padded to
+    from 28 output pixels a side and F(2x2) from 14 where the target has 8 lanes or more (AVX2,
+    AVX-512), in the compile's block; strided convs, small images and narrow inputs run directly,
+    and so does every conv with 4 lanes, an unblocked layout or a layout the user chose. Channels padded to
     whole blocks stay padded under that plan. The compiled model matches ONNX Runtime."""
     import numpy as np
     from tuner.graph.builder import GraphBuilder
@@ -887,12 +888,13 @@ def test_a_compile_with_no_plan_runs_wide_3x3_convs_as_winograd_where_the_target
     want = {"w4": "winograd4@NCHW16c", "w2": "winograd2@NCHW16c"}
     assert default_plan(g, "NCHW16c", 16) == want
     assert default_plan(g, "NCHW8c", 16) == {k: lay.replace("16c", "8c") for k, lay in want.items()}
-    assert default_plan(g, "NCHW16c", 8) == default_plan(g, "NCHW", 16) == default_plan(g, "NHWC", 16) == {}
+    assert default_plan(g, "NCHW16c", 8) == want
+    assert default_plan(g, "NCHW16c", 4) == default_plan(g, "NCHW", 16) == default_plan(g, "NHWC", 16) == {}
     host = parse_target("cpu", 1)
     m = compile_model(g, threads=1, use_shipped=False, predict=False)
-    assert m.meta["layout_plan"] == (want if host.lanes >= 16 else {})
-    assert m.meta["layout_plan_from"] == ("default" if host.lanes >= 16 else None)
-    assert any("winograd_gemm" in (s.workload or "") for s in m.steps) == (host.lanes >= 16)
+    assert m.meta["layout_plan"] == (want if host.lanes >= 8 else {})
+    assert m.meta["layout_plan_from"] == ("default" if host.lanes >= 8 else None)
+    assert any("winograd_gemm" in (s.workload or "") for s in m.steps) == (host.lanes >= 8)
     # the 24 channels the narrow conv writes run as 32 (PadChannels), read as such by the Winograd one
     assert any("C=8,H=28,W=28,K=32," in (s.workload or "") for s in m.steps)
     assert_matches_onnxruntime(m, g)

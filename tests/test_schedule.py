@@ -593,7 +593,8 @@ def test_a_winograd_gemm_defaults_to_several_column_vectors_per_broadcast_and_no
     """With 32 vector registers a Winograd GEMM's default register tile takes up to 4 vectors of
     its output channels (each broadcast input feeds them all) by rows of tiles, not its 6x6
     positions, which both operands read (no reuse); an NCHW16c conv keeps its two channel blocks.
-    With 16 registers (AVX2) the default is as before. Values checked where the host has AVX-512."""
+    With 16 registers (AVX2) 4 vectors by 3 rows (12 accumulators), and an NHWC conv, which has no
+    batch position, keeps one vector by 14 pixels. Values checked where the host has AVX-512."""
     avx512 = parse_target("cpu -isa=avx512", threads=1, check_host=False)
     cases = []
     for params, vectors, rows in ((dict(C=64, H=14, W=14, K=64, pad=1, m=4), 4, [1, 4]),
@@ -609,7 +610,9 @@ def test_a_winograd_gemm_defaults_to_several_column_vectors_per_broadcast_and_no
     assert conv._broadcast_vectors() == 0 and [t[2] for t in conv.default()["tile"]][1:] == [2, 1, 14, 16]
     avx2 = parse_target("cpu -isa=avx2", threads=1, check_host=False)
     wl = make("winograd_gemm", dict(C=64, H=14, W=14, K=64, pad=1, m=4), "NHWC")
-    assert SearchSpace(wl, avx2).default()["tile"][-1][2] == 8
+    assert [t[2] for t in SearchSpace(wl, avx2).default()["tile"]] == [1, 1, 1, 1, 3, 32]
+    nhwc = make("conv2d", dict(C=64, H=14, W=14, K=64, R=1, S=1, stride=1, pad=0, bias=1), "NHWC")
+    assert [t[2] for t in SearchSpace(nhwc, avx2).default()["tile"]] == [1, 1, 14, 8]
     if host_isa() == "avx512":
         check_schedules(cases, avx512)
 

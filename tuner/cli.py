@@ -674,7 +674,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--target", default="cpu", help="'cpu' (this host) or e.g. 'cpu -isa=avx2 -threads=1'")
     c.add_argument("--threads", type=int, help="kernel threads (default: all cores); compiled in")
     c.add_argument("--layout", help="activation layout of convolutions: NCHW, NHWC, NCHW8c, NCHW16c (default; "
-                   "with no layout plan and AVX-512, the 3x3 convs of 14 pixels a side or more as Winograd); "
+                   "with no layout plan, the 3x3 convs of 14 pixels a side or more as Winograd); "
                    "a layout given runs every conv not in a plan in it")
     c.add_argument("--input-shape", action="append", help="NAME=1x3x224x224 for inputs with dynamic dims")
     c.add_argument("--dynamic", action="append", metavar="NAME=1x[1..512]",

@@ -154,9 +154,9 @@ WINOGRAD_MIN_CHANNELS = 16
 
 def default_plan(graph, layout: str, lanes: int) -> dict:
     """{conv name: Winograd choice} by WINOGRAD_DEFAULT, in the block of `layout` (a blocked one),
-    for the convs of 16 input channels or more whose output channels take whole blocks; empty
-    with fewer than 16 lanes (AVX2: its default Winograd schedules are unmeasured)."""
-    if lanes < 16 or not L.block_of(layout):
+    for the convs of 16 input channels or more whose output channels take whole blocks, with 8
+    lanes (AVX2) as with 16 (docs/history.md); empty with fewer (SSE) or an unblocked layout."""
+    if lanes < 8 or not L.block_of(layout):
         return {}
     pre = optimize(graph, passes=PRE_LAYOUT)
     choices = {m: f"winograd{m}@{layout}" for _, m in WINOGRAD_DEFAULT}
