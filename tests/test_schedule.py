@@ -444,6 +444,23 @@ def test_the_default_avx2_conv_tile_feeds_four_vectors_from_each_broadcast_by_th
         check_schedules([(wl, space.steps(dec))], space.target)
 
 
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_a_padded_pool_reads_its_pad_in_place_where_a_padded_conv_with_16_registers_copies_it_first(isa):
+    """A reduction that reads no constant (a max pool) takes the interior version of its pad with 16
+    registers as with 32; a conv copies its pad first with 16 (AVX2) and reads it in place with
+    32. Each computes the reference where this host runs the ISA."""
+    target = parse_target(f"cpu -isa={isa} -threads=1", check_host=False)
+    pool = parse_spec("max_pool2d:N=1,C=32,H=14,W=14,R=3,S=3,stride=2,pad=1", "NCHW16c")
+    conv = parse_spec("conv2d:N=1,C=32,H=14,W=14,K=32,R=3,S=3,stride=1,pad=1,bias=1", "NCHW16c")
+    pool_pad = SearchSpace(pool, target).default()["pad"]
+    conv_pad = SearchSpace(conv, target).default()["pad"]
+    assert pool_pad and set(pool_pad.values()) == {"interior"}
+    assert conv_pad and set(conv_pad.values()) == {"interior" if isa == "avx512" else "root"}
+    if TARGET1.isa == "avx512" or isa == TARGET1.isa:
+        check_schedules([(wl, SearchSpace(wl, target).steps(SearchSpace(wl, target).default())) for wl in (pool, conv)],
+                        target)
+
+
 @settings(max_examples=12, deadline=None)
 @given(per=st.integers(1, 5), groups=st.integers(2, 4), hw=st.sampled_from([7, 14, 28]), r=st.sampled_from([1, 3]),
        threads=st.integers(1, 2))

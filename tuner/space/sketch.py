@@ -398,10 +398,12 @@ class SearchSpace(DagSketch):
                     **({"blocks": "inside"} if self.block_axes else {})}
         shape = self.out_shape
         # the pad inlined with an interior version where the border tiles' tests have registers to
-        # spare (32: AVX-512), else a padded copy first: with 16 (AVX2) the border tiles' tests
-        # made a 3x3 conv 1.6x slower than the copy (docs/history.md)
+        # spare (32: AVX-512, or a reduction that reads no constant: a pool), else a padded copy
+        # first: with 16 (AVX2) the border tiles' tests made a 3x3 conv 1.6x slower than the copy,
+        # and the copy made a max pool 6x slower than its interior version (docs/history.md)
         wide_regs = self.target.lanes >= 16      # 32 vector registers (AVX-512), else 16 (AVX2)
-        place = "interior" if wide_regs and self.pads else "root"
+        weighted = any(buf in self._constants for buf, _ in self._reads) if self.anchor else True
+        place = "interior" if (wide_regs or not weighted) and self.pads else "root"
         last = [d for d in self.last_options if d <= self.target.lanes]
         tile = [[1, 1, 1] for _ in shape]
         order = self.orders[0]
