@@ -402,6 +402,7 @@ class SearchSpace(DagSketch):
         # first: with 16 (AVX2) the border tiles' tests made a 3x3 conv 1.6x slower than the copy,
         # and the copy made a max pool 6x slower than its interior version (docs/history.md)
         wide_regs = self.target.lanes >= 16      # 32 vector registers (AVX-512), else 16 (AVX2)
+        pair_cap = MAX_ACCUMULATORS - 4 if wide_regs else self.accumulator_budget   # a paired tile's accumulators
         weighted = any(buf in self._constants for buf, _ in self._reads) if self.anchor else True
         place = "interior" if (wide_regs or not weighted) and self.pads else "root"
         last = [d for d in self.last_options if d <= self.target.lanes]
@@ -424,7 +425,7 @@ class SearchSpace(DagSketch):
             def fit(row) -> tuple:
                 """(accumulators a tile along `row` may hold, the axis paired with it, or None)."""
                 pair = self._broadcast_axis(row) if wide_regs or whole else None
-                return (24, None) if pair is None else (MAX_ACCUMULATORS - 4 if wide_regs else self.accumulator_budget, pair)
+                return (24, None) if pair is None else (pair_cap, pair)
 
             # register tile along the axis next to the vector axis (the output row, as in the
             # classic NCHW[x]c schedule), then widen along the largest other axis until enough
@@ -444,7 +445,7 @@ class SearchSpace(DagSketch):
                     row = alt
             rest = sorted((d for d in others if d != row), key=lambda d: -shape[d])
             (cap, pair), enough = fit(row), 12
-            row_done = False
+            guarded = False      # 16 registers: the row in tiles of what the accumulators leave, the last guarded
             if pair is not None and not wide_regs:
                 # 16 registers: 4 vectors of FMAs per broadcast (the vector axis's whole vectors,
                 # then blocks of `pair`) by 3 pixels of the row, the last tile guarded: 12
@@ -453,11 +454,8 @@ class SearchSpace(DagSketch):
                 tile[-1][2] = max(whole)
                 acc = self._vectors(tile[-1][2])
                 m = max(k for k in (4 // acc, 2, 1) if k * acc <= 4 and self._reuse(pair) % k == 0)
-                tile[pair][2], order, enough = m, "reversed", cap
-                tile[row][2] = min(shape[row], cap // (acc * m))
-                acc *= m * tile[row][2]
+                tile[pair][2], acc, order, enough, guarded = m, acc * m, "reversed", cap, True
                 rest.remove(pair)
-                row_done = True
             elif pair is not None:
                 tile[pair][2], acc, order = 2, 2 * acc, "reversed"
                 enough = cap
@@ -466,19 +464,16 @@ class SearchSpace(DagSketch):
                 # no such axis, but the broadcast operand does not index the vector axis either
                 # (a Winograd GEMM's columns): up to 4 vectors of it per broadcast, then rows of
                 # axes that not every operand reads (its 6x6 positions are a batch: no reuse)
-                tile[-1][2], acc = vectors * self.target.lanes, vectors
-                cap = enough = MAX_ACCUMULATORS - 4 if wide_regs else self.accumulator_budget
+                # (16 registers: by 3 rows, as a conv's; ResNet-50's Winograd GEMMs alone 0.66-0.95x
+                # the time of 14 rows by one vector)
+                tile[-1][2], acc, cap = vectors * self.target.lanes, vectors, pair_cap
+                enough, guarded = cap, not wide_regs and row not in self._batch_axes
                 rest = [d for d in rest if d not in self._batch_axes]
-                if not wide_regs and row not in self._batch_axes:
-                    # 16 registers: by 3 rows of the row axis, the last tile guarded, as a conv's
-                    # (ResNet-50's Winograd GEMMs alone: 0.66-0.95x the time of 14 rows by one vector)
-                    tile[row][2] = min(shape[row], cap // acc)
-                    acc *= tile[row][2]
-                    row_done = True
-            for d in ([] if row_done else [row]) + rest:
+            for d in [row] + rest:
                 if acc >= enough:
                     break
-                tile[d][2] = register_length(shape[d], cap // acc, d in padded)
+                tile[d][2] = (min(shape[d], cap // acc) if guarded and d == row
+                              else register_length(shape[d], cap // acc, d in padded))
                 acc *= tile[d][2]
             if pair is not None and wide_regs and acc < enough:
                 # a short row (7, 17, 35 or 8 wide: 7, 9, 7 or 8 pixels) leaves registers: 3 or 4
