@@ -17,7 +17,7 @@ from tuner.schedule.schedule import Schedule, ScheduleError, replay
 from tuner.space.mutation import mutate
 from tuner.schedule import ir
 from tuner.schedule.ir import vector_split
-from tuner.space.sketch import PAD_PLACES, SearchSpace
+from tuner.space.sketch import COPY_READS, LOAD_ACCUMULATORS, PAD_PLACES, SearchSpace
 from tuner.target import host_isa, parse_target
 from tuner.task import Task
 from tuner.te.expr import Cmp, Const, FloorDiv, FloorMod, Select, Var, coefficient, simplify, walk
@@ -423,14 +423,16 @@ def test_the_default_avx512_conv_tile_keeps_borders_out_of_its_rows_and_fills_sh
     ("C=2048,H=7,W=7,K=512,R=1,S=1,pad=0", "NCHW16c", (2, 3, 16)),     # not blocked
     ("C=256,H=14,W=14,K=256,R=3,S=3,pad=1", "NCHW8c", (4, 3, 8)),      # one vector a block: 4 blocks
     ("C=64,H=14,W=14,K=24,R=1,S=1,pad=0", "NCHW8c", (1, 14, 8)),       # 3 blocks: none paired
+    ("C=64,H=14,W=14,K=48,R=1,S=1,pad=0", "NCHW16c", (1, 6, 16)),      # 3 blocks: a block's 2 vectors by 6
+    ("C=32,H=28,W=28,K=16,R=1,S=1,pad=0", "NCHW16c", (1, 6, 16)),      # one block
     ("C=64,H=2,W=2,K=64,R=1,S=1,pad=0", "NCHW16c", (2, 2, 16)),        # a row of 2: the rows fill the rest
-    ("C=96,H=14,W=14,K=96,R=3,S=3,pad=1,groups=96", "NCHW8c", (1, 14, 8)),   # depthwise: no broadcast reuse
 ])
 def test_the_default_avx2_conv_tile_feeds_four_vectors_from_each_broadcast_by_three_pixels(spec, layout, tile):
     """With 16 vector registers, a conv whose input element is broadcast to several output channel
     blocks holds the block's whole vectors and as many blocks as make 4 vectors per broadcast, by 3
     pixels of the row (the last tile guarded), reversed: 12 accumulators at most, the pad copied
-    first and the reduction not blocked. Each computes the reference where this host runs AVX2."""
+    first and the reduction not blocked; with no pair of blocks, a block of 2 vectors by 6 pixels.
+    Each computes the reference where this host runs AVX2."""
     wl = parse_spec(f"conv2d:N=1,{spec},stride=1,bias=1,relu=1", layout)
     for threads in (1, 2):
         space = SearchSpace(wl, parse_target(f"cpu -isa=avx2 -threads={threads}", check_host=False))
@@ -438,27 +440,54 @@ def test_the_default_avx2_conv_tile_feeds_four_vectors_from_each_broadcast_by_th
         _, kb, oh, ow, vec = [t[2] for t in dec["tile"]]
         assert space.valid(dec) and (kb, ow, vec) == tile, dec["tile"]
         assert kb * oh * ow * vec // 8 <= 16 and dec["reduce"] == [1] * len(space.reduce_axes)
-        assert set(dec["pad"].values()) <= {"root"} and (dec["order"] == "reversed") == (kb > 1)
-        if kb > 1:
+        assert set(dec["pad"].values()) <= {"root"} and (dec["order"] == "reversed") == (kb > 1 or vec > 8)
+        if vec > 8:
             assert kb * oh * ow * vec // 8 <= 12
         check_schedules([(wl, space.steps(dec))], space.target)
 
 
 @pytest.mark.parametrize("isa", ["avx2", "avx512"])
-def test_a_padded_pool_reads_its_pad_in_place_where_a_padded_conv_with_16_registers_copies_it_first(isa):
-    """A reduction that reads no constant (a max pool) takes the interior version of its pad with 16
-    registers as with 32; a conv copies its pad first with 16 (AVX2) and reads it in place with
-    32. Each computes the reference where this host runs the ISA."""
+def test_a_pad_read_few_times_per_element_is_read_in_place_where_a_conv_with_16_registers_copies_it_first(isa):
+    """A reduction that reads each padded element fewer than COPY_READS times (a max pool, a
+    depthwise conv, a 3-channel stem) takes the interior version of its pad with 16 registers as
+    with 32; a conv over many channels copies its pad first with 16 (AVX2) and reads it in place
+    with 32. Each computes the reference where this host runs the ISA."""
     target = parse_target(f"cpu -isa={isa} -threads=1", check_host=False)
-    pool = parse_spec("max_pool2d:N=1,C=32,H=14,W=14,R=3,S=3,stride=2,pad=1", "NCHW16c")
-    conv = parse_spec("conv2d:N=1,C=32,H=14,W=14,K=32,R=3,S=3,stride=1,pad=1,bias=1", "NCHW16c")
-    pool_pad = SearchSpace(pool, target).default()["pad"]
-    conv_pad = SearchSpace(conv, target).default()["pad"]
-    assert pool_pad and set(pool_pad.values()) == {"interior"}
-    assert conv_pad and set(conv_pad.values()) == {"interior" if isa == "avx512" else "root"}
+    in_place = [parse_spec("max_pool2d:N=1,C=32,H=14,W=14,R=3,S=3,stride=2,pad=1", "NCHW16c"),
+                parse_spec("conv2d:N=1,C=32,H=14,W=14,K=32,R=3,S=3,stride=2,pad=1,groups=32,bias=1", "NCHW8c"),
+                parse_spec("conv2d:N=1,C=3,H=32,W=32,K=16,R=3,S=3,stride=2,pad=1,bias=1", "NCHW16c")]
+    copied = parse_spec("conv2d:N=1,C=32,H=14,W=14,K=32,R=3,S=3,stride=1,pad=1,bias=1", "NCHW16c")
+    for wl in in_place:
+        space = SearchSpace(wl, target)
+        assert space._pad_reads_each < COPY_READS and set(space.default()["pad"].values()) == {"interior"}, wl
+    space = SearchSpace(copied, target)
+    assert space._pad_reads_each >= COPY_READS
+    assert set(space.default()["pad"].values()) == {"interior" if isa == "avx512" else "root"}
     if TARGET1.isa == "avx512" or isa == TARGET1.isa:
-        check_schedules([(wl, SearchSpace(wl, target).steps(SearchSpace(wl, target).default())) for wl in (pool, conv)],
-                        target)
+        check_schedules([(wl, SearchSpace(wl, target).steps(SearchSpace(wl, target).default()))
+                         for wl in in_place + [copied]], target)
+
+
+@pytest.mark.parametrize("spec, pixels", [
+    ("C=32,H=112,W=112,R=3,S=3,stride=1", LOAD_ACCUMULATORS),
+    ("C=144,H=56,W=56,R=3,S=3,stride=2", 7),          # 28 wide: the largest divisor in 8
+    ("C=576,H=14,W=14,R=3,S=3,stride=1", 14),         # a row of 14 or less whole
+    ("C=960,H=7,W=7,R=3,S=3,stride=1", 7),
+])
+def test_a_depthwise_conv_with_16_registers_holds_one_row_of_few_accumulators(spec, pixels):
+    """Every FMA of a depthwise conv loads its own input vector (no broadcast read), so with 16
+    vector registers its default tile is one vector by a row of up to 14 pixels whole, else by
+    LOAD_ACCUMULATORS pixels, never by channel blocks (each would hold its own weights), the pad
+    read in place. Each computes the reference where this host runs AVX2."""
+    c = spec.split(",")[0].split("=")[1]
+    for layout in ("NCHW8c", "NCHW16c"):
+        wl = parse_spec(f"conv2d:N=1,{spec},K={c},pad=1,groups={c},bias=1,relu=1", layout)
+        space = SearchSpace(wl, parse_target("cpu -isa=avx2 -threads=1", check_host=False))
+        dec = space.default()
+        assert not space._broadcast_read and space.valid(dec)
+        assert [t[2] for t in dec["tile"]] == [1, 1, 1, pixels, 8], dec["tile"]
+        assert set(dec["pad"].values()) == {"interior"}
+        check_schedules([(wl, space.steps(dec))], space.target)
 
 
 @settings(max_examples=12, deadline=None)

@@ -74,6 +74,8 @@ PANEL_BYTES = 256 * 1024     # a register tile's constant panel over the whole r
 PANEL_CHUNK = 16 * 1024      # ... into chunks of this panel, each kept in L1 while rows of tiles pass over it
 TILE_ROWS = 7                # rows of register tiles that one chunk serves, at most
 BLOCKED_TILE_BYTES = 32 * 1024   # ... and the local tile they accumulate
+LOAD_ACCUMULATORS = 8       # with 16 registers, a tile whose every FMA loads its operands (a depthwise conv)
+COPY_READS = 100            # with 16 registers a pad read fewer times per element than this is not copied first
 PAD_PLACES = ("inline", "root", "tile", "interior")   # where a pad producer is computed (tile: per output tile)
 ORDERS = ("axes", "reversed")  # the register tile's unrolled loops: the output's axis order, or reversed
 PARALLEL_ORDERS = ("axes", "input")  # the fused parallel loop: outer tiles in axis order, or the activation's axes first
@@ -398,13 +400,14 @@ class SearchSpace(DagSketch):
                     **({"blocks": "inside"} if self.block_axes else {})}
         shape = self.out_shape
         # the pad inlined with an interior version where the border tiles' tests have registers to
-        # spare (32: AVX-512, or a reduction that reads no constant: a pool), else a padded copy
-        # first: with 16 (AVX2) the border tiles' tests made a 3x3 conv 1.6x slower than the copy,
-        # and the copy made a max pool 6x slower than its interior version (docs/history.md)
+        # spare (32: AVX-512), or where a copy is not paid back: each padded element read fewer
+        # than COPY_READS times (a pool, a depthwise conv, a 3-channel stem). Else, with 16 (AVX2),
+        # a padded copy first: there the border tiles' tests made 3x3 convs 1.4-2x slower than the
+        # copy, and the copy made a max pool 6x and depthwise convs 3-8x slower than their
+        # interior versions (docs/history.md)
         wide_regs = self.target.lanes >= 16      # 32 vector registers (AVX-512), else 16 (AVX2)
         pair_cap = MAX_ACCUMULATORS - 4 if wide_regs else self.accumulator_budget   # a paired tile's accumulators
-        weighted = any(buf in self._constants for buf, _ in self._reads) if self.anchor else True
-        place = "interior" if (wide_regs or not weighted) and self.pads else "root"
+        place = "interior" if self.pads and (wide_regs or self._pad_reads_each < COPY_READS) else "root"
         last = [d for d in self.last_options if d <= self.target.lanes]
         tile = [[1, 1, 1] for _ in shape]
         order = self.orders[0]
@@ -445,17 +448,31 @@ class SearchSpace(DagSketch):
                     row = alt
             rest = sorted((d for d in others if d != row), key=lambda d: -shape[d])
             (cap, pair), enough = fit(row), 12
+            if not (wide_regs or self._broadcast_read):
+                # 16 registers and every FMA loading its input (a depthwise conv, a pool): a row of
+                # up to 14 whole (both borders in one tile), else LOAD_ACCUMULATORS, never along
+                # axes that every operand reads (a channel block adds a weight register, no reuse):
+                # MobileNetV2's depthwise convs 0.5-0.8x the time of 14 pixels by rows or blocks
+                cap = enough = shape[row] if shape[row] <= 14 else LOAD_ACCUMULATORS
+                rest = [d for d in rest if d not in self._batch_axes]
             guarded = False      # 16 registers: the row in tiles of what the accumulators leave, the last guarded
-            if pair is not None and not wide_regs:
+            # ... or, with no such axis, a broadcast read and a vector axis of 2 to 4 whole vectors
+            # (a conv's single 16-channel block): all of them per broadcast (0.56x the time of 14
+            # pixels by one vector on MobileNetV2's 32 -> 16 1x1 conv)
+            whole_axis = pair is None and self._broadcast_read and self.out_shape[-1] in whole \
+                and self._vectors(self.out_shape[-1]) > 1
+            if (pair is not None or whole_axis) and not wide_regs:
                 # 16 registers: 4 vectors of FMAs per broadcast (the vector axis's whole vectors,
                 # then blocks of `pair`) by 3 pixels of the row, the last tile guarded: 12
                 # accumulators, the weights read as FMA operands (MLAS's FMA3 conv tile: 0.61-0.84x
                 # the time of 14 pixels by one vector on ResNet-50's convs; docs/history.md)
                 tile[-1][2] = max(whole)
                 acc = self._vectors(tile[-1][2])
-                m = max(k for k in (4 // acc, 2, 1) if k * acc <= 4 and self._reuse(pair) % k == 0)
-                tile[pair][2], acc, order, enough, guarded = m, acc * m, "reversed", cap, True
-                rest.remove(pair)
+                if pair is not None:
+                    m = max(k for k in (4 // acc, 2, 1) if k * acc <= 4 and self._reuse(pair) % k == 0)
+                    tile[pair][2], acc = m, acc * m
+                    rest.remove(pair)
+                order, cap, enough, guarded = "reversed", pair_cap, pair_cap, True
             elif pair is not None:
                 tile[pair][2], acc, order = 2, 2 * acc, "reversed"
                 enough = cap
@@ -550,6 +567,11 @@ class SearchSpace(DagSketch):
         if math.prod(s2 for _, s2, _ in new) < 2:
             return None
         return new, [chunk if r == first else e for r, e in self.reduce_axes]
+
+    @cached_property
+    def _pad_reads_each(self) -> float:
+        """Reads of each padded element by the reduction: its iterations over the padded copies' size."""
+        return math.prod(self.out_shape) * math.prod(e for _, e in self.reduce_axes) * 4 / self._pad_bytes
 
     @cached_property
     def _pad_bytes(self) -> int:
@@ -670,8 +692,7 @@ class SearchSpace(DagSketch):
         there are batch axes (a Winograd GEMM's positions): an NHWC 1x1 conv's ran 1.45x slower."""
         if self.target.lanes < 16 and not self._batch_axes:
             return 0
-        last = self.local_axes[-1]
-        if not (any(last not in v for _, v in self._reads) and any(last in v for _, v in self._reads)):
+        if not (self._broadcast_read and any(self.local_axes[-1] in v for _, v in self._reads)):
             return 0
         lanes, e = self.target.lanes, self.out_shape[-1]
         return max([v for v in (2, 3, 4) if e % (v * lanes) == 0], default=0)
@@ -681,6 +702,11 @@ class SearchSpace(DagSketch):
         """(buffer, the axes its indices use) for each read in the reduction's body."""
         return [(n.buffer, frozenset().union(*(free_vars(i) for i in n.indices)))
                 for n in walk(self.anchor_op.body) if isinstance(n, Load)]
+
+    @cached_property
+    def _broadcast_read(self) -> bool:
+        """Whether the reduction reads an operand without the vector axis (one element to all lanes)."""
+        return any(self.local_axes[-1] not in v for _, v in self._reads)
 
     @cached_property
     def _batch_axes(self) -> set:
