@@ -2,6 +2,7 @@
 
     pip install torchvision            # the build matching the installed torch; not a dependency of tuner
     python -m bench.torchvision_sweep [--models squeezenet1_1,densenet121,...] [--threads 1] [--rounds 5] [--dynamo]
+                                      [--target "cpu -isa=avx2"]   # another ISA's code where the host runs it
 
 Each model is built with random weights (and random BatchNorm statistics, so that folding them
 means something), exported by `torch.onnx.export` (opset 17, batch 1; `--dynamo`: torch's dynamo exporter, opset 18), imported and compiled with
@@ -63,7 +64,7 @@ def export(name: str, path: Path, seed: int = 0, dynamo: bool = False) -> Path:
 
 
 def check(name: str, workdir: Path, threads: int, rounds: int, dynamo: bool = False, export=export,
-          feeds=None) -> dict:
+          feeds=None, target: str = "cpu") -> dict:
     """One row: export (by `export(name, path, dynamo=)`), import, compile, run against ONNX Runtime, time;
     on `feeds(name)` (the inputs in order) where given, else on random inputs."""
     from tuner.compare.peers import interleaved, onnxruntime_runner, paired_ratios
@@ -77,7 +78,7 @@ def check(name: str, workdir: Path, threads: int, rounds: int, dynamo: bool = Fa
         graph = load_graph(str(path))
         stage = "compile"
         t = time.perf_counter()
-        m = compile_model(str(path), threads=threads)
+        m = compile_model(str(path), target=target, threads=threads)
         row["compile_s"] = time.perf_counter() - t
         stage = "run"
         inputs = feeds(name) if feeds else m.random_inputs(seed=1)
@@ -122,12 +123,14 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=5, help="timing rounds against ONNX Runtime (0: check only)")
     ap.add_argument("--dynamo", action="store_true", help="export with torch's dynamo exporter (opset 18)")
+    ap.add_argument("--target", default="cpu", help='the compile target, e.g. "cpu -isa=avx2" (default: the host)')
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-torchvision-") as d:
-        rows = sweep(args.models.split(","), Path(d), args.threads, args.rounds, dynamo=args.dynamo)
+        rows = sweep(args.models.split(","), Path(d), args.threads, args.rounds, dynamo=args.dynamo,
+                     target=args.target)
     ok = sum(r.get("ok", False) for r in rows)
-    write_results("torchvision_sweep", args.out, {"threads": args.threads, "rounds": args.rounds,
+    write_results("torchvision_sweep", args.out, {"threads": args.threads, "rounds": args.rounds, "target": args.target,
                                                   "dynamo": args.dynamo, "rows": rows})
     return 0 if ok == len(rows) else 1
 

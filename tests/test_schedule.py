@@ -471,17 +471,18 @@ def test_a_pad_read_few_times_per_element_is_read_in_place_where_a_conv_with_16_
 @pytest.mark.parametrize("spec, pixels", [
     ("C=32,H=112,W=112,R=3,S=3,stride=1", LOAD_ACCUMULATORS),
     ("C=144,H=56,W=56,R=3,S=3,stride=2", 7),          # 28 wide: the largest divisor in 8
-    ("C=576,H=14,W=14,R=3,S=3,stride=1", 14),         # a row of 14 or less whole
+    ("C=576,H=14,W=14,R=3,S=3,stride=1", 7),          # 7 + 7: two border tiles
+    ("C=240,H=14,W=14,R=5,S=5,stride=1", 7),
     ("C=960,H=7,W=7,R=3,S=3,stride=1", 7),
 ])
 def test_a_depthwise_conv_with_16_registers_holds_one_row_of_few_accumulators(spec, pixels):
     """Every FMA of a depthwise conv loads its own input vector (no broadcast read), so with 16
-    vector registers its default tile is one vector by a row of up to 14 pixels whole, else by
-    LOAD_ACCUMULATORS pixels, never by channel blocks (each would hold its own weights), the pad
-    read in place. Each computes the reference where this host runs AVX2."""
-    c = spec.split(",")[0].split("=")[1]
+    vector registers its default tile is one vector by up to LOAD_ACCUMULATORS pixels of the row,
+    never by channel blocks (each would hold its own weights), the pad read in place. Each computes
+    the reference where this host runs AVX2."""
+    c, pad = spec.split(",")[0].split("=")[1], int(spec.split("R=")[1].split(",")[0]) // 2
     for layout in ("NCHW8c", "NCHW16c"):
-        wl = parse_spec(f"conv2d:N=1,{spec},K={c},pad=1,groups={c},bias=1,relu=1", layout)
+        wl = parse_spec(f"conv2d:N=1,{spec},K={c},pad={pad},groups={c},bias=1,relu=1", layout)
         space = SearchSpace(wl, parse_target("cpu -isa=avx2 -threads=1", check_host=False))
         dec = space.default()
         assert not space._broadcast_read and space.valid(dec)

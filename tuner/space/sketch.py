@@ -449,12 +449,13 @@ class SearchSpace(DagSketch):
             rest = sorted((d for d in others if d != row), key=lambda d: -shape[d])
             (cap, pair), enough = fit(row), 12
             if not (wide_regs or self._broadcast_read):
-                # 16 registers and every FMA loading its input (a depthwise conv, a pool): a row of
-                # up to 14 whole (both borders in one tile), else LOAD_ACCUMULATORS, never along
-                # axes that every operand reads (a channel block adds a weight register, no reuse):
-                # MobileNetV2's depthwise convs 0.5-0.8x the time of 14 pixels by rows or blocks
-                cap = enough = shape[row] if shape[row] <= 14 else LOAD_ACCUMULATORS
-                rest = [d for d in rest if d not in self._batch_axes]
+                # 16 registers and every FMA loading its input (a depthwise conv, a pool): up to
+                # LOAD_ACCUMULATORS pixels of the row, two border tiles allowed (a row of 14 as 7 +
+                # 7), never along axes that every operand reads (a channel block adds a weight
+                # register, no reuse): MobileNetV2's depthwise convs 0.5-0.8x the time of 14 pixels
+                # by rows or blocks, MobileNetV3's 5x5 ones at 14x14 0.54x the time of 14 whole
+                cap = enough = LOAD_ACCUMULATORS
+                rest, padded = [d for d in rest if d not in self._batch_axes], set()
             guarded = False      # 16 registers: the row in tiles of what the accumulators leave, the last guarded
             # ... or, with no such axis, a broadcast read and a vector axis of 2 to 4 whole vectors
             # (a conv's single 16-channel block): all of them per broadcast (0.56x the time of 14
