@@ -403,7 +403,7 @@ class SearchSpace(DagSketch):
         # spare (32: AVX-512), or where a copy is not paid back: each padded element read fewer
         # than COPY_READS times (a pool, a depthwise conv, a 3-channel stem). Else, with 16 (AVX2),
         # a padded copy first: there the border tiles' tests made 3x3 convs 1.4-2x slower than the
-        # copy, and the copy made a max pool 6x and depthwise convs 3-8x slower than their
+        # copy, and the copy made a max pool 6x and depthwise convs 3-7x slower than their
         # interior versions (docs/history.md)
         wide_regs = self.target.lanes >= 16      # 32 vector registers (AVX-512), else 16 (AVX2)
         pair_cap = MAX_ACCUMULATORS - 4 if wide_regs else self.accumulator_budget   # a paired tile's accumulators
