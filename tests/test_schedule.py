@@ -464,25 +464,25 @@ def test_a_pad_read_few_times_per_element_is_read_in_place_where_a_conv_with_16_
     assert space._pad_reads_each >= COPY_READS
     assert set(space.default()["pad"].values()) == {"interior" if isa == "avx512" else "root"}
     if TARGET1.isa == "avx512" or isa == TARGET1.isa:
-        check_schedules([(wl, SearchSpace(wl, target).steps(SearchSpace(wl, target).default()))
-                         for wl in in_place + [copied]], target)
+        check_schedules([(wl, (sp := SearchSpace(wl, target)).steps(sp.default())) for wl in in_place + [copied]],
+                        target)
 
 
-@pytest.mark.parametrize("spec, pixels", [
-    ("C=32,H=112,W=112,R=3,S=3,stride=1", LOAD_ACCUMULATORS),
-    ("C=144,H=56,W=56,R=3,S=3,stride=2", 7),          # 28 wide: the largest divisor in 8
-    ("C=576,H=14,W=14,R=3,S=3,stride=1", 7),          # 7 + 7: two border tiles
-    ("C=240,H=14,W=14,R=5,S=5,stride=1", 7),
-    ("C=960,H=7,W=7,R=3,S=3,stride=1", 7),
+@pytest.mark.parametrize("c, hw, r, stride, pixels", [
+    (32, 112, 3, 1, LOAD_ACCUMULATORS),
+    (144, 56, 3, 2, 7),          # 28 wide: the largest divisor in 8
+    (576, 14, 3, 1, 7),          # 7 + 7: two border tiles
+    (240, 14, 5, 1, 7),
+    (960, 7, 3, 1, 7),
 ])
-def test_a_depthwise_conv_with_16_registers_holds_one_row_of_few_accumulators(spec, pixels):
+def test_a_depthwise_conv_with_16_registers_holds_one_row_of_few_accumulators(c, hw, r, stride, pixels):
     """Every FMA of a depthwise conv loads its own input vector (no broadcast read), so with 16
     vector registers its default tile is one vector by up to LOAD_ACCUMULATORS pixels of the row,
     never by channel blocks (each would hold its own weights), the pad read in place. Each computes
     the reference where this host runs AVX2."""
-    c, pad = spec.split(",")[0].split("=")[1], int(spec.split("R=")[1].split(",")[0]) // 2
     for layout in ("NCHW8c", "NCHW16c"):
-        wl = parse_spec(f"conv2d:N=1,{spec},K={c},pad={pad},groups={c},bias=1,relu=1", layout)
+        wl = make("conv2d", dict(C=c, H=hw, W=hw, K=c, R=r, S=r, stride=stride, pad=r // 2, groups=c, bias=1,
+                                 relu=1), layout)
         space = SearchSpace(wl, parse_target("cpu -isa=avx2 -threads=1", check_host=False))
         dec = space.default()
         assert not space._broadcast_read and space.valid(dec)

@@ -457,9 +457,9 @@ class SearchSpace(DagSketch):
                 cap = enough = LOAD_ACCUMULATORS
                 rest, padded = [d for d in rest if d not in self._batch_axes], set()
             guarded = False      # 16 registers: the row in tiles of what the accumulators leave, the last guarded
-            # ... or, with no such axis, a broadcast read and a vector axis of 2 to 4 whole vectors
-            # (a conv's single 16-channel block): all of them per broadcast (0.56x the time of 14
-            # pixels by one vector on MobileNetV2's 32 -> 16 1x1 conv)
+            # with no axis to pair but a broadcast read, a vector axis of 2 to 4 whole vectors (a
+            # conv's single 16-channel block) is taken whole per broadcast in the 16-register tile
+            # below (0.56x the time of 14 pixels by one vector on MobileNetV2's 32 -> 16 1x1 conv)
             whole_axis = pair is None and self._broadcast_read and self.out_shape[-1] in whole \
                 and self._vectors(self.out_shape[-1]) > 1
             if (pair is not None or whole_axis) and not wide_regs:
