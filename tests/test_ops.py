@@ -44,8 +44,9 @@ def test_grouped_conv2d(layout):
 def test_a_grouped_conv_in_a_block_its_group_widths_take_computes_the_reference(width, groups, out_mult, r, stride,
                                                                               block, seed):
     """Grouped (not depthwise) convs in NCHW[x]c, where the block divides both group widths (a
-    block lies in one group: RegNet's group width 8 in NCHW8c): the default and sampled schedules
-    compute the reference; a block no group width takes is refused, naming the layouts that work."""
+    block lies in one group: RegNet's group width 8 in NCHW8c) or holds whole groups of equal in
+    and out widths (ResNeXt's width 4 in NCHW16c): the default and sampled schedules compute the
+    reference; a block that takes neither is refused, naming the layouts that work."""
     import random
 
     from tuner.ops import WorkloadError
@@ -55,13 +56,39 @@ def test_a_grouped_conv_in_a_block_its_group_widths_take_computes_the_reference(
     p = dict(C=c, H=7, W=6, K=k, R=r, S=r, stride=stride, pad=r // 2, groups=groups, bias=1, relu=1)
     layout = f"NCHW{block}c"
     if not grouped_block(c, k, groups, block):
-        with pytest.raises(WorkloadError, match="needs layout NCHW, NHWC or a smaller block"):
+        with pytest.raises(WorkloadError, match="needs layout NCHW, NHWC or another block"):
             make("conv2d", p, layout)
         return
     wl = make("conv2d", p, layout)
     task = Task(wl, TARGET1)
     rng = random.Random(seed)
     check_schedules([(wl, None)] + [(wl, task.space.steps(task.space.sample(rng))) for _ in range(3)])
+
+
+@pytest.mark.parametrize("isa,layout,width", [("avx512", "NCHW16c", 4), ("avx512", "NCHW16c", 2),
+                                               ("avx2", "NCHW8c", 4), ("avx2", "NCHW16c", 4)])
+def test_a_block_of_whole_groups_reads_each_lane_from_one_vector_load_of_its_block(isa, layout, width):
+    """A grouped conv whose block holds several whole groups of up to 4 channels (a 128-bit
+    lane; groups of 8 in a block of 16 take blocks of 8) reads, for each output lane, its
+    group's channels of the same input block: one vector load permuted (a shuffle), never a gather
+    lane by lane, the group's reduction unrolled so that each permutation is a constant; the
+    default and sampled schedules compute the reference in both ISAs' code."""
+    from tuner.target import host_isa, parse_target
+    from tuner.te.layouts import grouped_block
+    target = parse_target(f"cpu -isa={isa} -threads=1", check_host=False)
+    assert grouped_block(32, 32, 8, 16) == 16 and grouped_block(32, 32, 4, 16) == 0 == grouped_block(32, 64, 8, 16)
+    assert grouped_block(32, 32, 4, 8) == 8
+    wl = make("conv2d", dict(C=32, H=6, W=7, K=32, R=3, S=3, pad=1, groups=32 // width, bias=1, relu=1), layout)
+    task = Task(wl, target)
+    lanes = target.lanes
+    src = task.default_candidate().source
+    assert "__builtin_shuffle((*(f32x%d*)&data[" % lanes in src
+    assert "(f32x%d){data[" % lanes not in src
+    assert any(st[0] == "annotate" and st[2:] == ["rcb.0", "unroll"] for st in task.space.steps(task.space.default()))
+    if isa == "avx512" and host_isa() != "avx512":
+        return                       # the code is checked above; this host cannot run it
+    check_schedules([(wl, None)] + [(wl, task.space.steps(task.space.sample(random.Random(k)))) for k in range(3)],
+                    target)
 
 
 @pytest.mark.parametrize("layout", ["OI", "OI16o", "OI8o"])

@@ -133,6 +133,28 @@ def test_a_torch_exported_grouped_conv_runs_in_a_block_its_groups_take_and_match
         assert_matches_onnxruntime(m, load_graph(path), path)
 
 
+def test_a_torch_exported_resnext_stage_keeps_its_narrow_groups_in_its_neighbours_block(tmp_cache, tmp_path):
+    """Group width 4 (ResNeXt-50's first stage), strided too, in NCHW16c and NCHW8c: each block
+    holds whole groups, so the grouped convs run in their neighbours' layout with no transform
+    between them (only the input's and the output's remain), and the model matches ONNX Runtime."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (the [bench] extra)")
+    pytest.importorskip("onnxscript", reason="torch.onnx.export needs onnxscript")
+    nn = torch.nn
+    net = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+                        nn.Conv2d(32, 32, 3, padding=1, groups=8), nn.BatchNorm2d(32), nn.ReLU(),
+                        nn.Conv2d(32, 64, 1), nn.ReLU(), nn.Conv2d(64, 64, 3, stride=2, padding=1, groups=16), nn.ReLU(),
+                        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 4)).eval()
+    path = str(tmp_path / "resnext.onnx")
+    torch.onnx.export(net, (torch.randn(1, 3, 10, 10),), path, input_names=["input"], dynamo=False)
+    from tuner.graph import load as load_graph
+    for layout in ("NCHW16c", "NCHW8c"):
+        m = compile_model(path, threads=1, layout=layout)
+        grouped = [s.workload for s in m.steps if "groups=" in s.workload]
+        assert len(grouped) == 2 and all(w.endswith(f"[{layout}]") for w in grouped), grouped
+        assert sum("layout_transform" in s.summary for s in m.steps) == 2, [s.summary for s in m.steps]
+        assert_matches_onnxruntime(m, load_graph(path), path)
+
+
 def test_a_torch_exported_model_matches_onnxruntime(tmp_cache, tmp_path):
     torch = pytest.importorskip("torch", reason="torch is not installed (the [bench] extra)")
     pytest.importorskip("onnxscript", reason="torch.onnx.export needs onnxscript")

@@ -3,9 +3,11 @@
 Every kernel has the signature `int name(float** args)` (inputs, then output), so one harness
 can run and time any of them. Vectorised loops become explicit vector statements: a load whose
 address moves by one element per lane is a vector load, one that does not move is a scalar that
-broadcasts, anything else is gathered lane by lane. A body that cannot be vectorised (a condition
-or a math call other than erf, tanh and exp that depends on the lane) falls back to a scalar loop under
-`omp simd`: GCC calls the C library lane by lane there, so these three have vector versions here.
+broadcasts, one whose lanes all fall in one aligned vector is that vector permuted (a grouped
+conv's block of whole groups), anything else is gathered lane by lane. A body that cannot be
+vectorised (a condition or a math call other than erf, tanh and exp that depends on the lane) falls
+back to a scalar loop under `omp simd`: GCC calls the C library lane by lane there, so these three
+have vector versions here.
 """
 from __future__ import annotations
 
@@ -518,6 +520,8 @@ class CGen:
                 return f"{c_name(e.buffer)}[{self.expr(off)}]", False
             if coef == 1:
                 return f"(*({vt}*)&{c_name(e.buffer)}[{self.expr(base)}])", True
+            if (shuffled := self._permuted(e.buffer, off, lane, lanes, extra)) is not None:
+                return shuffled, True
             elems = [f"{c_name(e.buffer)}[{self.expr(simplify(substitute(off, {lane: Const(j)}), self._bounds()))}]"
                      for j in range(lanes)]
             return f"(({vt}){{{', '.join(elems)}}})", True
@@ -545,6 +549,25 @@ class CGen:
             b = b if bv else f"(({vt}){{0}} + ({b}))"
             return f"({self.expr(e.cond)} ? {a} : {b})", True
         raise NotVectorizable(f"{type(e).__name__} depends on the lane")
+
+    def _permuted(self, buffer: str, off: Expr, lane: str, lanes: int, extra: dict) -> str | None:
+        """A read whose lanes all fall in one aligned vector of the buffer (offset = a multiple of
+        `lanes` + a part in [0, lanes) that moves with the lane): that vector loaded once and its
+        lanes permuted (a grouped conv's block of whole groups, each lane reading its group's
+        channel: one vpermilps), else None."""
+        ln, shape = linear(off), self.func.buffers[buffer].shape
+        if ln is None or not all(isinstance(d, int) for d in shape) or math.prod(shape) % lanes:
+            return None
+        base, within = {}, {}
+        for t, c in ln[0].items():
+            (base if c % lanes == 0 and lane not in free_vars(t) else within)[t] = c
+        part = from_linear(within, ln[1] % lanes)
+        lo_hi = bounds(part, self._bounds(extra))
+        if lo_hi is None or lo_hi[0] < 0 or lo_hi[1] >= lanes:
+            return None
+        idx = [self.expr(simplify(substitute(part, {lane: Const(j)}), self._bounds())) for j in range(lanes)]
+        vec = f"(*(f32x{lanes}*)&{c_name(buffer)}[{self.expr(from_linear(base, ln[1] - ln[1] % lanes))}])"
+        return vec if idx == [str(j) for j in range(lanes)] else f"__builtin_shuffle({vec}, (i32x{lanes}){{{', '.join(idx)}}})"
 
 
 def _divisions(e: Expr) -> int:

@@ -60,6 +60,14 @@ def conv2d(data: Tensor, kernel: Tensor, layout: str, stride, pads: tuple,
                 padded[n, rcc.var, y * sh + rh.var * dh, x * sw + rw.var * dw, rcb.var]
                 * kernel[kc, rcc.var, rh.var, rw.var, rcb.var, kb], [rcc, rh, rw, rcb]),
             name, tag="conv2d", inputs=[padded, kernel], axis_names=["n", "kc", "oh", "ow", "kb"])
+    if 1 < kib < ib:  # grouped, whole groups in each block: output lane kb reads its group's lanes of block kc
+        rh, rw, rcb = reduce_axis(r_, "rh"), reduce_axis(s_, "rw"), reduce_axis(kib, "rcb")
+        return compute(
+            (n_, occ, oh, ow, ob),
+            lambda n, kc, y, x, kb: sum_reduce(
+                padded[n, kc, y * sh + rh.var * dh, x * sw + rw.var * dw, (kb // kib) * kib + rcb.var]
+                * kernel[kc, 0, rh.var, rw.var, rcb.var, kb], [rh, rw, rcb]),
+            name, tag="conv2d", inputs=[padded, kernel], axis_names=["n", "kc", "oh", "ow", "kb"])
     if kib > 1:       # grouped, each block in one group: output block kc reads its group's input blocks
         per_out, per_in = occ // groups, kernel.shape[1]     # blocks per group, out and in
         rcc, rh, rw, rcb = (reduce_axis(per_in, "rcc"), reduce_axis(r_, "rh"), reduce_axis(s_, "rw"),
@@ -210,8 +218,9 @@ def _conv_build(wl):
     elif lay == "NHWC":
         wshape = (p["R"], p["S"], p["C"] // g, p["K"])
     else:
-        wshape = ((p["K"] // ob, 1, p["R"], p["S"], 1, ob) if g > 1 and g == p["C"] == p["K"]
-                  else (p["K"] // ob, p["C"] // g // ib, p["R"], p["S"], ib, ob))
+        cg = p["C"] // g
+        kib = min(ib, cg)       # the weight's input block: the input's, or a group's width (depthwise: 1)
+        wshape = (p["K"] // ob, cg // kib, p["R"], p["S"], kib, ob)
     data, weight = data_placeholder(wl), placeholder(wshape, "weight")
     out = conv2d(data, weight, lay, p["stride"], pads4(p["pad"]), p["dilation"], g)
     return epilogue(wl, [data, weight], out, ob)
@@ -241,9 +250,9 @@ def _conv_check(wl):
         raise WorkloadError(f"conv2d: groups={g} must divide C={p['C']} and K={p['K']}")
     if L.block_of(wl.layout) and g > 1 and not (g == p["C"] == p["K"]) \
             and not L.grouped_block(p["C"], p["K"], g, L.block_of(wl.layout)):
-        raise WorkloadError(f"conv2d in {wl.layout} supports groups=1, depthwise (groups=C=K) or groups whose "
-                            f"widths its channel block divides; groups={g} of {p['C']} -> {p['K']} channels "
-                            "needs layout NCHW, NHWC or a smaller block")
+        raise WorkloadError(f"conv2d in {wl.layout} supports groups=1, depthwise (groups=C=K) and groups whose "
+                            "widths its channel block divides or whose equal in and out widths divide it; "
+                            f"groups={g} of {p['C']} -> {p['K']} channels needs layout NCHW, NHWC or another block")
     if min(window_out(p, p["dilation"])) < 1:
         raise WorkloadError(f"conv2d: kernel {p['R']}x{p['S']} does not fit input {p['H']}x{p['W']}")
 

@@ -705,6 +705,17 @@ class SearchSpace(DagSketch):
                 for n in walk(self.anchor_op.body) if isinstance(n, Load)]
 
     @cached_property
+    def _lane_reductions(self) -> list:
+        """Reduction axes shorter than a vector in the same index of a read as the vector axis:
+        unrolled, so that the lanes' permutation of that read is a constant (a grouped conv's block
+        of whole groups: one vpermilps by an immediate, not a permutation computed in a register;
+        docs/history.md)."""
+        last = self.local_axes[-1]
+        return [r for r, e in self.reduce_axes
+                if e <= self.target.lanes and any(last in free_vars(i) and r in free_vars(i)
+                       for n in walk(self.anchor_op.body) if isinstance(n, Load) for i in n.indices)]
+
+    @cached_property
     def _broadcast_read(self) -> bool:
         """Whether the reduction reads an operand without the vector axis (one element to all lanes)."""
         return any(self.local_axes[-1] not in v for _, v in self._reads)
@@ -789,6 +800,7 @@ class SearchSpace(DagSketch):
         for ax, (_, _, s3) in zip(self.local_axes[:-1], tile[:-1]):
             if s3 > 1:
                 steps.append(["annotate", local, f"{ax}.1", "unroll"])
+        steps += [["annotate", local, f"{r}.{k}", "unroll"] for r in self._lane_reductions for k in (0, 1)]
         if dec["unroll"]:
             steps.append(["pragma", local, f"{red[0]}.0" if red else f"{self.local_axes[0]}.0",
                           "auto_unroll_max_step", dec["unroll"]])

@@ -120,7 +120,7 @@ def _conv_weight(b, w, lay: str, groups: int, in_block: int):
     k = data.shape[0]
     blk = L.block_of(lay)
     ob = L.fit_block(k, blk)
-    ib = in_block if groups == 1 else ob if data.shape[1] > 1 else 1     # grouped: its own block; depthwise: 1
+    ib = in_block if groups == 1 else min(ob, data.shape[1])   # grouped: its block or its group's width; depthwise: 1
     return b.const(L.conv_weight_from_oihw(data, lay, ib, ob), f"{w.name}_OIHW{ib}i{ob}o")
 
 
