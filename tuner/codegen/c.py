@@ -554,7 +554,7 @@ class CGen:
         """A read whose lanes all fall in one aligned vector of the buffer (offset = a multiple of
         `lanes` + a part in [0, lanes) that moves with the lane): that vector loaded once and its
         lanes permuted (a grouped conv's block of whole groups, each lane reading its group's
-        channel: one vpermilps), else None."""
+        channel: one vpermilps where every lane stays in its 128 bits), else None."""
         ln, shape = linear(off), self.func.buffers[buffer].shape
         if ln is None or not all(isinstance(d, int) for d in shape) or math.prod(shape) % lanes:
             return None

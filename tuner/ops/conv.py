@@ -251,7 +251,7 @@ def _conv_check(wl):
     if L.block_of(wl.layout) and g > 1 and not (g == p["C"] == p["K"]) \
             and not L.grouped_block(p["C"], p["K"], g, L.block_of(wl.layout)):
         raise WorkloadError(f"conv2d in {wl.layout} supports groups=1, depthwise (groups=C=K) and groups whose "
-                            "widths its channel block divides or whose equal in and out widths divide it; "
+                            "widths its channel block divides or whose equal in and out widths of up to 4 channels divide it; "
                             f"groups={g} of {p['C']} -> {p['K']} channels needs layout NCHW, NHWC or another block")
     if min(window_out(p, p["dilation"])) < 1:
         raise WorkloadError(f"conv2d: kernel {p['R']}x{p['S']} does not fit input {p['H']}x{p['W']}")
