@@ -35,6 +35,17 @@ def _no_cost_model_pick(request, monkeypatch):
         monkeypatch.setattr("tuner.search.predict.shipped_model", lambda target: None)
 
 
+@pytest.fixture(autouse=True)
+def _tuned_plan_kept(request, monkeypatch):
+    """A model tune's last check (model_tuning.untuned_check) times the model whole against its
+    untuned compile and, where that is faster, leaves the log out of every compile of the model: on
+    test models of a few microseconds either can win, so elsewhere the check reports a tie (the tuned
+    plan kept) without timing; tests marked `untuned_check` run it."""
+    if "untuned_check" not in request.keywords:
+        monkeypatch.setattr("tuner.model_tuning.untuned_check",
+                            lambda *args, **kwargs: {"tuned": 1e-3, "untuned": 1e-3, "ratio": 1.0})
+
+
 def ort_run(path, feeds) -> list:
     """ONNX Runtime's outputs (CPU provider) of the model at `path`, for inputs by name or one array."""
     import onnxruntime as ort

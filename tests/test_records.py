@@ -167,6 +167,7 @@ END = {"upto": 96, "code": "1a505e692e596de6ea5a", "above": "2b505e692e596de6ea5
                                           ("shapes", {"x": [True]}), ("shapes", {"x": [1 << 40]}),
                                           ("shapes", {"x": [1 << 31]}), ("shapes", {"x": [1 << 16, 1 << 16]}),
                                           ("dynamic", "yes"), ("dynamic", 1), ("padded", "true"), ("padded", 0),
+                                          ("untuned", "true"), ("untuned", 1), ("untuned", None),
                                           ("ends", {"k": 96}),
                                           *[("ends", {"k": dict(END, **bad)}) for bad in (
                                               {"upto": 0}, {"upto": 96.0}, {"upto": True}, {"upto": 1 << 31},
@@ -177,16 +178,18 @@ END = {"upto": 96, "code": "1a505e692e596de6ea5a", "above": "2b505e692e596de6ea5
                                           ("defaults", {"k": "x" * 5000})])
 def test_a_plan_line_whose_shapes_flags_or_ends_are_malformed_is_refused_by_name(field, value):
     """A plan names the input shapes its model was tuned at, whether it is a bucket of a range,
-    whether it compiles padded as an untuned compile, and how far above it its kernels serve; a
-    good one round-trips, anything else in a log is refused with the field named."""
+    whether it compiles padded as an untuned compile, how far above it its kernels serve and whether
+    its tune timed the untuned compile faster; a good one round-trips, anything else in a log is
+    refused with the field named."""
     good = records.make_plan_record("m", "h1", "cpu -isa=avx2 -threads=1", {}, 1e-3, True,
                                     shapes={"input_ids": [1, 64]}, dynamic=True, ends={"a0c302c6a5d30412": END},
-                                    padded=True, defaults={"a0c302c6a5d30412": "5f1c0de"})
+                                    padded=True, defaults={"a0c302c6a5d30412": "5f1c0de"}, untuned=True)
     assert records.PlanRecord.from_json(json.loads(json.dumps(good.to_json()))) == good
     assert good.to_json()["defaults"] == {"a0c302c6a5d30412": "5f1c0de"}
     assert "defaults" not in dataclasses.replace(good, defaults={}).to_json()
     assert good.to_json()["shapes"] == {"input_ids": [1, 64]} and good.to_json()["dynamic"] is True
     assert good.to_json()["padded"] is True and "padded" not in dataclasses.replace(good, padded=False).to_json()
+    assert good.to_json()["untuned"] is True and "untuned" not in dataclasses.replace(good, untuned=False).to_json()
     assert good.to_json()["ends"] == {"a0c302c6a5d30412": END}
     widest = dict(good.to_json(), shapes={"x": [(1 << 31) - 1]})          # the most a C int indexes
     assert records.PlanRecord.from_json(widest).shapes == {"x": [(1 << 31) - 1]}

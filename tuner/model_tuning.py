@@ -122,6 +122,7 @@ class ModelTuneResult:
     appended: bool = False                       # whether `record` was appended (not the log's newest already)
     plan_check: dict = field(default_factory=dict)   # {"joint", "one layout", "default": whole-model s} (check_plan)
     padded: bool = False         # the plan compiles as the untuned compile does, channels padded (records.PlanRecord)
+    untuned_check: dict = field(default_factory=dict)   # {"tuned", "untuned": whole-model s, "ratio"} (untuned_check)
 
     def table(self) -> str:
         """The tasks the plan uses (with occurrences, trials, best latency, share) and the plan."""
@@ -160,6 +161,14 @@ class ModelTuneResult:
             rows.append(f"in the model: {len(r.defaults)} task(s) run their default schedule, faster there than their "
                         "best record (each step timed where it runs after the search): "
                         + "; ".join(by_key[k].workload.label for k in r.defaults if k in by_key))
+        if u := self.untuned_check:
+            rows.append(f"the whole model as tuned {u['tuned'] * 1e3:.2f} ms, its untuned compile {u['untuned'] * 1e3:.2f} "
+                        f"ms ({u['ratio']:.3f}x paired, timed interleaved last): "
+                        + ("the untuned compile kept: a compile from this log takes neither this plan nor its records"
+                           if r and r.untuned else "the tuned plan kept"))
+        elif r and r.untuned:
+            rows.append("the log's plan says the untuned compile ran faster whole: a compile from this log takes "
+                        "neither this plan nor its records")
         return "\n".join(rows)
 
 
@@ -491,6 +500,32 @@ def check_plan(graph: Graph, log: str, tgt, plans: dict, progress: bool = True) 
     return out
 
 
+UNTUNED_ROUNDS = 7             # interleaved rounds timing the tuned model against its untuned compile, whole
+UNTUNED_MARGIN = 0.98          # the untuned compile is kept where it took at most this share of the tuned one's time
+
+
+def untuned_check(graph: Graph, log: str, tgt, layouts: dict, choices: dict, defaults: dict,
+                  progress: bool = True) -> dict:
+    """{"tuned", "untuned": median seconds, "ratio": the median of each round's untuned / tuned}: the model
+    compiled as the tune leaves it (`layouts`, `choices` {choice: on}, the log's records but `defaults`,
+    in_model_defaults) and as `tuner compile` compiles it with no log, timed whole, interleaved,
+    UNTUNED_ROUNDS rounds. Every check before this one compares the tune's records with each other or
+    with their defaults; a model whose records each won where they were timed can still run slower
+    whole than its untuned compile (ResNet-50 tuned 3000 trials at 2 threads: docs/history.md)."""
+    from .compiler import compile_model
+    built = {"tuned": compile_model(graph, log=log, target=str(tgt), layout_plan=layouts, in_model=defaults,
+                                    **choices),
+             "untuned": compile_model(graph, target=str(tgt))}
+    times = whole_times(built, UNTUNED_ROUNDS)
+    out = {k: statistics.median(v) for k, v in times.items()}
+    out["ratio"] = statistics.median(u / t for u, t in zip(times["untuned"], times["tuned"]))
+    if progress:
+        kept = "the untuned compile" if out["ratio"] <= UNTUNED_MARGIN else "the tuned plan"
+        print(f"the whole model as tuned {out['tuned'] * 1e3:.2f} ms, untuned {out['untuned'] * 1e3:.2f} ms "
+              f"({out['ratio']:.3f}x paired): {kept} kept", flush=True)
+    return out
+
+
 IN_MODEL_ROUNDS, IN_MODEL_RUNS = 7, 10     # rounds of whole runs of each compile timing the tuned records in the model
 IN_MODEL_MARGIN = 0.97         # a default replaces its task's record where it took at most this share of its time
 
@@ -615,7 +650,7 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
         else:
             other, other_est = space.plan(cold_best)
         cold_est = space.estimate(plan.layouts, cold_best) if cold else None   # (what the plan line keeps)
-    rec, appended, checked, padded = None, False, {}, False
+    rec, appended, checked, padded, untuned = None, False, {}, False, {}
     if plan is not None and math.isfinite(est) and record_plan:
         # the host's peak goes with the plan (for `tuner analyze`'s fraction of peak)
         peak = peak_gflops(tgt, tgt.threads, 5_000_000) if measured_here else None
@@ -647,20 +682,27 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
             else dict(last.choices) if last is not None else {}
         known = dict(last.ends) if last is not None else {}
         ends = handover(session.tasks, config, log, known) if handover is not None and timed else known
-        defaults = in_model_defaults(graph, log, tgt, as_compiled, {k: v["on"] for k, v in choices.items()},
-                                     kwargs.get("progress", True)) if timed \
+        on = {k: v["on"] for k, v in choices.items()}
+        defaults = in_model_defaults(graph, log, tgt, as_compiled, on, kwargs.get("progress", True)) if timed \
             else dict(last.defaults) if last is not None and last.layouts == plan.layouts else {}
+        dynamic = bool(graph.meta.get("dynamic"))
+        if timed and not dynamic:       # (a bucket's plan serves a range: compile --dynamic reads it)
+            untuned = untuned_check(graph, log, tgt, as_compiled, on, defaults, kwargs.get("progress", True))
+            lost = untuned["ratio"] <= UNTUNED_MARGIN
+        else:
+            lost = last is not None and last.untuned and last.layouts == plan.layouts
         rec = records.make_plan_record(name, graph_digest(graph), str(tgt), plan.layouts, est, plan.exact,
                                        tuple(layouts), peak, cold, cold_est, weights, graph_structure(graph), choices,
-                                       {v.name: list(v.shape) for v in graph.inputs}, bool(graph.meta.get("dynamic")),
-                                       ends, anonymous_structure(graph), padded, defaults)
+                                       {v.name: list(v.shape) for v in graph.inputs}, dynamic,
+                                       ends, anonymous_structure(graph), padded, defaults, lost)
         same_choices = last is not None and {k: v["on"] for k, v in last.choices.items()} == \
             {k: v["on"] for k, v in rec.choices.items()}       # the times differ run to run; the choices, not
         if last is None or dataclasses.replace(last, timestamp=rec.timestamp, tool=rec.tool, peak_gflops=rec.peak_gflops,
                                                choices=rec.choices if same_choices else last.choices) != rec:
             records.append(log, [rec])          # a tune run again after its end adds no copy of its plan
             appended = True
-    return ModelTuneResult(name, space, session, plan, est, rec, prices, other, other_est, appended, checked, padded)
+    return ModelTuneResult(name, space, session, plan, est, rec, prices, other, other_est, appended, checked, padded,
+                           untuned)
 
 
 def tune_dynamic(model: str, dynamic, trials: int, buckets: list | None = None, input_shapes: dict | None = None,

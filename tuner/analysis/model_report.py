@@ -124,6 +124,9 @@ class ModelReport:
                  f"{'' if p.exact else ' (beam search: not proven optimal)'}",
                  f"estimated model latency {_ms(est)} (the logged plan under the log's best records; the "
                  f"plan line said {_ms(p.estimate_s)})"]
+        if p.untuned:
+            lines.append("its tune timed the untuned compile (no log) faster than this plan with its records, whole: "
+                         "`tuner compile` with this log takes neither; tune on with more --trials to try again")
         if p.priced == "cold":
             lines.append("weights cold: the tasks with weights were timed with them evicted before every call, as a "
                          "model meets them (--weights cold)"

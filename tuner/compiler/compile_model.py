@@ -315,7 +315,7 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
                   layout: str | None = None, input_shapes: dict | None = None, strict: bool = False,
                   use_shipped: bool = True, progress=None, choose=None, layout_plan: dict | None = None,
                   predict: bool = True, fuse_attention: bool | None = None, merge_dense: bool | None = None,
-                  dynamic=None, buckets: list | None = None):
+                  dynamic=None, buckets: list | None = None, in_model: dict | None = None):
     """Compile a built-in model, an ONNX file or a Graph with the best schedules of `log` (a path or
     a list of paths). Returns a runtime.model.CompiledModel.
 
@@ -335,6 +335,12 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
     version per value dispatched on the run's value (default with a log: the values its plans of
     this model were tuned at by tune_dynamic, else graph.dynamic.default_buckets).
 
+    in_model: {workload key: record code hash} whose task runs its default schedule while that
+    record is its best (a plan line's `defaults`, records.PlanRecord; default: the found plan's).
+
+    A log whose plan of the model is marked `untuned` (its tune timed the untuned compile faster
+    whole) is left out: the compile is the one it would be without that log.
+
     choose: for tests, a function Task -> steps that replaces apply-best (its steps are reported
     as coming from 'chosen')."""
     t0 = time.perf_counter()
@@ -351,8 +357,11 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
     logs = [str(p) for p in ([log] if isinstance(log, (str, Path)) else list(log or []))]
     db = Database.open(logs, tgt, use_shipped)
     model_hash = graph_digest(graph)
-    layout_plan, plan_from, timed, in_model = _layout_plan(db, graph, model_hash, tgt, layout, layout_plan,
-                                                           source_name, say)
+    if layout_plan is None:
+        db = _without_untuned(db, graph, model_hash, tgt, say)
+    layout_plan, plan_from, timed, found_in_model = _layout_plan(db, graph, model_hash, tgt, layout, layout_plan,
+                                                                 source_name, say)
+    in_model = found_in_model if in_model is None else in_model
     if layout_plan is None and chosen_layout is None and family is None \
             and (layout_plan := default_plan(graph, layout, tgt.lanes)):
         plan_from = "default"
@@ -443,6 +452,20 @@ def _carried(g: Graph, v) -> dict:
 
 
 _MOVES = frozenset({"reshape", "transpose", "slice", "flatten", "concat", "cast", "layout_transform"})
+
+
+def _without_untuned(db, graph, model_hash, tgt, say):
+    """`db` without each log whose newest plan of this model is marked untuned (records.PlanRecord):
+    its tune timed the compile without it faster, so neither its plan nor its records apply."""
+    anonymous = functools.cache(lambda: anonymous_structure(graph))
+    while True:
+        found, where = db.plan(model_hash, tgt, graph_structure(graph), anonymous)
+        if found is None or not found.untuned:
+            return db
+        name = next(s.name for s in db.sources if where == s.name or where.startswith(f"{s.name}, "))
+        say(f"{name}: its tune timed this model's untuned compile faster than its plan and records, whole: "
+            "neither applies")
+        db = Database([s for s in db.sources if s.name != name])
 
 
 def _layout_plan(db, graph, model_hash, tgt, layout, layout_plan, source_name, say) -> tuple:

@@ -213,6 +213,9 @@ class PlanRecord:
     # faster than that record where it runs in this plan's model (model_tuning.in_model_defaults):
     # the compile runs the default there while the task's best is that record
     defaults: dict = field(default_factory=dict)
+    # the tune timed the untuned compile (`tuner compile` with no log) faster whole than this plan with
+    # its records (model_tuning.untuned_check): a compile takes neither this plan nor its log's records
+    untuned: bool = False
 
     def to_json(self) -> dict:
         d = {"format": self.format, "kind": self.kind, "tool": self.tool, "model": self.model,
@@ -242,6 +245,8 @@ class PlanRecord:
             d["padded"] = True
         if self.defaults:
             d["defaults"] = self.defaults
+        if self.untuned:
+            d["untuned"] = True
         return d
 
     def renamed(self, order: list) -> "PlanRecord | None":
@@ -297,7 +302,8 @@ class PlanRecord:
               and isinstance(order, list) and len(order) <= MAX_ENDS and len(set(order)) == len(order)
               and all(isinstance(k, str) and 0 < len(k) <= MAX_KEY for k in order),
               "plan anonymous/order is not a hash and a list of distinct node names")
-        _want(isinstance(obj.get("padded", False), bool), "plan padded is not a boolean")
+        for k in ("padded", "untuned"):
+            _want(isinstance(obj.get(k, False), bool), f"plan {k} is not a boolean")
         defaults = obj.get("defaults", {})
         _want(isinstance(defaults, dict) and len(defaults) <= MAX_ENDS and all(
             isinstance(k, str) and 0 < len(k) <= MAX_KEY and isinstance(v, str) and 0 < len(v) <= MAX_KEY
@@ -311,7 +317,8 @@ class PlanRecord:
                    choices={k: {"on": v["on"], "s": [float(t) for t in v["s"]]} for k, v in choices.items()},
                    shapes={k: list(v) for k, v in shapes.items()}, dynamic=obj.get("dynamic", False),
                    ends={k: dict(v) for k, v in ends.items()}, anonymous=obj.get("anonymous", ""),
-                   order=tuple(order), padded=obj.get("padded", False), defaults=dict(defaults))
+                   order=tuple(order), padded=obj.get("padded", False), defaults=dict(defaults),
+                   untuned=obj.get("untuned", False))
 
 
 def make_plan_record(model: str, model_hash: str, target: str, layouts: dict, estimate_s: float,
@@ -319,14 +326,14 @@ def make_plan_record(model: str, model_hash: str, target: str, layouts: dict, es
                      cold_estimate_s: float | None = None, priced: str = "warm", structure: str = "",
                      choices: dict | None = None, shapes: dict | None = None, dynamic: bool = False,
                      ends: dict | None = None, anonymous: tuple = ("", ()), padded: bool = False,
-                     defaults: dict | None = None) -> PlanRecord:
+                     defaults: dict | None = None, untuned: bool = False) -> PlanRecord:
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     return PlanRecord(model, model_hash, str(target), dict(layouts), estimate_s, exact, now, f"tuner {__version__}",
                       candidates=tuple(candidates), peak_gflops=peak_gflops, cold=dict(cold or {}),
                       cold_estimate_s=cold_estimate_s, priced=priced, structure=structure, choices=dict(choices or {}),
                       shapes={k: [int(n) for n in v] for k, v in (shapes or {}).items()}, dynamic=dynamic,
                       ends=dict(ends or {}), anonymous=anonymous[0], order=tuple(anonymous[1]), padded=padded,
-                      defaults=dict(defaults or {}))
+                      defaults=dict(defaults or {}), untuned=untuned)
 
 
 def _want(cond, reason: str) -> None:
