@@ -29,7 +29,9 @@ per round, and of medians) and to PyTorch, the joint plan against the fastest si
 (paired, against the single layout with the lowest median), and the layout solver's run time.
 Logs go to logs/bench/tune/ (--resume keeps them; the tuning time of a log resumed with nothing
 left to tune is its records' own, from their timestamps). --untuned times the compile with no log
-(default schedules) in the same run. Every variant also gets GFLOPS, its fraction of the FP32 peak
+(default schedules) in the same run; a tune whose last check kept the untuned compile
+(model_tuning.untuned_check) is compiled without its log, "untuned_kept" in the JSON. Every variant also
+gets GFLOPS, its fraction of the FP32 peak
 (the FMA microbenchmark timed in each round beside the models, paired round by round) and its
 time split by kernel kind (GEMMs, attention, LayerNorm/softmax, the rest; each step timed
 in context). Transformers (issue 35's figures):
@@ -137,7 +139,8 @@ def tune_figures(args) -> int:
                              "session_s": res.session.seconds, "estimate_s": res.estimate_s,
                              "tasks": len(res.session.tasks), "solver_s": res.plan.seconds if res.plan else None,
                              "solver_exact": res.plan.exact if res.plan else None,
-                             "plan": dict(res.plan.layouts) if res.plan else None, "model": m})
+                             "plan": dict(res.plan.layouts) if res.plan else None, "model": m,
+                             "untuned_kept": bool(res.record is not None and res.record.untuned)})
         if args.untuned:            # the default schedules, what a user gets before tuning
             um = compile_model(name, threads=tt, use_shipped=False)
             runners["tuner untuned"] = lambda ins, m=um: m.run(*ins)

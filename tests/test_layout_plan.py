@@ -1083,38 +1083,51 @@ def test_a_plan_runs_the_default_schedule_where_its_tune_timed_the_record_slower
 @pytest.mark.parametrize("untuned_s", [0.9e-3, 0.99e-3])
 def test_a_tune_whose_untuned_compile_runs_faster_whole_is_left_out_of_every_compile_of_that_model(
         tmp_cache, tmp_path, monkeypatch, untuned_s):
-    """Last of all a tune times the model as it leaves it against `tuner compile` with no log
-    (untuned_check; the timing faked here: the tuned model 1 ms a round, the untuned `untuned_s`).
-    Where the untuned compile took at most UNTUNED_MARGIN of the time, the plan line is marked
-    untuned, the table and `tuner analyze` say so, and a compile from the log is the compile without
-    it, step for step; otherwise a compile from the log is the tuned model that was timed."""
+    """Last of all a tune times the model as it leaves it (its plan, choices and in-model defaults:
+    one task's, faked here) against `tuner compile` with no log (untuned_check; the timing faked: the
+    tuned model 1 ms a round, the untuned `untuned_s`). Where the untuned compile took at most
+    UNTUNED_MARGIN of the time, the plan line is marked untuned, the table and `tuner analyze` say so,
+    and a compile of the model warns and leaves the log out, step for step the untuned compile;
+    otherwise a compile from the log is the tuned model that was timed."""
+    import warnings
+
     import tuner.model_tuning as MT
     from tuner.analysis.model_report import analyze_model
-    real, timed = MT.whole_times, []
+    from tuner.runtime.artifact import IN_MODEL
+    real, timed, picked = MT.whole_times, [], {}
 
     def whole_times(built, rounds=MT.CHOICE_ROUNDS):
         if set(built) != {"tuned", "untuned"}:
             return real(built, rounds)
         timed.append(built)
         return {"tuned": [1e-3] * rounds, "untuned": [untuned_s] * rounds}
+
+    def in_model_defaults(graph, log, tgt, layouts, choices, progress=True):      # one record loses in the model
+        m = compile_model(graph, log=log, target=str(tgt), layout_plan=layouts, **choices)
+        picked.update(next({s.workload_key: s.code_hash} for s in m.steps if s.source == log))
+        return dict(picked)
     monkeypatch.setattr(MT, "whole_times", whole_times)
+    monkeypatch.setattr(MT, "in_model_defaults", in_model_defaults)
     log = tmp_path / "tiny.jsonl"
-    res = tune_model("tiny", trials=19, log=str(log), target="cpu -threads=1", layouts=("NCHW8c", "NCHW16c"),
-                     warmup_batch=1, progress=False)
+    res = tune_model("tiny", trials=19, log=str(log), target="cpu -threads=1", layouts=("NCHW8c",),
+                     warmup_batch=1, progress=False)      # NCHW8c: not the untuned compile's layout
     lost = untuned_s <= MT.UNTUNED_MARGIN * 1e-3
     assert len(timed) == 1 and res.untuned_check["ratio"] == pytest.approx(untuned_s / 1e-3)
     assert res.record.untuned is lost and records.load(log).plans[-1].untuned is lost
+    assert res.record.defaults == picked and len(picked) == 1
     assert ("the untuned compile kept" in res.table()) is lost and ("the tuned plan kept" in res.table()) is not lost
     code = {k: [s.code_hash for s in m.steps] for k, m in timed[0].items()}
     assert code["tuned"] != code["untuned"]
+    assert [s.source for s in timed[0]["tuned"].steps].count(IN_MODEL) == 1
     assert str(log) in {s.source for s in timed[0]["tuned"].steps}
     assert str(log) not in {s.source for s in timed[0]["untuned"].steps}
-    said = []
-    from_log = compile_model("tiny", log=str(log), threads=1, progress=said.append)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from_log = compile_model("tiny", log=str(log), threads=1)
     assert [s.code_hash for s in from_log.steps] == code["untuned" if lost else "tuned"]
     assert [s.code_hash for s in compile_model("tiny", threads=1).steps] == code["untuned"]
-    assert (from_log.meta["layout_plan_from"] == str(log)) is not lost
-    assert any("untuned compile faster" in m for m in said) is lost
+    assert (from_log.meta["layout_plan_from"] == str(log)) is not lost and (from_log.meta["logs"] == []) is lost
+    assert any("untuned compile faster" in str(w.message) for w in caught) is lost
     [rep] = analyze_model(str(log))
     assert any("takes neither" in line for line in rep.sections()[0].notes) is lost
 

@@ -303,7 +303,7 @@ def test_a_faster_record_whose_code_changed_is_applied_without_its_time_and_name
 def test_distill_keeps_the_newest_layout_plan_of_each_model_and_target(tmp_path):
     """A shipped database is a distilled log, and a compile applies the plans it holds: distilling
     keeps each (model, target)'s newest plan beside the best records, and keeps it again when the
-    output is distilled into once more."""
+    output is distilled into once more; a plan whose tune kept the untuned compile is not shipped."""
     from tuner.analysis.distill import distill
     from tuner.database.result import MeasureResult
     from tuner.ops import make
@@ -317,6 +317,7 @@ def test_distill_keeps_the_newest_layout_plan_of_each_model_and_target(tmp_path)
                                              "random", 0),
                          plan(str(TARGET1), "2026-11-26T10:00:00+00:00", "NCHW8c"),
                          plan(str(TARGET1), "2026-11-26T11:00:00+00:00", "NCHW16c"),
+                         dataclasses.replace(plan(str(TARGET1), "2026-11-26T12:00:00+00:00", "NHWC"), untuned=True),
                          plan("cpu -isa=avx2 -cores=2 -threads=2", "2026-11-26T09:00:00+00:00", "NCHW8c")])
     for _ in range(2):
         assert distill([str(log)], str(out)) == 1

@@ -689,8 +689,9 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
         if timed and not dynamic:       # (a bucket's plan serves a range: compile --dynamic reads it)
             untuned = untuned_check(graph, log, tgt, as_compiled, on, defaults, kwargs.get("progress", True))
             lost = untuned["ratio"] <= UNTUNED_MARGIN
-        else:
-            lost = last is not None and last.untuned and last.layouts == plan.layouts
+        else:       # untimed: the last verdict stands only where nothing new was measured
+            lost = not dynamic and last is not None and last.untuned and last.layouts == plan.layouts \
+                and not session.new
         rec = records.make_plan_record(name, graph_digest(graph), str(tgt), plan.layouts, est, plan.exact,
                                        tuple(layouts), peak, cold, cold_est, weights, graph_structure(graph), choices,
                                        {v.name: list(v.shape) for v in graph.inputs}, dynamic,

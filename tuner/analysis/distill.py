@@ -106,6 +106,8 @@ def distill(logs: list, out: str, remeasure_top: int = 0, rounds: int = 5, progr
             if i < len(logs):
                 given.add(rec.task_key)
         for p in contents.plans:
+            if p.untuned:           # its tune's records lost to the untuned compile: no plan to ship
+                continue
             key = (p.model_hash, p.target)
             if key not in plans or p.timestamp > plans[key].timestamp:
                 plans[key] = p

@@ -357,8 +357,9 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
     logs = [str(p) for p in ([log] if isinstance(log, (str, Path)) else list(log or []))]
     db = Database.open(logs, tgt, use_shipped)
     model_hash = graph_digest(graph)
-    if layout_plan is None:
-        db = _without_untuned(db, graph, model_hash, tgt, say)
+    if layout_plan is None and family is None:
+        db, left_out = _without_untuned(db, graph, model_hash, tgt)
+        logs = [p for p in logs if p not in left_out]
     layout_plan, plan_from, timed, found_in_model = _layout_plan(db, graph, model_hash, tgt, layout, layout_plan,
                                                                  source_name, say)
     in_model = found_in_model if in_model is None else in_model
@@ -454,18 +455,21 @@ def _carried(g: Graph, v) -> dict:
 _MOVES = frozenset({"reshape", "transpose", "slice", "flatten", "concat", "cast", "layout_transform"})
 
 
-def _without_untuned(db, graph, model_hash, tgt, say):
-    """`db` without each log whose newest plan of this model is marked untuned (records.PlanRecord):
-    its tune timed the compile without it faster, so neither its plan nor its records apply."""
+def _without_untuned(db, graph, model_hash, tgt) -> tuple:
+    """(`db` without each source whose newest plan of this model is marked untuned, records.PlanRecord:
+    its tune timed the compile without it faster, so neither its plan nor its records apply; the
+    names of those left out)."""
     anonymous = functools.cache(lambda: anonymous_structure(graph))
+    left = []
     while True:
-        found, where = db.plan(model_hash, tgt, graph_structure(graph), anonymous)
+        found, _ = db.plan(model_hash, tgt, graph_structure(graph), anonymous)
         if found is None or not found.untuned:
-            return db
-        name = next(s.name for s in db.sources if where == s.name or where.startswith(f"{s.name}, "))
-        say(f"{name}: its tune timed this model's untuned compile faster than its plan and records, whole: "
-            "neither applies")
-        db = Database([s for s in db.sources if s.name != name])
+            return db, left
+        src = next(s for s in db.sources if any(p is found for p in s.contents.plans))
+        warnings.warn(f"{src.name}: its tune of {found.model} on '{found.target}' timed the model's untuned "
+                      "compile faster, whole, than its plan and records: compiling without that log")
+        left.append(src.name)
+        db = Database([s for s in db.sources if s is not src])
 
 
 def _layout_plan(db, graph, model_hash, tgt, layout, layout_plan, source_name, say) -> tuple:
