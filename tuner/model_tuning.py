@@ -62,7 +62,7 @@ from .graph.layout_plan import (ModelLayouts, Plan, anonymous_structure, default
                                 winograd_convs)
 from .graph.passes import GRAPH_CHOICES, optimize
 from .graph.passes.convert_layout import check_choice
-from .measure.interleave import interleaved, interleaved_profiles
+from .measure.interleave import interleaved, interleaved_profiles, paired_ratios
 from .measure.peak import peak_gflops
 from .measure.runner import CpuRunner, RunConfig
 from .runtime.artifact import UNTUNED
@@ -518,7 +518,7 @@ def untuned_check(graph: Graph, log: str, tgt, layouts: dict, choices: dict, def
              "untuned": compile_model(graph, target=str(tgt))}
     times = whole_times(built, UNTUNED_ROUNDS)
     out = {k: statistics.median(v) for k, v in times.items()}
-    out["ratio"] = statistics.median(u / t for u, t in zip(times["untuned"], times["tuned"]))
+    out["ratio"] = statistics.median(paired_ratios(times["untuned"], times["tuned"]))
     if progress:
         kept = "the untuned compile" if out["ratio"] <= UNTUNED_MARGIN else "the tuned plan"
         print(f"the whole model as tuned {out['tuned'] * 1e3:.2f} ms, untuned {out['untuned'] * 1e3:.2f} ms "
