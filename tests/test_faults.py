@@ -606,6 +606,51 @@ def test_distill_only_given_remeasures_the_given_logs_tasks_and_keeps_the_output
     assert records.load(shipped).records[0].policy == "remeasure" == records.load(shipped).records[1].policy
 
 
+def test_distill_lower_isa_times_an_avx2_record_on_an_avx512_host_and_the_new_record_names_this_host(
+        tmp_path, monkeypatch):
+    """AVX2 records tuned against older defaults, on an AVX-512 host: distill leaves them as logged
+    (this host is not an AVX2 host); with lower_isa it times them beside this version's AVX2
+    default and the kept record says which host timed it. On an AVX2 host they name no host."""
+    import random as _random
+
+    from tuner.analysis import distill as D
+    from tuner.build import Kernel
+    from tuner.database.result import MeasureResult
+    from tuner.target import parse_target
+    from tuner.task import Task
+
+    avx2 = parse_target("cpu -isa=avx2", threads=1, check_host=False)
+    task = Task(SMALL, avx2)
+    rng = _random.Random(3)
+    steps = next(s for s in (task.space.steps(task.space.sample(rng)) for _ in range(50))
+                 if task.candidate(s, "k").code_hash != task.default_candidate().code_hash)
+    cand = task.candidate(steps, "k")
+    old = records.make_record(SMALL, avx2, cand.steps, MeasureResult("OK", "", [1e-6]), cand.code_hash,
+                              "evolutionary", 1)
+    log = tmp_path / "log.jsonl"
+    records.append(log, [old])
+    monkeypatch.setattr(D, "host_isa", lambda: "avx512")
+    monkeypatch.setattr(D, "host_kind", lambda: "AuthenticAMD-25-17")
+    timed = []
+
+    def fake_time(self, *a, **kw):                 # this version's default wins
+        timed.append(self.code_hash)
+        return [2e-6 if self.record is None else 4e-6] * kw.get("repeat", 5)
+
+    monkeypatch.setattr(Kernel, "time", fake_time)
+    assert distill([str(log)], str(tmp_path / "a.jsonl"), remeasure_top=1, rounds=2) == 1
+    (kept,) = records.load(tmp_path / "a.jsonl").records
+    assert not timed and kept.to_json() == old.to_json()
+    assert distill([str(log)], str(tmp_path / "b.jsonl"), remeasure_top=1, rounds=2, lower_isa=True) == 1
+    (kept,) = records.load(tmp_path / "b.jsonl").records
+    assert len(timed) == 4 and kept.code_hash == task.default_candidate().code_hash
+    assert kept.host == "AuthenticAMD-25-17" and kept.target == old.target and kept.policy == "remeasure"
+    monkeypatch.setattr(D, "host_isa", lambda: "avx2")         # an AVX2 host's own timing names none
+    assert distill([str(log)], str(tmp_path / "c.jsonl"), remeasure_top=1, rounds=2) == 1
+    (kept,) = records.load(tmp_path / "c.jsonl").records
+    assert kept.policy == "remeasure" and kept.host == ""
+
+
 def test_distill_keeps_a_task_whose_records_no_longer_replay_and_retimes_it_as_this_versions_code(tmp_path):
     """A record whose steps this version builds as other code (its logged hash is an older
     version's) is no reason to lose the task: distill keeps it as logged, or with --retime-stale

@@ -299,7 +299,8 @@ def _cmd_distill(args) -> int:
         raise UserError("--remeasure must be 0 or more and --rounds at least 1")
     n = distill(args.logs, args.output, args.remeasure, args.rounds,
                 progress=print if args.remeasure > 0 or args.retime_stale or args.check_plans else None,
-                retime_stale=args.retime_stale, check_plans=args.check_plans, only_given=args.only_given)
+                retime_stale=args.retime_stale, check_plans=args.check_plans, only_given=args.only_given,
+                lower_isa=args.lower_isa)
     plans = len(records.load(args.output, warn=False).plans)
     print(f"{args.output}: best records of {n} workload/target pair(s)" + (f", {plans} layout plan(s)" if plans else ""))
     return 0
@@ -638,12 +639,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a task none of whose records this version's code replays: time its fastest schedule "
                         "again as this version's code where this host can run it (else it is kept as logged)")
     d.add_argument("--only-given", action="store_true",
-                   help="--remeasure and --retime-stale time only the tasks the given logs hold; the others of "
-                        "the output database keep their records (refreshing some tasks of a shipped file)")
+                   help="--remeasure, --retime-stale and --check-plans time only the tasks and plans the given logs "
+                        "hold; the others of the output database keep theirs (refreshing some tasks of a shipped file)")
     d.add_argument("--check-plans", action="store_true",
                    help="time each model's layout plan whole against the plan an untuned compile applies (both with "
                         "the records kept), where this host can run it, and keep the faster: a plan tuned against an "
                         "older version's defaults can lose to this one's (built-in models, and ONNX files at their path)")
+    d.add_argument("--lower-isa", action="store_true",
+                   help="time the records and plans of an ISA below this host's too (AVX2 code on an AVX-512 host, "
+                        "a stand-in for that ISA's own hosts); each record it times names this host")
     d.set_defaults(fn=_cmd_distill)
 
     pt = sub.add_parser("pretrain", help="train a cost model on logs, to start searches from (transfer)")

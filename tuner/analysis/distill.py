@@ -31,13 +31,22 @@ from .. import __version__
 from ..build import Kernel
 from ..database import records
 from ..ops import parse_spec
-from ..target import host_cores, host_isa, parse_target
+from ..target import ISAS, host_cores, host_isa, host_kind, parse_target
 from ..task import Task
 
 
-def _runnable_here(target: str) -> bool:
+def _runnable_here(target: str, lower_isa: bool = False) -> bool:
+    """Whether this host times code of `target`: its own ISA, or with `lower_isa` one below it too."""
     ct = records.code_target(target)
-    return ct is not None and ct[0] == "cpu" and ct[1] == host_isa() and ct[2] <= host_cores()
+    return ct is not None and ct[0] == "cpu" and ct[2] <= host_cores() and \
+        (ct[1] == host_isa() or lower_isa and ISAS[ct[1]][0] < ISAS[host_isa()][0])
+
+
+def _proxy(rec: records.Record) -> dict:
+    """{"host": this host's kind} for a record of an ISA below this host's (timed here as a stand-in
+    for that ISA's own hosts: the record says where), else {}."""
+    ct = records.code_target(rec.target)
+    return {"host": host_kind() or host_isa()} if ct is not None and ct[1] != host_isa() else {}
 
 
 def _timed(recs: list, rounds: int, default: bool = False) -> tuple:
@@ -73,32 +82,36 @@ def remeasure(recs: list, rounds: int = 5) -> records.Record:
     kernels, times, task = _timed(recs, rounds, default=True)
     i = min(range(len(kernels)), key=lambda j: statistics.median(times[j]))
     if i < len(recs):
-        return _new_record(recs[i], times[i], "remeasure", recs[i].code_hash)
+        return _new_record(recs[i], times[i], "remeasure", recs[i].code_hash, **_proxy(recs[i]))
     k = kernels[i]
     return _new_record(recs[0], times[i], "remeasure", k.code_hash, steps=k.steps, seed=None,
-                       decisions=task.space.default(), heat="")
+                       decisions=task.space.default(), heat="", **_proxy(recs[0]))
 
 
 def retime(rec: records.Record, rounds: int = 5) -> records.Record:
     """`rec`'s steps built as this version's code and timed over `rounds` rounds: a new record of
     that code (its hash, one cost per round)."""
     (kernel,), (times,), _ = _timed([rec], rounds)
-    return _new_record(rec, times, "retimed", kernel.code_hash)
+    return _new_record(rec, times, "retimed", kernel.code_hash, **_proxy(rec))
 
 
 def distill(logs: list, out: str, remeasure_top: int = 0, rounds: int = 5, progress=None,
-            retime_stale: bool = False, check_plans: bool = False, only_given: bool = False) -> int:
+            retime_stale: bool = False, check_plans: bool = False, only_given: bool = False,
+            lower_isa: bool = False) -> int:
     """Write the best record of every (workload, target) in `logs` and in `out` itself to `out`,
     and the newest layout plan of every (model, target); with remeasure_top=K, the best of the K
     fastest re-timed on this host where it can run them; a task with no record that replays keeps
     its fastest, re-timed as this version's code where retime_stale and this host can run it;
     with check_plans, each plan against the untuned compile's (recheck_plan), with the records kept.
-    only_given: re-time (remeasure, retime_stale) only the tasks that `logs` hold; those only `out`
-    holds keep their best record as it is (refreshing some tasks of a shipped file).
+    only_given: re-time (remeasure, retime_stale, check_plans) only the tasks and plans that `logs`
+    hold; those only `out` holds keep their best record or plan as it is (refreshing some tasks of a
+    shipped file). lower_isa: the records and plans of an ISA below this host's are timed here too
+    (AVX2 code on an AVX-512 host), each new record naming this host (Record.host).
     Returns the number of records written."""
     by_task: dict = {}
     plans: dict = {}
     given: set = set()
+    given_plans: set = set()
     for i, path in enumerate(list(logs) + [out]):
         contents = records.load(path, warn=False)
         for rec in contents.records:
@@ -111,9 +124,11 @@ def distill(logs: list, out: str, remeasure_top: int = 0, rounds: int = 5, progr
             key = (p.model_hash, p.target)
             if key not in plans or p.timestamp > plans[key].timestamp:
                 plans[key] = p
+            if i < len(logs):
+                given_plans.add(key)
     best = []
     for n, (key, recs) in enumerate(by_task.items(), 1):
-        here = _runnable_here(recs[0].target) and (not only_given or key in given)
+        here = _runnable_here(recs[0].target, lower_isa) and (not only_given or key in given)
         # timed alike: those timed cold if any replays, else the warm ones (records.best_of); replaying
         # builds each record's code, so only for a task this host will time
         cands = remeasure_top > 0 and here and (
@@ -149,7 +164,8 @@ def distill(logs: list, out: str, remeasure_top: int = 0, rounds: int = 5, progr
     write()
     if check_plans:
         for key, p in sorted(plans.items(), key=lambda kv: (kv[1].target, kv[1].model)):
-            plans[key] = recheck_plan(p, tmp, max(rounds, 3), progress) or p
+            if not only_given or key in given_plans:
+                plans[key] = recheck_plan(p, tmp, max(rounds, 3), progress, lower_isa) or p
         write()
     os.replace(tmp, out)
     if os.path.exists(f"{tmp}.lock"):         # records.append's lock of the private temporary file
@@ -157,7 +173,8 @@ def distill(logs: list, out: str, remeasure_top: int = 0, rounds: int = 5, progr
     return len(ordered)
 
 
-def recheck_plan(plan: records.PlanRecord, log: str, rounds: int = 5, progress=None) -> records.PlanRecord | None:
+def recheck_plan(plan: records.PlanRecord, log: str, rounds: int = 5, progress=None,
+                 lower_isa: bool = False) -> records.PlanRecord | None:
     """The model of `plan` compiled with it and with `log`'s records, and compiled as an untuned
     compile is (the default plan's Winograd convs, the other convs in the default layout, channels
     padded: graph.layout_plan.default_plan) with the same records, timed whole, interleaved over
@@ -174,7 +191,7 @@ def recheck_plan(plan: records.PlanRecord, log: str, rounds: int = 5, progress=N
     from ..model_tuning import whole_times
 
     say = progress or (lambda _: None)
-    if plan.dynamic or not _runnable_here(plan.target):
+    if plan.dynamic or not _runnable_here(plan.target, lower_isa):
         return None
     tgt = parse_target(plan.target, check_host=False)
     try:
