@@ -645,10 +645,37 @@ def test_distill_lower_isa_times_an_avx2_record_on_an_avx512_host_and_the_new_re
     (kept,) = records.load(tmp_path / "b.jsonl").records
     assert len(timed) == 4 and kept.code_hash == task.default_candidate().code_hash
     assert kept.host == "AuthenticAMD-25-17" and kept.target == old.target and kept.policy == "remeasure"
-    monkeypatch.setattr(D, "host_isa", lambda: "avx2")         # an AVX2 host's own timing names none
-    assert distill([str(log)], str(tmp_path / "c.jsonl"), remeasure_top=1, rounds=2) == 1
-    (kept,) = records.load(tmp_path / "c.jsonl").records
-    assert kept.policy == "remeasure" and kept.host == ""
+    timed.clear()                                               # the logged schedule wins: it names this host too
+    monkeypatch.setattr(Kernel, "time", lambda self, *a, **kw: [1e-6 if self.record else 2e-6] * kw.get("repeat", 5))
+    assert distill([str(log)], str(tmp_path / "w.jsonl"), remeasure_top=1, rounds=2, lower_isa=True) == 1
+    (won,) = records.load(tmp_path / "w.jsonl").records
+    assert won.code_hash == cand.code_hash and won.host == "AuthenticAMD-25-17" and won.costs == (1e-6, 1e-6)
+    monkeypatch.setattr(D, "host_isa", lambda: "avx2")         # an AVX2 host's own timing names none,
+    assert distill([str(tmp_path / "w.jsonl")], str(tmp_path / "c.jsonl"), remeasure_top=1, rounds=2) == 1
+    (kept,) = records.load(tmp_path / "c.jsonl").records       # not even the stand-in that timed it before
+    assert kept.policy == "remeasure" and kept.host == "" and kept.code_hash == cand.code_hash
+
+
+def test_distill_only_given_checks_only_the_given_logs_plans(tmp_path, monkeypatch):
+    """Refreshing one plan of a shipped file: with only_given, check_plans times the plans the given
+    logs hold and leaves the output file's others as they are; without it, every plan."""
+    from tuner.analysis import distill as D
+
+    def plan(model: str, digest: str):
+        return records.PlanRecord(model, digest, "cpu -isa=avx2 -cores=2 -threads=1", {"conv0": "NCHW8c"}, 1e-3,
+                                  timestamp="2026-12-02T00:00:00+00:00", candidates=("NCHW8c",))
+    mine, other = plan("resnet50", "a" * 16), plan("googlenet", "b" * 16)
+    shipped, given = tmp_path / "shipped.jsonl", tmp_path / "given.jsonl"
+    records.append(shipped, [mine, other])
+    records.append(given, [mine])
+    checked = []
+    monkeypatch.setattr(D, "recheck_plan", lambda p, *a, **kw: checked.append((p.model, kw, a[2:])))
+    distill([str(given)], str(shipped), check_plans=True, only_given=True, lower_isa=True)
+    assert [c[0] for c in checked] == ["resnet50"] and checked[0][2] == (None, True)
+    assert {p.model for p in records.load(shipped).plans} == {"resnet50", "googlenet"}
+    checked.clear()
+    distill([str(given)], str(shipped), check_plans=True)
+    assert sorted(c[0] for c in checked) == ["googlenet", "resnet50"] and all(c[2] == (None, False) for c in checked)
 
 
 def test_distill_keeps_a_task_whose_records_no_longer_replay_and_retimes_it_as_this_versions_code(tmp_path):

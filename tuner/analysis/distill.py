@@ -44,9 +44,10 @@ def _runnable_here(target: str, lower_isa: bool = False) -> bool:
 
 def _proxy(rec: records.Record) -> dict:
     """{"host": this host's kind} for a record of an ISA below this host's (timed here as a stand-in
-    for that ISA's own hosts: the record says where), else {}."""
+    for that ISA's own hosts: the record says where), else {"host": ""} (the tuner's own host)."""
     ct = records.code_target(rec.target)
-    return {"host": host_kind() or host_isa()} if ct is not None and ct[1] != host_isa() else {}
+    stand_in = ct is not None and ct[1] != host_isa()
+    return {"host": (host_kind() or f"unknown-{host_isa()}") if stand_in else ""}
 
 
 def _timed(recs: list, rounds: int, default: bool = False) -> tuple:

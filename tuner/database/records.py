@@ -85,7 +85,7 @@ class Record:
     # timed with the weights evicted before every call (RunConfig.cold_weights), as a compiled model
     # meets them; such costs are compared only with each other (LogContents.for_task, fastest)
     cold: bool = False
-    host: str = ""           # the machine that measured it, when a cluster did ("" : the tuner's own)
+    host: str = ""           # a cluster worker, or the kind of a host timing a lower ISA ("" : the tuner's own)
     heat: str = ""           # the side-by-side timing it belongs to (heat_winner), "" for none
 
     @property
