@@ -42,9 +42,9 @@ def _runnable_here(target: str, lower_isa: bool = False) -> bool:
         (ct[1] == host_isa() or lower_isa and ISAS[ct[1]][0] < ISAS[host_isa()][0])
 
 
-def _proxy(rec: records.Record) -> dict:
-    """{"host": this host's kind} for a record of an ISA below this host's (timed here as a stand-in
-    for that ISA's own hosts: the record says where), else {"host": ""} (the tuner's own host)."""
+def _host_field(rec: records.Record) -> dict:
+    """The host field of `rec` timed again here: this host's kind for an ISA below this host's (a
+    stand-in for that ISA's own hosts), else "" (the tuner's own host)."""
     ct = records.code_target(rec.target)
     stand_in = ct is not None and ct[1] != host_isa()
     return {"host": (host_kind() or f"unknown-{host_isa()}") if stand_in else ""}
@@ -83,17 +83,17 @@ def remeasure(recs: list, rounds: int = 5) -> records.Record:
     kernels, times, task = _timed(recs, rounds, default=True)
     i = min(range(len(kernels)), key=lambda j: statistics.median(times[j]))
     if i < len(recs):
-        return _new_record(recs[i], times[i], "remeasure", recs[i].code_hash, **_proxy(recs[i]))
+        return _new_record(recs[i], times[i], "remeasure", recs[i].code_hash, **_host_field(recs[i]))
     k = kernels[i]
     return _new_record(recs[0], times[i], "remeasure", k.code_hash, steps=k.steps, seed=None,
-                       decisions=task.space.default(), heat="", **_proxy(recs[0]))
+                       decisions=task.space.default(), heat="", **_host_field(recs[0]))
 
 
 def retime(rec: records.Record, rounds: int = 5) -> records.Record:
     """`rec`'s steps built as this version's code and timed over `rounds` rounds: a new record of
     that code (its hash, one cost per round)."""
     (kernel,), (times,), _ = _timed([rec], rounds)
-    return _new_record(rec, times, "retimed", kernel.code_hash, **_proxy(rec))
+    return _new_record(rec, times, "retimed", kernel.code_hash, **_host_field(rec))
 
 
 def distill(logs: list, out: str, remeasure_top: int = 0, rounds: int = 5, progress=None,
@@ -189,6 +189,7 @@ def recheck_plan(plan: records.PlanRecord, log: str, rounds: int = 5, progress=N
     from ..graph import load
     from ..graph.ir import graph_digest
     from ..graph.layout_plan import default_plan, winograd_convs
+    from ..measure.interleave import paired_ratios
     from ..model_tuning import whole_times
 
     say = progress or (lambda _: None)
@@ -216,7 +217,7 @@ def recheck_plan(plan: records.PlanRecord, log: str, rounds: int = 5, progress=N
         say(f"plan of {plan.model} on '{plan.target}': not checked (it does not compile here: {e})")
         return None
     times = whole_times(built, rounds)
-    ratio = statistics.median(d / p for d, p in zip(times["default"], times["plan"]))
+    ratio = statistics.median(paired_ratios(times["default"], times["plan"]))
     kept = ratio < 1
     say(f"plan of {plan.model} on '{plan.target}': {statistics.median(times['plan']) * 1e3:.2f} ms, the untuned "
         f"compile's plan {statistics.median(times['default']) * 1e3:.2f} ms ({ratio:.3f}x paired, {rounds} rounds): "
