@@ -933,23 +933,27 @@ def _narrow_then_wide(image: int = 14):
 
 
 @pytest.mark.slow
-def test_compile_quick_with_no_plan_measures_the_padded_convs_the_compile_runs_and_logs_no_plan_that_unpads_them(
-        tmp_cache):
+def test_compile_quick_with_no_plan_measures_the_padded_convs_the_compile_runs_and_logs_a_plan_that_keeps_them_padded(
+        tmp_cache, monkeypatch):
     """With no plan, a compile pads a conv's 24 channels to 32 (PadChannels); compile --quick tunes
-    those padded tasks and appends no plan (a solved plan compiles unpadded), so the compile after it
-    still pads, still runs the default plan, and takes every kernel from the quick log."""
+    those padded tasks and appends the model's plan marked padded (a solved plan would compile
+    unpadded), so the compile after it still pads, still runs the default plan's Winograd convs, and
+    takes every kernel from the quick log (the in-model check faked: no record loses there)."""
+    import tuner.model_tuning as MT
+    from tuner.graph.ir import graph_digest
     from tuner.graph.layout_plan import default_plan, padded_graph
-    from tuner.model_tuning import quick_tune
     from tuner.target import parse_target
+    monkeypatch.setattr(MT, "in_model_defaults", lambda *args, **kwargs: {})
     g = _narrow_then_wide()
     want = default_plan(g, "NCHW16c", parse_target("cpu", 1).lanes)
     assert padded_graph(g, "NCHW16c", want) is not None and padded_graph(tiny(), "NCHW16c", {}) is None
     log = tmp_cache.parent / "quick.jsonl"
-    res = quick_tune(g, 1, str(log), None, use_shipped=False, threads=1, progress=False)
+    res = MT.quick_tune(g, 1, str(log), None, use_shipped=False, threads=1, progress=False)
     assert any("K=32" in t.workload.spec for t in res.session.tasks if t.workload.op == "conv2d")
-    assert res.record is None and not records.load(log).plans
+    [plan] = records.load(log).plans
+    assert plan == res.record and plan.padded and not plan.untuned and plan.model_hash == graph_digest(g)
     m = compile_model(g, threads=1, use_shipped=False, predict=False, log=str(log))
-    assert m.meta["layout_plan"] == want and m.meta["layout_plan_from"] == ("default" if want else None)
+    assert m.meta["layout_plan"] == want and m.meta["layout_plan_from"] == str(log)
     anchors = [s for s in m.steps if s.anchor]
     assert anchors and all(s.source == str(log) for s in anchors)
     assert any("C=8,H=14,W=14,K=32," in (s.workload or "") for s in anchors)
@@ -983,12 +987,14 @@ def test_a_tune_keeps_the_untuned_compiles_padded_plan_where_it_runs_fastest_who
     assert m.meta["layout_plan"] == want and m.meta["layout_plan_from"] == str(log)
     assert any("C=8,H=14,W=14,K=32," in (s.workload or "") for s in m.steps)
     assert_matches_onnxruntime(m, g)
-    # compile --quick on that log measures the padded tasks that compile runs, and appends no plan
-    plans = len(records.load(log).plans)
+    # compile --quick on that log measures the padded tasks that compile runs, and appends that plan
+    # again with its own checks' verdicts
+    plans = records.load(log).plans
     quick = MT.quick_tune(g, 1, str(log), None, use_shipped=False, threads=1, progress=False)
     specs = [t.workload.spec for t in quick.session.tasks]
     assert any("K=32," in s for s in specs) and not any(k in s for s in specs for k in ("K=24,", "C=24,")), specs
-    assert len(records.load(log).plans) == plans
+    after = records.load(log).plans
+    assert len(after) == len(plans) + 1 and after[-1].padded and after[-1].layouts == plans[-1].layouts
 
 
 def _squeeze_excitation(reduced: int = 4):
@@ -1019,20 +1025,54 @@ def test_a_conv_whose_channels_no_block_divides_is_priced_in_the_fitted_block_a_
 
 
 @pytest.mark.slow
-def test_compile_quick_measures_every_task_the_compile_runs_squeeze_excitation_convs_included(tmp_cache):
+def test_compile_quick_measures_every_task_the_compile_runs_squeeze_excitation_convs_included(tmp_cache, monkeypatch):
     """The compile pads the 24 channels (so quick appends no plan) and runs the conv down to 4
     channels in NCHW16c, blocks of 4: quick measures that task, not the conv in NCHW."""
+    import tuner.model_tuning as MT
     from tuner.graph.layout_plan import padded_graph
-    from tuner.model_tuning import quick_tune
+    monkeypatch.setattr(MT, "in_model_defaults", lambda *args, **kwargs: {})     # no record loses in the model
     g = _squeeze_excitation(4)
     assert padded_graph(g, "NCHW16c", {}) is not None
     log = tmp_cache.parent / "quick.jsonl"
-    quick_tune(g, 1, str(log), None, use_shipped=False, threads=1, progress=False)
+    MT.quick_tune(g, 1, str(log), None, use_shipped=False, threads=1, progress=False)
     m = compile_model(g, threads=1, use_shipped=False, predict=False, log=str(log))
     anchors = [s for s in m.steps if s.anchor]
     assert any("K=4," in (s.workload or "") for s in anchors)
     assert anchors and all(s.source == str(log) for s in anchors), [(s.workload, s.source) for s in anchors]
     assert_matches_onnxruntime(m, g)
+
+
+@pytest.mark.slow
+@pytest.mark.untuned_check
+def test_a_quick_log_of_a_padded_model_that_runs_slower_whole_than_no_log_is_left_out_of_its_compiles(
+        tmp_cache, monkeypatch):
+    """compile --quick of a model whose compile pads its channels times the model as the quick log
+    compiles it against the compile with no log (the timing faked: the untuned compile 0.9 ms a
+    round, the quick log's 1 ms); the untuned compile winning, the plan line says so, and a compile
+    from that log warns and is the untuned compile, step for step."""
+    import warnings
+
+    import tuner.model_tuning as MT
+    real, timed = MT.whole_times, []
+
+    def whole_times(built, rounds=MT.CHOICE_ROUNDS):
+        if set(built) != {"tuned", "untuned"}:
+            return real(built, rounds)
+        timed.append(built)
+        return {"tuned": [1e-3] * rounds, "untuned": [0.9e-3] * rounds}
+    monkeypatch.setattr(MT, "whole_times", whole_times)
+    monkeypatch.setattr(MT, "in_model_defaults", lambda *args, **kwargs: {})
+    g = _narrow_then_wide()
+    log = tmp_cache.parent / "quick.jsonl"
+    res = MT.quick_tune(g, 1, str(log), None, use_shipped=False, threads=1, progress=False)
+    assert len(timed) == 1 and res.untuned_check["ratio"] == pytest.approx(0.9)
+    assert res.record.untuned and records.load(log).plans[-1].untuned
+    assert str(log) in {s.source for s in timed[0]["tuned"].steps}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from_log = compile_model(g, log=str(log), threads=1)
+    assert [s.code_hash for s in from_log.steps] == [s.code_hash for s in timed[0]["untuned"].steps]
+    assert from_log.meta["logs"] == [] and any("untuned compile faster" in str(w.message) for w in caught)
 
 
 def _record_beside_its_default(tmp_path, defaults: bool):

@@ -397,11 +397,14 @@ def quick_tune(model, per_task: int, log: str, layout: str | None = None, input_
     are those of the layout plan the compile would apply (`plan_logs`, `log`, then the shipped
     database; one of another thread count too), else of the default plan (`layout` None: the
     compile's, graph.layout_plan.default_plan) or of `layout` alone; where that compile pads conv
-    channels (graph.layout_plan.padded_graph), the padded graph's, and no plan is appended. A plan
-    found marked padded compiles so (its Winograd convs, the rest padded in `layout`), and is tuned so. Resumes
-    like any tune: a log that holds as many records for the tasks measures nothing new."""
+    channels (graph.layout_plan.padded_graph), the padded graph's, and the model's own checks follow
+    (padded_checks). A plan found marked padded compiles so (its Winograd convs, the rest padded in
+    `layout`), and is tuned so. Resumes like any tune: a log that holds as many records for the tasks
+    measures nothing new."""
     from .compiler.compile_model import DEFAULT_LAYOUT
-    graph = model if isinstance(model, Graph) else load(str(model), input_shapes)
+    t0 = time.perf_counter()
+    given = layout
+    graph = source = model if isinstance(model, Graph) else load(str(model), input_shapes)
     tgt = parse_target(kwargs.get("target", "cpu"), kwargs.get("threads"))
     found, _ = Database.open([p for p in [*plan_logs, log] if Path(p).exists()], tgt, use_shipped,
                              missing="skip", warn=False).plan(graph_digest(graph), tgt, graph_structure(graph))
@@ -417,9 +420,43 @@ def quick_tune(model, per_task: int, log: str, layout: str | None = None, input_
     keep = True
     if not unpadded:    # the convs the plan leaves out run in `layout`, as the compile runs them
         if (padded := padded_graph(graph, layout, plan)) is not None:
-            graph, keep = padded, False     # the compile pads them: its tasks, and no plan that stops it
+            graph, keep = padded, False     # the compile pads them: its tasks, and a plan marked padded
         plan = {v: plan.get(v, layout) for v in model_layouts(graph, layouts).domains}
-    return tune_model(graph, None, log, layouts=layouts, plan=plan, warmup_batch=per_task, record_plan=keep, **kwargs)
+    res = tune_model(graph, None, log, layouts=layouts, plan=plan, warmup_batch=per_task, record_plan=keep, **kwargs)
+    limit = kwargs.get("time_limit")
+    if not keep and given is None and not (kwargs.get("replay") or kwargs.get("runner") or kwargs.get("cluster")) \
+            and not res.session.interrupted and (limit is None or time.perf_counter() - t0 < limit) \
+            and not (found is not None and found.padded and not res.session.new):   # (its verdicts stand)
+        name = source.name if isinstance(model, Graph) else str(model)
+        res = padded_checks(source, name, res, found, plan, log, tgt, kwargs.get("progress", True))
+    return res
+
+
+def padded_checks(graph: Graph, name: str, res: ModelTuneResult, found, plan: dict, log: str, tgt,
+                  progress: bool = True) -> ModelTuneResult:
+    """A quick tune of a model whose compile pads conv channels measured the padded graph's tasks,
+    and solved no plan of the model to check whole: the model compiled as the compile pads it (the
+    Winograd convs of `plan`, its plan of the padded graph) with the log's records, its tasks beside
+    their defaults in the model (in_model_defaults), then whole against its untuned compile
+    (untuned_check), the verdicts kept in a plan line of the model marked padded (the plan found's,
+    with its choices, else `plan`'s). Without them a quick log can run slower whole than no log
+    (docs/history.md)."""
+    names = {n.name for n in graph.nodes}
+    layouts = dict(found.layouts) if found is not None else {k: v for k, v in plan.items() if k in names}
+    as_compiled = winograd_convs(layouts)
+    choices = dict(found.choices) if found is not None else {}
+    on = {k: v["on"] for k, v in choices.items()}
+    defaults = in_model_defaults(graph, log, tgt, as_compiled, on, progress)
+    untuned = untuned_check(graph, log, tgt, as_compiled, on, defaults, progress)
+    est = res.estimate_s if math.isfinite(res.estimate_s) else (found.estimate_s if found is not None else None)
+    if est is None:
+        return res
+    rec = records.make_plan_record(name, graph_digest(graph), str(tgt), layouts, est, True, (), None, None, None,
+                                   "warm", graph_structure(graph), choices,
+                                   {v.name: list(v.shape) for v in graph.inputs}, False, {}, anonymous_structure(graph),
+                                   True, defaults, untuned["ratio"] <= UNTUNED_MARGIN)
+    records.append(log, [rec])
+    return dataclasses.replace(res, record=rec, appended=True, padded=True, untuned_check=untuned)
 
 
 CHOICE_ROUNDS = 5          # interleaved rounds timing each graph choice (GRAPH_CHOICES) both ways
