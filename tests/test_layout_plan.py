@@ -952,6 +952,8 @@ def test_compile_quick_with_no_plan_measures_the_padded_convs_the_compile_runs_a
     assert any("K=32" in t.workload.spec for t in res.session.tasks if t.workload.op == "conv2d")
     [plan] = records.load(log).plans
     assert plan == res.record and plan.padded and not plan.untuned and plan.model_hash == graph_digest(g)
+    MT.quick_tune(g, 1, str(log), None, use_shipped=False, threads=1, progress=False)
+    assert records.load(log).plans == [plan]            # run again, nothing new measured: its verdicts stand
     m = compile_model(g, threads=1, use_shipped=False, predict=False, log=str(log))
     assert m.meta["layout_plan"] == want and m.meta["layout_plan_from"] == str(log)
     anchors = [s for s in m.steps if s.anchor]
@@ -1026,8 +1028,8 @@ def test_a_conv_whose_channels_no_block_divides_is_priced_in_the_fitted_block_a_
 
 @pytest.mark.slow
 def test_compile_quick_measures_every_task_the_compile_runs_squeeze_excitation_convs_included(tmp_cache, monkeypatch):
-    """The compile pads the 24 channels (so quick appends no plan) and runs the conv down to 4
-    channels in NCHW16c, blocks of 4: quick measures that task, not the conv in NCHW."""
+    """The compile pads the 24 channels (so quick's plan line is marked padded) and runs the conv
+    down to 4 channels in NCHW16c, blocks of 4: quick measures that task, not the conv in NCHW."""
     import tuner.model_tuning as MT
     from tuner.graph.layout_plan import padded_graph
     monkeypatch.setattr(MT, "in_model_defaults", lambda *args, **kwargs: {})     # no record loses in the model
@@ -1039,6 +1041,32 @@ def test_compile_quick_measures_every_task_the_compile_runs_squeeze_excitation_c
     anchors = [s for s in m.steps if s.anchor]
     assert any("K=4," in (s.workload or "") for s in anchors)
     assert anchors and all(s.source == str(log) for s in anchors), [(s.workload, s.source) for s in anchors]
+    assert_matches_onnxruntime(m, g)
+
+
+@pytest.mark.slow
+def test_a_quick_log_of_a_padded_model_runs_the_default_of_each_task_its_in_model_check_found_faster(
+        tmp_cache, monkeypatch):
+    """compile --quick of a model whose compile pads its channels times its records beside their
+    defaults in the model as the compile pads it (faked here: the first task that differs loses);
+    the plan line names that task, and the compile from the log runs its default there."""
+    import tuner.model_tuning as MT
+    from tuner.runtime.artifact import IN_MODEL
+    picked = {}
+
+    def in_model_defaults(graph, log, tgt, layouts, choices, progress=True, **opts):
+        m = compile_model(graph, log=log, target=str(tgt), layout_plan=layouts, **opts, **choices)
+        picked.update(next({s.workload_key: s.code_hash} for s in m.steps if s.source == log and s.anchor))
+        return dict(picked)
+    monkeypatch.setattr(MT, "in_model_defaults", in_model_defaults)
+    g = _narrow_then_wide()
+    log = tmp_cache.parent / "quick.jsonl"
+    res = MT.quick_tune(g, 1, str(log), None, use_shipped=False, threads=1, progress=False)
+    assert res.record.defaults == picked and len(picked) == 1
+    m = compile_model(g, threads=1, use_shipped=False, predict=False, log=str(log))
+    [key] = picked
+    assert {s.source for s in m.steps if s.workload_key == key} == {IN_MODEL}
+    assert str(log) in {s.source for s in m.steps if s.workload_key != key}
     assert_matches_onnxruntime(m, g)
 
 

@@ -406,8 +406,8 @@ def quick_tune(model, per_task: int, log: str, layout: str | None = None, input_
     given = layout
     graph = source = model if isinstance(model, Graph) else load(str(model), input_shapes)
     tgt = parse_target(kwargs.get("target", "cpu"), kwargs.get("threads"))
-    found, _ = Database.open([p for p in [*plan_logs, log] if Path(p).exists()], tgt, use_shipped,
-                             missing="skip", warn=False).plan(graph_digest(graph), tgt, graph_structure(graph))
+    found, where = Database.open([p for p in [*plan_logs, log] if Path(p).exists()], tgt, use_shipped,
+                                 missing="skip", warn=False).plan(graph_digest(graph), tgt, graph_structure(graph))
     unpadded = found is not None and not found.padded
     if unpadded:
         plan = found.layouts
@@ -426,32 +426,34 @@ def quick_tune(model, per_task: int, log: str, layout: str | None = None, input_
     limit = kwargs.get("time_limit")
     if not keep and given is None and not (kwargs.get("replay") or kwargs.get("runner") or kwargs.get("cluster")) \
             and not res.session.interrupted and (limit is None or time.perf_counter() - t0 < limit) \
-            and not (found is not None and found.padded and not res.session.new):   # (its verdicts stand)
-        name = source.name if isinstance(model, Graph) else str(model)
-        res = padded_checks(source, name, res, found, plan, log, tgt, kwargs.get("progress", True))
+            and not (found is not None and found.padded and where == str(log) and not res.session.new):
+        name = source.name if isinstance(model, Graph) else str(model)     # (else the log's verdicts stand)
+        res = padded_checks(source, name, res, found, plan, layouts, log, tgt, use_shipped,
+                            kwargs.get("progress", True))
     return res
 
 
-def padded_checks(graph: Graph, name: str, res: ModelTuneResult, found, plan: dict, log: str, tgt,
-                  progress: bool = True) -> ModelTuneResult:
+def padded_checks(graph: Graph, name: str, res: ModelTuneResult, found, plan: dict, candidates: tuple, log: str,
+                  tgt, use_shipped: bool = True, progress: bool = True) -> ModelTuneResult:
     """A quick tune of a model whose compile pads conv channels measured the padded graph's tasks,
     and solved no plan of the model to check whole: the model compiled as the compile pads it (the
     Winograd convs of `plan`, its plan of the padded graph) with the log's records, its tasks beside
     their defaults in the model (in_model_defaults), then whole against its untuned compile
     (untuned_check), the verdicts kept in a plan line of the model marked padded (the plan found's,
     with its choices, else `plan`'s). Without them a quick log can run slower whole than no log
-    (docs/history.md)."""
+    (docs/history.md). use_shipped: whether the compiles checked take the shipped records."""
+    est = res.estimate_s if math.isfinite(res.estimate_s) else (found.estimate_s if found is not None else None)
+    if est is None:
+        return res
     names = {n.name for n in graph.nodes}
     layouts = dict(found.layouts) if found is not None else {k: v for k, v in plan.items() if k in names}
     as_compiled = winograd_convs(layouts)
     choices = dict(found.choices) if found is not None else {}
     on = {k: v["on"] for k, v in choices.items()}
-    defaults = in_model_defaults(graph, log, tgt, as_compiled, on, progress)
-    untuned = untuned_check(graph, log, tgt, as_compiled, on, defaults, progress)
-    est = res.estimate_s if math.isfinite(res.estimate_s) else (found.estimate_s if found is not None else None)
-    if est is None:
-        return res
-    rec = records.make_plan_record(name, graph_digest(graph), str(tgt), layouts, est, True, (), None, None, None,
+    defaults = in_model_defaults(graph, log, tgt, as_compiled, on, progress, use_shipped=use_shipped)
+    untuned = untuned_check(graph, log, tgt, as_compiled, on, defaults, progress, use_shipped=use_shipped)
+    exact = res.plan.exact if res.plan is not None else True
+    rec = records.make_plan_record(name, graph_digest(graph), str(tgt), layouts, est, exact, candidates, None, None, None,
                                    "warm", graph_structure(graph), choices,
                                    {v.name: list(v.shape) for v in graph.inputs}, False, {}, anonymous_structure(graph),
                                    True, defaults, untuned["ratio"] <= UNTUNED_MARGIN)
@@ -542,7 +544,7 @@ UNTUNED_MARGIN = 0.98          # the untuned compile is kept where it took at mo
 
 
 def untuned_check(graph: Graph, log: str, tgt, layouts: dict, choices: dict, defaults: dict,
-                  progress: bool = True) -> dict:
+                  progress: bool = True, use_shipped: bool = True) -> dict:
     """{"tuned", "untuned": median seconds, "ratio": the median of each round's untuned / tuned}: the model
     compiled as the tune leaves it (`layouts`, `choices` {choice: on}, the log's records but `defaults`,
     in_model_defaults) and as `tuner compile` compiles it with no log, timed whole, interleaved,
@@ -551,8 +553,8 @@ def untuned_check(graph: Graph, log: str, tgt, layouts: dict, choices: dict, def
     whole than its untuned compile (ResNet-50 tuned 3000 trials at 2 threads: docs/history.md)."""
     from .compiler import compile_model
     built = {"tuned": compile_model(graph, log=log, target=str(tgt), layout_plan=layouts, in_model=defaults,
-                                    **choices),
-             "untuned": compile_model(graph, target=str(tgt))}
+                                    use_shipped=use_shipped, **choices),
+             "untuned": compile_model(graph, target=str(tgt), use_shipped=use_shipped)}
     times = whole_times(built, UNTUNED_ROUNDS)
     out = {k: statistics.median(v) for k, v in times.items()}
     out["ratio"] = statistics.median(paired_ratios(times["untuned"], times["tuned"]))
@@ -567,7 +569,8 @@ IN_MODEL_ROUNDS, IN_MODEL_RUNS = 7, 10     # rounds of whole runs of each compil
 IN_MODEL_MARGIN = 0.97         # a default replaces its task's record where it took at most this share of its time
 
 
-def in_model_defaults(graph: Graph, log: str, tgt, layouts: dict, choices: dict, progress: bool = True) -> dict:
+def in_model_defaults(graph: Graph, log: str, tgt, layouts: dict, choices: dict, progress: bool = True,
+                      use_shipped: bool = True) -> dict:
     """{workload key: its best record's code hash} for each task whose default schedule ran in at
     most IN_MODEL_MARGIN of that record's time where it runs: the model compiled with `layouts`
     and `choices` ({choice: on}) twice, with the log's records and with every task on its default
@@ -576,7 +579,7 @@ def in_model_defaults(graph: Graph, log: str, tgt, layouts: dict, choices: dict,
     ResNet-50's tuned records ran slower than their defaults, each thread reading what the other
     core's step had written (docs/history.md)."""
     from .compiler import compile_model
-    opts = dict(log=log, target=str(tgt), layout_plan=layouts, **choices)
+    opts = dict(log=log, target=str(tgt), layout_plan=layouts, use_shipped=use_shipped, **choices)
     tuned = compile_model(graph, **opts)
     default = compile_model(graph, choose=lambda task: task.space.steps(task.space.default()), **opts)
     keys = [s.workload_key for s in tuned.steps]
