@@ -44,6 +44,14 @@ def _c(task, steps) -> str:
     return generate_c(task.lowered(steps), TARGET1.lanes, TARGET1.threads)[0]
 
 
+# AVX2's default dense tile is 24 columns (3 vectors of 8), which crosses the OI16o weight's blocks
+# of 16: a panel's offsets have gaps, and the prefetch step lowers to nothing (docs/history.md).
+# strict: this fails once AVX2's dense defaults prefetch, and the mark goes.
+AVX2_DENSE_GAP = pytest.mark.xfail(TARGET1.isa == "avx2", strict=True,
+                                   reason="AVX2's 24-column dense tile crosses OI16o blocks: no prefetch yet")
+
+
+@AVX2_DENSE_GAP
 def test_the_default_dense_kernel_fetches_its_next_weight_panel_and_computes_the_same_bits():
     task = Task(make("dense", dict(N=32, C=64, K=96, bias=1)), TARGET1)
     steps = task.space.steps(task.space.default())
@@ -111,6 +119,7 @@ def test_most_mutants_of_a_dense_default_still_prefetch():
         assert fetching >= 10, (threads, fetching)
 
 
+@AVX2_DENSE_GAP
 def test_the_denses_of_bert_and_vit_layers_and_a_winograd_gemm_prefetch_by_default():
     cases = [make("dense", dict(N=128, C=768, K=3072, bias=1, act="gelu")),
              make("dense", dict(N=197, C=768, K=768, bias=1)),    # ViT's tokens: a peeled last row of tiles

@@ -564,6 +564,7 @@ def test_a_tile_buffer_too_big_for_the_stack_is_allocated_once_outside_parallel_
     dec = dict(space.default(), pad={"conv_pad": "tile"})
     dec["tile"] = [[1, e // s3, s3] for e, (_, _, s3) in zip(space.out_shape, dec["tile"])]
     dec["tile"][2] = [1, 16, 1]                                   # two tiles of 16 output rows
+    dec["tile"][3] = [1, 4, 8]                                    # every column (not the host's default tile)
     dec["reduce"] = [e for _, e in space.reduce_axes]             # every input channel in one step
     steps = space.steps(dec)
     src, _ = generate_c(lower(space.schedule(steps)), target.lanes, target.threads)
