@@ -424,13 +424,19 @@ def quick_tune(model, per_task: int, log: str, layout: str | None = None, input_
         plan = {v: plan.get(v, layout) for v in model_layouts(graph, layouts).domains}
     res = tune_model(graph, None, log, layouts=layouts, plan=plan, warmup_batch=per_task, record_plan=keep, **kwargs)
     limit = kwargs.get("time_limit")
-    if not keep and given is None and not (kwargs.get("replay") or kwargs.get("runner") or kwargs.get("cluster")) \
+    if not keep and given is None and measured_here(kwargs) \
             and not res.session.interrupted and (limit is None or time.perf_counter() - t0 < limit) \
             and not (found is not None and found.padded and where == str(log) and not res.session.new):
         name = source.name if isinstance(model, Graph) else str(model)     # (else the log's verdicts stand)
         res = padded_checks(source, name, res, found, plan, layouts, log, tgt, use_shipped,
                             kwargs.get("progress", True))
     return res
+
+
+def measured_here(kwargs: dict) -> bool:
+    """Whether a tune with these options times on this host (a replayed tune's costs are another
+    machine's, a cluster's or a runner's its workers')."""
+    return not (kwargs.get("replay") or kwargs.get("runner") or kwargs.get("cluster"))
 
 
 def padded_checks(graph: Graph, name: str, res: ModelTuneResult, found, plan: dict, candidates: tuple, log: str,
@@ -669,9 +675,8 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
     session = tune(pairs, target=tgt, trials=trials, log=log, policy=policy, batch_size=batch_size,
                    scheduler="gradient", warmup_batch=first_look, run_config=config,
                    callbacks=[RoundHook(on_round)], **kwargs)
-    # a replayed tune's costs are another machine's, a cluster's its workers': nothing timed here after it
-    measured_here = not (kwargs.get("replay") or kwargs.get("runner") or kwargs.get("cluster"))
-    if measured_here and not session.interrupted:
+    here = measured_here(kwargs)
+    if here and not session.interrupted:
         confirm_bests(session.tasks, tgt, log, config, kwargs.get("progress", True), kwargs.get("seed", 0),
                       contenders)
     prices = _latencies(session.tasks)
@@ -680,7 +685,7 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
     cold: dict = {}
     cold_est = None
     logged = records.load(log, warn=False)          # its plans: the last one's cold prices, and no copy of it
-    if plan is not None and math.isfinite(est) and measured_here and not session.interrupted:
+    if plan is not None and math.isfinite(est) and here and not session.interrupted:
         last = logged.plan(graph_digest(graph), str(tgt), graph_structure(graph))
         cold = cold_prices(session.tasks, tgt, last.cold if last else None, kwargs.get("progress", True), config)
         cold_best = dict(prices, **{k: s for k, (_, s) in cold.items()})
@@ -693,9 +698,9 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
     rec, appended, checked, padded, untuned = None, False, {}, False, {}
     if plan is not None and math.isfinite(est) and record_plan:
         # the host's peak goes with the plan (for `tuner analyze`'s fraction of peak)
-        peak = peak_gflops(tgt, tgt.threads, 5_000_000) if measured_here else None
+        peak = peak_gflops(tgt, tgt.threads, 5_000_000) if here else None
         limit = kwargs.get("time_limit")
-        timed = measured_here and not session.interrupted and (limit is None or time.perf_counter() - t0 < limit)
+        timed = here and not session.interrupted and (limit is None or time.perf_counter() - t0 < limit)
         last = logged.plan(graph_digest(graph), str(tgt))
         from .compiler.compile_model import DEFAULT_LAYOUT
         rivals = {"one layout": one_layout_plan(space, layouts, prices),
