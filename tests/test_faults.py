@@ -212,6 +212,55 @@ def test_planted_truncated_and_empty_libraries_are_rebuilt_never_loaded(tmp_cach
         lib = _cached(tmp_cache)[0]
 
 
+def _two_convs(extra: bool = False):
+    """A small graph of two convs (three where `extra`: a third after them)."""
+    import numpy as np
+
+    from tuner.graph.builder import GraphBuilder
+    b = GraphBuilder("two_convs")
+    rng = np.random.default_rng(0)
+    v = b.input("x", (1, 8, 6, 6), layout="NCHW")
+    for k in range(3 if extra else 2):
+        w = b.const(rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.2)
+        v = b.add("conv2d", [v, w], {"strides": [1, 1], "pads": [1] * 4, "dilations": [1, 1], "groups": 1}, f"conv{k}")
+        v = b.add("relu", [v], {}, f"relu{k}")
+    return b.finish([v])
+
+
+def test_a_models_kernels_are_cached_apart_and_a_planted_object_is_rebuilt_never_linked(tmp_cache, tmp_path,
+                                                                                         monkeypatch):
+    """A model's library is linked from one cached object per kernel and one for the executor: a
+    second model sharing kernels with it compiles only its new kernels and its executor, and an
+    object in the cache whose bytes are not the ones its name promises is rebuilt, never linked."""
+    import numpy as np
+
+    from tuner.compiler import compile_model
+    mark = tmp_path / "planted-ran"
+    monkeypatch.setenv("PLANT_MARK", str(mark))
+    objects = lambda: {p.name: p.read_bytes() for p in (tmp_cache / "objects").glob("*.o")}   # noqa: E731
+    first = compile_model(_two_convs(), target=str(TARGET1), use_shipped=False)
+    before = objects()
+    assert len(before) == len({s.func for s in first.steps}) + 1 >= 3
+    second = compile_model(_two_convs(extra=True), target=str(TARGET1), use_shipped=False)
+    added = set(objects()) - set(before)
+    new_kernels = {(s.func, s.code_hash) for s in second.steps} - {(s.func, s.code_hash) for s in first.steps}
+    assert len(added) == len(new_kernels) + 1 < len({s.func for s in second.steps}) + 1   # and the executor
+    (other := tmp_path / "planted.c").write_text(PLANTED)
+    subprocess.run(["gcc", "-c", "-fPIC", "-o", str(tmp_path / "planted.o"), str(other)], check=True)
+    victim = sorted(tmp_cache.joinpath("objects").glob("*.o"))[0]
+    good = victim.read_bytes()
+    victim.unlink()
+    victim.write_bytes((tmp_path / "planted.o").read_bytes())
+    for lib in (tmp_cache / "kernels").glob("*.so"):
+        lib.unlink()                                    # the links run again, from the objects
+    for graph, want in ((_two_convs(), first), (_two_convs(extra=True), second)):
+        x = want.random_inputs(seed=1)
+        np.testing.assert_array_equal(compile_model(graph, target=str(TARGET1), use_shipped=False).run(*x)[0],
+                                      want.run(*x)[0])
+    assert not mark.exists(), "a planted object's constructor ran"
+    assert victim.read_bytes() == good
+
+
 def test_the_cache_is_private_and_a_foreign_or_open_one_is_refused(tmp_path, monkeypatch):
     import os
 

@@ -648,3 +648,40 @@ def test_a_first_look_proposes_no_more_than_asked_even_with_seeds_from_another_t
     assert [c.code_hash for c in one] == [task.default_candidate().code_hash] and len(seen) == 1
     rest = RandomSearch(task).default_if_new(seen, 10)
     assert 1 <= len(rest) <= 3 and task.default_candidate().code_hash not in {c.code_hash for c in rest}
+
+
+def test_a_small_space_drawn_again_and_again_lowers_each_point_once():
+    """Random proposals of a task with fewer distinct schedules than asked for (a Winograd output
+    transform's table space) lower every point drawn once, however often it is drawn again, and
+    still return every distinct schedule the draws reach, each once."""
+    from tuner.search.random_search import RandomSearch
+    task = Task(make("winograd_output", dict(H=14, W=14, K=32, pad=1, bias=1, relu=1), "NCHW16c"), TARGET1)
+    lowered = []
+    real = task.from_decisions
+    task.from_decisions = lambda dec: lowered.append(json.dumps(dec, sort_keys=True)) or real(dec)
+    seen: set = set()
+    out = RandomSearch(task, seed=1).propose(64, seen)
+    assert 0 < len(out) < 64 and len({c.code_hash for c in out}) == len(out) == len(seen)
+    assert len(lowered) == len(set(lowered)) < 64 * 50        # every draw beyond the first is free
+
+
+def test_a_first_look_of_the_default_alone_ranks_nothing():
+    """An evolutionary first look of one candidate (a layout transform's, or compile --quick 1) is
+    the default schedule, with no cost-model ranking of a pool it would throw away."""
+    from tuner.search.evolutionary import EvolutionarySearch, SharedModel
+
+    class Counts:
+        name, pretrained, trained_on, calls = "stub", True, 0, 0
+
+        def fit(self, *args):
+            pass
+
+        def predict(self, feats):
+            Counts.calls += 1
+            return np.zeros(len(feats))
+
+    task = Task(SMALL, TARGET1)
+    search = EvolutionarySearch(task, seed=0, shared=SharedModel(Counts()))
+    assert [c.code_hash for c in search.propose(1, set(), first=True)] == [task.default_candidate().code_hash]
+    assert Counts.calls == 0
+    assert len(search.propose(4, set())) == 4 and Counts.calls > 0

@@ -57,8 +57,8 @@ from ..te.dynamic import DynamicError, box, described, fit_dims, fit_table, mono
 from ..te.expr import Call, Load, coefficient, walk
 from ..te.layouts import plan_summary
 from ..te.tensor import placeholder
-from ..toolchain.cc import compile_library
-from .executor import executor_source
+from ..toolchain.cc import compile_parts
+from .executor import executor_parts, executor_source
 from .memory import Lifetime, align, peak_live_bytes, plan
 
 DEFAULT_LAYOUT = "NCHW16c"
@@ -932,10 +932,11 @@ def _build_library(low: _Lowered, tgt, meta: dict, say) -> tuple:
     """(path of the model's library, its C source): kernels, steps and the executor, declaring meta."""
     apart = {s.index: low.lifetimes[id(args[-1])][2] for s, args in zip(low.steps, low.step_args)
              if s.inplace is not None}
-    source = executor_source(list(low.kernels.values()), low.steps, declaration(meta), apart)
+    kernels = list(low.kernels.values())
+    source = executor_source(kernels, low.steps, declaration(meta), apart)
     say(f"building {len(low.kernels)} kernels for {len(low.steps)} steps")
-    flags = list(tgt.cflags) + (["-fopenmp"] if any(k.openmp for k in low.kernels.values()) else [])
-    lib, err = compile_library(source, flags)
+    flags = list(tgt.cflags) + (["-fopenmp"] if any(k.openmp for k in kernels) else [])
+    lib, err = compile_parts(executor_parts(kernels, low.steps, declaration(meta), apart), flags)
     if lib is None:
         raise AssertionError(f"the generated model library does not compile: {err}")
     return lib, source

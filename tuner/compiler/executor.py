@@ -80,9 +80,20 @@ _ARG_C = {"input": "c->inputs[%d]", "output": "c->outputs[%d]", "arena": "(float
 
 
 def executor_source(kernels: list, steps: list, declared: dict, apart: dict | None = None) -> str:
-    """The library's C: kernels, the timing harness, one function per step and the executor, which
-    also declares `declared` (as bytes: names from a model file never become C text). apart: {step
-    index: its output's bytes} of the steps that write over an input."""
+    """The library's C in one file: kernels, the timing harness, one function per step and the
+    executor, which also declares `declared` (as bytes: names from a model file never become C
+    text). apart: {step index: its output's bytes} of the steps that write over an input."""
+    return PRELUDE + "\n".join(k.source for k in kernels) + TIMING + _executor(steps, declared, apart)
+
+
+def executor_parts(kernels: list, steps: list, declared: dict, apart: dict | None = None) -> list:
+    """What executor_source holds, as C files compiled apart: each kernel alone, then the executor
+    with the kernels' prototypes."""
+    prototypes = "".join(f"int {k.func}(float** restrict args);\n" for k in kernels)
+    return [PRELUDE + k.source for k in kernels] + [PRELUDE + prototypes + TIMING + _executor(steps, declared, apart)]
+
+
+def _executor(steps: list, declared: dict, apart: dict | None) -> str:
     parts = []
     symbols = len(declared["inputs"])          # a dynamic model's symbol values follow its inputs
     for s in steps:
@@ -96,9 +107,8 @@ def executor_source(kernels: list, steps: list, declared: dict, apart: dict | No
                          f"return {s.func}(a); }}")
     apart = [(f"step{s.index}_apart", -(-(apart or {})[s.index] // 64) * 64) if s.inplace is not None else ("0", 0)
              for s in steps]
-    return (PRELUDE + "\n".join(k.source for k in kernels) + TIMING
-            + EXECUTOR % {"steps": "\n".join(parts), "table": ", ".join(f"step{s.index}" for s in steps),
-                          "apart": ", ".join(f for f, _ in apart) or "0",
-                          "apart_bytes": ", ".join(str(n) for _, n in apart) or "0",
-                          "count": len(steps),
-                          "declared": ", ".join(str(b) for b in json.dumps(declared, sort_keys=True).encode())})
+    return EXECUTOR % {"steps": "\n".join(parts), "table": ", ".join(f"step{s.index}" for s in steps),
+                       "apart": ", ".join(f for f, _ in apart) or "0",
+                       "apart_bytes": ", ".join(str(n) for _, n in apart) or "0",
+                       "count": len(steps),
+                       "declared": ", ".join(str(b) for b in json.dumps(declared, sort_keys=True).encode())}

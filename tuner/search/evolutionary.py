@@ -95,7 +95,9 @@ class EvolutionarySearch(Policy):
         if pretrained and self.first_batches:
             n = min(n, max(self.first_batches, len(self.measured), self.proposed))
         out = self.random.default_if_new(seen, n) if first else []
-        if len(self.measured) < warm or not self.shared.ready:
+        if len(out) >= n:        # a first look of the default alone: nothing to rank
+            pass
+        elif len(self.measured) < warm or not self.shared.ready:
             out += self.random.propose(n - len(out), seen)
         else:
             self.shared.train_if_stale()

@@ -1,6 +1,7 @@
 """Random search: uniform samples of the sketch's decisions, never proposing known code twice."""
 from __future__ import annotations
 
+import json
 import random
 
 from ..schedule.schedule import ScheduleError
@@ -15,6 +16,7 @@ class RandomSearch(Policy):
         self.task = task
         self.seed = seed
         self.rng = random.Random(seed)
+        self._codes: dict = {}      # decisions sampled -> their code hash (None: they do not lower)
 
     def default_if_new(self, seen: set, n: int) -> list:
         """[the default schedule, then the task's seeds (decisions measured for another thread
@@ -42,10 +44,16 @@ class RandomSearch(Policy):
         attempts = 0
         while len(out) < n and attempts < 50 * n + 200:
             attempts += 1
+            dec = self.task.space.sample(self.rng)
+            key = json.dumps(dec, sort_keys=True)
+            if key in self._codes and (self._codes[key] is None or self._codes[key] in seen):
+                continue         # a point drawn before is not lowered again (a small space's draws repeat)
             try:
-                cand = self.task.from_decisions(self.task.space.sample(self.rng))
+                cand = self.task.from_decisions(dec)
             except ScheduleError:
+                self._codes[key] = None
                 continue
+            self._codes[key] = cand.code_hash
             if cand.code_hash in seen:
                 continue
             seen.add(cand.code_hash)

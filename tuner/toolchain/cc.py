@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import tempfile
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 
@@ -93,6 +94,25 @@ def compile_library(source: str, flags: list) -> tuple:
     """(path of the cached .so, None) or (None, compiler message); SetupError when the machine fails."""
     return cached_build(source, flags, compiler(), ".c", ".so", _check_compiler_works, "kernels",
                         lambda cc, fl, out, src: [cc, *fl, "-fPIC", "-shared", "-o", str(out), str(src), "-lm"])
+
+
+def compile_parts(parts: list, flags: list) -> tuple:
+    """compile_library of the sources `parts` joined, each compiled alone into a cached object
+    (in parallel, one compiler per core) and then linked: a library that differs from one built
+    before in a few parts compiles only those (a model's kernels between the compiles of a tune)."""
+    tool = compiler()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    with ThreadPoolExecutor(max(1, min(len(parts), cores))) as pool:
+        built = list(pool.map(lambda src: cached_build(
+            src, flags, tool, ".c", ".o", _check_compiler_works, "kernels",
+            lambda cc, fl, out, c_file: [cc, *fl, "-fPIC", "-c", "-o", str(out), str(c_file)]), parts))
+    errors = [err for _, err in built if err is not None]
+    if errors:
+        return None, errors[0]
+    objects = [path for path, _ in built]
+    # the link's "source" names its objects, whose names hold their bytes' hash
+    return cached_build("\n".join(Path(o).name for o in objects), flags, tool, ".txt", ".so", _check_compiler_works,
+                        "kernels", lambda cc, fl, out, _: [cc, *fl, "-shared", "-o", str(out), *objects, "-lm"])
 
 
 def cached_build(source: str, flags: list, tool: tuple, src_suffix: str, suffix: str, check_works, what: str,

@@ -85,10 +85,11 @@ def pointer_array(arrays: list, lib_ffi: FFI | None = None):
 CONTENT_HASH_CHARS = 16
 SOURCE_DIGEST_CHARS = 24
 # per kind of built file, by suffix: the kernel cache's subdirectory it is kept in (cc.cache_dir)
-LIBRARY_DIRS = {".so": "kernels", ".cubin": "cuda"}
-# every name library_name gives (a file sent from elsewhere must have one: cluster build workers)
+LIBRARY_DIRS = {".so": "kernels", ".cubin": "cuda", ".o": "objects"}
+# every library name library_name gives (a file sent from elsewhere must have one: cluster build
+# workers send libraries, never objects)
 LIBRARY_NAME = re.compile(rf"[0-9a-f]{{{SOURCE_DIGEST_CHARS}}}-[0-9a-f]{{{CONTENT_HASH_CHARS}}}"
-                          rf"({'|'.join(re.escape(k) for k in LIBRARY_DIRS)})")
+                          rf"({'|'.join(re.escape(k) for k in LIBRARY_DIRS if k != '.o')})")
 
 
 def content_hash(data: bytes) -> str:
