@@ -95,6 +95,21 @@ def test_sampled_batch_matmul_schedules_compute_every_length_in_the_range(b, fix
         _check(task, built, "batch_matmul", fixed, symbolic, {"_dyn0": n})
 
 
+def test_a_guarded_tails_start_is_computed_once_at_entry_not_in_every_unrolled_statement():
+    """A reduction over the sequence in tiles of 13, its guarded tail unrolled: the tail's start (a
+    floor division of the symbol) is one constant computed after the symbol is read, and every
+    length in the range computes the reference (copied into each of the tail's 208 statements, GCC
+    spent 25 s on this kernel)."""
+    fixed, symbolic = {"B": 4, "M": 2, "N": 2}, {"K": symbol_var(0)}
+    task, _, built, cand = dynamic_kernel("batch_matmul", fixed, symbolic, (Symbol("seq", 1, 30),), {"_dyn0": 13}, 27210)
+    lines = cand.source.splitlines()
+    entry = max(k for k, line in enumerate(lines) if line.startswith("  const int tuner_sym"))
+    assert "tuner_floordiv(" in "\n".join(lines[:entry + 1])
+    assert not any("tuner_floordiv(" in line or "/ 13" in line for line in lines[entry + 1:])
+    for n in (1, 12, 13, 14, 29, 30):
+        _check(task, built, "batch_matmul", fixed, symbolic, {"_dyn0": n})
+
+
 def test_rows_that_are_a_product_of_two_symbols_run_to_their_product():
     """M = batch * sequence: the extent fitted is the product, and every pair in the box computes."""
     symbols = (Symbol("batch", 1, 3), Symbol("seq", 1, 9))
