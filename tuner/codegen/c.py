@@ -165,7 +165,9 @@ def c_float(v: float) -> str:
     return f"{float(v)!r}f"
 
 
+# an integer expression of the symbols, read from no buffer, hoisted where it divides or clamps
 _SYMBOL_OPS = (Add, Sub, Mul, FloorDiv, FloorMod, Min, Max)
+_SYMBOL_COSTLY = (FloorDiv, FloorMod, Min, Max)
 
 
 class CGen:
@@ -314,7 +316,9 @@ class CGen:
         return f"{c_name(buffer)}[{self.expr(self.offset(buffer, indices))}]"
 
     def expr(self, e: Expr) -> str:
-        if self.symbol_names and isinstance(e, _SYMBOL_OPS) and not is_float(e) and free_vars(e) <= self.symbol_names:
+        if self.symbol_names and isinstance(e, _SYMBOL_OPS) and free_vars(e) and free_vars(e) <= self.symbol_names \
+                and not is_float(e) and any(isinstance(n, _SYMBOL_COSTLY) for n in walk(e)) \
+                and not any(isinstance(n, (Load, Call)) for n in walk(e)):
             text = self._expr(e)
             return self.symbol_exprs.setdefault(text, f"tuner_sym{len(self.symbol_exprs)}")
         return self._expr(e)

@@ -935,8 +935,7 @@ def _build_library(low: _Lowered, tgt, meta: dict, say) -> tuple:
     kernels = list(low.kernels.values())
     source = executor_source(kernels, low.steps, declaration(meta), apart)
     say(f"building {len(low.kernels)} kernels for {len(low.steps)} steps")
-    flags = list(tgt.cflags) + (["-fopenmp"] if any(k.openmp for k in kernels) else [])
-    lib, err = compile_parts(executor_parts(kernels, low.steps, declaration(meta), apart), flags)
+    lib, err = compile_parts(executor_parts(kernels, low.steps, declaration(meta), apart), list(tgt.cflags))
     if lib is None:
         raise AssertionError(f"the generated model library does not compile: {err}")
     return lib, source

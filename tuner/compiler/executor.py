@@ -87,10 +87,12 @@ def executor_source(kernels: list, steps: list, declared: dict, apart: dict | No
 
 
 def executor_parts(kernels: list, steps: list, declared: dict, apart: dict | None = None) -> list:
-    """What executor_source holds, as C files compiled apart: each kernel alone, then the executor
-    with the kernels' prototypes."""
+    """What executor_source holds, as C files compiled apart ([(source, extra compiler flags)]):
+    each kernel alone (with -fopenmp where it uses OpenMP), then the executor with the kernels'
+    prototypes."""
     prototypes = "".join(f"int {k.func}(float** restrict args);\n" for k in kernels)
-    return [PRELUDE + k.source for k in kernels] + [PRELUDE + prototypes + TIMING + _executor(steps, declared, apart)]
+    return [(PRELUDE + k.source, ["-fopenmp"] if k.openmp else []) for k in kernels] + \
+        [(PRELUDE + prototypes + TIMING + _executor(steps, declared, apart), [])]
 
 
 def _executor(steps: list, declared: dict, apart: dict | None) -> str:

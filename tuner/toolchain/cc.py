@@ -20,7 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..errors import SetupError
-from .library import LIBRARY_DIRS, library_name, source_digest, verified
+from .library import LIBRARY_DIRS, content_hash, library_name, source_digest, verified
 
 
 def cache_root() -> Path:
@@ -97,22 +97,36 @@ def compile_library(source: str, flags: list) -> tuple:
 
 
 def compile_parts(parts: list, flags: list) -> tuple:
-    """compile_library of the sources `parts` joined, each compiled alone into a cached object
-    (in parallel, one compiler per core) and then linked: a library that differs from one built
-    before in a few parts compiles only those (a model's kernels between the compiles of a tune)."""
+    """(path of the cached .so, None) or (None, compiler message) of a library linked from `parts`
+    ([(C source, its own extra flags)]), each compiled alone into a cached object, one compiler
+    per core: a library that differs from one built before in a few parts compiles only those
+    (a model's kernels between the compiles of a tune). Each object's bytes are checked against
+    its name as they are copied into the link's own directory, so the link reads what was checked."""
     tool = compiler()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     with ThreadPoolExecutor(max(1, min(len(parts), cores))) as pool:
-        built = list(pool.map(lambda src: cached_build(
-            src, flags, tool, ".c", ".o", _check_compiler_works, "kernels",
+        built = list(pool.map(lambda part: cached_build(
+            part[0], flags + part[1], tool, ".c", ".o", _check_compiler_works, "kernel objects",
             lambda cc, fl, out, c_file: [cc, *fl, "-fPIC", "-c", "-o", str(out), str(c_file)]), parts))
     errors = [err for _, err in built if err is not None]
     if errors:
         return None, errors[0]
-    objects = [path for path, _ in built]
+    objects = [Path(path) for path, _ in built]
+    extra = sorted({f for _, fl in parts for f in fl})
+
+    def link(cc, fl, out, listing):
+        copies = []
+        for k, obj in enumerate(objects):
+            data = obj.read_bytes()
+            if content_hash(data) != obj.stem.rsplit("-", 1)[1]:
+                raise SetupError(f"kernel cache object {obj} changed while a model was linked from it; check who else "
+                                 "writes to the kernel cache (TUNER_CACHE_DIR) and compile again")
+            (copy := Path(listing).parent / f"{k}.o").write_bytes(data)
+            copies.append(str(copy))
+        return [cc, *fl, "-shared", "-o", str(out), *copies, "-lm"]
     # the link's "source" names its objects, whose names hold their bytes' hash
-    return cached_build("\n".join(Path(o).name for o in objects), flags, tool, ".txt", ".so", _check_compiler_works,
-                        "kernels", lambda cc, fl, out, _: [cc, *fl, "-shared", "-o", str(out), *objects, "-lm"])
+    return cached_build("\n".join(o.name for o in objects), flags + extra, tool, ".txt", ".so", _check_compiler_works,
+                        "kernels", link)
 
 
 def cached_build(source: str, flags: list, tool: tuple, src_suffix: str, suffix: str, check_works, what: str,
