@@ -906,15 +906,23 @@ def test_a_compile_with_no_plan_runs_wide_3x3_convs_as_winograd_where_the_target
 @pytest.mark.slow
 def test_compile_quick_measures_the_tasks_of_the_default_plan_and_keeps_its_winograd_convs(tmp_cache):
     """compile --quick with no plan anywhere and no --layout tunes the default plan's tasks (its
-    Winograd convs fixed), so the plan it appends, which the compile then applies, keeps them."""
+    Winograd convs fixed), so the plan it appends, which the compile then applies, keeps them; and
+    it measures N candidates of each task, a Winograd GEMM's too (a tune's first look of one is 16)."""
+    import collections
+
     from tuner.graph.layout_plan import default_plan
     from tuner.model_tuning import quick_tune
     from tuner.target import parse_target
     g = resnet(18, image=64)
     want = default_plan(g, "NCHW16c", parse_target("cpu", 1).lanes)
-    res = quick_tune(g, 1, str(tmp_cache.parent / "quick.jsonl"), None, use_shipped=False, threads=1, progress=False)
+    log = tmp_cache.parent / "quick.jsonl"
+    res = quick_tune(g, 1, str(log), None, use_shipped=False, threads=1, progress=False)
     assert res.plan is not None and {v: res.plan.layouts.get(v) for v in want} == want
     assert any(t.workload.op == "winograd_gemm" for t in res.session.tasks) == bool(want)
+    codes = collections.defaultdict(set)       # (a candidate is logged again by the checks that time it again)
+    for r in records.load(log).records:
+        codes[r.workload.key].add(r.code_hash)
+    assert codes and {len(c) for c in codes.values()} == {1}
 
 
 def _narrow_then_wide(image: int = 14):

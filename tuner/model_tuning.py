@@ -393,7 +393,8 @@ def quick_tune(model, per_task: int, log: str, layout: str | None = None, input_
                plan_logs=(), use_shipped: bool = True, **kwargs) -> ModelTuneResult:
     """`tuner compile --quick N`: a model tune in which every task has its first look only, N
     candidates: the default schedule, its record for another thread count, and what the cost model
-    (the shipped pre-trained one) ranks first; FIRST_LOOK's fixed looks as in any tune. The tasks
+    (the shipped pre-trained one) ranks first; FIRST_LOOK's fixed looks up to N (a Winograd GEMM's
+    16 price a layout a tune may drop, and a quick tune's plan is fixed). The tasks
     are those of the layout plan the compile would apply (`plan_logs`, `log`, then the shipped
     database; one of another thread count too), else of the default plan (`layout` None: the
     compile's, graph.layout_plan.default_plan) or of `layout` alone; where that compile pads conv
@@ -422,7 +423,8 @@ def quick_tune(model, per_task: int, log: str, layout: str | None = None, input_
         if (padded := padded_graph(graph, layout, plan)) is not None:
             graph, keep = padded, False     # the compile pads them: its tasks, and a plan marked padded
         plan = {v: plan.get(v, layout) for v in model_layouts(graph, layouts).domains}
-    res = tune_model(graph, None, log, layouts=layouts, plan=plan, warmup_batch=per_task, record_plan=keep, **kwargs)
+    res = tune_model(graph, None, log, layouts=layouts, plan=plan, warmup_batch=per_task, record_plan=keep,
+                     look_cap=per_task, **kwargs)
     limit = kwargs.get("time_limit")
     if not keep and given is None and measured_here(kwargs) \
             and not res.session.interrupted and (limit is None or time.perf_counter() - t0 < limit) \
@@ -613,7 +615,7 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
                layouts=DEFAULT_CHOICES, input_shapes: dict | None = None, warmup_batch: int = 4,
                batch_size: int = 16, policy: str = "evolutionary", weights: str = WEIGHTS[0],
                plan: dict | None = None, contenders: dict | None = None, name: str | None = None,
-               handover=None, record_plan: bool = True, **kwargs) -> ModelTuneResult:
+               handover=None, record_plan: bool = True, look_cap: int | None = None, **kwargs) -> ModelTuneResult:
     """Tune a built-in model, an ONNX file or a Graph until `trials` records exist for its tasks in
     `log`, its weighted tasks timed with their weights cold or warm (`weights`, see the module's
     doc), time each task's front-runners a second time (confirm_bests), and append the layout
@@ -623,7 +625,8 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
     cold_weights is set by `weights`). plan: {conv or dense node: layout} fixes the nodes it names
     to those layouts (compile --quick tunes the plan the compile will apply; record_plan=False: no
     plan checked or appended, for a compile that applies its own). trials=None: every
-    task's first look only (FIRST_LOOK's, else `warmup_batch` candidates). contenders: {workload
+    task's first look only (FIRST_LOOK's, at most `look_cap` where given, else `warmup_batch`
+    candidates). contenders: {workload
     key: [steps]} timed in its task's heat too (tune_dynamic: the schedules of a larger bucket).
     name: the model's name in the plan (default: the built-in name or path; a Graph's own name).
     handover: (tasks, RunConfig, log, the last plan's ends) -> the plan's `ends`, after the heats
@@ -641,13 +644,13 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
                         "operators with --workload, or use --target cpu")
     space = model_layouts(graph, tuple(layouts)).restricted(plan or {})   # plan: the convs it names fixed
     pairs = space.workloads()
+    looks = {op: n if look_cap is None else min(n, look_cap) for op, n in FIRST_LOOK.items()}
     if trials is None:
-        trials = sum(FIRST_LOOK.get(wl.op, warmup_batch) for wl, _ in pairs)
+        trials = sum(looks.get(wl.op, warmup_batch) for wl, _ in pairs)
     if trials < len(pairs):
         raise UserError(f"--trials {trials} is less than the {len(pairs)} tasks of {name} in layouts "
                         f"{', '.join(layouts)}: give at least {len(pairs)} (one measurement each; "
                         f"{len(pairs) * warmup_batch} or more to tune) or fewer --layouts")
-    looks = dict(FIRST_LOOK)
     fixed = [wl.op for wl, _ in pairs if wl.op in looks]
     if trials - sum(looks[op] for op in fixed) < len(pairs) - len(fixed):   # too few trials: one look each
         looks = dict.fromkeys(looks, 1)
