@@ -167,7 +167,7 @@ def c_float(v: float) -> str:
 
 # an integer expression of the symbols, read from no buffer, hoisted where it divides or clamps
 _SYMBOL_OPS = (Add, Sub, Mul, FloorDiv, FloorMod, Min, Max)
-_SYMBOL_COSTLY = (FloorDiv, FloorMod, Min, Max)
+_SYMBOL_COSTLY = {FloorDiv, FloorMod, Min, Max}
 
 
 class CGen:
@@ -317,8 +317,8 @@ class CGen:
 
     def expr(self, e: Expr) -> str:
         if self.symbol_names and isinstance(e, _SYMBOL_OPS) and free_vars(e) and free_vars(e) <= self.symbol_names \
-                and not is_float(e) and any(isinstance(n, _SYMBOL_COSTLY) for n in walk(e)) \
-                and not any(isinstance(n, (Load, Call)) for n in walk(e)):
+                and not is_float(e) and _SYMBOL_COSTLY & (kinds := {type(n) for n in walk(e)}) \
+                and not {Load, Call} & kinds:
             text = self._expr(e)
             return self.symbol_exprs.setdefault(text, f"tuner_sym{len(self.symbol_exprs)}")
         return self._expr(e)
