@@ -920,9 +920,12 @@ def test_compile_quick_measures_the_tasks_of_the_default_plan_and_keeps_its_wino
     assert res.plan is not None and {v: res.plan.layouts.get(v) for v in want} == want
     assert any(t.workload.op == "winograd_gemm" for t in res.session.tasks) == bool(want)
     codes = collections.defaultdict(set)       # (a candidate is logged again by the checks that time it again)
-    for r in records.load(log).records:
+    logged = records.load(log).records
+    for r in logged:
         codes[r.workload.key].add(r.code_hash)
     assert codes and {len(c) for c in codes.values()} == {1}
+    shares = {t.workload.key: t.workload.flops * t.weight for t in res.session.tasks}
+    assert shares[logged[0].workload.key] == max(shares.values())    # the largest share measured first
 
 
 def _narrow_then_wide(image: int = 14):

@@ -645,7 +645,8 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
     space = model_layouts(graph, tuple(layouts)).restricted(plan or {})   # plan: the convs it names fixed
     pairs = space.workloads()
     looks = {op: n if look_cap is None else min(n, look_cap) for op, n in FIRST_LOOK.items()}
-    if trials is None:
+    if trials is None:          # first looks only (compile --quick): the largest share of the model's
+        pairs.sort(key=lambda p: -p[0].flops * p[1])     # FLOPs first, so that a time limit cuts the least
         trials = sum(looks.get(wl.op, warmup_batch) for wl, _ in pairs)
     if trials < len(pairs):
         raise UserError(f"--trials {trials} is less than the {len(pairs)} tasks of {name} in layouts "
