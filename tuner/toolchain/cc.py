@@ -20,7 +20,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..errors import SetupError
-from .library import LIBRARY_DIRS, content_hash, library_name, source_digest, verified
+from ..target import host_cores
+from .library import LIBRARY_DIRS, library_name, source_digest, verified, verified_bytes
 
 
 def cache_root() -> Path:
@@ -103,8 +104,7 @@ def compile_parts(parts: list, flags: list) -> tuple:
     (a model's kernels between the compiles of a tune). Each object's bytes are checked against
     its name as they are copied into the link's own directory, so the link reads what was checked."""
     tool = compiler()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    with ThreadPoolExecutor(max(1, min(len(parts), cores))) as pool:
+    with ThreadPoolExecutor(max(1, min(len(parts), host_cores()))) as pool:
         built = list(pool.map(lambda part: cached_build(
             part[0], flags + part[1], tool, ".c", ".o", _check_compiler_works, "kernel objects",
             lambda cc, fl, out, c_file: [cc, *fl, "-fPIC", "-c", "-o", str(out), str(c_file)]), parts))
@@ -117,8 +117,7 @@ def compile_parts(parts: list, flags: list) -> tuple:
     def link(cc, fl, out, listing):
         copies = []
         for k, obj in enumerate(objects):
-            data = obj.read_bytes()
-            if content_hash(data) != obj.stem.rsplit("-", 1)[1]:
+            if (data := verified_bytes(obj)) is None:
                 raise SetupError(f"kernel cache object {obj} changed while a model was linked from it; check who else "
                                  "writes to the kernel cache (TUNER_CACHE_DIR) and compile again")
             (copy := Path(listing).parent / f"{k}.o").write_bytes(data)

@@ -107,14 +107,19 @@ def library_name(digest: str, data: bytes, suffix: str = ".so") -> str:
     return f"{digest}-{content_hash(data)}{suffix}"
 
 
-def verified(path) -> bool:
-    """Whether the file's bytes are the ones its name promises."""
+def verified_bytes(path) -> bytes | None:
+    """The file's bytes, where they are the ones its name promises; else None."""
     try:
         data = Path(path).read_bytes()
     except OSError:
-        return False
+        return None
     stem = Path(path).stem
-    return bool(data) and "-" in stem and stem.rsplit("-", 1)[1] == content_hash(data)
+    return data if data and "-" in stem and stem.rsplit("-", 1)[1] == content_hash(data) else None
+
+
+def verified(path) -> bool:
+    """Whether the file's bytes are the ones its name promises."""
+    return verified_bytes(path) is not None
 
 
 class LibraryError(SetupError):
