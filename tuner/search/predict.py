@@ -28,12 +28,16 @@ from ..space.sketch import SPACE_VERSION
 from .evolutionary import EvolutionarySearch, SharedModel
 
 POOL = 128          # sampled points the model ranks (then mutated twice, as a search's first round)
+# A pick replaces the default only where the model expects it this much faster (its scores are log
+# throughputs): a model's first choice, taken everywhere, ran slower than the default in most tasks
+# of a model it never learnt from; the larger the margin, the less it lost (docs/search.md).
+MARGIN = 2.0
 
 
-def pick(task, model, seeds: list = (), pool: int = POOL, features=None) -> list:
+def pick(task, model, seeds: list = (), pool: int = POOL, features=None, margin: float = MARGIN) -> list:
     """The step list `model` ranks first among the task's default, `seeds` and a search's first
-    round (see the module); of equal scores the first, the default before the others.
-    features: a FeaturePool that holds `task`."""
+    round (see the module) where it scores it `margin` times the default's throughput or more,
+    else the default; of equal scores the first. features: a FeaturePool that holds `task`."""
     shared = SharedModel(model)
     shared.pool = features
     search = EvolutionarySearch(task, seed=int(task.workload.key[:8], 16), shared=shared, first_pool=pool)
@@ -42,7 +46,10 @@ def pick(task, model, seeds: list = (), pool: int = POOL, features=None) -> list
     scores = iter(model.predict([f for f in feats if f is not None]))
     scored = [(s, next(scores)) for s, f in zip(given, feats) if f is not None]
     scored += [(task.space.steps(d), p) for d, p in search.ranked() if np.isfinite(p)]   # scored as they evolved
-    return max(scored, key=lambda sp: sp[1])[0]
+    best = max(scored, key=lambda sp: sp[1])
+    if feats[0] is not None and best[1] < scored[0][1] + np.log(margin):
+        return given[0]
+    return best[0]
 
 
 MIN_SEEN = 8        # workloads of an operator a model must have learnt from to pick its schedules
