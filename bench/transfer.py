@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     path = args.model if args.model.endswith(".ubj") else str(PRETRAINED_DIR / f"{args.model}.ubj")
     recs = [r for p in args.logs for r in records.load(p, warn=False).records if r.ok]
-    cache = FeatureCache()
+    cache, default_steps = FeatureCache(), {}
     feats, lats, groups, defaults = [], [], [], []
     for r in recs:                   # from_records, one record at a time, to know which ran the default
         f, lat, g = from_records([r], cache)
@@ -49,7 +49,10 @@ def main(argv=None) -> int:
             feats += f
             lats += lat
             groups += g
-            defaults.append(_is_default(r, cache))
+            if r.task_key not in default_steps:
+                space = cache.task_for(r).space
+                default_steps[r.task_key] = space.steps(space.default())
+            defaults.append(r.steps == default_steps[r.task_key])
     pred = np.asarray(XGBModel.pretrained_from(path).predict(feats))
     rng = np.random.default_rng(0)
     rows = []
@@ -91,11 +94,6 @@ def main(argv=None) -> int:
                   f"{med[f'margin_{m}']:.3f} ({sum(r['expected_gain'] > m for r in both)} tasks)")
     write_results("transfer", args.out, {"model": path, "logs": args.logs, "rows": rows, "median": med})
     return 0
-
-
-def _is_default(rec, cache: FeatureCache) -> bool:
-    task = cache.task_for(rec)
-    return rec.steps == task.space.steps(task.space.default())
 
 
 if __name__ == "__main__":

@@ -513,14 +513,14 @@ def test_a_task_that_stopped_improving_loses_the_promise_of_its_familys_rate():
 
 
 class _Prefers:
-    """A stub cost model scoring 1 the candidates whose features are `liked`'s, 0 the others."""
+    """A stub cost model scoring `score` the candidates whose features are `liked`'s, 0 the others."""
     pretrained = True
 
-    def __init__(self, liked):
-        self.liked = liked
+    def __init__(self, liked, score: float = 1.0):
+        self.liked, self.score = liked, score
 
     def predict(self, feats):
-        return np.array([float(np.array_equal(f, self.liked)) for f in feats])
+        return np.array([self.score if np.array_equal(f, self.liked) else 0.0 for f in feats])
 
 
 @pytest.mark.predict
@@ -540,18 +540,6 @@ def test_the_cost_models_pick_is_the_candidate_it_ranks_first_among_the_default_
         pick(task, XGBModel.pretrained_from(str(_shipped())), [seed])      # deterministic
 
 
-class _Scores:
-    """A stub cost model scoring `liked`'s features `score`, the default's 0, all others -10."""
-    pretrained = True
-
-    def __init__(self, liked, default, score):
-        self.liked, self.default, self.score = liked, default, score
-
-    def predict(self, feats):
-        return np.array([self.score if np.array_equal(f, self.liked) else 0.0 if np.array_equal(f, self.default)
-                         else -10.0 for f in feats])
-
-
 @pytest.mark.predict
 def test_the_cost_models_pick_replaces_the_default_only_where_it_expects_a_margin_over_it():
     """Its scores are log throughputs: a seed scored a little above the default (less than
@@ -563,9 +551,9 @@ def test_the_cost_models_pick_replaces_the_default_only_where_it_expects_a_margi
     feats = lambda steps: extract(lower(task.space.schedule(steps)), task.workload.flops)   # noqa: E731
     assert seed != default and MARGIN > 1
     below, above = np.log(MARGIN) * 0.9, np.log(MARGIN) * 1.1
-    assert pick(task, _Scores(feats(seed), feats(default), below), [seed]) == default
-    assert pick(task, _Scores(feats(seed), feats(default), above), [seed]) == seed
-    assert pick(task, _Scores(feats(seed), feats(default), below), [seed], margin=1.0) == seed
+    assert pick(task, _Prefers(feats(seed), below), [seed]) == default
+    assert pick(task, _Prefers(feats(seed), above), [seed]) == seed
+    assert pick(task, _Prefers(feats(seed), below), [seed], margin=1.0) == seed
 
 
 def _shipped():

@@ -4,8 +4,9 @@ Between a tuning record and the default schedule: a compile whose task no record
 the candidate the shipped model of the target's ISA ranks first (where that model learnt from the
 target's thread count and from enough workloads of the task's operator) among the task's default, the
 step lists logged for the same workload on other targets (another ISA or thread count) and what
-a search's first round would look at (a sample of the space, mutated), so an untuned model runs
-what a tune would measure first rather than one fixed rule. Deterministic for a task, a model and
+a search's first round would look at (a sample of the space, mutated), where it expects MARGIN
+over the default, so an untuned model runs what a tune would measure first rather than one fixed
+rule. Deterministic for a task, a model and
 this version: the sample's seed is the workload's key. The candidates are lowered and featurised
 (pure Python, most of the time) by the feature workers a tune uses (cost_model.parallel: fresh
 interpreters, so a user's script is never imported again by a worker, as multiprocessing's spawn
@@ -30,7 +31,7 @@ from .evolutionary import EvolutionarySearch, SharedModel
 POOL = 128          # sampled points the model ranks (then mutated twice, as a search's first round)
 # A pick replaces the default only where the model expects it this much faster (its scores are log
 # throughputs): a model's first choice, taken everywhere, ran slower than the default in most tasks
-# of a model it never learnt from; the larger the margin, the less it lost (docs/search.md).
+# of a network it never learnt from; the larger the margin, the less it lost (docs/search.md).
 MARGIN = 2.0
 
 
