@@ -5,7 +5,8 @@
 Both artifacts must hold the same steps (one model, one layout plan; `tuner compile` by two versions
 of tuner, or from two logs). Each round profiles each artifact's whole runs in turn
 (`CompiledModel.profile`: every step timed in the model, its caches as its producers left them).
-Steps whose schedules differ, or that write over an input in one only, are the changed ones: their
+Steps whose code differs (their schedules, or the C a version generates from them), or that write
+over an input in one only, are the changed ones: their
 summed time is paired round by round, and so is the unchanged steps', which is the host's drift
 between the two for the same code. Prints the changed steps one by one, both sums and the whole
 runs; writes JSON under bench/results/.
@@ -36,10 +37,10 @@ def main(argv=None) -> int:
                                         progress=lambda msg: print(f"  {msg}", flush=True))
     ta, tb = steps[na], steps[nb]
     changed = [i for i, (x, y) in enumerate(zip(a.steps, b.steps))
-               if (x.steps, x.inplace) != (y.steps, y.inplace)]
+               if (x.steps, x.inplace, x.code_hash) != (y.steps, y.inplace, y.code_hash)]
     same = [i for i in range(len(a.steps)) if i not in changed]
     if not changed:
-        raise SystemExit(f"{da} and {db} run the same schedules, in place in the same steps")
+        raise SystemExit(f"{da} and {db} run the same code, in place in the same steps")
     med = lambda v: float(np.median(v))        # noqa: E731
     ratio = lambda idx: med(tb[:, idx].sum(1) / ta[:, idx].sum(1)) if idx else float("nan")   # noqa: E731
     rows = []

@@ -574,5 +574,5 @@ def test_steps_ab_pairs_the_steps_two_artifacts_schedule_differently_and_refuses
     compile_model(resnet(18, 8, 1), threads=1, use_shipped=False, predict=False).save(other)
     with pytest.raises(SystemExit, match="not one model's plan"):
         steps_ab.main([f"old={a}", f"new={other}", "--rounds", "1"])
-    with pytest.raises(SystemExit, match="the same schedules, in place in the same steps"):
+    with pytest.raises(SystemExit, match="the same code, in place in the same steps"):
         steps_ab.main([f"old={a}", f"new={a}", "--rounds", "1"])

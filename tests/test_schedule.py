@@ -739,6 +739,38 @@ def test_the_table_sketch_unrolls_the_matrix_axes_so_the_entries_are_constants()
     assert " % " in task.candidate(tiled.steps(tiled.default())).source
 
 
+@pytest.mark.parametrize("wl", [make("conv2d", dict(C=16, H=6, W=20, K=16, R=3, S=3, pad=1, groups=16, bias=1,
+                                                  act="silu"), "NCHW16c"),
+                                make("dense", dict(N=12, C=16, K=64, bias=1, act="gelu"), "OI16o")],
+                         ids=["depthwise-silu", "dense-gelu"])
+def test_the_epilogue_over_a_register_sized_accumulator_tile_is_unrolled_and_over_a_larger_one_is_not(wl):
+    """A loop over a local tile of at most REGISTER_TILE elements, with only unrolled or vector
+    loops inside (the epilogue reading the accumulators back), is unrolled, so that every index
+    into the tile is a constant; the reduction loops around the tile's FMAs are not, nor is the
+    epilogue of a tile too large for the registers. Both compute the reference."""
+    from tuner.schedule.lower import REGISTER_TILE
+    space = SearchSpace(wl, TARGET1)
+    small = space.default()
+    out = space.out_shape
+    big = dict(small, tile=[[1, 1, e] for e in out])            # the whole output in one tile
+    assert math.prod(out) > REGISTER_TILE >= math.prod(t[2] for t in small["tile"])
+    epilogue = {}
+    for name, dec in (("small", small), ("big", big)):
+        steps = space.steps(dec)
+        f = lower(replay(*wl.build(), steps))
+        [tile] = {s.buffer for s in ir.stmts(f.body) if isinstance(s, ir.Allocate)}
+        loops = [s for s in ir.stmts(f.body) if isinstance(s, ir.For)]
+        # the output stage's loops inside the register tile: its axes' innermost level, not vectorised
+        epilogue[name] = [s for s in loops if s.var.startswith(space.output.name) and s.var.endswith("_2")
+                          and s.kind != "vectorize" and s.extent > 1]
+        reductions = [s for s in loops if s.var.rstrip("_01") in {r for r, _ in space.reduce_axes}]
+        assert reductions and all(s.kind == "serial" for s in reductions if s.extent > 1)
+        assert tile and epilogue[name]
+        check_schedules([(wl, steps)])
+    assert all(s.kind == "unroll" for s in epilogue["small"])
+    assert all(s.kind == "serial" for s in epilogue["big"])
+
+
 def test_a_flat_sketch_mutates_one_decision_to_another_legal_option():
     for wl in (WINOGRAD_TRANSFORMS[0], make("relu", dict(C=16, H=4, W=4), "NCHW16c")):
         space = SearchSpace(wl, TARGET1)

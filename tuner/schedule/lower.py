@@ -7,6 +7,8 @@ local buffer covering exactly the region the consumer reads below that loop.
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 from dataclasses import dataclass
 
@@ -549,10 +551,46 @@ def _walk_body(body: Expr):
 
 
 _RELAXED = ("threadIdx.x", "vthread")     # loops a shared buffer serves all of
+REGISTER_TILE = 512       # elements of a local tile the compiler may keep in registers (32 of 16 lanes)
+
+
+def _tile_index(s: ir.Stmt, var: str, tiles: frozenset) -> bool:
+    """Whether a statement in `s` reads or writes one of `tiles` at an index that moves with `var`."""
+    for st in ir.stmts(s):
+        exprs = [st.value, *st.indices] if isinstance(st, ir.Store) else [st.cond] if isinstance(st, ir.IfThen) else []
+        if isinstance(st, ir.Store) and st.buffer in tiles and any(var in free_vars(i) for i in st.indices):
+            return True
+        if any(isinstance(n, Load) and n.buffer in tiles and any(var in free_vars(i) for i in n.indices)
+               for e in exprs for n in walk(e)):
+            return True
+    return False
+
+
+def unroll_register_tiles(s: ir.Stmt, tiles: frozenset = frozenset()) -> ir.Stmt:
+    """Every serial loop over a small local tile (an accumulator of at most REGISTER_TILE elements)
+    with nothing but unrolled or vector loops inside, unrolled: the epilogue that reads the
+    accumulators back is such a loop, and left a loop, its index into the tile is not a constant,
+    so the C compiler keeps the whole tile in memory, and every FMA of the reduction loads and
+    stores it (a depthwise conv with a SiLU epilogue 1.6x slower: docs/history.md)."""
+    if isinstance(s, ir.Allocate):
+        small = s.scope == "local" and all(isinstance(d, int) for d in s.shape) and math.prod(s.shape) <= REGISTER_TILE
+        return dataclasses.replace(s, body=unroll_register_tiles(s.body, tiles | {s.buffer} if small else tiles))
+    if isinstance(s, ir.Seq):
+        return ir.Seq([unroll_register_tiles(x, tiles) for x in s.stmts])
+    if isinstance(s, (ir.IfThen, ir.Unswitch)):
+        return dataclasses.replace(s, body=unroll_register_tiles(s.body, tiles))
+    if not isinstance(s, ir.For):
+        return s
+    s = dataclasses.replace(s, body=unroll_register_tiles(s.body, tiles))
+    straight = all(x.kind in ("unroll", "vectorize") for x in ir.stmts(s.body) if isinstance(x, ir.For))
+    if tiles and s.kind == "serial" and s.limit is None and straight and _tile_index(s.body, s.var, tiles):
+        s = dataclasses.replace(s, kind="unroll")
+    return s
 
 
 def lower(sch: Schedule, func_name: str = "kernel", dims: DynamicDims | None = None) -> ir.Func:
     """The loop nest of a replayed schedule; with `dims`, a dynamic kernel (te.dynamic): its
     buffers at the bound shapes, its loops over the dynamic dimensions stopping at the run's."""
-    return prefetch_panels(peel_guards(inject_virtual_threads(unswitch(Lowerer(sch, func_name, dims).lower()))),
+    func = prefetch_panels(peel_guards(inject_virtual_threads(unswitch(Lowerer(sch, func_name, dims).lower()))),
                            sch.prefetches)
+    return dataclasses.replace(func, body=unroll_register_tiles(func.body))
