@@ -40,6 +40,34 @@ def test_corrupt_and_truncated_lines_are_skipped_and_counted(tuned_log, tmp_path
     assert len(records.load(damaged, warn=False).records) == 2
 
 
+def test_a_gzipped_log_reads_as_its_lines_a_cut_stream_up_to_the_cut_and_is_never_appended_to(tmp_path):
+    """A corpus ships gzipped: load reads it (known by its first bytes, whatever its name) as the
+    plain log; a stream cut short gives the lines before the cut, the damage counted; a tune or
+    an append into a gzipped log is refused by name before anything is written."""
+    import gzip
+    from pathlib import Path
+
+    from tuner.errors import UserError
+    plain = Path(__file__).parent / "data" / "model-replay.jsonl"
+    packed = gzip.compress(plain.read_bytes())
+    want = records.load(plain, warn=False)
+    for name in ("log.jsonl.gz", "named-plain.jsonl"):
+        (tmp_path / name).write_bytes(packed)
+        got = records.load(tmp_path / name, warn=False)
+        assert got.records and got.plans and got.skipped == 0
+        assert [r.to_json() for r in got.records] == [r.to_json() for r in want.records]
+        assert [p.to_json() for p in got.plans] == [p.to_json() for p in want.plans]
+        with pytest.raises(UserError, match=rf"--log .*{name} is gzipped.*give a \.jsonl path"):
+            records.append(tmp_path / name, want.records[:1])
+        with pytest.raises(UserError, match=rf"--log .*{name} is gzipped"):
+            tune_op(SMALL, target=TARGET1, trials=1, log=str(tmp_path / name), run_config=FAST, progress=False)
+        assert (tmp_path / name).read_bytes() == packed
+    (tmp_path / "cut.jsonl.gz").write_bytes(packed[:len(packed) // 2])
+    with pytest.warns(UserWarning, match="the gzip stream is damaged or cut short"):
+        part = records.load(tmp_path / "cut.jsonl.gz")
+    assert 0 < len(part.records) < len(want.records) and part.skipped == 1
+
+
 @pytest.mark.slow
 def test_resume_counts_the_log_and_never_remeasures(tuned_log, tmp_path):
     log = tmp_path / "resume.jsonl"

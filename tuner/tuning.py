@@ -208,6 +208,7 @@ def tune(workloads: list, target: str | Target = "cpu", *, log: str | None = Non
     pairs = _merge(workloads)
     log = log or default_log(pairs[0][0])
     check_output_path(log, "--log")
+    records.check_appendable(log, "--log")
     claims = records.TaskClaims(log, [(wl.key, str(tgt), wl.label) for wl, _ in pairs])
     try:
         factory = policy_factory(opts.policy, tgt, opts.seed, opts.cost_model_from)

@@ -16,11 +16,13 @@ from __future__ import annotations
 import datetime as _dt
 import errno
 import fcntl
+import gzip
 import hashlib
 import json
 import math
 import os
 import warnings
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -41,6 +43,7 @@ FORMAT = 1
 MAX_LINE = 1 << 20          # a record is a few KB; a longer line is damage, skipped without reading it whole
 MAX_INPUTS, MAX_RANK, MAX_ELEMENTS = 256, 8, (1 << 31) - 1    # a plan's input shapes: more is damage
 MAX_ENDS, MAX_KEY = 100_000, 4096                               # a plan's ends: more is damage
+GZIP_MAGIC = b"\x1f\x8b"    # a gzipped log (a shipped corpus) is read as its lines; only plain logs are written
 
 
 class RecordError(ValueError):
@@ -467,6 +470,21 @@ class TaskClaims:
 
 # ------------------------------------------------------------ writing
 
+def check_appendable(path, flag: str = "--log") -> None:
+    """A log to append to must be plain text: a gzipped one is only read."""
+    if str(path).endswith(".gz") or _gzipped(Path(path)):
+        raise UserError(f"{flag} {path} is gzipped, and tuner reads a gzipped log but does not append to one; "
+                        f"give a .jsonl path (gunzip it first to add to it)")
+
+
+def _gzipped(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(2) == GZIP_MAGIC
+    except OSError:
+        return False
+
+
 def append(path: str | os.PathLike, recs: list) -> None:
     """Append whole lines under a lock, flushed and synced, so no reader sees half a record.
 
@@ -477,6 +495,7 @@ def append(path: str | os.PathLike, recs: list) -> None:
     if not recs:
         return
     path = Path(path)
+    check_appendable(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = "".join(json.dumps(r.to_json(), separators=(",", ":")) + "\n" for r in recs).encode()
     with FileLock(str(path) + ".lock"):
@@ -518,15 +537,24 @@ def _lines(f):
             yield line
 
 
+def _read_lines(f, reasons: Counter):
+    """_lines, ending where a gzip stream is damaged or cut short (counted once)."""
+    try:
+        yield from _lines(f)
+    except (gzip.BadGzipFile, EOFError, zlib.error):
+        reasons["the gzip stream is damaged or cut short (lines after it not read)"] += 1
+
+
 def load(path: str | os.PathLike, warn: bool = True) -> LogContents:
-    """All valid records of a log; other lines are skipped and counted with their reasons."""
+    """All valid records of a log, plain or gzipped; other lines are skipped and counted with their
+    reasons (a gzipped log whose stream breaks off: the lines before the break)."""
     path = Path(path)
     recs, plans, reasons = [], [], Counter()
     if not path.exists():
         return LogContents([], str(path))
     check_readable(path)
-    with open(path, "rb") as f:
-        for line in _lines(f):
+    with (gzip.open if _gzipped(path) else open)(path, "rb") as f:
+        for line in _read_lines(f, reasons):
             if line is None:
                 reasons[f"longer than {MAX_LINE} bytes"] += 1
                 continue
