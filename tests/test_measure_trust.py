@@ -89,6 +89,46 @@ def test_two_libraries_for_one_source_are_warned_of_and_the_stranger_removed(tmp
         assert compile_library("int f(void) { return 1; }\n", flags)[0] == real
 
 
+def test_the_kernel_cache_keeps_under_its_limit_by_removing_the_least_recently_used_never_one_used_within_the_hour(
+        tmp_cache, monkeypatch, capsys):
+    """Builds prune the cache (on a process's first build, then every PRUNE_EVERY): the least
+    recently used files go first, down to PRUNE_TO of TUNER_CACHE_SIZE; a cache hit counts as a
+    use; a file used within IN_USE_S stays whatever the limit, and so does a fresh build directory
+    (a stale one, a killed build's, goes). `tuner cache` says the size; --clear removes all."""
+    import os
+    import time
+
+    from tuner.cli import main
+    from tuner.toolchain import cc
+    if not shutil.which("gcc"):
+        pytest.skip("no gcc")
+    flags, hour = list(TARGET1.cflags), 3600
+    src = [f"int f{k}(void) {{ return {k}; }}\n" for k in range(6)]
+    libs = [Path(cc.compile_library(s, flags)[0]) for s in src]
+    now = time.time()
+    for k, p in enumerate(libs[:5]):            # used 6 .. 2 hours ago; the last one just now
+        os.utime(p, (now - (6 - k) * hour,) * 2)
+    stale, fresh = libs[0].parent / ".build-stale", libs[0].parent / ".build-fresh"
+    stale.mkdir(), fresh.mkdir()
+    os.utime(stale, (now - 2 * hour,) * 2)
+    assert cc.compile_library(src[0], flags)[0] == str(libs[0])      # a hit: now the most recently used
+    size = {p: p.stat().st_size for p in libs}
+    limit = (size[libs[0]] + size[libs[4]] + size[libs[5]] + 1) / cc.PRUNE_TO
+    assert cc.prune_cache(int(limit)) == (3, size[libs[1]] + size[libs[2]] + size[libs[3]])
+    assert [p.exists() for p in libs] == [True, False, False, False, True, True]
+    assert fresh.exists() and not stale.exists()
+    monkeypatch.setenv("TUNER_CACHE_SIZE", "1")                  # a build's own prune: all but the hour's
+    monkeypatch.setattr(cc, "_builds", 0)
+    cc.compile_library("int g(void) { return 7; }\n", flags)
+    assert [p.exists() for p in libs] == [True, False, False, False, False, True]
+    assert main(["cache"]) == 0 and "3 built file(s)" in capsys.readouterr().out
+    assert main(["cache", "--clear"]) == 0 and "removed 3 file(s)" in capsys.readouterr().out
+    assert not cc.built_files()
+    monkeypatch.setenv("TUNER_CACHE_SIZE", "lots")
+    assert main(["cache"]) == 2
+    assert "TUNER_CACHE_SIZE='lots' is not a size" in capsys.readouterr().err
+
+
 def test_the_peak_runner_reports_the_flops_its_microbenchmark_does():
     """bench.models times it beside the models, round by round: its FLOPs over the call's wall time
     cannot exceed the rate the microbenchmark measures inside the call, and not fall far below it."""

@@ -529,6 +529,18 @@ def _cmd_passes(args) -> int:
     return 0
 
 
+def _cmd_cache(args) -> int:
+    from .toolchain import cc
+    limit = cc.cache_limit()
+    if args.clear or args.prune:
+        removed, freed = cc.prune_cache(0 if args.clear else limit, keep_s=0 if args.clear else cc.IN_USE_S)
+        print(f"removed {removed} file(s), {freed / 2**20:.1f} MiB")
+    files = cc.built_files()
+    print(f"kernel cache {cc.cache_root()}: {len(files)} built file(s), {sum(f[1] for f in files) / 2**20:.1f} MiB "
+          f"of a {limit / 2**30:.2f} GiB limit (TUNER_CACHE_SIZE; the least recently used go first)")
+    return 0
+
+
 def _tls_options(p, whose: str) -> None:
     """The cluster's TLS options (Dask's distributed.Security underneath) and --insecure."""
     p.add_argument("--tls-ca-file", metavar="PEM", help="with a tls:// scheduler: the cluster's CA certificate")
@@ -733,6 +745,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(fn=_cmd_export_onnx)
 
     sub.add_parser("passes", help="list the graph passes and their opt levels").set_defaults(fn=_cmd_passes)
+    ca = sub.add_parser("cache", help="the kernel cache's size and limit; prune or clear it")
+    what = ca.add_mutually_exclusive_group()
+    what.add_argument("--prune", action="store_true", help="remove the least recently used files down to the limit "
+                      "(none used in the last hour), as builds do on their own")
+    what.add_argument("--clear", action="store_true", help="remove every built file (compiled models keep their own "
+                      "copy; a tune running now may have to build its kernels again)")
+    ca.set_defaults(fn=_cmd_cache)
     wk = sub.add_parser("worker", help="join a Dask cluster as a worker that measures candidates on this machine "
                         "or builds them")
     wk.add_argument("scheduler", help="the Dask scheduler's address, e.g. tcp://sched:8786 (`dask scheduler`)")

@@ -4,24 +4,38 @@ Libraries are cached by a hash of source + flags + compiler and of their own byt
 (library.library_name), one per source (a build is deterministic: a second is warned of and
 removed), built inside the cache directory (so the final rename never crosses file systems) and
 renamed into place atomically. The cache directory is private to the user (0700) and refused when
-someone else owns it or may write to it. When a source fails to compile, a trivial file is
+someone else owns it or may write to it. It is kept under its size limit (TUNER_CACHE_SIZE, default
+CACHE_SIZE): a process looks at the cache's size on its first build and every PRUNE_EVERY builds
+after, and removes the least recently used files (a cached file is touched when it is used) down
+to PRUNE_TO of the limit, never one used within IN_USE_S (another process may be about to load
+it); a compiled model keeps its own copy of its library. When a source fails to compile, a trivial file is
 compiled the same way, and if that fails too the machine is at fault (no space, no compiler):
 SetupError, never a compile error charged to the source.
 """
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
+import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 
-from ..errors import SetupError
+from ..errors import SetupError, UserError
 from ..target import host_cores
 from .library import LIBRARY_DIRS, library_name, source_digest, verified, verified_bytes
+
+
+CACHE_SIZE = 2 << 30     # bytes of built files the cache keeps unless TUNER_CACHE_SIZE says otherwise
+PRUNE_TO = 0.8           # a prune removes files down to this fraction of the limit
+PRUNE_EVERY = 256        # builds of one process between two looks at the cache's size
+IN_USE_S = 3600          # a file used this recently is never removed
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?", re.IGNORECASE)
+_builds = 0
 
 
 def cache_root() -> Path:
@@ -64,6 +78,79 @@ def compiler() -> tuple:
         raise SetupError(f"C compiler {cc!r} not found: install gcc or set CC")
     out = subprocess.run([path, "--version"], capture_output=True, text=True)
     return path, ((out.stdout or out.stderr).splitlines() or ["unknown version"])[0]
+
+
+def cache_limit() -> int:
+    """Bytes the cache may hold: TUNER_CACHE_SIZE (a number of bytes, or with K, M, G or T), else CACHE_SIZE."""
+    text = os.environ.get("TUNER_CACHE_SIZE", "").strip()
+    if not text:
+        return CACHE_SIZE
+    m = _SIZE.fullmatch(text)
+    if not m or float(m.group(1)) <= 0:
+        raise UserError(f"TUNER_CACHE_SIZE={text!r} is not a size; give bytes or a size such as 500M or 4G")
+    return int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " "))
+
+
+def built_files() -> list:
+    """(path, size, last use) of every file in the cache's build directories (LIBRARY_DIRS)."""
+    out = []
+    for name in sorted(set(LIBRARY_DIRS.values())):
+        d = cache_root() / name
+        if not d.is_dir():
+            continue
+        for p in d.iterdir():
+            try:
+                st = p.lstat()
+            except OSError:
+                continue
+            if p.is_file() and not p.is_symlink():
+                out.append((p, st.st_size, st.st_mtime))
+    return out
+
+
+def prune_cache(limit: int | None = None, keep_s: float = IN_USE_S) -> tuple:
+    """Remove the least recently used built files until the cache holds at most PRUNE_TO of
+    `limit` (cache_limit()), none used within `keep_s` seconds, and builds that a killed process
+    left behind that long ago. Returns (files removed, bytes freed)."""
+    limit = cache_limit() if limit is None else limit
+    now, removed, freed = time.time(), 0, 0
+    for name in sorted(set(LIBRARY_DIRS.values())):
+        for tmp in (cache_root() / name).glob(".build-*"):
+            try:
+                if now - tmp.stat().st_mtime > keep_s:
+                    shutil.rmtree(tmp, ignore_errors=True)
+            except OSError:
+                pass
+    files = built_files()
+    total = sum(size for _, size, _ in files)
+    if total <= limit:
+        return 0, 0
+    for p, size, used in sorted(files, key=lambda f: f[2]):
+        if total <= PRUNE_TO * limit or now - used <= keep_s:
+            break
+        try:
+            p.unlink()
+        except FileNotFoundError:       # another process pruned it
+            pass
+        except OSError:
+            continue
+        total, removed, freed = total - size, removed + 1, freed + size
+    return removed, freed
+
+
+def _touch(p: Path) -> None:
+    try:
+        os.utime(p)
+    except OSError:
+        pass
+
+
+def _built_one() -> None:
+    """Count a build of this process; on its first and every PRUNE_EVERY-th, prune the cache."""
+    global _builds
+    _builds += 1
+    if _builds % PRUNE_EVERY == 1:
+        prune_cache()
 
 
 def cached_library(d: Path, digest: str, suffix: str) -> tuple:
@@ -140,6 +227,7 @@ def cached_build(source: str, flags: list, tool: tuple, src_suffix: str, suffix:
     d = cache_dir(LIBRARY_DIRS[suffix])
     cached, others = cached_library(d, digest, suffix)
     if cached is not None:
+        _touch(cached)                  # its last use, which the prune goes by
         return str(cached), None
     try:
         with tempfile.TemporaryDirectory(prefix=".build-", dir=d) as tmp:
@@ -156,6 +244,7 @@ def cached_build(source: str, flags: list, tool: tuple, src_suffix: str, suffix:
     except OSError as e:
         raise SetupError(f"cannot build {what} in {d}: {e.strerror or e}; free space there or set "
                          "TUNER_CACHE_DIR to another directory") from None
+    _built_one()
     return str(out), None
 
 
