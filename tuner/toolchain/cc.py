@@ -110,14 +110,14 @@ def built_files() -> list:
 
 def prune_cache(limit: int | None = None, keep_s: float = IN_USE_S) -> tuple:
     """Remove the least recently used built files until the cache holds at most PRUNE_TO of
-    `limit` (cache_limit()), none used within `keep_s` seconds, and builds that a killed process
-    left behind that long ago. Returns (files removed, bytes freed)."""
+    `limit` (cache_limit()), none used within `keep_s` seconds, and the build directories that a
+    killed process left behind IN_USE_S ago or more. Returns (files removed, bytes freed)."""
     limit = cache_limit() if limit is None else limit
     now, removed, freed = time.time(), 0, 0
     for name in sorted(set(LIBRARY_DIRS.values())):
         for tmp in (cache_root() / name).glob(".build-*"):
             try:
-                if now - tmp.stat().st_mtime > keep_s:
+                if now - tmp.stat().st_mtime > IN_USE_S:      # a running build's is younger
                     shutil.rmtree(tmp, ignore_errors=True)
             except OSError:
                 pass
