@@ -554,16 +554,12 @@ _RELAXED = ("threadIdx.x", "vthread")     # loops a shared buffer serves all of
 REGISTER_TILE = 512       # elements of a local tile the compiler may keep in registers (32 of 16 lanes)
 
 
-def _tile_index(s: ir.Stmt, var: str, tiles: frozenset) -> bool:
-    """Whether a statement in `s` reads or writes one of `tiles` at an index that moves with `var`."""
-    for st in ir.stmts(s):
-        exprs = [st.value, *st.indices] if isinstance(st, ir.Store) else [st.cond] if isinstance(st, ir.IfThen) else []
-        if isinstance(st, ir.Store) and st.buffer in tiles and any(var in free_vars(i) for i in st.indices):
-            return True
-        if any(isinstance(n, Load) and n.buffer in tiles and any(var in free_vars(i) for i in n.indices)
-               for e in exprs for n in walk(e)):
-            return True
-    return False
+def _tile_uses(s: ir.Stmt, tiles: frozenset) -> set:
+    """(tile, var) for each of `tiles` that `s` itself (not its body) reads or writes at an index moving with var."""
+    exprs = [s.value, *s.indices] if isinstance(s, ir.Store) else [s.cond] if isinstance(s, ir.IfThen) else []
+    uses = {(s.buffer, v) for i in s.indices for v in free_vars(i)} if isinstance(s, ir.Store) and s.buffer in tiles else set()
+    return uses | {(n.buffer, v) for e in exprs for n in walk(e) if isinstance(n, Load) and n.buffer in tiles
+                   for i in n.indices for v in free_vars(i)}
 
 
 def unroll_register_tiles(s: ir.Stmt, tiles: frozenset = frozenset()) -> ir.Stmt:
@@ -572,20 +568,29 @@ def unroll_register_tiles(s: ir.Stmt, tiles: frozenset = frozenset()) -> ir.Stmt
     accumulators back is such a loop, and left a loop, its index into the tile is not a constant,
     so the C compiler keeps the whole tile in memory, and every FMA of the reduction loads and
     stores it (a depthwise conv with a SiLU epilogue 1.6x slower: docs/history.md)."""
+    return _unroll_tiles(s, tiles)[0]
+
+
+def _unroll_tiles(s: ir.Stmt, tiles: frozenset) -> tuple:
+    """(s rewritten, whether every loop in it unrolls or vectorizes, its tile uses): one walk, inner loops first."""
     if isinstance(s, ir.Allocate):
         small = s.scope == "local" and all(isinstance(d, int) for d in s.shape) and math.prod(s.shape) <= REGISTER_TILE
-        return dataclasses.replace(s, body=unroll_register_tiles(s.body, tiles | {s.buffer} if small else tiles))
+        body, straight, uses = _unroll_tiles(s.body, tiles | {s.buffer} if small else tiles)
+        return dataclasses.replace(s, body=body), straight, uses
     if isinstance(s, ir.Seq):
-        return ir.Seq([unroll_register_tiles(x, tiles) for x in s.stmts])
-    if isinstance(s, (ir.IfThen, ir.Unswitch)):
-        return dataclasses.replace(s, body=unroll_register_tiles(s.body, tiles))
+        done = [_unroll_tiles(x, tiles) for x in s.stmts]
+        return ir.Seq([d[0] for d in done]), all(d[1] for d in done), set().union(*(d[2] for d in done))
+    if not isinstance(s, (ir.For, ir.IfThen, ir.Unswitch)):
+        return s, True, _tile_uses(s, tiles)
+    body, straight, uses = _unroll_tiles(s.body, tiles)
+    s = dataclasses.replace(s, body=body)
+    uses |= _tile_uses(s, tiles)
     if not isinstance(s, ir.For):
-        return s
-    s = dataclasses.replace(s, body=unroll_register_tiles(s.body, tiles))
-    straight = all(x.kind in ("unroll", "vectorize") for x in ir.stmts(s.body) if isinstance(x, ir.For))
-    if tiles and s.kind == "serial" and s.limit is None and straight and _tile_index(s.body, s.var, tiles):
+        return s, straight, uses
+    if (straight and s.kind == "serial" and s.limit is None
+            and any(b in tiles and v == s.var for b, v in uses)):
         s = dataclasses.replace(s, kind="unroll")
-    return s
+    return s, straight and s.kind in ("unroll", "vectorize"), uses
 
 
 def lower(sch: Schedule, func_name: str = "kernel", dims: DynamicDims | None = None) -> ir.Func:

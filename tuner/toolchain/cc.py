@@ -91,13 +91,15 @@ def cache_limit() -> int:
     return int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " "))
 
 
+def _build_dirs() -> list:
+    """The cache's build directories (LIBRARY_DIRS) that exist."""
+    return [d for d in (cache_root() / name for name in sorted(set(LIBRARY_DIRS.values()))) if d.is_dir()]
+
+
 def built_files() -> list:
-    """(path, size, last use) of every file in the cache's build directories (LIBRARY_DIRS)."""
+    """(path, size, last use) of every file in the cache's build directories."""
     out = []
-    for name in sorted(set(LIBRARY_DIRS.values())):
-        d = cache_root() / name
-        if not d.is_dir():
-            continue
+    for d in _build_dirs():
         for p in d.iterdir():
             try:
                 st = p.lstat()
@@ -114,8 +116,8 @@ def prune_cache(limit: int | None = None, keep_s: float = IN_USE_S) -> tuple:
     killed process left behind IN_USE_S ago or more. Returns (files removed, bytes freed)."""
     limit = cache_limit() if limit is None else limit
     now, removed, freed = time.time(), 0, 0
-    for name in sorted(set(LIBRARY_DIRS.values())):
-        for tmp in (cache_root() / name).glob(".build-*"):
+    for d in _build_dirs():
+        for tmp in d.glob(".build-*"):
             try:
                 if now - tmp.stat().st_mtime > IN_USE_S:      # a running build's is younger
                     shutil.rmtree(tmp, ignore_errors=True)
