@@ -110,6 +110,11 @@ MODELS = {
     "wavlm": ("WavLMModel", "WavLMConfig", "audio", {}),
     "data2vec_audio": ("Data2VecAudioModel", "Data2VecAudioConfig", "audio", {}),
     "sew": ("SEWModel", "SEWConfig", "audio", {}),
+    "textnet": ("TextNetModel", "TextNetConfig", "image", {}),
+    "upernet": ("UperNetForSemanticSegmentation", "UperNetConfig", "image", {}),
+    "depth_anything": ("DepthAnythingForDepthEstimation", "DepthAnythingConfig", "image",
+                       {"depth_estimation_type": "metric"}),      # a sigmoid head: a relative one's ReLU gives zeros
+    "swin2sr": ("Swin2SRForImageSuperResolution", "Swin2SRConfig", "image", {"depths": [1, 1], "num_heads": [6, 6]}),
 }
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_layers")
 ONES = {"depths": [1, 1, 1, 1]}

@@ -87,7 +87,12 @@ def check(name: str, workdir: Path, threads: int, rounds: int, dynamo: bool = Fa
         assert len(wants) == len(gots) > 0, (len(wants), len(gots))
         row["max_err_over_range"] = max(float(np.abs(np.float64(g) - w).max() / (float(w.max() - w.min()) or 1.0))
                                         for w, g in zip(wants, gots))
-        row["ok"] = bool(row["max_err_over_range"] <= 1e-4) and all(float(w.max() - w.min()) > 0 for w in wants)
+        # in float32 ulps of the output's largest magnitude: an output of small range far from 0 (a sigmoid
+        # head near 0.5) differs from ONNX Runtime's by rounding alone at more than 1e-4 of its range
+        row["max_err_ulps"] = max(float(np.abs(np.float64(g) - w).max() / np.spacing(np.float32(np.abs(w).max())))
+                                  for w, g in zip(wants, gots))
+        row["ok"] = bool(row["max_err_over_range"] <= 1e-4 or row["max_err_ulps"] <= 4) \
+            and all(float(w.max() - w.min()) > 0 for w in wants)
         if rounds:
             stage = "time"
             ts = interleaved({"tuner": lambda ins: m.run(*ins), "onnxruntime": ort}, inputs, rounds)
@@ -113,7 +118,8 @@ def sweep(names: list, workdir: Path, threads: int, rounds: int, **how) -> list:
             print(f"{name:<{width}} {'ok ' if row['ok'] else 'BAD'} err {row['max_err_over_range']:.1e}  "
                   f"compile {row['compile_s']:5.1f} s  {timing}", flush=True)
     ok = sum(r.get("ok", False) for r in rows)
-    print(f"\n{ok} of {len(rows)} models import, compile and match ONNX Runtime to 1e-4 of the output's range")
+    print(f"\n{ok} of {len(rows)} models import, compile and match ONNX Runtime (to 1e-4 of the output's range "
+          "or 4 float32 ulps of its magnitude)")
     return rows
 
 

@@ -430,3 +430,95 @@ def test_a_col2im_to_a_hostile_image_size_is_a_one_line_error_before_any_table_i
     path = _save(tmp_path / "big.onnx", nodes, {"x": (TensorProto.FLOAT, [1, 4, 1])}, "y", inits)
     with pytest.raises(UserError, match="past the .* elements its index tables may hold"):
         compile_model(str(path))
+
+
+@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), one_d=st.booleans(), groups=st.sampled_from([1, 2]), bias=st.booleans(),
+       how=st.sampled_from(["pads", "output_shape", "SAME_UPPER", "SAME_LOWER"]))
+def test_a_transposed_convolution_computes_what_onnx_runtime_computes(tmp_path, data, one_d, groups, bias, how):
+    """ConvTranspose as U-Net and DPT decoders upsample: windows placed whole (kernel = stride) or
+    overlapping, cut by pads, grouped, 1-D and 2-D, its size given by pads, output_shape or auto_pad."""
+    dims = 1 if one_d else 2
+    ints = lambda lo, hi: st.lists(st.integers(lo, hi), min_size=dims, max_size=dims)  # noqa: E731
+    k, s, d = data.draw(ints(1, 4)), data.draw(ints(1, 3)), data.draw(ints(1, 2))
+    size = data.draw(ints(2, 7))
+    op = [data.draw(st.integers(0, v - 1)) for v in s] if how in ("pads", "output_shape") else [0] * dims
+    span = [st_ * (i - 1) + o + (kk - 1) * dd + 1 for st_, i, o, kk, dd in zip(s, size, op, k, d)]
+    attrs = dict(strides=s, dilations=d, group=groups)
+    if how == "pads":
+        pads = data.draw(st.lists(st.integers(0, 2), min_size=2 * dims, max_size=2 * dims))
+        assume(all(sp - pads[i] - pads[i + dims] >= 1 for i, sp in enumerate(span)))
+        attrs |= dict(pads=pads, output_padding=op)
+    elif how == "output_shape":
+        attrs |= dict(output_shape=[data.draw(st.integers(max(1, sp - 2), sp)) for sp in span], output_padding=op)
+    else:
+        attrs |= dict(auto_pad=how)
+        assume(all(sp >= i * st_ for sp, i, st_ in zip(span, size, s)))
+    c, kg = 4, 3
+    inits = {"w": _f32(c, kg, *k)} | ({"b": _f32(kg * groups)} if bias else {})
+    nodes = [helper.make_node("ConvTranspose", ["x", "w"] + (["b"] if bias else []), ["t"], **attrs),
+             helper.make_node("Relu", ["t"], ["y"])]
+    path = _save(tmp_path / "ct.onnx", nodes, {"x": (TensorProto.FLOAT, [1, c, *size])}, "y", inits)
+    agree_with_onnxruntime(path, {"x": _f32(1, c, *size)})
+
+
+def test_a_transposed_convolution_the_tool_cannot_run_is_a_one_line_error_naming_the_node(tmp_path):
+    inits = {"w": _f32(4, 2, 3, 3)}
+    cases = [(dict(strides=[2, 2], output_padding=[2, 0]), "output_padding must be two integers each below"),
+             (dict(output_shape=[40, 40]), "output_shape .* is past what the input"),
+             (dict(pads=[3, 3, 3, 3]), r"pads \[3, 3, 3, 3\] leave no output")]
+    for attrs, msg in cases:
+        nodes = [helper.make_node("ConvTranspose", ["x", "w"], ["y"], name="up", **attrs)]
+        path = _save(tmp_path / "bad.onnx", nodes, {"x": (TensorProto.FLOAT, [1, 4, 2, 2])}, "y", inits)
+        with pytest.raises(UserError, match=f"node 'up' \\(ConvTranspose\\): {msg}"):
+            compile_model(str(path))
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(mode=st.sampled_from(["reflect", "edge", "wrap"]), shape=st.sampled_from([[1, 3, 5, 6], [2, 7], [1, 4, 9]]),
+       data=st.data())
+def test_a_reflect_edge_or_wrap_pad_computes_what_onnx_runtime_computes(tmp_path, mode, shape, data):
+    """ReflectionPad2d and ReplicationPad (super-resolution and GAN models) as ONNX Pad's other modes."""
+    most = [n - 1 if mode == "reflect" else n + 2 for n in shape]
+    lo = [data.draw(st.integers(0, m)) for m in most]
+    hi = [data.draw(st.integers(0, m)) for m in most]
+    nodes = [helper.make_node("Pad", ["x", "pads"], ["p"], mode=mode), helper.make_node("Relu", ["p"], ["y"])]
+    path = _save(tmp_path / "pad.onnx", nodes, {"x": (TensorProto.FLOAT, shape)}, "y",
+                 {"pads": np.array(lo + hi, np.int64)}, opset=19)
+    agree_with_onnxruntime(path, {"x": _f32(*shape)})
+
+
+def test_a_reflect_pad_wider_than_its_axis_is_a_one_line_error_naming_the_node(tmp_path):
+    nodes = [helper.make_node("Pad", ["x", "pads"], ["y"], mode="reflect", name="rp")]
+    path = _save(tmp_path / "pad.onnx", nodes, {"x": (TensorProto.FLOAT, [1, 3])}, "y",
+                 {"pads": np.array([0, 3, 0, 0], np.int64)})
+    with pytest.raises(UserError, match=r"node 'rp' \(Pad\): pads 3 and 0 of axis 1 \(size 3\) are past what mode=reflect"):
+        compile_model(str(path))
+
+
+@pytest.mark.parametrize("alpha", [None, 0.1, 1.5])
+def test_a_leaky_relu_alone_and_after_a_conv_computes_what_onnx_runtime_computes(tmp_path, alpha):
+    """YOLO's conv + LeakyRelu (its epilogue) and a LeakyRelu of its own, with ONNX's default alpha or a given one."""
+    kw = {} if alpha is None else {"alpha": alpha}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("LeakyRelu", ["c"], ["l"], **kw),
+             helper.make_node("LeakyRelu", ["x"], ["lx"], **kw),
+             helper.make_node("ReduceMean", ["lx"], ["m"], axes=[1], keepdims=1),
+             helper.make_node("Add", ["l", "m"], ["y"])]
+    path = _save(tmp_path / "leaky.onnx", nodes, {"x": (TensorProto.FLOAT, [1, 8, 6, 7])}, "y",
+                 {"w": _f32(16, 8, 3, 3), "b": _f32(16)}, opset=17)
+    agree_with_onnxruntime(path, {"x": _f32(1, 8, 6, 7)})
+    if alpha is None:
+        tasks = compile_model(str(path), threads=1).steps
+        assert any("act=leaky_relu" in s.workload for s in tasks), [s.workload for s in tasks]
+
+
+@pytest.mark.parametrize("op,mode,block", [("DepthToSpace", "DCR", 2), ("DepthToSpace", "CRD", 3),
+                                           ("SpaceToDepth", None, 2)])
+def test_depth_to_space_and_back_compute_what_onnx_runtime_computes(tmp_path, op, mode, block):
+    """Pixel shuffle (a super-resolution model's upsampler, CRD) and its DCR and SpaceToDepth kin."""
+    shape = [1, 36, 4, 5] if op == "DepthToSpace" else [1, 3, 6, 8]
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node(op, ["r"], ["y"], blocksize=block, **({"mode": mode} if mode else {}))]
+    path = _save(tmp_path / "d2s.onnx", nodes, {"x": (TensorProto.FLOAT, shape)}, "y", {})
+    agree_with_onnxruntime(path, {"x": _f32(*shape)})

@@ -153,9 +153,10 @@ def test_layout_transform(src):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("act", ["clip", "sigmoid", "hard_sigmoid", "hard_swish", "silu"])
+@pytest.mark.parametrize("act", ["clip", "sigmoid", "hard_sigmoid", "hard_swish", "silu", "leaky_relu"])
 def test_activation_epilogues(act):
-    extra = {"clip": dict(lo=-0.5, hi=0.75), "hard_sigmoid": dict(alpha=0.25, beta=0.4)}.get(act, {})
+    extra = {"clip": dict(lo=-0.5, hi=0.75), "hard_sigmoid": dict(alpha=0.25, beta=0.4),
+             "leaky_relu": dict(alpha=0.1)}.get(act, {})
     check_schedules([
         (make("conv2d", dict(C=16, H=6, W=6, K=16, R=3, S=3, pad=1, bias=1, act=act, **extra), "NCHW16c"), None),
         (make("conv2d", dict(C=16, H=6, W=6, K=16, R=3, S=3, pad=1, groups=16, bias=1, residual=1, act=act,

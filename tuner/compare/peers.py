@@ -91,6 +91,7 @@ def torch_runner(graph: Graph, threads: int, channels_last: bool = False):
         "clip": lambda n, x: torch.clamp(x, n.attrs.get("min"), n.attrs.get("max")),
         "hard_sigmoid": lambda n, x: torch.clamp(n.attrs.get("alpha", 0.2) * x + n.attrs.get("beta", 0.5), 0, 1),
         "hard_swish": lambda n, x: F.hardswish(x),
+        "leaky_relu": lambda n, x: F.leaky_relu(x, n.attrs.get("alpha", 0.01)),
         "silu": lambda n, x: F.silu(x),
         "batch_norm": lambda n, x, s, b, m, v: F.batch_norm(x, m, v, s, b, False, 0.0, n.attrs["epsilon"]),
         "max_pool2d": pool, "avg_pool2d": pool,

@@ -194,6 +194,71 @@ def _onnx_conv(cx, ins, a):
     return [y]
 
 
+def _onnx_conv_transpose(cx, ins, a):
+    """ConvTranspose (the upsampling of U-Net, DPT and GAN decoders): every input pixel's channels
+    times the weight spread over a kernel-sized window of the output. A 1x1 conv to K x kh x kw
+    channels (grouped as the node is) gives each pixel's windows; a kernel that tiles its stride
+    with no pads places them whole (a depth-to-space: reshape and transpose), any other is summed
+    where windows overlap and cut by the pads (Col2Im)."""
+    from .shape import _onnx_col2im
+    x = ins[0]
+    w = cx.const(ins[1], "the weight")
+    if len(w.shape) == 3 and len(x.shape) == 3:       # ConvTranspose1d: over one row
+        n, c, length = x.shape
+        rows = cx.add("reshape", [x], {"shape": [n, c, 1, length]}, "_row")
+        row = one_row(cx, a)       # the row's own stride and dilation 1: over one row a window moves along it only
+        row.update(strides=[1, row["strides"][1]], dilations=[1, row["dilations"][1]],
+                   output_padding=[0, *a.get("output_padding", [0])])
+        if "output_shape" in a:
+            row["output_shape"] = [1, *list(a["output_shape"])[-1:]]
+        y = _onnx_conv_transpose(cx, [rows, cx.constant(np.ascontiguousarray(w[:, :, None, :]), "_weight2d"), *ins[2:]],
+                                 row)[0]
+        return [cx.add("reshape", [y], {"shape": [n, y.shape[1], y.shape[3]]}, "_1d")]
+    if len(w.shape) != 4 or len(x.shape) != 4:
+        raise cx.fail("only 1-D and 2-D transposed convolutions are supported")
+    g = a.get("group", 1)
+    n, c, h, wd = x.shape
+    kg, kh, kw = w.shape[1:]
+    if not isinstance(g, int) or g < 1 or c % g or w.shape[0] != c:
+        raise cx.fail(f"a weight of shape {list(w.shape)} and group={g} do not fit {c} input channels")
+    (kh, kw), strides, dil = cx.window(a, [kh, kw])
+    op = list(a.get("output_padding", [0, 0]))
+    if len(op) != 2 or not all(isinstance(v, int) and 0 <= v < s for v, s in zip(op, strides)):
+        raise cx.fail(f"output_padding must be two integers each below its stride {strides}, got {op}")
+    span = [s * (i - 1) + o + (k - 1) * d + 1 for s, i, o, k, d in zip(strides, (h, wd), op, (kh, kw), dil)]
+    auto = a.get("auto_pad", "NOTSET")
+    if "output_shape" in a or auto in ("SAME_UPPER", "SAME_LOWER"):
+        want = list(a["output_shape"])[-2:] if "output_shape" in a else [i * s for i, s in zip((h, wd), strides)]
+        total = [sp - o for sp, o in zip(span, want)]
+        if len(want) != 2 or min(total) < 0:
+            raise cx.fail(f"output_shape {want} is past what the input, kernel and strides reach ({span})")
+        lo = [t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in total]
+        pads = [*lo, *(t - b for t, b in zip(total, lo))]
+    else:
+        pads = [0, 0, 0, 0] if auto == "VALID" else cx.pads(a, (h, wd), (kh, kw), strides, dil)
+    out = [sp - pads[i] - pads[i + 2] for i, sp in enumerate(span)]
+    if min(out) < 1:
+        raise cx.fail(f"pads {pads} leave no output of the {span[0]} x {span[1]} the windows cover")
+    k = kg * g
+    cols_w = w.reshape(g, c // g, kg, kh, kw).transpose(0, 2, 3, 4, 1).reshape(k * kh * kw, c // g, 1, 1)
+    cols = cx.add("conv2d", [x, cx.constant(np.ascontiguousarray(cols_w), "_windows_weight")],
+                  {"strides": [1, 1], "pads": [0, 0, 0, 0], "dilations": [1, 1], "groups": g, "layout": "NCHW",
+                   "kernel_layout": "OIHW"}, "_windows")
+    if [kh, kw] == strides and dil == [1, 1] and not any(pads) and not any(op):
+        y = cx.add("reshape", [cols], {"shape": [n, k, kh, kw, h, wd]}, "_blocks")
+        y = cx.add("transpose", [y], {"perm": [0, 1, 4, 2, 5, 3]}, "_placed")
+        y = cx.add("reshape", [y], {"shape": [n, k, h * kh, wd * kw]}, "_image")
+    else:
+        flat = cx.add("reshape", [cols], {"shape": [n, k * kh * kw, h * wd]}, "_columns")
+        y = _onnx_col2im(cx, [flat, cx.constant(np.array(out, np.int64), "_size"),
+                              cx.constant(np.array([kh, kw], np.int64), "_block")],
+                         {"strides": strides, "dilations": dil, "pads": pads})[0]
+    if len(ins) > 2 and ins[2] is not None:
+        bias = cx.const(ins[2], "the bias")
+        y = cx.add("add", [y, cx.constant(np.asarray(bias, np.float32).reshape(-1, 1, 1), "_bias")], {}, "_bias_add")
+    return [y]
+
+
 def _conv_task(n):
     a, lay = n.attrs, n.attrs.get("layout", "NCHW")
     if a["strides"][0] != a["strides"][1] or a["dilations"][0] != a["dilations"][1]:
@@ -265,7 +330,7 @@ def _conv_wl_flops(wl):
 
 register(
     OpDef(name="conv2d", pattern=Pattern.OUT_EWISE_FUSABLE, infer=_conv_infer, evaluate=_conv_eval, te=_conv_te,
-          flops=_conv_flops, onnx_in={"Conv": _onnx_conv},
+          flops=_conv_flops, onnx_in={"Conv": _onnx_conv, "ConvTranspose": _onnx_conv_transpose},
           onnx_out=export_as("Conv", lambda n: {"kernel_shape": list(n.inputs[1].shape[2:]), "strides": n.attrs["strides"],
                                                 "pads": n.attrs["pads"], "dilations": n.attrs["dilations"],
                                                 "group": n.attrs["groups"]}), task=_conv_task),

@@ -37,6 +37,10 @@ ACTIVATIONS = {
                      lambda x, p: np.clip(p["alpha"] * x + p["beta"], 0.0, 1.0)),
     "hard_swish": ({}, lambda e, p: e * _clamp(e * Const(1.0 / 6.0) + Const(0.5), 0.0, 1.0),
                    lambda x, p: x * np.clip(x / 6.0 + 0.5, 0.0, 1.0)),
+    # YOLO's and GANs' activation: max(x, 0) + alpha min(x, 0), exact either side of 0
+    "leaky_relu": ({"alpha": 0.01},
+                   lambda e, p: max_expr(e, Const(0.0)) + Const(float(p["alpha"])) * min_expr(e, Const(0.0)),
+                   lambda x, p: np.where(x >= 0, x, p["alpha"] * x)),
     # the pieces of GELU (erf and tanh forms) and of a decomposed LayerNorm
     "erf": ({}, lambda e, p: Call("erf", (e,)), lambda x, p: _erf(x)),
     "tanh": ({}, lambda e, p: Call("tanh", (e,)), lambda x, p: np.tanh(x)),
@@ -147,7 +151,8 @@ _ACTS = {"relu": ("Relu", {}), "sigmoid": ("Sigmoid", {}), "hard_swish": ("HardS
          "pow": ("Pow", {"exponent": ("exponent", 1.0)}), "gelu": ("Gelu", {}), "gelu_tanh": (None, {}),
          "silu": (None, {}),
          "clip": ("Clip", {"lo": ("min", -np.inf), "hi": ("max", np.inf)}),
-         "hard_sigmoid": ("HardSigmoid", {"alpha": ("alpha", 0.2), "beta": ("beta", 0.5)})}
+         "hard_sigmoid": ("HardSigmoid", {"alpha": ("alpha", 0.2), "beta": ("beta", 0.5)}),
+         "leaky_relu": ("LeakyRelu", {"alpha": ("alpha", 0.01)})}
 
 
 def _act_attrs(op: str, given: dict) -> dict:

@@ -442,10 +442,61 @@ def _export_slice(ex, n, ins):
                                ex.tensor(f"{n.name}_steps", a["step"])])
 
 
+# Pad's other modes: the input index each output position j (from -before to n + after) reads
+PAD_MODES = {"reflect": lambda j, n: np.where(np.abs(j) >= n, 2 * (n - 1) - np.abs(j), np.abs(j)),
+             "edge": lambda j, n: np.clip(j, 0, n - 1),
+             "wrap": lambda j, n: j % n}
+
+
+def _onnx_depth_space(to_space: bool):
+    """DepthToSpace (pixel shuffle: super-resolution upsamplers) and SpaceToDepth as a reshape, a
+    transpose and a reshape; DCR and CRD orders differ only in where the channel factor sits."""
+    def imp(cx, ins, a):
+        x, b = ins[0], a.get("blocksize")
+        mode = a.get("mode", "DCR")
+        mode = mode.decode() if isinstance(mode, bytes) else mode
+        if not isinstance(b, int) or b < 1 or len(x.shape) != 4 or mode not in ("DCR", "CRD"):
+            raise cx.fail(f"needs a 4-D input, a positive blocksize and mode DCR or CRD; got {list(x.shape)}, "
+                          f"blocksize={b}, mode={mode}")
+        n, c, h, w = x.shape
+        if to_space:
+            if c % (b * b):
+                raise cx.fail(f"{c} channels do not divide into blocks of {b} x {b}")
+            c2 = c // (b * b)
+            shape, perm = (([n, b, b, c2, h, w], [0, 3, 4, 1, 5, 2]) if mode == "DCR" else
+                           ([n, c2, b, b, h, w], [0, 1, 4, 2, 5, 3]))
+            out = [n, c2, h * b, w * b]
+        else:
+            if h % b or w % b:
+                raise cx.fail(f"a {h} x {w} image does not divide into blocks of {b} x {b}")
+            shape, perm, out = [n, c, h // b, b, w // b, b], [0, 3, 5, 1, 2, 4], [n, c * b * b, h // b, w // b]
+        y = cx.add("reshape", [x], {"shape": shape}, "_blocks")
+        y = cx.add("transpose", [y], {"perm": perm}, "_moved")
+        return [cx.add("reshape", [y], {"shape": out})]
+    return imp
+
+
+def _runs(idx) -> list:
+    """The (start, stop, step) slices that read `idx` in order: its runs of consecutive indices, up or down."""
+    out, k = [], 0
+    while k < len(idx):
+        step = int(idx[k + 1] - idx[k]) if k + 1 < len(idx) and abs(int(idx[k + 1] - idx[k])) == 1 else 1
+        end = k + 1
+        while end < len(idx) and idx[end] - idx[end - 1] == step:
+            end += 1
+        last = int(idx[end - 1])
+        out.append((int(idx[k]), last + step if last + step >= 0 else None, step))
+        k = end
+    return out
+
+
 def _onnx_pad(cx, ins, a):
     x = ins[0]
-    if a.get("mode", "constant") != "constant":
-        raise cx.fail("only mode=constant is supported")
+    mode = a.get("mode", "constant")
+    if isinstance(mode, bytes):
+        mode = mode.decode()
+    if mode != "constant" and mode not in PAD_MODES:
+        raise cx.fail(f"mode={mode!r} is not supported (constant, {', '.join(PAD_MODES)} are)")
     pads = a.get("pads")
     if pads is None:
         pads = [int(v) for v in cx.const(ins[1], "pads")]
@@ -458,7 +509,24 @@ def _onnx_pad(cx, ins, a):
         for k, ax in enumerate(axes):
             full[ax], full[ax + len(x.shape)] = pads[k], pads[k + len(axes)]
         pads = full
-    return [cx.add("pad", [x], {"pads": pads, "value": value})]
+    if mode == "constant":
+        return [cx.add("pad", [x], {"pads": pads, "value": value})]
+    rank = len(x.shape)
+    if len(pads) != 2 * rank:
+        raise cx.fail(f"pads must have {2 * rank} values for a {rank}-D input, got {len(pads)}")
+    for ax, (lo, hi) in enumerate(zip(pads[:rank], pads[rank:])):
+        n = x.shape[ax]
+        if lo == hi == 0:
+            continue
+        if n + lo + hi < 1 or (mode == "reflect" and max(lo, hi) > n - 1):
+            raise cx.fail(f"pads {lo} and {hi} of axis {ax} (size {n}) are past what mode={mode} can read")
+        idx = PAD_MODES[mode](np.arange(-lo, n + hi), n)
+        if len(runs := _runs(idx)) > 3:        # an edge pad's repeats: one gather, not a concat of many slices
+            x = cx.add("gather", [x, cx.constant(idx.astype(np.int64), f"_ax{ax}_at")], {"axis": ax}, f"_ax{ax}")
+            continue
+        parts = _slice_nodes(cx, x, ax, runs, f"_ax{ax}")
+        x = parts[0] if len(parts) == 1 else cx.add("concat", parts, {"axis": ax}, f"_ax{ax}")
+    return [x]
 
 
 register(
@@ -477,7 +545,8 @@ register(
           evaluate=lambda n, args: np.ascontiguousarray(args[0].transpose(n.attrs["perm"])),
           te=lambda n, ins, name: transpose(ins[0], tuple(n.attrs["perm"]), name),
           onnx_in={"Transpose": onnx_plain("transpose", lambda ins, a: {
-              "perm": a.get("perm", list(range(len(ins[0].shape)))[::-1])})},
+              "perm": a.get("perm", list(range(len(ins[0].shape)))[::-1])}),
+              "DepthToSpace": _onnx_depth_space(True), "SpaceToDepth": _onnx_depth_space(False)},
           onnx_out=export_as("Transpose", lambda n: {"perm": n.attrs["perm"]})),
     OpDef(name="concat", pattern=Pattern.INJECTIVE, integers=True, infer=_concat_infer,
           evaluate=lambda n, args: np.concatenate(args, axis=n.attrs["axis"]),

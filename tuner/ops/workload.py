@@ -25,7 +25,7 @@ _INT_PARAMS = {"B", "M", "N", "C", "H", "W", "K", "R", "S", "stride", "dilation"
 
 # An anchor's activation epilogue other than relu: act=<name> with that activation's parameters
 # (ACTIVATIONS). Absent unless set, so the keys of workloads without one never changed.
-EPILOGUE_ACTS = ("clip", "sigmoid", "hard_sigmoid", "hard_swish", "gelu", "gelu_tanh", "silu")
+EPILOGUE_ACTS = ("clip", "sigmoid", "hard_sigmoid", "hard_swish", "gelu", "gelu_tanh", "silu", "leaky_relu")
 
 
 _FLOAT_PARAMS = {"lo", "hi", "alpha", "beta"}
