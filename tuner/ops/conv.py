@@ -229,8 +229,10 @@ def _onnx_conv_transpose(cx, ins, a):
     auto = a.get("auto_pad", "NOTSET")
     if "output_shape" in a or auto in ("SAME_UPPER", "SAME_LOWER"):
         want = list(a["output_shape"])[-2:] if "output_shape" in a else [i * s for i, s in zip((h, wd), strides)]
+        if len(want) != 2:
+            raise cx.fail(f"output_shape must give the output's height and width, got {a['output_shape']}")
         total = [sp - o for sp, o in zip(span, want)]
-        if len(want) != 2 or min(total) < 0:
+        if min(total) < 0:
             raise cx.fail(f"output_shape {want} is past what the input, kernel and strides reach ({span})")
         lo = [t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in total]
         pads = [*lo, *(t - b for t, b in zip(total, lo))]

@@ -454,7 +454,6 @@ def _onnx_depth_space(to_space: bool):
     def imp(cx, ins, a):
         x, b = ins[0], a.get("blocksize")
         mode = a.get("mode", "DCR")
-        mode = mode.decode() if isinstance(mode, bytes) else mode
         if not isinstance(b, int) or b < 1 or len(x.shape) != 4 or mode not in ("DCR", "CRD"):
             raise cx.fail(f"needs a 4-D input, a positive blocksize and mode DCR or CRD; got {list(x.shape)}, "
                           f"blocksize={b}, mode={mode}")
@@ -493,8 +492,6 @@ def _runs(idx) -> list:
 def _onnx_pad(cx, ins, a):
     x = ins[0]
     mode = a.get("mode", "constant")
-    if isinstance(mode, bytes):
-        mode = mode.decode()
     if mode != "constant" and mode not in PAD_MODES:
         raise cx.fail(f"mode={mode!r} is not supported (constant, {', '.join(PAD_MODES)} are)")
     pads = a.get("pads")
