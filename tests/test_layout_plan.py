@@ -1033,8 +1033,9 @@ def test_a_conv_whose_channels_no_block_divides_is_priced_in_the_fitted_block_a_
     assert space.domains["down"] == ("NCHW", "NCHW16c")           # 4 channels: blocks of 4 either way, once
     assert fit_block(4, 16) == fit_block(4, 8) == 4
     assert any(wl.layout == "NCHW16c" and wl.p["K"] == 4 for wl in space.unary["down"]["NCHW16c"])
-    assert model_layouts(_squeeze_excitation(10), ("NCHW", "NCHW8c", "NCHW16c")).domains["down"] == \
-        ("NCHW", "NCHW16c", "NCHW8c")                              # 10 channels: blocks of 10 and of 5
+    # 10 channels: blocks of 10 or 2 would run as scalars, so a compile in either pads them to 16
+    # (PadChannels), which the solver does not price
+    assert model_layouts(_squeeze_excitation(10), ("NCHW", "NCHW8c", "NCHW16c")).domains["down"] == ("NCHW",)
 
 
 @pytest.mark.slow

@@ -40,7 +40,7 @@ def _net(rng, c: int, k: int, tail: str, act: str = "clip"):
 
 
 @settings(max_examples=25, deadline=None)
-@given(c=st.integers(3, 40), k=st.sampled_from([18, 24, 40, 58, 100, 116]),
+@given(c=st.integers(3, 40), k=st.sampled_from([1, 3, 12, 18, 24, 26, 40, 58, 100, 116]),
        tail=st.sampled_from(["none", "se", "residual", "concat", "flatten", "two_outputs"]),
        act=st.sampled_from(["clip", "sigmoid"]), layout=st.sampled_from(["NCHW16c", "NCHW8c"]),
        seed=st.integers(0, 99))
@@ -62,8 +62,11 @@ def test_padded_convs_keep_every_output_and_compute_whole_blocks(c, k, tail, act
 
 
 @pytest.mark.parametrize("k, block, want", [(58, 16, 64), (1000, 16, 1008), (24, 16, 32), (40, 8, 40), (8, 16, 8),
-                                            (12, 16, 12), (116, 16, 128), (64, 16, 64), (18, 8, 18), (20, 8, 24)])
+                                            (12, 16, 16), (116, 16, 128), (64, 16, 64), (18, 8, 24), (20, 8, 24),
+                                            (4, 16, 4), (3, 16, 16), (1, 16, 1), (150, 16, 160), (26, 16, 32),
+                                            (2, 8, 8)])
 def test_a_conv_is_padded_only_where_the_pad_costs_less_than_the_small_block(k, block, want):
+    """A block of 4 or 8 fills its lanes; any other (3, 13, 15) runs as scalars, so 150 classes run as 160."""
     assert padded_count(k, block) == want
 
 

@@ -40,10 +40,12 @@ IDENTITY = {"add": 0.0, "sub": 0.0, "mul": 1.0, "div": 1.0}       # a constant's
 
 def padded_count(k: int, block: int) -> int:
     """Channels a conv of `k` output channels computes in a layout of `block`: `k`, or the next
-    multiple of the block where that wastes less than the small block (fit_block) would."""
+    multiple of the block where that wastes fewer lanes than the small block (fit_block) idles. A
+    block of 4 or 8 fills that many lanes; any other (2, 3, 10, 15) runs as scalars: one lane."""
     fit = L.fit_block(k, block)
     up = -(-k // block) * block
-    return up if fit < block and k >= block and up * fit < k * block else k
+    lanes = fit if fit % 4 == 0 else 1
+    return up if fit < block and up * lanes < k * block else k
 
 
 def _pad_axis(data: np.ndarray, axis: int, to: int, value: float = 0.0) -> np.ndarray:
@@ -59,7 +61,7 @@ def _channel_const(b, c, real: int, to: int, value: float):
     d = c.data
     if d.ndim > 4:
         return None
-    if d.ndim < 3 or d.shape[-3] == 1:
+    if d.ndim < 3 or d.shape[-3] == 1 < real:
         return c
     if d.shape[-3] != real:
         return None
