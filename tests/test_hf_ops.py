@@ -405,6 +405,25 @@ def test_a_gather_of_many_scattered_indices_of_an_activation_computes_what_onnx_
     agree_with_onnxruntime(path, {"x": _f32(2, 40, 3)})
 
 
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(at=st.lists(st.integers(-7, 6), min_size=1, max_size=12), axis=st.integers(0, 2))
+def test_a_gather_at_constant_indices_reads_runs_as_slices_and_scattered_ones_as_one_gather(tmp_path, at, axis):
+    """A slice per run of consecutive indices, concatenated, for up to three runs; past that one
+    gather at a constant index, never a concat of many one-wide slices (GCC takes seconds on those)."""
+    from tuner.graph import load
+    from tuner.ops.shape import _runs
+    shape = [7, 7, 7]
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Gather", ["r", "at"], ["y"], axis=axis)]
+    path = _save(tmp_path / "g.onnx", nodes, {"x": (TensorProto.FLOAT, shape)}, "y", {"at": np.array(at, np.int64)})
+    ops = [n.op for n in load(str(path)).nodes]
+    flat = [i % 7 for i in at]
+    steps = {b - a for a, b in zip(flat, flat[1:])}
+    one_slice = not steps or (len(steps) == 1 and 0 not in steps)
+    assert ("gather" in ops) == (not one_slice and len(_runs(flat)) > 3), ops
+    assert ops.count("slice") <= 3
+    agree_with_onnxruntime(path, {"x": _f32(*shape)})
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(block=st.tuples(st.integers(1, 3), st.integers(1, 3)), strides=st.tuples(st.integers(1, 3), st.integers(1, 3)),
        dil=st.tuples(st.integers(1, 2), st.integers(1, 2)), pads=st.tuples(*[st.integers(0, 1)] * 4),

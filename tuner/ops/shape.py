@@ -281,8 +281,10 @@ def _onnx_col2im(cx, ins, a):
     return [out]
 
 
-def _onnx_gather_at(cx, x, idx: np.ndarray, axis: int):
-    """Gather of an activation at constant indices: slices (and a reshape, or a concat)."""
+def _onnx_gather_at(cx, x, idx: np.ndarray, axis: int, suffix: str = ""):
+    """Gather of an activation at constant indices: one slice where they step evenly, a slice per run
+    of consecutive indices and a concat for up to three runs (a reflect pad), else a gather at a
+    constant index tensor (a concat of many one-wide slices takes GCC seconds to compile)."""
     d = x.shape[axis]
     flat = [int(i) for i in idx.reshape(-1)]
     if any(not -d <= i < d for i in flat):
@@ -290,15 +292,15 @@ def _onnx_gather_at(cx, x, idx: np.ndarray, axis: int):
     flat = [i % d for i in flat]
     step = flat[1] - flat[0] if len(flat) > 1 else 1
     if flat and step != 0 and flat == list(range(flat[0], flat[0] + step * len(flat), step)):
-        parts = _slice_nodes(cx, x, axis, [(flat[0], flat[0] + step * len(flat) if flat[0] + step * len(flat) >= 0
-                                            else None, step)])
-    elif 0 < len(flat) <= 64:
-        parts = [cx.add("concat", _slice_nodes(cx, x, axis, [(i, i + 1, 1) for i in flat]), {"axis": axis}, "_concat")]
-    else:                       # many scattered indices (ConvBERT's unfold): a gather at a constant index tensor
-        return cx.add("gather", [x, cx.constant(np.asarray(flat, np.int64).reshape(idx.shape), "_at")], {"axis": axis})
+        y = _slice_nodes(cx, x, axis, [(flat[0], flat[0] + step * len(flat) if flat[0] + step * len(flat) >= 0
+                                        else None, step)], suffix)[0]
+    elif flat and len(runs := _runs(flat)) <= 3:
+        y = cx.add("concat", _slice_nodes(cx, x, axis, runs, suffix), {"axis": axis}, suffix or "_concat")
+    else:
+        return cx.add("gather", [x, cx.constant(np.asarray(flat, np.int64).reshape(idx.shape), f"{suffix}_at")],
+                      {"axis": axis}, suffix)
     shape = list(x.shape[:axis]) + list(idx.shape) + list(x.shape[axis + 1:])
-    y = parts[0]
-    return y if list(y.shape) == shape else cx.add("reshape", [y], {"shape": shape}, "_shape")
+    return y if list(y.shape) == shape else cx.add("reshape", [y], {"shape": shape}, f"{suffix}_shape")
 
 
 def gather(table: Tensor, idx: Tensor, axis: int, name: str = "gather") -> Tensor:
@@ -517,12 +519,7 @@ def _onnx_pad(cx, ins, a):
             continue
         if n + lo + hi < 1 or (mode == "reflect" and max(lo, hi) > n - 1):
             raise cx.fail(f"pads {lo} and {hi} of axis {ax} (size {n}) are past what mode={mode} can read")
-        idx = PAD_MODES[mode](np.arange(-lo, n + hi), n)
-        if len(runs := _runs(idx)) > 3:        # an edge pad's repeats: one gather, not a concat of many slices
-            x = cx.add("gather", [x, cx.constant(idx.astype(np.int64), f"_ax{ax}_at")], {"axis": ax}, f"_ax{ax}")
-            continue
-        parts = _slice_nodes(cx, x, ax, runs, f"_ax{ax}")
-        x = parts[0] if len(parts) == 1 else cx.add("concat", parts, {"axis": ax}, f"_ax{ax}")
+        x = _onnx_gather_at(cx, x, PAD_MODES[mode](np.arange(-lo, n + hi), n), ax, f"_ax{ax}")
     return [x]
 
 
