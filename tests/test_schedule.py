@@ -897,6 +897,25 @@ def test_the_default_gemm_tile_fits_the_registers_runs_every_row_under_a_column_
         check_schedules(cases, target)
 
 
+@pytest.mark.parametrize("n, c, k, inside", [(12000, 180, 24, True), (12000, 64, 24, False), (784, 192, 192, False),
+                                             (12000, 1024, 96, False)])
+def test_a_dense_over_a_streamed_activation_with_small_weights_runs_its_columns_inside_each_row_tile(n, c, k, inside):
+    """Weights in L2, an activation read from memory (STREAMED_BYTES) and a long reduction: every
+    column tile inside each row tile, so the activation is read once; else (a short reduction, an
+    activation a cache holds, weights past PANEL_BYTES) the rows inside each column tile."""
+    from tuner.space import sketch
+    target = parse_target("cpu -threads=1")
+    wl = make("dense", dict(N=n, C=c, K=k, bias=1))
+    space = SearchSpace(wl, target)
+    assert (4 * n * c > sketch.STREAMED_BYTES and 4 * c * k <= sketch.PANEL_BYTES
+            and c >= sketch.LONG_REDUCTION) == inside
+    dec = space.default()
+    (r1, _, r3), (c1, _, c3) = dec["tile"][-2:]
+    assert (r1, c1) == ((1, -(-k // c3)) if inside else (-(-n // r3), 1))
+    if inside:
+        check_schedules([(wl, space.steps(dec))], target)
+
+
 @pytest.mark.parametrize("isa", ["avx2", "avx512"])
 @pytest.mark.parametrize("cols", [100, 1500, 200])
 def test_gemm_columns_that_no_whole_vectors_divide_get_a_tile_of_three_vectors_with_a_guarded_last_one(isa, cols):

@@ -71,6 +71,8 @@ MAX_ACCUMULATORS = 32        # vector registers of AVX-512 (AVX2 has 16; spills 
 MAX_TILE_FLOATS = 16384      # a 64 KiB accumulator tile stays on the stack and in L1/L2
 UNROLL_CHOICES = (0, 16, 64, 512)
 PANEL_BYTES = 256 * 1024     # a register tile's constant panel over the whole reduction from which it is blocked
+LONG_REDUCTION = 128         # a GEMM's reduction from which its default tile may put the columns inside the rows
+STREAMED_BYTES = 8 << 20     # an activation past this is read from memory: twice a server core's share of L3 or more
 PANEL_CHUNK = 16 * 1024      # ... into chunks of this panel, each kept in L1 while rows of tiles pass over it
 TILE_ROWS = 7                # rows of register tiles that one chunk serves, at most
 BLOCKED_TILE_BYTES = 32 * 1024   # ... and the local tile they accumulate
@@ -728,10 +730,28 @@ class SearchSpace(DagSketch):
     def _gemm_tile(self, tile: list) -> None:
         """The default tile of a GEMM-shaped output (_gemm_rows), with every row tile inside each
         column tile, so that the constant operand's panel for those columns stays in cache while
-        all rows pass over it."""
+        all rows pass over it; or, where all of the constant operand fits PANEL_BYTES and the
+        activation does not (_columns_inside), every column tile inside each row tile, so that
+        the activation is read once and the weights from L2."""
         cols, r = self._gemm_rows()
         tile[-1][2] = cols
-        tile[-2] = [-(-self.out_shape[-2] // r), 1, r]
+        if self._columns_inside:
+            tile[-1][0] = -(-self.out_shape[-1] // cols)
+            tile[-2] = [1, 1, r]
+        else:
+            tile[-2] = [-(-self.out_shape[-2] // r), 1, r]
+
+    @cached_property
+    def _columns_inside(self) -> bool:
+        """Whether the constants (weights and bias) fit PANEL_BYTES, the activation is read from
+        memory (STREAMED_BYTES), and the reduction is long (LONG_REDUCTION): rows outside, the
+        activation would be read from memory again for each column tile (Swin2SR's 180 x 180
+        dense over 50,176 tokens). Over a short reduction (32, 64), or an activation a cache holds
+        (MobileViT's 784 tokens; the 4.8 MB of ConvNeXt's 3136 x 384 at 1 thread), rows outside ran as
+        fast or faster (docs/history.md)."""
+        size = lambda const: 4 * sum(math.prod(t.shape) for t in self.inputs if (t.name in self._constants) == const)  # noqa: E731
+        return bool(self._constants) and size(True) <= PANEL_BYTES and size(False) > STREAMED_BYTES \
+            and math.prod(e for _, e in self.reduce_axes) >= LONG_REDUCTION
 
     def _gemm_rows(self) -> tuple:
         """(columns, rows) of the default GEMM register tile ([batch,] rows, cols: dense,
