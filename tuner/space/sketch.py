@@ -274,10 +274,13 @@ class SearchSpace(DagSketch):
         read all of the activation. A grouped or depthwise conv's channels index both: split by
         them, each thread reads its share of either, and the producer's threads wrote by channels
         too (ResNeXt-50's grouped convs at 2 threads, in the model: 0.93x the time; docs/history.md)."""
-        size = lambda const: sum(math.prod(t.shape) for t in self.inputs if (t.name in self._constants) == const)  # noqa: E731
         acts, weights = self._operand_axes
         shared = any(a in acts and a in weights for a in self.local_axes)
-        return not shared and size(False) > size(True)
+        return not shared and self._input_elements(False) > self._input_elements(True)
+
+    def _input_elements(self, constant: bool) -> int:
+        """Elements of the constant inputs (the weights, a bias), or of the others (the activation)."""
+        return sum(math.prod(t.shape) for t in self.inputs if (t.name in self._constants) == constant)
 
     # ------------------------------------------------------------ per-axis options
     @cached_property
@@ -730,9 +733,8 @@ class SearchSpace(DagSketch):
     def _gemm_tile(self, tile: list) -> None:
         """The default tile of a GEMM-shaped output (_gemm_rows), with every row tile inside each
         column tile, so that the constant operand's panel for those columns stays in cache while
-        all rows pass over it; or, where all of the constant operand fits PANEL_BYTES and the
-        activation does not (_columns_inside), every column tile inside each row tile, so that
-        the activation is read once and the weights from L2."""
+        all rows pass over it; or, where _columns_inside holds, every column tile inside each row
+        tile, so that the activation is read once and the weights from L2."""
         cols, r = self._gemm_rows()
         tile[-1][2] = cols
         if self._columns_inside:
@@ -749,9 +751,8 @@ class SearchSpace(DagSketch):
         dense over 50,176 tokens). Over a short reduction (32, 64), or an activation a cache holds
         (MobileViT's 784 tokens; the 4.8 MB of ConvNeXt's 3136 x 384 at 1 thread), rows outside ran as
         fast or faster (docs/history.md)."""
-        size = lambda const: 4 * sum(math.prod(t.shape) for t in self.inputs if (t.name in self._constants) == const)  # noqa: E731
-        return bool(self._constants) and size(True) <= PANEL_BYTES and size(False) > STREAMED_BYTES \
-            and math.prod(e for _, e in self.reduce_axes) >= LONG_REDUCTION
+        return bool(self._constants) and 4 * self._input_elements(True) <= PANEL_BYTES \
+            and 4 * self._input_elements(False) > STREAMED_BYTES and math.prod(e for _, e in self.reduce_axes) >= LONG_REDUCTION
 
     def _gemm_rows(self) -> tuple:
         """(columns, rows) of the default GEMM register tile ([batch,] rows, cols: dense,
