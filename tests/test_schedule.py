@@ -897,7 +897,7 @@ def test_the_default_gemm_tile_fits_the_registers_runs_every_row_under_a_column_
         check_schedules(cases, target)
 
 
-@pytest.mark.parametrize("n, c, k, inside", [(12000, 180, 24, True), (12000, 64, 24, False), (784, 192, 192, False),
+@pytest.mark.parametrize("n, c, k, inside", [(12000, 180, 96, True), (12000, 64, 24, False), (784, 192, 192, False),
                                              (12000, 1024, 96, False)])
 def test_a_dense_over_a_streamed_activation_with_small_weights_runs_its_columns_inside_each_row_tile(n, c, k, inside):
     """Weights in L2, an activation read from memory (STREAMED_BYTES) and a long reduction: every
