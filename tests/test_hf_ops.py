@@ -481,6 +481,18 @@ def test_a_transposed_convolution_computes_what_onnx_runtime_computes(tmp_path, 
     agree_with_onnxruntime(path, {"x": _f32(1, c, *size)})
 
 
+def test_a_transposed_convolution_whose_columns_all_fall_between_strides_computes_its_bias(tmp_path):
+    """Stride 2, a 1x1 kernel and an output_shape that keeps only the column between the two that
+    land: the image is zeros plus the bias, even where the input holds a NaN (hypothesis found it)."""
+    nodes = [helper.make_node("ConvTranspose", ["x", "w", "b"], ["t"], strides=[1, 2], output_shape=[1, 1]),
+             helper.make_node("Relu", ["t"], ["y"])]
+    path = _save(tmp_path / "hole.onnx", nodes, {"x": (TensorProto.FLOAT, [1, 4, 2, 2])}, "y",
+                 {"w": _f32(4, 3, 1, 1), "b": np.abs(_f32(3)) + 0.5})
+    x = _f32(1, 4, 2, 2)
+    x[0, 1, 0, 1] = np.nan
+    agree_with_onnxruntime(path, {"x": x})
+
+
 def test_a_transposed_convolution_the_tool_cannot_run_is_a_one_line_error_naming_the_node(tmp_path):
     inits = {"w": _f32(4, 2, 3, 3)}
     cases = [(dict(strides=[2, 2], output_padding=[2, 0]), "output_padding must be two integers each below"),

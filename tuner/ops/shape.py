@@ -263,8 +263,11 @@ def _onnx_col2im(cx, ins, a):
     inside = ((0 <= y) & (y < h) & (0 <= xx) & (xx < w)).reshape(-1)
     pixel = ((ch * h + y) * w + xx).reshape(-1)[inside]      # output pixel <- flat column position
     col = ((((ch * kh + i) * kw + j) * length) + by * rows[1] + bx).reshape(-1)[inside]
-    if not pixel.size:
-        raise cx.fail("no column lands in the image")
+    if not pixel.size:           # every column falls in the pads or between strides: an image of zeros
+        part = cx.add("gather", [cx.add("reshape", [x], {"shape": [n, ckk * length]}, "_flat"),
+                                 cx.constant(np.zeros((c, h, w), np.int64), "_at")], {"axis": 1}, "_part")
+        return [cx.add("where", [cx.constant(np.zeros((c, h, w), bool), "_none"), part,
+                                 cx.constant(np.zeros((c, h, w), np.float32), "_zeros")], {})]
     order = np.argsort(pixel, kind="stable")
     pixel, col = pixel[order], col[order]
     first = np.searchsorted(pixel, pixel)                    # each entry's rank among its pixel's
