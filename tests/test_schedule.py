@@ -1059,3 +1059,34 @@ def test_a_stage_too_big_to_inline_is_a_schedule_error_and_a_generic_group_compu
     x = np.random.default_rng(0).standard_normal((1, 10, 12)).astype(np.float32)
     m = compile_model(str(path), target="cpu -threads=1", use_shipped=False)
     np.testing.assert_allclose(m.run(x)[0], ort_run(path, x)[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("src, dst, axis, tile", [("NCHW16c", "NCHW", "c", 16), ("NHWC", "NCHW", "c", 16),
+                                                    ("NCHW", "NHWC", None, None), ("NCHW", "NCHW16c", None, None)])
+def test_a_layout_transform_that_reads_across_its_rows_tiles_the_axis_its_input_is_contiguous_in(src, dst, axis, tile):
+    """NCHW16c -> NCHW read c % 16 once per pass of the vector over a 56x56 plane, so each line came
+    from L2 sixteen times; tiled, c's 16 run just outside the vector. NCHW -> NCHW16c and NCHW ->
+    NHWC already use each line whole at neighbouring w: no tile."""
+    space = SearchSpace(make("layout_transform", dict(C=64, H=56, W=56, dst=dst), src), parse_target("cpu -threads=1"))
+    dec = space.default()
+    assert dec.get("transpose") == tile
+    if tile is None:
+        assert "transpose" not in space.choices()
+        return
+    assert space.choices()["transpose"][0] == 1 and tile in space.choices()["transpose"]
+    loops = space.schedule(space.steps(dec)).stage("layout_transform").leaves
+    assert loops[-2:] == [f"{axis}.1", f"{space.out_axes[-1]}.1"]
+    assert f"{axis}.0" in loops[:-2]
+
+
+def test_an_injective_kernel_fuses_its_outer_loops_only_until_each_thread_has_a_grain_of_them():
+    """All fused, NCHW -> NCHW16c at 2 threads ran one 16-lane vector per iteration of the parallel
+    loop, with a div and a mod per index, slower than 1 thread; (n, cc, h) give 224 rows."""
+    from tuner.space.sketch import PARALLEL_GRAIN
+    space = SearchSpace(make("layout_transform", dict(C=64, H=56, W=56, dst="NCHW16c"), "NCHW"),
+                        parse_target("cpu -threads=2"))
+    steps = space.steps(space.default())
+    par = [s for s in steps if s[0] == "annotate" and s[-1] == "parallel"]
+    assert len(par) == 1 and par[0][2] == "n@cc@h"
+    assert 4 < PARALLEL_GRAIN * 2 <= 4 * 56
+    assert space.schedule(steps).stage("layout_transform").leaves[1:] == ["w", "cb.0", "cb.1"]

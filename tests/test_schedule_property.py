@@ -9,7 +9,7 @@ import random
 
 import pytest
 from conftest import TARGET1, check_schedules
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tuner.ops import make
@@ -148,3 +148,19 @@ def test_layout_transform_schedules_compute_the_reference(src, dst, c, seed, vec
     steps = [["split", "layout_transform", inner, [vec]], ["annotate", "layout_transform", f"{inner}.1", "vectorize"]]
     sampled = SearchSpace(wl, TARGET1)
     check_schedules([(wl, steps), (wl, sampled.steps(sampled.sample(random.Random(seed))))])
+
+
+@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(src=st.sampled_from(["NCHW", "NHWC", "NCHW8c", "NCHW16c"]), dst=st.sampled_from(["NCHW", "NHWC", "NCHW16c"]),
+       c=st.sampled_from([3, 16, 20, 48]), h=st.integers(12, 16), w=st.integers(22, 30), threads=st.integers(1, 3))
+def test_a_transposed_layout_transform_computes_the_reference_with_every_tile_and_thread_count(src, dst, c, h, w,
+                                                                                            threads):
+    """A read whose contiguous dimension another output axis indexes (NCHW16c -> NCHW) tiles that
+    axis inside the loops that run over the rest; the outer loops fused up to a grain per thread."""
+    assume(src != dst)
+    from tuner.target import parse_target
+    wl = make("layout_transform", dict(C=c, H=h, W=w, dst=dst), src)
+    space = SearchSpace(wl, parse_target("cpu", threads=threads))
+    tiles = space.choices().get("transpose", [1])
+    decs = [{**space.default(), "vec": vec, "transpose": t} for t in tiles for vec in space.injective_vecs[-2:]]
+    check_schedules([(wl, space.steps(dec)) for dec in decs], target=space.target)

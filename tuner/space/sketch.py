@@ -49,7 +49,9 @@ transform (NCHW[x]c: a channel-block axis outside the tile axes) also decides wh
 loop runs (`blocks`): outside the tile loops, or inside them so that each tile reads its rows of
 the product once for all blocks (the default).
 Injective sketch, for DAGs without a reduction: producers inlined, innermost axis vectorised,
-the rest fused and parallel.
+the rest fused and parallel; where an input is read transposed (its contiguous dimension indexed
+by another output axis: NCHW16c -> NCHW), that axis tiled just outside the vector loop (a
+decision, `transpose`: the tile or none; by default the tile).
 
 The injective and table sketches are flat: a point is one option per `choices()` entry, and
 sampling, mutation and the Optuna parameter table read those options; only the tiled sketch
@@ -73,6 +75,8 @@ UNROLL_CHOICES = (0, 16, 64, 512)
 PANEL_BYTES = 256 * 1024     # a register tile's constant panel over the whole reduction from which it is blocked
 LONG_REDUCTION = 128         # a GEMM's reduction from which its default tile may put the columns inside the rows
 STREAMED_BYTES = 8 << 20     # an activation past this is read from memory: twice a server core's share of L3 or more
+GATHER_LINES = 256           # lines of a transposed read touched between two uses of each: half a 32 KiB L1
+PARALLEL_GRAIN = 16          # iterations per thread of an injective kernel's fused parallel loop, at least
 PANEL_CHUNK = 16 * 1024      # ... into chunks of this panel, each kept in L1 while rows of tiles pass over it
 TILE_ROWS = 7                # rows of register tiles that one chunk serves, at most
 BLOCKED_TILE_BYTES = 32 * 1024   # ... and the local tile they accumulate
@@ -190,7 +194,8 @@ class SearchSpace(DagSketch):
         """The options of each decision of a flat sketch (injective, table): name -> options. The
         pad placement is {pad stage: "inline" | "root"}, as in the tiled sketch's points."""
         if self.kind == "injective":
-            return {"vec": list(self.injective_vecs), "unroll": [0, 1]}
+            tiles = self.transposed[1] if self.transposed else []
+            return {"vec": list(self.injective_vecs), "unroll": [0, 1], **({"transpose": [1, *tiles]} if tiles else {})}
         if self.kind == "table":
             pads = [{p: where for p in self.pads} for where in self.pad_places] if self.pads else []
             return {"vec": list(self.last_options), **({"pad": pads} if pads else {}),
@@ -391,7 +396,7 @@ class SearchSpace(DagSketch):
         """A reasonable untuned point: a vector-wide, register-sized tile, cache blocking only where
         a register tile's weights reach PANEL_BYTES (_block_reduction)."""
         if self.kind == "injective":
-            return {"vec": max(self.injective_vecs), "unroll": 0}
+            return {"vec": max(self.injective_vecs), "unroll": 0, **({"transpose": self.transposed[1][-1]} if self.transposed else {})}
         if self.kind == "table":
             # each decision's first option (the pad read in place, a register accumulator), but a
             # blocked output transform's block loop inside its tiles, so that each tile reads its
@@ -611,6 +616,45 @@ class SearchSpace(DagSketch):
                         and last in free_vars(idx[-1].a):
                     runs.append(idx[-1].b.value)
         return min(runs) if runs else None
+
+    @cached_property
+    def transposed(self) -> tuple | None:
+        """(output axis position, tile lengths) where an input's contiguous dimension is indexed by
+        one output axis a other than the vector's, which that read also uses, and the loops inside
+        a touch more than GATHER_LINES of its lines before the next a reuses them (NCHW16c -> NCHW
+        reads c % 16 while h and w run inside c): a tiled by one of those lengths (the block where
+        the index is a % block, else 4, 8 or 16; the last tile guarded) just outside the vector loop,
+        so that each line the vector's lanes gather is used whole before it leaves L1
+        (docs/history.md). None where no read is transposed so."""
+        sch = Schedule(self.inputs, self.output)
+        stages = {s.name: s.op for s in sch.stages}
+        axes, last, seen = self.out_axes, self.out_axes[-1], set()
+        todo = [(self.output.name, {a: Var(a) for a in axes})]
+        while todo:
+            name, env = todo.pop()
+            for n in walk(stages[name].body):
+                if not isinstance(n, Load):
+                    continue
+                idx = [substitute(i, env) for i in n.indices]
+                key = (n.buffer, tuple(map(str, idx)))
+                if key in seen or not idx:
+                    continue
+                seen.add(key)
+                if n.buffer in stages and n.buffer != name:
+                    todo.append((n.buffer, {a.name: i for a, i in zip(stages[n.buffer].axes, idx)}))
+                    continue
+                inner = free_vars(idx[-1]) & set(axes)
+                if len(inner) != 1 or last in inner or not any(last in free_vars(i) for i in idx[:-1]):
+                    continue
+                (a,) = inner
+                d = axes.index(a)
+                e, i = self.out_shape[d], idx[-1]
+                if e == 1 or math.prod(self.out_shape[d + 1:]) <= GATHER_LINES:
+                    continue        # the lines touched before the next a reuses them stay in L1
+                if isinstance(i, FloorMod) and i.a == Var(a) and isinstance(i.b, Const) and 1 < i.b.value:
+                    return d, [min(i.b.value, e)]
+                return d, [t for t in (4, 8) if t < e] + [min(e, 16)]
+        return None
 
     @cached_property
     def _reduce_periods(self) -> tuple:
@@ -894,15 +938,28 @@ class SearchSpace(DagSketch):
         steps = [["compute_inline", s] for s in self.pads + self.others] if inline else []
         out = self.output.name
         axes = list(self.out_axes)
-        vec = dec["vec"]
+        vec, tile = dec["vec"], dec.get("transpose", 1)
         steps.append(["split", out, axes[-1], [vec]])
         inner = f"{axes[-1]}.1"
+        outer = axes[:-1] + [f"{axes[-1]}.0"]
+        if tile > 1:                 # the transposed axis's tile just outside the vector loop
+            a = axes[self.transposed[0]]
+            steps.append(["split", out, a, [tile]])
+            outer = [f"{a}.0" if x == a else x for x in outer]
+            steps.append(["reorder", out, outer + [f"{a}.1", inner]])
         if vec % 4 == 0 or (vec == self.out_shape[-1] and vector_split(vec, self.target.lanes)[0] > 0):
             steps.append(["annotate", out, inner, "vectorize"])
         elif dec["unroll"] and vec > 1:
             steps.append(["annotate", out, inner, "unroll"])
-        outer = axes[:-1] + [f"{axes[-1]}.0"]
         if self.target.threads > 1 and len(outer) > 1:
-            steps.append(["fuse", out, outer])
-            steps.append(["annotate", out, "@".join(outer), "parallel"])
+            # the outer loops fused until they give each thread PARALLEL_GRAIN iterations; those
+            # inside stay loops, with affine indices (not one vector's div and mod per iteration)
+            sizes = [*self.out_shape[:-1], -(-self.out_shape[-1] // vec)]
+            if tile > 1:
+                sizes[self.transposed[0]] //= tile
+            k = next((k for k in range(1, len(outer)) if math.prod(sizes[:k]) >= PARALLEL_GRAIN * self.target.threads),
+                     len(outer))
+            if k > 1:
+                steps.append(["fuse", out, outer[:k]])
+            steps.append(["annotate", out, "@".join(outer[:k]), "parallel"])
         return steps
