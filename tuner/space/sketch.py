@@ -73,6 +73,7 @@ MAX_ACCUMULATORS = 32        # vector registers of AVX-512 (AVX2 has 16; spills 
 MAX_TILE_FLOATS = 16384      # a 64 KiB accumulator tile stays on the stack and in L1/L2
 UNROLL_CHOICES = (0, 16, 64, 512)
 PANEL_BYTES = 256 * 1024     # a register tile's constant panel over the whole reduction from which it is blocked
+RESIDENT_BYTES = 1 << 20      # constants that a GEMM re-reads per row tile from L2 or L3, rather than its activation from memory
 LONG_REDUCTION = 128         # a GEMM's reduction from which its default tile may put the columns inside the rows
 STREAMED_BYTES = 8 << 20     # an activation past this is read from memory: twice a server core's share of L3 or more
 GATHER_LINES = 256           # lines of a transposed read touched between two uses of each: half a 32 KiB L1
@@ -427,6 +428,9 @@ class SearchSpace(DagSketch):
             self._gemm_tile(tile)
         elif not others:
             wide = [d for d in self.last_options if d <= 4 * self.target.lanes]
+            run = self.vector_run
+            if wide and run and max(wide) % run:    # whole blocks: a tile ending inside one shares its lines
+                wide = [run * v for v in range(1, 4 * self.target.lanes // run + 1)]
             tile[-1][2] = max(wide) if wide else 1
         else:
             tile[-1][2] = max(last) if last else 1
@@ -789,13 +793,13 @@ class SearchSpace(DagSketch):
 
     @cached_property
     def _columns_inside(self) -> bool:
-        """Whether the constants (weights and bias) fit PANEL_BYTES, the activation is read from
+        """Whether the constants (weights and bias) fit RESIDENT_BYTES, the activation is read from
         memory (STREAMED_BYTES), and the reduction is long (LONG_REDUCTION): rows outside, the
         activation would be read from memory again for each column tile (Swin2SR's 180 x 180
         dense over 50,176 tokens). Over a short reduction (32, 64), or an activation a cache holds
         (MobileViT's 784 tokens; the 4.8 MB of ConvNeXt's 3136 x 384 at 1 thread), rows outside ran as
         fast or faster (docs/history.md)."""
-        return bool(self._constants) and 4 * self._input_elements(True) <= PANEL_BYTES \
+        return bool(self._constants) and 4 * self._input_elements(True) <= RESIDENT_BYTES \
             and 4 * self._input_elements(False) > STREAMED_BYTES and math.prod(e for _, e in self.reduce_axes) >= LONG_REDUCTION
 
     def _gemm_rows(self) -> tuple:

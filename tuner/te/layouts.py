@@ -84,11 +84,11 @@ def fit_block(channels: int, block: int) -> int:
 
 
 def dense_pack_block(k: int, block: int) -> int:
-    """The block of a dense weight packed [ceil(K/b), C, b]: fit_block's where it is a power of two
-    of 4 or more, or covers K; else the layout's, the last block padded with zeros (K=195 in blocks
-    of 15 read a vector of 16 as 16 scalars with a division each: 0.22x the time of K=192)."""
-    fit = fit_block(k, block)
-    return fit if (fit >= 4 and not fit & (fit - 1)) or k <= block else block
+    """The block of a dense weight packed [ceil(K/b), C, b]: the layout's, the last block padded
+    with zeros, unless it covers K (then fit_block's). In a smaller block a vector of the layout's
+    width gathers its lanes from several blocks (K=195 in blocks of 15: 0.22x the time of K=192;
+    Swin2SR's K=180 in blocks of 4: 0.53x padded to 192, docs/history.md)."""
+    return fit_block(k, block) if k <= block else block
 
 
 def in_blocks_of(block: int, layout: str, channels: int) -> bool:
