@@ -429,7 +429,8 @@ class SearchSpace(DagSketch):
         elif not others:
             wide = [d for d in self.last_options if d <= 4 * self.target.lanes]
             run = self.vector_run
-            if wide and run and max(wide) % run:    # whole blocks: a tile ending inside one shares its lines
+            # whole blocks of an input's contiguous run: a tile ending inside one shares its lines
+            if wide and run and max(wide) % run and run <= 4 * self.target.lanes:
                 wide = [run * v for v in range(1, 4 * self.target.lanes // run + 1)]
             tile[-1][2] = max(wide) if wide else 1
         else:
@@ -960,7 +961,7 @@ class SearchSpace(DagSketch):
             # inside stay loops, with affine indices (not one vector's div and mod per iteration)
             sizes = [*self.out_shape[:-1], -(-self.out_shape[-1] // vec)]
             if tile > 1:
-                sizes[self.transposed[0]] //= tile
+                sizes[self.transposed[0]] = -(-sizes[self.transposed[0]] // tile)
             k = next((k for k in range(1, len(outer)) if math.prod(sizes[:k]) >= PARALLEL_GRAIN * self.target.threads),
                      len(outer))
             if k > 1:
