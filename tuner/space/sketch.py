@@ -596,18 +596,16 @@ class SearchSpace(DagSketch):
         return sum(4 * math.prod(a.extent for a in sch.stage(p).op.axes) for p in self.pads)
 
     @cached_property
-    def vector_run(self) -> int | None:
-        """Elements of an input that the innermost output axis reads contiguously, through the
-        stages between (a blocked layout's c % 8: 8); None where every read is unbounded along it.
-        A vector wider than that gathers its lanes one by one from several blocks."""
+    def _input_reads(self) -> list:
+        """(buffer, indices in the output's axes) of every read of a DAG input, through the stages
+        between (a blocked layout's c // 16 and c % 16 where the output's axis is c)."""
         sch = Schedule(self.inputs, self.output)
         stages = {s.name: s.op for s in sch.stages}
-        last, runs, seen = self.out_axes[-1], [], set()
-        todo = [(self.output.name, {last: Var(last)})]
+        reads, seen = [], set()
+        todo = [(self.output.name, {a: Var(a) for a in self.out_axes})]
         while todo:
             name, env = todo.pop()
-            op = stages[name]
-            for n in walk(op.body):
+            for n in walk(stages[name].body):
                 if not isinstance(n, Load):
                     continue
                 idx = [substitute(i, env) for i in n.indices]
@@ -617,9 +615,18 @@ class SearchSpace(DagSketch):
                 seen.add(key)
                 if n.buffer in stages and n.buffer != name:
                     todo.append((n.buffer, {a.name: i for a, i in zip(stages[n.buffer].axes, idx)}))
-                elif idx and isinstance(idx[-1], FloorMod) and isinstance(idx[-1].b, Const) \
-                        and last in free_vars(idx[-1].a):
-                    runs.append(idx[-1].b.value)
+                else:
+                    reads.append((n.buffer, idx))
+        return reads
+
+    @cached_property
+    def vector_run(self) -> int | None:
+        """Elements of an input that the innermost output axis reads contiguously, through the
+        stages between (a blocked layout's c % 8: 8); None where every read is unbounded along it.
+        A vector wider than that gathers its lanes one by one from several blocks."""
+        last = self.out_axes[-1]
+        runs = [idx[-1].b.value for _, idx in self._input_reads if idx and isinstance(idx[-1], FloorMod)
+                and isinstance(idx[-1].b, Const) and last in free_vars(idx[-1].a)]
         return min(runs) if runs else None
 
     @cached_property
@@ -631,34 +638,19 @@ class SearchSpace(DagSketch):
         the index is a % block, else 4, 8 or 16; the last tile guarded) just outside the vector loop,
         so that each line the vector's lanes gather is used whole before it leaves L1
         (docs/history.md). None where no read is transposed so."""
-        sch = Schedule(self.inputs, self.output)
-        stages = {s.name: s.op for s in sch.stages}
-        axes, last, seen = self.out_axes, self.out_axes[-1], set()
-        todo = [(self.output.name, {a: Var(a) for a in axes})]
-        while todo:
-            name, env = todo.pop()
-            for n in walk(stages[name].body):
-                if not isinstance(n, Load):
-                    continue
-                idx = [substitute(i, env) for i in n.indices]
-                key = (n.buffer, tuple(map(str, idx)))
-                if key in seen or not idx:
-                    continue
-                seen.add(key)
-                if n.buffer in stages and n.buffer != name:
-                    todo.append((n.buffer, {a.name: i for a, i in zip(stages[n.buffer].axes, idx)}))
-                    continue
-                inner = free_vars(idx[-1]) & set(axes)
-                if len(inner) != 1 or last in inner or not any(last in free_vars(i) for i in idx[:-1]):
-                    continue
-                (a,) = inner
-                d = axes.index(a)
-                e, i = self.out_shape[d], idx[-1]
-                if e == 1 or math.prod(self.out_shape[d + 1:]) <= GATHER_LINES:
-                    continue        # the lines touched before the next a reuses them stay in L1
-                if isinstance(i, FloorMod) and i.a == Var(a) and isinstance(i.b, Const) and 1 < i.b.value:
-                    return d, [min(i.b.value, e)]
-                return d, [t for t in (4, 8) if t < e] + [min(e, 16)]
+        axes, last = self.out_axes, self.out_axes[-1]
+        for _, idx in self._input_reads:
+            inner = free_vars(idx[-1]) & set(axes) if idx else {last}
+            if len(inner) != 1 or last in inner or not any(last in free_vars(i) for i in idx[:-1]):
+                continue
+            (a,) = inner
+            d = axes.index(a)
+            e, i = self.out_shape[d], idx[-1]
+            if e == 1 or math.prod(self.out_shape[d + 1:]) <= GATHER_LINES:
+                continue        # the lines touched before the next a reuses them stay in L1
+            if isinstance(i, FloorMod) and i.a == Var(a) and isinstance(i.b, Const) and 1 < i.b.value:
+                return d, [min(i.b.value, e)]
+            return d, [t for t in (4, 8) if t < e] + [min(e, 16)]
         return None
 
     @cached_property
