@@ -263,7 +263,8 @@ def _onnx_col2im(cx, ins, a):
     inside = ((0 <= y) & (y < h) & (0 <= xx) & (xx < w)).reshape(-1)
     pixel = ((ch * h + y) * w + xx).reshape(-1)[inside]      # output pixel <- flat column position
     col = ((((ch * kh + i) * kw + j) * length) + by * rows[1] + bx).reshape(-1)[inside]
-    if not pixel.size:           # every column falls in the pads or between strides: an image of zeros
+    if not pixel.size:           # every column falls in the pads or between strides: an image of zeros,
+        # computed from x (a constant output has no kernel to write it), exact where x holds a NaN
         part = cx.add("gather", [cx.add("reshape", [x], {"shape": [n, ckk * length]}, "_flat"),
                                  cx.constant(np.zeros((c, h, w), np.int64), "_at")], {"axis": 1}, "_part")
         return [cx.add("where", [cx.constant(np.zeros((c, h, w), bool), "_none"), part,

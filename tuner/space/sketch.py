@@ -640,7 +640,9 @@ class SearchSpace(DagSketch):
         (docs/history.md). None where no read is transposed so."""
         axes, last = self.out_axes, self.out_axes[-1]
         for _, idx in self._input_reads:
-            inner = free_vars(idx[-1]) & set(axes) if idx else {last}
+            if not idx:
+                continue
+            inner = free_vars(idx[-1]) & set(axes)
             if len(inner) != 1 or last in inner or not any(last in free_vars(i) for i in idx[:-1]):
                 continue
             (a,) = inner
