@@ -133,7 +133,7 @@ def brute_force(problem: LayoutProblem) -> Plan:
 
 # ---------------------------------------------------------------- a model's layout problem
 
-PRE_LAYOUT = ("InferType", "SimplifyInference", "FoldConstant", "EliminateCommonSubexpr", "DeadCodeElimination")
+PRE_LAYOUT = ("InferType", "SimplifyInference", "MergeConvBranches", "FoldConstant", "EliminateCommonSubexpr", "DeadCodeElimination")
 
 
 def anonymous_structure(graph) -> tuple:

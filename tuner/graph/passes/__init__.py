@@ -1,12 +1,12 @@
 """Graph passes; importing this package registers them all."""
 from ...errors import UserError
-from . import (convert_layout, extract_tasks, fuse_ops, head_views, pad_columns, simple,  # noqa: F401
+from . import (convert_layout, extract_tasks, fuse_ops, head_views, merge_conv, pad_columns, simple,  # noqa: F401
                simplify_inference, transformer_ops)
 from . import pad_channels as _pad_channels  # noqa: F401 (registers PadChannels; optimize's option shares the name)
 from . import merge_dense as _merge_dense  # noqa: F401 (registers MergeParallelDense; optimize's option shares the name)
 from .base import REGISTRY, Pass, PassContext, PassTiming, PrintIR, Sequential
 
-DEFAULT_PIPELINE = ("InferType", "FuseTransformerOps", "SimplifyInference",
+DEFAULT_PIPELINE = ("InferType", "FuseTransformerOps", "SimplifyInference", "MergeConvBranches",
                     "FoldConstant", "EliminateCommonSubexpr", "DeadCodeElimination", "PadChannels", "ConvertLayout", "FoldConstant",
                     "EliminateCommonSubexpr", "DeadCodeElimination", "AbsorbHeadViews", "FuseOps", "ExtractTasks")
 GRAPH_CHOICES = ("fuse_attention", "merge_dense")    # optimize's options with a cost either way (model_tuning times them)

@@ -1,0 +1,153 @@
+"""MergeConvBranches: a sum of convolutions of one input (and the input itself) is one convolution."""
+import numpy as np
+import pytest
+from conftest import agree_with_onnxruntime
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tuner.graph import interp
+from tuner.graph.builder import GraphBuilder
+from tuner.graph.onnx_frontend import load_onnx
+from tuner.graph.passes import optimize
+
+PASSES = ["InferType", "SimplifyInference", "MergeConvBranches"]
+
+
+def _branch(b, x, rng, kernel, stride=1, dilation=1, groups=1, bias=True, pads=None):
+    c = x.shape[1]
+    r, s = kernel
+    if pads is None:     # "same" at stride 1, more below and right where the kernel is even
+        pads = [dilation * (r - 1) // 2, dilation * (s - 1) // 2, 0, 0]
+        pads[2], pads[3] = dilation * (r - 1) - pads[0], dilation * (s - 1) - pads[1]
+    w = b.const(rng.standard_normal((c, c // groups, r, s)).astype(np.float32), "w")
+    y = b.add("conv2d", [x, w], {"strides": [stride, stride], "pads": pads, "dilations": [dilation, dilation],
+                                 "groups": groups, "layout": "NCHW", "kernel_layout": "OIHW"})
+    return b.add("add", [y, b.const(rng.standard_normal((c, 1, 1)).astype(np.float32), "b")]) if bias else y
+
+
+def _sum(b, terms):
+    total = terms[0]
+    for t in terms[1:]:
+        total = b.add("add", [total, t])
+    return total
+
+
+def _merged(g, x0):
+    """The graph after the pass, having checked that it computes what the graph computes."""
+    out = optimize(g, passes=PASSES)
+    want, got = interp.run(g, x0)[0], interp.run(out, x0)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(kernels=st.lists(st.tuples(st.integers(1, 3), st.integers(1, 3)), min_size=1, max_size=3),
+       stride=st.sampled_from([1, 2]), dilation=st.sampled_from([1, 2]), depthwise=st.booleans(),
+       identity=st.sampled_from([None, "plain", "scaled", "scaled and shifted"]), bias=st.booleans(),
+       size=st.integers(5, 9), seed=st.integers(0, 2**16))
+def test_a_sum_of_convs_of_one_input_computes_what_the_branches_compute(kernels, stride, dilation, depthwise,
+                                                                        identity, bias, size, seed):
+    """Every sum of convs of one input (kernels up to 3x3, any of them even, strided, dilated,
+    depthwise, with an identity term) computes the same after the pass, and the convs whose kernel
+    covers every other's, at stride 1 with the identity, become one."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder("g")
+    x = b.input("x", (1, 4, size, size + 1))
+    terms = [_branch(b, x, rng, k, stride, dilation, 4 if depthwise else 1, bias) for k in kernels]
+    if identity and stride == 1:
+        t = x if identity == "plain" else b.add("mul", [x, b.const(rng.standard_normal((4, 1, 1)).astype(np.float32))])
+        if identity == "scaled and shifted":
+            t = b.add("add", [t, b.const(rng.standard_normal((4, 1, 1)).astype(np.float32))])
+        terms.append(t)
+    g = b.finish([b.add("relu", [_sum(b, terms)])])
+    out = _merged(g, rng.standard_normal((1, 4, size, size + 1)).astype(np.float32))
+    big = max(kernels, key=lambda k: k[0] * k[1])
+    if all(k[0] <= big[0] and k[1] <= big[1] and (k[0] - big[0]) % 2 == 0 and (k[1] - big[1]) % 2 == 0
+           for k in kernels):           # odd-by-odd or all the same: each sits centred in the largest
+        assert out.count("conv2d") == 1
+        if big[0] % 2 and big[1] % 2:      # an odd window has a centre tap for the identity
+            assert out.count("mul") == 0
+    assert out.count("conv2d") <= len(kernels)
+
+
+def test_textnets_three_branches_and_identity_become_one_3x3_conv():
+    """3x3, 3x1 and 1x3 convs of one input and its batch norm, summed: one 3x3 conv and its bias."""
+    rng = np.random.default_rng(0)
+    b = GraphBuilder("g")
+    x = b.input("x", (1, 8, 6, 6))
+    terms = [_branch(b, x, rng, (3, 3), pads=[1, 1, 1, 1]), _branch(b, x, rng, (3, 1), pads=[1, 0, 1, 0]),
+             _branch(b, x, rng, (1, 3), pads=[0, 1, 0, 1])]
+    scale, shift = (b.const(rng.standard_normal((8, 1, 1)).astype(np.float32)) for _ in range(2))
+    terms.append(b.add("add", [b.add("mul", [x, scale]), shift]))
+    g = b.finish([_sum(b, terms)])
+    out = _merged(g, rng.standard_normal((1, 8, 6, 6)).astype(np.float32))
+    assert [n.op for n in out.nodes] == ["conv2d", "add"]
+    assert out.nodes[0].inputs[1].shape == (8, 8, 3, 3) and out.nodes[0].attrs["pads"] == [1, 1, 1, 1]
+
+
+@pytest.mark.parametrize("case", ["1x3 and 3x1 alone", "other strides", "another input", "used elsewhere",
+                                  "identity at stride 2", "identity of other channels"])
+def test_convs_that_would_cost_more_merged_or_differ_stay_apart(case):
+    """A 1x3 and a 3x1 alone (one 3x3 has more taps than both), convs of other strides or inputs,
+    a conv whose output is also used elsewhere, and an identity no tap maps pixel to pixel stay."""
+    rng = np.random.default_rng(1)
+    b = GraphBuilder("g")
+    x = b.input("x", (1, 4, 6, 6))
+    outs = []
+    if case == "1x3 and 3x1 alone":
+        terms = [_branch(b, x, rng, (1, 3)), _branch(b, x, rng, (3, 1))]
+    elif case == "other strides":
+        terms = [_branch(b, x, rng, (3, 3), stride=2), _branch(b, x, rng, (1, 1), stride=2, pads=[0, 0, 1, 1])]
+        terms[1] = b.add("slice", [terms[1]], {"begin": [0, 0, 0, 0], "step": [1, 1, 1, 1], "shape": [1, 4, 3, 3]})
+    elif case == "another input":
+        terms = [_branch(b, x, rng, (3, 3)), _branch(b, b.add("relu", [x]), rng, (1, 1))]
+    elif case == "used elsewhere":
+        terms = [_branch(b, x, rng, (3, 3)), _branch(b, x, rng, (1, 1))]
+        outs.append(b.add("sigmoid", [terms[1]]))
+    elif case == "identity at stride 2":
+        terms = [_branch(b, x, rng, (3, 3), stride=2, pads=[1, 1, 1, 1]),
+                 b.add("slice", [x], {"begin": [0, 0, 0, 0], "step": [1, 1, 2, 2], "shape": [1, 4, 3, 3]})]
+    else:
+        w = b.const(rng.standard_normal((8, 4, 3, 3)).astype(np.float32))
+        wide = b.add("conv2d", [x, w], {"strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1], "groups": 1,
+                                        "layout": "NCHW", "kernel_layout": "OIHW"})
+        terms = [wide, b.add("concat", [x, x], {"axis": 1})]
+    g = b.finish([_sum(b, terms)] + outs)
+    before = optimize(g, passes=PASSES[:2])
+    out = _merged(g, rng.standard_normal((1, 4, 6, 6)).astype(np.float32))
+    assert [n.op for n in out.nodes] == [n.op for n in before.nodes]
+
+
+def test_an_acnet_block_exported_by_torch_computes_what_onnx_runtime_computes(tmp_path):
+    """An asymmetric-convolution block (ACNet, TextNet) as torch exports it, at stride 1 with its
+    identity and at stride 2: each block becomes one conv, and the compiled model agrees."""
+    torch = pytest.importorskip("torch", reason="torch is an optional benchmark dependency")
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self, c, k, stride):
+            super().__init__()
+            self.branches = nn.ModuleList(
+                nn.Sequential(nn.Conv2d(c, k, ks, stride, pad, bias=False), nn.BatchNorm2d(k))
+                for ks, pad in (((3, 3), (1, 1)), ((3, 1), (1, 0)), ((1, 3), (0, 1))))
+            self.identity = nn.BatchNorm2d(c) if stride == 1 and c == k else None
+
+        def forward(self, x):
+            y = sum(b(x) for b in self.branches)
+            return torch.relu(y + self.identity(x) if self.identity is not None else y)
+
+    torch.manual_seed(0)
+    m = nn.Sequential(Block(16, 16, 1), Block(16, 32, 2), Block(32, 32, 1)).eval()
+    for bn in m.modules():
+        if isinstance(bn, nn.BatchNorm2d):
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.5, 1.5)
+            bn.weight.data.uniform_(0.5, 1.5)
+    x = torch.randn(1, 16, 13, 14)
+    path = tmp_path / "acnet.onnx"
+    torch.onnx.export(m, (x,), str(path), opset_version=18, dynamo=False)
+    out = optimize(load_onnx(path), passes=PASSES)
+    assert out.count("conv2d") == 3
+    feeds = {load_onnx(path).inputs[0].name: x.numpy()}
+    agree_with_onnxruntime(path, feeds)
+    agree_with_onnxruntime(path, feeds, threads=2)
