@@ -1,5 +1,6 @@
 """MergeConvBranches: a sum of convolutions of one input (and the input itself) is one convolution."""
 import numpy as np
+import onnx
 import pytest
 from conftest import agree_with_onnxruntime
 from hypothesis import given, settings
@@ -151,3 +152,22 @@ def test_an_acnet_block_exported_by_torch_computes_what_onnx_runtime_computes(tm
     feeds = {load_onnx(path).inputs[0].name: x.numpy()}
     agree_with_onnxruntime(path, feeds)
     agree_with_onnxruntime(path, feeds, threads=2)
+
+
+def test_branches_summed_by_one_onnx_sum_node_merge_and_compute_what_onnx_runtime_computes(tmp_path):
+    """ONNX Sum (variadic, as older exporters write a RepVGG block) adds its inputs in order; its
+    three convs of one input and the input itself become one conv."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(2)
+    w = {f"w{k}": rng.standard_normal((8, 8, r, s)).astype(np.float32) for k, (r, s) in enumerate([(3, 3), (1, 1), (1, 3)])}
+    b = {f"b{k}": rng.standard_normal(8).astype(np.float32) for k in range(3)}
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "w0", "b0"], ["c0"], pads=[1, 1, 1, 1]), n("Conv", ["x", "w1", "b1"], ["c1"]),
+             n("Conv", ["x", "w2", "b2"], ["c2"], pads=[0, 1, 0, 1]), n("Sum", ["c0", "c1", "c2", "x"], ["y"])]
+    g = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 7, 9])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(v, k) for k, v in {**w, **b}.items()])
+    path = tmp_path / "sum.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    assert [n.op for n in optimize(load_onnx(path), passes=PASSES).nodes] == ["conv2d", "add"]
+    agree_with_onnxruntime(path, {"x": rng.standard_normal((1, 8, 7, 9)).astype(np.float32)})

@@ -218,6 +218,14 @@ def _onnx_max_min(cx, ins, a):
                    {"min": -np.inf, "max": bound})]
 
 
+def _onnx_sum(cx, ins, a):
+    """Sum of any number of inputs (variadic, broadcasting): a chain of adds in input order."""
+    total = ins[0]
+    for k, v in enumerate(ins[1:]):
+        total = cx.add("add", [total, v], {}, "" if k == len(ins) - 2 else f"_sum{k}")
+    return [total]
+
+
 def _onnx_expand(cx, ins, a):
     """Expand of an activation (F.normalize's expand_as) broadcast as an add of zeros shaped only
     along the axes it grows, so that the constant stays small."""
@@ -358,7 +366,7 @@ def _binary_def(op: str) -> OpDef:
     return OpDef(name=op, pattern=Pattern.BROADCAST, infer=_binary_infer, integers=op != "div",
                  evaluate=lambda node, args: f32(np_fn(args[0].astype(np.float64), args[1].astype(np.float64))),
                  te=lambda node, ins, name: broadcast_binary(op, ins[0], ins[1], name),
-                 onnx_in={onnx_type: onnx_plain(op), **({"Expand": _onnx_expand, "Tile": _onnx_tile} if op == "add" else {}),
+                 onnx_in={onnx_type: onnx_plain(op), **({"Expand": _onnx_expand, "Tile": _onnx_tile, "Sum": _onnx_sum} if op == "add" else {}),
                          **({"Reciprocal": _onnx_reciprocal} if op == "div" else {})},
                  onnx_out=export_as(onnx_type))
 

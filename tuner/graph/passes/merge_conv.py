@@ -100,9 +100,11 @@ def _window(convs: list):
     s_ = max(ow + s[3] for (_, ow), s in zip(offsets, shapes))
     if r * s_ > sum(s[2] * s[3] for s in shapes):
         return None
-    bottom = max(c.attrs["pads"][2] + dh * (r - oh - sh[2]) for c, (oh, _), sh in zip(convs, offsets, shapes))
-    right = max(c.attrs["pads"][3] + dw * (s_ - ow - sh[3]) for c, (_, ow), sh in zip(convs, offsets, shapes))
-    st = a["strides"]
+    bottoms = {c.attrs["pads"][2] + dh * (r - oh - sh[2]) for c, (oh, _), sh in zip(convs, offsets, shapes)}
+    rights = {c.attrs["pads"][3] + dw * (s_ - ow - sh[3]) for c, (_, ow), sh in zip(convs, offsets, shapes)}
+    if len(bottoms) > 1 or len(rights) > 1:     # windows that end apart agree on the output size at some sizes only
+        return None
+    (bottom,), (right,), st = bottoms, rights, a["strides"]
     if (conv_out_size(h, r, st[0], top, bottom, dh), conv_out_size(w, s_, st[1], left, right, dw)) != tuple(out[2:]):
         return None
     weight = np.zeros(shapes[0][:2] + (r, s_), np.float64)
