@@ -424,6 +424,24 @@ def test_a_gather_at_constant_indices_reads_runs_as_slices_and_scattered_ones_as
     agree_with_onnxruntime(path, {"x": _f32(*shape)})
 
 
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sizes=st.lists(st.integers(1, 4), min_size=2, max_size=3), data=st.data(), axis=st.integers(0, 2))
+def test_a_gather_of_each_position_once_in_a_reshaped_order_is_a_reshape_and_transpose(tmp_path, sizes, data, axis):
+    """torch's unfold into patches gathers rows at [[0, 2, 4, ...], [1, 3, 5, ...]]: the axis split by
+    a reshape and transposed; any order of the split dims imports so, with no gather at a table."""
+    from tuner.graph import load
+    d = int(np.prod(sizes))
+    perm = data.draw(st.permutations(range(len(sizes))))
+    at = np.arange(d).reshape(sizes).transpose(perm)
+    shape = [5, 3, 4]
+    shape[axis] = d
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Gather", ["r", "at"], ["y"], axis=axis)]
+    path = _save(tmp_path / "g.onnx", nodes, {"x": (TensorProto.FLOAT, shape)}, "y", {"at": at.astype(np.int64)})
+    ops = [n.op for n in load(str(path)).nodes]
+    assert "gather" not in ops, ops
+    agree_with_onnxruntime(path, {"x": _f32(*shape)})
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(block=st.tuples(st.integers(1, 3), st.integers(1, 3)), strides=st.tuples(st.integers(1, 3), st.integers(1, 3)),
        dil=st.tuples(st.integers(1, 2), st.integers(1, 2)), pads=st.tuples(*[st.integers(0, 1)] * 4),
@@ -440,6 +458,22 @@ def test_col2im_folds_overlapping_and_disjoint_blocks_as_onnx_runtime_does(tmp_p
     inits = {"hw": np.array(hw, np.int64), "block": np.array(block, np.int64)}
     shape = [2, c * block[0] * block[1], rows[0] * rows[1]]
     path = _save(tmp_path / "fold.onnx", nodes, {"x": (TensorProto.FLOAT, shape)}, "y", inits)
+    agree_with_onnxruntime(path, {"x": _f32(*shape)})
+
+
+@pytest.mark.parametrize("block, hw", [((2, 2), (8, 6)), ((1, 3), (5, 9)), ((3, 1), (6, 4)), ((2, 2), (2, 2))])
+def test_col2im_whose_blocks_tile_the_image_is_a_reshape_and_transpose(tmp_path, block, hw):
+    """Blocks as large as their strides that cover the image (MobileViT V2's 2x2 patches) place each
+    column entry on one pixel: a depth-to-space, with no gather at an index table."""
+    from tuner.graph import load
+    rows = [hw[0] // block[0], hw[1] // block[1]]
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Col2Im", ["r", "hw", "block"], ["y"], strides=list(block))]
+    inits = {"hw": np.array(hw, np.int64), "block": np.array(block, np.int64)}
+    shape = [2, 3 * block[0] * block[1], rows[0] * rows[1]]
+    path = _save(tmp_path / "fold.onnx", nodes, {"x": (TensorProto.FLOAT, shape)}, "y", inits)
+    ops = [n.op for n in load(str(path)).nodes]
+    assert "transpose" in ops and "gather" not in ops, ops
     agree_with_onnxruntime(path, {"x": _f32(*shape)})
 
 

@@ -238,7 +238,8 @@ def _onnx_scatter_nd(cx, ins, a):
 def _onnx_col2im(cx, ins, a):
     """Col2Im (torch's nn.Fold: MobileViT V2 folds its patches back): each output pixel the sum of the
     columns' entries that land on it, at most m of them; the sum of m gathers of the flattened columns
-    at constant positions, each masked where a pixel has fewer (one gather where blocks do not overlap)."""
+    at constant positions, each masked where a pixel has fewer (one gather where blocks do not overlap;
+    a reshape and transpose where they tile the image, as ConvTranspose's depth-to-space)."""
     x = ins[0]
     hw, block = (np.asarray(cx.const(v, what)).astype(np.int64).reshape(-1) for v, what in
                  ((ins[1], "the image shape"), (ins[2], "the block shape")))
@@ -256,6 +257,11 @@ def _onnx_col2im(cx, ins, a):
     if rows[0] * rows[1] != length:
         raise cx.fail(f"{length} columns, but the image and block give {rows[0]} x {rows[1]}")
     c = ckk // (kh * kw)
+    if strides == [kh, kw] and dil == [1, 1] and not any(pads) and rows == [h // kh, w // kw] and not (h % kh or w % kw):
+        # the blocks tile the image: each pixel is one column's entry, placed by a reshape and transpose
+        y = cx.add("reshape", [x], {"shape": [int(v) for v in (n, c, kh, kw, rows[0], rows[1])]}, "_blocks")
+        y = cx.add("transpose", [y], {"perm": [0, 1, 4, 2, 5, 3]}, "_placed")
+        return [cx.add("reshape", [y], {"shape": [int(v) for v in (n, c, h, w)]}, "_image")]
     if c * h * w > MAX_ELEMENTS or c * kh * kw * length > MAX_ELEMENTS:
         raise cx.fail(f"an image of {c} x {h} x {w} is past the {MAX_ELEMENTS} elements its index tables may hold")
     ch, i, j, by, bx = np.meshgrid(*(np.arange(v) for v in (c, kh, kw, rows[0], rows[1])), indexing="ij")
@@ -300,11 +306,36 @@ def _onnx_gather_at(cx, x, idx: np.ndarray, axis: int, suffix: str = ""):
                                         else None, step)], suffix)[0]
     elif flat and len(runs := _runs(flat)) <= 3:
         y = cx.add("concat", _slice_nodes(cx, x, axis, runs, suffix), {"axis": axis}, suffix or "_concat")
+    elif (order := _split_axis(np.asarray(flat, np.int64).reshape(idx.shape), d)) is not None:
+        sizes = [idx.shape[k] for k in order]
+        y = cx.add("reshape", [x], {"shape": list(x.shape[:axis]) + sizes + list(x.shape[axis + 1:])}, f"{suffix}_split")
+        perm = list(range(axis)) + [axis + order.index(k) for k in range(len(order))] + \
+            list(range(axis + len(order), len(y.shape)))
+        y = cx.add("transpose", [y], {"perm": perm}, suffix or "_transposed")
     else:
         return cx.add("gather", [x, cx.constant(np.asarray(flat, np.int64).reshape(idx.shape), f"{suffix}_at")],
                       {"axis": axis}, suffix)
     shape = list(x.shape[:axis]) + list(idx.shape) + list(x.shape[axis + 1:])
     return y if list(y.shape) == shape else cx.add("reshape", [y], {"shape": shape}, f"{suffix}_shape")
+
+
+def _split_axis(idx: np.ndarray, d: int) -> list | None:
+    """The dims of idx from outer to inner where idx holds each of 0..d-1 once, as the axis split by a
+    reshape into those dims and transposed into idx's order would (torch's unfold into patches
+    gathers rows [[0, 2, 4, ...], [1, 3, 5, ...]]); else None."""
+    if idx.ndim < 2 or idx.size != d or idx.flat[0] != 0:
+        return None
+    strides = [int(idx[tuple(1 if j == k else 0 for j in range(idx.ndim))]) if n > 1 else 0
+               for k, n in enumerate(idx.shape)]
+    order = sorted(range(idx.ndim), key=lambda k: -strides[k])
+    inner = 1
+    for k in reversed(order):
+        if idx.shape[k] > 1 and strides[k] != inner:
+            return None
+        inner *= idx.shape[k]
+    affine = sum(s * np.arange(n).reshape([-1 if j == k else 1 for j in range(idx.ndim)])
+                 for k, (s, n) in enumerate(zip(strides, idx.shape)))
+    return order if np.array_equal(affine, idx) else None
 
 
 def gather(table: Tensor, idx: Tensor, axis: int, name: str = "gather") -> Tensor:
