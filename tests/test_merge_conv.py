@@ -44,22 +44,24 @@ def _merged(g, x0):
 @settings(max_examples=60, deadline=None)
 @given(kernels=st.lists(st.tuples(st.integers(1, 3), st.integers(1, 3)), min_size=1, max_size=3),
        stride=st.sampled_from([1, 2]), dilation=st.sampled_from([1, 2]), depthwise=st.booleans(),
-       identity=st.sampled_from([None, "plain", "scaled", "scaled and shifted"]), bias=st.booleans(),
+       identity=st.sampled_from([None, "plain", "plain, twice", "scaled", "scaled and shifted, twice"]),
+       bias=st.booleans(),
        size=st.integers(5, 9), seed=st.integers(0, 2**16))
 def test_a_sum_of_convs_of_one_input_computes_what_the_branches_compute(kernels, stride, dilation, depthwise,
                                                                         identity, bias, size, seed):
     """Every sum of convs of one input (kernels up to 3x3, any of them even, strided, dilated,
-    depthwise, with an identity term) computes the same after the pass, and the convs whose kernel
+    depthwise, with an identity term, once or twice) computes the same after the pass, and the convs whose kernel
     covers every other's, at stride 1 with the identity, become one."""
     rng = np.random.default_rng(seed)
     b = GraphBuilder("g")
     x = b.input("x", (1, 4, size, size + 1))
     terms = [_branch(b, x, rng, k, stride, dilation, 4 if depthwise else 1, bias) for k in kernels]
     if identity and stride == 1:
-        t = x if identity == "plain" else b.add("mul", [x, b.const(rng.standard_normal((4, 1, 1)).astype(np.float32))])
-        if identity == "scaled and shifted":
+        t = x if identity.startswith("plain") else \
+            b.add("mul", [x, b.const(rng.standard_normal((4, 1, 1)).astype(np.float32))])
+        if identity.startswith("scaled and shifted"):
             t = b.add("add", [t, b.const(rng.standard_normal((4, 1, 1)).astype(np.float32))])
-        terms.append(t)
+        terms += [t, t] if identity.endswith("twice") else [t]
     g = b.finish([b.add("relu", [_sum(b, terms)])])
     out = _merged(g, rng.standard_normal((1, 4, size, size + 1)).astype(np.float32))
     big = max(kernels, key=lambda k: k[0] * k[1])

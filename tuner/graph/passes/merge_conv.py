@@ -132,39 +132,40 @@ def _add_identity(weight, pads, conv, scale) -> bool:
 
 
 def _plan(terms: _Terms, root) -> list | None:
-    """The root's sum as groups [(convs, identities, bias)] and other terms, where one merges."""
+    """[[(main conv, merged weight, pads, bias) per group of convs that merges], the other terms] of
+    the root's sum, or None where nothing merges."""
     parts = terms.flatten(root.output)
-    groups: dict = {}        # (input, strides, dilations, groups, output shape) -> [conv term]
-    for t in parts:
+    groups: dict = {}        # (input, strides, dilations, groups, output shape) -> [(part index, conv, bias)]
+    for i, t in enumerate(parts):
         if terms.once(t) and (cv := terms.conv(t)) is not None:
             n = cv[0]
             key = (id(n.inputs[0]), tuple(n.attrs["strides"]), tuple(n.attrs["dilations"]), n.attrs["groups"],
                    n.output.shape)
-            groups.setdefault(key, []).append((t, *cv))
-    plan, used = [], set()
-    for key, members in groups.items():
+            groups.setdefault(key, []).append((i, *cv))
+    plan, used = [], set()   # used: indices into parts (a term may be summed twice: x + x)
+    for members in groups.values():
         convs = [n for _, n, _ in members]
         found = _window(convs) if len(convs) > 1 else (convs[0].inputs[1].data.astype(np.float64),
                                                        list(convs[0].attrs["pads"]))
         if found is None:
             continue
         weight, pads = found
-        idents = []
-        for t in parts:
-            if id(t) not in used and (it := terms.identity(t)) is not None and it[0] is convs[0].inputs[0] \
+        shifts = []
+        for i, t in enumerate(parts):
+            if i not in used and (it := terms.identity(t)) is not None and it[0] is convs[0].inputs[0] \
                     and _add_identity(weight, pads, convs[0], it[1]):
-                idents.append((t, it))
-                used.add(id(t))
-        if len(convs) + len(idents) < 2:
+                shifts.append(it[2])
+                used.add(i)
+        if len(convs) + len(shifts) < 2:
             continue
         bias = sum((b for _, _, b in members if b is not None), np.zeros(convs[0].output.shape[1]))
-        bias = bias + sum((it[2] for _, it in idents if it[2] is not None), np.zeros_like(bias))
+        bias = bias + sum((c for c in shifts if c is not None), np.zeros_like(bias))
         main = max(convs, key=lambda n: n.inputs[1].shape[2] * n.inputs[1].shape[3])
         plan.append((main, weight, pads, bias))
-        used.update(id(t) for t, _, _ in members)
+        used.update(i for i, _, _ in members)
     if not plan:
         return None
-    return [plan, [t for t in parts if id(t) not in used]]
+    return [plan, [t for i, t in enumerate(parts) if i not in used]]
 
 
 @register("MergeConvBranches", 2, required=("InferType",))
