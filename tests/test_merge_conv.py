@@ -88,37 +88,49 @@ def test_textnets_three_branches_and_identity_become_one_3x3_conv():
     assert out.nodes[0].inputs[1].shape == (8, 8, 3, 3) and out.nodes[0].attrs["pads"] == [1, 1, 1, 1]
 
 
-@pytest.mark.parametrize("case", ["1x3 and 3x1 alone", "other strides", "another input", "used elsewhere",
-                                  "identity at stride 2", "identity of other channels"])
-def test_convs_that_would_cost_more_merged_or_differ_stay_apart(case):
-    """A 1x3 and a 3x1 alone (one 3x3 has more taps than both), convs of other strides or inputs,
-    a conv whose output is also used elsewhere, and an identity no tap maps pixel to pixel stay."""
+@pytest.mark.parametrize("case", ["1x3 and 3x1 alone", "2x3 and 3x2", "other strides", "another input",
+                                  "used elsewhere", "identity at stride 2", "identity of a grouped conv"])
+def test_convs_that_would_read_more_merged_or_differ_stay_apart(case):
+    """Kernels no one of which holds the others (a 1x3 and a 3x1 alone: a 3x3 would read corners
+    neither reads), convs of other strides or inputs, a conv whose output is also used elsewhere,
+    and an identity that no tap maps pixel to pixel (at stride 2; a grouped conv's other channels)
+    stay apart."""
     rng = np.random.default_rng(1)
     b = GraphBuilder("g")
-    x = b.input("x", (1, 4, 6, 6))
+    shape = {"identity at stride 2": (1, 4, 2, 2), "other strides": (1, 4, 4, 4)}.get(case, (1, 4, 6, 6))
+    x = b.input("x", shape)
     outs = []
     if case == "1x3 and 3x1 alone":
         terms = [_branch(b, x, rng, (1, 3)), _branch(b, x, rng, (3, 1))]
-    elif case == "other strides":
-        terms = [_branch(b, x, rng, (3, 3), stride=2), _branch(b, x, rng, (1, 1), stride=2, pads=[0, 0, 1, 1])]
-        terms[1] = b.add("slice", [terms[1]], {"begin": [0, 0, 0, 0], "step": [1, 1, 1, 1], "shape": [1, 4, 3, 3]})
+    elif case == "2x3 and 3x2":
+        terms = [_branch(b, x, rng, (2, 3)), _branch(b, x, rng, (3, 2))]
+    elif case == "other strides":        # one window, both 2x2 outputs of a 4x4 input
+        terms = [_branch(b, x, rng, (3, 3), stride=2, pads=[1, 1, 1, 1]),
+                 _branch(b, x, rng, (3, 3), stride=3, pads=[1, 1, 1, 1])]
     elif case == "another input":
         terms = [_branch(b, x, rng, (3, 3)), _branch(b, b.add("relu", [x]), rng, (1, 1))]
     elif case == "used elsewhere":
         terms = [_branch(b, x, rng, (3, 3)), _branch(b, x, rng, (1, 1))]
         outs.append(b.add("sigmoid", [terms[1]]))
-    elif case == "identity at stride 2":
-        terms = [_branch(b, x, rng, (3, 3), stride=2, pads=[1, 1, 1, 1]),
-                 b.add("slice", [x], {"begin": [0, 0, 0, 0], "step": [1, 1, 2, 2], "shape": [1, 4, 3, 3]})]
+    elif case == "identity at stride 2":  # a 2x2 output of a 2x2 input, its taps reading pixel 2i
+        terms = [_branch(b, x, rng, (5, 5), stride=2, pads=[3, 3, 3, 3]), x]
     else:
-        w = b.const(rng.standard_normal((8, 4, 3, 3)).astype(np.float32))
-        wide = b.add("conv2d", [x, w], {"strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1], "groups": 1,
-                                        "layout": "NCHW", "kernel_layout": "OIHW"})
-        terms = [wide, b.add("concat", [x, x], {"axis": 1})]
+        terms = [_branch(b, x, rng, (3, 3), groups=2), x]
     g = b.finish([_sum(b, terms)] + outs)
     before = optimize(g, passes=PASSES[:2])
-    out = _merged(g, rng.standard_normal((1, 4, 6, 6)).astype(np.float32))
+    out = _merged(g, rng.standard_normal(shape).astype(np.float32))
     assert [n.op for n in out.nodes] == [n.op for n in before.nodes]
+
+
+def test_an_identity_shifted_but_not_scaled_goes_on_the_centre_tap():
+    """conv(x) + (x + c), the shift's x also read by the conv: one conv and its bias."""
+    rng = np.random.default_rng(3)
+    b = GraphBuilder("g")
+    x = b.input("x", (1, 4, 5, 5))
+    shifted = b.add("add", [x, b.const(rng.standard_normal((4, 1, 1)).astype(np.float32))])
+    g = b.finish([_sum(b, [_branch(b, x, rng, (3, 3)), shifted])])
+    out = _merged(g, rng.standard_normal((1, 4, 5, 5)).astype(np.float32))
+    assert [n.op for n in out.nodes] == ["conv2d", "add"]
 
 
 def test_an_acnet_block_exported_by_torch_computes_what_onnx_runtime_computes(tmp_path):

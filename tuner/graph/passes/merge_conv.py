@@ -3,12 +3,13 @@ ACNet's re-parameterisation does by hand for the models it trains (TextNet, FAST
 
     conv(x, W1) + b1 + conv(x, W2) + b2 + x * a + c  ->  conv(x, W) + (b1 + b2 + c)
 
-Each kernel is placed in the window that covers them all where its taps read the same pixels (a
-3x1 and a 1x3 go down the middle column and row of a 3x3), and the identity term (x, or x times a
-per-channel scale, plus a shift) goes on the centre tap. The convs must share strides, dilations
-and groups, their outputs must have the same shape, and the window's taps must not outnumber the
-sum of theirs (two convs merged must cost no more than the two). Runs before layouts are chosen:
-only convs in NCHW with OIHW weights are merged.
+Each kernel is placed inside the largest where its taps read the same pixels (a 3x1 and a 1x3 go
+down the middle column and row of a 3x3), and the identity term (x, or x times a per-channel
+scale, plus a shift) goes on the centre tap, where a tap maps each pixel to itself. The convs must
+share strides, dilations and groups and have outputs of one shape; one of them must hold every
+other's window (so the merged conv reads no pixel and costs no product the branches did not: a
+1x3 and a 3x1 alone stay apart), and all must end together (so the outputs agree at every image
+size). Runs before layouts are chosen: only convs in NCHW with OIHW weights are merged.
 """
 from __future__ import annotations
 
@@ -52,11 +53,17 @@ class _Terms:
     def is_root(self, n) -> bool:
         return self.is_sum(n) and not (self.once(n.output) and self.is_sum(self.users[id(n.output)][0]))
 
-    def flatten(self, v, root: bool = True) -> list:
-        p = v.producer
-        if p is not None and self.is_sum(p) and (root or self.once(v)):
-            return self.flatten(p.inputs[0], False) + self.flatten(p.inputs[1], False)
-        return [v]
+    def flatten(self, v) -> list:
+        """The summands of the sum v, in order (a loop: an ONNX Sum of many inputs is a long chain)."""
+        out, todo = [], [v]
+        while todo:
+            u = todo.pop()
+            p = u.producer
+            if p is not None and self.is_sum(p) and (u is v or self.once(u)):
+                todo += [p.inputs[1], p.inputs[0]]
+            else:
+                out.append(u)
+        return out
 
     def conv(self, v):
         """(conv node, bias vector or None) where v is conv(x, W) or conv(x, W) + b, else None."""
@@ -74,17 +81,17 @@ class _Terms:
         """(x, scale or None, shift or None) where v is x, x * a, x + c or x * a + c, else None."""
         scale = shift = None
         p = v.producer
-        if p is not None and p.op == "add" and (cv := _const_of(p, v)) is not None and self.once(cv[0]):
+        if p is not None and p.op == "add" and (cv := _const_of(p, v)) is not None:
             v, shift = cv
             p = v.producer
-        if p is not None and p.op == "mul" and (cv := _const_of(p, v)) is not None:
+        if p is not None and p.op == "mul" and (cv := _const_of(p, v)) is not None and (shift is None or self.once(v)):
             v, scale = cv
         return None if v.is_const or len(v.shape) != 4 or v.dtype != "float32" else (v, scale, shift)
 
 
 def _window(convs: list):
-    """(merged OIHW weight, pads) of convs (conv nodes reading one input), or None where they do
-    not fit one window with the same outputs or the window has more taps than they have together."""
+    """(merged OIHW weight, pads) of convs (conv nodes reading one input), or None where no conv's
+    window holds the others' or they do not end together."""
     a = convs[0].attrs
     (dh, dw), out = a["dilations"], convs[0].output.shape
     _, _, h, w = convs[0].inputs[0].shape
@@ -98,8 +105,8 @@ def _window(convs: list):
     shapes = [c.inputs[1].shape for c in convs]
     r = max(oh + s[2] for (oh, _), s in zip(offsets, shapes))
     s_ = max(ow + s[3] for (_, ow), s in zip(offsets, shapes))
-    if r * s_ > sum(s[2] * s[3] for s in shapes):
-        return None
+    if not any(off == (0, 0) and sh[2:] == (r, s_) for off, sh in zip(offsets, shapes)):
+        return None     # no conv holds the others' windows
     bottoms = {c.attrs["pads"][2] + dh * (r - oh - sh[2]) for c, (oh, _), sh in zip(convs, offsets, shapes)}
     rights = {c.attrs["pads"][3] + dw * (s_ - ow - sh[3]) for c, (_, ow), sh in zip(convs, offsets, shapes)}
     if len(bottoms) > 1 or len(rights) > 1:     # windows that end apart agree on the output size at some sizes only
