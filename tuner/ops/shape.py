@@ -257,7 +257,7 @@ def _onnx_col2im(cx, ins, a):
     if rows[0] * rows[1] != length:
         raise cx.fail(f"{length} columns, but the image and block give {rows[0]} x {rows[1]}")
     c = ckk // (kh * kw)
-    if strides == [kh, kw] and dil == [1, 1] and not any(pads) and rows == [h // kh, w // kw] and not (h % kh or w % kw):
+    if strides == [kh, kw] and dil == [1, 1] and not any(pads) and not (h % kh or w % kw):
         # the blocks tile the image: each pixel is one column's entry, placed by a reshape and transpose
         y = cx.add("reshape", [x], {"shape": [int(v) for v in (n, c, kh, kw, rows[0], rows[1])]}, "_blocks")
         y = cx.add("transpose", [y], {"perm": [0, 1, 4, 2, 5, 3]}, "_placed")

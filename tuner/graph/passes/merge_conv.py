@@ -127,7 +127,7 @@ def _add_identity(weight, pads, conv, scale) -> bool:
     k, cg, r, s = weight.shape
     c = conv.inputs[0].shape[1]
     (dh, dw), g = a["dilations"], a["groups"]
-    if list(a["strides"]) != [1, 1] or conv.output.shape != conv.inputs[0].shape or k != c \
+    if list(a["strides"]) != [1, 1] or conv.output.shape != conv.inputs[0].shape \
             or cg not in (c, 1) or (cg == 1 and g != c) or pads[0] % dh or pads[1] % dw:
         return False
     th, tw = pads[0] // dh, pads[1] // dw
