@@ -185,3 +185,18 @@ def test_branches_summed_by_one_onnx_sum_node_merge_and_compute_what_onnx_runtim
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(path))
     assert [n.op for n in optimize(load_onnx(path), passes=PASSES).nodes] == ["conv2d", "add"]
     agree_with_onnxruntime(path, {"x": rng.standard_normal((1, 8, 7, 9)).astype(np.float32)})
+
+
+@pytest.mark.parametrize("shapes", [[(2, 3, 4)], [(2, 3, 4), (3, 1), (4,)], [(1, 4), (3, 1), (3, 4), (1, 1)]])
+def test_an_onnx_sum_of_one_or_more_broadcast_inputs_computes_what_onnx_runtime_computes(tmp_path, shapes):
+    from onnx import TensorProto, helper
+    """Sum adds its inputs, broadcast, in order; one input (after a Relu here) passes through."""
+    names = [f"x{k}" for k in range(len(shapes))]
+    nodes = [helper.make_node("Relu", ["x0"], ["r"]), helper.make_node("Sum", ["r"] + names[1:], ["y"])]
+    g = helper.make_graph(nodes, "m", [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s))
+                                       for n, s in zip(names, shapes)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    path = tmp_path / "sum.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    rng = np.random.default_rng(4)
+    agree_with_onnxruntime(path, {n: rng.standard_normal(s).astype(np.float32) for n, s in zip(names, shapes)})
