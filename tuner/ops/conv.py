@@ -200,7 +200,7 @@ def _onnx_conv_transpose(cx, ins, a):
     channels (grouped as the node is) gives each pixel's windows; a kernel that tiles its stride
     with no pads places them whole (a depth-to-space: reshape and transpose), any other is summed
     where windows overlap and cut by the pads (Col2Im)."""
-    from .shape import _onnx_col2im
+    from .shape import _onnx_col2im, place_blocks
     x = ins[0]
     w = cx.const(ins[1], "the weight")
     if len(w.shape) == 3 and len(x.shape) == 3:       # ConvTranspose1d: over one row
@@ -247,9 +247,7 @@ def _onnx_conv_transpose(cx, ins, a):
                   {"strides": [1, 1], "pads": [0, 0, 0, 0], "dilations": [1, 1], "groups": g, "layout": "NCHW",
                    "kernel_layout": "OIHW"}, "_windows")
     if [kh, kw] == strides and dil == [1, 1] and not any(pads) and not any(op):
-        y = cx.add("reshape", [cols], {"shape": [n, k, kh, kw, h, wd]}, "_blocks")
-        y = cx.add("transpose", [y], {"perm": [0, 1, 4, 2, 5, 3]}, "_placed")
-        y = cx.add("reshape", [y], {"shape": [n, k, h * kh, wd * kw]}, "_image")
+        y = place_blocks(cx, cols, n, k, kh, kw, h, wd)
     else:
         flat = cx.add("reshape", [cols], {"shape": [n, k * kh * kw, h * wd]}, "_columns")
         y = _onnx_col2im(cx, [flat, cx.constant(np.array(out, np.int64), "_size"),

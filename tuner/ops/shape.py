@@ -235,6 +235,14 @@ def _onnx_scatter_nd(cx, ins, a):
     return [cx.add("where", [cx.constant(mask.reshape(data.shape), "_mask"), picked, data], {})]
 
 
+def place_blocks(cx, x, n: int, c: int, kh: int, kw: int, rows: int, cols: int):
+    """Blocks that tile an image (x: n x c*kh*kw x rows*cols, in any shape of that order) placed in
+    it by a reshape and transpose, a depth-to-space: n x c x rows*kh x cols*kw."""
+    y = cx.add("reshape", [x], {"shape": [int(v) for v in (n, c, kh, kw, rows, cols)]}, "_blocks")
+    y = cx.add("transpose", [y], {"perm": [0, 1, 4, 2, 5, 3]}, "_placed")
+    return cx.add("reshape", [y], {"shape": [int(v) for v in (n, c, rows * kh, cols * kw)]}, "_image")
+
+
 def _onnx_col2im(cx, ins, a):
     """Col2Im (torch's nn.Fold: MobileViT V2 folds its patches back): each output pixel the sum of the
     columns' entries that land on it, at most m of them; the sum of m gathers of the flattened columns
@@ -258,10 +266,7 @@ def _onnx_col2im(cx, ins, a):
         raise cx.fail(f"{length} columns, but the image and block give {rows[0]} x {rows[1]}")
     c = ckk // (kh * kw)
     if strides == [kh, kw] and dil == [1, 1] and not any(pads) and not (h % kh or w % kw):
-        # the blocks tile the image: each pixel is one column's entry, placed by a reshape and transpose
-        y = cx.add("reshape", [x], {"shape": [int(v) for v in (n, c, kh, kw, rows[0], rows[1])]}, "_blocks")
-        y = cx.add("transpose", [y], {"perm": [0, 1, 4, 2, 5, 3]}, "_placed")
-        return [cx.add("reshape", [y], {"shape": [int(v) for v in (n, c, h, w)]}, "_image")]
+        return [place_blocks(cx, x, n, c, kh, kw, *rows)]      # each pixel one column's entry
     if c * h * w > MAX_ELEMENTS or c * kh * kw * length > MAX_ELEMENTS:
         raise cx.fail(f"an image of {c} x {h} x {w} is past the {MAX_ELEMENTS} elements its index tables may hold")
     ch, i, j, by, bx = np.meshgrid(*(np.arange(v) for v in (c, kh, kw, rows[0], rows[1])), indexing="ij")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ops.common import conv_out_size
-from ..builder import GraphBuilder
+from ..builder import rebuild
 from ..ir import Graph
 from .base import register
 from .simple import dead_code_elimination
@@ -183,20 +183,19 @@ def merge_conv_branches(graph: Graph, ctx) -> Graph:
     plans = {id(n): p for n in graph.nodes if terms.is_root(n) and (p := _plan(terms, n)) is not None}
     if not plans:
         return graph
-    b = GraphBuilder(graph.name)
-    new = {id(v): b.input(v.name, v.shape, v.dtype, v.layout) for v in graph.inputs}
-    get = lambda v: new.get(id(v), v)  # noqa: E731
-    for n in graph.nodes:
+    new: dict = {}      # old value -> rebuilt, for every value a node reads (the root's terms and convs' inputs)
+
+    def rw(b, n, ins):
+        new.update(zip(map(id, n.inputs), ins))
         if id(n) not in plans:
-            new[id(n.output)] = b.add(n.op, [get(v) for v in n.inputs], n.attrs, n.name)
-            continue
+            return None
         groups, others = plans[id(n)]
         sums = []
         for main, weight, pads, bias in groups:
             w = b.const(weight.astype(np.float32), f"{main.name}_merged_w")
-            y = b.add("conv2d", [get(main.inputs[0]), w], {**main.attrs, "pads": pads}, main.name)
+            y = b.add("conv2d", [new[id(main.inputs[0])], w], {**main.attrs, "pads": pads}, main.name)
             sums.append((y, b.const(bias.astype(np.float32).reshape(-1, 1, 1), f"{main.name}_bias")))
-        sums += [(get(t), None) for t in others]
+        sums += [(new[id(t)], None) for t in others]
         total = None
         for i, (y, c) in enumerate(sums):        # the last add keeps the root's name
             last = i == len(sums) - 1
@@ -205,5 +204,6 @@ def merge_conv_branches(graph: Graph, ctx) -> Graph:
             if total is not None:
                 y = b.add("add", [total, y], {}, n.name if last else f"{n.name}_part")
             total = y
-        new[id(n.output)] = total
-    return dead_code_elimination(b.finish([get(v) for v in graph.outputs], graph.meta), ctx)
+        return total
+
+    return dead_code_elimination(rebuild(graph, rw), ctx)
