@@ -20,7 +20,7 @@ from tuner.space.gpu import GpuSearchSpace
 from tuner.space.mutation import mutate
 from tuner.target import parse_target
 from tuner.task import Task
-from tuner.te.expr import bounds, simplify
+from tuner.te.expr import Const, Load, bounds, simplify, substitute, walk
 
 
 def _without(steps: list) -> list:
@@ -172,3 +172,133 @@ def test_a_prefetch_step_names_an_input_its_stage_reads_once(step, message):
 def test_the_gpu_space_never_prefetches():
     space = GpuSearchSpace(make("dense", dict(N=32, C=64, K=96, bias=1)), parse_target("cuda -arch=sm_90"))
     assert not any(s[0] == "prefetch" for s in space.steps(space.default()))
+
+
+# ------------------------------------------------------------ the activation's next tile (prefetch 2)
+def _tile_fetches(fn: ir.Func, buffer: str = "data") -> list:
+    return [(p, loops) for p, loops in _prefetches(fn.body, []) if p.buffer == buffer]
+
+
+def _lines_read(fn: ir.Func, env: dict, buffer: str = "data") -> set:
+    """The lines of `buffer` that the loops below those fixed in `env` read (every value of theirs)."""
+    lines = set()
+
+    def visit(s, env):
+        if isinstance(s, ir.For):
+            for v in ([env[s.var]] if s.var in env else range(s.extent)):
+                visit(s.body, {**env, s.var: v})
+        elif isinstance(s, ir.Seq):
+            for x in s.stmts:
+                visit(x, env)
+        elif isinstance(s, (ir.Allocate, ir.Unswitch)):
+            visit(s.body, env)
+        elif isinstance(s, ir.Store):
+            for n in walk(s.value):
+                if isinstance(n, Load) and n.buffer == buffer:
+                    idx, shape = fn.buffers[buffer].stored(n.indices)
+                    lines.add(int(simplify(substitute(ir.flat_index(idx, shape), {k: Const(v) for k, v in env.items()})).value) // 16)
+    visit(fn.body, env)
+    return lines
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_a_blocked_1x1_conv_fetches_in_each_reduction_step_the_lines_the_next_tile_reads_there(isa):
+    """The default of a 512 -> 128 1x1 conv at 28x28 (NCHW16c), whose input outgrows L2: in each
+    step of the channel-block loop, the lines that the next pixel tile reads in that step."""
+    target = parse_target(f"cpu -isa={isa} -threads=1")
+    task = Task(make("conv2d", dict(C=512, H=28, W=28, K=128, R=1, S=1, bias=1, relu=1), "NCHW16c"), target)
+    dec = task.space.default()
+    assert dec["prefetch"] == 2 and task.space.prefetch_options == (0, 1, 2)
+    fn = task.lowered(task.space.steps(dec))
+    found = _tile_fetches(fn)
+    assert found
+    first = found[0][1]                       # the loops around the first tile's fetches
+    at, tile = first[-1], next(lp for lp in reversed(first[:-1]) if lp.extent > 2)
+    fixed = {lp.var: 0 for lp in first}
+    fetched = {int(simplify(substitute(p.offset, {k: Const(v) for k, v in {**fixed, at.var: 5}.items()})).value) // 16
+               for p, loops in found if loops == first}
+    now = _lines_read(fn, {**fixed, at.var: 5})
+    after = _lines_read(fn, {**fixed, tile.var: 1, at.var: 5})
+    assert fetched == after - now and fetched
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(c=st.sampled_from([272, 320, 512]), hw=st.integers(3, 16), k=st.sampled_from([16, 32, 48]),
+       r=st.sampled_from([1, 3]), stride=st.sampled_from([1, 2]), layout=st.sampled_from(["NCHW16c", "NCHW8c"]),
+       seed=st.integers(0, 10**6), mutations=st.integers(-1, 4), threads=st.sampled_from([1, 2]),
+       isa=st.sampled_from(["avx2", "avx512"]))
+def test_a_tile_prefetch_adds_only_prefetches_inside_the_activation_in_a_loop_the_compiler_keeps(
+        c, hw, k, r, stride, layout, seed, mutations, threads, isa):
+    target = parse_target(f"cpu -isa={isa}", threads=threads)
+    task = Task(make("conv2d", dict(C=c, H=hw, W=hw, K=k, R=r, S=r, pad=r // 2, stride=stride, bias=1), layout), target)
+    assert 2 in task.space.prefetch_options
+    rng = random.Random(seed)
+    dec = task.space.sample(rng) if mutations < 0 else task.space.default()
+    for _ in range(max(mutations, 0)):
+        dec = mutate(task.space, dec, rng) or dec
+    steps, weights_only = task.space.steps({**dec, "prefetch": 2}), task.space.steps({**dec, "prefetch": 1})
+    assert [s for s in steps if s[-1] != "tile"] == weights_only
+    fn = task.lowered(steps)
+    code = generate_c(fn, target.lanes, threads)[0]
+    plain = generate_c(task.lowered(weights_only), target.lanes, threads)[0]
+    assert [ln for ln in code.splitlines() if "__builtin_prefetch(&data" not in ln] == plain.splitlines()
+    found = _tile_fetches(fn)
+    assert code.count("__builtin_prefetch(&data") == len(found)
+    size = int(np.prod(fn.buffers["data"].shape))
+    for p, loops in found:
+        lo, hi = bounds(simplify(p.offset), {lp.var: (0, lp.extent - 1) for lp in loops})
+        assert 0 <= lo <= hi < size, (lo, hi, size)
+        assert loops[-1].kind == "serial" and loops[-1].extent > PEELED
+
+
+def test_a_blocked_conv_with_a_tile_prefetch_computes_the_same_bits():
+    task = Task(make("conv2d", dict(C=288, H=9, W=9, K=32, R=3, S=3, pad=1, bias=1, relu=1), "NCHW16c"), TARGET1)
+    dec = {**task.space.default(), "pad": {"conv_pad": "interior"}}
+    cands = [task.candidate(task.space.steps({**dec, "prefetch": p}), func_name=f"f{p}") for p in (1, 2)]
+    assert "__builtin_prefetch(&data" in cands[1].source and "__builtin_prefetch(&data" not in cands[0].source
+    built = build_batch([(cd.func_name, cd.source) for cd in cands], TARGET1)
+    assert not any(b.error for b in built), [b.error for b in built]
+    inputs, ref = task.data
+    with_, without = (run_kernel(b.lib, b.index, inputs, ref.shape) for b in reversed(built))
+    np.testing.assert_array_equal(with_, without)
+    np.testing.assert_allclose(with_, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("wl", [
+    make("dense", dict(N=32, C=512, K=64, bias=1)),                                            # rows read in order
+    make("conv2d", dict(C=512, H=14, W=14, K=64, R=1, S=1, bias=1), "NHWC"),                 # channels in order
+    make("winograd_gemm", dict(C=128, H=28, W=28, K=128, pad=1, m=4), "NHWC"),
+    make("conv2d", dict(C=64, H=28, W=28, K=64, R=3, S=3, pad=1, bias=1), "NCHW16c"),         # 4 channel blocks: no loop to sit in
+    make("conv2d", dict(C=512, H=14, W=14, K=512, R=3, S=3, pad=1, groups=512, bias=1), "NCHW16c"),   # depthwise
+], ids=lambda wl: wl.label)
+def test_an_activation_read_in_line_order_or_by_a_short_loop_has_no_tile_prefetch(wl):
+    for isa in ("avx2", "avx512"):
+        space = Task(wl, parse_target(f"cpu -isa={isa} -threads=1")).space
+        assert 2 not in space.prefetch_options, (isa, wl.label)
+
+
+def test_the_tile_prefetch_level_is_sampled_mutated_and_searched_where_it_applies():
+    space = Task(make("conv2d", dict(C=512, H=14, W=14, K=64, R=1, S=1, bias=1), "NCHW16c"), TARGET1).space
+    rng = random.Random(1)
+    assert {space.sample(rng)["prefetch"] for _ in range(60)} == {0, 1, 2}
+    dec = space.default()
+    assert {m["prefetch"] for m in (mutate(space, dec, rng) for _ in range(400)) if m} >= {0, 1, 2}
+    assert ("prefetch", ("prefetch",), [0, 1, 2]) in _parameter_table(space)
+
+
+@pytest.mark.parametrize("step, message", [
+    (["prefetch", "conv", "data", "tile"], None),
+    (["prefetch", "conv", "data", "row"], "next panel or tile"),
+])
+def test_a_tile_prefetch_names_an_input_read_through_an_inlined_pad(step, message):
+    task = Task(make("conv2d", dict(C=512, H=7, W=7, K=32, R=3, S=3, pad=1, bias=1), "NCHW16c"), TARGET1)
+    dec = {**task.space.default(), "pad": {"conv_pad": "inline"}, "prefetch": 1}
+    steps = task.space.steps(dec)
+    if message is None:
+        assert "__builtin_prefetch(&data" in _c(task, steps + [step])
+        root = task.space.steps({**dec, "pad": {"conv_pad": "root"}})
+        with pytest.raises(ScheduleError, match="does not read data"):
+            task.lowered(root + [step])       # the reduction reads the padded copy
+    else:
+        with pytest.raises(ScheduleError, match=message):
+            task.lowered(steps + [step])

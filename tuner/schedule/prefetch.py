@@ -1,4 +1,4 @@
-"""Software prefetch of a constant input's next panel (the `prefetch` step).
+"""Software prefetch of an input's next panel or next tile (the `prefetch` step).
 
 A GEMM-shaped kernel reads its weight panel by panel: the outermost loop that moves through the
 weight (the panel loop) picks a panel, and the loops inside it read that panel again for every
@@ -11,13 +11,19 @@ It applies where every read of the input has a flat offset affine in loop variab
 loop (serial or parallel, a static extent) holds them all, some loop inside it does not move the
 offset (the reuse), and a panel's offsets cover one range without gaps (a packed weight). Anything
 else lowers as if the step were absent: the step only ever changes speed.
+
+An activation is read tile by tile instead: each register tile reads its own window of it over the
+whole reduction, strided across channel blocks the hardware prefetcher does not follow, and from
+memory or L3 where the producer's output outgrew L2. The rule (`tile`): in each iteration of the
+reduction loop the panel prefetch would sit in, fetch the lines that the same iteration of the
+next tile (the innermost loop outside it that moves the read) will read and this one does not.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 
-from ..te.expr import Const, FloorDiv, FloorMod, Load, Var, min_expr, simplify, walk
+from ..te.expr import Const, FloorDiv, FloorMod, Load, Var, linear, max_expr, min_expr, simplify, walk
 from . import ir
 
 LINE_FLOATS = 16        # floats in a 64-byte cache line
@@ -27,11 +33,14 @@ MAX_PER_ITERATION = 4   # prefetches in one iteration of the loop they sit in, a
 # a GEMM's longer reduction loop kept them in registers
 PEELED = 16
 SPREAD = 0.5            # the share of a panel's iterations its successor's prefetches are spread over
+TILE_LINES = 16         # a next tile's prefetches in one iteration, at most (else none)
+TILE_OFFSETS = 4096     # offsets one iteration of a read may take, at most, to be enumerated
 
 
 def prefetch_panels(fn: ir.Func, tensors: list) -> ir.Func:
-    for t in tensors:
-        fn = _one(fn, t) or fn
+    """`fn` with each (tensor, what) of `tensors` prefetched: its next panel or its next tile."""
+    for t, what in tensors:
+        fn = (_one if what == "panel" else _next_tile)(fn, t) or fn
     return fn
 
 
@@ -64,6 +73,20 @@ def _digit(t, ranges: dict):
         n, c = ranges[t.a.name][1] + 1, t.b.value
         return (t.a.name, c, 0, -(-n // c)) if isinstance(t, FloorDiv) else (t.a.name, 1, c, min(c, n))
     return None
+
+
+def _kept(path: list) -> list:
+    """`path` cut after its innermost loop a prefetch may sit in: serial, longer than PEELED and
+    not unrolled by codegen (a prefetch there would be copied)."""
+    unrolled, budget = set(), 0
+    for lp in path:
+        budget = max(budget, lp.auto_unroll)
+        if ir.unrolled(lp, budget):
+            unrolled.add(id(lp))
+    k = len(path)
+    while k and (path[k - 1].kind != "serial" or path[k - 1].extent <= PEELED or id(path[k - 1]) in unrolled):
+        k -= 1
+    return path[:k]
 
 
 def _gapless(terms: list) -> bool:
@@ -112,14 +135,7 @@ def _one(fn: ir.Func, tensor: str) -> ir.Func | None:
     # per read, the loops from just inside the panel loop down to the one the prefetch sits in
     belows = []
     for _, _, path in forms:
-        unrolled, budget = set(), 0
-        for lp in path:        # what codegen unrolls (its auto_unroll budget): a prefetch there is copied
-            budget = max(budget, lp.auto_unroll)
-            if ir.unrolled(lp, budget):
-                unrolled.add(id(lp))
-        below = path[[id(lp) for lp in path].index(id(outer)) + 1:]
-        while below and (below[-1].kind != "serial" or below[-1].extent <= PEELED or id(below[-1]) in unrolled):
-            below.pop()        # the prefetch sits in a serial loop, not in a vector or unrolled one
+        below = _kept(path)[[id(lp) for lp in path].index(id(outer)) + 1:]
         if any(lp.limit is not None for lp in below):
             return None
         if below:
@@ -167,6 +183,74 @@ def _one(fn: ir.Func, tensor: str) -> ir.Func | None:
     for target in {id(b[-1]): b[-1] for b in belows}.values():
         body = _place(body, target, fetches)
     return ir.Func(fn.name, fn.args, fn.temps, body, fn.buffers, fn.symbols)
+
+
+def _next_tile(fn: ir.Func, tensor: str) -> ir.Func | None:
+    buf = fn.buffers.get(tensor)
+    if buf is None:
+        return None
+    size = math.prod(buf.shape)
+    sites = {}      # id(loop the prefetch sits in) -> (that loop, [(offset outside it, next tile's step, offsets inside)])
+    for load, path in _reads(fn.body, tensor, []):
+        kept = _kept(path)
+        if len(kept) < 2 or any(lp.limit is not None for lp in path):
+            continue
+        at, inner = kept[-1], path[len(kept):]
+        ranges = {lp.var: (0, lp.extent - 1) for lp in path}
+        indices, shape = buf.stored(load.indices)
+        ln = ir.flat_linear(tuple(simplify(i, ranges) for i in indices), shape)
+        if ln is None:
+            continue
+        digits = [(_digit(t, ranges), t, c) for t, c in ln[0].items()]
+        if any(d is None for d, _, _ in digits):
+            continue
+        moving = {d[0] for d, _, _ in digits}
+        if any(d[0] == at.var and abs(c) < LINE_FLOATS for d, _, c in digits) or at.var not in moving:
+            continue        # a read that walks its lines in order (the hardware's stream), or stands still
+        tile = next((lp for lp in reversed(kept[:-1]) if lp.var in moving), None)
+        # the next tile: the tile loop's fastest digit one step on (a fused parallel loop's v % c)
+        step = [c for d, _, c in digits if tile is not None and d[0] == tile.var and d[1] == 1]
+        if len(step) != 1 or step[0] <= 0:
+            continue
+        here = {lp.var for lp in inner}
+        own = [(d, c) for d, _, c in digits if d[0] in here]
+        if math.prod(d[3] for d, _ in own) > TILE_OFFSETS:
+            continue
+        offsets = {0}
+        for (_, div, mod, n), c in own:       # a digit's values: 0 .. n-1
+            offsets = {o + c * v for o in offsets for v in range(n)}
+        base = Const(ln[1])
+        for d, t, c in digits:
+            if d[0] not in here:
+                base = base + t * Const(c)
+        sites.setdefault(id(at), (at, []))[1].append((base, step[0], offsets))
+    body = fn.body
+    for at, group in sites.values():
+        base, step = group[0][0], group[0][1]
+        shifts = [simplify(b - base) for b, _, _ in group]
+        if any(st != step for _, st, _ in group) or not all(isinstance(d, Const) for d in shifts):
+            continue        # reads whose windows differ by more than a constant: no one window
+        cur = {o + d.value for d, (_, _, offs) in zip(shifts, group) for o in offs}
+        new = sorted({o + step for o in cur} - cur)
+        if _aligned(base):  # buffers start on a line: one point per line
+            points = sorted({o // LINE_FLOATS: o for o in reversed(new)}.values())
+        else:               # along each run of offsets, its ends and one a line apart between: a point in every line
+            points = []
+            for k, o in enumerate(new):
+                end = k + 1 == len(new) or new[k + 1] != o + 1
+                if not points or new[k - 1] != o - 1 or o - points[-1] >= LINE_FLOATS or end and o != points[-1]:
+                    points.append(o)
+        if not points or len(points) > TILE_LINES:
+            continue
+        fetches = [ir.Prefetch(tensor, max_expr(min_expr(base + Const(o), Const(size - 1)), Const(0))) for o in points]
+        body = _place(body, at, fetches)
+    return None if body is fn.body else ir.Func(fn.name, fn.args, fn.temps, body, fn.buffers, fn.symbols)
+
+
+def _aligned(e) -> bool:
+    """Whether the flat offset `e` is a whole number of lines for every value of its variables."""
+    ln = linear(simplify(e))
+    return ln is not None and ln[1] % LINE_FLOATS == 0 and all(c % LINE_FLOATS == 0 for c in ln[0].values())
 
 
 def _place(s: ir.Stmt, target: ir.For, fetches: list) -> ir.Stmt:

@@ -23,6 +23,8 @@ A step is a JSON list whose first element names the primitive:
     ["prefetch", stage, tensor]            -> while one panel of the input `tensor` (what one iteration
                                                 of the outermost loop moving through it reads) is
                                                 computed, the next is fetched into L2 (schedule.prefetch)
+    ["prefetch", stage, tensor, "tile"]    -> while one tile reads its window of `tensor`, the lines
+                                                the next tile reads are fetched (schedule.prefetch)
     ["bind", stage, axis, "blockIdx.x" | "threadIdx.x" | "vthread"]
                                              -> the loop is the GPU grid / block / a thread's
                                                 interleaved copies of its work (schedule.vthread)
@@ -45,6 +47,7 @@ from ..te.tensor import ComputeOp, Tensor, compute, topo_order
 ANNOTATIONS = ("parallel", "vectorize", "unroll")
 THREAD_TAGS = ("blockIdx.x", "threadIdx.x", "vthread")
 SCOPES = ("shared",)
+PREFETCHES = ("panel", "tile")   # what a prefetch step fetches ahead: the next panel of a weight, the next tile of an activation
 
 
 class ScheduleError(ValueError):
@@ -90,7 +93,7 @@ class Schedule:
         self.stages = [Stage(t.name, t.op, [a.name for a in t.op.axes] + [r.name for r in t.op.reduce_axes])
                        for t in self.tensors.values() if isinstance(t.op, ComputeOp)]
         self.steps: list = []
-        self.prefetches: list = []   # inputs whose next panel the kernel fetches ahead (schedule.prefetch)
+        self.prefetches: list = []   # (input, "panel" | "tile"): what the kernel fetches ahead (schedule.prefetch)
 
     # ------------------------------------------------------------ lookup
     def stage(self, name: str) -> Stage:
@@ -241,15 +244,23 @@ class Schedule:
             raise ScheduleError(f"auto_unroll_max_step must be a non-negative integer, got {value!r}")
         st.auto_unroll[axis] = value
 
-    def _prefetch(self, stage: str, tensor: str):
+    def _prefetch(self, stage: str, tensor: str, what: str = "panel"):
         st = self.stage(stage)
+        if what not in PREFETCHES:
+            raise ScheduleError(f"prefetch fetches the next {' or '.join(PREFETCHES)}, got {what!r}")
         if tensor not in {t.name for t in self.inputs}:
             raise ScheduleError(f"{tensor!r} is not an input; prefetch names one of {', '.join(t.name for t in self.inputs)}")
-        if not any(isinstance(n, Load) and n.buffer == tensor for n in _walk_op(st.op)):
+        if not self._reads(st, tensor):
             raise ScheduleError(f"{stage} does not read {tensor}")
-        if tensor in self.prefetches:
+        if tensor in dict(self.prefetches):
             raise ScheduleError(f"{tensor} is already prefetched")
-        self.prefetches.append(tensor)
+        self.prefetches.append((tensor, what))
+
+    def _reads(self, st: Stage, tensor: str) -> bool:
+        """Whether `st` reads `tensor`, itself or through the stages inlined into it."""
+        inlined = {s.name: s for s in self.stages if s.attach[0] == "inline"}
+        return any(isinstance(n, Load) and (n.buffer == tensor or n.buffer in inlined and self._reads(inlined[n.buffer], tensor))
+                   for n in _walk_op(st.op))
 
     def _compute_at(self, stage: str, target: str, axis: str):
         st, tg = self.stage(stage), self.stage(target)

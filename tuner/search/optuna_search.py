@@ -140,7 +140,7 @@ def _parameter_table(space) -> list:
     rows.append(("unroll", ("unroll",), list(UNROLL_CHOICES)))
     rows += [("order", ("order",), list(space.orders))] if space.orders else []
     rows += [("parallel", ("parallel",), list(space.parallel_orders))] if space.parallel_orders else []
-    rows += [("prefetch", ("prefetch",), [0, 1])] if space.prefetched else []
+    rows += [("prefetch", ("prefetch",), list(space.prefetch_options))] if space.prefetched else []
     return rows
 
 

@@ -82,7 +82,7 @@ def mutate(space: SearchSpace, dec: dict, rng: random.Random, attempts: int = 20
         elif kind == "order":
             new["order"] = rng.choice([o for o in space.orders if o != new.get("order", space.orders[0])])
         elif kind == "prefetch":
-            new["prefetch"] = 1 - new.get("prefetch", 0)
+            new["prefetch"] = rng.choice([v for v in space.prefetch_options if v != new.get("prefetch", 0)])
         elif kind == "parallel":
             opts = space.parallel_orders
             new["parallel"] = rng.choice([o for o in opts if o != new.get("parallel", opts[0])])

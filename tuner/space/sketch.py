@@ -38,6 +38,9 @@ Tiled sketch, for a DAG with one reduction (conv2d, dense, pooling):
     the weights, rather than its share of the weights and all the activation; by default where
     the activation is the larger (ResNet-50's early 1x1 convs) and the channels do not index it
     too (a grouped or depthwise conv, whose channel blocks split both operands);
+  * prefetches (a decision, `prefetch`, PREFETCH_LEVELS; schedule.prefetch): none, the weight's
+    next panel, or that and the activation's next tile where a reduction loop longer than PEELED
+    reads it a line or more apart (NCHW[x]c's channel blocks), by default the most there is;
 Table sketch, for a reduction over a small constant matrix (the Winograd transforms: its stage's
 `table` names the axes that pick matrix entries): those axes and the reduction are unrolled, so
 that the C compiler folds the entries into constants (the tiled sketch leaves them as select
@@ -66,8 +69,9 @@ from functools import cached_property
 from ..ops import Workload
 from ..ops.workload import CONSTANT_INPUTS
 from ..schedule.ir import tail_widths, vector_split
+from ..schedule.prefetch import LINE_FLOATS, PEELED
 from ..schedule.schedule import Schedule, ScheduleError, replay
-from ..te.expr import Const, FloorDiv, FloorMod, Load, Select, Var, children, free_vars, substitute, walk
+from ..te.expr import Const, FloorDiv, FloorMod, Load, Select, Var, children, free_vars, linear, substitute, walk
 
 MAX_ACCUMULATORS = 32        # vector registers of AVX-512 (AVX2 has 16; spills only cost speed)
 MAX_TILE_FLOATS = 16384      # a 64 KiB accumulator tile stays on the stack and in L1/L2
@@ -84,6 +88,7 @@ BLOCKED_TILE_BYTES = 32 * 1024   # ... and the local tile they accumulate
 LOAD_ACCUMULATORS = 8       # with 16 registers, a tile whose every FMA loads its operands (a depthwise conv)
 COPY_READS = 100            # with 16 registers a pad read fewer times per element than this is not copied first
 PAD_PLACES = ("inline", "root", "tile", "interior")   # where a pad producer is computed (tile: per output tile)
+PREFETCH_LEVELS = (0, 1, 2)     # decision `prefetch`: none, the weights' next panel, that and the activation's next tile
 ORDERS = ("axes", "reversed")  # the register tile's unrolled loops: the output's axis order, or reversed
 PARALLEL_ORDERS = ("axes", "input")  # the fused parallel loop: outer tiles in axis order, or the activation's axes first
 # the CPU space's version, in every pre-trained model's metadata: bumped when the space gains a
@@ -247,12 +252,43 @@ class SearchSpace(DagSketch):
         return PARALLEL_ORDERS if moved != sorted(moved) else ()
 
     @cached_property
+    def prefetch_options(self) -> tuple:
+        """Values of the decision `prefetch`: PREFETCH_LEVELS up to the next tiles of the activation
+        where the reduction reads one (directly or through a pad it inlines), else up to the weights'."""
+        return PREFETCH_LEVELS if self._activations else PREFETCH_LEVELS[:2]
+
+    @cached_property
     def prefetched(self) -> tuple:
         """The constant inputs the reduction reads, whose next panel the tiled sketch's kernel may
         fetch ahead (decision `prefetch`: schedule.prefetch); () for the other sketches."""
         if self.kind != "tiled":
             return ()
         return tuple(sorted(b for b, _ in self._reads if b in self._constants))
+
+    @cached_property
+    def _activations(self) -> tuple:
+        """(pad stage or None, input) of each activation the reduction reads, itself or through a
+        pad producer, by a reduction axis longer than PEELED that steps a line or more (NCHW[x]c's
+        channel blocks): the reads a next-tile prefetch (schedule.prefetch) serves."""
+        sch = Schedule(self.inputs, self.output)
+        inputs = {t.name: t.shape for t in self.inputs if t.name not in self._constants}
+        long = {r for r, e in self.reduce_axes if e > PEELED}
+        found = []
+        for n in walk(self.anchor_op.body):
+            if not isinstance(n, Load):
+                continue
+            if n.buffer in inputs:
+                shape, reads = inputs[n.buffer], [(None, n.buffer)]
+            elif n.buffer in self.pads:
+                op = sch.stage(n.buffer).op
+                shape, reads = [a.extent for a in op.axes], [(n.buffer, t.name) for t in op.inputs if t.name in inputs]
+            else:
+                continue
+            strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+            if any(t.name in long and abs(c) * st >= LINE_FLOATS
+                   for i, st in zip(n.indices, strides) for t, c in (linear(i) or ({}, 0))[0].items() if isinstance(t, Var)):
+                found += reads
+        return tuple(dict.fromkeys(found))
 
     @cached_property
     def _constants(self) -> frozenset:
@@ -390,7 +426,7 @@ class SearchSpace(DagSketch):
         if self.parallel_orders:
             dec["parallel"] = rng.choice(self.parallel_orders)
         if self.prefetched:
-            dec["prefetch"] = rng.choice((0, 1))
+            dec["prefetch"] = rng.choice(self.prefetch_options)
         return dec
 
     def default(self) -> dict:
@@ -542,7 +578,7 @@ class SearchSpace(DagSketch):
         if self.parallel_orders:
             dec["parallel"] = PARALLEL_ORDERS[self._input_first_by_default]
         if self.prefetched:
-            dec["prefetch"] = 1
+            dec["prefetch"] = self.prefetch_options[-1]
         return dec
 
     def _block_reduction(self, tile: list, row: int) -> tuple | None:
@@ -876,6 +912,9 @@ class SearchSpace(DagSketch):
             steps.append(["annotate", out, "@".join(outer), "parallel"])
         if dec.get("prefetch"):     # points logged before the decision existed: none
             steps += [["prefetch", local, t] for t in self.prefetched]
+        if dec.get("prefetch") == 2:
+            read = [t for p, t in self._activations if p is None or dec["pad"][p] in ("inline", "interior")]
+            steps += [["prefetch", local, t, "tile"] for t in dict.fromkeys(read)]
         if apart:                   # the epilogue's own loop nest, as the injective sketch writes it
             steps += self._injective_steps({"vec": max(self.injective_vecs), "unroll": 1}, inline=False)
         return steps
