@@ -63,11 +63,15 @@ def _reads(s: ir.Stmt, buffer: str, path: list):
             yield from _reads(s.body, buffer, path)
 
 
-def _digit(t, ranges: dict):
+def _digit(t, ranges: dict, nested: bool = False):
     """A term of a flat offset as (loop var, divisor, modulus, values it takes): v, v // c or
-    v % c of one loop variable; None for anything else."""
+    v % c of one loop variable, and with `nested` (v // c) % m too (a fused parallel loop's middle
+    axis); None for anything else."""
     if isinstance(t, Var) and t.name in ranges:
         return t.name, 1, 0, ranges[t.name][1] + 1
+    if (nested and isinstance(t, FloorMod) and isinstance(t.b, Const) and t.b.is_int and t.b.value > 0
+            and (d := _digit(t.a, ranges)) and d[2] == 0 and d[1] > 1):
+        return d[0], d[1], t.b.value, min(t.b.value, d[3])
     if (isinstance(t, (FloorDiv, FloorMod)) and isinstance(t.a, Var) and t.a.name in ranges
             and isinstance(t.b, Const) and t.b.is_int and t.b.value > 0):
         n, c = ranges[t.a.name][1] + 1, t.b.value
@@ -201,17 +205,19 @@ def _next_tile(fn: ir.Func, tensor: str) -> ir.Func | None:
         ln = ir.flat_linear(tuple(simplify(i, ranges) for i in indices), shape)
         if ln is None:
             continue
-        digits = [(_digit(t, ranges), t, c) for t, c in ln[0].items()]
+        digits = [(_digit(t, ranges, nested=True), t, c) for t, c in ln[0].items()]
         if any(d is None for d, _, _ in digits):
             continue
         moving = {d[0] for d, _, _ in digits}
         if any(d[0] == at.var and abs(c) < LINE_FLOATS for d, _, c in digits) or at.var not in moving:
             continue        # a read that walks its lines in order (the hardware's stream), or stands still
         tile = next((lp for lp in reversed(kept[:-1]) if lp.var in moving), None)
-        # the next tile: the tile loop's fastest digit one step on (a fused parallel loop's v % c)
-        step = [c for d, _, c in digits if tile is not None and d[0] == tile.var and d[1] == 1]
-        if len(step) != 1 or step[0] <= 0:
+        # the next tile: the tile loop's fastest digit in this read one step on (in a fused
+        # parallel loop, the activation's fastest axis: (v // c) % m where the weights' is v % c)
+        own_digits = sorted((d[1], c) for d, _, c in digits if tile is not None and d[0] == tile.var)
+        if not own_digits or len(own_digits) > 1 and own_digits[1][0] == own_digits[0][0] or own_digits[0][1] <= 0:
             continue
+        step = [own_digits[0][1]]
         here = {lp.var for lp in inner}
         own = [(d, c) for d, _, c in digits if d[0] in here]
         if math.prod(d[3] for d, _ in own) > TILE_OFFSETS:
