@@ -13,7 +13,7 @@ from tuner.codegen.c import generate_c
 from tuner.measure.builder import build_batch
 from tuner.ops import make
 from tuner.schedule import ir
-from tuner.schedule.prefetch import PEELED
+from tuner.schedule.prefetch import PEELED, line_points
 from tuner.schedule.schedule import ScheduleError
 from tuner.search.optuna_search import _parameter_table
 from tuner.space.gpu import GpuSearchSpace
@@ -302,3 +302,14 @@ def test_a_tile_prefetch_names_an_input_read_through_an_inlined_pad(step, messag
     else:
         with pytest.raises(ScheduleError, match=message):
             task.lowered(steps + [step])
+
+
+@settings(max_examples=200, deadline=None)
+@given(offsets=st.sets(st.integers(0, 200), min_size=1, max_size=80), base=st.integers(0, 15))
+def test_the_tile_prefetch_points_land_in_every_line_the_next_tile_reads_wherever_the_buffer_starts(offsets, base):
+    new = sorted(offsets)
+    lines = lambda offs, b: {(b + o) // 16 for o in offs}          # noqa: E731
+    points = line_points(new, False)
+    assert set(points) <= offsets and lines(points, base) == lines(new, base)
+    whole = line_points(new, True)                                   # the base a whole number of lines
+    assert set(whole) <= offsets and lines(whole, 0) == lines(new, 0) and len(whole) == len(lines(new, 0))

@@ -190,6 +190,7 @@ def _one(fn: ir.Func, tensor: str) -> ir.Func | None:
 
 
 def _next_tile(fn: ir.Func, tensor: str) -> ir.Func | None:
+    """`fn` with `tensor`'s next tile fetched (module doc), or None where no read qualifies."""
     buf = fn.buffers.get(tensor)
     if buf is None:
         return None
@@ -217,19 +218,19 @@ def _next_tile(fn: ir.Func, tensor: str) -> ir.Func | None:
         own_digits = sorted((d[1], c) for d, _, c in digits if tile is not None and d[0] == tile.var)
         if not own_digits or len(own_digits) > 1 and own_digits[1][0] == own_digits[0][0] or own_digits[0][1] <= 0:
             continue
-        step = [own_digits[0][1]]
+        step = own_digits[0][1]
         here = {lp.var for lp in inner}
         own = [(d, c) for d, _, c in digits if d[0] in here]
         if math.prod(d[3] for d, _ in own) > TILE_OFFSETS:
             continue
         offsets = {0}
-        for (_, div, mod, n), c in own:       # a digit's values: 0 .. n-1
+        for (*_, n), c in own:       # a digit's values: 0 .. n-1
             offsets = {o + c * v for o in offsets for v in range(n)}
         base = Const(ln[1])
         for d, t, c in digits:
             if d[0] not in here:
                 base = base + t * Const(c)
-        sites.setdefault(id(at), (at, []))[1].append((base, step[0], offsets))
+        sites.setdefault(id(at), (at, []))[1].append((base, step, offsets))
     body = fn.body
     for at, group in sites.values():
         base, step = group[0][0], group[0][1]
@@ -238,19 +239,26 @@ def _next_tile(fn: ir.Func, tensor: str) -> ir.Func | None:
             continue        # reads whose windows differ by more than a constant: no one window
         cur = {o + d.value for d, (_, _, offs) in zip(shifts, group) for o in offs}
         new = sorted({o + step for o in cur} - cur)
-        if _aligned(base):  # buffers start on a line: one point per line
-            points = sorted({o // LINE_FLOATS: o for o in reversed(new)}.values())
-        else:               # along each run of offsets, its ends and one a line apart between: a point in every line
-            points = []
-            for k, o in enumerate(new):
-                end = k + 1 == len(new) or new[k + 1] != o + 1
-                if not points or new[k - 1] != o - 1 or o - points[-1] >= LINE_FLOATS or end and o != points[-1]:
-                    points.append(o)
+        points = line_points(new, _aligned(base))
         if not points or len(points) > TILE_LINES:
             continue
         fetches = [ir.Prefetch(tensor, max_expr(min_expr(base + Const(o), Const(size - 1)), Const(0))) for o in points]
         body = _place(body, at, fetches)
     return None if body is fn.body else ir.Func(fn.name, fn.args, fn.temps, body, fn.buffers, fn.symbols)
+
+
+def line_points(offsets: list, aligned: bool) -> list:
+    """Offsets among sorted `offsets` that fall in every cache line the others do: where the base
+    is a whole number of lines (`aligned`), the first in each line; else, whatever the base's place
+    in its line, the ends of each run of consecutive offsets and points at most a line apart between."""
+    if aligned:
+        return sorted({o // LINE_FLOATS: o for o in reversed(offsets)}.values())
+    points = []
+    for k, o in enumerate(offsets):
+        start, end = k == 0 or offsets[k - 1] != o - 1, k + 1 == len(offsets) or offsets[k + 1] != o + 1
+        if start or end or o - points[-1] >= LINE_FLOATS:
+            points.append(o)
+    return points
 
 
 def _aligned(e) -> bool:
