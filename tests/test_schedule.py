@@ -670,8 +670,8 @@ def test_two_threads_split_the_larger_operand_of_a_conv_first_and_both_orders_co
     activation (rows, columns) first where the activation outweighs the weights, so each thread
     takes its own rows; else the output channel blocks first, each thread its share of the
     weights; and so for a grouped or depthwise conv, whose channel blocks split the activation
-    too. Both are points of the space; one thread, a point logged before the decision and a DAG
-    without constants have no such decision."""
+    too. Both are points of the space; a point logged before the decision runs the axes' order,
+    and a DAG without constants has no such decision."""
     two = parse_target("cpu", threads=2)
     wide = make("conv2d", dict(C=32, H=14, W=14, K=32, R=1, S=1, stride=1, pad=0, bias=1), "NCHW16c")
     deep = make("conv2d", dict(C=256, H=2, W=2, K=64, R=1, S=1, stride=1, pad=0, bias=1), "NCHW16c")
@@ -694,10 +694,27 @@ def test_two_threads_split_the_larger_operand_of_a_conv_first_and_both_orders_co
     assert {space.sample(rng)["parallel"] for _ in range(40)} == {"axes", "input"}
     from tuner.search.optuna_search import _parameter_table
     assert ("parallel", ("parallel",), ["axes", "input"]) in _parameter_table(space)
-    assert SearchSpace(wide, TARGET1).parallel_orders == () and "parallel" not in SearchSpace(wide, TARGET1).default()
+    assert SearchSpace(wide, TARGET1).default()["parallel"] == "axes"        # one thread: its activation fits L2
     assert SearchSpace(make("max_pool2d", dict(C=16, H=8, W=8, R=3, S=3, stride=2, pad=1), "NCHW16c"),
                        two).parallel_orders == ()
     check_schedules(cases, two)
+
+
+def test_one_thread_reads_an_activation_past_l2_once_where_each_register_tiles_weights_outgrow_l1():
+    """At one thread the outer tiles run the activation's axes first (each channel block of the
+    output inside them) where the activation the reduction reads outgrows L2 and a register tile's
+    weight panel L1; a residual read by the epilogue does not count."""
+    past = make("conv2d", dict(C=512, H=28, W=28, K=128, R=1, S=1, stride=1, pad=0, bias=1), "NCHW16c")
+    residual = make("conv2d", dict(C=512, H=20, W=20, K=512, R=1, S=1, stride=1, pad=0, bias=1, residual=1), "NCHW16c")
+    narrow = make("conv2d", dict(C=64, H=56, W=56, K=256, R=1, S=1, stride=1, pad=0, bias=1), "NCHW16c")
+    for isa in ("avx2", "avx512"):
+        one = parse_target(f"cpu -isa={isa} -threads=1")
+        spaces = {name: SearchSpace(wl, one) for name, wl in (("past", past), ("residual", residual), ("narrow", narrow))}
+        assert {name: sp.default()["parallel"] for name, sp in spaces.items()} == \
+            {"past": "input", "residual": "axes", "narrow": "axes"}, isa
+        n, k, h, w, b = (f"{a}.0" for a in spaces["past"].out_axes)
+        order = next(s for s in spaces["past"].steps(spaces["past"].default()) if s[0] == "reorder")[2]
+        assert order[:5] == [n, h, w, k, b] and not any(s[0] == "fuse" for s in spaces["past"].steps(spaces["past"].default()))
 
 
 def test_a_blocked_output_transform_can_run_its_channel_blocks_inside_the_tiles():

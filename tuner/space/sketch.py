@@ -32,12 +32,14 @@ Tiled sketch, for a DAG with one reduction (conv2d, dense, pooling):
     and an unpadded row of 14 (a 1x1 conv's) 4 blocks by 7 pixels; where such a tile's weights
     over the whole reduction reach PANEL_BYTES, the reduction is blocked into L1-sized chunks,
     each serving rows of tiles (`_block_reduction`);
-  * outer tiles fused and parallel when the target has more than one thread, in the output's
-    axis order or with the axes that index only the activation first (a decision, `parallel`,
-    where the two differ): each thread then takes its own rows of the activation and reads all
-    the weights, rather than its share of the weights and all the activation; by default where
-    the activation is the larger (ResNet-50's early 1x1 convs) and the channels do not index it
-    too (a grouped or depthwise conv, whose channel blocks split both operands);
+  * outer tiles in the output's axis order or with the axes that index only the activation first
+    (a decision, `parallel`, where the two differ), fused and parallel when the target has more
+    than one thread: each thread then takes its own rows of the activation and reads all the
+    weights, rather than its share of the weights and all the activation; by default where the
+    activation is the larger (ResNet-50's early 1x1 convs) and the channels do not index it too
+    (a grouped or depthwise conv, whose channel blocks split both operands); at one thread, where
+    the activation outgrows L2 and a register tile's weights L1 (`_input_first_alone`), so that
+    the activation is read once rather than once per block of output channels;
   * prefetches (a decision, `prefetch`, PREFETCH_LEVELS; schedule.prefetch): none, the weight's
     next panel, or that and the activation's next tile where a reduction loop longer than PEELED
     reads it a line or more apart (NCHW[x]c's channel blocks), by default the most there is;
@@ -82,6 +84,7 @@ LONG_REDUCTION = 128         # a GEMM's reduction from which its default tile ma
 STREAMED_BYTES = 8 << 20     # an activation past this is read from memory: twice a server core's share of L3 or more
 GATHER_LINES = 256           # lines of a transposed read touched between two uses of each: half a 32 KiB L1
 PARALLEL_GRAIN = 16          # iterations per thread of an injective kernel's fused parallel loop, at least
+L1_BYTES = 32 * 1024         # a core's L1 data cache, the smallest of the x86 server cores
 PANEL_CHUNK = 16 * 1024      # ... into chunks of this panel, each kept in L1 while rows of tiles pass over it
 TILE_ROWS = 7                # rows of register tiles that one chunk serves, at most
 BLOCKED_TILE_BYTES = 32 * 1024   # ... and the local tile they accumulate
@@ -244,9 +247,9 @@ class SearchSpace(DagSketch):
 
     @cached_property
     def parallel_orders(self) -> tuple:
-        """The fused parallel loop's orders (decision `parallel`): PARALLEL_ORDERS where the tiled
-        sketch runs on more than one thread and `input` moves an axis, else ()."""
-        if self.kind != "tiled" or self.target.threads <= 1:
+        """The outer tiles' orders (decision `parallel`, fused into the parallel loop where there is
+        more than one thread): PARALLEL_ORDERS where `input` moves an axis, else ()."""
+        if self.kind != "tiled":
             return ()
         moved = [d for d in self._input_first if self.out_shape[d] > 1]     # axes of one tile move nothing
         return PARALLEL_ORDERS if moved != sorted(moved) else ()
@@ -266,10 +269,10 @@ class SearchSpace(DagSketch):
         return tuple(sorted(b for b, _ in self._reads if b in self._constants))
 
     @cached_property
-    def _activations(self) -> tuple:
-        """(pad stage or None, input) of each activation the reduction reads, itself or through a
-        pad producer, by a reduction axis longer than PEELED that steps a line or more (NCHW[x]c's
-        channel blocks): the reads a next-tile prefetch (schedule.prefetch) serves."""
+    def _activation_reads(self) -> tuple:
+        """(pad stage or None, input, strided) of each activation the reduction reads, itself or
+        through a pad producer; strided: by a reduction axis longer than PEELED that steps a line
+        or more (NCHW[x]c's channel blocks)."""
         sch = Schedule(self.inputs, self.output)
         inputs = {t.name: t.shape for t in self.inputs if t.name not in self._constants}
         long = {r for r, e in self.reduce_axes if e > PEELED}
@@ -285,10 +288,23 @@ class SearchSpace(DagSketch):
             else:
                 continue
             strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
-            if any(t.name in long and abs(c) * st >= LINE_FLOATS
-                   for i, st in zip(n.indices, strides) for t, c in (linear(i) or ({}, 0))[0].items() if isinstance(t, Var)):
-                found += reads
+            strided = any(t.name in long and abs(c) * st >= LINE_FLOATS
+                          for i, st in zip(n.indices, strides) for t, c in (linear(i) or ({}, 0))[0].items()
+                          if isinstance(t, Var))
+            found += [(p, t, strided) for p, t in reads]
         return tuple(dict.fromkeys(found))
+
+    @cached_property
+    def _activations(self) -> tuple:
+        """(pad stage or None, input) of each activation whose reads a next-tile prefetch
+        (schedule.prefetch) serves: strided ones."""
+        return tuple(dict.fromkeys((p, t) for p, t, strided in self._activation_reads if strided))
+
+    @cached_property
+    def _reduction_input_bytes(self) -> int:
+        """Bytes of the activations the reduction reads (not the epilogue's: a residual)."""
+        read = {t for _, t, _ in self._activation_reads}
+        return sum(4 * math.prod(t.shape) for t in self.inputs if t.name in read)
 
     @cached_property
     def _constants(self) -> frozenset:
@@ -576,7 +592,8 @@ class SearchSpace(DagSketch):
         if self.epilogues:
             dec["epilogue"] = "fused"
         if self.parallel_orders:
-            dec["parallel"] = PARALLEL_ORDERS[self._input_first_by_default]
+            dec["parallel"] = PARALLEL_ORDERS[self._input_first_by_default if self.target.threads > 1
+                                              else self._input_first_alone(dec["tile"])]
         if self.prefetched:
             dec["prefetch"] = self.prefetch_options[-1]
         return dec
@@ -595,10 +612,7 @@ class SearchSpace(DagSketch):
         blocking saved: a stride-2 3x3 conv)."""
         if not self.reduce_axes:
             return None
-        red = dict(self.reduce_axes)
-        panel = max([math.prod(s3 for a, (_, _, s3) in zip(self.local_axes, tile) if a in axes)
-                     * math.prod(e for r, e in red.items() if r in axes) * 4
-                     for buf, axes in self._reads if buf in self._constants], default=0)
+        panel = self._panel_bytes(tile)
         if panel < PANEL_BYTES or (self.pads and 4 * self._pad_bytes > panel):
             return None
         first, extent = self.reduce_axes[0]
@@ -619,6 +633,26 @@ class SearchSpace(DagSketch):
         if math.prod(s2 for _, s2, _ in new) < 2:
             return None
         return new, [chunk if r == first else e for r, e in self.reduce_axes]
+
+    def _panel_bytes(self, tile: list) -> int:
+        """Bytes of the constant operand's panel that one register tile of `tile` reads over the
+        whole reduction."""
+        red = dict(self.reduce_axes)
+        return max([math.prod(s3 for a, (_, _, s3) in zip(self.local_axes, tile) if a in axes)
+                    * math.prod(e for r, e in red.items() if r in axes) * 4
+                    for buf, axes in self._reads if buf in self._constants], default=0)
+
+    def _input_first_alone(self, tile: list) -> bool:
+        """Whether `parallel: input` is the default at one thread, where it orders the outer tiles
+        only: where the activation the reduction reads outgrows L2 (RESIDENT_BYTES), so that each
+        sweep of it per block of output channels comes from L3 or memory, and one register tile's
+        weight panel outgrows L1 (L1_BYTES), so that the weights come from L2 in either order. With
+        a panel in L1 the channel blocks outside kept it there (ResNet-50's 256 -> 128 1x1 conv at
+        56x56 in AVX2, first call in the model: 1.07x the time); with an activation in L2 the
+        sweeps were cheap (64 -> 256 at 56x56 1.19x); both outgrown, 512 -> 128 at 28x28 0.63x."""
+        acts, weights = self._operand_axes
+        shared = any(a in acts and a in weights for a in self.local_axes)
+        return not shared and self._reduction_input_bytes > RESIDENT_BYTES and self._panel_bytes(tile) > L1_BYTES
 
     @cached_property
     def _pad_reads_each(self) -> float:
