@@ -702,16 +702,19 @@ def test_two_threads_split_the_larger_operand_of_a_conv_first_and_both_orders_co
 
 def test_one_thread_reads_an_activation_past_l2_once_where_each_register_tiles_weights_outgrow_l1():
     """At one thread the outer tiles run the activation's axes first (each channel block of the
-    output inside them) where the activation the reduction reads outgrows L2 and a register tile's
-    weight panel L1; a residual read by the epilogue does not count."""
+    output inside them) where the activation the reduction reads outgrows L2, a register tile's
+    weight panel L1, and the weights are a quarter of it or less; a residual read by the epilogue
+    does not count (with it, the 22x22 conv's would pass L2)."""
+    wide = make("conv2d", dict(C=512, H=28, W=28, K=512, R=1, S=1, stride=1, pad=0, bias=1), "NCHW16c")
     past = make("conv2d", dict(C=512, H=28, W=28, K=128, R=1, S=1, stride=1, pad=0, bias=1), "NCHW16c")
-    residual = make("conv2d", dict(C=512, H=20, W=20, K=512, R=1, S=1, stride=1, pad=0, bias=1, residual=1), "NCHW16c")
+    residual = make("conv2d", dict(C=512, H=22, W=22, K=128, R=1, S=1, stride=1, pad=0, bias=1, residual=1), "NCHW16c")
     narrow = make("conv2d", dict(C=64, H=56, W=56, K=256, R=1, S=1, stride=1, pad=0, bias=1), "NCHW16c")
     for isa in ("avx2", "avx512"):
         one = parse_target(f"cpu -isa={isa} -threads=1")
-        spaces = {name: SearchSpace(wl, one) for name, wl in (("past", past), ("residual", residual), ("narrow", narrow))}
+        spaces = {name: SearchSpace(wl, one) for name, wl in
+                  (("past", past), ("residual", residual), ("narrow", narrow), ("wide", wide))}
         assert {name: sp.default()["parallel"] for name, sp in spaces.items()} == \
-            {"past": "input", "residual": "axes", "narrow": "axes"}, isa
+            {"past": "input", "residual": "axes", "narrow": "axes", "wide": "axes"}, isa
         n, k, h, w, b = (f"{a}.0" for a in spaces["past"].out_axes)
         order = next(s for s in spaces["past"].steps(spaces["past"].default()) if s[0] == "reorder")[2]
         assert order[:5] == [n, h, w, k, b] and not any(s[0] == "fuse" for s in spaces["past"].steps(spaces["past"].default()))

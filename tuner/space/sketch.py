@@ -38,8 +38,9 @@ Tiled sketch, for a DAG with one reduction (conv2d, dense, pooling):
     weights, rather than its share of the weights and all the activation; by default where the
     activation is the larger (ResNet-50's early 1x1 convs) and the channels do not index it too
     (a grouped or depthwise conv, whose channel blocks split both operands); at one thread, where
-    the activation outgrows L2 and a register tile's weights L1 (`_input_first_alone`), so that
-    the activation is read once rather than once per block of output channels;
+    the activation outgrows L2, a register tile's weights L1 and the weights are a quarter of the
+    activation or less (`_input_first_alone`), so that the activation is read once rather than
+    once per block of output channels;
   * prefetches (a decision, `prefetch`, PREFETCH_LEVELS; schedule.prefetch): none, the weight's
     next panel, or that and the activation's next tile where a reduction loop longer than PEELED
     reads it a line or more apart (NCHW[x]c's channel blocks), by default the most there is;
@@ -645,14 +646,17 @@ class SearchSpace(DagSketch):
     def _input_first_alone(self, tile: list) -> bool:
         """Whether `parallel: input` is the default at one thread, where it orders the outer tiles
         only: where the activation the reduction reads outgrows L2 (RESIDENT_BYTES), so that each
-        sweep of it per block of output channels comes from L3 or memory, and one register tile's
-        weight panel outgrows L1 (L1_BYTES), so that the weights come from L2 in either order. With
-        a panel in L1 the channel blocks outside kept it there (ResNet-50's 256 -> 128 1x1 conv at
-        56x56 in AVX2, first call in the model: 1.07x the time); with an activation in L2 the
-        sweeps were cheap (64 -> 256 at 56x56 1.19x); both outgrown, 512 -> 128 at 28x28 0.63x."""
+        sweep of it per block of output channels comes from L3 or memory; one register tile's
+        weight panel outgrows L1 (L1_BYTES), so that the weights come from L2 in either order; and
+        the weights, which each row of tiles then reads again, are a quarter of the activation or
+        less. ResNet-50's 1x1 convs in AVX2, in the model: 512 -> 128 at 28x28 0.63x the time
+        (first call) and 1.21x faster (profiled); with the panel in L1, which the channel blocks
+        outside kept there, 256 -> 128 at 56x56 1.07x the time; with the activation in L2, 64 ->
+        256 at 56x56 1.19x; with 2 MB of weights, 512 -> 1024 at stride 2 0.91x as fast."""
         acts, weights = self._operand_axes
         shared = any(a in acts and a in weights for a in self.local_axes)
-        return not shared and self._reduction_input_bytes > RESIDENT_BYTES and self._panel_bytes(tile) > L1_BYTES
+        return (not shared and self._reduction_input_bytes > RESIDENT_BYTES and self._panel_bytes(tile) > L1_BYTES
+                and 16 * self._input_elements(True) <= self._reduction_input_bytes)
 
     @cached_property
     def _pad_reads_each(self) -> float:
