@@ -649,10 +649,8 @@ class SearchSpace(DagSketch):
         sweep of it per block of output channels comes from L3 or memory; one register tile's
         weight panel outgrows L1 (L1_BYTES), so that the weights come from L2 in either order; and
         the weights, which each row of tiles then reads again, are a quarter of the activation or
-        less. ResNet-50's 1x1 convs in AVX2, in the model: 512 -> 128 at 28x28 0.63x the time
-        (first call) and 1.21x faster (profiled); with the panel in L1, which the channel blocks
-        outside kept there, 256 -> 128 at 56x56 1.07x the time; with the activation in L2, 64 ->
-        256 at 56x56 1.19x; with 2 MB of weights, 512 -> 1024 at stride 2 0.91x as fast."""
+        less. Where a condition failed, a 1x1 conv of ResNet-50 ran slower input-first in the
+        model (docs/history.md)."""
         acts, weights = self._operand_axes
         shared = any(a in acts and a in weights for a in self.local_axes)
         return (not shared and self._reduction_input_bytes > RESIDENT_BYTES and self._panel_bytes(tile) > L1_BYTES
