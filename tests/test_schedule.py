@@ -718,6 +718,9 @@ def test_one_thread_reads_an_activation_past_l2_once_where_each_register_tiles_w
         n, k, h, w, b = (f"{a}.0" for a in spaces["past"].out_axes)
         order = next(s for s in spaces["past"].steps(spaces["past"].default()) if s[0] == "reorder")[2]
         assert order[:5] == [n, h, w, k, b] and not any(s[0] == "fuse" for s in spaces["past"].steps(spaces["past"].default()))
+    small = make("conv2d", dict(C=32, H=14, W=14, K=48, R=3, S=3, stride=1, pad=1, bias=1, relu=1), "NCHW16c")
+    space = SearchSpace(small, TARGET1)
+    check_schedules([(small, space.steps({**space.default(), "parallel": p})) for p in ("axes", "input")], TARGET1)
 
 
 def test_a_blocked_output_transform_can_run_its_channel_blocks_inside_the_tiles():
