@@ -104,6 +104,18 @@ def _gapless(terms: list) -> bool:
     return True
 
 
+def _form(buf: ir.Buffer, load: Load, path: list, nested: bool = False):
+    """A read's flat offset as ([(digit, term, coefficient)], constant) over the loops of `path`
+    (`_digit`'s digits), or None where a term is no digit."""
+    ranges = {lp.var: (0, lp.extent - 1) for lp in path}
+    indices, shape = buf.stored(load.indices)
+    ln = ir.flat_linear(tuple(simplify(i, ranges) for i in indices), shape)
+    if ln is None:
+        return None
+    digits = [(_digit(t, ranges, nested), t, c) for t, c in ln[0].items()]
+    return None if any(d is None for d, _, _ in digits) else (digits, ln[1])
+
+
 def _one(fn: ir.Func, tensor: str) -> ir.Func | None:
     buf = fn.buffers.get(tensor)
     if buf is None:
@@ -113,18 +125,10 @@ def _one(fn: ir.Func, tensor: str) -> ir.Func | None:
         return None
     forms = []
     for load, path in reads:
-        ranges = {lp.var: (0, lp.extent - 1) for lp in path}
-        indices, shape = buf.stored(load.indices)
-        ln = ir.flat_linear(tuple(simplify(i, ranges) for i in indices), shape)
-        if ln is None:
+        form = _form(buf, load, path)
+        if form is None:
             return None
-        terms = {}
-        for t, c in ln[0].items():
-            d = _digit(t, ranges)
-            if d is None:
-                return None
-            terms[d] = c
-        forms.append((terms, ln[1], path))
+        forms.append(({d: c for d, _, c in form[0]}, form[1], path))
     panel = {id(next(lp for lp in path if any(d[0] == lp.var for d in terms)))
              for terms, _, path in forms if terms}
     if len(panel) != 1 or any(not terms for terms, _, _ in forms):
@@ -201,14 +205,10 @@ def _next_tile(fn: ir.Func, tensor: str) -> ir.Func | None:
         if len(kept) < 2 or any(lp.limit is not None for lp in path):
             continue
         at, inner = kept[-1], path[len(kept):]
-        ranges = {lp.var: (0, lp.extent - 1) for lp in path}
-        indices, shape = buf.stored(load.indices)
-        ln = ir.flat_linear(tuple(simplify(i, ranges) for i in indices), shape)
-        if ln is None:
+        form = _form(buf, load, path, nested=True)
+        if form is None:
             continue
-        digits = [(_digit(t, ranges, nested=True), t, c) for t, c in ln[0].items()]
-        if any(d is None for d, _, _ in digits):
-            continue
+        digits, const = form
         moving = {d[0] for d, _, _ in digits}
         if any(d[0] == at.var and abs(c) < LINE_FLOATS for d, _, c in digits) or at.var not in moving:
             continue        # a read that walks its lines in order (the hardware's stream), or stands still
@@ -226,7 +226,7 @@ def _next_tile(fn: ir.Func, tensor: str) -> ir.Func | None:
         offsets = {0}
         for (*_, n), c in own:       # a digit's values: 0 .. n-1
             offsets = {o + c * v for o in offsets for v in range(n)}
-        base = Const(ln[1])
+        base = Const(const)
         for d, t, c in digits:
             if d[0] not in here:
                 base = base + t * Const(c)

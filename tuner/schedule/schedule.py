@@ -259,8 +259,14 @@ class Schedule:
     def _reads(self, st: Stage, tensor: str) -> bool:
         """Whether `st` reads `tensor`, itself or through the stages inlined into it."""
         inlined = {s.name: s for s in self.stages if s.attach[0] == "inline"}
-        return any(isinstance(n, Load) and (n.buffer == tensor or n.buffer in inlined and self._reads(inlined[n.buffer], tensor))
-                   for n in _walk_op(st.op))
+        todo = [st]
+        while todo:
+            for n in _walk_op(todo.pop().op):
+                if isinstance(n, Load) and n.buffer == tensor:
+                    return True
+                if isinstance(n, Load) and n.buffer in inlined:
+                    todo.append(inlined[n.buffer])
+        return False
 
     def _compute_at(self, stage: str, target: str, axis: str):
         st, tg = self.stage(stage), self.stage(target)

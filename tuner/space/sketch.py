@@ -257,8 +257,8 @@ class SearchSpace(DagSketch):
 
     @cached_property
     def prefetch_options(self) -> tuple:
-        """Values of the decision `prefetch`: PREFETCH_LEVELS up to the next tiles of the activation
-        where the reduction reads one (directly or through a pad it inlines), else up to the weights'."""
+        """Values of the decision `prefetch`: PREFETCH_LEVELS up to the activation's next tile where
+        a next-tile prefetch serves a read of it (`_activations`), else up to the weights' panel."""
         return PREFETCH_LEVELS if self._activations else PREFETCH_LEVELS[:2]
 
     @cached_property
@@ -327,15 +327,20 @@ class SearchSpace(DagSketch):
         return first + [d for d in range(len(self.local_axes)) if d not in first]
 
     @cached_property
+    def _shared_axes(self) -> bool:
+        """Whether an output axis indexes both the activation and the weights (a grouped or
+        depthwise conv's channels)."""
+        acts, weights = self._operand_axes
+        return any(a in acts and a in weights for a in self.local_axes)
+
+    @cached_property
     def _input_first_by_default(self) -> bool:
         """Whether `parallel: input` is the default: the activation's bytes exceed the constants'
         (the weights'), and a thread given a share of the output axes that index the weights would
         read all of the activation. A grouped or depthwise conv's channels index both: split by
         them, each thread reads its share of either, and the producer's threads wrote by channels
         too (ResNeXt-50's grouped convs at 2 threads, in the model: 0.93x the time; docs/history.md)."""
-        acts, weights = self._operand_axes
-        shared = any(a in acts and a in weights for a in self.local_axes)
-        return not shared and self._input_elements(False) > self._input_elements(True)
+        return not self._shared_axes and self._input_elements(False) > self._input_elements(True)
 
     def _input_elements(self, constant: bool) -> int:
         """Elements of the constant inputs (the weights, a bias), or of the others (the activation)."""
@@ -651,9 +656,7 @@ class SearchSpace(DagSketch):
         the weights, which each row of tiles then reads again, are a quarter of the activation or
         less. Where a condition failed, a 1x1 conv of ResNet-50 ran slower input-first in the
         model (docs/history.md)."""
-        acts, weights = self._operand_axes
-        shared = any(a in acts and a in weights for a in self.local_axes)
-        return (not shared and self._reduction_input_bytes > RESIDENT_BYTES and self._panel_bytes(tile) > L1_BYTES
+        return (not self._shared_axes and self._reduction_input_bytes > RESIDENT_BYTES and self._panel_bytes(tile) > L1_BYTES
                 and 16 * self._input_elements(True) <= self._reduction_input_bytes)
 
     @cached_property
