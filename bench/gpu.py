@@ -141,6 +141,7 @@ def main(argv=None):
                 print(f"{item}: FAILED (above)", flush=True)
                 continue
             row["fraction_of_peak"] = row["tuner_gflops"] / peak
+            row["torch_fraction_of_peak"] = row["torch_gflops"] / peak
             rows.append(row)
             print(f"{item:<24} tuner {row['tuner_gflops']:8.0f} GFLOPS  torch {row['torch_gflops']:8.0f}  "
                   f"ratio {row['ratio_vs_torch']:.2f}  peak {row['fraction_of_peak']:.2f}", flush=True)
