@@ -201,12 +201,13 @@ def _lines_read(fn: ir.Func, env: dict, buffer: str = "data") -> set:
     return lines
 
 
-@pytest.mark.parametrize("isa", ["avx2", "avx512"])
-def test_a_blocked_1x1_conv_fetches_in_each_reduction_step_the_lines_the_next_tile_reads_there(isa):
-    """The default of a 512 -> 128 1x1 conv at 28x28 (NCHW16c), whose input outgrows L2: in each
-    step of the channel-block loop, the lines that the next pixel tile reads in that step."""
+@pytest.mark.parametrize("isa, c, hw, k, layout", [("avx2", 256, 56, 64, "NCHW8c"), ("avx512", 512, 28, 128, "NCHW16c")])
+def test_a_blocked_1x1_conv_fetches_in_each_reduction_step_the_lines_the_next_tile_reads_there(isa, c, hw, k, layout):
+    """The default of a 1x1 conv whose input outgrows L2 and whose reduction is not cache-blocked
+    (its register tile's weights within PANEL_BYTES, or L1 with 16 registers): in each step of the
+    channel-block loop, the lines that the next pixel tile reads in that step."""
     target = parse_target(f"cpu -isa={isa} -threads=1")
-    task = Task(make("conv2d", dict(C=512, H=28, W=28, K=128, R=1, S=1, bias=1, relu=1), "NCHW16c"), target)
+    task = Task(make("conv2d", dict(C=c, H=hw, W=hw, K=k, R=1, S=1, bias=1, relu=1), layout), target)
     dec = task.space.default()
     assert dec["prefetch"] == 2 and task.space.prefetch_options == (0, 1, 2)
     fn = task.lowered(task.space.steps(dec))
@@ -219,7 +220,9 @@ def test_a_blocked_1x1_conv_fetches_in_each_reduction_step_the_lines_the_next_ti
     now = _lines_read(fn, {**fixed, at.var: 5})
     # the next tile: the innermost loop outside the reduction's that moves what is read
     after = next(a for a in (_lines_read(fn, {**fixed, lp.var: 1, at.var: 5}) for lp in reversed(first[:-1])) if a != now)
-    assert fetched == after - now and fetched
+    # every line the next tile reads and this one did not; at most those it reads (a tile that ends
+    # inside a line shares it with the next)
+    assert after - now <= fetched <= after and after - now
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -417,29 +417,34 @@ def test_the_default_avx512_conv_tile_keeps_borders_out_of_its_rows_and_fills_sh
             check_schedules([(wl, space.steps(dec))], target)
 
 
-@pytest.mark.parametrize("spec, layout, tile", [
-    ("C=256,H=56,W=56,K=64,R=1,S=1,pad=0", "NCHW16c", (2, 3, 16)),     # 2 vectors of a block by 2 blocks
-    ("C=512,H=7,W=7,K=512,R=3,S=3,pad=1", "NCHW16c", (2, 3, 16)),      # 7 as 3 + 3 + 1
-    ("C=2048,H=7,W=7,K=512,R=1,S=1,pad=0", "NCHW16c", (2, 3, 16)),     # not blocked
-    ("C=256,H=14,W=14,K=256,R=3,S=3,pad=1", "NCHW8c", (4, 3, 8)),      # one vector a block: 4 blocks
-    ("C=64,H=14,W=14,K=24,R=1,S=1,pad=0", "NCHW8c", (1, 14, 8)),       # 3 blocks: none paired
-    ("C=64,H=14,W=14,K=48,R=1,S=1,pad=0", "NCHW16c", (1, 6, 16)),      # 3 blocks: a block's 2 vectors by 6
-    ("C=32,H=28,W=28,K=16,R=1,S=1,pad=0", "NCHW16c", (1, 6, 16)),      # one block
-    ("C=64,H=2,W=2,K=64,R=1,S=1,pad=0", "NCHW16c", (2, 2, 16)),        # a row of 2: the rows fill the rest
+@pytest.mark.parametrize("spec, layout, tile, chunk", [
+    ("C=256,H=56,W=56,K=64,R=1,S=1,pad=0", "NCHW16c", (2, 3, 16), 1),     # 2 vectors of a block by 2 blocks
+    ("C=512,H=7,W=7,K=512,R=3,S=3,pad=1", "NCHW16c", (2, 3, 16), 1),      # 7 as 3 + 3 + 1
+    ("C=2048,H=7,W=7,K=512,R=1,S=1,pad=0", "NCHW16c", (2, 3, 16), 8),     # blocked: 128 channels a chunk
+    ("C=512,H=28,W=28,K=128,R=1,S=1,pad=0", "NCHW8c", (4, 3, 8), 16),     # blocked: 128 channels a chunk
+    ("C=256,H=14,W=14,K=256,R=3,S=3,pad=1", "NCHW8c", (4, 3, 8), 1),      # one vector a block: 4 blocks
+    ("C=64,H=14,W=14,K=24,R=1,S=1,pad=0", "NCHW8c", (1, 14, 8), 1),       # 3 blocks: none paired
+    ("C=64,H=14,W=14,K=48,R=1,S=1,pad=0", "NCHW16c", (1, 6, 16), 1),      # 3 blocks: a block's 2 vectors by 6
+    ("C=32,H=28,W=28,K=16,R=1,S=1,pad=0", "NCHW16c", (1, 6, 16), 1),      # one block
+    ("C=64,H=2,W=2,K=64,R=1,S=1,pad=0", "NCHW16c", (2, 2, 16), 1),        # a row of 2: the rows fill the rest
 ])
-def test_the_default_avx2_conv_tile_feeds_four_vectors_from_each_broadcast_by_three_pixels(spec, layout, tile):
+def test_the_default_avx2_conv_tile_feeds_four_vectors_from_each_broadcast_by_three_pixels(spec, layout, tile, chunk):
     """With 16 vector registers, a conv whose input element is broadcast to several output channel
     blocks holds the block's whole vectors and as many blocks as make 4 vectors per broadcast, by 3
     pixels of the row (the last tile guarded), reversed: 12 accumulators at most, the pad copied
-    first and the reduction not blocked; with no pair of blocks, a block of 2 vectors by 6 pixels.
-    Each computes the reference where this host runs AVX2."""
+    first; with no pair of blocks, a block of 2 vectors by 6 pixels. The reduction is blocked in
+    chunks of 16 KiB of weights where a register tile's weights outgrow L1 (an unpadded conv), the
+    tile then widened to whole rows. Each computes the reference where this host runs AVX2."""
     wl = parse_spec(f"conv2d:N=1,{spec},stride=1,bias=1,relu=1", layout)
     for threads in (1, 2):
         space = SearchSpace(wl, parse_target(f"cpu -isa=avx2 -threads={threads}", check_host=False))
         dec = space.default()
         _, kb, oh, ow, vec = [t[2] for t in dec["tile"]]
         assert space.valid(dec) and (kb, ow, vec) == tile, dec["tile"]
-        assert kb * oh * ow * vec // 8 <= 16 and dec["reduce"] == [1] * len(space.reduce_axes)
+        first, *rest = space.reduce_axes
+        blocked = [chunk] + [e for _, e in rest] if chunk > 1 else [1] * len(space.reduce_axes)
+        assert kb * oh * ow * vec // 8 <= 16 and dec["reduce"] == blocked, dec["reduce"]
+        assert (chunk > 1) == (math.prod(t[1] for t in dec["tile"]) > 1)     # blocked: rows of tiles per chunk
         assert set(dec["pad"].values()) <= {"root"} and (dec["order"] == "reversed") == (kb > 1 or vec > 8)
         if kb > 1 or vec > 8:
             assert kb * oh * ow * vec // 8 <= 12
@@ -1136,3 +1141,40 @@ def test_a_matrix_vector_products_column_tile_ends_where_a_packed_block_does(c, 
     cols = space.default()["tile"][-1][2]
     assert space.vector_run == 16 and cols % 16 == 0 and cols <= 4 * TARGET1.lanes
     check_schedules([(wl, space.steps(space.default()))])
+
+
+def _c_loops(code: str) -> list:
+    """(pragma line or "", trip count, [indices of the loops inside]) of every `for` of generated C, in order."""
+    lines = code.splitlines()
+    heads = [i for i, ln in enumerate(lines) if ln.lstrip().startswith("for (")]
+    ends, depth = {}, []
+    for i, ln in enumerate(lines):
+        for ch in ln:
+            if ch == "{":
+                depth.append(i)
+            elif ch == "}":
+                ends[depth.pop()] = i
+    return [(lines[h - 1].strip() if lines[h - 1].lstrip().startswith("#pragma") else "",
+             re.search(r"< ([^;]+);", lines[h]).group(1), [k for k, g in enumerate(heads) if h < g < ends[h]])
+            for h in heads]
+
+
+@settings(max_examples=40, deadline=None)
+@given(spec=st.sampled_from(["conv2d:N=1,C=64,H=7,W=7,K=64,R=1,S=1", "conv2d:N=1,C=512,H=7,W=7,K=64,R=1,S=1",
+                             "conv2d:N=1,C=32,H=14,W=14,K=32,R=3,S=3,pad=1", "dense:N=6,C=96,K=48"]),
+       isa=st.sampled_from(["avx2", "avx512"]), threads=st.sampled_from([1, 2]), seed=st.integers(-1, 10**6))
+def test_generated_c_keeps_whole_every_loop_that_holds_a_loop_it_keeps(spec, isa, threads, seed):
+    """A loop that the C keeps as a loop (no unroll or OpenMP pragma) and that holds another such
+    loop is marked `unroll 1`, and no other is: GCC peels a short loop whole otherwise, and with it
+    the register tile inside spilled (docs/history.md)."""
+    layout = "NCHW16c" if spec.startswith("conv") else "OI16o"
+    target = parse_target(f"cpu -isa={isa} -threads={threads}", check_host=False)
+    task = Task(parse_spec(spec, layout), target)
+    dec = task.space.default() if seed < 0 else task.space.sample(random.Random(seed))
+    loops = _c_loops(generate_c(task.lowered(task.space.steps(dec)), target.lanes, threads)[0])
+    assert loops
+    # (a loop of one trip that the lowering unrolls is `unroll 1` too: a loop only in name)
+    kept = [p in ("", "#pragma GCC unroll 1") and trips != "1" for p, trips, _ in loops]
+    for (pragma, _, inside), keep in zip(loops, kept):
+        if keep:
+            assert (pragma == "#pragma GCC unroll 1") == any(kept[k] for k in inside), (pragma, inside)

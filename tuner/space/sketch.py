@@ -584,12 +584,12 @@ class SearchSpace(DagSketch):
                 # test in both halves, lost (docs/history.md)
                 tile[pair][2], tile[row][2] = 4, 7
         reduce = list(self._reduce_periods)
-        # blocked where each weight vector feeds few pixels (4 blocks by 7: a 3x3 conv's 2 x 14
-        # tile blocked ran 1.03-1.3x slower), and where no tile has a border or every one has (a
-        # padded row in one tile: no interior to keep apart), the pad then copied first: with a
-        # border test in the chunk's loops, a blocked 3x3 conv ran 1.2-2x slower; with 16 registers
-        # the 3-pixel tile blocked ran 1.8x slower (docs/history.md)
-        if pair is not None and wide_regs and tile[pair][2] >= 4 \
+        # blocked where each weight vector feeds few pixels (4 blocks by 7, or 16 registers' 3
+        # pixels; a 3x3 conv's 2 x 14 tile blocked ran 1.03-1.3x slower), and where no tile has a
+        # border or every one has (a padded row in one tile: no interior to keep apart), the pad
+        # then copied first: with a border test in the chunk's loops, a blocked 3x3 conv ran 1.2-2x
+        # slower (docs/history.md)
+        if pair is not None and (tile[pair][2] >= 4 or not wide_regs) \
                 and (not self.pads or (row in padded and tile[row][2] >= shape[row])) \
                 and (blocked := self._block_reduction(tile, row)):
             (tile, reduce), place = blocked, "root"
@@ -607,7 +607,9 @@ class SearchSpace(DagSketch):
     def _block_reduction(self, tile: list, row: int) -> tuple | None:
         """Cache blocking over the reduction, where the constant operand's panel that one register
         tile reads over the whole reduction reaches PANEL_BYTES (a 1x1 conv's 4 channel blocks with
-        1024 or more input channels): (`tile` widened so that each chunk serves whole rows of
+        1024 or more input channels), or with 16 registers outgrows L1 (2 blocks of 16 output
+        channels over more than 256 input channels: each weight vector feeds 3 pixels, not 7, so
+        its reads from L2 cost more): (`tile` widened so that each chunk serves whole rows of
         register tiles while it is in L1: S2 the row, then up to TILE_ROWS rows, the local tile
         within BLOCKED_TILE_BYTES and 4 outer tiles per thread; the reduce decision that splits the
         outermost reduction axis into chunks whose panel fits PANEL_CHUNK, every other reduction
@@ -619,7 +621,8 @@ class SearchSpace(DagSketch):
         if not self.reduce_axes:
             return None
         panel = self._panel_bytes(tile)
-        if panel < PANEL_BYTES or (self.pads and 4 * self._pad_bytes > panel):
+        small = panel < PANEL_BYTES if self.target.lanes >= 16 else panel <= L1_BYTES
+        if small or (self.pads and 4 * self._pad_bytes > panel):
             return None
         first, extent = self.reduce_axes[0]
         per = panel // extent                            # bytes of one step of the outermost axis
