@@ -1178,3 +1178,18 @@ def test_generated_c_keeps_whole_every_loop_that_holds_a_loop_it_keeps(spec, isa
     for (pragma, _, inside), keep in zip(loops, kept):
         if keep:
             assert (pragma == "#pragma GCC unroll 1") == any(kept[k] for k in inside), (pragma, inside)
+
+
+@pytest.mark.parametrize("isa, c", [("avx2", 464), ("avx512", 1040)])
+def test_a_reduction_over_a_prime_count_of_channel_blocks_is_not_cache_blocked(isa, c):
+    """A 1x1 conv whose register tile's weights call for cache blocking, but whose 29 or 65 input
+    channel blocks divide into no chunk of two blocks or more that fits PANEL_CHUNK, keeps its
+    reduction whole: chunks of one block store and reload the tile every 16 channels (65 blocks in
+    AVX-512: 1.12x the time). Twice the channels, two blocks a chunk at least, are blocked."""
+    for channels, blocked in ((c, False), (2 * c, True)):
+        wl = parse_spec(f"conv2d:N=1,C={channels},H=14,W=14,K=256,R=1,S=1,bias=1,relu=1", "NCHW16c")
+        space = SearchSpace(wl, parse_target(f"cpu -isa={isa} -threads=1", check_host=False))
+        dec = space.default()
+        assert (dec["reduce"] != [1] * len(space.reduce_axes)) == blocked, dec["reduce"]
+        if blocked:
+            assert dec["reduce"][0] >= 2

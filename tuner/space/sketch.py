@@ -617,7 +617,9 @@ class SearchSpace(DagSketch):
         1x1 conv with 1024 input channels ran 0.85-0.9x slower (docs/history.md). None: no
         blocking; so too where a chunk would serve one register tile (nothing to reuse), or where a
         pad is copied first and the copy is over a quarter of the panel (its pass cost what the
-        blocking saved: a stride-2 3x3 conv)."""
+        blocking saved: a stride-2 3x3 conv), or where steps of the outermost axis that two would
+        fit a chunk group into none (a prime count of channel blocks: 1040 channels in AVX-512
+        blocked by 16 ran 1.12x the time of whole)."""
         if not self.reduce_axes:
             return None
         panel = self._panel_bytes(tile)
@@ -627,6 +629,8 @@ class SearchSpace(DagSketch):
         first, extent = self.reduce_axes[0]
         per = panel // extent                            # bytes of one step of the outermost axis
         chunk = max(d for d in divisors(extent) if d * per <= PANEL_CHUNK or d == 1)
+        if chunk == 1 < extent and 2 * per <= PANEL_CHUNK:
+            return None      # one small step a chunk (a prime count of blocks): the tile stored every step
         tiles = [-(-e // s3) for e, (_, _, s3) in zip(self.out_shape, tile)]
         new = [list(t) for t in tile]
         new[row][1] = tiles[row]
