@@ -1193,3 +1193,18 @@ def test_a_reduction_over_a_prime_count_of_channel_blocks_is_not_cache_blocked(i
         assert (dec["reduce"] != [1] * len(space.reduce_axes)) == blocked, dec["reduce"]
         if blocked:
             assert dec["reduce"][0] >= 2
+
+
+@settings(max_examples=30, deadline=None)
+@given(blocks=st.integers(17, 66), hw=st.integers(2, 15), kb=st.integers(1, 6), stride=st.sampled_from([1, 2]),
+       layout=st.sampled_from(["NCHW16c", "NCHW8c"]), isa=st.sampled_from(["avx2", "avx512"]),
+       threads=st.sampled_from([1, 2]), residual=st.booleans())
+def test_the_default_1x1_conv_over_many_channels_computes_the_reference_blocked_or_not(
+        blocks, hw, kb, stride, layout, isa, threads, residual):
+    """A 1x1 conv over 272 to 1056 input channels, whose default may block its reduction (chunks of
+    16 KiB of weights, rows of tiles widened, odd and prime counts of blocks, rows that no register
+    tile divides), computes the reference in AVX2 and AVX-512 code at 1 and 2 threads."""
+    assume(isa == "avx2" or host_isa() == "avx512")
+    wl = parse_spec(f"conv2d:N=1,C={16 * blocks},H={hw},W={hw},K={16 * kb},R=1,S=1,stride={stride},bias=1,"
+                    f"relu=1{',residual=1' if residual else ''}", layout)
+    check_schedules([(wl, None)], parse_target(f"cpu -isa={isa} -threads={threads}", check_host=False))
