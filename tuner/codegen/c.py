@@ -672,11 +672,12 @@ def _straight_stores(s: ir.Stmt, conds=()) -> list:
 
 
 def _keeps_loop(s: ir.Stmt, budget: int) -> bool:
-    """Whether `s` is or holds a loop that the C keeps a loop (neither unrolled nor vectorised),
-    under `budget`, the auto_unroll of the loops around it."""
+    """Whether `s` is or holds a loop that the C keeps a loop (of more than one trip, neither
+    unrolled nor vectorised), under `budget`, the auto_unroll of the loops around it."""
     if isinstance(s, ir.For):
         inner = max(budget, s.auto_unroll)
-        return s.kind in ("serial", "parallel") and not unrolled(s, inner) or _keeps_loop(s.body, inner)
+        return (s.kind in ("serial", "parallel") and s.extent > 1 and not unrolled(s, inner)
+                or _keeps_loop(s.body, inner))
     if isinstance(s, ir.Seq):
         return any(_keeps_loop(x, budget) for x in s.stmts)
     return isinstance(s, (ir.IfThen, ir.Allocate, ir.Unswitch)) and _keeps_loop(s.body, budget)
