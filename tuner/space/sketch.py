@@ -617,9 +617,9 @@ class SearchSpace(DagSketch):
         1x1 conv with 1024 input channels ran 0.85-0.9x slower (docs/history.md). None: no
         blocking; so too where a chunk would serve one register tile (nothing to reuse), or where a
         pad is copied first and the copy is over a quarter of the panel (its pass cost what the
-        blocking saved: a stride-2 3x3 conv), or where steps of the outermost axis that two would
-        fit a chunk group into none (a prime count of channel blocks: 1040 channels in AVX-512
-        blocked by 16 ran 1.12x the time of whole)."""
+        blocking saved: a stride-2 3x3 conv), or where the outermost axis's steps are small enough
+        for two to a chunk but no divisor of their count groups them so (a prime count of channel
+        blocks: 1040 channels in AVX-512, blocked one block at a time, ran 1.12x the time of whole)."""
         if not self.reduce_axes:
             return None
         panel = self._panel_bytes(tile)
