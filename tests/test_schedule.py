@@ -473,6 +473,32 @@ def test_a_pad_read_few_times_per_element_is_read_in_place_where_a_conv_with_16_
                         target)
 
 
+@pytest.mark.parametrize("spec, layout", [("conv2d:N=1,C=32,H=14,W=14,K=32,R=3,S=3,stride=2,pad=1,bias=1", "NCHW16c"),
+                                          ("winograd_input:N=1,C=16,H=9,W=9,pad=1,m=4", "NCHW8c")])
+def test_a_pad_copied_first_is_copied_by_every_thread_and_computes_the_reference(spec, layout):
+    """With 2 threads a pad at root runs its outer loops fused in parallel, its channel block
+    whole (a serial copy before the parallel loop kept AVX2's 3x3 convs from scaling), in the
+    tiled and the table sketch alike; with 1 thread it is the loop nest it was."""
+    wl = parse_spec(spec, layout)
+    for threads in (1, 2):
+        target = parse_target(f"cpu -isa=avx2 -threads={threads}", check_host=False)
+        space = SearchSpace(wl, target)
+        (pad,) = space.pads
+        dec = dict(space.default(), pad={pad: "root"})
+        steps = space.steps(dec)
+        spread = [s for s in steps if s[1] == pad and s[0] in ("fuse", "annotate")]
+        if threads == 1:
+            assert spread == []
+            continue
+        axes = [a for a, _ in space._pad_axes[pad]]
+        assert spread[-1][2:] == ["@".join(axes[:len(spread[-1][2].split("@"))]), "parallel"] and axes[-1] not in spread[-1][2]
+        code, _ = generate_c(lower(space.schedule(steps)), target.lanes, threads)
+        assert code.count("#pragma omp parallel for") == 2 and \
+            code.index("#pragma omp parallel for") < code.index(f"{pad}[")
+        if TARGET1.isa in ("avx2", "avx512"):        # AVX2 code runs on this host
+            check_schedules([(wl, steps)], target)
+
+
 @pytest.mark.parametrize("c, hw, r, stride, pixels", [
     (32, 112, 3, 1, LOAD_ACCUMULATORS),
     (144, 56, 3, 2, 7),          # 28 wide: the largest divisor in 8

@@ -672,10 +672,15 @@ class SearchSpace(DagSketch):
         return math.prod(self.out_shape) * math.prod(e for _, e in self.reduce_axes) * 4 / self._pad_bytes
 
     @cached_property
+    def _pad_axes(self) -> dict:
+        """Each pad's (axis, extent) pairs, outermost first."""
+        sch = Schedule(self.inputs, self.output)
+        return {p: [(a.name, a.extent) for a in sch.stage(p).op.axes] for p in self.pads}
+
+    @cached_property
     def _pad_bytes(self) -> int:
         """Bytes of the padded copies of the inputs (what a pad at root writes and the reduction reads)."""
-        sch = Schedule(self.inputs, self.output)
-        return sum(4 * math.prod(a.extent for a in sch.stage(p).op.axes) for p in self.pads)
+        return sum(4 * math.prod(e for _, e in axes) for axes in self._pad_axes.values())
 
     @cached_property
     def _input_reads(self) -> list:
@@ -956,6 +961,7 @@ class SearchSpace(DagSketch):
         if self.target.threads > 1:
             steps.append(["fuse", out, outer])
             steps.append(["annotate", out, "@".join(outer), "parallel"])
+        steps += self._root_pad_steps(dec)
         if dec.get("prefetch"):     # points logged before the decision existed: none
             steps += [["prefetch", local, t] for t in self.prefetched]
         if dec.get("prefetch") == 2:
@@ -1016,7 +1022,7 @@ class SearchSpace(DagSketch):
             if len(spread) > 1:
                 steps.append(["fuse", out, spread])
             steps.append(["annotate", out, "@".join(spread), "parallel"])
-        return steps
+        return steps + self._root_pad_steps(dec)
 
     def _injective_steps(self, dec: dict, inline: bool = True) -> list:
         steps = [["compute_inline", s] for s in self.pads + self.others] if inline else []
@@ -1036,14 +1042,25 @@ class SearchSpace(DagSketch):
         elif dec["unroll"] and vec > 1:
             steps.append(["annotate", out, inner, "unroll"])
         if self.target.threads > 1 and len(outer) > 1:
-            # the outer loops fused until they give each thread PARALLEL_GRAIN iterations; those
-            # inside stay loops, with affine indices (not one vector's div and mod per iteration)
             sizes = [*self.out_shape[:-1], -(-self.out_shape[-1] // vec)]
             if tile > 1:
                 sizes[self.transposed[0]] = -(-sizes[self.transposed[0]] // tile)
-            k = next((k for k in range(1, len(outer)) if math.prod(sizes[:k]) >= PARALLEL_GRAIN * self.target.threads),
-                     len(outer))
-            if k > 1:
-                steps.append(["fuse", out, outer[:k]])
-            steps.append(["annotate", out, "@".join(outer[:k]), "parallel"])
+            steps += self._spread(out, outer, sizes)
         return steps
+
+    def _spread(self, stage: str, loops: list, sizes: list) -> list:
+        """Steps that run `stage`'s `loops` (outermost first, `sizes` iterations each) across the
+        threads: fused until they give each thread PARALLEL_GRAIN iterations; those inside stay
+        loops, with affine indices (not one vector's div and mod per iteration)."""
+        k = next((k for k in range(1, len(loops)) if math.prod(sizes[:k]) >= PARALLEL_GRAIN * self.target.threads),
+                 len(loops))
+        return ([["fuse", stage, loops[:k]]] if k > 1 else []) + [["annotate", stage, "@".join(loops[:k]), "parallel"]]
+
+    def _root_pad_steps(self, dec: dict) -> list:
+        """A pad copied first (`root`) runs across the threads too, its innermost loop (a
+        channel block) whole: a serial copy before the parallel loop was what kept 2-thread AVX2
+        3x3 convs from scaling (docs/history.md)."""
+        if self.target.threads < 2:
+            return []
+        return [s for p in self.pads if dec["pad"][p] == "root" and len(self._pad_axes[p]) > 1
+                for s in self._spread(p, [a for a, _ in self._pad_axes[p][:-1]], [e for _, e in self._pad_axes[p][:-1]])]
