@@ -63,7 +63,7 @@ def main(argv=None) -> int:
         runners = {name: (lambda ins, m=m: m.run(*ins)) for name, m in models.items()}
         runners["onnxruntime"] = onnxruntime_runner(graph, threads, args.model if args.model.endswith(".onnx") else None)
         progress = lambda s: print(f"  {s}", flush=True)     # noqa: E731
-        t = (_fresh({**dirs, "onnxruntime": "onnxruntime"}, args.model, threads, args.rounds, progress) if args.fresh
+        t = (fresh_interleaved({**dirs, "onnxruntime": "onnxruntime"}, args.model, threads, args.rounds, progress) if args.fresh
              else interleaved(runners, inputs, args.rounds, progress=progress))
         med = {k: statistics.median(v) for k, v in t.items()}
         ort = med["onnxruntime"]
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def _fresh(dirs: dict, model: str, threads: int, rounds: int, progress) -> dict:
+def fresh_interleaved(dirs: dict, model: str, threads: int, rounds: int, progress) -> dict:
     """`interleaved`'s {name: [seconds per round]}, each turn a new process (`_turn`)."""
     out, names = {name: [] for name in dirs}, list(dirs)
     for r in range(rounds):

@@ -9,7 +9,7 @@ that compile applies measured first, into a fresh log; shipped plans and records
 (d) with the shipped schedules where any apply to this host (a record of another thread count
 of its ISA, parallelised, included); then all are timed in one run,
 interleaved round by round with ONNX Runtime (default CPU provider, all graph optimisations, the
-same thread count). Prints each variant's compile time (for --quick, with its measuring), median
+same thread count; `--fresh`: each turn in a process of its own, as `bench.artifacts --fresh`). Prints each variant's compile time (for --quick, with its measuring), median
 latency and ratio to ONNX Runtime (the median of each round's paired ratio); writes JSON under
 bench/results/ with the host.
 """
@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.artifacts import fresh_interleaved
 from bench.common import write_results
 from tuner.compare.peers import interleaved, onnxruntime_runner, paired_ratios
 from tuner.compiler import compile_model
@@ -54,9 +55,10 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--quick", type=int, default=8, help="candidates per task for the --quick variant (0: none)")
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--fresh", action="store_true", help="each turn in a new process (bench.artifacts --fresh)")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
-    result = {"rounds": args.rounds, "quick": args.quick, "rows": []}
+    result = {"rounds": args.rounds, "quick": args.quick, "fresh": args.fresh, "rows": []}
     workdir = Path(tempfile.mkdtemp(prefix="bench-untuned-"))
     try:
         for model in args.models.split(","):
@@ -66,7 +68,13 @@ def main(argv=None) -> int:
                 inputs = next(iter(built.values()))[0].random_inputs(seed=1)
                 runners = {name: (lambda ins, m=m: m.run(*ins)) for name, (m, _) in built.items()}
                 runners["onnxruntime"] = onnxruntime_runner(graph, threads, model if model.endswith(".onnx") else None)
-                t = interleaved(runners, inputs, args.rounds, progress=lambda s: print(f"  {s}", flush=True))
+                progress = lambda s: print(f"  {s}", flush=True)     # noqa: E731
+                if args.fresh:
+                    dirs = {name: str(m.save(workdir / f"{Path(model).stem}.t{threads}.{name}"))
+                            for name, (m, _) in built.items()}
+                    t = fresh_interleaved({**dirs, "onnxruntime": "onnxruntime"}, model, threads, args.rounds, progress)
+                else:
+                    t = interleaved(runners, inputs, args.rounds, progress=progress)
                 ort = statistics.median(t["onnxruntime"])
                 print(f"\n{model}, {threads} thread(s), {args.rounds} rounds; ONNX Runtime {ort * 1e3:.2f} ms")
                 for name, (m, secs) in built.items():
