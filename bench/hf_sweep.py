@@ -2,6 +2,7 @@
 
     pip install transformers onnxscript     # not dependencies of tuner
     python -m bench.hf_sweep [--models bert,llama,...] [--mask] [--layers 2] [--threads 1] [--rounds 5] [--torchscript]
+                             [--target "cpu -isa=avx2"]   # another ISA's code where the host runs it
 
 Each model is built from its library's default configuration (cut to --layers layers) with random
 weights, nothing downloaded; its parameters that init leaves constant (norms' ones, zero biases) get
@@ -201,6 +202,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5, help="timing rounds against ONNX Runtime (0: check only)")
     ap.add_argument("--torchscript", action="store_true", help="the TorchScript exporter (opset 17)")
     ap.add_argument("--keep", help="keep the exported .onnx files in this directory")
+    ap.add_argument("--target", default="cpu", help='the compile target, e.g. "cpu -isa=avx2" (default: the host)')
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     unknown = [n for n in args.models.split(",") if n not in MODELS]
@@ -211,10 +213,10 @@ def main(argv=None) -> int:
         d = Path(args.keep or tmp)
         d.mkdir(parents=True, exist_ok=True)
         rows = sweep(args.models.split(","), d, args.threads, args.rounds, export=export, feeds=feeds,
-                     dynamo=not args.torchscript)
+                     dynamo=not args.torchscript, target=args.target)
     ok = sum(r.get("ok", False) for r in rows)
     write_results("hf_sweep", args.out, {"threads": args.threads, "rounds": args.rounds, "layers": args.layers,
-                                         "seq": args.seq, "mask": args.mask, "torchscript": args.torchscript,
+                                         "seq": args.seq, "mask": args.mask, "torchscript": args.torchscript, "target": args.target,
                                          "rows": rows})
     return 0 if ok == len(rows) else 1
 
