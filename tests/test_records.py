@@ -423,3 +423,21 @@ def test_shipped_records_timed_on_this_kind_of_cpu_come_before_the_general_ones(
     assert [p.stem for p in records.shipped_databases(f"cpu -isa={other} -cores=2 -threads=1")] == ["cpu"]
     monkeypatch.setattr(records, "host_kind", lambda: "")
     assert [p.stem for p in records.shipped_databases(TARGET1)] == ["cpu"]
+
+
+@pytest.mark.slow
+def test_the_shipped_generic_schedules_hold_this_versions_code_on_every_isa_this_host_runs():
+    """A change to the C generator leaves the shipped records' times another code's, and every
+    compile of a built-in model then warned that they were (27 of ResNet-50's tasks, for a week).
+    Where this host can time them: `tuner distill tuner/schedules/cpu.jsonl -o
+    tuner/schedules/cpu.jsonl --retime-stale --lower-isa` (docs/records.md)."""
+    from tuner.analysis.distill import _runnable_here
+    from tuner.target import parse_target
+    db = records.load(records.shipped_database(parse_target("cpu")), warn=False)
+    groups: dict = {}
+    for r in db.records:
+        if _runnable_here(r.target, lower_isa=True):
+            groups.setdefault((r.workload.key, records.code_target(r.target)), []).append(r)
+    assert len(groups) > 100
+    stale = [f"{recs[0].workload.spec} {recs[0].target}" for recs in groups.values() if records.best_applicable(recs)[1]]
+    assert stale == [], f"{len(stale)} stale, e.g. {stale[:3]}"
