@@ -670,26 +670,28 @@ def test_a_transform_of_a_blocked_input_defaults_to_vectors_no_wider_than_its_bl
 
 def test_a_winograd_gemm_defaults_to_several_column_vectors_per_broadcast_and_no_batch_position_in_registers():
     """With 32 vector registers a Winograd GEMM's default register tile takes up to 4 vectors of
-    its output channels (each broadcast input feeds them all) by rows of tiles, not its 6x6
-    positions, which both operands read (no reuse); an NCHW16c conv keeps its two channel blocks.
-    With 16 registers (AVX2) 4 vectors by 3 rows (12 accumulators), and an NHWC conv, which has no
-    batch position, keeps one vector by 14 pixels. Values checked where the host has AVX-512."""
+    its output channels (each broadcast input feeds them all) by rows of tiles (the tiles' one
+    axis), not its 6x6 positions, which both operands read (no reuse); an NCHW16c conv keeps its
+    two channel blocks. With 16 registers (AVX2) 4 vectors by 3 rows (12 accumulators), 49 tiles
+    as 16 x 3 + 1 rows, and an NHWC conv, which has no batch position, keeps one vector by 14
+    pixels. Values checked where the host has AVX-512."""
     avx512 = parse_target("cpu -isa=avx512", threads=1, check_host=False)
     cases = []
-    for params, vectors, rows in ((dict(C=64, H=14, W=14, K=64, pad=1, m=4), 4, [1, 4]),
-                                  (dict(C=32, H=7, W=7, K=96, pad=1, m=4), 3, [2, 2])):
+    for params, vectors, rows in ((dict(C=64, H=14, W=14, K=64, pad=1, m=4), 4, 4),
+                                  (dict(C=32, H=7, W=7, K=96, pad=1, m=4), 3, 4)):
         wl = make("winograd_gemm", params, "NHWC")
         space = SearchSpace(wl, avx512)
         tile = space.default()["tile"]
-        assert space.out_axes[:2] == ["a", "b"] and space._batch_axes == {0, 1}
-        assert tile[-1][2] == vectors * 16 and [t[2] for t in tile[:3]] == [1, 1, 1]
-        assert [t[2] for t in tile[3:5]] == rows
+        assert space.out_axes == ["a", "b", "t", "k"] and space._batch_axes == {0, 1}
+        assert tile[-1][2] == vectors * 16 and [t[2] for t in tile[:2]] == [1, 1] and tile[2][2] == rows
         cases.append((wl, space.steps(space.default())))
     conv = SearchSpace(make("conv2d", dict(C=32, H=14, W=14, K=64, R=3, S=3, stride=1, pad=1, bias=1), "NCHW16c"), avx512)
     assert conv._broadcast_vectors() == 0 and [t[2] for t in conv.default()["tile"]][1:] == [2, 1, 14, 16]
     avx2 = parse_target("cpu -isa=avx2", threads=1, check_host=False)
     wl = make("winograd_gemm", dict(C=64, H=14, W=14, K=64, pad=1, m=4), "NHWC")
-    assert [t[2] for t in SearchSpace(wl, avx2).default()["tile"]] == [1, 1, 1, 1, 3, 32]
+    assert [t[2] for t in SearchSpace(wl, avx2).default()["tile"]] == [1, 1, 3, 32]
+    seven = SearchSpace(make("winograd_gemm", dict(C=64, H=14, W=14, K=64, pad=1), "NHWC"), avx2)
+    assert seven.out_shape[2] == 49 and seven.default()["tile"][2] == [1, 1, 3]
     nhwc = make("conv2d", dict(C=64, H=14, W=14, K=64, R=1, S=1, stride=1, pad=0, bias=1), "NHWC")
     assert [t[2] for t in SearchSpace(nhwc, avx2).default()["tile"]] == [1, 1, 14, 8]
     if host_isa() == "avx512":

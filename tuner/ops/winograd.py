@@ -7,6 +7,9 @@ alpha x alpha input window (alpha = m + 2). With the constant matrices B, G, A o
 
     winograd_input   V[a, b, n, th, tw, c] = sum_{r,s} BT[a, r] BT[b, s] x[n, th*m + r, tw*m + s, c]
     winograd_gemm    M[a, b, n, th, tw, k] = sum_c V[a, b, n, th, tw, c] U[a, b, c, k]
+                     (its kernel reads V and writes M with (n, th, tw) as one axis of tiles t,
+                     where they lie in memory alike: a register tile of 3 rows covers 49 tiles as
+                     16 x 3 + 1 where 7 x 7 took 7 x (3 + 3 + 1))
     winograd_output  y[n, h, w, k] = sum_{a,b} AT[h % m, a] AT[w % m, b] M[a, b, n, h / m, w / m, k]
                      (+ bias, residual, activation: the conv2d epilogue)
 
@@ -168,6 +171,17 @@ def output_transform(mm: Tensor, out_h: int, out_w: int, m: int, name: str = "wi
                    table={"oh": m, "ow": m})
 
 
+def tiles_gemm(v: Tensor, u: Tensor, name: str = "winograd_gemm") -> Tensor:
+    """M[a, b, t, k] = sum_c V[a, b, t, c] U[a, b, c, k]: batch_gemm with the tiles (n, th, tw) as
+    one axis, as the kernel computes it."""
+    al, _, t_, c_ = v.shape
+    k_ = u.shape[3]
+    rc = reduce_axis(c_, "rc")
+    return compute(
+        (al, al, t_, k_), lambda a, b, t, k: sum_reduce(v[a, b, t, rc.var] * u[a, b, rc.var, k], [rc]),
+        name, tag="winograd_gemm", inputs=[v, u], axis_names=["a", "b", "t", "k"])
+
+
 def input_ref(x: np.ndarray, pad: int, m: int) -> np.ndarray:
     bt = MATRICES[m][0]
     top, left, bottom, right = tile_pads(x.shape[1], x.shape[2], pad, m)
@@ -178,7 +192,7 @@ def input_ref(x: np.ndarray, pad: int, m: int) -> np.ndarray:
 
 
 def gemm_ref(v: np.ndarray, u: np.ndarray) -> np.ndarray:
-    return np.einsum("abnhwc,abck->abnhwk", v.astype(np.float64), u.astype(np.float64), optimize=True)
+    return np.einsum("ab...c,abck->ab...k", v.astype(np.float64), u.astype(np.float64), optimize=True)
 
 
 def output_ref(mm: np.ndarray, out_h: int, out_w: int, m: int) -> np.ndarray:
@@ -309,10 +323,10 @@ def _wino_input_build(wl):
 
 def _wino_gemm_build(wl):
     p = wl.p
-    al = alpha(p["m"])
-    v = placeholder(_wino_v_shape(p, p["C"]), "data")
+    al, t = _wino_products(p)
+    v = placeholder((al, al, t, p["C"]), "data")       # V's (n, th, tw) as one axis (tiles_gemm)
     u = placeholder((al, al, p["C"], p["K"]), "weight")
-    return [v, u], batch_gemm(v, u)
+    return [v, u], tiles_gemm(v, u)
 
 
 def _wino_output_build(wl):
@@ -396,7 +410,8 @@ register(
                 check=_wino_check, example="winograd_input:C=256,H=14,W=14,pad=1,m=2", layout="NHWC"),
     WorkloadDef(name="winograd_gemm", required=("C", "H", "W", "K"), defaults=dict(_WINO), build=_wino_gemm_build,
                 reference=lambda wl, a: gemm_ref(a[0], a[1]), flops=_wino_gemm_flops, check=_wino_check,
-                example="winograd_gemm:C=256,H=14,W=14,K=256,pad=1,m=2", layout="NHWC"),
+                example="winograd_gemm:C=256,H=14,W=14,K=256,pad=1,m=2", layout="NHWC",
+                key_name="winograd_tiles_gemm"),    # its tiles as one axis: keys apart from the 6-axis kernel's
     WorkloadDef(name="winograd_output", required=("H", "W", "K"), defaults=dict(_WINO, bias=0, relu=0, residual=0),
                 build=_wino_output_build, reference=_wino_output_ref, flops=_wino_output_flops, check=_wino_check,
                 example="winograd_output:H=14,W=14,K=256,pad=1,m=2,bias=1,relu=1", epilogue=True, layout="NHWC"),
