@@ -135,14 +135,15 @@ def input_transform(data: Tensor, pad: int, m: int, name: str = "winograd_input"
 
 
 def batch_gemm(v: Tensor, u: Tensor, name: str = "winograd_gemm") -> Tensor:
-    """M[a, b, n, th, tw, k] = sum_c V[a, b, n, th, tw, c] U[a, b, c, k]."""
-    al, _, n_, th, tw, c_ = v.shape
+    """M[a, b, ..., k] = sum_c V[a, b, ..., c] U[a, b, c, k] over V's tile axes: (n, th, tw) as the
+    graph holds them, or one axis of tiles t as the kernel computes them (_wino_gemm_build)."""
     k_ = u.shape[3]
-    rc = reduce_axis(c_, "rc")
+    rc = reduce_axis(v.shape[-1], "rc")
+    tiles = ["n", "th", "tw"] if len(v.shape) == 6 else ["t"]
     return compute(
-        (al, al, n_, th, tw, k_),
-        lambda a, b, n, y, x, k: sum_reduce(v[a, b, n, y, x, rc.var] * u[a, b, rc.var, k], [rc]),
-        name, tag="winograd_gemm", inputs=[v, u], axis_names=["a", "b", "n", "th", "tw", "k"])
+        (*v.shape[:-1], k_),
+        lambda a, b, *rest: sum_reduce(v[(a, b, *rest[:-1], rc.var)] * u[a, b, rc.var, rest[-1]], [rc]),
+        name, tag="winograd_gemm", inputs=[v, u], axis_names=["a", "b", *tiles, "k"])
 
 
 def output_transform(mm: Tensor, out_h: int, out_w: int, m: int, name: str = "winograd_output",
@@ -169,17 +170,6 @@ def output_transform(mm: Tensor, out_h: int, out_w: int, m: int, name: str = "wi
     return compute(shape, lambda n, kk, y, x, kb: value(n, y, x, kk * b + kb), name,
                    tag="winograd_output", inputs=[mm], axis_names=["n", "kk", "oh", "ow", "kb"],
                    table={"oh": m, "ow": m})
-
-
-def tiles_gemm(v: Tensor, u: Tensor, name: str = "winograd_gemm") -> Tensor:
-    """M[a, b, t, k] = sum_c V[a, b, t, c] U[a, b, c, k]: batch_gemm with the tiles (n, th, tw) as
-    one axis, as the kernel computes it."""
-    al, _, t_, c_ = v.shape
-    k_ = u.shape[3]
-    rc = reduce_axis(c_, "rc")
-    return compute(
-        (al, al, t_, k_), lambda a, b, t, k: sum_reduce(v[a, b, t, rc.var] * u[a, b, rc.var, k], [rc]),
-        name, tag="winograd_gemm", inputs=[v, u], axis_names=["a", "b", "t", "k"])
 
 
 def input_ref(x: np.ndarray, pad: int, m: int) -> np.ndarray:
@@ -324,9 +314,9 @@ def _wino_input_build(wl):
 def _wino_gemm_build(wl):
     p = wl.p
     al, t = _wino_products(p)
-    v = placeholder((al, al, t, p["C"]), "data")       # V's (n, th, tw) as one axis (tiles_gemm)
+    v = placeholder((al, al, t, p["C"]), "data")       # V's (n, th, tw) as one axis of tiles
     u = placeholder((al, al, p["C"], p["K"]), "weight")
-    return [v, u], tiles_gemm(v, u)
+    return [v, u], batch_gemm(v, u)
 
 
 def _wino_output_build(wl):
