@@ -10,9 +10,9 @@ pair's paired ratio, and whether two artifacts hold the same library (the same g
 library's name is a hash of its source); writes JSON under bench/results/.
 
 --fresh: every turn in a process of its own (a new load of the artifact, or a new ONNX Runtime
-session), in the same rotated order. In one process a 2-thread artifact kept a slow state for the
-whole run in some loads (1.2x its time in a fresh process, every round, while the others were not):
-one process per turn makes that a sample among many, not the run's verdict.
+session), in the same rotated order. On a shared host a process's 2-thread timings can sit 1.2-1.3x
+off another's (one artifact: 37-48 ms from process to process): one process per turn makes each
+process's state one sample among many, not the run's verdict.
 """
 from __future__ import annotations
 
