@@ -102,12 +102,12 @@ def fresh_interleaved(dirs: dict, model: str, threads: int, rounds: int, progres
 def _turn(model: str, where: str, threads: str, inputs_dir: str) -> int:
     """One --fresh turn: an artifact, or ONNX Runtime at `threads`, loaded, warmed up and timed on
     the inputs that artifact `inputs_dir` draws (as in one process); prints seconds per call."""
-    inputs = load(inputs_dir).random_inputs(seed=1)
     if where == "onnxruntime":
+        inputs = load(inputs_dir).random_inputs(seed=1)
         fn = onnxruntime_runner(load_graph(model), int(threads), model if model.endswith(".onnx") else None)
     else:
         m = load(where)
-        fn = lambda ins: m.run(*ins)      # noqa: E731
+        inputs, fn = m.random_inputs(seed=1), (lambda ins: m.run(*ins))   # the same draw: one model's shapes
     for _ in range(4):
         fn(inputs)
     print(time_call(fn, inputs, min_seconds=0.5))

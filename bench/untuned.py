@@ -9,9 +9,10 @@ that compile applies measured first, into a fresh log; shipped plans and records
 (d) with the shipped schedules where any apply to this host (a record of another thread count
 of its ISA, parallelised, included); then all are timed in one run,
 interleaved round by round with ONNX Runtime (default CPU provider, all graph optimisations, the
-same thread count; `--fresh`: each turn in a process of its own, as `bench.artifacts --fresh`). Prints each variant's compile time (for --quick, with its measuring), median
-latency and ratio to ONNX Runtime (the median of each round's paired ratio); writes JSON under
-bench/results/ with the host.
+same thread count; `--fresh`: each turn in a process of its own, as `bench.artifacts --fresh`).
+Prints each variant's compile time (for --quick, with its measuring), median latency and ratio to
+ONNX Runtime (the median of each round's paired ratio); writes JSON under bench/results/ with the
+host.
 """
 from __future__ import annotations
 

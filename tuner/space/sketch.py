@@ -1060,7 +1060,10 @@ class SearchSpace(DagSketch):
         """A pad copied first (`root`) runs across the threads too, its innermost loop (a
         channel block) whole: a serial copy before the parallel loop was what kept 2-thread AVX2
         3x3 convs from scaling (docs/history.md)."""
-        if self.target.threads < 2:
-            return []
-        return [s for p in self.pads if dec["pad"][p] == "root" and len(self._pad_axes[p]) > 1
-                for s in self._spread(p, [a for a, _ in self._pad_axes[p][:-1]], [e for _, e in self._pad_axes[p][:-1]])]
+        steps = []
+        for p in self.pads:
+            outer = self._pad_axes[p][:-1]
+            if self.target.threads > 1 and dec["pad"][p] == "root" and outer:
+                names, sizes = zip(*outer)
+                steps += self._spread(p, list(names), list(sizes))
+        return steps
