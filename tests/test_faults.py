@@ -759,3 +759,18 @@ def test_a_logged_layout_that_is_no_layout_is_reported_not_a_traceback(tmp_path)
     log.write_text(json.dumps(rec) + "\n")
     rep = analyze(str(log))
     assert len(rep.tasks) == 1 and math.isnan(rep.tasks[0].flops)
+
+
+def test_distill_leaves_out_records_of_a_workload_this_version_defines_otherwise_and_says_so(tmp_path):
+    """A record whose key is not the one this version gives its spec (an operator redefined since it
+    was logged) can apply to no compile: distill leaves it out, warns with the count, and keeps the
+    others."""
+    log = tmp_path / "log.jsonl"
+    ok = _valid_record(cost=2e-6)
+    moved = dict(ok, workload=dict(ok["workload"], key="0123456789abcdef"))
+    log.write_text(json.dumps(ok) + "\n" + json.dumps(moved) + "\n")
+    out = tmp_path / "db.jsonl"
+    with pytest.warns(UserWarning, match=r"1 task\(s\) whose workload this version defines otherwise \(conv2d"):
+        assert distill([str(log)], str(out)) == 1
+    (kept,) = records.load(out).records
+    assert kept.workload.key == SMALL.key

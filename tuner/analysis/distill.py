@@ -14,6 +14,10 @@ A task none of whose records replay (code an older version generated differently
 fastest record as it is, stale, unless `retime_stale`: then, where this host can run it, its
 steps are built as this version's code and timed (policy "retimed", the new code's hash).
 
+A record whose workload key is not the one this version gives its spec and layout (an operator
+redefined, such as the Winograd GEMM over one axis of tiles) can apply to no compile: distill
+leaves it out and warns with the count; tune those workloads again.
+
 A layout plan is solved against the defaults of its day too: with `check_plans`, each model's
 plan that this host can run is timed whole against the untuned compile's plan, both with the
 records kept, and the faster stays (recheck_plan): a plan an older version tuned can lose to a
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import functools
 import os
 import statistics
 import warnings
@@ -30,9 +35,25 @@ import warnings
 from .. import __version__
 from ..build import Kernel
 from ..database import records
+from ..errors import UserError
 from ..ops import parse_spec
 from ..target import ISAS, host_cores, host_isa, host_kind, parse_target
 from ..task import Task
+
+
+@functools.lru_cache(maxsize=None)
+def _key_now(spec: str, layout: str) -> str | None:
+    """The workload key this version gives `spec` in `layout` (None: it reads no such workload)."""
+    try:
+        return parse_spec(spec, layout).key
+    except (UserError, ValueError):
+        return None
+
+
+def _disowned(rec) -> bool:
+    """Whether this version gives `rec`'s spec and layout another workload key than its own."""
+    now = _key_now(rec.workload.spec, rec.workload.layout)
+    return now is not None and now != rec.workload.key
 
 
 def _runnable_here(target: str, lower_isa: bool = False) -> bool:
@@ -113,9 +134,13 @@ def distill(logs: list, out: str, remeasure_top: int = 0, rounds: int = 5, progr
     plans: dict = {}
     given: set = set()
     given_plans: set = set()
+    disowned: dict = {}
     for i, path in enumerate(list(logs) + [out]):
         contents = records.load(path, warn=False)
         for rec in contents.records:
+            if _disowned(rec):
+                disowned.setdefault(rec.workload.spec.split(":")[0], set()).add(rec.task_key)
+                continue
             by_task.setdefault(rec.task_key, []).append(rec)
             if i < len(logs):
                 given.add(rec.task_key)
@@ -127,6 +152,10 @@ def distill(logs: list, out: str, remeasure_top: int = 0, rounds: int = 5, progr
                 plans[key] = p
             if i < len(logs):
                 given_plans.add(key)
+    if disowned:
+        warnings.warn(f"left out the records of {sum(map(len, disowned.values()))} task(s) whose workload this version "
+                      f"defines otherwise ({', '.join(sorted(disowned))}: their keys changed); no compile applies them: "
+                      "tune those workloads again", stacklevel=2)
     best = []
     for n, (key, recs) in enumerate(by_task.items(), 1):
         here = _runnable_here(recs[0].target, lower_isa) and (not only_given or key in given)
@@ -185,7 +214,6 @@ def recheck_plan(plan: records.PlanRecord, log: str, rounds: int = 5, progress=N
     plan, a model that is no built-in one or file here, or another version of it (its hash)."""
     from ..compiler import compile_model
     from ..compiler.compile_model import DEFAULT_LAYOUT
-    from ..errors import UserError
     from ..graph import load
     from ..graph.ir import graph_digest
     from ..graph.layout_plan import default_plan, winograd_convs
