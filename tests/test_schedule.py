@@ -698,6 +698,24 @@ def test_a_winograd_gemm_defaults_to_several_column_vectors_per_broadcast_and_no
         check_schedules(cases, avx512)
 
 
+def test_a_winograd_gemm_whose_weights_at_a_position_outgrow_l2_passes_all_its_rows_over_each_column_panel():
+    """Where one position's weights reach half of RESIDENT_BYTES (512 x 256 and wider), the default
+    puts every row tile inside each column tile, so that the column's panel stays in cache; with
+    more threads than the outer tiles then feed 4 each, some row tiles stay outside. Narrower
+    weights, which L2 holds, keep the rows outside. Both compute the reference (AVX2 code, which
+    every host that runs the tests runs)."""
+    def target(threads):
+        return parse_target(f"cpu -isa=avx2 -cores={threads}", threads=threads, check_host=False)
+    wide = make("winograd_gemm", dict(C=512, H=6, W=6, K=256, pad=1), "NHWC")      # 16 positions, 9 rows
+    narrow = make("winograd_gemm", dict(C=256, H=6, W=6, K=256, pad=1), "NHWC")
+    assert SearchSpace(wide, target(1))._batch_constant_bytes == 512 * 256 * 4
+    assert SearchSpace(wide, target(1)).default()["tile"][2] == [3, 1, 3]
+    assert SearchSpace(wide, target(2)).default()["tile"][2] == [3, 1, 3]
+    assert SearchSpace(wide, target(64)).default()["tile"][2] == [2, 1, 3]      # 16 x 8 outer tiles < 4 x 64
+    assert SearchSpace(narrow, target(1)).default()["tile"][2] == [1, 1, 3]
+    check_schedules([(wide, None), (narrow, None)], parse_target("cpu -isa=avx2", threads=2))
+
+
 def test_two_threads_split_the_larger_operand_of_a_conv_first_and_both_orders_compute_the_reference():
     """At 2 threads the fused parallel loop runs the outer tiles of the axes that index only the
     activation (rows, columns) first where the activation outweighs the weights, so each thread

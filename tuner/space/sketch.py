@@ -529,7 +529,7 @@ class SearchSpace(DagSketch):
                 # by rows or blocks, MobileNetV3's 5x5 ones at 14x14 0.54x the time of 14 whole
                 cap = enough = LOAD_ACCUMULATORS
                 rest, padded = [d for d in rest if d not in self._batch_axes], set()
-            guarded = False      # 16 registers: the row in tiles of what the accumulators leave, the last guarded
+            guarded, vectors = False, 0     # 16 registers: the row in tiles of what the accumulators leave, the last guarded
             # with no axis to pair but a broadcast read, a vector axis of 2 to 4 whole vectors (a
             # conv's single 16-channel block) is taken whole per broadcast in the 16-register tile
             # below (0.56x the time of 14 pixels by one vector on MobileNetV2's 32 -> 16 1x1 conv)
@@ -566,6 +566,17 @@ class SearchSpace(DagSketch):
                 tile[d][2] = (min(shape[d], cap // acc) if guarded and d == row
                               else register_length(shape[d], cap // acc, d in padded))
                 acc *= tile[d][2]
+            if vectors and self._batch_axes and self._batch_constant_bytes >= RESIDENT_BYTES // 2:
+                # a batched GEMM (a Winograd GEMM's positions) whose weights per position outgrow
+                # a core's share of L2: every row tile inside each column tile, as a GEMM's
+                # (_gemm_tile), so that the column's panel stays in cache while the rows pass over
+                # it rather than each row tile streaming the position's weights again (VGG's 512 x
+                # 512 ones in AVX2 code: 0.77-0.80x the time in the model; with 256 x 256 or
+                # less, where L2 holds them, 1.10-1.17x: docs/history.md); as many row tiles kept
+                # outside as give each thread 4 outer iterations
+                outer = math.prod(-(-e // t[2]) for d, (e, t) in enumerate(zip(shape, tile)) if d != row)
+                split = -(-4 * self.target.threads // outer) if self.target.threads > 1 else 1
+                tile[row][0] = -(-shape[row] // (tile[row][2] * split))
             if pair is not None and wide_regs and acc < enough:
                 # a short row (7, 17, 35 or 8 wide: 7, 9, 7 or 8 pixels) leaves registers: 3 or 4
                 # blocks of the broadcast axis, each broadcast feeding as many FMAs, where the
@@ -872,6 +883,13 @@ class SearchSpace(DagSketch):
             tile[-2] = [1, 1, r]
         else:
             tile[-2] = [-(-self.out_shape[-2] // r), 1, r]
+
+    @cached_property
+    def _batch_constant_bytes(self) -> int:
+        """Bytes of the constants per step of the batch axes (a Winograd GEMM's weights at one of
+        its positions)."""
+        batch = math.prod(self.out_shape[d] for d in self._batch_axes)
+        return 4 * self._input_elements(True) // max(1, batch)
 
     @cached_property
     def _columns_inside(self) -> bool:
