@@ -17,7 +17,7 @@ from tuner.schedule.schedule import Schedule, ScheduleError, replay
 from tuner.space.mutation import mutate
 from tuner.schedule import ir
 from tuner.schedule.ir import vector_split
-from tuner.space.sketch import COPY_READS, LOAD_ACCUMULATORS, PAD_PLACES, SearchSpace
+from tuner.space.sketch import COPY_READS, LOAD_ACCUMULATORS, PAD_PLACES, SearchSpace, guarded_length
 from tuner.target import host_isa, parse_target
 from tuner.task import Task
 from tuner.te.expr import Cmp, Const, FloorDiv, FloorMod, Select, Var, coefficient, simplify, walk
@@ -417,6 +417,17 @@ def test_the_default_avx512_conv_tile_keeps_borders_out_of_its_rows_and_fills_sh
             check_schedules([(wl, space.steps(dec))], target)
 
 
+def test_a_row_is_cut_into_register_tiles_that_keep_enough_fmas_in_flight():
+    """With 16 registers (12 accumulators) a row's tiles, the last guarded, are as long as take the
+    fewest FMA cycles, a tile under LATENCY_ACCUMULATORS accumulators waiting on their latency: by
+    2 vectors 7 as 4 + 3 (not 6 + 1, whose last tile waits on 2 FMAs) and 14 as 5 + 5 + 4; by 4
+    vectors 3 pixels wide whatever the row (2 by 4 vectors ran slower); a row shorter than the room
+    whole; never past it."""
+    assert [guarded_length(n, 2, 12) for n in (7, 14, 28, 56)] == [4, 5, 6, 6]
+    assert {guarded_length(n, 4, 12) for n in (7, 14, 16, 28, 49, 56, 196, 784)} == {3}
+    assert guarded_length(5, 2, 12) == 5 and guarded_length(7, 1, 12) == 7 and guarded_length(9, 16, 12) == 1
+
+
 @pytest.mark.parametrize("spec, layout, tile, chunk", [
     ("C=256,H=56,W=56,K=64,R=1,S=1,pad=0", "NCHW16c", (2, 3, 16), 1),     # 2 vectors of a block by 2 blocks
     ("C=512,H=7,W=7,K=512,R=3,S=3,pad=1", "NCHW16c", (2, 3, 16), 1),      # 7 as 3 + 3 + 1
@@ -424,7 +435,9 @@ def test_the_default_avx512_conv_tile_keeps_borders_out_of_its_rows_and_fills_sh
     ("C=512,H=28,W=28,K=128,R=1,S=1,pad=0", "NCHW8c", (4, 3, 8), 16),     # blocked: 128 channels a chunk
     ("C=256,H=14,W=14,K=256,R=3,S=3,pad=1", "NCHW8c", (4, 3, 8), 1),      # one vector a block: 4 blocks
     ("C=64,H=14,W=14,K=24,R=1,S=1,pad=0", "NCHW8c", (1, 14, 8), 1),       # 3 blocks: none paired
-    ("C=64,H=14,W=14,K=48,R=1,S=1,pad=0", "NCHW16c", (1, 6, 16), 1),      # 3 blocks: a block's 2 vectors by 6
+    ("C=64,H=14,W=14,K=48,R=1,S=1,pad=0", "NCHW16c", (1, 5, 16), 1),      # 3 blocks: a block's 2 vectors, 14 as 5+5+4
+    ("C=64,H=7,W=7,K=48,R=1,S=1,pad=0", "NCHW16c", (1, 4, 16), 1),        # 7 as 4 + 3, not 6 + 1
+    ("C=64,H=28,W=28,K=48,R=1,S=1,pad=0", "NCHW16c", (1, 6, 16), 1),      # 28 as 6 x 4 + 4
     ("C=32,H=28,W=28,K=16,R=1,S=1,pad=0", "NCHW16c", (1, 6, 16), 1),      # one block
     ("C=64,H=2,W=2,K=64,R=1,S=1,pad=0", "NCHW16c", (2, 2, 16), 1),        # a row of 2: the rows fill the rest
 ])
@@ -432,7 +445,8 @@ def test_the_default_avx2_conv_tile_feeds_four_vectors_from_each_broadcast_by_th
     """With 16 vector registers, a conv whose input element is broadcast to several output channel
     blocks holds the block's whole vectors and as many blocks as make 4 vectors per broadcast, by 3
     pixels of the row (the last tile guarded), reversed: 12 accumulators at most, the pad copied
-    first; with no pair of blocks, a block of 2 vectors by 6 pixels. The reduction is blocked in
+    first; with no pair of blocks, a block of 2 vectors by up to 6 pixels, as many as take the
+    fewest FMA cycles over the row (guarded_length). The reduction is blocked in
     chunks of 16 KiB of weights where a register tile's weights outgrow L1 (an unpadded conv), the
     tile then widened to whole rows. Each computes the reference where this host runs AVX2."""
     wl = parse_spec(f"conv2d:N=1,{spec},stride=1,bias=1,relu=1", layout)

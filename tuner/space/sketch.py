@@ -90,6 +90,7 @@ PANEL_CHUNK = 16 * 1024      # ... into chunks of this panel, each kept in L1 wh
 TILE_ROWS = 7                # rows of register tiles that one chunk serves, at most
 BLOCKED_TILE_BYTES = 32 * 1024   # ... and the local tile they accumulate
 LOAD_ACCUMULATORS = 8       # with 16 registers, a tile whose every FMA loads its operands (a depthwise conv)
+LATENCY_ACCUMULATORS = 8    # independent FMAs that hide an FMA's latency: 4 cycles on 2 pipes
 COPY_READS = 100            # with 16 registers a pad read fewer times per element than this is not copied first
 PAD_PLACES = ("inline", "root", "tile", "interior")   # where a pad producer is computed (tile: per output tile)
 PREFETCH_LEVELS = (0, 1, 2)     # decision `prefetch`: none, the weights' next panel, that and the activation's next tile
@@ -102,6 +103,25 @@ BLOCK_PLACES = ("outside", "inside")   # a table sketch's channel-block loop: ou
 # what steps() and their replay raise for decisions that are no point of a space (another
 # target's, an older version's, a hand-edited log's)
 FOREIGN = (ScheduleError, KeyError, IndexError, TypeError, ValueError)
+
+
+def guarded_length(extent: int, per: int, cap: int) -> int:
+    """The register tiles' length along a row of `extent`, the last tile guarded, each position
+    `per` accumulators, at most `cap` in a tile: the one that takes the fewest FMA cycles, a tile of
+    `a` accumulators costing max(a, LATENCY_ACCUMULATORS) + 1 a reduction step (throughput, else
+    the FMAs' latency, and the tile's stores); of equal costs the longest. With AVX2's 12
+    accumulators by 2 vectors a row of 7 goes as 4 + 3 rather than 6 + 1, whose last tile waits
+    on its 2 FMAs' latency (RegNetX's 400-channel 1x1 convs at 7x7: 0.83x the time), 14 as 5 + 5 + 4
+    (0.93x). Tiles of more vectors fill the room: by 4 (a Winograd GEMM's columns) a row of 16 in
+    tiles of 2 ran 1.3x the time of 3 + 3 + 3 + 3 + 3 + 1, against the 0.97x this count predicts."""
+    room = max(1, min(extent, cap // per))
+    if per > 2:
+        return room
+
+    def cycles(r: int) -> int:
+        full, rest = divmod(extent, r)
+        return full * (max(r * per, LATENCY_ACCUMULATORS) + 1) + (rest > 0) * (max(rest * per, LATENCY_ACCUMULATORS) + 1)
+    return min(range(room, 0, -1), key=cycles)
 
 
 def register_length(extent: int, fit: int, padded: bool = False) -> int:
@@ -563,7 +583,7 @@ class SearchSpace(DagSketch):
             for d in [row] + rest:
                 if acc >= enough:
                     break
-                tile[d][2] = (min(shape[d], cap // acc) if guarded and d == row
+                tile[d][2] = (guarded_length(shape[d], acc, cap) if guarded and d == row
                               else register_length(shape[d], cap // acc, d in padded))
                 acc *= tile[d][2]
             if vectors and self._batch_axes and self._batch_constant_bytes >= RESIDENT_BYTES // 2:
