@@ -727,6 +727,7 @@ def test_a_winograd_gemm_whose_weights_at_a_position_outgrow_l2_passes_all_its_r
     assert SearchSpace(wide, target(2)).default()["tile"][2] == [3, 1, 3]
     assert SearchSpace(wide, target(64)).default()["tile"][2] == [2, 1, 3]      # 16 x 8 outer tiles < 4 x 64
     assert SearchSpace(narrow, target(1)).default()["tile"][2] == [1, 1, 3]
+    assert all(s.valid(s.default()) for s in (SearchSpace(w, target(t)) for w in (wide, narrow) for t in (1, 64)))
     check_schedules([(wide, None), (narrow, None)], parse_target("cpu -isa=avx2", threads=2))
 
 
