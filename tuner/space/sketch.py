@@ -595,7 +595,7 @@ class SearchSpace(DagSketch):
                 # less, where L2 holds them, 1.10-1.17x: docs/history.md); as many row tiles kept
                 # outside as give each thread 4 outer iterations
                 outer = math.prod(-(-e // t[2]) for d, (e, t) in enumerate(zip(shape, tile)) if d != row)
-                split = -(-4 * self.target.threads // outer) if self.target.threads > 1 else 1
+                split = -(-self._outer_tiles_needed // outer)
                 tile[row][0] = -(-shape[row] // (tile[row][2] * split))
             if pair is not None and wide_regs and acc < enough:
                 # a short row (7, 17, 35 or 8 wide: 7, 9, 7 or 8 pixels) leaves registers: 3 or 4
@@ -670,9 +670,8 @@ class SearchSpace(DagSketch):
             d = max(rows, key=lambda d: (self.out_shape[d], d))
             floats = math.prod(s2 * s3 for _, s2, s3 in new)
             outer = math.prod(t // s2 for t, (_, s2, _) in zip(tiles, new))
-            need = 4 * self.target.threads if self.target.threads > 1 else 1
             fits = [x for x in divisors(tiles[d]) if x <= TILE_ROWS and floats * x * 4 <= BLOCKED_TILE_BYTES
-                    and outer // x >= need]
+                    and outer // x >= self._outer_tiles_needed]
             new[d][1] = max(fits, default=1)
         if math.prod(s2 for _, s2, _ in new) < 2:
             return None
@@ -903,6 +902,12 @@ class SearchSpace(DagSketch):
             tile[-2] = [1, 1, r]
         else:
             tile[-2] = [-(-self.out_shape[-2] // r), 1, r]
+
+    @property
+    def _outer_tiles_needed(self) -> int:
+        """Outer tiles a default that moves tiles inward keeps outside: 4 per thread where there
+        are several, so that the fused parallel loop still feeds them all."""
+        return 4 * self.target.threads if self.target.threads > 1 else 1
 
     @cached_property
     def _batch_constant_bytes(self) -> int:
