@@ -53,17 +53,17 @@ def test_every_unary_op_compiles_to_what_onnxruntime_computes(tmp_path, tmp_cach
 
 @pytest.fixture(scope="module")
 def vector_math():
-    """The PRELUDE's W-lane erf, tanh and exp, each over an array, built for this host."""
+    """The PRELUDE's W-lane erf, tanh, exp and sigmoid, each over an array, built for this host."""
     import ctypes
     from tuner.codegen.c import PRELUDE
     from tuner.target import parse_target
     from tuner.toolchain.cc import compile_library
     loops = "".join(f"void {f}{w}(const float* a, float* b, int n) {{ for (int i = 0; i < n; i += {w}) "
                     f"*(f32x{w}*)&b[i] = tuner_{f}{w}(*(const f32x{w}*)&a[i]); }}\n"
-                    for f in ("erf", "tanh", "exp") for w in (4, 8, 16))
+                    for f in ("erf", "tanh", "exp", "sigmoid") for w in (4, 8, 16))
     loops += "".join(f"unsigned {f}{w}_flags(const float* a, float* b, int n) {{ "        # MXCSR's exception flags
                      f"__builtin_ia32_ldmxcsr(__builtin_ia32_stmxcsr() & ~0x3fu); {f}{w}(a, b, n); "
-                     "return __builtin_ia32_stmxcsr() & 0x3fu; }\n" for f in ("erf", "tanh", "exp") for w in (4, 8, 16))
+                     "return __builtin_ia32_stmxcsr() & 0x3fu; }\n" for f in ("erf", "tanh", "exp", "sigmoid") for w in (4, 8, 16))
     path, err = compile_library(PRELUDE + loops, list(parse_target("cpu -threads=1").cflags))
     assert err is None, err
     lib = ctypes.CDLL(path)
@@ -97,6 +97,8 @@ def test_vector_erf_tanh_and_exp_of_normal_floats_touch_no_subnormal(vector_math
     x = np.where(np.abs(x) < 1e-15, 0, x).astype(np.float32)
     x[:4] = [-87.3, -87.0, -60.5, 88.0]
     assert vector_math(f"exp{lanes}_flags", x) & 0x12 == 0, x
+    x[:4] = [-86.0, -85.9, 86.0, 1e30]
+    assert vector_math(f"sigmoid{lanes}_flags", x) & 0x12 == 0, x
 
 
 @settings(max_examples=200, deadline=None)
@@ -119,6 +121,21 @@ def test_vector_erf_tanh_and_exp_are_the_exact_functions_rounded_at_every_float(
     assert np.array_equal(np.isnan(got), np.isnan(x))
     assert (err <= 2e-7 * ref)[normal].all(), (x[normal], got[normal] / ref[normal] - 1)
     assert (got[x > 88.73] == np.inf).all() and (got[x < -87.34] <= 1.2e-38).all()
+
+
+@settings(max_examples=200, deadline=None)
+@given(xs=FLOATS, lanes=st.sampled_from([4, 8, 16]))
+def test_vector_sigmoid_is_the_exact_function_rounded_at_every_float_and_0_below_minus_86(vector_math, xs, lanes):
+    x = np.array(xs, np.float32)
+    x[:3] = [-86.0, np.nextafter(np.float32(-86), np.float32(-100)), -np.inf]
+    got = vector_math(f"sigmoid{lanes}", x)
+    with np.errstate(over="ignore"):
+        ref = 1 / (1 + np.exp(-x.astype(np.float64)))
+    assert np.array_equal(np.isnan(got), np.isnan(x))
+    kept = ~np.isnan(x) & (x >= -86)
+    assert kept.sum() >= 1
+    assert (np.abs(got - ref)[kept] <= 3e-7 * ref[kept]).all(), (x[kept], got[kept] / ref[kept] - 1)
+    assert (got[x < -86] == 0).all() and got[1] == 0 and got[2] == 0 and got[0] > 0
 
 
 @pytest.mark.parametrize("act, call", [("gelu", "erf"), ("gelu_tanh", "tanh")])

@@ -71,7 +71,7 @@ static inline float tuner_fmin(float a, float b) { return (!(a >= b) && b == b) 
 #endif
 #define TUNER_VABS(W, x) ((f32x##W)((i32x##W)(x) & 0x7fffffff))
 #define TUNER_VCLAMP(W, x, lo, hi) TUNER_VMIN##W((f32x##W){0} + (hi), TUNER_VMAX##W((f32x##W){0} + (lo), x))
-/* erf, tanh and exp of W lanes, for vectorised loops (the C library's are called lane by lane).
+/* erf, tanh, exp and sigmoid of W lanes, for vectorised loops (the C library's are called lane by lane).
    erf: x P(x^2) / Q(x^2) on [-4, 4], where float erf is +-1 beyond (the rational approximation
    Eigen and XLA use), 4.2e-7 from erf at most. tanh: likewise on [-7.9, 7.9], x itself below
    0.0004, 3.9e-7 at most. exp: 2^n e^r with n = round(x / ln 2) and
@@ -79,7 +79,11 @@ static inline float tuner_fmin(float a, float b) { return (!(a >= b) && b == b) 
    most; y 2^n by AVX-512's scalef, else as two powers made in the exponent bits, so that x up to
    88.8 (clamped there) overflows to inf in the product; 0 below the normal floats (y zeroed before
    the scaling, which is slow where it makes a subnormal; only an |x| below 1e-19, whose square
-   is subnormal, still makes one); NaN stays NaN in all three.
+   is subnormal, still makes one). sigmoid: 1 / (1 + e^-x), e^-x = 2^n e^r by the same
+   polynomial (in -r: its odd terms negated, so x is not), x clamped to [-86, 86] so that 2^n is n
+   added to e^r's exponent bits, n's bits read from the rounding's magic sum (three operations,
+   where exp's two powers take nine, and no select for underflow: 2^-124 e^r is normal); 0 below
+   -86 (exactly, so that SiLU of -inf is NaN as x / (1 + e^-x) makes it). NaN stays NaN in all four.
    Polynomials are evaluated in pairs of terms (Estrin), not term by term (Horner): the chain of
    dependent operations, which bounds how many of these run at once, is about half as long. Their
    |x| is raised to 1e-4 (erf: under half an ulp of the quotient) and 0.0004 (tanh, which returns x
@@ -105,14 +109,25 @@ static inline f32x##W tuner_tanh##W(f32x##W x) { \\
   f32x##W t = (f32x##W)((i32x##W)(a * p / q) | ((i32x##W)c & (int)0x80000000)); \\
   return TUNER_VSEL(W, ax < 0.0004f, x, t); \\
 } \\
+static inline f32x##W tuner_exp_r##W(f32x##W q, float s) { \\
+  f32x##W q2 = q * q; \\
+  f32x##W p01 = q * (s * 1.9875691500e-4f) + 1.3981999507e-3f, p23 = q * (s * 8.3334519073e-3f) + 4.1665795894e-2f; \\
+  f32x##W p = (p01 * q2 + p23) * q2 + (q * (s * 1.6666665459e-1f) + 5.0000001201e-1f); \\
+  return p * q2 + q * s + 1.0f; \\
+} \\
 static inline f32x##W tuner_exp##W(f32x##W x) { \\
   f32x##W c = TUNER_VCLAMP(W, x, -87.3365479f, 88.8f); \\
   f32x##W n = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f; \\
-  f32x##W r = c - n * 0.693359375f + n * 2.12194440e-4f, r2 = r * r; \\
-  f32x##W p01 = r * 1.9875691500e-4f + 1.3981999507e-3f, p23 = r * 8.3334519073e-3f + 4.1665795894e-2f; \\
-  f32x##W p = (p01 * r2 + p23) * r2 + (r * 1.6666665459e-1f + 5.0000001201e-1f); \\
-  f32x##W y = tuner_pow2_##W(TUNER_VSEL(W, x < -87.3365479f, (f32x##W){0}, p * r2 + r + 1.0f), n); \\
+  f32x##W y = tuner_exp_r##W(c - n * 0.693359375f + n * 2.12194440e-4f, 1.0f); \\
+  y = tuner_pow2_##W(TUNER_VSEL(W, x < -87.3365479f, (f32x##W){0}, y), n); \\
   return TUNER_VSEL(W, x == x, y, x); \\
+} \\
+static inline f32x##W tuner_sigmoid##W(f32x##W x) { \\
+  f32x##W c = TUNER_VCLAMP(W, x, -86.0f, 86.0f); \\
+  f32x##W f = c * -1.44269504088896341f + 12582912.0f, n = f - 12582912.0f; \\
+  f32x##W y = tuner_exp_r##W(c + n * 0.693359375f - n * 2.12194440e-4f, -1.0f); \\
+  f32x##W e = (f32x##W)((i32x##W)y + ((i32x##W)f << 23)); \\
+  return (f32x##W)((i32x##W)(1.0f / (1.0f + e)) & ~(x < -86.0f)); \\
 }
 #define TUNER_POW2(W) static inline f32x##W tuner_pow2_##W(f32x##W y, f32x##W n) { \\
   i32x##W k = __builtin_convertvector(n, i32x##W), h = k >> 1; \\
@@ -128,13 +143,14 @@ TUNER_POW2(4)
 TUNER_VMATH(16)
 TUNER_VMATH(8)
 TUNER_VMATH(4)
+static inline float tuner_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 static inline int tuner_floordiv(int a, int b) { int q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
 static inline int tuner_floormod(int a, int b) { int r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 """
 
 _CALLS = {"exp": "expf", "sqrt": "sqrtf", "tanh": "tanhf", "log": "logf", "erf": "erff", "pow": "powf",
-          "trunc": "truncf", "fmod": "fmodf"}
-VECTOR_CALLS = ("erf", "tanh", "exp")      # with a W-lane version in PRELUDE (tuner_erfW, ...)
+          "trunc": "truncf", "fmod": "fmodf", "sigmoid": "tuner_sigmoid"}
+VECTOR_CALLS = ("erf", "tanh", "exp", "sigmoid")      # with a W-lane version in PRELUDE (tuner_erfW, ...)
 
 
 class NotVectorizable(Exception):

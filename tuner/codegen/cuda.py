@@ -30,6 +30,7 @@ from .c import CGen, NotVectorizable, _straight_stores
 PRELUDE = r"""#define TUNER_INF __int_as_float(0x7f800000)
 __device__ __forceinline__ float tuner_fmax(float a, float b) { return (!(a <= b) && b == b) ? a : b; }
 __device__ __forceinline__ float tuner_fmin(float a, float b) { return (!(a >= b) && b == b) ? a : b; }
+__device__ __forceinline__ float tuner_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ int tuner_floordiv(int a, int b) { int q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
 __device__ __forceinline__ int tuner_floormod(int a, int b) { int r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 """

@@ -27,10 +27,10 @@ ACTIVATIONS = {
     "relu": ({}, lambda e, p: max_expr(e, Const(0.0)), lambda x, p: np.maximum(x, 0.0)),
     "clip": ({"lo": 0.0, "hi": 6.0}, lambda e, p: _clamp(e, p["lo"], p["hi"]),
              lambda x, p: np.clip(x, p["lo"], p["hi"])),
-    "sigmoid": ({}, lambda e, p: Const(1.0) / (Const(1.0) + Call("exp", (Const(-1.0) * e,))),
+    "sigmoid": ({}, lambda e, p: Call("sigmoid", (e,)),
                 lambda x, p: 1.0 / (1.0 + np.exp(-x))),
     # x * sigmoid(x) (SiLU, swish): EfficientNet's, YOLO's and SwiGLU's activation, written as Sigmoid and Mul
-    "silu": ({}, lambda e, p: e / (Const(1.0) + Call("exp", (Const(-1.0) * e,))),
+    "silu": ({}, lambda e, p: e * Call("sigmoid", (e,)),
              lambda x, p: x / (1.0 + np.exp(-x))),
     "hard_sigmoid": ({"alpha": 0.2, "beta": 0.5}, lambda e, p: _clamp(Const(float(p["alpha"])) * e
                                                                       + Const(float(p["beta"])), 0.0, 1.0),
