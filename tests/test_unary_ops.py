@@ -128,6 +128,7 @@ def test_vector_erf_tanh_and_exp_are_the_exact_functions_rounded_at_every_float(
 def test_vector_sigmoid_is_the_exact_function_rounded_at_every_float_and_0_below_minus_86(vector_math, xs, lanes):
     x = np.array(xs, np.float32)
     x[:3] = [-86.0, np.nextafter(np.float32(-86), np.float32(-100)), -np.inf]
+    x[3:5] = np.array([0x7FC001FF, 0xFF8000A5], np.uint32).view(np.float32)   # NaNs with payloads
     got = vector_math(f"sigmoid{lanes}", x)
     with np.errstate(over="ignore"):
         ref = 1 / (1 + np.exp(-x.astype(np.float64)))

@@ -80,10 +80,11 @@ static inline float tuner_fmin(float a, float b) { return (!(a >= b) && b == b) 
    88.8 (clamped there) overflows to inf in the product; 0 below the normal floats (y zeroed before
    the scaling, which is slow where it makes a subnormal; only an |x| below 1e-19, whose square
    is subnormal, still makes one). sigmoid: 1 / (1 + e^-x), e^-x = 2^n e^r by the same
-   polynomial (in -r: its odd terms negated, so x is not), x clamped to [-86, 86] so that 2^n is n
-   added to e^r's exponent bits, n's bits read from the rounding's magic sum (three operations,
-   where exp's two powers take nine, and no select for underflow: 2^-124 e^r is normal); 0 below
-   -86 (exactly, so that SiLU of -inf is NaN as x / (1 + e^-x) makes it). NaN stays NaN in all four.
+   polynomial (in -r: its odd terms negated, so x is not), x clamped to [-86, 86] so that 2^n is
+   one normal float, made by shifting the rounding's magic sum (1.5 2^23 + 127 + n) into the
+   exponent bits: two operations, where exp's two powers take nine, and no select for underflow;
+   a product, not an integer added to e^r's bits, so that a NaN's payload cannot turn it into a
+   number. 0 below -86 (exactly, so that SiLU of -inf is NaN as x / (1 + e^-x) makes it). NaN stays NaN in all four.
    Polynomials are evaluated in pairs of terms (Estrin), not term by term (Horner): the chain of
    dependent operations, which bounds how many of these run at once, is about half as long. Their
    |x| is raised to 1e-4 (erf: under half an ulp of the quotient) and 0.0004 (tanh, which returns x
@@ -124,9 +125,9 @@ static inline f32x##W tuner_exp##W(f32x##W x) { \\
 } \\
 static inline f32x##W tuner_sigmoid##W(f32x##W x) { \\
   f32x##W c = TUNER_VCLAMP(W, x, -86.0f, 86.0f); \\
-  f32x##W f = c * -1.44269504088896341f + 12582912.0f, n = f - 12582912.0f; \\
+  f32x##W f = c * -1.44269504088896341f + 12583039.0f, n = f - 12583039.0f; \\
   f32x##W y = tuner_exp_r##W(c + n * 0.693359375f - n * 2.12194440e-4f, -1.0f); \\
-  f32x##W e = (f32x##W)((i32x##W)y + ((i32x##W)f << 23)); \\
+  f32x##W e = y * (f32x##W)((i32x##W)f << 23); \\
   return (f32x##W)((i32x##W)(1.0f / (1.0f + e)) & ~(x < -86.0f)); \\
 }
 #define TUNER_POW2(W) static inline f32x##W tuner_pow2_##W(f32x##W y, f32x##W n) { \\
