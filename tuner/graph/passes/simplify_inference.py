@@ -5,6 +5,10 @@
     mul(add(y, c), a)             -> add(mul(y, a), c * a)
     add(add(y, c1), c2)           -> add(y, c1 + c2)
 and the same for dense. What remains after a conv is one bias add per conv.
+
+    conv2d(x, W) whose kernel rows or columns read only padding at every output pixel
+                                  -> conv2d(x, W without them), pads cut to match
+(DeepLabV3's ASPP: 3x3 convs of dilation 24 and 36 at 14x14 are their centre tap, a 1x1 conv.)
 """
 from __future__ import annotations
 
@@ -47,6 +51,32 @@ def _channels(v) -> int:
     return nchw_dims(v.shape, v.layout or "NCHW")[1]
 
 
+def _live_window(node, w: np.ndarray):
+    """(weight, attributes) of a conv (NCHW, OIHW) without its kernel rows and columns that read
+    only padding for every output pixel, the pads cut so that each output reads what it read; None
+    where none goes. Exact: those taps add 0 times their weight."""
+    a = node.attrs
+    if a.get("layout", "NCHW") != "NCHW" or a.get("kernel_layout", "OIHW") != "OIHW" or w.ndim != 4:
+        return None
+    pads, cut = list(a["pads"]), []
+    for ax in (0, 1):
+        size, out, k = node.inputs[0].shape[2 + ax], node.output.shape[2 + ax], w.shape[2 + ax]
+        st, d, lo = a["strides"][ax], a["dilations"][ax], pads[ax]
+        live = [r for r in range(k) if any(0 <= o * st + r * d - lo < size for o in range(out))]
+        if not live:
+            return None
+        first, last = live[0], live[-1]
+        new_lo = lo - first * d
+        new_hi = (out - 1) * st + (last - first) * d + 1 - size - new_lo
+        cut.append((first, last + 1, new_lo, new_hi) if new_lo >= 0 and new_hi >= 0 else (0, k, lo, pads[ax + 2]))
+    (r0, r1, top, bottom), (s0, s1, left, right) = cut
+    if (r1 - r0, s1 - s0) == w.shape[2:]:
+        return None
+    # one tap left on both axes: a 1x1 conv, whose dilation means nothing; else each axis keeps its
+    dil = [1, 1] if (r1 - r0, s1 - s0) == (1, 1) else list(a["dilations"])
+    return np.ascontiguousarray(w[:, :, r0:r1, s0:s1]), {**a, "pads": [top, left, bottom, right], "dilations": dil}
+
+
 def _scale_weight(node, w, a):
     if node.op == "dense":
         return w * a[:, None]
@@ -62,7 +92,8 @@ def _scale_weight(node, w, a):
 @register("SimplifyInference", 0)
 def simplify_inference(graph: Graph, ctx) -> Graph:
     """Fold BatchNorm and constant scales into conv/dense weights and biases; a division by a
-    constant becomes a product with its reciprocal (a division costs several products)."""
+    constant becomes a product with its reciprocal (a division costs several products); a conv's
+    kernel taps that read only padding go."""
     uses = {k: len(ns) for k, ns in graph.consumers().items()}
     for v in graph.outputs:
         uses[id(v)] = uses.get(id(v), 0) + 1
@@ -111,6 +142,8 @@ def simplify_inference(graph: Graph, ctx) -> Graph:
     def rw(b, n, ins):
         for old, new in zip(n.inputs, ins):
             new_uses[id(new)] = uses.get(id(old), 0)
+        if n.op == "conv2d" and ins[1].is_const and (live := _live_window(n, ins[1].data)) is not None:
+            return b.add("conv2d", [ins[0], b.const(live[0], "w_live")] + ins[2:], live[1], n.name)
         if n.op == "div" and not ins[0].is_const and (inv := _reciprocal(ins[1])) is not None:
             return emit(b, "mul", [ins[0], b.const(inv, "inv")], n.name)
         if n.op == "batch_norm":
