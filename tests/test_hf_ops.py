@@ -157,6 +157,22 @@ def test_a_resize_between_convs_computes_what_onnx_runtime_computes(tmp_path, da
     agree_with_onnxruntime(path, {"x": _f32(1, 3, h, w)})
 
 
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_a_resize_reads_through_its_tables_in_a_scalar_loop_not_in_vectors_built_lane_by_lane(tmp_path, mode):
+    """A resize's addresses come from its index tables: its vector loop runs scalar under omp simd
+    (1.4-1.9x faster than one load per lane into a vector) and computes what ONNX Runtime does."""
+    import re
+    from tuner.codegen.c import PRELUDE
+    nodes = [helper.make_node("Resize", ["x", "", "scales"], ["y"], mode=mode)]
+    path = _save(tmp_path / "up.onnx", nodes, {"x": (TensorProto.FLOAT, [1, 16, 14, 14])}, "y",
+                 {"scales": np.array([1, 1, 2, 2], np.float32)})
+    agree_with_onnxruntime(path, {"x": _f32(1, 16, 14, 14)})
+    compile_model(str(path), threads=1).save(str(tmp_path / "built"))
+    body = (tmp_path / "built" / "model.c").read_text().replace(PRELUDE, "")
+    assert "#pragma omp simd" in body
+    assert not re.search(r"\(\(f32x\d+\)\{\w+\[", body), "a vector built from one load per lane"
+
+
 @pytest.mark.parametrize("nearest", ["floor", "ceil", "round_prefer_floor"])
 def test_a_half_pixel_symmetric_resize_picks_the_pixel_onnx_runtime_picks_where_the_coordinate_is_whole(
         tmp_path, nearest):
