@@ -173,6 +173,20 @@ def test_a_resize_reads_through_its_tables_in_a_scalar_loop_not_in_vectors_built
     assert not re.search(r"\(\(f32x\d+\)\{\w+\[", body), "a vector built from one load per lane"
 
 
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_a_segmentation_heads_upsample_runs_in_the_convs_padded_blocks_and_is_transformed_to_nchw_after(tmp_path, mode):
+    """A conv of 21 classes (padded to whole blocks) upsampled to the output: the resize keeps the
+    padded channels and the blocked layout, in a step of its own, and the transform to NCHW and the
+    slice back to 21 channels follow it, not feed it."""
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]),
+             helper.make_node("Resize", ["c", "", "scales"], ["y"], mode=mode)]
+    path = _save(tmp_path / "head.onnx", nodes, {"x": (TensorProto.FLOAT, [1, 16, 7, 7])}, "y",
+                 {"w": _f32(21, 16, 1, 1), "scales": np.array([1, 1, 8, 8], np.float32)})
+    agree_with_onnxruntime(path, {"x": _f32(1, 16, 7, 7)})
+    steps = [s.summary for s in compile_model(str(path), threads=1).steps]
+    assert steps[-2:] == ["resize", "layout_transform + slice"], steps
+
+
 @pytest.mark.parametrize("nearest", ["floor", "ceil", "round_prefer_floor"])
 def test_a_half_pixel_symmetric_resize_picks_the_pixel_onnx_runtime_picks_where_the_coordinate_is_whole(
         tmp_path, nearest):

@@ -24,6 +24,10 @@ from .base import register
 
 MAX_FUSE_DEPTH = 256
 OWN_KERNEL = ("layout_transform",)    # injective ops with a task of their own, which the layout plan prices
+# ops that read their input through index tables: inlined into a layout transform's loop over the
+# other layout's rows, each of their reads became a gather (a segmentation head's upsample to NCHW:
+# 2.4 ms); apart, they run in their own layout's blocks, as vectors (docs/history.md)
+TABLE_READS = ("resize",)
 
 
 @dataclass
@@ -183,6 +187,8 @@ def fuse(graph: Graph, max_depth: int = MAX_FUSE_DEPTH) -> list:
                 if phase != 1:
                     continue
                 into_reduce = graph.nodes[k].op not in OWN_KERNEL     # a layout transform stays priced apart
+                if graph.nodes[k].op in TABLE_READS and any(graph.nodes[p].op in OWN_KERNEL for p in path(k, sink)):
+                    continue
                 if check_path(k, sink, lambda p, is_sink: p <= Pattern.INJECTIVE
                               or (into_reduce and is_sink and p == Pattern.COMM_REDUCE)):
                     commit(k, sink)

@@ -5,9 +5,10 @@ blocks of 2: a twentieth of peak). The padding is carried to the consumers that 
 sliced off before any other:
 
 - a convolution (groups 1) reads the padded input with zero weights for the extra channels;
-- a depthwise convolution, channel-wise ops (activations, pooling) and a broadcast with a
-  per-channel constant (padded with the op's identity) keep it; an elementwise op of two activations
-  keeps it when both carry the same padding;
+- a depthwise convolution, channel-wise ops (activations, pooling), a resize over H and W (a
+  segmentation head's upsample, which then runs in the blocked layout rather than gathering through
+  a transform to NCHW) and a broadcast with a per-channel constant (padded with the op's identity)
+  keep it; an elementwise op of two activations keeps it when both carry the same padding;
 - anything else (a concat, a reshape, a channel reduction, a graph output) gets the real channels,
   sliced once per value.
 
@@ -143,6 +144,10 @@ def pad_channels(graph: Graph, ctx) -> Graph:
             if None not in args:
                 out = b.add(n.op, args, a, n.name)
                 real[id(n.output)] = k
+        elif n.op == "resize" and len(n.output.shape) == 4 and set(a["axes"]) <= {2, 3} and id(ins[0]) in real:
+            # over H and W only, a weighted sum of each channel's own pixels: its tables (constants) as they are
+            out = b.add(n.op, [to(ins[0], new[id(ins[0])].shape[1])] + [new.get(id(v), v) for v in ins[1:]], a, n.name)
+            real[id(n.output)] = real[id(ins[0])]
         if out is None:
             out = b.add(n.op, [plain(v) for v in ins], a, n.name)
         new[id(n.output)] = out
