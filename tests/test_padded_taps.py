@@ -10,6 +10,7 @@ from tuner.graph import interp
 from tuner.graph.builder import GraphBuilder
 from tuner.graph.onnx_frontend import load_onnx
 from tuner.graph.passes import optimize
+from tuner.ops.common import conv_out_size
 
 
 def _conv_graph(rng, size, kernel, stride, dilation, pads, groups=1):
@@ -36,8 +37,7 @@ def test_a_conv_without_its_taps_that_read_only_padding_computes_what_it_compute
     kernel row and column left reads the input at some output pixel wherever the cut pads allowed
     the cut."""
     h, w = size
-    out = [(n + p0 + p1 - d * (k - 1) - 1) // s + 1 for n, k, s, d, p0, p1 in
-           zip(size, kernel, stride, dilation, pads[:2], pads[2:])]
+    out = [conv_out_size(*a) for a in zip(size, kernel, stride, pads[:2], pads[2:], dilation)]
     if min(out) < 1:
         return
     rng = np.random.default_rng(seed)
