@@ -12,10 +12,13 @@ those checks are gone and one of the rest that keeps them, as TVM's LoopPartitio
 from __future__ import annotations
 
 import dataclasses
+import math
+
+import numpy as np
 
 from ..te.dynamic import SYMBOL_PREFIX
-from ..te.expr import (And, Cmp, Const, FloorDiv, Max, Min, Select, Var, all_of, bounds, free_vars, from_linear,
-                       linear, simplify, substitute, transform, walk)
+from ..te.expr import (Add, And, Cast, Cmp, Const, Div, FloorDiv, Load, Max, Min, Mul, Select, Sub, Var, all_of, bounds,
+                       free_vars, from_linear, linear, simplify, substitute, transform, walk)
 from . import ir
 
 _PEELED = ("serial",)        # loops bound to threads, unrolled or vectorised keep their single form
@@ -70,7 +73,7 @@ def _peel(s: ir.Stmt, ranges: dict, peel: bool = True) -> ir.Stmt:
 # A guarded tile axis fused into the parallel loop (tile index = fused / n % m) is split this way.
 
 def _split_parallel(s: ir.For, ranges: dict) -> ir.Stmt | None:
-    guards = dict.fromkeys(c for st in ir.stmts(s.body) if isinstance(st, ir.IfThen) for c in _conjuncts(st.cond)
+    guards = dict.fromkeys(c for st in ir.stmts(s.body) if isinstance(st, ir.IfThen) for c in conjuncts(st.cond)
                            if s.var in free_vars(c))
     gone, interior = _interior(guards, _loop_ranges(s.body), ranges)
     if not interior:
@@ -121,7 +124,7 @@ def _replace(s: ir.Stmt, fn, bound=()) -> ir.Stmt:
 def _symbolic_guards(loop: ir.For) -> bool:
     """Whether a guard on `loop`'s variable compares with a symbol (a run's extent)."""
     return any(loop.var in free_vars(c) and any(n.startswith(SYMBOL_PREFIX) for n in free_vars(c))
-               for st in ir.stmts(loop.body) if isinstance(st, ir.IfThen) for c in _conjuncts(st.cond))
+               for st in ir.stmts(loop.body) if isinstance(st, ir.IfThen) for c in conjuncts(st.cond))
 
 
 def _peel_symbolic(s: ir.For, ranges: dict) -> ir.Stmt:
@@ -129,7 +132,7 @@ def _peel_symbolic(s: ir.For, ranges: dict) -> ir.Stmt:
     prefixes, gone = [], set()
     for st in ir.stmts(s.body):
         if isinstance(st, ir.IfThen):
-            for c in _conjuncts(st.cond):
+            for c in conjuncts(st.cond):
                 if s.var in free_vars(c) and c not in gone:
                     q = _symbolic_prefix(c, s.var, inner)
                     if q is not None:
@@ -189,7 +192,7 @@ def _by_loops(terms: dict, inner: dict):
 def _drop(s: ir.Stmt, gone: set) -> ir.Stmt:
     """`s` with the guard conjuncts in `gone` removed."""
     if isinstance(s, ir.IfThen):
-        rest = [c for c in _conjuncts(s.cond) if c not in gone]
+        rest = [c for c in conjuncts(s.cond) if c not in gone]
         body = _drop(s.body, gone)
         return ir.IfThen(all_of(*rest), body) if rest else body
     if isinstance(s, ir.Seq):
@@ -207,7 +210,7 @@ def _true_prefix(loop: ir.For, ranges: dict) -> int | None:
     for st in ir.stmts(loop.body):
         if not isinstance(st, ir.IfThen):
             continue
-        for c in _conjuncts(st.cond):
+        for c in conjuncts(st.cond):
             if var not in free_vars(c):
                 continue
             q = _prefix(c, var, inner)
@@ -230,7 +233,7 @@ def _live_extent(loop: ir.For, ranges: dict) -> int | None:
         if isinstance(st, ir.Store):
             ends.append(min((q for c in conds if (q := _dead_from(c, var, inner)) is not None), default=None))
         elif isinstance(st, ir.IfThen):
-            visit(st.body, conds + list(_conjuncts(st.cond)))
+            visit(st.body, conds + list(conjuncts(st.cond)))
         elif isinstance(st, ir.Seq):
             for x in st.stmts:
                 visit(x, conds)
@@ -262,10 +265,10 @@ def _loop_ranges(body: ir.Stmt, out: dict | None = None) -> dict:
     return out
 
 
-def _conjuncts(c):
+def conjuncts(c):
     if isinstance(c, And):
-        yield from _conjuncts(c.a)
-        yield from _conjuncts(c.b)
+        yield from conjuncts(c.a)
+        yield from conjuncts(c.b)
     else:
         yield c
 
@@ -338,7 +341,7 @@ def _split_interior(body: ir.Stmt, outer: dict) -> ir.Stmt:
     """`body` as `if (interior) clean else body`: `clean` has every select test that holds for all
     values of body's own loops wherever `interior` (a test of the loops around) holds, set true."""
     tests = {c for st in ir.stmts(body) if isinstance(st, ir.Store)
-             for n in walk(st.value) if isinstance(n, Select) for c in _conjuncts(n.cond)}
+             for n in walk(st.value) if isinstance(n, Select) for c in conjuncts(n.cond)}
     gone, interior = _interior(sorted(tests, key=repr), _loop_ranges(body), outer)   # a stable order
     if not gone:
         return body
@@ -391,7 +394,7 @@ def _worst_case(c, inner: dict):
 def _set_true(s: ir.Stmt, gone: set) -> ir.Stmt:
     def fix(e):
         if isinstance(e, Select):
-            rest = [c for c in _conjuncts(e.cond) if c not in gone]
+            rest = [c for c in conjuncts(e.cond) if c not in gone]
             return Select(all_of(*rest), e.then, e.other) if rest else e.then
         return None
     if isinstance(s, ir.Store):
@@ -401,3 +404,130 @@ def _set_true(s: ir.Stmt, gone: set) -> ir.Stmt:
     if isinstance(s, (ir.For, ir.IfThen, ir.Allocate)):
         return dataclasses.replace(s, body=_set_true(s.body, gone))
     return s
+
+
+# ------------------------------------------------------------ dead reduction iterations
+# A border tile reads an inlined pad as `acc = acc + (cond ? x : 0) * w`. Where a test of `cond`
+# fails for every value of the loops inside a reduction loop (a kernel row above the image for
+# this output row; a dilated conv's outer taps at a small image: most of them), those iterations
+# add nothing: the loop's body runs under that test's best case over the loops inside, as ONNX
+# Runtime's NCHWc convs skip the kernel rows outside the image.
+
+# Skipped only where at least this share of the loop's iterations is dead: the weights a skipped
+# iteration reads, the next output row reads anyway, and a few gaps in the first, cold sweep of a
+# weight panel cost more than they save (ResNet-50's 7x7 3x3 convs, a tenth dead: 1.16x slower
+# in the model; dilation 6 at 14x14, 29% dead: 0.78x the time, cold weights; docs/history.md).
+DEAD_SHARE = 0.25
+_IDENTITY = {Add: 0.0, Max: float("-inf"), Min: float("inf")}   # what an update folds in that leaves it as it is
+
+
+def skip_dead_iterations(func: ir.Func) -> ir.Func:
+    if not any(isinstance(n, Select) for st in ir.stmts(func.body) if isinstance(st, ir.Store) for n in walk(st.value)):
+        return func
+    return dataclasses.replace(func, body=_skip(func.body, {}))
+
+
+def _skip(s: ir.Stmt, ranges: dict) -> ir.Stmt:
+    if isinstance(s, ir.Seq):
+        return ir.seq([_skip(x, ranges) for x in s.stmts])
+    if isinstance(s, (ir.IfThen, ir.Allocate)):
+        return dataclasses.replace(s, body=_skip(s.body, ranges))
+    if not isinstance(s, ir.For):
+        return s
+    inner = {**ranges, s.var: (0, s.extent - 1)}
+    body = _skip(s.body, inner)
+    if s.kind != "serial" or s.limit is not None:
+        return dataclasses.replace(s, body=body)
+    tests = _idle_tests(body)
+    own = _loop_ranges(body)
+    live = []
+    for c in tests or ():
+        t = _best_case(c, own)
+        if t is None or s.var not in free_vars(t) or (t := simplify(t, inner)) in live:
+            continue
+        if not (isinstance(t, Const) and t.value):      # false everywhere: the body never adds anything
+            live.append(t)
+    if not live or dead_share(live, inner) < DEAD_SHARE:
+        return dataclasses.replace(s, body=body)
+    return dataclasses.replace(s, body=ir.IfThen(all_of(*live), body))
+
+
+def dead_share(tests: list, ranges: dict, points: int = 1 << 20) -> float:
+    """The share of the values of the loops `tests` read (each test linear in them) for which
+    one of them fails; 0 where that is not known (a term of another form, too many values)."""
+    if any(isinstance(t, Const) and not t.value for t in tests):
+        return 1.0
+    tests = [t for t in tests if not isinstance(t, Const)]
+    forms = [_difference(t) for t in tests]
+    names = sorted({n for t in tests for n in free_vars(t)})
+    if None in forms or any(n not in ranges for n in names) or \
+            any(not isinstance(v, Var) for f in forms for v in f[0]) or \
+            math.prod(ranges[n][1] - ranges[n][0] + 1 for n in names) > points:
+        return 0.0
+    grid = dict(zip(names, np.meshgrid(*(np.arange(ranges[n][0], ranges[n][1] + 1) for n in names),
+                                       indexing="ij", sparse=True)))
+    ok = np.ones((), bool)
+    for t, (terms, const) in zip(tests, forms):
+        v = const + sum(k * grid[x.name] for x, k in terms.items())
+        ok = ok & (v < 0 if t.op == "<" else v <= 0)
+    return 1.0 - float(np.broadcast_to(ok, [ranges[n][1] - ranges[n][0] + 1 for n in names]).mean())
+
+
+def _idle_tests(body: ir.Stmt) -> list | None:
+    """The tests under which every store in `body` leaves its buffer as it is when the test fails
+    (tests common to all of them, in a stable order); None where a statement is of another kind."""
+    common = None
+    for st in ir.stmts(body):
+        if isinstance(st, ir.Store):
+            mine = _update_tests(st)
+            common = mine if common is None else [c for c in common if c in mine]
+            if not common:
+                return None
+        elif not isinstance(st, (ir.For, ir.Seq, ir.IfThen, ir.Allocate, ir.Prefetch)):
+            return None                  # a barrier: every thread must reach it
+    return common
+
+
+def _update_tests(st: ir.Store) -> list:
+    """The tests whose failure makes `st` (acc = acc op term) fold in op's identity."""
+    v, acc = st.value, Load(st.buffer, st.indices)
+    if type(v) not in _IDENTITY or acc not in (v.a, v.b):
+        return []
+    term, unit = v.b if v.a == acc else v.a, _IDENTITY[type(v)]
+    return [c for c in dict.fromkeys(c for n in walk(term) if isinstance(n, Select) for c in conjuncts(n.cond))
+            if _yields(term, c, unit)]
+
+
+def _yields(e, c, unit: float) -> bool:
+    """Whether `e` is `unit` wherever test `c` fails."""
+    if isinstance(e, Const):
+        return e.value == unit
+    if isinstance(e, Select):
+        return _yields(e.other, c, unit) and (c in tuple(conjuncts(e.cond)) or _yields(e.then, c, unit))
+    if isinstance(e, Cast):
+        return _yields(e.value, c, unit)
+    if unit != 0.0:
+        return False
+    if isinstance(e, Mul):
+        return _yields(e.a, c, 0.0) or _yields(e.b, c, 0.0)
+    if isinstance(e, Div):
+        return _yields(e.a, c, 0.0)
+    if isinstance(e, (Add, Sub)):
+        return _yields(e.a, c, 0.0) and _yields(e.b, c, 0.0)
+    return False
+
+
+def _best_case(c, inner: dict):
+    """For a test `a < b` / `a <= b` linear in the loop variables: the test on the others alone
+    that holds wherever it holds for some value of the `inner` loops; None for another form."""
+    ln = _difference(c)
+    if ln is None:
+        return None
+    terms, const = ln
+    if (parts := _by_loops(terms, inner)) is None:
+        return None
+    own, rest = parts
+    b = bounds(from_linear(own, 0), inner) if own else (0, 0)
+    if b is None:
+        return None
+    return Cmp(c.op, from_linear(rest, const + b[0]), Const(0))

@@ -72,6 +72,7 @@ from functools import cached_property
 from ..ops import Workload
 from ..ops.workload import CONSTANT_INPUTS
 from ..schedule.ir import tail_widths, vector_split
+from ..schedule.peel import conjuncts, dead_share
 from ..schedule.prefetch import LINE_FLOATS, PEELED
 from ..schedule.schedule import Schedule, ScheduleError, replay
 from ..te.expr import Const, FloorDiv, FloorMod, Load, Select, Var, children, free_vars, linear, substitute, walk
@@ -91,6 +92,7 @@ TILE_ROWS = 7                # rows of register tiles that one chunk serves, at 
 BLOCKED_TILE_BYTES = 32 * 1024   # ... and the local tile they accumulate
 LOAD_ACCUMULATORS = 8       # with 16 registers, a tile whose every FMA loads its operands (a depthwise conv)
 LATENCY_ACCUMULATORS = 8    # independent FMAs that hide an FMA's latency: 4 cycles on 2 pipes
+PADDING_SHARE = 0.5         # a reduction with this share of its reads in padding or more skips them (schedule.peel)
 COPY_READS = 100            # with 16 registers a pad read fewer times per element than this is not copied first
 PAD_PLACES = ("inline", "root", "tile", "interior")   # where a pad producer is computed (tile: per output tile)
 PREFETCH_LEVELS = (0, 1, 2)     # decision `prefetch`: none, the weights' next panel, that and the activation's next tile
@@ -490,13 +492,16 @@ class SearchSpace(DagSketch):
         shape = self.out_shape
         # the pad inlined with an interior version where the border tiles' tests have registers to
         # spare (32: AVX-512), or where a copy is not paid back: each padded element read fewer
-        # than COPY_READS times (a pool, a depthwise conv, a 3-channel stem). Else, with 16 (AVX2),
+        # than COPY_READS times (a pool, a depthwise conv, a 3-channel stem), or half the products
+        # or more read padding, which the border tiles then skip (schedule.peel's dead iterations:
+        # a dilated conv on a small image). Else, with 16 (AVX2),
         # a padded copy first: there the border tiles' tests made 3x3 convs 1.4-2x slower than the
         # copy, and the copy made a max pool 6x and depthwise convs 3-7x slower than their
         # interior versions (docs/history.md)
         wide_regs = self.target.lanes >= 16      # 32 vector registers (AVX-512), else 16 (AVX2)
         pair_cap = MAX_ACCUMULATORS - 4 if wide_regs else self.accumulator_budget   # a paired tile's accumulators
-        place = "interior" if self.pads and (wide_regs or self._pad_reads_each < COPY_READS) else "root"
+        place = "interior" if self.pads and (wide_regs or self._pad_reads_each < COPY_READS
+                                             or self._padding_share >= PADDING_SHARE) else "root"
         last = [d for d in self.last_options if d <= self.target.lanes]
         tile = [[1, 1, 1] for _ in shape]
         order = self.orders[0]
@@ -607,12 +612,13 @@ class SearchSpace(DagSketch):
                 wider = [m for m in (4, 3) if self._reuse(pair) % m == 0 and per * m <= cap]
                 if wider:
                     tile[pair][2], acc = wider[0], per * wider[0]
-            elif pair is not None and wide_regs and tile[row][2] == 14 and (row not in padded or shape[row] >= 56) \
-                    and self._reuse(pair) % 4 == 0:
+            elif pair is not None and wide_regs and tile[row][2] == 14 and self._reuse(pair) % 4 == 0 \
+                    and (row not in padded or shape[row] >= 56 or self._padding_share >= PADDING_SHARE):
                 # an unpadded row (a 1x1 conv's), or a padded one of 56 or more pixels (a quarter
                 # of its 7-pixel tiles hold a border): 4 blocks by 7 pixels rather than 2 by 14,
                 # each broadcast feeding 4 FMAs (MLAS's 4 blocks); a padded row of 14, a border
-                # test in both halves, lost (docs/history.md)
+                # test in both halves, lost, unless most reads are padding: then each half skips
+                # the taps that read only padding for its pixels (docs/history.md)
                 tile[pair][2], tile[row][2] = 4, 7
         reduce = list(self._reduce_periods)
         # blocked where each weight vector feeds few pixels (4 blocks by 7, or 16 registers' 3
@@ -700,6 +706,22 @@ class SearchSpace(DagSketch):
     def _pad_reads_each(self) -> float:
         """Reads of each padded element by the reduction: its iterations over the padded copies' size."""
         return math.prod(self.out_shape) * math.prod(e for _, e in self.reduce_axes) * 4 / self._pad_bytes
+
+    @cached_property
+    def _padding_share(self) -> float:
+        """The share of the reduction's reads of its pads that fall in the padding (dead_share of
+        each pad's bounds tests at the read's index, over the output and reduction axes)."""
+        sch = Schedule(self.inputs, self.output)
+        ranges = {a.name: (0, a.extent - 1) for a in self.anchor_op.axes}
+        ranges.update((r, (0, e - 1)) for r, e in self.reduce_axes)
+        shares = []
+        for n in walk(self.anchor_op.body):
+            if isinstance(n, Load) and n.buffer in self.pads:
+                op = sch.stage(n.buffer).op
+                at = {a.name: i for a, i in zip(op.axes, n.indices)}
+                tests = [c for e in walk(op.body) if isinstance(e, Select) for c in conjuncts(substitute(e.cond, at))]
+                shares.append(dead_share(tests, ranges))
+        return sum(shares) / len(shares) if shares else 0.0
 
     @cached_property
     def _pad_axes(self) -> dict:
