@@ -50,6 +50,22 @@ def test_a_timing_beyond_twice_the_measured_peak_is_refused_after_measuring_the_
     assert beyond.error == RUNTIME_ERROR and "the ceiling of its ISA and threads" in beyond.message
 
 
+def test_a_conv_that_skips_its_padding_is_judged_by_the_products_that_read_the_input(monkeypatch):
+    """DeepLab's dilation-12 conv at 14x14: 18% of its products read the input, and its kernel
+    skips the rest (schedule.peel), so it runs at over twice the peak counted by all of them; its
+    timing is judged by the 18%, and one faster than the peak allows for those is still refused."""
+    monkeypatch.setattr(plausible, "_PEAKS", {})
+    monkeypatch.setattr("tuner.measure.peak.peak_gflops", lambda target, threads, iters: 100.0)
+    wl = make("conv2d", dict(C=960, H=14, W=14, K=256, R=3, S=3, pad=12, dilation=12), "NCHW16c")
+    assert wl.live_flops == pytest.approx(wl.flops * 9 / 49)           # 3 of 7 rows and columns' taps live
+    assert wl.flops / 2.6e-3 / 1e9 > 2 * 100
+    assert plausible.check(wl, TARGET1, MeasureResult(OK, costs=[2.6e-3]), here=True).ok
+    too_fast = plausible.check(wl, TARGET1, MeasureResult(OK, costs=[0.7e-3]), here=True)
+    assert too_fast.error == RUNTIME_ERROR and "2x this host's measured peak" in too_fast.message
+    plain = make("conv2d", dict(C=64, H=56, W=56, K=64, R=1, S=1), "NCHW16c")
+    assert plain.live_flops == plain.flops
+
+
 @pytest.mark.parametrize("costs", [[], [0.0], [-1.0], [math.nan], [math.inf], ["0.001"], [True], None])
 def test_costs_that_are_not_positive_seconds_are_refused(costs):
     r = plausible.check(GFLOP, TARGET1, MeasureResult(OK, costs=costs))

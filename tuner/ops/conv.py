@@ -328,6 +328,16 @@ def _conv_wl_flops(wl):
     return conv2d_flops(p["N"] * p["K"] * oh * ow, p["C"] // p["groups"], p["R"], p["S"])
 
 
+def _conv_wl_live_flops(wl):
+    """The products that read the input: a kernel skips those that read only padding (schedule.peel)."""
+    p = wl.p
+    t, lft, b, r = pads4(p["pad"])
+    s, d = p["stride"], p["dilation"]
+    live = [sum(0 <= o * s + k * d - lo < size for o in range(conv_out_size(size, taps, s, lo, hi, d)) for k in range(taps))
+            for size, taps, lo, hi in ((p["H"], p["R"], t, b), (p["W"], p["S"], lft, r))]
+    return 2.0 * p["N"] * p["K"] * (p["C"] // p["groups"]) * live[0] * live[1]
+
+
 register(
     OpDef(name="conv2d", pattern=Pattern.OUT_EWISE_FUSABLE, infer=_conv_infer, evaluate=_conv_eval, te=_conv_te,
           flops=_conv_flops, onnx_in={"Conv": _onnx_conv, "ConvTranspose": _onnx_conv_transpose},
@@ -336,7 +346,8 @@ register(
                                                 "group": n.attrs["groups"]}), task=_conv_task),
     WorkloadDef(name="conv2d", required=("C", "H", "W", "K", "R", "S"),
                 defaults=dict(N=1, stride=1, pad=0, dilation=1, groups=1, bias=0, relu=0, residual=0),
-                build=_conv_build, reference=_conv_ref, flops=_conv_wl_flops, check=_conv_check,
+                build=_conv_build, reference=_conv_ref, flops=_conv_wl_flops, live_flops=_conv_wl_live_flops,
+                check=_conv_check,
                 example="conv2d:N=1,C=64,H=56,W=56,K=64,R=3,S=3,stride=1,pad=1", epilogue=True,
                 # ib: a blocked conv reading its input in another channel block than it writes
                 # (NCHW16c in, NCHW8c out): the layout transform fused into its loads

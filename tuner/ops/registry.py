@@ -70,6 +70,8 @@ class WorkloadDef:
     build: Callable                # Workload -> (input tensors, output tensor)
     reference: Callable            # (Workload, arrays in its layout) -> output in its layout
     flops: Callable = nchw_elements  # Workload -> float
+    live_flops: Callable | None = None  # Workload -> the FLOPs no kernel can skip (a conv's products that read
+                                   # the input, not its padding); None: all of `flops`
     check: Callable | None = None  # Workload -> None, raising WorkloadError for shapes that do not fit
     example: str = ""              # a spec to show in errors
     epilogue: bool = False         # takes bias/residual/relu and act=... (workload.EPILOGUE_ACTS)
