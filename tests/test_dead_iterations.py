@@ -33,7 +33,7 @@ def _value(e, env, bufs):
     if isinstance(e, E.And):
         return _value(e.a, env, bufs) and _value(e.b, env, bufs)
     ops = {E.Add: lambda a, b: a + b, E.Sub: lambda a, b: a - b, E.Mul: lambda a, b: a * b,
-           E.Max: max, E.Min: min}
+           E.FloorDiv: lambda a, b: a // b, E.FloorMod: lambda a, b: a % b, E.Max: max, E.Min: min}
     return ops[type(e)](_value(e.a, env, bufs), _value(e.b, env, bufs))
 
 
@@ -98,13 +98,16 @@ def test_a_loop_whose_iterations_add_nothing_is_skipped_where_they_read_padding_
 
 
 @settings(max_examples=200, deadline=None)
-@given(coefs=st.lists(st.lists(st.integers(-5, 5), min_size=3, max_size=3), min_size=1, max_size=3),
+@given(coefs=st.lists(st.lists(st.integers(-5, 5), min_size=5, max_size=5), min_size=1, max_size=3),
        consts=st.lists(st.integers(-12, 12), min_size=3, max_size=3), ops=st.lists(st.sampled_from(["<", "<="]),
                                                                                  min_size=3, max_size=3),
-       extents=st.lists(st.integers(1, 6), min_size=3, max_size=3))
+       extents=st.lists(st.integers(1, 9), min_size=3, max_size=3))
 def test_the_dead_share_of_linear_tests_is_the_share_of_loop_values_where_one_fails(coefs, consts, ops, extents):
+    """Tests linear in three loops and in a fused loop's `a / 2` and `b % 3` (a parallel loop's
+    row and column of tiles)."""
     names = ["a", "b", "c"]
-    tests = [Cmp(op, sum((Var(n) * Const(k) for n, k in zip(names, row)), Const(k0)), Const(0))
+    terms = [Var("a"), Var("b"), Var("c"), E.FloorDiv(Var("a"), Const(2)), E.FloorMod(Var("b"), Const(3))]
+    tests = [Cmp(op, sum((t * Const(k) for t, k in zip(terms, row)), Const(k0)), Const(0))
              for row, k0, op in zip(coefs, consts, ops)]
     ranges = {n: (0, e - 1) for n, e in zip(names, extents)}
     points = list(itertools.product(*(range(e) for e in extents)))
@@ -112,13 +115,15 @@ def test_the_dead_share_of_linear_tests_is_the_share_of_loop_values_where_one_fa
     assert points and dead_share(tests, ranges) == pytest.approx(fails / len(points))
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("isa", ["avx2", "avx512"])
-def test_a_dilated_conv_on_a_small_image_skips_its_kernel_rows_that_read_only_padding(isa):
+def test_a_dilated_conv_on_a_small_image_skips_its_kernel_rows_that_read_only_padding(isa, threads):
     """Dilation 4 at 6x6, padded 4: 69% of the products read padding, so on either ISA the default
-    inlines the pad, and the border tiles test each kernel row before the loops over channels;
-    the kernel computes the reference. A 3x3 conv at 56x56 keeps its padded copy on AVX2."""
+    inlines the pad, and the border tiles test each kernel row before the loops over channels (at
+    2 threads, a row of the fused parallel loop's); the kernel computes the reference. A 3x3 conv
+    at 56x56 keeps its padded copy on AVX2."""
     wl = make("conv2d", dict(C=16, H=6, W=6, K=32, R=3, S=3, pad=4, dilation=4, bias=1, relu=1), "NCHW16c")
-    target = parse_target(f"cpu -isa={isa} -threads=1", check_host=False)
+    target = parse_target(f"cpu -isa={isa} -threads={threads}", check_host=False)
     space = SearchSpace(wl, target)
     assert space._padding_share >= PADDING_SHARE
     dec = space.default()

@@ -17,8 +17,8 @@ import math
 import numpy as np
 
 from ..te.dynamic import SYMBOL_PREFIX
-from ..te.expr import (Add, And, Cast, Cmp, Const, Div, FloorDiv, Load, Max, Min, Mul, Select, Sub, Var, all_of, bounds,
-                       free_vars, from_linear, linear, simplify, substitute, transform, walk)
+from ..te.expr import (Add, And, Cast, Cmp, Const, Div, FloorDiv, FloorMod, Load, Max, Min, Mul, Select, Sub, Var, all_of,
+                       bounds, free_vars, from_linear, linear, simplify, substitute, transform, walk)
 from . import ir
 
 _PEELED = ("serial",)        # loops bound to threads, unrolled or vectorised keep their single form
@@ -453,24 +453,42 @@ def _skip(s: ir.Stmt, ranges: dict) -> ir.Stmt:
 
 
 def dead_share(tests: list, ranges: dict, points: int = 1 << 20) -> float:
-    """The share of the values of the loops `tests` read (each test linear in them) for which
-    one of them fails; 0 where that is not known (a term of another form, too many values)."""
+    """The share of the values of the loops `tests` read (each test linear in terms of them: a
+    fused loop's `f / n % m` too) for which one of them fails; 0 where that is not known (a term
+    of another form, a loop without a range, too many values)."""
     if any(isinstance(t, Const) and not t.value for t in tests):
         return 1.0
     tests = [t for t in tests if not isinstance(t, Const)]
     forms = [_difference(t) for t in tests]
     names = sorted({n for t in tests for n in free_vars(t)})
     if None in forms or any(n not in ranges for n in names) or \
-            any(not isinstance(v, Var) for f in forms for v in f[0]) or \
             math.prod(ranges[n][1] - ranges[n][0] + 1 for n in names) > points:
         return 0.0
     grid = dict(zip(names, np.meshgrid(*(np.arange(ranges[n][0], ranges[n][1] + 1) for n in names),
                                        indexing="ij", sparse=True)))
     ok = np.ones((), bool)
     for t, (terms, const) in zip(tests, forms):
-        v = const + sum(k * grid[x.name] for x, k in terms.items())
+        v = const
+        for term, k in terms.items():
+            if (x := _on_grid(term, grid)) is None:
+                return 0.0
+            v = v + k * x
         ok = ok & (v < 0 if t.op == "<" else v <= 0)
     return 1.0 - float(np.broadcast_to(ok, [ranges[n][1] - ranges[n][0] + 1 for n in names]).mean())
+
+
+_GRID_OPS = {Add: np.add, Sub: np.subtract, Mul: np.multiply, FloorDiv: np.floor_divide, FloorMod: np.mod}
+
+
+def _on_grid(e, grid: dict):
+    """An integer expression's values over `grid` (numpy arrays by loop name); None for another form."""
+    if isinstance(e, Const):
+        return e.value if e.is_int else None
+    if isinstance(e, Var):
+        return grid[e.name]
+    if type(e) in _GRID_OPS and (a := _on_grid(e.a, grid)) is not None and (b := _on_grid(e.b, grid)) is not None:
+        return _GRID_OPS[type(e)](a, b)
+    return None
 
 
 def _idle_tests(body: ir.Stmt) -> list | None:
