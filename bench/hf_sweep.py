@@ -113,6 +113,7 @@ MODELS = {
     "sew": ("SEWModel", "SEWConfig", "audio", {}),
     "textnet": ("TextNetModel", "TextNetConfig", "image", {}),
     "upernet": ("UperNetForSemanticSegmentation", "UperNetConfig", "image", {}),
+    "mobilevit_deeplab": ("MobileViTForSemanticSegmentation", "MobileViTConfig", "image", {"image_size": 224}),
     "depth_anything": ("DepthAnythingForDepthEstimation", "DepthAnythingConfig", "image",
                        {"depth_estimation_type": "metric"}),      # a sigmoid head: a relative one's ReLU gives zeros
     "swin2sr": ("Swin2SRForImageSuperResolution", "Swin2SRConfig", "image", {"depths": [1, 1], "num_heads": [6, 6]}),
