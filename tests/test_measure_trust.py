@@ -64,6 +64,11 @@ def test_a_conv_that_skips_its_padding_is_judged_by_the_products_that_read_the_i
     assert too_fast.error == RUNTIME_ERROR and "2x this host's measured peak" in too_fast.message
     plain = make("conv2d", dict(C=64, H=56, W=56, K=64, R=1, S=1), "NCHW16c")
     assert plain.live_flops == plain.flops
+    from types import SimpleNamespace
+
+    from tuner.tuning import TuneSummary          # the GFLOPS a tune prints count the same products
+    s = TuneSummary(wl, TARGET1, "log.jsonl", best=SimpleNamespace(latency=2.6e-3))
+    assert s.best_gflops == pytest.approx(wl.live_flops / 2.6e-3 / 1e9) and s.best_gflops < 2 * 100
 
 
 @pytest.mark.parametrize("costs", [[], [0.0], [-1.0], [math.nan], [math.inf], ["0.001"], [True], None])

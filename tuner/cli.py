@@ -235,7 +235,7 @@ def _cmd_show(args) -> int:
         print(f"{args.log} has no valid record for {wl.label} on '{tgt}'{hint}")
         return 1
     lat = rec.latency
-    print(f"{wl.label} on '{tgt}': {lat * 1e3:.4f} ms, {wl.flops / lat / 1e9:.1f} GFLOPS "
+    print(f"{wl.label} on '{tgt}': {lat * 1e3:.4f} ms, {wl.live_flops / lat / 1e9:.1f} GFLOPS "
           f"(policy {rec.policy}, {rec.timestamp})")
     if db.is_stale(rec):
         print("this version generates other code from these steps than was timed; tune again to time it")

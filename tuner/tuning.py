@@ -135,7 +135,7 @@ class TuneSummary:
 
     @property
     def best_gflops(self) -> float:
-        return self.workload.flops / self.best_latency / 1e9 if self.best else 0.0
+        return self.workload.live_flops / self.best_latency / 1e9 if self.best else 0.0
 
     @property
     def candidates_per_minute(self) -> float:

@@ -165,7 +165,7 @@ class ModelReport:
         peak = p.peak_gflops
         rows = []
         for r in sorted(in_plan, key=lambda r: -r.uses * r.best_s):
-            g = r.workload.flops / r.best_s / 1e9 if math.isfinite(r.best_s) else 0.0
+            g = r.workload.live_flops / r.best_s / 1e9 if math.isfinite(r.best_s) else 0.0
             rows.append([str(r.uses), str(r.trials), f"{r.best_s * 1e3:.4f}", f"{g:.1f}",
                          f"{g / peak:.2f}" if peak and g else "-", f"{100 * r.uses * r.best_s / est:.1f}%",
                          r.workload.op, _shape(r.workload), r.workload.layout, r.fusion])

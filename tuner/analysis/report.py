@@ -85,7 +85,7 @@ class Report:
 
 def _flops(w) -> float:
     try:
-        return parse_spec(w.spec, w.layout).flops
+        return parse_spec(w.spec, w.layout).live_flops      # a conv's padding-only products, skipped, not counted
     except UserError:            # a logged spec or layout this version cannot read (WorkloadError, LayoutError)
         return float("nan")
 
