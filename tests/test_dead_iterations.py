@@ -5,13 +5,13 @@ import math
 import numpy as np
 import pytest
 from conftest import TARGET1, check_schedules
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tuner.ops import make
 from tuner.schedule import ir
 from tuner.schedule.lower import lower
-from tuner.schedule.peel import DEAD_SHARE, dead_share, skip_dead_iterations
+from tuner.schedule.peel import BODY_OPS, DEAD_SHARE, dead_share, skip_dead_iterations
 from tuner.space.sketch import PADDING_SHARE, SearchSpace
 from tuner.target import parse_target
 from tuner.te import expr as E
@@ -53,7 +53,7 @@ def _run(s, env, bufs, counts):
         bufs[s.buffer][tuple(_value(i, env, bufs) for i in s.indices)] = _value(s.value, env, bufs)
 
 
-def _tap_nest(out, taps, dilation, pad, size, op, other):
+def _tap_nest(out, taps, dilation, pad, size, op, other, channels=2):
     """acc[o] = acc[o] op (x at o + r*d - pad, padded by `other`) * w[r, c]: a dilated 1-D conv's loops."""
     o, r, c = Var("o"), Var("r"), Var("c")
     at = o + r * Const(dilation)
@@ -63,24 +63,27 @@ def _tap_nest(out, taps, dilation, pad, size, op, other):
     value = E.Add(acc, E.Mul(read, Load("w", (r, c)))) if op == "add" else E.Max(acc, read)
     update = ir.Store("acc", (o,), value)
     body = ir.For("o", out, ir.seq([ir.Store("acc", (o,), Const(0.0 if op == "add" else -math.inf)),
-                                    ir.For("r", taps, ir.For("c", 2, update))]))
+                                    ir.For("r", taps, ir.For("c", channels, update))]))
     return ir.Func("f", [], [], body, {})
 
 
 @settings(max_examples=150, deadline=None)
 @given(out=st.integers(1, 14), taps=st.integers(1, 5), dilation=st.integers(1, 12), pad=st.integers(0, 14),
-       size=st.integers(1, 14), op=st.sampled_from(["add", "max"]), identity=st.booleans(), seed=st.integers(0, 99))
+       size=st.integers(1, 14), op=st.sampled_from(["add", "max"]), identity=st.booleans(),
+       channels=st.sampled_from([2, BODY_OPS]), seed=st.integers(0, 99))
+@example(out=14, taps=3, dilation=2, pad=2, size=14, op="add", identity=True, channels=BODY_OPS, seed=0)  # 4 dead
+@example(out=14, taps=3, dilation=1, pad=1, size=14, op="add", identity=True, channels=BODY_OPS, seed=0)  # 2 dead
 def test_a_loop_whose_iterations_add_nothing_is_skipped_where_they_read_padding_and_stores_the_same(
-        out, taps, dilation, pad, size, op, identity, seed):
+        out, taps, dilation, pad, size, op, identity, channels, seed):
     """A sum (padding 0) or a max (padding -inf) over taps that read padding for some outputs: the
     same results after the pass, with exactly the live taps' updates run where at least
-    DEAD_SHARE of the (output, tap) pairs read only padding; padded by anything else, nothing is
-    skipped."""
+    DEAD_SHARE of the (output, tap) pairs read only padding, or, in a body of BODY_OPS updates, where
+    the dead pairs number at least the taps; padded by anything else, nothing is skipped."""
     other = (0.0 if op == "add" else -math.inf) if identity else 1.5
-    func = _tap_nest(out, taps, dilation, pad, size, op, other)
+    func = _tap_nest(out, taps, dilation, pad, size, op, other, channels)
     rng = np.random.default_rng(seed)
-    x = {(i, c): float(rng.integers(-9, 9)) for i in range(size) for c in range(2)}
-    w = {(r, c): float(rng.integers(-9, 9)) for r in range(taps) for c in range(2)}
+    x = {(i, c): float(rng.integers(-9, 9)) for i in range(size) for c in range(channels)}
+    w = {(r, c): float(rng.integers(-9, 9)) for r in range(taps) for c in range(channels)}
     results = []
     for f in (func, skip_dead_iterations(func)):
         bufs, counts = {"x": x, "w": w, "acc": {}}, [0]
@@ -91,10 +94,10 @@ def test_a_loop_whose_iterations_add_nothing_is_skipped_where_they_read_padding_
     live = sum(pad <= o + r * dilation < size + pad for o in range(out) for r in range(taps))
     dead = 1 - live / (out * taps)
     tests = [s for s in ir.stmts(skip_dead_iterations(func).body) if isinstance(s, ir.IfThen)]
-    if identity and dead >= DEAD_SHARE:
-        assert ran_after == out + 2 * live and tests
+    if identity and (dead >= DEAD_SHARE or (channels >= BODY_OPS and 0 < out * taps - live and out * taps - live >= taps)):
+        assert ran_after == out + channels * live and tests
     else:
-        assert ran_after == ran == out + 2 * out * taps and not tests
+        assert ran_after == ran == out + channels * out * taps and not tests
 
 
 @settings(max_examples=200, deadline=None)

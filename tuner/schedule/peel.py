@@ -413,11 +413,16 @@ def _set_true(s: ir.Stmt, gone: set) -> ir.Stmt:
 # add nothing: the loop's body runs under that test's best case over the loops inside, as ONNX
 # Runtime's NCHWc convs skip the kernel rows outside the image.
 
-# Skipped only where at least this share of the loop's iterations is dead: the weights a skipped
-# iteration reads, the next output row reads anyway, and a few gaps in the first, cold sweep of a
-# weight panel cost more than they save (ResNet-50's 7x7 3x3 convs, a tenth dead: 1.16x slower
-# in the model; dilation 6 at 14x14, 29% dead: 0.78x the time, cold weights; docs/history.md).
+# Skipped where at least DEAD_SHARE of the loop's iterations are dead, or, in a body of BODY_OPS
+# vector operations or more, where they add up to a whole run of the loop or more over the
+# values of the loops around (a 3x3 conv padded by 1 has 2 dead kernel rows, above the first
+# output row and below the last, never skipped; padded by 2 at dilation 2, 4). Fewer: the weights
+# a skipped iteration reads, the next output row reads anyway, and the gaps in the first, cold
+# sweep of a weight panel cost more than they save (ResNet-50's 3x3 convs at 7x7: 1.16x slower
+# in the model); a depthwise conv's body (a kernel row: 5 to 7 vectors a pixel) pays the test
+# itself (its 5x5 ones at 28x28 in AVX2, 4% dead, 1.13x slower). Measured: docs/history.md.
 DEAD_SHARE = 0.25
+BODY_OPS = 128
 _IDENTITY = {Add: 0.0, Max: float("-inf"), Min: float("inf")}   # what an update folds in that leaves it as it is
 
 
@@ -447,9 +452,48 @@ def _skip(s: ir.Stmt, ranges: dict) -> ir.Stmt:
             continue
         if not (isinstance(t, Const) and t.value):      # false everywhere: the body never adds anything
             live.append(t)
-    if not live or dead_share(live, inner) < DEAD_SHARE:
+    if not live or not _worth_skipping(live, s.var, inner, body):
         return dataclasses.replace(s, body=body)
     return dataclasses.replace(s, body=ir.IfThen(all_of(*live), body))
+
+
+def _worth_skipping(tests: list, var: str, ranges: dict, body: ir.Stmt) -> bool:
+    share = dead_share(tests, ranges)
+    if share >= DEAD_SHARE:
+        return True
+    return share > 0 and _vector_steps(body) >= BODY_OPS and share * _runs(tests, var, ranges) >= 1 - 1e-9
+
+
+def _vector_steps(s: ir.Stmt) -> int:
+    """Statement executions in a nest, a vector loop's as one."""
+    if isinstance(s, ir.For):
+        return (1 if s.kind == "vectorize" else s.extent) * _vector_steps(s.body)
+    if isinstance(s, ir.Seq):
+        return sum(_vector_steps(x) for x in s.stmts)
+    return _vector_steps(s.body) if isinstance(s, (ir.IfThen, ir.Allocate)) else int(isinstance(s, ir.Store))
+
+
+def _runs(tests: list, var: str, ranges: dict) -> int:
+    """How many runs of loop `var` the tests tell apart: the distinct values of their parts free
+    of it (an output row, also where it is a fused parallel loop's `f / n % m`); 0 where unknown."""
+    forms = [_difference(t) for t in tests]
+    rest = [{k: c for k, c in f[0].items() if var not in free_vars(k)} for f in forms if f is not None]
+    names = sorted({n for terms in rest for k in terms for n in free_vars(k)})
+    if len(rest) < len(tests) or any(n not in ranges for n in names) or \
+            math.prod(ranges[n][1] - ranges[n][0] + 1 for n in names) > 1 << 20:
+        return 0
+    grid = dict(zip(names, np.meshgrid(*(np.arange(ranges[n][0], ranges[n][1] + 1) for n in names),
+                                       indexing="ij", sparse=True)))
+    shape = [ranges[n][1] - ranges[n][0] + 1 for n in names]
+    parts = []
+    for terms in rest:
+        v = np.zeros(shape, np.int64)
+        for term, k in terms.items():
+            if (x := _on_grid(term, grid)) is None:
+                return 0
+            v = v + k * x
+        parts.append(v.ravel())
+    return len(np.unique(np.stack(parts), axis=1).T) if parts else 1
 
 
 def dead_share(tests: list, ranges: dict, points: int = 1 << 20) -> float:
