@@ -375,20 +375,22 @@ def _interior(tests, inner: dict, outer: dict) -> tuple:
 def _worst_case(c, inner: dict):
     """For a test `a < b` / `a <= b` linear in the loop variables, the test on the outer variables
     alone under which it holds for every value of the `inner` ones; None when it mixes the two in
-    one term or is of another form."""
+    one term or is of another form, or is decided by the outer loops alone (the C compiler hoists it)."""
+    return _case(c, inner, worst=True)
+
+
+def _case(c, inner: dict, worst: bool):
+    """_worst_case, or (not worst) _best_case."""
     ln = _difference(c)
-    if ln is None:
-        return None
-    terms, const = ln
-    if (parts := _by_loops(terms, inner)) is None:
+    if ln is None or (parts := _by_loops(ln[0], inner)) is None:
         return None
     own, rest = parts
-    if not own:
-        return None                      # decided by the outer loops alone: the C compiler hoists it
-    b = bounds(from_linear(own, 0), inner)
+    if worst and not own:
+        return None
+    b = bounds(from_linear(own, 0), inner) if own else (0, 0)
     if b is None:
         return None
-    return Cmp(c.op, from_linear(rest, const + b[1]), Const(0))
+    return Cmp(c.op, from_linear(rest, ln[1] + b[1 if worst else 0]), Const(0))
 
 
 def _set_true(s: ir.Stmt, gone: set) -> ir.Stmt:
@@ -582,14 +584,4 @@ def _yields(e, c, unit: float) -> bool:
 def _best_case(c, inner: dict):
     """For a test `a < b` / `a <= b` linear in the loop variables: the test on the others alone
     that holds wherever it holds for some value of the `inner` loops; None for another form."""
-    ln = _difference(c)
-    if ln is None:
-        return None
-    terms, const = ln
-    if (parts := _by_loops(terms, inner)) is None:
-        return None
-    own, rest = parts
-    b = bounds(from_linear(own, 0), inner) if own else (0, 0)
-    if b is None:
-        return None
-    return Cmp(c.op, from_linear(rest, const + b[0]), Const(0))
+    return _case(c, inner, worst=False)
