@@ -14,6 +14,13 @@ def conv_out_size(size: int, k: int, stride: int, pad_lo: int, pad_hi: int, dila
     return (size + pad_lo + pad_hi - dilation * (k - 1) - 1) // stride + 1
 
 
+def tap_reads(size: int, out: int, k: int, stride: int, dilation: int, pad_lo: int) -> np.ndarray:
+    """(out, k) booleans along one axis of a window: whether output o's tap r reads the input, not
+    its padding."""
+    at = np.arange(out)[:, None] * stride + np.arange(k)[None, :] * dilation - pad_lo
+    return (at >= 0) & (at < size)
+
+
 def pad_spatial(data: Tensor, spatial_dims: tuple, pads: tuple, value: float = 0.0, name: str = "pad") -> Tensor:
     """Pad the two dims in `spatial_dims` by (top, left, bottom, right)."""
     top, left, bottom, right = pads

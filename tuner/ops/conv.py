@@ -8,7 +8,7 @@ from ..errors import GraphError
 from ..te import layouts as L
 from ..te.tensor import Tensor, compute, placeholder, reduce_axis, sum_reduce
 from .common import (conv_out_size, data_placeholder, export_as, f32, from_nchw, hw_dims, hw_pair, kernel_layout,
-                     nchw_dims, nchw_in, one_row, pad_ref, pad_spatial, pads4, pads_param, to_nchw, unsupported,
+                     nchw_dims, nchw_in, one_row, pad_ref, pad_spatial, pads4, pads_param, tap_reads, to_nchw, unsupported,
                      window_out)
 from .elementwise import epilogue, epilogue_ref
 from .registry import NoTask, OpDef, Pattern, WorkloadDef, WorkloadError, output_elements, register
@@ -331,11 +331,10 @@ def _conv_wl_flops(wl):
 def _conv_wl_live_flops(wl):
     """The products that read the input: a kernel skips those that read only padding (schedule.peel)."""
     p = wl.p
-    t, lft, b, r = pads4(p["pad"])
-    s, d = p["stride"], p["dilation"]
-    live = [sum(0 <= o * s + k * d - lo < size for o in range(conv_out_size(size, taps, s, lo, hi, d)) for k in range(taps))
-            for size, taps, lo, hi in ((p["H"], p["R"], t, b), (p["W"], p["S"], lft, r))]
-    return 2.0 * p["N"] * p["K"] * (p["C"] // p["groups"]) * live[0] * live[1]
+    top, left, _, _ = pads4(p["pad"])
+    live = [int(tap_reads(size, out, k, p["stride"], p["dilation"], lo).sum())
+            for size, out, k, lo in zip((p["H"], p["W"]), window_out(p, p["dilation"]), (p["R"], p["S"]), (top, left))]
+    return conv2d_flops(p["N"] * p["K"], p["C"] // p["groups"], *live)
 
 
 register(

@@ -140,16 +140,17 @@ def map_loops(s: Stmt, fn) -> Stmt:
     return s
 
 
-def nest_steps(s: Stmt) -> int:
+def nest_steps(s: Stmt, vector_ops: bool = False) -> int:
     """Statement executions in a loop nest: the C generator unrolls a nest that has at most its
     auto_unroll_max_step (the cost model's features must see the same loops unrolled); a prefetch
-    is a hint and counts for nothing (adding one never changes what is unrolled)."""
+    is a hint and counts for nothing (adding one never changes what is unrolled); vector_ops: a
+    vector loop's body counted once, not once per lane."""
     if isinstance(s, For):
-        return s.extent * nest_steps(s.body)
+        return (1 if vector_ops and s.kind == "vectorize" else s.extent) * nest_steps(s.body, vector_ops)
     if isinstance(s, Seq):
-        return sum(nest_steps(x) for x in s.stmts)
+        return sum(nest_steps(x, vector_ops) for x in s.stmts)
     if isinstance(s, (IfThen, Allocate)):
-        return nest_steps(s.body)
+        return nest_steps(s.body, vector_ops)
     return 0 if isinstance(s, Prefetch) else 1
 
 

@@ -73,7 +73,7 @@ def _peel(s: ir.Stmt, ranges: dict, peel: bool = True) -> ir.Stmt:
 # A guarded tile axis fused into the parallel loop (tile index = fused / n % m) is split this way.
 
 def _split_parallel(s: ir.For, ranges: dict) -> ir.Stmt | None:
-    guards = dict.fromkeys(c for st in ir.stmts(s.body) if isinstance(st, ir.IfThen) for c in conjuncts(st.cond)
+    guards = dict.fromkeys(c for st in ir.stmts(s.body) if isinstance(st, ir.IfThen) for c in _conjuncts(st.cond)
                            if s.var in free_vars(c))
     gone, interior = _interior(guards, _loop_ranges(s.body), ranges)
     if not interior:
@@ -124,7 +124,7 @@ def _replace(s: ir.Stmt, fn, bound=()) -> ir.Stmt:
 def _symbolic_guards(loop: ir.For) -> bool:
     """Whether a guard on `loop`'s variable compares with a symbol (a run's extent)."""
     return any(loop.var in free_vars(c) and any(n.startswith(SYMBOL_PREFIX) for n in free_vars(c))
-               for st in ir.stmts(loop.body) if isinstance(st, ir.IfThen) for c in conjuncts(st.cond))
+               for st in ir.stmts(loop.body) if isinstance(st, ir.IfThen) for c in _conjuncts(st.cond))
 
 
 def _peel_symbolic(s: ir.For, ranges: dict) -> ir.Stmt:
@@ -132,7 +132,7 @@ def _peel_symbolic(s: ir.For, ranges: dict) -> ir.Stmt:
     prefixes, gone = [], set()
     for st in ir.stmts(s.body):
         if isinstance(st, ir.IfThen):
-            for c in conjuncts(st.cond):
+            for c in _conjuncts(st.cond):
                 if s.var in free_vars(c) and c not in gone:
                     q = _symbolic_prefix(c, s.var, inner)
                     if q is not None:
@@ -192,7 +192,7 @@ def _by_loops(terms: dict, inner: dict):
 def _drop(s: ir.Stmt, gone: set) -> ir.Stmt:
     """`s` with the guard conjuncts in `gone` removed."""
     if isinstance(s, ir.IfThen):
-        rest = [c for c in conjuncts(s.cond) if c not in gone]
+        rest = [c for c in _conjuncts(s.cond) if c not in gone]
         body = _drop(s.body, gone)
         return ir.IfThen(all_of(*rest), body) if rest else body
     if isinstance(s, ir.Seq):
@@ -210,7 +210,7 @@ def _true_prefix(loop: ir.For, ranges: dict) -> int | None:
     for st in ir.stmts(loop.body):
         if not isinstance(st, ir.IfThen):
             continue
-        for c in conjuncts(st.cond):
+        for c in _conjuncts(st.cond):
             if var not in free_vars(c):
                 continue
             q = _prefix(c, var, inner)
@@ -233,7 +233,7 @@ def _live_extent(loop: ir.For, ranges: dict) -> int | None:
         if isinstance(st, ir.Store):
             ends.append(min((q for c in conds if (q := _dead_from(c, var, inner)) is not None), default=None))
         elif isinstance(st, ir.IfThen):
-            visit(st.body, conds + list(conjuncts(st.cond)))
+            visit(st.body, conds + list(_conjuncts(st.cond)))
         elif isinstance(st, ir.Seq):
             for x in st.stmts:
                 visit(x, conds)
@@ -265,10 +265,10 @@ def _loop_ranges(body: ir.Stmt, out: dict | None = None) -> dict:
     return out
 
 
-def conjuncts(c):
+def _conjuncts(c):
     if isinstance(c, And):
-        yield from conjuncts(c.a)
-        yield from conjuncts(c.b)
+        yield from _conjuncts(c.a)
+        yield from _conjuncts(c.b)
     else:
         yield c
 
@@ -341,7 +341,7 @@ def _split_interior(body: ir.Stmt, outer: dict) -> ir.Stmt:
     """`body` as `if (interior) clean else body`: `clean` has every select test that holds for all
     values of body's own loops wherever `interior` (a test of the loops around) holds, set true."""
     tests = {c for st in ir.stmts(body) if isinstance(st, ir.Store)
-             for n in walk(st.value) if isinstance(n, Select) for c in conjuncts(n.cond)}
+             for n in walk(st.value) if isinstance(n, Select) for c in _conjuncts(n.cond)}
     gone, interior = _interior(sorted(tests, key=repr), _loop_ranges(body), outer)   # a stable order
     if not gone:
         return body
@@ -396,7 +396,7 @@ def _case(c, inner: dict, worst: bool):
 def _set_true(s: ir.Stmt, gone: set) -> ir.Stmt:
     def fix(e):
         if isinstance(e, Select):
-            rest = [c for c in conjuncts(e.cond) if c not in gone]
+            rest = [c for c in _conjuncts(e.cond) if c not in gone]
             return Select(all_of(*rest), e.then, e.other) if rest else e.then
         return None
     if isinstance(s, ir.Store):
@@ -431,74 +431,85 @@ _IDENTITY = {Add: 0.0, Max: float("-inf"), Min: float("inf")}   # what an update
 def skip_dead_iterations(func: ir.Func) -> ir.Func:
     if not any(isinstance(n, Select) for st in ir.stmts(func.body) if isinstance(st, ir.Store) for n in walk(st.value)):
         return func
-    return dataclasses.replace(func, body=_skip(func.body, {}))
+    return dataclasses.replace(func, body=_skip(func.body, {})[0])
 
 
-def _skip(s: ir.Stmt, ranges: dict) -> ir.Stmt:
+_ANY = object()      # the idle tests of a statement that stores nothing: whatever the others' are
+
+
+def _skip(s: ir.Stmt, ranges: dict) -> tuple:
+    """(s with its dead iterations skipped, the tests under which every store in it leaves its
+    buffer as it is when the test fails (common to all of them, in a stable order; None: none, or a
+    statement of another kind), the ranges of the loops inside it): one walk, inner loops first."""
+    if isinstance(s, ir.Store):
+        return s, _update_tests(s) or None, {}
+    if isinstance(s, ir.Prefetch):
+        return s, _ANY, {}
     if isinstance(s, ir.Seq):
-        return ir.seq([_skip(x, ranges) for x in s.stmts])
+        done = [_skip(x, ranges) for x in s.stmts]
+        tests, own = _ANY, {}
+        for _, t, o in done:
+            tests = t if tests is _ANY else None if t is None or tests is None else \
+                tests if t is _ANY else [c for c in tests if c in t]
+            _widen(own, o)
+        return ir.seq([d[0] for d in done]), tests or None, own
     if isinstance(s, (ir.IfThen, ir.Allocate)):
-        return dataclasses.replace(s, body=_skip(s.body, ranges))
+        body, tests, own = _skip(s.body, ranges)
+        return dataclasses.replace(s, body=body), tests, own
     if not isinstance(s, ir.For):
-        return s
+        return s, None, {}          # a barrier: every thread must reach it
     inner = {**ranges, s.var: (0, s.extent - 1)}
-    body = _skip(s.body, inner)
-    if s.kind != "serial" or s.limit is not None:
-        return dataclasses.replace(s, body=body)
-    tests = _idle_tests(body)
-    own = _loop_ranges(body)
+    body, tests, own = _skip(s.body, inner)
+    mine = _widen(dict(own), {s.var: (0, s.extent - 1)})
+    if s.kind != "serial" or s.limit is not None or tests in (None, _ANY):
+        return dataclasses.replace(s, body=body), tests, mine
     live = []
-    for c in tests or ():
-        t = _best_case(c, own)
-        if t is None or s.var not in free_vars(t) or (t := simplify(t, inner)) in live:
+    for c in tests:
+        if s.var not in free_vars(c) or (t := _best_case(c, own)) is None or s.var not in free_vars(t) \
+                or _holds(t, inner) or (t := simplify(t, inner)) in live:
             continue
         if not (isinstance(t, Const) and t.value):      # false everywhere: the body never adds anything
             live.append(t)
-    if not live or not _worth_skipping(live, s.var, inner, body):
-        return dataclasses.replace(s, body=body)
-    return dataclasses.replace(s, body=ir.IfThen(all_of(*live), body))
+    if live and _worth_skipping(live, s.var, inner, body):
+        body = ir.IfThen(all_of(*live), body)
+    return dataclasses.replace(s, body=body), tests, mine
+
+
+def _holds(t: Cmp, ranges: dict) -> bool:
+    """Whether a test `e < 0` / `e <= 0` holds for every value of the loops (its bounds say so:
+    cheaper than simplify, which would fold it to true)."""
+    b = bounds(t.a, ranges)
+    return b is not None and (b[1] < 0 if t.op == "<" else b[1] <= 0)
+
+
+def _widen(out: dict, ranges: dict) -> dict:
+    """`out` with `ranges` added; a name bound twice: the wider range (as _loop_ranges)."""
+    for k, (_, hi) in ranges.items():
+        out[k] = (0, max(hi, out.get(k, (0, 0))[1]))
+    return out
 
 
 def _worth_skipping(tests: list, var: str, ranges: dict, body: ir.Stmt) -> bool:
     share = dead_share(tests, ranges)
     if share >= DEAD_SHARE:
         return True
-    return share > 0 and _vector_steps(body) >= BODY_OPS and share * _runs(tests, var, ranges) >= 1 - 1e-9
-
-
-def _vector_steps(s: ir.Stmt) -> int:
-    """Statement executions in a nest, a vector loop's as one."""
-    if isinstance(s, ir.For):
-        return (1 if s.kind == "vectorize" else s.extent) * _vector_steps(s.body)
-    if isinstance(s, ir.Seq):
-        return sum(_vector_steps(x) for x in s.stmts)
-    return _vector_steps(s.body) if isinstance(s, (ir.IfThen, ir.Allocate)) else int(isinstance(s, ir.Store))
+    return share > 0 and ir.nest_steps(body, vector_ops=True) >= BODY_OPS and share * _runs(tests, var, ranges) >= 1 - 1e-9
 
 
 def _runs(tests: list, var: str, ranges: dict) -> int:
     """How many runs of loop `var` the tests tell apart: the distinct values of their parts free
     of it (an output row, also where it is a fused parallel loop's `f / n % m`); 0 where unknown."""
     forms = [_difference(t) for t in tests]
-    rest = [{k: c for k, c in f[0].items() if var not in free_vars(k)} for f in forms if f is not None]
-    names = sorted({n for terms in rest for k in terms for n in free_vars(k)})
-    if len(rest) < len(tests) or any(n not in ranges for n in names) or \
-            math.prod(ranges[n][1] - ranges[n][0] + 1 for n in names) > 1 << 20:
+    if None in forms:
         return 0
-    grid = dict(zip(names, np.meshgrid(*(np.arange(ranges[n][0], ranges[n][1] + 1) for n in names),
-                                       indexing="ij", sparse=True)))
-    shape = [ranges[n][1] - ranges[n][0] + 1 for n in names]
-    parts = []
-    for terms in rest:
-        v = np.zeros(shape, np.int64)
-        for term, k in terms.items():
-            if (x := _on_grid(term, grid)) is None:
-                return 0
-            v = v + k * x
-        parts.append(v.ravel())
-    return len(np.unique(np.stack(parts), axis=1).T) if parts else 1
+    rest = [({k: c for k, c in terms.items() if var not in free_vars(k)}, 0) for terms, _ in forms]
+    values = _on_loops(rest, ranges)
+    if values is None:
+        return 0
+    return len(np.unique(np.stack([v.ravel() for v in values]), axis=1).T) if values else 1
 
 
-def dead_share(tests: list, ranges: dict, points: int = 1 << 20) -> float:
+def dead_share(tests: list, ranges: dict) -> float:
     """The share of the values of the loops `tests` read (each test linear in terms of them: a
     fused loop's `f / n % m` too) for which one of them fails; 0 where that is not known (a term
     of another form, a loop without a range, too many values)."""
@@ -506,21 +517,35 @@ def dead_share(tests: list, ranges: dict, points: int = 1 << 20) -> float:
         return 1.0
     tests = [t for t in tests if not isinstance(t, Const)]
     forms = [_difference(t) for t in tests]
-    names = sorted({n for t in tests for n in free_vars(t)})
-    if None in forms or any(n not in ranges for n in names) or \
-            math.prod(ranges[n][1] - ranges[n][0] + 1 for n in names) > points:
+    if None in forms or (values := _on_loops(forms, ranges)) is None:
         return 0.0
+    ok = np.ones((), bool)
+    for t, v in zip(tests, values):
+        ok = ok & (v < 0 if t.op == "<" else v <= 0)
+    return 1.0 - float(ok.mean())
+
+
+def _on_loops(forms: list, ranges: dict, points: int = 1 << 20) -> list | None:
+    """The values of linear forms (terms, const) over every value of the loops they read, as
+    arrays of one shape; None where a term is of another form, a loop has no range, or there are
+    more than `points` values."""
+    names = sorted({n for terms, _ in forms for k in terms for n in free_vars(k)})
+    if any(n not in ranges for n in names):
+        return None
+    shape = [ranges[n][1] - ranges[n][0] + 1 for n in names]
+    if math.prod(shape) > points:
+        return None
     grid = dict(zip(names, np.meshgrid(*(np.arange(ranges[n][0], ranges[n][1] + 1) for n in names),
                                        indexing="ij", sparse=True)))
-    ok = np.ones((), bool)
-    for t, (terms, const) in zip(tests, forms):
-        v = const
+    values = []
+    for terms, const in forms:
+        v = np.full(shape, const, np.int64)
         for term, k in terms.items():
             if (x := _on_grid(term, grid)) is None:
-                return 0.0
+                return None
             v = v + k * x
-        ok = ok & (v < 0 if t.op == "<" else v <= 0)
-    return 1.0 - float(np.broadcast_to(ok, [ranges[n][1] - ranges[n][0] + 1 for n in names]).mean())
+        values.append(v)
+    return values
 
 
 _GRID_OPS = {Add: np.add, Sub: np.subtract, Mul: np.multiply, FloorDiv: np.floor_divide, FloorMod: np.mod}
@@ -537,28 +562,13 @@ def _on_grid(e, grid: dict):
     return None
 
 
-def _idle_tests(body: ir.Stmt) -> list | None:
-    """The tests under which every store in `body` leaves its buffer as it is when the test fails
-    (tests common to all of them, in a stable order); None where a statement is of another kind."""
-    common = None
-    for st in ir.stmts(body):
-        if isinstance(st, ir.Store):
-            mine = _update_tests(st)
-            common = mine if common is None else [c for c in common if c in mine]
-            if not common:
-                return None
-        elif not isinstance(st, (ir.For, ir.Seq, ir.IfThen, ir.Allocate, ir.Prefetch)):
-            return None                  # a barrier: every thread must reach it
-    return common
-
-
 def _update_tests(st: ir.Store) -> list:
     """The tests whose failure makes `st` (acc = acc op term) fold in op's identity."""
     v, acc = st.value, Load(st.buffer, st.indices)
     if type(v) not in _IDENTITY or acc not in (v.a, v.b):
         return []
     term, unit = v.b if v.a == acc else v.a, _IDENTITY[type(v)]
-    return [c for c in dict.fromkeys(c for n in walk(term) if isinstance(n, Select) for c in conjuncts(n.cond))
+    return [c for c in dict.fromkeys(c for n in walk(term) if isinstance(n, Select) for c in _conjuncts(n.cond))
             if _yields(term, c, unit)]
 
 
@@ -567,7 +577,7 @@ def _yields(e, c, unit: float) -> bool:
     if isinstance(e, Const):
         return e.value == unit
     if isinstance(e, Select):
-        return _yields(e.other, c, unit) and (c in tuple(conjuncts(e.cond)) or _yields(e.then, c, unit))
+        return _yields(e.other, c, unit) and (c in tuple(_conjuncts(e.cond)) or _yields(e.then, c, unit))
     if isinstance(e, Cast):
         return _yields(e.value, c, unit)
     if unit != 0.0:

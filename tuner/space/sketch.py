@@ -72,7 +72,6 @@ from functools import cached_property
 from ..ops import Workload
 from ..ops.workload import CONSTANT_INPUTS
 from ..schedule.ir import tail_widths, vector_split
-from ..schedule.peel import conjuncts, dead_share
 from ..schedule.prefetch import LINE_FLOATS, PEELED
 from ..schedule.schedule import Schedule, ScheduleError, replay
 from ..te.expr import Const, FloorDiv, FloorMod, Load, Select, Var, children, free_vars, linear, substitute, walk
@@ -709,19 +708,9 @@ class SearchSpace(DagSketch):
 
     @cached_property
     def _padding_share(self) -> float:
-        """The share of the reduction's reads of its pads that fall in the padding (dead_share of
-        each pad's bounds tests at the read's index, over the output and reduction axes)."""
-        sch = Schedule(self.inputs, self.output)
-        ranges = {a.name: (0, a.extent - 1) for a in self.anchor_op.axes}
-        ranges.update((r, (0, e - 1)) for r, e in self.reduce_axes)
-        shares = []
-        for n in walk(self.anchor_op.body):
-            if isinstance(n, Load) and n.buffer in self.pads:
-                op = sch.stage(n.buffer).op
-                at = {a.name: i for a, i in zip(op.axes, n.indices)}
-                tests = [c for e in walk(op.body) if isinstance(e, Select) for c in conjuncts(substitute(e.cond, at))]
-                shares.append(dead_share(tests, ranges))
-        return sum(shares) / len(shares) if shares else 0.0
+        """The share of the workload's products that read padding (Workload.live_flops: a conv's)."""
+        flops = self.workload.flops
+        return 1.0 - self.workload.live_flops / flops if flops else 0.0
 
     @cached_property
     def _pad_axes(self) -> dict:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ops import channel_bias_shape, nchw_dims
+from ...ops.common import tap_reads
 from ..builder import rebuild
 from ..ir import Graph
 from .base import register
@@ -62,7 +63,7 @@ def _live_window(node, w: np.ndarray):
     for ax in (0, 1):
         size, out, k = node.inputs[0].shape[2 + ax], node.output.shape[2 + ax], w.shape[2 + ax]
         st, d, lo = a["strides"][ax], a["dilations"][ax], pads[ax]
-        live = [r for r in range(k) if any(0 <= o * st + r * d - lo < size for o in range(out))]
+        live = [int(r) for r in np.flatnonzero(tap_reads(size, out, k, st, d, lo).any(axis=0))]
         if not live:
             return None
         first, last = live[0], live[-1]
