@@ -48,17 +48,23 @@ def export(name: str, path: Path, seed: int = 0, dynamo: bool = False) -> Path:
     torch.manual_seed(seed)
     builder = models.get_model_builder(name)      # segmentation heads sit on a backbone: no weights for it either
     extra = {"weights_backbone": None} if "weights_backbone" in inspect.signature(builder).parameters else {}
-    net = builder(weights=None, **extra).eval()
+    size = SIZES.get(name, 224)
+    return export_net(torch, builder(weights=None, **extra), (1, 3, size, size), path, dynamo)
+
+
+def export_net(torch, net, shape: tuple, path: Path, dynamo: bool = False) -> Path:
+    """`net` in eval mode with random BatchNorm statistics (so that folding them means something) and no
+    constant parameter (a zero head, a norm's ones would hide errors), exported at batch 1 of `shape`."""
+    net = net.eval()
     with torch.no_grad():
         for m in net.modules():
             if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
                 m.running_mean.uniform_(-0.1, 0.1)
                 m.running_var.uniform_(0.5, 1.5)
-        for p in net.parameters():          # a constant init (ViT's zero head, norms' ones) would hide errors
+        for p in net.parameters():
             if p.numel() > 1 and bool((p == p.flatten()[0]).all()):
                 p.add_(torch.empty_like(p).normal_(0, 0.1 if bool(p.flatten()[0]) else 0.02))
-    size = SIZES.get(name, 224)
-    torch.onnx.export(net, (torch.randn(1, 3, size, size),), str(path), input_names=["input"],
+    torch.onnx.export(net, (torch.randn(*shape),), str(path), input_names=["input"],
                       opset_version=18 if dynamo else 17, dynamo=dynamo)
     return path
 
