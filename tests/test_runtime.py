@@ -105,6 +105,47 @@ def test_a_conv_after_a_concat_of_fitted_blocks_reads_them_as_they_are(tmp_cache
     assert_matches_onnxruntime(m, g)
 
 
+def _concat_of_small_blocks(tail: str):
+    """MixNet's block: a 48-channel conv split in two, a depthwise conv on each 24 (blocks of 8 in
+    NCHW16c), concatenated to 48 (held in blocks of 8, where 16 divides 48), then `tail`."""
+    net = _Net("small_blocks", 4)
+    x = net.b.input("input", (1, 8, 6, 6), layout="NCHW")
+    h = net.conv(x, 8, 48, 1)
+    halves = [net.b.add("slice", [h], {"begin": [0, c, 0, 0], "step": [1] * 4, "shape": [1, 24, 6, 6]}, f"half{c}")
+              for c in (0, 24)]
+    parts = [net.relu(net.conv(v, 24, 24, k, groups=24)) for v, k in zip(halves, (3, 5))]
+    y = net.b.add("concat", parts, {"axis": 1}, "cat")
+    if tail == "depthwise":
+        y = net.conv(y, 48, 48, 3, groups=48)
+    elif tail in ("max_pool2d", "avg_pool2d"):
+        y = net.b.add(tail, [y], {"kernel": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "layout": "NCHW"}, "pool")
+    elif tail == "winograd":
+        y = net.b.add("conv2d", [y, net.b.const(net.rng.normal(0, 0.2, (16, 48, 3, 3)).astype(np.float32), "w")],
+                      {"strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1], "groups": 1, "layout": "NCHW",
+                       "kernel_layout": "OIHW"}, "tail")
+    else:                           # squeeze-excitation: the gate's 48 channels arrive in blocks of 16
+        s = net.b.add("global_avg_pool2d", [y], {"layout": "NCHW"}, "squeeze")
+        s = net.b.add("sigmoid", [net.conv(net.relu(net.conv(s, 48, 8, 1)), 8, 48, 1)], {}, "gate")
+        y = net.b.add("mul", [y, s] if tail == "excite" else [s, y], {}, "excite")
+    return net.b.finish([y])
+
+
+@pytest.mark.parametrize("tail", ["depthwise", "max_pool2d", "avg_pool2d", "excite", "excite_gate_first", "winograd"])
+def test_what_reads_a_concat_held_in_smaller_blocks_than_its_layout_gets_its_data_as_it_is(tmp_cache, tail):
+    """MixNet's mixed-kernel depthwise convs: branches of 120 channels run in NCHW16c in blocks of 8,
+    and so is their 240-channel concat, where NCHW16c's own block would be 16. A task that reads its
+    layout's block (a depthwise conv, a pooling, a Winograd input transform) gets the data re-laid
+    to it, and an elementwise op's operands come in one block, never a kernel reading 8-channel
+    blocks as 16 (the garbage this gave) nor a failed compile."""
+    g = _concat_of_small_blocks(tail)
+    plan = {"tail": "winograd2@NCHW16c"} if tail == "winograd" else None
+    for threads in (1, 2):
+        m = compile_model(g, threads=threads, layout="NCHW16c", layout_plan=plan)
+        assert_matches_onnxruntime(m, g)
+    if tail == "winograd":
+        assert any(s.workload.startswith("winograd_input") for s in m.steps), [s.workload for s in m.steps]
+
+
 @pytest.mark.slow
 def test_an_onnx_file_with_many_operators_matches_onnxruntime(tmp_cache, tmp_path):
     path = str(_torch_style_model(tmp_path / "torchish.onnx"))     # clip, hard_swish, concat, pad, softmax, ...

@@ -12,6 +12,10 @@ Every activation value carries the layout its data is in. Walking the graph in o
     its operand that a convolution's epilogue computes (`followed_operand`: so a residual add stays
     in that convolution's kernel, as the layout solver priced it), else of its first full-shape
     operand, and transforms the other to it; a channel concat takes its first input's layout;
+  * a concat of inputs held in a smaller block than their layout's (120 channels in blocks of 8
+    under NCHW16c) keeps that block, which only a conv of groups 1 reads as it is (ib=); a pooling
+    runs in the layout that names it, and what reads its layout's own block (a grouped conv, a
+    Winograd input, an elementwise op's other operands) gets the data re-laid to one block;
   * every other op (flatten, reshape, transpose, pad, softmax, mean, dense) and the graph outputs
     get NCHW back.
 A transform of a value that is itself a transform back from the wanted layout is cancelled (the
@@ -35,10 +39,14 @@ class _Converter:
         self.desired = desired
         self.memo: dict = {}
 
-    def to(self, x, dst: str):
+    def to(self, x, dst: str, exact: bool = False):
         """`x` in layout `dst` (x must be a 4-D activation or constant); a 4-D activation without a
-        layout (a reshape's or a transpose's output: channel shuffles, ConvNeXt's permutes) is NCHW."""
+        layout (a reshape's or a transpose's output: channel shuffles, ConvNeXt's permutes) is NCHW.
+        A blocked value held in a smaller block than its layout's (a concat's) is left so (a conv of
+        groups 1 reads any block), unless `exact`: then it is re-laid to dst's own block."""
         lay = x.layout or ("NCHW" if len(x.shape) == 4 and not x.is_const else "")
+        if exact and x.layout:
+            lay = _data_layout(x)
         if not lay or lay == dst:
             return x
         if len(x.shape) == 5 and L.in_blocks_of(x.shape[4], dst, x.shape[1] * x.shape[4]):
@@ -51,7 +59,7 @@ class _Converter:
             out = p.inputs[0]                                   # inverse pair: cancel
         else:
             src = p.inputs[0] if p is not None and p.op == "layout_transform" else x   # A->B->C is A->C
-            src_layout = src.layout or lay
+            src_layout = lay if src is x else src.layout or lay
             out = self.b.add("layout_transform", [src], {"src": src_layout, "dst": dst}, f"{x.name}_{dst}") \
                 if src_layout != dst else src
         self.memo[key] = out
@@ -71,6 +79,24 @@ class _Converter:
         if blk and ch != 1 and ch % blk:
             return None                     # cannot follow the activation's channel blocks
         return self.b.const(L.act_from_nchw(full, lay, 1 if ch == 1 else blk or None), f"{c.name}_{lay}")
+
+
+def _data_layout(x) -> str:
+    """The layout x's data is in: its own, or for a blocked one held in a smaller block than its layout
+    fits to its channels (a concat of inputs in smaller blocks: MixNet's 240 channels as 2 x 120, in
+    blocks of 8 under NCHW16c), the layout of that block."""
+    blk = len(x.shape) == 5 and x.shape[4]
+    if blk and L.block_of(x.layout) and not L.in_blocks_of(blk, x.layout, x.shape[1] * blk):
+        return f"NCHW{blk}c"
+    return x.layout
+
+
+def _held(x) -> str | None:
+    """The layout that names how x's data is held (_data_layout), None where none fits x's channels
+    to x's block (360 channels in blocks of 15: NCHW15c fits them to blocks of 8)."""
+    lay = _data_layout(x)
+    named = len(x.shape) != 5 or not L.block_of(lay) or L.in_blocks_of(x.shape[4], lay, x.shape[1] * x.shape[4])
+    return lay if named else None
 
 
 def uses(graph: Graph) -> dict:
@@ -223,16 +249,16 @@ def convert(graph: Graph, desired: str, plan: dict | None = None) -> Graph:
         acts = [v for v in ins if not v.is_const and v.layout]
         conv_lay = _plan_choice(n, plan, desired)
         if n.op == "conv2d" and ins[1].is_const and len(ins) == 2 and WG.parse_choice(conv_lay):
-            out = _winograd(b, n, cv.to(ins[0], WG.activation_layout(conv_lay)), ins[1], conv_lay)
+            out = _winograd(b, n, cv.to(ins[0], WG.activation_layout(conv_lay), exact=True), ins[1], conv_lay)
         elif n.op == "conv2d" and ins[1].is_const and len(ins) == 2 and \
                 (fused_read(conv_lay) or (conv_lay != "NCHW" and _blockable(n, conv_lay))):
             src, lay = io_layouts(conv_lay)
             if src != lay and attrs["groups"] != 1:
                 raise L.LayoutError(f"layout plan: conv {n.name!r} cannot run as {conv_lay}: only a conv with "
                                     "groups=1 reads its input in another block than it writes")
-            x = cv.to(ins[0], src)
             # a blocked weight takes the input block the data arrives in: another layout's (fused_read)
-            # or a concat's fitted one
+            # or a concat's smaller one; a grouped conv's task reads its layout's own
+            x = cv.to(ins[0], src, exact=attrs["groups"] != 1)
             w = _conv_weight(b, ins[1], lay, attrs["groups"], x.shape[4] if len(x.shape) == 5 else 0)
             attrs.update(layout=lay, kernel_layout=kernel_layout(lay))
             out = b.add("conv2d", [x, w], attrs, n.name)
@@ -241,13 +267,20 @@ def convert(graph: Graph, desired: str, plan: dict | None = None) -> Graph:
         elif n.op in BINARY and acts and len(n.output.shape) == 4:
             ref = ins[followed_operand(n, used)]      # constants are re-laid to match it
             ref = ref if ref.layout else acts[0]
-            new_ins = [cv.const_like(v, ref) if v.is_const else cv.to(v, ref.layout) for v in ins]
+            # every operand in ref's block, else (no layout names it) in the block ref's layout fits
+            new_ins = [v if v.is_const else cv.to(v, _held(ref) or ref.layout, exact=True) for v in ins]
+            ref = next(v for v in new_ins if not v.is_const and v.layout)
+            new_ins = [cv.const_like(v, ref) if v.is_const else v for v in new_ins]
             if any(v is None for v in new_ins):   # a constant that cannot follow: compute in NCHW
                 new_ins = [v if v.is_const else cv.to(v, "NCHW") for v in ins]
             out = b.add(n.op, new_ins, attrs, n.name)
         elif n.op in AGNOSTIC_POOLS and acts:
-            attrs["layout"] = ins[0].layout
-            out = b.add(n.op, ins, attrs, n.name)
+            # its task reads its layout's block: the one its input is held in where a layout names it
+            x, held = ins[0], _held(ins[0]) if ins[0].layout else ""
+            if held is None:
+                x, held = cv.to(x, x.layout, exact=True), x.layout
+            attrs["layout"] = held
+            out = b.add(n.op, [x] + ins[1:], attrs, n.name)
         elif n.op == "resize" and acts and not ins[0].is_const and set(attrs["axes"]) <= {2, 3} and \
                 ins[0].layout != "NHWC":         # H and W are axes 2 and 3 of NCHW and of NCHW[x]c alike
             out = b.add(n.op, ins, attrs, n.name)
