@@ -18,8 +18,9 @@ from ..graph.onnx_frontend import to_onnx
 from ..measure.interleave import interleaved, paired_ratios, time_call  # noqa: F401 (the peers' timing)
 
 
-def onnxruntime_runner(graph: Graph, threads: int, onnx_path: str | None = None):
-    """A callable(inputs) -> outputs running `graph` (or the ONNX file it came from) in ONNX Runtime."""
+def onnxruntime_runner(graph: Graph, threads: int, onnx_path: str | None = None, optimize: bool = True):
+    """A callable(inputs) -> outputs running `graph` (or the ONNX file it came from) in ONNX Runtime,
+    with its graph optimisations (fusions that round differently) or, optimize=False, none."""
     try:
         import onnxruntime as ort
     except ImportError:
@@ -28,7 +29,8 @@ def onnxruntime_runner(graph: Graph, threads: int, onnx_path: str | None = None)
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else \
+        ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     if onnx_path is None:               # (a graph is needed only without a file)
         model = to_onnx(graph).SerializeToString()
     else:
