@@ -357,3 +357,22 @@ def test_a_one_hot_of_constants_folds_to_what_onnx_runtime_computes(tmp_path, sh
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "o.onnx"))
     np.testing.assert_array_equal(got, ort_run(tmp_path / "o.onnx", dict(inits))[0])
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.integers(1, 6), cols=st.integers(1, 6), k=st.integers(-7, 7), cast=st.booleans())
+def test_an_eye_like_of_an_activation_folds_to_what_onnx_runtime_computes(tmp_path, rows, cols, k, cast):
+    """EyeLike reads only its input's shape (BAT's attention in timm's bat_resnext26ts): a constant,
+    in its `dtype` or else its input's, with a diagonal above or below the main one or none at all."""
+    attrs = {"k": k, **({"dtype": TensorProto.INT64} if cast else {})}
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("EyeLike", ["r"], ["e"], **attrs),
+             helper.make_node("Cast", ["e"], ["ef"], to=TensorProto.FLOAT), helper.make_node("Add", ["x", "ef"], ["y"])]
+    g = _matches_onnxruntime(_model(nodes, {}, (rows, cols), tmp_path / "eye.onnx", opset=17, in_shape=(rows, cols)),
+                             (rows, cols))
+    assert [n.op for n in g.nodes if n.op != "relu"] == ["add"]       # (the relu only EyeLike read is dead)
+
+
+def test_an_eye_like_of_a_3d_input_is_a_one_line_error_naming_the_node(tmp_path):
+    nodes = [helper.make_node("EyeLike", ["x"], ["e"], name="eye"), helper.make_node("Add", ["x", "e"], ["y"])]
+    with pytest.raises(OnnxImportError, match=r"node 'eye' \(EyeLike\).*2-D input, got shape \[1, 3, 8, 8\]"):
+        load_onnx(_model(nodes, {}, (1, 3, 8, 8), tmp_path / "eye3.onnx"))

@@ -20,7 +20,7 @@ from ..ops.shape import MAX_ELEMENTS, split_sizes, squeeze_shape, unsqueeze_shap
 DTYPES = {1: np.float32, 2: np.uint8, 3: np.int8, 5: np.int16, 6: np.int32, 7: np.int64, 9: np.bool_,
           10: np.float16, 11: np.float64, 12: np.uint32, 13: np.uint64}
 
-OF_SHAPE = ("Shape", "Size")      # need only the input's shape, not its values
+OF_SHAPE = ("Shape", "Size", "EyeLike")      # need only the input's shape (and type), not its values
 
 
 def _axes(ins, a, opset, k=1):
@@ -170,6 +170,14 @@ def _one_hot(ins, a, opset):
     return [np.moveaxis(np.where(hot, values[1], values[0]), -1, a.get("axis", -1) % (idx.ndim + 1))]
 
 
+def _eye_like(ins, a, opset):
+    """ONNX EyeLike: ones on the k-th diagonal of a 2-D input's shape, in `dtype` (else the input's type)."""
+    x = ins[0]
+    if len(x.shape) != 2:
+        raise ValueError(f"EyeLike takes a 2-D input, got shape {list(x.shape)}")
+    return [np.eye(*x.shape, k=a.get("k", 0), dtype=DTYPES[a["dtype"]] if "dtype" in a else np.dtype(x.dtype))]
+
+
 def _elementwise(fn):
     return lambda ins, a, opset: [fn(*(np.asarray(v) for v in ins))]
 
@@ -199,6 +207,7 @@ FOLD = {
     "GatherND": _gather_nd,
     "ScatterND": _scatter_nd,
     "OneHot": _one_hot,
+    "EyeLike": _eye_like,           # BAT's bilinear attention transform (timm's bat_resnext26ts)
     "ScatterElements": _scatter_elements,
     "Scatter": _scatter_elements,
     "Add": _elementwise(np.add),

@@ -74,7 +74,8 @@ from ..ops.workload import CONSTANT_INPUTS
 from ..schedule.ir import tail_widths, vector_split
 from ..schedule.prefetch import LINE_FLOATS, PEELED
 from ..schedule.schedule import Schedule, ScheduleError, replay
-from ..te.expr import Const, FloorDiv, FloorMod, Load, Select, Var, children, free_vars, linear, substitute, walk
+from ..te.expr import (Const, FloorDiv, FloorMod, Load, Select, Var, children, free_vars, linear, simplify, substitute,
+                       walk)
 
 MAX_ACCUMULATORS = 32        # vector registers of AVX-512 (AVX2 has 16; spills only cost speed)
 MAX_TILE_FLOATS = 16384      # a 64 KiB accumulator tile stays on the stack and in L1/L2
@@ -731,13 +732,16 @@ class SearchSpace(DagSketch):
         stages = {s.name: s.op for s in sch.stages}
         reads, seen = [], set()
         todo = [(self.output.name, {a: Var(a) for a in self.out_axes})]
+        # simplified at each stage: composed unsimplified, the index math of a chain of reshapes and
+        # slices grows with every view (80,000 characters through BAT's attention in timm's bat_resnext26ts)
+        ranges = {a: (0, e - 1) for a, e in zip(self.out_axes, self.out_shape)}
         while todo:
             name, env = todo.pop()
             for n in walk(stages[name].body):
                 if not isinstance(n, Load):
                     continue
-                idx = [substitute(i, env) for i in n.indices]
-                key = (n.buffer, tuple(map(str, idx)))
+                idx = [simplify(substitute(i, env), ranges, keep_mods=True) for i in n.indices]
+                key = (n.buffer, tuple(idx))
                 if key in seen:
                     continue
                 seen.add(key)
