@@ -10,12 +10,9 @@ Each model is built with random weights and BatchNorm statistics and exported by
 """
 from __future__ import annotations
 
-import argparse
-import tempfile
 from pathlib import Path
 
-from bench.common import write_results
-from bench.torchvision_sweep import _torchvision, export_net, sweep
+from bench.torchvision_sweep import _torchvision, export_net, sweep_cli
 
 # architectures by what they bring that torchvision's do not: ghost modules, mixed kernel sizes in one
 # depthwise conv, odd channel counts with SE, aggregation by concat trees, multi-resolution branches,
@@ -40,21 +37,9 @@ def exporter(size: int | None):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=DEFAULT)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--rounds", type=int, default=5, help="timing rounds against ONNX Runtime (0: check only)")
-    ap.add_argument("--size", type=int, help="the image's side (default: each model's own)")
-    ap.add_argument("--target", default="cpu", help='the compile target, e.g. "cpu -isa=avx2" (default: the host)')
-    ap.add_argument("--out")
-    args = ap.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="bench-timm-") as d:
-        rows = sweep(args.models.split(","), Path(d), args.threads, args.rounds, export=exporter(args.size),
-                     target=args.target)
-    ok = sum(r.get("ok", False) for r in rows)
-    write_results("timm_sweep", args.out, {"threads": args.threads, "rounds": args.rounds, "target": args.target,
-                                           "size": args.size, "rows": rows})
-    return 0 if ok == len(rows) else 1
+    return sweep_cli("timm", __doc__, DEFAULT, argv,
+                     lambda ap: ap.add_argument("--size", type=int, help="the image's side (default: each model's own)"),
+                     lambda args: ({"export": exporter(args.size)}, {"size": args.size}))
 
 
 if __name__ == "__main__":

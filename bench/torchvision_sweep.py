@@ -140,22 +140,31 @@ def sweep(names: list, workdir: Path, threads: int, rounds: int, **how) -> list:
     return rows
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=DEFAULT)
+def sweep_cli(kind: str, doc: str, default: str, argv, add_args, how) -> int:
+    """A sweep's command line: --models (default `default`), --threads, --rounds, --target, --out and
+    add_args(parser)'s own; how(args) -> (sweep's keywords, options the results record)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--models", default=default)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=5, help="timing rounds against ONNX Runtime (0: check only)")
-    ap.add_argument("--dynamo", action="store_true", help="export with torch's dynamo exporter (opset 18)")
     ap.add_argument("--target", default="cpu", help='the compile target, e.g. "cpu -isa=avx2" (default: the host)')
     ap.add_argument("--out")
+    add_args(ap)
     args = ap.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="bench-torchvision-") as d:
-        rows = sweep(args.models.split(","), Path(d), args.threads, args.rounds, dynamo=args.dynamo,
-                     target=args.target)
+    kw, options = how(args)
+    with tempfile.TemporaryDirectory(prefix=f"bench-{kind}-") as d:
+        rows = sweep(args.models.split(","), Path(d), args.threads, args.rounds, target=args.target, **kw)
     ok = sum(r.get("ok", False) for r in rows)
-    write_results("torchvision_sweep", args.out, {"threads": args.threads, "rounds": args.rounds, "target": args.target,
-                                                  "dynamo": args.dynamo, "rows": rows})
+    write_results(f"{kind}_sweep", args.out, {"threads": args.threads, "rounds": args.rounds, "target": args.target,
+                                              **options, "rows": rows})
     return 0 if ok == len(rows) else 1
+
+
+def main(argv=None) -> int:
+    return sweep_cli("torchvision", __doc__, DEFAULT, argv,
+                     lambda ap: ap.add_argument("--dynamo", action="store_true",
+                                                help="export with torch's dynamo exporter (opset 18)"),
+                     lambda args: ({"dynamo": args.dynamo}, {"dynamo": args.dynamo}))
 
 
 if __name__ == "__main__":
