@@ -59,7 +59,7 @@ class _Converter:
             out = p.inputs[0]                                   # inverse pair: cancel
         else:
             src = p.inputs[0] if p is not None and p.op == "layout_transform" else x   # A->B->C is A->C
-            src_layout = lay if src is x else src.layout or lay
+            src_layout = _data_layout(src) if src.layout else lay     # the block its data is held in
             out = self.b.add("layout_transform", [src], {"src": src_layout, "dst": dst}, f"{x.name}_{dst}") \
                 if src_layout != dst else src
         self.memo[key] = out

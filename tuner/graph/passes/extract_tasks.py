@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from ...ops import (EPILOGUE_ACTS, OPS, PATTERN, WORKLOADS, NoTask, Pattern, Workload, WorkloadError, act_params, make,
                    nchw_dims)
+from ...te import layouts as L
 from ..ir import Graph
 from .fuse_ops import OWN_KERNEL, FusedGroup, fuse_attention
 from .base import register
@@ -119,9 +120,12 @@ def transform_workload(graph: Graph, group) -> Workload | None:
     if n.op != "layout_transform" or n.inputs[0].is_const or len(n.output.shape) not in (4, 5):
         return None
     try:
-        return transform_task(nchw_dims(n.inputs[0].shape, n.attrs["src"]), n.attrs["src"], n.attrs["dst"])
+        wl = transform_task(nchw_dims(n.inputs[0].shape, n.attrs["src"]), n.attrs["src"], n.attrs["dst"])
     except WorkloadError:
         return None
+    # a source held in a block no layout names for its channels (360 in blocks of 15) is not the
+    # data the workload's kernel reads: no task
+    return wl if L.act_shape(wl.layout, *nchw_dims(n.inputs[0].shape, n.attrs["src"])) == n.inputs[0].shape else None
 
 
 def extract(graph: Graph) -> list:
