@@ -29,8 +29,8 @@ import numpy as np
 
 from bench.common import write_results
 
-# torchvision's size per model where it is not 224 (its weights' transforms)
-SIZES = {"inception_v3": 299}
+# torchvision's size per model where it is not 224 (its weights' transforms); a video model takes 16 frames
+SIZES = {"inception_v3": 299, "r3d_18": 112, "mc3_18": 112, "r2plus1d_18": 112}
 DEFAULT = ("squeezenet1_1,shufflenet_v2_x1_0,mnasnet1_0,mobilenet_v3_large,efficientnet_b0,efficientnet_v2_s,"
            "densenet121,inception_v3,resnext50_32x4d,wide_resnet50_2,regnet_x_400mf,regnet_y_800mf,convnext_tiny,"
            "alexnet,vgg11_bn,swin_t,vit_b_16,maxvit_t")
@@ -51,7 +51,8 @@ def export(name: str, path: Path, seed: int = 0, dynamo: bool = False) -> Path:
     builder = models.get_model_builder(name)      # segmentation heads sit on a backbone: no weights for it either
     extra = {"weights_backbone": None} if "weights_backbone" in inspect.signature(builder).parameters else {}
     size = SIZES.get(name, 224)
-    return export_net(torch, builder(weights=None, **extra), (1, 3, size, size), path, dynamo)
+    clip = (16,) if name in models.list_models(module=models.video) else ()
+    return export_net(torch, builder(weights=None, **extra), (1, 3, *clip, size, size), path, dynamo)
 
 
 def export_net(torch, net, shape: tuple, path: Path, dynamo: bool = False) -> Path:

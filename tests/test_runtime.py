@@ -468,18 +468,18 @@ def test_cli_compile_run_and_errors(tmp_path):
     assert p.returncode == 2 and "--threads must be numbers" in p.stderr
     p = _cli("run", str(tmp_path), "--random", env=env)
     assert p.returncode == 2 and "is not a compiled model" in p.stderr
-    # an operator tuner cannot compile is named with its node: at import (a 3-D convolution), and where
+    # an operator tuner cannot compile is named with its node: at import (a 4-D convolution), and where
     # the kernel library meets a node it has no kernel for (a pad that crops, built directly)
     from onnx import TensorProto, helper, numpy_helper
 
     from tuner.ops.registry import Unsupported
-    g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], name="conv3d")], "odd",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4, 4])],
+    g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], name="conv4d")], "odd",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4, 4, 4])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                          [numpy_helper.from_array(np.ones((3, 2, 1, 1, 1), np.float32), "w")])
+                          [numpy_helper.from_array(np.ones((3, 2, 1, 1, 1, 1), np.float32), "w")])
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "odd.onnx")
     p = _cli("compile", str(tmp_path / "odd.onnx"), "-o", str(tmp_path / "odd"), env=env)
-    assert p.returncode == 2 and "'conv3d' (Conv): only 1-D and 2-D convolutions" in p.stderr, p.stderr
+    assert p.returncode == 2 and "'conv4d' (Conv): only 1-D, 2-D and 3-D convolutions" in p.stderr, p.stderr
     assert "Traceback" not in p.stderr
     b = GraphBuilder("odd")
     x = b.input("x", (1, 4, 6, 6), layout="NCHW")

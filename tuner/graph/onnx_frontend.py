@@ -45,6 +45,9 @@ SUPPORTED = tuple(sorted(IMPORTERS))     # what a node on activations may be (on
 OPSETS = range(11, 22)
 
 
+NUMBERS = {1: "one", 2: "two", 3: "three", 4: "four", 6: "six"}     # how an error counts a window's values
+
+
 class OnnxImportError(UserError):
     pass
 
@@ -281,33 +284,34 @@ class Importer:
             raise self.fail(f"{what} must be a single value")
         return float(arr[0])
 
-    def window(self, a: dict, kernel=None) -> tuple:
-        """(kernel_shape, strides, dilations) of a 2-D Conv or pooling node, each two positive
-        integers; a kernel_shape that disagrees with the weight (`kernel`) is refused, not ignored."""
+    def window(self, a: dict, kernel=None, rank: int = 2) -> tuple:
+        """(kernel_shape, strides, dilations) of a Conv or pooling node over `rank` axes, each `rank`
+        positive integers; a kernel_shape that disagrees with the weight (`kernel`) is refused, not ignored."""
         given = a.get("kernel_shape", kernel)
         if given is None:
             raise self.fail("kernel_shape is missing")
         out = []
-        for attr, v in (("kernel_shape", given), ("strides", a.get("strides", [1, 1])),
-                        ("dilations", a.get("dilations", [1, 1]))):
+        for attr, v in (("kernel_shape", given), ("strides", a.get("strides", [1] * rank)),
+                        ("dilations", a.get("dilations", [1] * rank))):
             v = list(v) if isinstance(v, (list, tuple)) else v
-            if not isinstance(v, list) or len(v) != 2 or not all(isinstance(x, int) and x >= 1 for x in v):
-                raise self.fail(f"{attr} must be two positive integers, got {v}")
+            if not isinstance(v, list) or len(v) != rank or not all(isinstance(x, int) and x >= 1 for x in v):
+                raise self.fail(f"{attr} must be {NUMBERS[rank]} positive integers, got {v}")
             out.append(v)
         if kernel is not None and out[0] != list(kernel):
             raise self.fail(f"kernel_shape {out[0]} disagrees with the weight's spatial shape {list(kernel)}")
         return tuple(out)
 
     def pads(self, a: dict, in_hw, kernel, strides, dilations) -> list:
-        """[top, left, bottom, right] from pads or auto_pad."""
+        """The begins of each axis then the ends ([top, left, bottom, right] in 2-D) from pads or auto_pad."""
         auto = a.get("auto_pad", "NOTSET")
+        n = 2 * len(in_hw)
         if auto in ("NOTSET", ""):
-            p = a.get("pads", [0, 0, 0, 0])
-            if not isinstance(p, (list, tuple)) or len(p) != 4 or not all(isinstance(x, int) and x >= 0 for x in p):
-                raise self.fail(f"pads must be four non-negative integers, got {p}")
-            return [p[0], p[1], p[2], p[3]]
+            p = a.get("pads", [0] * n)
+            if not isinstance(p, (list, tuple)) or len(p) != n or not all(isinstance(x, int) and x >= 0 for x in p):
+                raise self.fail(f"pads must be {NUMBERS[n]} non-negative integers, got {p}")
+            return list(p)
         if auto == "VALID":
-            return [0, 0, 0, 0]
+            return [0] * n
         pads_begin, pads_end = [], []
         for size, k, s, d in zip(in_hw, kernel, strides, dilations):
             out = -(-size // s)
@@ -315,7 +319,7 @@ class Importer:
             small, big = total // 2, total - total // 2
             pads_begin.append(small if auto == "SAME_UPPER" else big)
             pads_end.append(big if auto == "SAME_UPPER" else small)
-        return [pads_begin[0], pads_begin[1], pads_end[0], pads_end[1]]
+        return pads_begin + pads_end
 
 
 # ---------------------------------------------------------------- export

@@ -182,8 +182,16 @@ def _onnx_conv(cx, ins, a):
         y = _onnx_conv(cx, [rows, cx.constant(np.ascontiguousarray(w[:, :, None, :]), "_weight2d"), *ins[2:]],
                        one_row(cx, a))[0]
         return [cx.add("reshape", [y], {"shape": [n, y.shape[1], y.shape[3]]}, "_1d")]
+    if len(w.shape) == 5 and len(x.shape) == 5:       # Conv3d (video clips, volumes): its depth taps' 2-D convs
+        from .window3d import conv3d
+        k, strides, dil = cx.window(a, list(w.shape[2:]), rank=3)
+        g = a.get("group", 1)
+        if not isinstance(g, int) or g < 1 or x.shape[1] % g or w.shape[1] * g != x.shape[1] or w.shape[0] % g:
+            raise cx.fail(f"a weight of shape {list(w.shape)} and group={g} do not fit {x.shape[1]} input channels")
+        bias = cx.const(ins[2], "the bias") if len(ins) > 2 and ins[2] is not None else None
+        return [conv3d(cx, x, w, bias, strides, cx.pads(a, x.shape[2:], k, strides, dil), dil, g)]
     if len(w.shape) != 4 or len(x.shape) != 4:
-        raise cx.fail("only 1-D and 2-D convolutions are supported")
+        raise cx.fail("only 1-D, 2-D and 3-D convolutions are supported")
     k, strides, dil = cx.window(a, list(w.shape[2:]))
     pads = cx.pads(a, x.shape[2:], k, strides, dil)
     y = cx.add("conv2d", [x, ins[1]], {"strides": strides, "pads": pads, "dilations": dil,

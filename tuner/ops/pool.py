@@ -8,7 +8,7 @@ from ..errors import GraphError
 from ..te.expr import Cast, Const, max_expr, min_expr
 from ..te.tensor import Tensor, compute, max_reduce, reduce_axis, sum_reduce
 from .common import (axis_names, conv_out_size, data_placeholder, export_as, f32, from_nchw, hw_dims, hw_pair,
-                     nchw_dims, nchw_in, nchw_out, onnx_plain, one_row, pad_ref, pad_spatial, pads4, pads_param,
+                     nchw_dims, nchw_in, nchw_out, one_row, pad_ref, pad_spatial, pads4, pads_param,
                      relayout, to_nchw, unary, window_out)
 from .registry import NoTask, OpDef, Pattern, WorkloadDef, WorkloadError, output_elements, register
 
@@ -155,26 +155,46 @@ def _onnx_pool(cx, ins, a):
         rows = cx.add("reshape", [x], {"shape": [n, c, 1, length]}, "_row")
         y = _onnx_pool(cx, [rows], one_row(cx, a))[0]
         return [cx.add("reshape", [y], {"shape": [n, c, y.shape[3]]}, "_1d")]
-    if len(x.shape) != 4:
-        raise cx.fail("only 1-D and 2-D pooling are supported")
-    k, strides, dil = cx.window(a)
+    if len(x.shape) not in (4, 5):
+        raise cx.fail("only 1-D, 2-D and 3-D pooling are supported")
+    r = len(x.shape) - 2
+    k, strides, dil = cx.window(a, rank=r)
     if any(d != 1 for d in dil):
         raise cx.fail("dilated pooling is not supported")
-    pads = cx.pads(a, x.shape[2:], k, strides, [1, 1])
+    pads = cx.pads(a, x.shape[2:], k, strides, [1] * r)
+    given = list(pads)
     if a.get("ceil_mode", 0):        # the last window may run past the end pad: more end pad, never counted
         for i, (size, kk, st) in enumerate(zip(x.shape[2:], k, strides)):
-            lo, hi = pads[i], pads[i + 2]
+            lo, hi = pads[i], pads[i + r]
             out = -(-(size + lo + hi - kk) // st) + 1
             out -= (out - 1) * st >= size + lo             # a window starting in the end pad is dropped
             extra = (out - 1) * st + kk - (size + lo + hi)
             if extra > 0 and cx.op_type == "AveragePool" and a.get("count_include_pad", 0):
                 raise cx.fail("ceil_mode=1 with count_include_pad=1 changes the output size here; "
                               "re-export with count_include_pad=0 or ceil_mode=0")
-            pads[i + 2] += max(extra, 0)
+            pads[i + r] += max(extra, 0)
+    if r == 3:                       # MaxPool3d, AvgPool3d: over depth taps of 2-D pools
+        from .window3d import pool3d
+        return [pool3d(cx, x, "max" if cx.op_type == "MaxPool" else "avg", list(k), list(strides), pads,
+                       a.get("count_include_pad", 0), given)]
     attrs = {"kernel": list(k), "strides": list(strides), "pads": pads, "layout": "NCHW"}
     if cx.op_type == "AveragePool":
         attrs["count_include_pad"] = a.get("count_include_pad", 0)
     return [cx.add("max_pool2d" if cx.op_type == "MaxPool" else "avg_pool2d", [x], attrs)]
+
+
+def _onnx_global_avg_pool(cx, ins, a):
+    """GlobalAveragePool; over other than two axes (a clip's depth, height and width), over the
+    axes laid out as one column."""
+    x = ins[0]
+    if len(x.shape) == 4:
+        return [cx.add("global_avg_pool2d", [x], {"layout": "NCHW"})]
+    if len(x.shape) < 3:
+        raise cx.fail(f"the input must have a channel axis and at least one spatial axis, got shape {list(x.shape)}")
+    n, c = x.shape[:2]
+    col = cx.add("reshape", [x], {"shape": [n, c, int(np.prod(x.shape[2:])), 1]}, "_column")
+    y = cx.add("global_avg_pool2d", [col], {"layout": "NCHW"}, "_pool")
+    return [cx.add("reshape", [y], {"shape": [n, c] + [1] * (len(x.shape) - 2)})]
 
 
 def _pool_attrs(n):
@@ -233,7 +253,7 @@ register(
     OpDef(name="global_avg_pool2d", pattern=Pattern.OUT_EWISE_FUSABLE, infer=_gap_infer, evaluate=_gap_eval,
           te=lambda n, ins, name: global_avg_pool(ins[0], n.attrs.get("layout", "NCHW"), name),
           flops=lambda n: float(np.prod(n.inputs[0].shape)),
-          onnx_in={"GlobalAveragePool": onnx_plain("global_avg_pool2d", lambda ins, a: {"layout": "NCHW"})},
+          onnx_in={"GlobalAveragePool": _onnx_global_avg_pool},
           onnx_out=export_as("GlobalAveragePool"), task=_gap_task),
     WorkloadDef(name="max_pool2d", required=_WINDOW, defaults=dict(N=1, stride=1, pad=0), build=_pool_build,
                 reference=_pool_ref, flops=_pool_wl_flops, check=_pool_check,
