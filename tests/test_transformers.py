@@ -107,6 +107,27 @@ def test_token_ids_index_the_embedding_table_as_onnx_runtime_does_and_one_past_i
         m.run(ids=ids.astype(np.float32))
 
 
+def test_a_slice_that_takes_nothing_is_left_out_of_its_concat_and_refused_anywhere_else(tmp_path):
+    """torch.roll by 0 (Swin3D's shift along a window-wide depth) exports as x[:, 4:] and x[:, :4] of
+    x[:, 4:] concatenated, the first empty."""
+    def model(tail: str):
+        inits = [numpy_helper.from_array(np.array(v, np.int64), n) for v, n in
+                 (([4], "four"), ([0], "zero"), ([1], "one"), ([99], "end"))]
+        nodes = [helper.make_node("Slice", ["x", "four", "end", "one"], ["none"], "none"),
+                 helper.make_node("Slice", ["x", "zero", "four", "one"], ["all"], "all"),
+                 helper.make_node("Concat", ["none", "all", "none"], ["cat"], "cat", axis=1),
+                 helper.make_node(tail, ["cat" if tail == "Relu" else "none"], ["out"], "tail")]
+        g = helper.make_graph(nodes, "roll0", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 3])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)], inits)
+        path = tmp_path / f"{tail}.onnx"
+        onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+        return path
+    _agree(model("Relu"), {"x": np.random.default_rng(0).standard_normal((2, 4, 3)).astype(np.float32)})
+    with pytest.raises(UserError, match="node 'tail' \\(Sigmoid\\) reads 'none', a tensor with no element "
+                                        "\\(shape \\[2, 0, 3\\]\\)"):
+        compile_model(str(model("Sigmoid")))
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_slices_of_an_activation_compute_what_onnx_runtime_computes(tmp_path, data):

@@ -138,7 +138,7 @@ def _task_binding(graph: Graph, group, wl, ins_wl: list) -> list:
             continue
         # a view may re-shape an activation (a dense's rows), never re-block one: blocked, the shapes agree
         if int(np.prod(v.shape)) != int(np.prod(t.shape)) or (t.name == "weight" and tuple(v.shape) != t.shape) or \
-                (not v.is_const and 5 in (len(v.shape), len(t.shape)) and tuple(v.shape) != tuple(t.shape)):
+                (not v.is_const and L.block_of(v.layout or "") and tuple(v.shape) != tuple(t.shape)):
             raise AssertionError(f"{wl.label}: argument {t.name} {list(t.shape)} bound to {v.name} {list(v.shape)}")
         out.append(v)
     return out

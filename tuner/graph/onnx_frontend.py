@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..ops import OPS, evaluate
+from ..ops.common import Empty
 from .builder import GraphBuilder
 from .ir import Graph, GraphError, Value
 from .onnx_fold import MAX_ELEMENTS, fold, foldable
@@ -162,6 +163,22 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model") ->
                 raise OnnxImportError(f"node {node.name!r} ({node.op_type}) reads {name!r}, which nothing defines")
             else:
                 ins.append(env[name])
+        if any(isinstance(v, Empty) for v in ins):
+            empty = [name for name, v in zip(node.input, ins) if isinstance(v, Empty)]
+            if node.op_type != "Concat":
+                raise OnnxImportError(f"node {node.name!r} ({node.op_type}) reads {empty[0]!r}, a tensor with no "
+                                      f"element (shape {list(env[empty[0]].shape)}); tuner compiles tensors of one "
+                                      "element or more")
+            ins = [v for v in ins if not isinstance(v, Empty)]
+            if not ins:
+                axis = _attrs(node).get("axis", 0) % len(env[empty[0]].shape)
+                shape = list(env[empty[0]].shape)
+                shape[axis] = sum(env[name].shape[axis] for name in empty)
+                env[node.output[0]] = Empty(shape, env[empty[0]].dtype)
+                continue
+            if len(ins) == 1:
+                env[node.output[0]] = ins[0]
+                continue
         if foldable(node.op_type, ins):
             try:
                 outs = fold(node.op_type, ins, {**_attrs(node), "_outputs": len(node.output)}, opset)
@@ -187,6 +204,9 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model") ->
     for o in g.output:
         if o.name not in env:
             raise OnnxImportError(f"graph output {o.name!r} is never computed")
+        if isinstance(env[o.name], Empty):
+            raise OnnxImportError(f"graph output {o.name!r} has no element (shape {list(env[o.name].shape)}); "
+                                  "tuner compiles outputs of one element or more")
         _check_type(o, "output")
         outputs.append(env[o.name])
     consts = {t.name for t in g.initializer}

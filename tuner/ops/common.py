@@ -84,6 +84,14 @@ def relayout(shape, lay, n, c, h, w):
     return (n, shape[1], h, w, shape[4])
 
 
+class Empty:
+    """An ONNX value with no element (torch.roll by 0 slices x[:0]): no node computes it; a Concat
+    leaves it out, anything else that reads it is refused at import."""
+
+    def __init__(self, shape, dtype: str):
+        self.shape, self.dtype, self.is_const = tuple(shape), dtype, False
+
+
 def unsupported(node, why: str):
     raise Unsupported(f"{node.op} node {node.name!r}: {why}; the kernel library cannot compile it")
 

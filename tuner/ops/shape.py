@@ -8,7 +8,7 @@ import numpy as np
 from ..errors import GraphError
 from ..te.expr import Cast, Const, all_of, max_expr, min_expr, select
 from ..te.tensor import Tensor, compute
-from .common import export_as, onnx_plain, unsupported
+from .common import Empty, export_as, onnx_plain, unsupported
 from .registry import OpDef, Pattern, register
 
 MAX_ELEMENTS = 1 << 28      # a constant the import computes (folded, or a table it builds) is refused past this
@@ -151,10 +151,15 @@ def _onnx_slice(cx, ins, a):
     starts, ends = _ints(cx, ins[1], "starts"), _ints(cx, ins[2], "ends")
     axes = _ints(cx, ins[3], "axes") if len(ins) > 3 and ins[3] is not None else list(range(len(starts)))
     steps = _ints(cx, ins[4], "steps") if len(ins) > 4 and ins[4] is not None else [1] * len(starts)
+    if 0 in steps:
+        raise cx.fail("a step of 0")
+    shape = list(x.shape)
+    for ax, st, en, sp in zip(axes, starts, ends, steps):
+        shape[ax % len(shape)] = len(range(*slice(st, en, sp).indices(shape[ax % len(shape)])))
+    if 0 in shape:
+        return [Empty(shape, x.dtype)]
     y = x
     for ax, st, en, sp in zip(axes, starts, ends, steps):
-        if sp == 0:
-            raise cx.fail("a step of 0")
         y = _slice_nodes(cx, y, ax % len(x.shape), [(st, en, sp)], f"_ax{ax % len(x.shape)}")[0]
     return [y]
 
