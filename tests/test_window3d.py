@@ -132,3 +132,19 @@ def test_a_convolution_over_more_than_three_axes_is_a_one_line_error_naming_the_
     path = _save(tmp_path / "g.onnx", nodes, [1, 4, 3, 3, 3], {"w": _f32(6, 2, 1, 1, 1)})
     with pytest.raises(UserError, match="node 'bad' \\(Conv\\): a weight of shape \\[6, 2, 1, 1, 1\\] and group=3"):
         load_onnx(path)
+
+
+def test_the_2d_pools_of_a_clips_frames_run_in_blocks_where_its_channels_fill_them(tmp_path):
+    """A pool reading a reshape's images (no layout names them) runs in the desired blocked layout
+    where its channels are whole blocks (NCHW: 1 GFLOP/s in S3D), else in NCHW; both keep the values."""
+    from tuner.graph.passes import optimize
+    for c, want in ((16, "NCHW16c"), (12, "NCHW")):
+        nodes = [helper.make_node("MaxPool", ["x"], ["p"], kernel_shape=[3, 3, 3], strides=[1, 2, 2], pads=[1] * 6),
+                 helper.make_node("Relu", ["p"], ["y"])]
+        path = _save(tmp_path / f"pool{c}.onnx", nodes, [1, c, 3, 6, 6], {})
+        g = load_onnx(path)
+        out = optimize(g, layout="NCHW16c")
+        frames = [n for n in out.nodes if n.op == "max_pool2d" and n.attrs["kernel"] == [3, 3]]
+        assert len(frames) == 1 and frames[0].attrs["layout"] == want, [n.attrs for n in frames]
+        x = _f32(1, c, 3, 6, 6)
+        np.testing.assert_allclose(interp.run(out, x)[0], ort_run(path, {"x": x})[0], rtol=1e-6)

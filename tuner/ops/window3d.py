@@ -4,9 +4,9 @@ over depth, height and width is its depth taps' 2-D windows, summed (a conv, an 
 The clip goes depth-major ([N, D, C, H, W]); for each tap of the depth kernel, the depths it reads
 (a strided slice) become a batch of images ([N * Do, C, H, W]) that the tap's 2-D window maps to
 the output depths. A tap that reads only depth padding is left out; one that reads padding for
-some outputs computes the others, its result padded with zeros. A max pool takes the max over
-depth first, each window's depths gathered (in place of padding, the nearest depth: one the window
-holds anyway), then over height and width. The 2-D windows are the compiler's own convs and
+some outputs computes the others, its result padded with zeros. A max pool pools every frame it
+reads in 2-D first, then over depth: a 2-D max pool of a (depth, 1) window over the frames laid out
+as the rows of one image. The 2-D windows are the compiler's own convs and
 pools, so their layouts, schedules and records are those of any CNN."""
 from __future__ import annotations
 
@@ -94,13 +94,16 @@ def pool3d(cx, x, op: str, kernel: list, strides: list, pads: list, count_includ
     xt = _depth_major(cx, x)
     attrs = {"kernel": kernel[1:], "strides": strides[1:], "pads": [pads[1], pads[2], pads[4], pads[5]],
              "layout": "NCHW"}
-    if op == "max":      # the max over depth first (a gather of each window's depths, reduced), then over H and W
-        idx = [[o * strides[0] + t - pads[0] for t in range(kd)] for o in range(do)]
-        idx = [[min(max(i, 0), d - 1) for i in row] for row in idx]   # padding: the nearest depth, in the window
-        windows = cx.add("gather", [xt, cx.constant(np.array(idx, np.int64), "_windows")], {"axis": 1}, "_windows")
-        deepest = cx.add("reduce", [windows], {"axes": [2], "keepdims": 0, "kind": "max"}, "_depth_max")
-        img = cx.add("reshape", [deepest], {"shape": [n * do, c, h, w]}, "_images")
-        return _channels_major(cx, cx.add("max_pool2d", [img], attrs, "_hw_max"), n, do)
+    if op == "max":      # every frame it reads pooled in 2-D, then the max over depth: a pool of (depth, 1)
+        if kd == 1:
+            return _channels_major(cx, cx.add("max_pool2d", [_images(cx, xt, 0, strides[0], do, "")], attrs, "_hw_max"),
+                                   n, do)
+        pooled = cx.add("max_pool2d", [cx.add("reshape", [xt], {"shape": [n * d, c, h, w]}, "_frames")], attrs, "_hw_max")
+        _, _, ho, wo = pooled.shape
+        rows = cx.add("reshape", [pooled], {"shape": [n, 1, d, c * ho * wo]}, "_depth_rows")
+        deep = cx.add("max_pool2d", [rows], {"kernel": [kd, 1], "strides": [strides[0], 1],
+                                             "pads": [pads[0], 0, pads[3], 0], "layout": "NCHW"}, "_depth_max")
+        return _channels_major(cx, cx.add("reshape", [deep], {"shape": [n * do, c, ho, wo]}, "_depth_maxed"), n, do)
     attrs["count_include_pad"] = count_include_pad
     parts = [(o0, cnt, cx.add("avg_pool2d", [_images(cx, xt, i0, strides[0], cnt, f"_tap{t}")], attrs, f"_tap{t}"))
              for t, o0, cnt, i0 in taps]

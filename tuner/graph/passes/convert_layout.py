@@ -15,7 +15,9 @@ Every activation value carries the layout its data is in. Walking the graph in o
   * a concat of inputs held in a smaller block than their layout's (120 channels in blocks of 8
     under NCHW16c) keeps that block, which only a conv of groups 1 reads as it is (ib=); a pooling
     runs in the layout that names it, and what reads its layout's own block (a grouped conv, a
-    Winograd input, an elementwise op's other operands) gets the data re-laid to one block;
+    Winograd input, an elementwise op's other operands) gets the data re-laid to one block; a
+    pooling of a 4-D value no layout names (a reshape's) runs in the desired blocked layout where
+    its channels fill the blocks;
   * every other op (flatten, reshape, transpose, pad, softmax, mean, dense) and the graph outputs
     get NCHW back.
 A transform of a value that is itself a transform back from the wanted layout is cancelled (the
@@ -274,11 +276,13 @@ def convert(graph: Graph, desired: str, plan: dict | None = None) -> Graph:
             if any(v is None for v in new_ins):   # a constant that cannot follow: compute in NCHW
                 new_ins = [v if v.is_const else cv.to(v, "NCHW") for v in ins]
             out = b.add(n.op, new_ins, attrs, n.name)
-        elif n.op in AGNOSTIC_POOLS and acts:
+        elif n.op in AGNOSTIC_POOLS and (acts or _blocks_fill(n, ins[0], desired)):
             # its task reads its layout's block: the one its input is held in where a layout names it
             x, held = ins[0], _held(ins[0]) if ins[0].layout else ""
             if held is None:
                 x, held = cv.to(x, x.layout, exact=True), x.layout
+            elif not ins[0].layout and _blocks_fill(n, x, desired):
+                x, held = cv.to(x, desired), desired    # a reshape's images (a clip's frames): pooled in blocks
             attrs["layout"] = held
             out = b.add(n.op, [x] + ins[1:], attrs, n.name)
         elif n.op == "resize" and acts and not ins[0].is_const and set(attrs["axes"]) <= {2, 3} and \
@@ -312,6 +316,14 @@ def _blockable(n, desired: str) -> bool:
     k = n.inputs[1].shape[0]          # weights are OIHW before conversion
     g = n.attrs["groups"]
     return g == c == k or bool(L.grouped_block(c, k, g, L.block_of(desired)))
+
+
+def _blocks_fill(n, x, desired: str) -> bool:
+    """Whether a pooling of a 4-D activation no layout names (a reshape's) may run in the desired
+    blocked layout: its channels fill whole blocks."""
+    block = L.block_of(desired)
+    return n.op != "batch_norm" and not x.is_const and not x.layout and len(x.shape) == 4 and block > 0 \
+        and x.shape[1] % block == 0
 
 
 def _joinable(acts) -> bool:
