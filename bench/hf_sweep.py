@@ -117,6 +117,9 @@ MODELS = {
     "depth_anything": ("DepthAnythingForDepthEstimation", "DepthAnythingConfig", "image",
                        {"depth_estimation_type": "metric"}),      # a sigmoid head: a relative one's ReLU gives zeros
     "swin2sr": ("Swin2SRForImageSuperResolution", "Swin2SRConfig", "image", {"depths": [1, 1], "num_heads": [6, 6]}),
+    "videomae": ("VideoMAEModel", "VideoMAEConfig", "video", {}),
+    "vivit": ("VivitModel", "VivitConfig", "video", {"num_frames": 16}),
+    "timesformer": ("TimesformerModel", "TimesformerConfig", "video", {}),
 }
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_layers")
 ONES = {"depths": [1, 1, 1, 1]}
@@ -157,6 +160,8 @@ def build(name: str, layers: int, seq: int, mask: bool):
             xs["attention_mask"] = m
     elif kind == "image":
         xs = {"pixel_values": torch.randn(1, 3, 224, 224)}
+    elif kind == "video":                                   # a clip of frames, each 3 x H x W
+        xs = {"pixel_values": torch.randn(1, config.num_frames, 3, config.image_size, config.image_size)}
     elif kind == "audio_features":
         xs = {"input_features": torch.randn(1, config.num_mel_bins, 2 * config.max_source_positions)}
     else:
