@@ -55,7 +55,43 @@ ACTIVATIONS = {
         lambda x, p: 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))),
     "pow": ({"exponent": 1.0}, lambda e, p: Call("pow", (e, Const(float(p["exponent"])))),
             lambda x, p: np.power(x, p["exponent"])),
+    "abs": ({}, lambda e, p: _abs(e), lambda x, p: np.abs(x)),
+    "log": ({}, lambda e, p: Call("log", (e,)), lambda x, p: np.log(x)),
+    # log(1 + e^x) as max(x, 0) + log(1 + e^-|x|): no overflow; Mish (YOLOv4, CSPDarknet) is x tanh of it
+    "softplus": ({}, lambda e, p: _softplus(e), lambda x, p: np.logaddexp(x, 0.0)),
+    "mish": ({}, lambda e, p: _mish(e), lambda x, p: x * np.tanh(np.logaddexp(x, 0.0))),
+    # max(x, 0) + alpha (e^min(x, 0) - 1), Selu's scaled by gamma, Celu's with x / alpha in the exponent
+    "elu": ({"alpha": 1.0}, lambda e, p: _elu(e, p["alpha"], 1.0),
+            lambda x, p: np.where(x > 0, x, p["alpha"] * np.expm1(np.minimum(x, 0.0)))),
+    "selu": ({"alpha": 1.67326319217681884765625, "gamma": 1.05070102214813232421875},
+             lambda e, p: Const(float(p["gamma"])) * _elu(e, p["alpha"], 1.0),
+             lambda x, p: p["gamma"] * np.where(x > 0, x, p["alpha"] * np.expm1(np.minimum(x, 0.0)))),
+    "celu": ({"alpha": 1.0}, lambda e, p: _elu(e, p["alpha"], 1.0 / p["alpha"]),
+             lambda x, p: np.where(x > 0, x, p["alpha"] * np.expm1(np.minimum(x, 0.0) / p["alpha"]))),
+    "softsign": ({}, lambda e, p: e / (Const(1.0) + _abs(e)), lambda x, p: x / (1.0 + np.abs(x))),
 }
+
+
+def _abs(e):
+    return max_expr(e, Const(-1.0) * e)
+
+
+def _softplus(e):
+    return max_expr(e, Const(0.0)) + Call("log", (Const(1.0) + Call("exp", (Const(-1.0) * _abs(e),)),))
+
+
+def _mish(e):
+    """x tanh(log(1 + e^x)) = x n / (n + 2), n = e^x (e^x + 2): one vector exp and no log; past
+    x = 20 the fraction is 1 in float32 (and e^x would overflow n)."""
+    u = Call("exp", (min_expr(e, Const(20.0)),))
+    n = u * (u + Const(2.0))
+    return e * n / (n + Const(2.0))
+
+
+def _elu(e, alpha: float, inner: float):
+    neg = min_expr(e, Const(0.0))
+    return max_expr(e, Const(0.0)) + Const(float(alpha)) * (
+        Call("exp", (neg * Const(float(inner)) if inner != 1.0 else neg,)) - Const(1.0))
 
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
@@ -152,7 +188,11 @@ _ACTS = {"relu": ("Relu", {}), "sigmoid": ("Sigmoid", {}), "hard_swish": ("HardS
          "silu": (None, {}),
          "clip": ("Clip", {"lo": ("min", -np.inf), "hi": ("max", np.inf)}),
          "hard_sigmoid": ("HardSigmoid", {"alpha": ("alpha", 0.2), "beta": ("beta", 0.5)}),
-         "leaky_relu": ("LeakyRelu", {"alpha": ("alpha", 0.01)})}
+         "leaky_relu": ("LeakyRelu", {"alpha": ("alpha", 0.01)}),
+         **{op: (op.capitalize(), {}) for op in ("abs", "log", "softplus", "mish", "softsign")},
+         "elu": ("Elu", {"alpha": ("alpha", 1.0)}), "celu": ("Celu", {"alpha": ("alpha", 1.0)}),
+         "selu": ("Selu", {"alpha": ("alpha", 1.67326319217681884765625),
+                           "gamma": ("gamma", 1.05070102214813232421875)})}
 
 
 def _act_attrs(op: str, given: dict) -> dict:
@@ -285,6 +325,20 @@ def _onnx_act(op: str):
     return lambda cx, ins, a: [cx.add(op, ins[:1], _act_attrs(op, a))]
 
 
+def _onnx_prelu(cx, ins, a):
+    """PRelu (ENet, ESPNet, face recognition ResNets): max(x, 0) + slope min(x, 0), min(x, 0) as
+    x - relu(x); a slope of one value is LeakyRelu's alpha."""
+    x = ins[0]
+    slope = np.asarray(cx.const(ins[1], "the slope"), np.float32)
+    if slope.size == 1:
+        return [cx.add("leaky_relu", [x], {"alpha": float(slope.reshape(-1)[0])})]
+    if slope.ndim > len(x.shape) or any(d not in (1, e) for d, e in zip(slope.shape[::-1], x.shape[::-1])):
+        raise cx.fail(f"the slope's shape {list(slope.shape)} does not broadcast to the input's {list(x.shape)}")
+    pos = cx.add("relu", [x], {}, "_pos")
+    neg = cx.add("mul", [cx.add("sub", [x, pos], {}, "_neg"), cx.constant(slope, "_slope")], {}, "_scaled")
+    return [cx.add("add", [pos, neg], {})]
+
+
 def _onnx_bn(cx, ins, a):
     for k, what in ((1, "scale"), (2, "bias"), (3, "mean"), (4, "var")):
         cx.const(ins[k], what)
@@ -377,7 +431,8 @@ def _act_def(op: str) -> OpDef:
                  evaluate=lambda node, args: f32(activation_ref(args[0], op, act_params(node))),
                  te=lambda node, ins, name: activation(ins[0], op, act_params(node), name),
                  onnx_in={onnx_type: {"clip": _onnx_clip, "pow": _onnx_pow, "gelu": _onnx_gelu}.get(op, _onnx_act(op)),
-                          **({"Max": _onnx_max_min, "Min": _onnx_max_min} if op == "clip" else {})}
+                          **({"Max": _onnx_max_min, "Min": _onnx_max_min} if op == "clip" else {}),
+                          **({"PRelu": _onnx_prelu} if op == "leaky_relu" else {})}
                  if onnx_type else {},
                  onnx_out={"clip": _export_clip, "pow": _export_pow, "gelu": _export_gelu,
                            "gelu_tanh": _export_gelu, "silu": _export_silu}.get(

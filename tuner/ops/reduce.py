@@ -294,6 +294,28 @@ def _onnx_softmax(cx, ins, a):
     return [cx.add("softmax", [x], {"axis": axis})]
 
 
+def _onnx_log_softmax(cx, ins, a):
+    """LogSoftmax (classifier heads, CTC speech models) as x - max - log(sum(e^(x - max))) along its
+    axis: no log of an underflowed softmax."""
+    x = ins[0]
+    axis = a.get("axis", -1 if cx.opset >= 13 else 1) % len(x.shape)
+    if cx.opset < 13 and axis != len(x.shape) - 1:
+        raise cx.fail(f"opset {cx.opset} log softmax over a non-last axis is not supported")
+    top = cx.add("reduce", [x], {"axes": [axis], "keepdims": 1, "kind": "max"}, "_max")
+    shifted = cx.add("sub", [x, top], {}, "_shifted")
+    mean = cx.add("mean", [cx.add("exp", [shifted], {}, "_exp")], {"axes": [axis], "keepdims": 1}, "_mean")
+    total = cx.add("mul", [mean, cx.constant(np.array(float(x.shape[axis]), np.float32), "_count")], {}, "_sum")
+    return [cx.add("sub", [shifted, cx.add("log", [total], {}, "_log")], {})]
+
+
+def _onnx_global_max_pool(cx, ins, a):
+    """GlobalMaxPool (timm's max and avg-max heads, CBAM): the max over every spatial axis."""
+    x = ins[0]
+    if len(x.shape) < 3:
+        raise cx.fail(f"the input must have a channel axis and at least one spatial axis, got shape {list(x.shape)}")
+    return [cx.add("reduce", [x], {"axes": list(range(2, len(x.shape))), "keepdims": 1, "kind": "max"})]
+
+
 register(
     OpDef(name="mean", pattern=Pattern.COMM_REDUCE, infer=_mean_infer, evaluate=_mean_eval,
           te=lambda n, ins, name: reduce_mean(ins[0], n.attrs["axes"], bool(n.attrs.get("keepdims", 1)), name),
@@ -302,13 +324,15 @@ register(
     OpDef(name="reduce", pattern=Pattern.COMM_REDUCE, infer=_mean_infer, evaluate=_extreme_eval, integers=True,
           te=lambda n, ins, name: reduce_extreme(ins[0], n.attrs["axes"], bool(n.attrs.get("keepdims", 1)),
                                                  n.attrs["kind"], name),
-          onnx_in=dict.fromkeys(("ReduceMax", "ReduceMin"), _onnx_reduce_extreme),
+          onnx_in={**dict.fromkeys(("ReduceMax", "ReduceMin"), _onnx_reduce_extreme),
+                   "GlobalMaxPool": _onnx_global_max_pool},
           onnx_out=lambda ex, n, ins: ex.emit(n, "ReduceMax" if n.attrs["kind"] == "max" else "ReduceMin",
                                               [ins[0], ex.tensor(f"{n.name}_axes", n.attrs["axes"])],
                                               keepdims=int(n.attrs.get("keepdims", 1)))),
     OpDef(name="softmax", pattern=Pattern.COMM_REDUCE, infer=same, evaluate=_softmax_eval,
           te=lambda n, ins, name: softmax(ins[0], n.attrs["axis"], name), flops=lambda n: 3.0 * output_elements(n),
-          onnx_in={"Softmax": _onnx_softmax}, onnx_out=export_as("Softmax", lambda n: {"axis": n.attrs["axis"]})),
+          onnx_in={"Softmax": _onnx_softmax, "LogSoftmax": _onnx_log_softmax},
+          onnx_out=export_as("Softmax", lambda n: {"axis": n.attrs["axis"]})),
     OpDef(name="cumsum", pattern=Pattern.OPAQUE, infer=same, evaluate=_cumsum_eval, integers=True,
           te=lambda n, ins, name: cumsum(ins[0], n.attrs["axis"], bool(n.attrs["exclusive"]), bool(n.attrs["reverse"]),
                                          name),

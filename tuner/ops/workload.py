@@ -25,10 +25,11 @@ _INT_PARAMS = {"B", "M", "N", "C", "H", "W", "K", "R", "S", "stride", "dilation"
 
 # An anchor's activation epilogue other than relu: act=<name> with that activation's parameters
 # (ACTIVATIONS). Absent unless set, so the keys of workloads without one never changed.
-EPILOGUE_ACTS = ("clip", "sigmoid", "hard_sigmoid", "hard_swish", "gelu", "gelu_tanh", "silu", "leaky_relu")
+EPILOGUE_ACTS = ("clip", "sigmoid", "hard_sigmoid", "hard_swish", "gelu", "gelu_tanh", "silu", "leaky_relu", "mish",
+                 "elu", "selu", "celu", "softplus")
 
 
-_FLOAT_PARAMS = {"lo", "hi", "alpha", "beta"}
+_FLOAT_PARAMS = {"lo", "hi", "alpha", "beta", "gamma"}
 
 
 _SPEC_ORDER = ("B", "M", "N", "C", "H", "W", "K", "R", "S", "stride", "pad", "dilation", "groups", "ib", "bias", "residual",

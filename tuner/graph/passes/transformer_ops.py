@@ -1,12 +1,13 @@
 """FuseTransformerOps: the operators exporters write as pieces become one operator each.
 
     x * sigmoid(x)   (either order)                                                 -> silu(x)
+    x * tanh(softplus(x))   (either order: Mish as exporters before opset 18 write it)  -> mish(x)
     x * 0.5 * (1 + erf(x / sqrt 2))   (any association; / sqrt 2 or * 1/sqrt 2)   -> gelu(x)
     x * 0.5 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3)))   (likewise)          -> gelu_tanh(x)
     d / sqrt(mean(d * d) + eps), d = x - mean(x)   (means over the last axis)      -> layer_norm(x, 1, 0)
     layer_norm(x, s, b) * c, layer_norm(x, s, b) + c   (c constant over the last axis, used once)
                                                                                     -> layer_norm(x, s*c, b*c), (x, s, b+c)
-so that silu and gelu (either form) are a conv or dense epilogue (one kernel with its GEMM, and a task) and LayerNorm one reduction.
+so that silu, mish and gelu (either form) are a conv or dense epilogue (one kernel with its GEMM, and a task) and LayerNorm one reduction.
 Runs before SimplifyInference, which would otherwise distribute the constants of these patterns.
 """
 from __future__ import annotations
@@ -102,6 +103,16 @@ def _silu_input(node):
     return None
 
 
+def _mish_input(node):
+    """x when `node` (a mul) is x * tanh(softplus(x)), else None."""
+    for x, t in (node.inputs, node.inputs[::-1]):
+        th = _op(t, "tanh")
+        sp = _op(th.inputs[0], "softplus") if th is not None else None
+        if sp is not None and sp.inputs[0] is x:
+            return x
+    return None
+
+
 def _layer_norm_parts(node):
     """(x, eps) when `node` (a div) is d / sqrt(mean(d*d) + eps) with d = x - mean(x) over the last axis."""
     d, s = node.inputs
@@ -139,7 +150,7 @@ def _over_last_axis(c, x) -> np.ndarray | None:
 
 @register("FuseTransformerOps", 0)
 def fuse_transformer_ops(graph: Graph, ctx) -> Graph:
-    """SiLU, GELU, LayerNorm written as pieces become silu, gelu and layer_norm (with the scale and shift after it)."""
+    """SiLU, Mish, GELU, LayerNorm written as pieces become silu, mish, gelu and layer_norm (with the scale and shift after it)."""
     uses = {k: len(ns) for k, ns in graph.consumers().items()}
     for v in graph.outputs:
         uses[id(v)] = uses.get(id(v), 0) + 1
@@ -148,6 +159,8 @@ def fuse_transformer_ops(graph: Graph, ctx) -> Graph:
         probe = type(n)(n.op, ins, n.attrs, n.output, n.name)     # the node over its rebuilt inputs
         if n.op == "mul" and (x := _silu_input(probe)) is not None:
             return b.add("silu", [x], {}, n.name)
+        if n.op == "mul" and (x := _mish_input(probe)) is not None:
+            return b.add("mish", [x], {}, n.name)
         if n.op == "mul" and (found := _gelu_input(probe)) is not None:
             return b.add(found[1], [found[0]], {}, n.name)
         if n.op == "div" and (parts := _layer_norm_parts(probe)) is not None:
