@@ -125,3 +125,39 @@ def test_a_conv_activation_torch_exports_runs_in_the_convs_epilogue_and_computes
         [s.summary for s in m.steps]
     x = (np.random.default_rng(0).standard_normal((1, 3, 12, 12)) * 3).astype(np.float32)
     np.testing.assert_allclose(m.run(x)[0], ort_run(path, x)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("size, shape", [(5, (1, 16, 7, 7)), (3, (2, 6, 5, 3)), (1, (1, 3, 4, 4))])
+def test_local_response_norm_compiles_to_what_onnx_runtime_computes(tmp_path, tmp_cache, size, shape):
+    """LRN as AlexNet and Caffe's GoogLeNet normalise: windows cut at the first and last channel, of
+    5, 3 and 1 channels (ONNX Runtime runs odd sizes of 4-D inputs only)."""
+    nodes = [helper.make_node("LRN", ["x"], ["y"], size=size, alpha=0.02, beta=0.75, bias=2.0)]
+    path = _save(tmp_path / "lrn.onnx", nodes, shape, ["y"], opset=17)
+    x = (np.random.default_rng(4).standard_normal(shape) * 3).astype(np.float32)
+    got = compile_model(str(path), target="cpu -threads=1", use_shipped=False).run(x)[0]
+    np.testing.assert_allclose(got, ort_run(path, x)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_an_if_on_a_shape_imports_as_its_taken_branch_and_one_on_run_time_data_is_refused(tmp_path, tmp_cache):
+    """TorchScript writes F.local_response_norm's `if dim == 3` as an ONNX If on the input's shape:
+    known at import, its taken branch is the graph (an AlexNet-style stem with torch's LRN)."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (the [bench] extra)")
+    torch.manual_seed(0)
+    nn = torch.nn
+    net = nn.Sequential(nn.Conv2d(3, 24, 5, 2, 2), nn.ReLU(), nn.LocalResponseNorm(5, 1e-3, 0.75, 2.0),
+                        nn.MaxPool2d(3, 2), nn.Conv2d(24, 16, 3, padding=1)).eval()
+    x = torch.randn(1, 3, 32, 32)
+    path = str(tmp_path / "lrn.onnx")
+    torch.onnx.export(net, (x,), path, input_names=["input"], opset_version=17, dynamo=False)
+    assert "If" in {n.op_type for n in onnx.load(path).graph.node}
+    got = compile_model(path, target="cpu -threads=1", use_shipped=False).run(x.numpy())[0]
+    np.testing.assert_allclose(got, ort_run(path, x.numpy())[0], rtol=1e-4, atol=1e-5)
+    then = helper.make_graph([helper.make_node("Relu", ["x"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("ReduceMax", ["x"], ["m"], keepdims=1), helper.make_node("Greater", ["m", "zero"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], "branchy", then_branch=then, else_branch=other)]
+    path = _save(tmp_path / "if.onnx", nodes, (1, 4), ["y"], {"zero": np.array(0.0, np.float32)}, opset=17)
+    with pytest.raises(UserError, match=r"node 'branchy' \(If\): its condition is computed at run time"):
+        load_onnx(path)

@@ -152,7 +152,9 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model") ->
         env[inp.name] = b.input(inp.name, dims, dtype, layout="NCHW" if len(dims) == 4 and dtype == "float32" else "")
     if input_shapes:
         raise OnnxImportError(f"--input-shape names {', '.join(input_shapes)}, which the model has no input called")
-    for node in g.node:
+    todo = list(g.node)[::-1]          # popped from the end: an If's branch goes in where the If was
+    while todo:
+        node = todo.pop()
         if node.domain not in ("", "ai.onnx"):
             raise OnnxImportError(f"unsupported operator {node.domain}.{node.op_type} (node {node.name!r})")
         ins = []
@@ -179,6 +181,9 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model") ->
             if len(ins) == 1:
                 env[node.output[0]] = ins[0]
                 continue
+        if node.op_type == "If":
+            todo.extend(_taken_branch(b, env, node, ins)[::-1])
+            continue
         if foldable(node.op_type, ins):
             try:
                 outs = fold(node.op_type, ins, {**_attrs(node), "_outputs": len(node.output)}, opset)
@@ -213,6 +218,26 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model") ->
     inputs = [i.name for i in g.input if i.name not in consts]
     return b.finish(outputs, {"source": source, "opset": opset,
                               "interface": {"inputs": inputs, "outputs": [o.name for o in g.output]}})
+
+
+def _taken_branch(b: GraphBuilder, env: dict, node, ins: list) -> list:
+    """The nodes of the branch an If takes, its condition known at import (TorchScript writes one
+    for a test on a shape: F.local_response_norm's `if dim == 3`), then an Identity from each branch
+    output to the If's; the branch's initializers go into `env`."""
+    onnx, numpy_helper = _onnx()
+    cond = ins[0] if ins else None
+    if cond is None or not cond.is_const or np.size(cond.data) != 1:
+        raise OnnxImportError(f"node {node.name!r} (If): its condition is computed at run time; tuner compiles an "
+                              "If only where the condition is known at import (a test on shapes or constants)")
+    name = "then_branch" if bool(np.asarray(cond.data).reshape(-1)[0]) else "else_branch"
+    branch = next((a.g for a in node.attribute if a.name == name), None)
+    if branch is None or len(branch.output) != len(node.output):
+        raise OnnxImportError(f"node {node.name!r} (If): its {name} is missing or has {len(branch.output) if branch else 0} "
+                              f"outputs for the If's {len(node.output)}; the model is not valid ONNX")
+    for init in branch.initializer:
+        env[init.name] = b.const(numpy_helper.to_array(init), init.name)
+    return list(branch.node) + [onnx.helper.make_node("Identity", [o.name], [out], f"{node.name}_{k}")
+                                for k, (o, out) in enumerate(zip(branch.output, node.output))]
 
 
 def _computed(b: GraphBuilder, start: int, outs: list, node) -> list:

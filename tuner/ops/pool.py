@@ -197,6 +197,30 @@ def _onnx_global_avg_pool(cx, ins, a):
     return [cx.add("reshape", [y], {"shape": [n, c] + [1] * (len(x.shape) - 2)})]
 
 
+def _onnx_lrn(cx, ins, a):
+    """LRN (AlexNet, CaffeNet, GoogLeNet as Caffe trained them): x / (bias + alpha / size * the sum of
+    x^2 over `size` channels around each)^beta; that sum over size is an average pool of a
+    (size, 1) window, pads counted, over the channels laid out as the rows of one image."""
+    x = ins[0]
+    size = a.get("size")
+    if not isinstance(size, int) or size < 1:
+        raise cx.fail(f"size must be a positive integer, got {size}")
+    if len(x.shape) < 3:
+        raise cx.fail(f"the input must have a channel axis and at least one spatial axis, got shape {list(x.shape)}")
+    n, c = x.shape[:2]
+    rest = int(np.prod(x.shape[2:]))
+    sq = cx.add("mul", [x, x], {}, "_square")
+    rows = cx.add("reshape", [sq], {"shape": [n, 1, c, rest]}, "_channel_rows")
+    lo = (size - 1) // 2
+    mean = cx.add("avg_pool2d", [rows], {"kernel": [size, 1], "strides": [1, 1], "pads": [lo, 0, size - 1 - lo, 0],
+                                         "layout": "NCHW", "count_include_pad": 1}, "_window_mean")
+    base = cx.add("add", [cx.add("mul", [mean, cx.constant(np.array(a.get("alpha", 1e-4), np.float32), "_alpha")],
+                                 {}, "_scaled"), cx.constant(np.array(a.get("bias", 1.0), np.float32), "_bias")],
+                  {}, "_base")
+    den = cx.add("pow", [base], {"exponent": float(a.get("beta", 0.75))}, "_pow")
+    return [cx.add("div", [x, cx.add("reshape", [den], {"shape": list(x.shape)}, "_den")], {})]
+
+
 def _pool_attrs(n):
     a = n.attrs
     extra = {"count_include_pad": a.get("count_include_pad", 0)} if n.op == "avg_pool2d" else {}
@@ -249,7 +273,7 @@ register(
     OpDef(name="max_pool2d", pattern=Pattern.OUT_EWISE_FUSABLE, infer=_pool_infer, evaluate=_pool_eval, te=_pool_te,
           flops=_pool_flops, onnx_in={"MaxPool": _onnx_pool}, onnx_out=export_as("MaxPool", _pool_attrs), task=_pool_task),
     OpDef(name="avg_pool2d", pattern=Pattern.OUT_EWISE_FUSABLE, infer=_pool_infer, evaluate=_pool_eval, te=_pool_te,
-          flops=_pool_flops, onnx_in={"AveragePool": _onnx_pool}, onnx_out=export_as("AveragePool", _pool_attrs), task=_pool_task),
+          flops=_pool_flops, onnx_in={"AveragePool": _onnx_pool, "LRN": _onnx_lrn}, onnx_out=export_as("AveragePool", _pool_attrs), task=_pool_task),
     OpDef(name="global_avg_pool2d", pattern=Pattern.OUT_EWISE_FUSABLE, infer=_gap_infer, evaluate=_gap_eval,
           te=lambda n, ins, name: global_avg_pool(ins[0], n.attrs.get("layout", "NCHW"), name),
           flops=lambda n: float(np.prod(n.inputs[0].shape)),
