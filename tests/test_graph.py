@@ -237,12 +237,12 @@ def test_dynamic_batch_needs_a_concrete_shape(tmp_path):
 
 
 def test_unsupported_op_is_named_with_its_node(tmp_path):
-    node = helper.make_node("LSTM", ["x"], ["y"], "my_lstm")
+    node = helper.make_node("Hardmax", ["x"], ["y"], "my_hardmax")
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])])
-    path = tmp_path / "lstm.onnx"
+    path = tmp_path / "hardmax.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    with pytest.raises(OnnxImportError, match=r"unsupported operator LSTM \(node 'my_lstm'\); supported: Abs, Add"):
+    with pytest.raises(OnnxImportError, match=r"unsupported operator Hardmax \(node 'my_hardmax'\); supported: Abs, Add"):
         load_onnx(path)
 
 
@@ -262,14 +262,14 @@ def test_bad_files_are_one_line_errors_with_exit_code_2(tmp_path):
     m = onnx.load(_torch_style_model(tmp_path / "m.onnx"))
     m.graph.initializer[3].CopyFrom(numpy_helper.from_array(np.zeros((10, 7), np.float32), "fc.w"))
     onnx.save(m, mismatch)
-    lstm = tmp_path / "lstm.onnx"
-    graph = helper.make_graph([helper.make_node("LSTM", ["x"], ["y"], "my_lstm")], "g",
+    lstm = tmp_path / "hardmax.onnx"
+    graph = helper.make_graph([helper.make_node("Hardmax", ["x"], ["y"], "my_hardmax")], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), lstm)
     cases = [(junk, "not a readable ONNX model"), (truncated, "not a readable ONNX model"),
              (dyn, "dynamic shape"), (mismatch, "node 'fc' (Gemm): dense fc: cannot multiply"),
-             (lstm, "unsupported operator LSTM (node 'my_lstm')"), (tmp_path / "missing.onnx", "no such file")]
+             (lstm, "unsupported operator Hardmax (node 'my_hardmax')"), (tmp_path / "missing.onnx", "no such file")]
     for path, message in cases:
         out = tuner_cli("inspect", str(path))
         assert out.returncode == 2, (path, out.stderr)

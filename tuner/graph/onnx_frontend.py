@@ -105,6 +105,8 @@ def _attrs(node) -> dict:
             out[a.name] = list(a.floats)
         elif a.type == onnx.AttributeProto.STRING:
             out[a.name] = a.s.decode()
+        elif a.type == onnx.AttributeProto.STRINGS:
+            out[a.name] = [v.decode() for v in a.strings]
         elif a.type == onnx.AttributeProto.TENSOR:
             out[a.name] = numpy_helper.to_array(a.t)
     return out

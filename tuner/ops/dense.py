@@ -8,6 +8,7 @@ import itertools
 
 import numpy as np
 
+from .recurrent import onnx_gru, onnx_lstm
 from ..errors import GraphError
 from ..te import layouts as L
 from ..te.tensor import Tensor, compute, placeholder, reduce_axis, sum_reduce
@@ -386,7 +387,8 @@ register(
           te=lambda n, ins, name: dense(merge_heads(ins[0], h, f"{name}_heads") if (h := n.attrs.get("in_heads"))
                                         else ins[0], ins[1], 0, name),
           flops=lambda n: dense_flops(_rows(_dense_data_shape(n)), n.inputs[1].shape[1], n.inputs[1].shape[0]),
-          onnx_in={"Gemm": _onnx_gemm, "MatMul": _onnx_matmul, "Einsum": _onnx_einsum}, onnx_out=_export_dense, task=_dense_task),
+          onnx_in={"Gemm": _onnx_gemm, "MatMul": _onnx_matmul, "Einsum": _onnx_einsum, "LSTM": onnx_lstm, "GRU": onnx_gru},
+          onnx_out=_export_dense, task=_dense_task),
     WorkloadDef(name="dense", required=("C", "K"), defaults=dict(N=1, bias=0, relu=0), build=_dense_build,
                 reference=_dense_ref, flops=lambda wl: dense_flops(wl.p["N"], wl.p["C"], wl.p["K"]),
                 example="dense:N=1,C=2048,K=1000,bias=1", epilogue=True, layout="OI16o", check=_dense_check,
