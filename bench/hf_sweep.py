@@ -117,6 +117,15 @@ MODELS = {
     "depth_anything": ("DepthAnythingForDepthEstimation", "DepthAnythingConfig", "image",
                        {"depth_estimation_type": "metric"}),      # a sigmoid head: a relative one's ReLU gives zeros
     "swin2sr": ("Swin2SRForImageSuperResolution", "Swin2SRConfig", "image", {"depths": [1, 1], "num_heads": [6, 6]}),
+    "bart": ("BartModel", "BartConfig", "text", {}),
+    "marian": ("MarianModel", "MarianConfig", "seq2seq", {}),
+    "pegasus": ("PegasusModel", "PegasusConfig", "seq2seq", {}),
+    "deberta": ("DebertaModel", "DebertaConfig", "text", {}),
+    "layoutlm": ("LayoutLMModel", "LayoutLMConfig", "text", {}),
+    "esm": ("EsmModel", "EsmConfig", "text", {"vocab_size": 33, "pad_token_id": 1}),
+    "megatron_bert": ("MegatronBertModel", "MegatronBertConfig", "text", {}),
+    "rembert": ("RemBertModel", "RemBertConfig", "text", {}),
+    "mamba": ("MambaModel", "MambaConfig", "text", {"hidden_size": 256}),
     "videomae": ("VideoMAEModel", "VideoMAEConfig", "video", {}),
     "vivit": ("VivitModel", "VivitConfig", "video", {"num_frames": 16}),
     "timesformer": ("TimesformerModel", "TimesformerConfig", "video", {}),
@@ -152,8 +161,10 @@ def build(name: str, layers: int, seq: int, mask: bool):
             if p.numel() > 1 and bool((p == p.flatten()[0]).all()):
                 p.add_(torch.empty_like(p).normal_(0, 0.1 if bool(p.flatten()[0]) else 0.02))
     vocab, seq = getattr(config, "vocab_size", 1000), min(seq, SEQ.get(name, seq))
-    if kind == "text":
+    if kind in ("text", "seq2seq"):
         xs = {"input_ids": torch.randint(0, vocab, (1, seq))}
+        if kind == "seq2seq":                               # an encoder-decoder that does not shift the ids itself
+            xs["decoder_input_ids"] = torch.randint(0, vocab, (1, seq))
         if mask:
             m = torch.ones(1, seq, dtype=torch.int64)
             m[0, seq - seq // 4:] = 0                       # padding at the end, as a tokenizer pads

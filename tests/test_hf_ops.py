@@ -427,6 +427,28 @@ def test_a_scatter_nd_into_or_of_an_activation_computes_what_onnx_runtime_comput
     agree_with_onnxruntime(path, feeds)
 
 
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(axis=st.integers(-3, 2), data=st.data())
+def test_a_scatter_elements_into_an_activation_at_constant_indices_computes_what_onnx_runtime_computes(
+        tmp_path, axis, data):
+    """BART shifts its ids right and writes the start token at column 0 with ScatterElements: the
+    updates' shape at most the data's, indices along one axis (negative ones count from its end),
+    each written once as ONNX requires."""
+    shape = [3, 4, 5]
+    ax = axis % 3
+    upd_shape = [data.draw(st.integers(1, n)) for n in shape]
+    upd_shape[ax] = data.draw(st.integers(1, shape[ax]))
+    # distinct targets along the axis for each line of the others: a permutation's first entries
+    perm = np.stack([RNG.permutation(shape[ax])[:upd_shape[ax]] for _ in range(int(np.prod(upd_shape)) // upd_shape[ax])])
+    idx = np.moveaxis(perm.reshape([n for k, n in enumerate(upd_shape) if k != ax] + [upd_shape[ax]]), -1, ax)
+    idx = np.where(RNG.random(idx.shape) < 0.3, idx - shape[ax], idx).astype(np.int64)
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("ScatterElements", ["r", "idx", "u"], ["y"], axis=axis)]
+    path = _save(tmp_path / "se.onnx", nodes, {"x": (TensorProto.FLOAT, shape), "u": (TensorProto.FLOAT, upd_shape)},
+                 "y", {"idx": idx})
+    agree_with_onnxruntime(path, {"x": _f32(*shape), "u": _f32(*upd_shape)})
+
+
 def test_a_gather_of_many_scattered_indices_of_an_activation_computes_what_onnx_runtime_computes(tmp_path):
     """ConvBERT's unfold gathers a thousand constant, scattered positions of its activation."""
     at = RNG.integers(-40, 40, (9, 20)).astype(np.int64)

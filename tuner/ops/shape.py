@@ -240,6 +240,22 @@ def _onnx_scatter_nd(cx, ins, a):
     return [cx.add("where", [cx.constant(mask.reshape(data.shape), "_mask"), picked, data], {})]
 
 
+def _onnx_scatter_elements(cx, ins, a):
+    """ScatterElements at constant indices (BART shifts its ids right for the decoder and writes the
+    start token at column 0 so) as the ScatterND that writes the same elements."""
+    data, idx, upd = ins
+    if not idx.is_const:
+        raise cx.fail("a ScatterElements at indices computed at run time is not supported (constant indices are)")
+    idx = np.asarray(idx.data).astype(np.int64)
+    if idx.ndim != len(data.shape) or tuple(idx.shape) != tuple(upd.shape):
+        raise cx.fail(f"indices {list(idx.shape)} and updates {list(upd.shape)} must have one shape, of the data's "
+                      f"rank {len(data.shape)}")
+    grid = np.indices(idx.shape, dtype=np.int64)
+    grid[a.get("axis", 0) % len(data.shape)] = idx
+    coords = np.ascontiguousarray(np.moveaxis(grid, 0, -1))
+    return _onnx_scatter_nd(cx, [data, cx.constant(coords, "_coordinates"), upd], {"reduction": a.get("reduction", "none")})
+
+
 def place_blocks(cx, x, n: int, c: int, kh: int, kw: int, rows: int, cols: int):
     """Blocks that tile an image (x: n x c*kh*kw x rows*cols, in any shape of that order) placed in
     it by a reshape and transpose, a depth-to-space: n x c x rows*kh x cols*kw."""
@@ -597,6 +613,7 @@ register(
     OpDef(name="gather", pattern=Pattern.INJECTIVE, integers=True, infer=_gather_infer, evaluate=_gather_eval,
           te=lambda n, ins, name: gather(ins[0], ins[1], n.attrs["axis"], name),
           onnx_in={"Gather": _onnx_gather, "GatherND": _onnx_gather_nd, "ScatterND": _onnx_scatter_nd,
+                   "ScatterElements": _onnx_scatter_elements,
                    "Col2Im": _onnx_col2im},
           onnx_out=export_as("Gather", lambda n: {"axis": n.attrs["axis"]})),
     OpDef(name="gather_elements", pattern=Pattern.INJECTIVE, integers=True, infer=_gather_elements_infer,
