@@ -95,7 +95,7 @@ def pool3d(cx, x, op: str, kernel: list, strides: list, pads: list, count_includ
     attrs = {"kernel": kernel[1:], "strides": strides[1:], "pads": [pads[1], pads[2], pads[4], pads[5]],
              "layout": "NCHW"}
     if op == "max":      # every frame it reads pooled in 2-D, then the max over depth: a pool of (depth, 1)
-        if kd == 1:
+        if kd == 1 and not pads[0] and not pads[3]:
             return _channels_major(cx, cx.add("max_pool2d", [_images(cx, xt, 0, strides[0], do, "")], attrs, "_hw_max"),
                                    n, do)
         pooled = cx.add("max_pool2d", [cx.add("reshape", [xt], {"shape": [n * d, c, h, w]}, "_frames")], attrs, "_hw_max")
@@ -110,6 +110,8 @@ def pool3d(cx, x, op: str, kernel: list, strides: list, pads: list, count_includ
     y = _sum_taps(cx, parts, n, do)
     lo, hi = (in_pads[0], in_pads[3]) if count_include_pad else (0, 0)
     counts = np.array([sum(-lo <= o * strides[0] + t - pads[0] < d + hi for t in range(kd)) for o in range(do)])
+    if counts.min() < 1:
+        raise cx.fail(f"pads {in_pads} leave a window of {kernel} over depth with nothing to average")
     _, k, ho, wo = y.shape
     y5 = cx.add("reshape", [y], {"shape": [n, do, k, ho, wo]}, "_depth_major_out")
     scale = (1.0 / counts).astype(np.float32).reshape(1, do, 1, 1, 1)
