@@ -161,3 +161,9 @@ def test_an_if_on_a_shape_imports_as_its_taken_branch_and_one_on_run_time_data_i
     path = _save(tmp_path / "if.onnx", nodes, (1, 4), ["y"], {"zero": np.array(0.0, np.float32)}, opset=17)
     with pytest.raises(UserError, match=r"node 'branchy' \(If\): its condition is computed at run time"):
         load_onnx(path)
+    redefines = helper.make_graph([helper.make_node("Relu", ["x"], ["x"])], "then", [],
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("If", ["yes"], ["y"], "branchy", then_branch=redefines, else_branch=redefines)]
+    path = _save(tmp_path / "redefines.onnx", nodes, (1, 4), ["y"], {"yes": np.array(True)}, opset=17)
+    with pytest.raises(UserError, match=r"node 'branchy' \(If\): its then_branch defines 'x', which is already"):
+        load_onnx(path)

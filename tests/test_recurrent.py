@@ -119,6 +119,9 @@ def test_an_rnn_the_tool_cannot_run_is_a_one_line_error_naming_the_node(tmp_path
         path, _ = _rnn_model(tmp_path / "bad.onnx", "LSTM", 3, 1, 5, 4, **extra)
         with pytest.raises(UserError, match=f"node 'rnn' \\(LSTM\\): {msg}"):
             load_onnx(path)
+    path, _ = _rnn_model(tmp_path / "long.onnx", "GRU", 3000, 1, 5, 4, "bidirectional")
+    with pytest.raises(UserError, match=r"node 'rnn' \(GRU\): 3000 steps in 2 direction\(s\) unroll past the 4096"):
+        load_onnx(path)
     g = helper.make_graph([helper.make_node("GRU", ["x"], ["y"], "bare")], "g",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 1, 3])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])

@@ -236,6 +236,10 @@ def _taken_branch(b: GraphBuilder, env: dict, node, ins: list) -> list:
     if branch is None or len(branch.output) != len(node.output):
         raise OnnxImportError(f"node {node.name!r} (If): its {name} is missing or has {len(branch.output) if branch else 0} "
                               f"outputs for the If's {len(node.output)}; the model is not valid ONNX")
+    for value in [i.name for i in branch.initializer] + [o for n in branch.node for o in n.output if o]:
+        if value in env:
+            raise OnnxImportError(f"node {node.name!r} (If): its {name} defines {value!r}, which is already defined; "
+                                  "the model is not valid ONNX (each value has one definition)")
     for init in branch.initializer:
         env[init.name] = b.const(numpy_helper.to_array(init), init.name)
     return list(branch.node) + [onnx.helper.make_node("Identity", [o.name], [out], f"{node.name}_{k}")

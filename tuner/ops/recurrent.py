@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 GATES = {"LSTM": 4, "GRU": 3}
+MAX_STEPS = 4096     # steps of one node unrolled (about 15 graph nodes each, per direction)
 
 
 def _checked(cx, ins, a, op: str):
@@ -38,6 +39,9 @@ def _checked(cx, ins, a, op: str):
             raise cx.fail(f"sequence_lens {lens.tolist()} are not all the sequence's {seq}; tuner runs full sequences")
     if a.get("layout", 0):
         x = cx.add("transpose", [x], {"perm": [1, 0, 2]}, "_steps_first")
+    if x.shape[0] * dirs > MAX_STEPS:
+        raise cx.fail(f"{x.shape[0]} steps in {dirs} direction(s) unroll past the {MAX_STEPS} steps tuner unrolls; "
+                      "give a shorter sequence with --input-shape")
     if x.shape[2] != w.shape[2]:
         raise cx.fail(f"W {list(w.shape)} does not fit the input's {x.shape[2]} features")
     b = np.asarray(cx.const(ins[3], "B"), np.float32) if len(ins) > 3 and ins[3] is not None \
