@@ -51,10 +51,12 @@ def _sum_taps(cx, parts: list, n: int, do: int):
     return acc
 
 
-def _channels_major(cx, y, n: int, do: int):
-    """[N * Do, K, Ho, Wo] -> [N, K, Do, Ho, Wo]."""
+def _channels_major(cx, y, n: int, do: int, scale=None):
+    """[N * Do, K, Ho, Wo] -> [N, K, Do, Ho, Wo], times `scale` ([1, Do, 1, 1, 1]) on the way."""
     _, k, ho, wo = y.shape
     y5 = cx.add("reshape", [y], {"shape": [n, do, k, ho, wo]}, "_depth_major_out")
+    if scale is not None:
+        y5 = cx.add("mul", [y5, cx.constant(scale, "_depth_count")], {}, "_mean")
     return cx.add("transpose", [y5], {"perm": [0, 2, 1, 3, 4]}, "_3d")
 
 
@@ -112,8 +114,4 @@ def pool3d(cx, x, op: str, kernel: list, strides: list, pads: list, count_includ
     counts = np.array([sum(-lo <= o * strides[0] + t - pads[0] < d + hi for t in range(kd)) for o in range(do)])
     if counts.min() < 1:
         raise cx.fail(f"pads {in_pads} leave a window of {kernel} over depth with nothing to average")
-    _, k, ho, wo = y.shape
-    y5 = cx.add("reshape", [y], {"shape": [n, do, k, ho, wo]}, "_depth_major_out")
-    scale = (1.0 / counts).astype(np.float32).reshape(1, do, 1, 1, 1)
-    y5 = cx.add("mul", [y5, cx.constant(scale, "_depth_count")], {}, "_mean")
-    return cx.add("transpose", [y5], {"perm": [0, 2, 1, 3, 4]}, "_3d")
+    return _channels_major(cx, y, n, do, (1.0 / counts).astype(np.float32).reshape(1, do, 1, 1, 1))
