@@ -92,6 +92,14 @@ class Empty:
         self.shape, self.dtype, self.is_const = tuple(shape), dtype, False
 
 
+def channels_and_space(cx, x) -> tuple:
+    """(N, C, the spatial elements) of a pooling's or normalisation's input: a channel axis and at
+    least one spatial axis, else a one-line error naming the node."""
+    if len(x.shape) < 3:
+        raise cx.fail(f"the input must have a channel axis and at least one spatial axis, got shape {list(x.shape)}")
+    return x.shape[0], x.shape[1], int(np.prod(x.shape[2:]))
+
+
 def unsupported(node, why: str):
     raise Unsupported(f"{node.op} node {node.name!r}: {why}; the kernel library cannot compile it")
 

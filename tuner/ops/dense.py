@@ -8,12 +8,12 @@ import itertools
 
 import numpy as np
 
-from .recurrent import onnx_gru, onnx_lstm
 from ..errors import GraphError
 from ..te import layouts as L
 from ..te.tensor import Tensor, compute, placeholder, reduce_axis, sum_reduce
 from .common import broadcast_index, f32
 from .elementwise import epilogue, epilogue_ref
+from .recurrent import onnx_gru, onnx_lstm
 from .registry import NoTask, OpDef, Pattern, WorkloadDef, WorkloadError, register
 
 

@@ -7,7 +7,7 @@ import numpy as np
 from ..errors import GraphError
 from ..te.expr import Cast, Const, max_expr, min_expr
 from ..te.tensor import Tensor, compute, max_reduce, reduce_axis, sum_reduce
-from .common import (axis_names, conv_out_size, data_placeholder, export_as, f32, from_nchw, hw_dims, hw_pair,
+from .common import (axis_names, channels_and_space, conv_out_size, data_placeholder, export_as, f32, from_nchw, hw_dims, hw_pair,
                      nchw_dims, nchw_in, nchw_out, one_row, pad_ref, pad_spatial, pads4, pads_param,
                      relayout, to_nchw, unary, window_out)
 from .registry import NoTask, OpDef, Pattern, WorkloadDef, WorkloadError, output_elements, register
@@ -189,10 +189,8 @@ def _onnx_global_avg_pool(cx, ins, a):
     x = ins[0]
     if len(x.shape) == 4:
         return [cx.add("global_avg_pool2d", [x], {"layout": "NCHW"})]
-    if len(x.shape) < 3:
-        raise cx.fail(f"the input must have a channel axis and at least one spatial axis, got shape {list(x.shape)}")
-    n, c = x.shape[:2]
-    col = cx.add("reshape", [x], {"shape": [n, c, int(np.prod(x.shape[2:])), 1]}, "_column")
+    n, c, rest = channels_and_space(cx, x)
+    col = cx.add("reshape", [x], {"shape": [n, c, rest, 1]}, "_column")
     y = cx.add("global_avg_pool2d", [col], {"layout": "NCHW"}, "_pool")
     return [cx.add("reshape", [y], {"shape": [n, c] + [1] * (len(x.shape) - 2)})]
 
@@ -205,10 +203,7 @@ def _onnx_lrn(cx, ins, a):
     size = a.get("size")
     if not isinstance(size, int) or size < 1:
         raise cx.fail(f"size must be a positive integer, got {size}")
-    if len(x.shape) < 3:
-        raise cx.fail(f"the input must have a channel axis and at least one spatial axis, got shape {list(x.shape)}")
-    n, c = x.shape[:2]
-    rest = int(np.prod(x.shape[2:]))
+    n, c, rest = channels_and_space(cx, x)
     sq = cx.add("mul", [x, x], {}, "_square")
     rows = cx.add("reshape", [sq], {"shape": [n, 1, c, rest]}, "_channel_rows")
     lo = (size - 1) // 2

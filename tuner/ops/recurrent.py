@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .shape import _slice_nodes
+
 GATES = {"LSTM": 4, "GRU": 3}
 MAX_STEPS = 4096     # steps of one node unrolled (about 15 graph nodes each, per direction)
 
@@ -61,18 +63,18 @@ def _initial(cx, ins, k: int, d: int, batch: int, hidden: int, what: str, layout
         raise cx.fail(f"{what} has shape {list(v.shape)}, not {list(want)}")
     if layout:
         v = cx.add("transpose", [v], {"perm": [1, 0, 2]}, f"_{what}{d}_directions_first")
-    s = cx.add("slice", [v], {"begin": [d, 0, 0], "step": [1, 1, 1], "shape": [1, batch, hidden]}, f"_{what}{d}")
+    s = _slice_nodes(cx, v, 0, [(d, d + 1, 1)], f"_{what}{d}")[0]
     return cx.add("reshape", [s], {"shape": [batch, hidden]}, f"_{what}{d}_2d")
 
 
 def _cols(cx, v, start: int, n: int, tag: str):
-    return cx.add("slice", [v], {"begin": [0, start], "step": [1, 1], "shape": [v.shape[0], n]}, tag)
+    return _slice_nodes(cx, v, 1, [(start, start + n, 1)], tag)[0]
 
 
 def _lstm_step(cx, xt, h, c, r_w, hid: int, s: str):
     """One LSTM step: gates i, o, f, c from the input's projection plus the hidden state's."""
     z = cx.add("add", [xt, cx.add("dense", [h, r_w], {}, f"_h_proj{s}")], {}, f"_gates{s}") if h is not None else xt
-    i, o, f, cand = (_cols(cx, z, k * hid, hid, f"_{n}{s}") for k, n in enumerate("iofc"))
+    i, o, f, cand = _slice_nodes(cx, z, 1, [(k * hid, (k + 1) * hid, 1) for k in range(4)], f"_iofc{s}")
     i, o, f = (cx.add("sigmoid", [v], {}, f"_{n}_act{s}") for v, n in ((i, "i"), (o, "o"), (f, "f")))
     ic = cx.add("mul", [i, cx.add("tanh", [cand], {}, f"_c_act{s}")], {}, f"_ic{s}")
     c = cx.add("add", [cx.add("mul", [f, c], {}, f"_fc{s}"), ic], {}, f"_c{s}") if c is not None else ic
@@ -87,7 +89,7 @@ def _gru_step(cx, xt, h, r_zr, r_n, rbn, hid: int, before_reset: bool, s: str):
     if h is not None:
         zr = cx.add("add", [zr, cx.add("dense", [h, r_zr], {}, f"_zr_h{s}")], {}, f"_zr{s}")
     zr = cx.add("sigmoid", [zr], {}, f"_zr_act{s}")
-    z, r = _cols(cx, zr, 0, hid, f"_z{s}"), _cols(cx, zr, hid, hid, f"_r{s}")
+    z, r = _slice_nodes(cx, zr, 1, [(0, hid, 1), (hid, 2 * hid, 1)], f"_zr_parts{s}")
     if before_reset:
         hn = rbn if h is None else cx.add("add", [cx.add("dense", [h, r_n], {}, f"_n_h{s}"), rbn], {}, f"_n_hb{s}")
         reset = cx.add("mul", [r, hn], {}, f"_rn{s}")
@@ -126,7 +128,7 @@ def _unrolled(cx, ins, a, op: str) -> list:
         out = [None] * seq
         for t in (range(seq - 1, -1, -1) if (d == 1 or reverse) else range(seq)):
             s = f"{tag}_t{t}"
-            xt = cx.add("slice", [xw], {"begin": [t * batch, 0], "step": [1, 1], "shape": [batch, g * hid]}, f"_x{s}")
+            xt = _slice_nodes(cx, xw, 0, [(t * batch, (t + 1) * batch, 1)], f"_x{s}")[0]
             if op == "LSTM":
                 h, c = _lstm_step(cx, xt, h, c, r_w, hid, s)
             else:

@@ -8,7 +8,7 @@ import numpy as np
 from ..errors import GraphError
 from ..te.expr import Call, Const, select
 from ..te.tensor import Tensor, compute, max_reduce, reduce_axis, sum_reduce
-from .common import export_as, f32, same
+from .common import channels_and_space, export_as, f32, same
 from .registry import OpDef, Pattern, output_elements, register
 from .shape import reshape
 
@@ -311,8 +311,7 @@ def _onnx_log_softmax(cx, ins, a):
 def _onnx_global_max_pool(cx, ins, a):
     """GlobalMaxPool (timm's max and avg-max heads, CBAM): the max over every spatial axis."""
     x = ins[0]
-    if len(x.shape) < 3:
-        raise cx.fail(f"the input must have a channel axis and at least one spatial axis, got shape {list(x.shape)}")
+    channels_and_space(cx, x)
     return [cx.add("reduce", [x], {"axes": list(range(2, len(x.shape))), "keepdims": 1, "kind": "max"})]
 
 

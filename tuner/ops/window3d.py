@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .shape import _slice_nodes
+
 
 def depth_taps(d: int, k: int, stride: int, dil: int, lo: int, hi: int) -> tuple:
     """(output depths, [(tap, first output, outputs, first input depth)]) of a window of k taps over
@@ -29,8 +31,7 @@ def _images(cx, xt, begin: int, stride: int, count: int, tag: str):
     """Depths begin, begin + stride, ... (count of them) of the depth-major clip as a batch of images."""
     n, d, c, h, w = xt.shape
     if not (begin == 0 and count == d and (stride == 1 or d == 1)):
-        xt = cx.add("slice", [xt], {"begin": [0, begin, 0, 0, 0], "step": [1, stride, 1, 1, 1],
-                                    "shape": [n, count, c, h, w]}, f"_depths{tag}")
+        xt = _slice_nodes(cx, xt, 1, [(begin, begin + stride * (count - 1) + 1, stride)], f"_depths{tag}")[0]
     return cx.add("reshape", [xt], {"shape": [n * count, c, h, w]}, f"_images{tag}")
 
 
