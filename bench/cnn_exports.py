@@ -7,7 +7,10 @@
 - mobilenet_v3_small (Howard et al. 2019, table 2): hard-swish, squeeze-excitation with a hard
   sigmoid, 5x5 depthwise convs, expansions of 72, 88, 240, 576 channels;
 - regnet_y_400mf (Radosavovic et al. 2020): grouped 3x3 convs of group width 8, widths 48, 104, 208,
-  440 (not multiples of 16), squeeze-excitation, strided 1x1 shortcuts.
+  440 (not multiples of 16), squeeze-excitation, strided 1x1 shortcuts;
+- crnn (Shi et al. 2015, reduced): a text-line recogniser, three 3x3 convs over a 32 x 128 grey
+  line, a 2-layer bidirectional LSTM of 256 over its 32 columns, 37 classes by LogSoftmax
+  (`--size` does not apply).
 
 Needs torch and onnxscript (the [bench] extra).
 """
@@ -92,7 +95,25 @@ def regnet_y_400mf():
     return nn.Sequential(cba(3, 32, 3, 2), *blocks, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(440, 1000))
 
 
-MODELS = {"mobilenet_v3_small": mobilenet_v3_small, "regnet_y_400mf": regnet_y_400mf}
+def crnn():
+    torch, nn = _torch()
+
+    class CRNN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            conv = lambda cin, cout, pool: [nn.Conv2d(cin, cout, 3, 1, 1), nn.ReLU(), nn.MaxPool2d(pool)]  # noqa: E731
+            self.cnn = nn.Sequential(*conv(1, 64, 2), *conv(64, 128, 2), *conv(128, 256, (8, 1)))
+            self.rnn = nn.LSTM(256, 256, num_layers=2, bidirectional=True)
+            self.fc = nn.Linear(512, 37)
+
+        def forward(self, x):
+            seq = self.cnn(x).squeeze(2).permute(2, 0, 1)        # [columns, batch, channels]
+            return torch.log_softmax(self.fc(self.rnn(seq)[0]), -1)
+    return CRNN()
+
+
+MODELS = {"mobilenet_v3_small": mobilenet_v3_small, "regnet_y_400mf": regnet_y_400mf, "crnn": crnn}
+INPUTS = {"crnn": lambda size: (1, 1, 32, 128)}     # else an RGB image of size x size
 
 
 def export(name: str, path: Path, size: int = 224, seed: int = 0) -> Path:
@@ -104,8 +125,8 @@ def export(name: str, path: Path, size: int = 224, seed: int = 0) -> Path:
             m.running_mean.uniform_(-0.1, 0.1)
             m.running_var.uniform_(0.5, 1.5)
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.onnx.export(net, (torch.randn(1, 3, size, size),), str(path), input_names=["input"], opset_version=17,
-                      dynamo=False)
+    shape = INPUTS.get(name, lambda s: (1, 3, s, s))(size)
+    torch.onnx.export(net, (torch.randn(*shape),), str(path), input_names=["input"], opset_version=17, dynamo=False)
     return path
 
 

@@ -90,6 +90,17 @@ def test_a_bidirectional_batch_first_rnn_with_initial_states_compiles_to_what_on
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
+def test_an_unrolled_rnn_stores_its_recurrent_weights_once_not_once_per_step(tmp_path, tmp_cache):
+    form = dict(op="LSTM", seq=24, batch=1, feat=8, hid=32, direction="bidirectional", bias=True)
+    path, shape = _rnn_model(tmp_path / "r.onnx", **form)
+    x = _f32(*shape)
+    m = compile_model(str(path), target="cpu -threads=1", use_shipped=False)
+    np.testing.assert_allclose(m.run(x)[0], ort_run(path, x)[0], rtol=1e-5, atol=1e-5)
+    given = sum(numpy_helper.to_array(t).nbytes for t in onnx.load(str(path)).graph.initializer)
+    r_bytes = 2 * 4 * 32 * 32 * 4       # R of both directions: 24 steps' copies would be 24x this
+    assert given > r_bytes and m.meta["weights_bytes"] < given + r_bytes
+
+
 @pytest.mark.parametrize("kind", ["LSTM", "GRU"])
 def test_torchs_two_layer_bidirectional_rnn_exported_by_torch_compiles_to_what_onnx_runtime_computes(
         tmp_path, tmp_cache, kind):

@@ -77,19 +77,23 @@ class UntunedError(UserError):
 
 
 class _Weights:
-    """Constants packed into one 64-byte aligned blob, each stored once."""
+    """Constants packed into one 64-byte aligned blob, each content stored once: the steps of an
+    unrolled RNN, or layers that share their weights (ALBERT), read one copy of a weight each
+    packs alike, which then stays in cache from step to step."""
 
     def __init__(self):
         self.chunks: list = []
         self.size = 0
         self.offsets: dict = {}
 
-    def add(self, key, data: np.ndarray) -> int:
+    def add(self, data: np.ndarray) -> int:
+        data = np.ascontiguousarray(data, dtype=np.float32)
+        b = data.tobytes()
+        key = hashlib.blake2b(b, digest_size=20).digest()
         if key in self.offsets:
             return self.offsets[key]
-        data = np.ascontiguousarray(data, dtype=np.float32)
         off = self.size
-        self.chunks.append((off, data.tobytes()))
+        self.chunks.append((off, b))
         self.size = align(off + data.nbytes)
         self.offsets[key] = off
         return off
@@ -892,9 +896,9 @@ def _place_arguments(low: _Lowered, io: _Interface) -> tuple:
     for st, args in zip(low.steps, low.step_args):
         for v in args:
             if isinstance(v, np.ndarray):
-                st.args.append(Arg("weight", weights.add(("packed", st.index, len(st.args)), v)))
+                st.args.append(Arg("weight", weights.add(v)))
             elif v.is_const:
-                st.args.append(Arg("weight", weights.add(id(v), _carried_const(v))))
+                st.args.append(Arg("weight", weights.add(_carried_const(v))))
             elif id(v) in io.inputs:
                 st.args.append(Arg("input", io.inputs[id(v)]))
             elif id(v) in io.out_index:
