@@ -953,7 +953,10 @@ class SearchSpace(DagSketch):
         lanes, rows = self.target.lanes, self.out_shape[-2]
         wide = [d for d in self.last_options if d % lanes == 0 and d <= 3 * lanes]
         guarded = [w for w in self._guarded_columns if w == 3 * lanes]
-        cols = max(wide or guarded or self.last_options)
+        # columns with no divisor a vector wide (37 classes, 17 keypoints): whole vectors, the last
+        # tile guarded, rather than a tile of a few columns (one column at a time for a prime count)
+        narrow = self._guarded_columns if max(self.last_options) < lanes else []
+        cols = max(wide or guarded or narrow or self.last_options)
         fit = max(1, self.accumulator_budget // max(1, self._vectors(cols)))
         r = max(x for x in divisors(rows) if x <= fit)
         if 2 * r <= fit < rows:
