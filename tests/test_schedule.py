@@ -185,6 +185,21 @@ def test_a_gemm_whose_columns_no_vector_divides_takes_whole_vectors_by_default_n
         check_schedules([(wl, space.steps(dec))], target)
 
 
+@pytest.mark.parametrize("op, width, shared", [("relu", 16, False), ("sigmoid", 64, False), ("relu", 1024, True),
+                                                ("sigmoid", 256, True)])
+def test_a_kernel_too_small_to_share_runs_on_the_calling_thread_and_a_big_one_on_all(op, width, shared):
+    """Waking a second thread cost an LSTM step's gates (256 elements) 10x their time: a parallel
+    loop with less than PARALLEL_MIN_WORK to share (a math call weighing more than a store) runs
+    on one thread; the kernel computes the reference either way."""
+    wl = make(op, dict(C=16, H=1, W=width), "NCHW")
+    target = parse_target("cpu", threads=2)
+    steps = SearchSpace(wl, target).steps(SearchSpace(wl, target).default())
+    assert any(st[0] == "annotate" and st[-1] == "parallel" for st in steps)
+    src = Task(wl, target).candidate(steps).source
+    assert ("omp parallel" in src) == shared
+    check_schedules([(wl, steps)], target)
+
+
 def test_simplifier_removes_exact_div_and_mod():
     ko, ki = Var("ko"), Var("ki")
     ranges = {"ko": (0, 9), "ki": (0, 7)}
@@ -501,12 +516,13 @@ def test_a_pad_read_few_times_per_element_is_read_in_place_where_a_conv_with_16_
                         target)
 
 
-@pytest.mark.parametrize("spec, layout", [("conv2d:N=1,C=32,H=14,W=14,K=32,R=3,S=3,stride=2,pad=1,bias=1", "NCHW16c"),
-                                          ("winograd_input:N=1,C=16,H=9,W=9,pad=1,m=4", "NCHW8c")])
+@pytest.mark.parametrize("spec, layout", [("conv2d:N=1,C=32,H=56,W=56,K=32,R=3,S=3,stride=2,pad=1,bias=1", "NCHW16c"),
+                                          ("winograd_input:N=1,C=16,H=36,W=36,pad=1,m=4", "NCHW8c")])
 def test_a_pad_copied_first_is_copied_by_every_thread_and_computes_the_reference(spec, layout):
     """With 2 threads a pad at root runs its outer loops fused in parallel, its channel block
     whole (a serial copy before the parallel loop kept AVX2's 3x3 convs from scaling), in the
-    tiled and the table sketch alike; with 1 thread it is the loop nest it was."""
+    tiled and the table sketch alike; with 1 thread it is the loop nest it was. (Pads big enough
+    to share: PARALLEL_MIN_WORK.)"""
     wl = parse_spec(spec, layout)
     for threads in (1, 2):
         target = parse_target(f"cpu -isa=avx2 -threads={threads}", check_host=False)

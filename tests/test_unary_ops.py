@@ -171,7 +171,7 @@ def test_gelu_in_its_erf_form_compiles_to_what_onnxruntime_computes(tmp_path, tm
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("shape", [[2, 3, 16, 32], [5, 7], [3, 13], [2, 2, 197]])
+@pytest.mark.parametrize("shape", [[2, 3, 16, 32], [5, 7], [3, 13], [2, 2, 197], [64, 197]])
 def test_a_softmax_runs_its_exp_vectorised_with_a_tail_and_its_rows_in_parallel_and_computes_what_onnxruntime_computes(
         tmp_path, tmp_cache, shape, threads):
     from tuner.target import parse_target
@@ -188,7 +188,8 @@ def test_a_softmax_runs_its_exp_vectorised_with_a_tail_and_its_rows_in_parallel_
     source = (tmp_path / "built" / "model.c").read_text()
     assert PRELUDE in source
     vectorised = "tuner_exp" in source.replace(PRELUDE, "")
-    assert ("omp parallel for" in source.replace(PRELUDE, "")) == (threads > 1)
+    # rows in parallel where there is enough to share (a few thousand elements; PARALLEL_MIN_WORK)
+    assert ("omp parallel for" in source.replace(PRELUDE, "")) == (threads > 1 and np.prod(shape) > 2048)
     assert vectorised == ((shape[-1] % 4 == 0 or shape[-1] >= 8) and parse_target("cpu").lanes >= 4)
 
 

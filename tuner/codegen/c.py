@@ -24,6 +24,8 @@ from ..te.expr import (Add, And, Call, Cast, Cmp, Const, Div, Expr, FloorDiv, Fl
 STACK_LIMIT_BYTES = 64 * 1024
 VECTOR_UNROLL = 32           # a vector loop's chunks unrolled at most this far (a 50257-wide axis is a loop)
 ACCUMULATORS = 4             # independent partial vectors of a long vectorised reduction
+PARALLEL_MIN_WORK = 16384    # a loop shares work among threads from this many weighted stores (_work)
+CALL_WORK = 3                # a math call's weight beside its store's (sigmoid's break-even at 1/4 of add's)
 
 PRELUDE = """#include <math.h>
 #include <stdlib.h>
@@ -707,8 +709,22 @@ def _keeps_loop(s: ir.Stmt, budget: int) -> bool:
 
 
 def _threaded(s: ir.For, threads: int) -> bool:
-    """Whether the C runs loop `s` on the target's threads (an OpenMP parallel for)."""
-    return s.kind == "parallel" and threads > 1
+    """Whether the C runs loop `s` on the target's threads (an OpenMP parallel for): a parallel
+    loop with PARALLEL_MIN_WORK or more to share (_work); a smaller one runs on the calling thread,
+    where waking the team would cost more than it saves."""
+    return s.kind == "parallel" and threads > 1 and _work(s) >= PARALLEL_MIN_WORK
+
+
+def _work(s: ir.Stmt) -> int:
+    """Element stores `s` makes (at most: loops at their full extent, both arms of a test), each
+    weighted 1 + CALL_WORK per math call in its value."""
+    if isinstance(s, ir.For):
+        return s.extent * _work(s.body)
+    if isinstance(s, ir.Seq):
+        return sum(_work(x) for x in s.stmts)
+    if isinstance(s, ir.Store):
+        return 1 + CALL_WORK * sum(isinstance(e, Call) for e in walk(s.value))
+    return _work(s.body) if isinstance(s, (ir.IfThen, ir.Allocate, ir.Unswitch)) else 0
 
 
 def _hoistable(body: ir.Stmt, threads: int) -> dict:
