@@ -1,6 +1,6 @@
 """Activations and heads of models outside the built-in set, against ONNX Runtime: Abs, Log,
-Softplus and Mish (YOLOv4, CSPDarknet), Elu, Selu, Celu, Softsign, PRelu (ENet, ESPNet, face
-recognition ResNets), LogSoftmax (classifier heads, CTC speech models) and GlobalMaxPool."""
+Softplus and Mish (YOLOv4, CSPDarknet), Elu, Selu, Celu, Softsign, Sin and Cos (YOLO's oriented
+boxes, RT-DETR), PRelu (ENet, ESPNet, face recognition ResNets), LogSoftmax (classifier heads, CTC speech models) and GlobalMaxPool."""
 import numpy as np
 import onnx
 import pytest
@@ -17,7 +17,7 @@ from tuner.graph.onnx_frontend import load_onnx
 pytest.importorskip("onnxruntime", reason="onnxruntime is the reference for imported models")
 
 # ONNX op -> attributes hypothesis may draw (name -> strategy)
-ACTS = {"Abs": {}, "Log": {}, "Softplus": {}, "Mish": {}, "Softsign": {},
+ACTS = {"Abs": {}, "Log": {}, "Softplus": {}, "Mish": {}, "Softsign": {}, "Sin": {}, "Cos": {},
         "Elu": {"alpha": st.floats(0.1, 2.0)}, "Celu": {"alpha": st.floats(0.1, 2.0)},
         "Selu": {"alpha": st.floats(0.5, 2.0), "gamma": st.floats(0.5, 2.0)}}
 

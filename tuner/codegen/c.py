@@ -153,7 +153,7 @@ static inline int tuner_floormod(int a, int b) { int r = a % b; return (r != 0 &
 """
 
 _CALLS = {"exp": "expf", "sqrt": "sqrtf", "tanh": "tanhf", "log": "logf", "erf": "erff", "pow": "powf",
-          "trunc": "truncf", "fmod": "fmodf", "sigmoid": "tuner_sigmoid"}
+          "trunc": "truncf", "fmod": "fmodf", "sigmoid": "tuner_sigmoid", "sin": "sinf", "cos": "cosf"}
 VECTOR_CALLS = ("erf", "tanh", "exp", "sigmoid")      # with a W-lane version in PRELUDE (tuner_erfW, ...)
 
 

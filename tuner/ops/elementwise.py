@@ -69,6 +69,9 @@ ACTIVATIONS = {
     "celu": ({"alpha": 1.0}, lambda e, p: _elu(e, p["alpha"], 1.0 / p["alpha"]),
              lambda x, p: np.where(x > 0, x, p["alpha"] * np.expm1(np.minimum(x, 0.0) / p["alpha"]))),
     "softsign": ({}, lambda e, p: e / (Const(1.0) + _abs(e)), lambda x, p: x / (1.0 + np.abs(x))),
+    # an oriented box's corners (YOLO OBB), sinusoidal position codes computed on the fly (RT-DETR)
+    "sin": ({}, lambda e, p: Call("sin", (e,)), lambda x, p: np.sin(x)),
+    "cos": ({}, lambda e, p: Call("cos", (e,)), lambda x, p: np.cos(x)),
 }
 
 
@@ -189,7 +192,7 @@ _ACTS = {"relu": ("Relu", {}), "sigmoid": ("Sigmoid", {}), "hard_swish": ("HardS
          "clip": ("Clip", {"lo": ("min", -np.inf), "hi": ("max", np.inf)}),
          "hard_sigmoid": ("HardSigmoid", {"alpha": ("alpha", 0.2), "beta": ("beta", 0.5)}),
          "leaky_relu": ("LeakyRelu", {"alpha": ("alpha", 0.01)}),
-         **{op: (op.capitalize(), {}) for op in ("abs", "log", "softplus", "mish", "softsign")},
+         **{op: (op.capitalize(), {}) for op in ("abs", "log", "softplus", "mish", "softsign", "sin", "cos")},
          "elu": ("Elu", {"alpha": ("alpha", 1.0)}), "celu": ("Celu", {"alpha": ("alpha", 1.0)}),
          "selu": ("Selu", {"alpha": ("alpha", 1.67326319217681884765625),
                            "gamma": ("gamma", 1.05070102214813232421875)})}
