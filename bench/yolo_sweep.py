@@ -1,4 +1,4 @@
-"""Ultralytics' YOLO detectors, segmenters, pose and oriented-box models, as a user brings them:
+"""Ultralytics' YOLO detectors, segmenters, pose and oriented-box models and RT-DETR, as a user brings them:
 exported, compiled untuned, checked against ONNX Runtime, timed. The same rows as `bench.torchvision_sweep`.
 
     pip install --no-deps ultralytics opencv-python-headless   # not a dependency of tuner (AGPL-3.0)
@@ -14,9 +14,10 @@ from pathlib import Path
 
 from bench.torchvision_sweep import _torchvision, export_net, sweep_cli
 
-# v5u, v6, v8 (detect, segment, pose, oriented boxes, classify), v9, v10, 11 (its C2PSA attention), 12
+# v5u, v6, v8 (detect, segment, pose, oriented boxes, classify), v9, v10, 11 (its C2PSA attention), 12,
+# and RT-DETR (a transformer decoder: TopK query selection, GridSample deformable attention)
 DEFAULT = ("yolov5nu,yolov6n,yolov8n,yolov8n-seg,yolov8n-pose,yolov8n-obb,yolov8n-cls,yolov9t,yolov10n,yolo11n,"
-           "yolo11n-seg,yolo12n")
+           "yolo11n-seg,yolo12n,rtdetr-l")
 TASKS = {"seg": "SegmentationModel", "pose": "PoseModel", "obb": "OBBModel", "cls": "ClassificationModel"}
 
 

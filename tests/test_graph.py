@@ -455,6 +455,15 @@ def _one_op_graph(op: str):
         y = b.add(op, [x, idx], {"axis": 3})
     elif op == "cumsum":
         y = b.add(op, [x], {"axis": 2, "exclusive": 1, "reverse": 1})
+    elif op == "int_div":                 # integers -4..4 from x, divided with truncation by 3
+        ints = b.add("cast", [b.add("clip", [x], {"min": -4.0, "max": 4.0})], {"to": "int64"})
+        y = b.add("cast", [b.add(op, [ints, b.const(np.array([3], np.int64))])], {"to": "float32"})
+    elif op == "topk":                    # the indices of each row's 4 largest, as floats
+        pos = b.const(np.arange(6, dtype=np.float32))
+        y = b.add("cast", [b.add(op, [x, pos], {"axis": 3, "k": 4, "largest": 1})], {"to": "float32"})
+    elif op == "grid_sample":             # x read at 3 x 5 points in and around [-1, 1]
+        grid = b.const(rng.uniform(-1.2, 1.2, (1, 3, 5, 2)).astype(np.float32))
+        y = b.add(op, [x, grid], {"mode": "bilinear", "padding": "zeros", "align_corners": 0})
     elif op in ("gather", "cast"):     # token ids 0..3 from x, looked up in a table
         ids = b.add("cast", [b.add("clip", [x], {"min": 0.0, "max": 3.0})], {"to": "int64"})
         y = b.add("gather", [c(5, 6), ids], {"axis": 0})

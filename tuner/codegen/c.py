@@ -597,7 +597,41 @@ class CGen:
             a = a if av else f"(({vt}){{0}} + ({a}))"
             b = b if bv else f"(({vt}){{0}} + ({b}))"
             return f"({self.expr(e.cond)} ? {a} : {b})", True
+        if isinstance(e, Select) and self._unguarded(e, extra):   # a condition per lane: a mask of float
+            a, av = self.vexpr(e.then, lane, lanes, extra)
+            b, bv = self.vexpr(e.other, lane, lanes, extra)
+            a = a if av else f"(({vt}){{0}} + ({a}))"
+            b = b if bv else f"(({vt}){{0}} + ({b}))"
+            return f"TUNER_VSEL({lanes}, {self.vmask(e.cond, lane, lanes, extra)}, {a}, {b})", True   # compares
         raise NotVectorizable(f"{type(e).__name__} depends on the lane")
+
+    def _unguarded(self, e: Select, extra: dict) -> bool:
+        """Whether both arms of a select may be evaluated for every lane, both blended: each read in
+        them is inside its buffer for every value of the loops (an arm's read may be what the
+        condition guards: a pad's, out of bounds)."""
+        ranges = self._bounds(extra)
+        for n in walk(Select(Const(0), e.then, e.other)):
+            if isinstance(n, Load):
+                shape = self.func.buffers[n.buffer].shape
+                for idx, size in zip(n.indices, shape):
+                    b = bounds(simplify(idx, ranges), ranges)
+                    if b is None or b[0] < 0 or b[1] >= size:
+                        return False
+        return True
+
+    def vmask(self, c: Expr, lane: str, lanes: int, extra: dict) -> str:
+        """An i32 lane mask (-1 where it holds) of a condition on float values (an index compared
+        per lane, which a lane does not hold as a float, is not vectorised)."""
+        if isinstance(c, And):
+            return f"({self.vmask(c.a, lane, lanes, extra)} & {self.vmask(c.b, lane, lanes, extra)})"
+        if not isinstance(c, Cmp) or not (is_float(c.a) and is_float(c.b)):
+            raise NotVectorizable("condition on the lane's index")
+        vt = f"f32x{lanes}"
+        a, av = self.vexpr(c.a, lane, lanes, extra)
+        b, bv = self.vexpr(c.b, lane, lanes, extra)
+        a = a if av else f"(({vt}){{0}} + ({a}))"
+        b = b if bv else f"(({vt}){{0}} + ({b}))"
+        return f"({a} {c.op} {b})"
 
     def _permuted(self, buffer: str, off: Expr, lane: str, lanes: int, extra: dict) -> str | None:
         """A read whose lanes all fall in one aligned vector of the buffer (offset = a multiple of

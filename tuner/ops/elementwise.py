@@ -280,10 +280,10 @@ def _onnx_expand(cx, ins, a):
         raise cx.fail(f"cannot broadcast {list(x.shape)} to {shape}") from None
     if tuple(out) == tuple(x.shape):
         return [x]
-    if x.dtype != "float32":
+    if x.dtype not in ("float32", "int64", "int32"):
         raise cx.fail(f"an Expand of a {x.dtype} activation is not supported")
     have = (1,) * (len(out) - len(x.shape)) + tuple(x.shape)
-    zeros = np.zeros([d if h == 1 else 1 for d, h in zip(out, have)], np.float32)
+    zeros = np.zeros([d if h == 1 else 1 for d, h in zip(out, have)], x.dtype)     # integers stay integers
     return [cx.add("add", [x, cx.constant(zeros, "_zeros")], {})]
 
 
@@ -424,7 +424,7 @@ def _binary_def(op: str) -> OpDef:
                  evaluate=lambda node, args: f32(np_fn(args[0].astype(np.float64), args[1].astype(np.float64))),
                  te=lambda node, ins, name: broadcast_binary(op, ins[0], ins[1], name),
                  onnx_in={onnx_type: onnx_plain(op), **({"Expand": _onnx_expand, "Tile": _onnx_tile, "Sum": _onnx_sum} if op == "add" else {}),
-                         **({"Reciprocal": _onnx_reciprocal} if op == "div" else {})},
+                         **({"Div": _onnx_div, "Reciprocal": _onnx_reciprocal} if op == "div" else {})},
                  onnx_out=export_as(onnx_type))
 
 
@@ -547,6 +547,23 @@ def _onnx_mod(cx, ins, a):
     return [cx.add("mod", ins[:2], {"fmod": fmod})]
 
 
+def _onnx_div(cx, ins, a):
+    """Div of two integer tensors divides with truncation (a detector's flat index // classes: its
+    query); of floats, as float32."""
+    ints = [v.dtype.startswith(("int", "uint")) for v in ins[:2]]
+    if any(ints) and not all(ints):
+        raise cx.fail(f"operands are {ins[0].dtype} and {ins[1].dtype}; Div takes two of one type")
+    return [cx.add("int_div" if all(ints) else "div", ins[:2], {})]
+
+
+def _int_div_eval(node, args):
+    a, b = (x.astype(np.int64) for x in args)
+    if (b == 0).any():
+        raise GraphError(f"int_div {node.name}: an integer divisor is 0")
+    q = np.abs(a) // np.abs(b)
+    return np.where((a < 0) != (b < 0), -q, q).astype(np.result_type(*args))
+
+
 def _unary_te(fn):
     return lambda n, ins, name: elementwise_map(ins[0], fn, name)
 
@@ -554,6 +571,11 @@ def _unary_te(fn):
 register(
     *(_compare_def(op) for op in COMPARISONS),
     *(_bool_def(op, *LOGICAL[op]) for op in LOGICAL),
+    # integers carried as float32 (below 2^24): the float quotient is rounded correctly, and no integer
+    # quotient's neighbour is within half an ulp of it, so truncating it is exact
+    OpDef(name="int_div", pattern=Pattern.BROADCAST, infer=_binary_infer, integers=True, evaluate=_int_div_eval,
+          te=lambda n, ins, name: broadcast_te(ins, lambda a, b: Call("trunc", (a / b,)), name),
+          onnx_in={}, onnx_out=export_as("Div")),
     OpDef(name="mod", pattern=Pattern.BROADCAST, infer=_binary_infer, integers=True, evaluate=_mod_eval,
           te=_mod_te, onnx_in={"Mod": _onnx_mod}, onnx_out=export_as("Mod", lambda n: {"fmod": n.attrs["fmod"]})),
     OpDef(name="isnan", pattern=Pattern.ELEMWISE, infer=lambda n: (n.inputs[0].shape, "bool", n.inputs[0].layout),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import GraphError
-from ..te.expr import Call, Const, select
+from ..te.expr import Call, Cmp, Const, select
 from ..te.tensor import Tensor, compute, max_reduce, reduce_axis, sum_reduce
 from .common import channels_and_space, export_as, f32, same
 from .registry import OpDef, Pattern, output_elements, register
@@ -144,6 +144,73 @@ def _onnx_cumsum(cx, ins, a):
 def _export_cumsum(ex, n, ins):
     ex.emit(n, "CumSum", [ins[0], ex.tensor(f"{n.name}_axis", [n.attrs["axis"]])],
             exclusive=n.attrs["exclusive"], reverse=n.attrs["reverse"])
+
+
+
+# ---------------------------------------------------------------- top k
+def topk_indices(x: Tensor, pos: Tensor, axis: int, k: int, largest: bool, name: str = "topk") -> Tensor:
+    """The indices of the first k elements of x along `axis` in ONNX TopK's order (largest or
+    smallest first, NaN above every number, equal values by index): an element's rank is the count
+    of the elements before it in that order (a reduction over the axis), and position p takes the
+    index ranked p (a second). n x n comparisons per row. pos: the axis's positions 0..n-1 as a
+    float32 table, which a vector loop loads as it loads x (a loop index in a lane it cannot)."""
+    n = x.shape[axis]
+    r, q = reduce_axis(n, f"{name}_r"), reduce_axis(n, f"{name}_q")
+    names = [f"{name}_i{d}" for d in range(x.ndim)]
+
+    def at(i, v):
+        return tuple(v if d == axis else e for d, e in enumerate(i))
+
+    def before(a, b, i, j):
+        """1.0 where a (at position i) comes before b (at j), else 0.0."""
+        by_index = select(i < j, Const(1.0), Const(0.0))
+        numbers = select(b < a if largest else a < b, Const(1.0), select(Cmp("==", a, b), by_index, Const(0.0)))
+        return select(Cmp("==", a, a), select(Cmp("==", b, b), numbers, Const(0.0 if largest else 1.0)),
+                      select(Cmp("==", b, b), Const(1.0 if largest else 0.0), by_index))
+
+    ranks = compute(x.shape, lambda *i: sum_reduce(before(x[at(i, r.var)], x[i], pos[r.var], pos[i[axis]]), [r]),
+                    f"{name}_rank", tag="reduction", inputs=[x, pos], axis_names=names)
+    return compute(at(x.shape, k), lambda *i: sum_reduce(
+        select(Cmp("==", ranks[at(i, q.var)], pos[i[axis]]), Const(1.0), Const(0.0)) * pos[q.var], [q]),
+        name, tag="reduction", inputs=[ranks, pos], axis_names=names)
+
+
+def topk_ref(x: np.ndarray, axis: int, k: int, largest: bool) -> np.ndarray:
+    """ONNX TopK's indices in NumPy (int64)."""
+    nan = np.isnan(x)
+    key = np.where(nan, 0.0, -x.astype(np.float64) if largest else x)
+    order = np.lexsort((key, ~nan if largest else nan), axis=axis)
+    return np.take(order, np.arange(k), axis=axis).astype(np.int64)
+
+
+def _topk_infer(node):
+    x, a = node.inputs[0], node.attrs
+    if not 0 < a["k"] <= x.shape[a["axis"]]:
+        raise GraphError(f"topk {node.name}: k={a['k']} is not in [1, {x.shape[a['axis']]}] (axis {a['axis']} of "
+                         f"{list(x.shape)})")
+    return tuple(a["k"] if d == a["axis"] else e for d, e in enumerate(x.shape)), "int64", ""
+
+
+def _onnx_topk(cx, ins, a):
+    """TopK of a constant k: its indices (topk), its values gathered at them (gather_elements)."""
+    x = ins[0]
+    axis = a.get("axis", -1)
+    if not -len(x.shape) <= axis < len(x.shape):
+        raise cx.fail(f"axis {axis} is outside a {len(x.shape)}-D input")
+    axis %= len(x.shape)
+    k = int(np.asarray(cx.const(ins[1], "k")).reshape(-1)[0])
+    if not 0 < k <= x.shape[axis]:
+        raise cx.fail(f"k={k} is not in [1, {x.shape[axis]}], the size of axis {axis} of {list(x.shape)}")
+    pos = cx.constant(np.arange(x.shape[axis], dtype=np.float32), "_positions")
+    idx = cx.add("topk", [x, pos], {"axis": axis, "k": k, "largest": int(a.get("largest", 1))}, "_indices")
+    return [cx.add("gather_elements", [x, idx], {"axis": axis}, "_values"), idx]
+
+
+def _export_topk(ex, n, ins):
+    from onnx import helper
+    ex.nodes.append(helper.make_node("TopK", [ins[0], ex.tensor(f"{n.name}_k", [n.attrs["k"]])],
+                                     [f"{n.name}_values", n.output.name], n.name, axis=n.attrs["axis"],
+                                     largest=n.attrs["largest"]))
 
 
 def _ln_infer(node):
@@ -336,6 +403,12 @@ register(
           te=lambda n, ins, name: cumsum(ins[0], n.attrs["axis"], bool(n.attrs["exclusive"]), bool(n.attrs["reverse"]),
                                          name),
           flops=lambda n: float(output_elements(n)), onnx_in={"CumSum": _onnx_cumsum}, onnx_out=_export_cumsum),
+    OpDef(name="topk", pattern=Pattern.OPAQUE, infer=_topk_infer, integers=True,
+          evaluate=lambda n, args: topk_ref(args[0], n.attrs["axis"], n.attrs["k"], bool(n.attrs["largest"])),
+          te=lambda n, ins, name: topk_indices(ins[0], ins[1], n.attrs["axis"], n.attrs["k"], bool(n.attrs["largest"]),
+                                               name),
+          flops=lambda n: float(np.prod(n.inputs[0].shape)) * n.inputs[0].shape[n.attrs["axis"]],
+          onnx_in={"TopK": _onnx_topk}, onnx_out=_export_topk),
     OpDef(name="layer_norm", pattern=Pattern.OPAQUE, infer=_ln_infer, evaluate=_ln_eval,
           te=lambda n, ins, name: layer_norm(ins[0], ins[1], ins[2], n.attrs["axis"], n.attrs["epsilon"], name),
           flops=lambda n: 8.0 * output_elements(n), onnx_in={"LayerNormalization": _onnx_layer_norm,

@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from ..errors import GraphError
-from ..te.expr import Cast, Const
+from ..te.expr import Cast, Cmp, Const, FloorMod, all_of, max_expr, min_expr, select
 from ..te.tensor import Tensor, compute
 from .registry import OpDef, Pattern, output_elements, register
 
@@ -213,10 +213,122 @@ def _onnx_resize(cx, ins, a):
     return [cx.add("resize", [x] + tabs, {"axes": out_axes, "mode": "nearest" if mode == "nearest" else "weighted"})]
 
 
+
+# ---------------------------------------------------------------- grid_sample
+# ONNX GridSample over 4-D NCHW: each output pixel reads the input at the (x, y) its grid entry
+# gives in [-1, 1], unnormalised by align_corners; bilinear mixes the 4 pixels around it (outside
+# ones read 0 with `zeros`, the coordinate clamped into the image first with `border`), nearest
+# takes the one it rounds to (halves to even, as nearbyint). Deformable DETR's and RT-DETR's
+# cross-attention, spatial transformers.
+GRID_MODES = {"bilinear": "bilinear", "linear": "bilinear", "nearest": "nearest"}
+GRID_PADDINGS = ("zeros", "border")
+
+
+def _unnormalised(g, size: int, align: bool, padding: str):
+    u = (g + Const(1.0)) * Const((size - 1) / 2.0) if align else ((g + Const(1.0)) * Const(float(size)) - Const(1.0)) * Const(0.5)
+    lo, hi = (0.0, size - 1.0) if padding == "border" else (-2.0, size + 1.0)   # beyond: zeros either way
+    return min_expr(max_expr(u, Const(lo)), Const(hi))           # also keeps the int conversion defined
+
+
+def _floor(u):
+    """(floor(u) as an int, u - floor(u)) of a float in range."""
+    t = Cast("int32", u)
+    f = select(u < Cast("float32", t), t - Const(1), t)
+    return f, u - Cast("float32", f)
+
+
+def grid_sample(x: Tensor, grid: Tensor, mode: str, padding: str, align: bool, name: str = "grid_sample") -> Tensor:
+    n, c, h, w = x.shape
+    _, ho, wo, _ = grid.shape
+
+    def f(b, ch, i, j):
+        ux = _unnormalised(grid[b, i, j, Const(0)], w, align, padding)
+        uy = _unnormalised(grid[b, i, j, Const(1)], h, align, padding)
+        x0, fx = _floor(ux)
+        y0, fy = _floor(uy)
+
+        def pixel(yy, xx):
+            inside = all_of(Const(0) <= yy, yy < Const(h), Const(0) <= xx, xx < Const(w))
+            v = x[b, ch, min_expr(max_expr(yy, Const(0)), Const(h - 1)), min_expr(max_expr(xx, Const(0)), Const(w - 1))]
+            return select(inside, v, Const(0.0))
+        if mode == "nearest":       # halves to even
+            up_x = select(Cmp("==", fx, Const(0.5)), FloorMod(x0, Const(2)), select(fx > Const(0.5), Const(1), Const(0)))
+            up_y = select(Cmp("==", fy, Const(0.5)), FloorMod(y0, Const(2)), select(fy > Const(0.5), Const(1), Const(0)))
+            return pixel(y0 + up_y, x0 + up_x)
+        gx, gy = Const(1.0) - fx, Const(1.0) - fy
+        return (gy * (gx * pixel(y0, x0) + fx * pixel(y0, x0 + Const(1)))
+                + fy * (gx * pixel(y0 + Const(1), x0) + fx * pixel(y0 + Const(1), x0 + Const(1))))
+
+    return compute((n, c, ho, wo), f, name, inputs=[x, grid], axis_names=[f"{name}_i{k}" for k in range(4)])
+
+
+def grid_sample_ref(x: np.ndarray, grid: np.ndarray, mode: str, padding: str, align: bool) -> np.ndarray:
+    n, c, h, w = x.shape
+    x, grid = x.astype(np.float64), grid.astype(np.float64)
+
+    def unnorm(g, size):
+        u = (g + 1) * (size - 1) / 2 if align else ((g + 1) * size - 1) / 2
+        return np.clip(u, 0, size - 1) if padding == "border" else u
+
+    ux, uy = unnorm(grid[..., 0], w), unnorm(grid[..., 1], h)        # [n, ho, wo]
+    bi = np.arange(n)[:, None, None]
+
+    def pixel(yy, xx):                                                # [n, c, ho, wo]
+        inside = (yy >= 0) & (yy < h) & (xx >= 0) & (xx < w)
+        v = x[bi, :, np.clip(yy, 0, h - 1), np.clip(xx, 0, w - 1)]    # [n, ho, wo, c]
+        return np.where(inside[..., None], v, 0.0).transpose(0, 3, 1, 2)
+    if mode == "nearest":
+        return pixel(np.rint(uy).astype(np.int64), np.rint(ux).astype(np.int64)).astype(np.float32)
+    x0, y0 = np.floor(ux), np.floor(uy)
+    fx, fy = (ux - x0)[:, None], (uy - y0)[:, None]
+    x0, y0 = x0.astype(np.int64), y0.astype(np.int64)
+    out = ((1 - fy) * ((1 - fx) * pixel(y0, x0) + fx * pixel(y0, x0 + 1))
+           + fy * ((1 - fx) * pixel(y0 + 1, x0) + fx * pixel(y0 + 1, x0 + 1)))
+    return out.astype(np.float32)
+
+
+def _grid_infer(node):
+    x, grid = node.inputs
+    if len(x.shape) != 4 or len(grid.shape) != 4 or grid.shape[0] != x.shape[0] or grid.shape[3] != 2:
+        raise GraphError(f"grid_sample {node.name}: input {list(x.shape)} and grid {list(grid.shape)} must be "
+                         f"[N, C, H, W] and [N, H_out, W_out, 2]")
+    return (x.shape[0], x.shape[1], grid.shape[1], grid.shape[2]), x.dtype, ""
+
+
+def _grid_eval(node, args):
+    a = node.attrs
+    return grid_sample_ref(args[0], args[1], a["mode"], a["padding"], bool(a["align_corners"]))
+
+
+def _onnx_grid_sample(cx, ins, a):
+    mode = a.get("mode", "bilinear")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    padding = a.get("padding_mode", "zeros")
+    padding = padding.decode() if isinstance(padding, bytes) else padding
+    if mode not in GRID_MODES:
+        raise cx.fail(f"mode {mode!r} is not supported (bilinear or nearest)")
+    if padding not in GRID_PADDINGS:
+        raise cx.fail(f"padding_mode {padding!r} is not supported (zeros or border)")
+    if len(ins[0].shape) != 4:
+        raise cx.fail(f"input {list(ins[0].shape)} is not 4-D (only 2-D sampling is supported)")
+    return [cx.add("grid_sample", ins[:2], {"mode": GRID_MODES[mode], "padding": padding,
+                                           "align_corners": int(a.get("align_corners", 0))})]
+
+
+def _export_grid_sample(ex, n, ins):
+    ex.emit(n, "GridSample", ins, mode=n.attrs["mode"], padding_mode=n.attrs["padding"],
+            align_corners=n.attrs["align_corners"])
+
+
 register(
     OpDef(name="resize", pattern=Pattern.INJECTIVE, infer=_resize_infer, evaluate=_resize_eval, integers=True,
           te=lambda n, ins, name: resize(ins[0], _per_axis(ins[1:], n.attrs["mode"]), n.attrs["axes"], name),
           flops=lambda n: float(output_elements(n)) * 2 * math.prod(t[0].shape[1] for t in _per_axis(n.inputs[1:],
                                                                                                      n.attrs["mode"])),
           onnx_in={"Resize": _onnx_resize, "Upsample": _onnx_resize}),
+    OpDef(name="grid_sample", pattern=Pattern.OPAQUE, infer=_grid_infer, evaluate=_grid_eval,
+          te=lambda n, ins, name: grid_sample(ins[0], ins[1], n.attrs["mode"], n.attrs["padding"],
+                                              bool(n.attrs["align_corners"]), name),
+          flops=lambda n: 8.0 * output_elements(n), onnx_in={"GridSample": _onnx_grid_sample},
+          onnx_out=_export_grid_sample),
 )

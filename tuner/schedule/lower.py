@@ -552,6 +552,7 @@ def _walk_body(body: Expr):
 
 _RELAXED = ("threadIdx.x", "vthread")     # loops a shared buffer serves all of
 REGISTER_TILE = 512       # elements of a local tile the compiler may keep in registers (32 of 16 lanes)
+TILE_ROW_LANES = 64       # lanes of a register tile's row: 4 vectors of 16
 
 
 def _tile_uses(s: ir.Stmt, tiles: frozenset) -> set:
@@ -590,7 +591,9 @@ def _unroll_tiles(s: ir.Stmt, tiles: frozenset) -> tuple:
     if (straight and s.kind == "serial" and s.limit is None
             and any(b in tiles and v == s.var for b, v in uses)):
         s = dataclasses.replace(s, kind="unroll")
-    return s, straight and s.kind in ("unroll", "vectorize"), uses
+    # a vector loop longer than a register tile's row (a reduction over a whole row: TopK's ranks) is
+    # work to keep a loop, not lanes of the tile
+    return s, straight and (s.kind == "unroll" or s.kind == "vectorize" and s.extent <= TILE_ROW_LANES), uses
 
 
 def lower(sch: Schedule, func_name: str = "kernel", dims: DynamicDims | None = None) -> ir.Func:
