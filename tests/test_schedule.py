@@ -5,6 +5,7 @@ import json
 import random
 import re
 
+import numpy as np
 import pytest
 from conftest import TARGET1, check_schedules
 from hypothesis import assume, given, settings
@@ -198,6 +199,45 @@ def test_a_kernel_too_small_to_share_runs_on_the_calling_thread_and_a_big_one_on
     src = Task(wl, target).candidate(steps).source
     assert ("omp parallel" in src) == shared
     check_schedules([(wl, steps)], target)
+
+
+@pytest.mark.parametrize("shift, blended", [(0, True), (1, False)])
+def test_a_select_per_lane_is_blended_only_where_both_arms_read_inside_their_buffers(shift, blended):
+    """y[i] = x[i] < 0 ? x[i - shift] : 0: blending computes both arms for every lane, so an arm
+    whose read the condition may guard (x[i - 1] at i = 0 is before x) keeps the test per element."""
+    from tuner.codegen.c import PRELUDE
+    from tuner.te.expr import Const, select
+    from tuner.te.tensor import compute, placeholder
+    x = placeholder((64,), "x")
+    y = compute((64,), lambda i: select(x[i] < Const(0.0), x[i - Const(shift)], Const(0.0)), "y", inputs=[x],
+                axis_names=["i"])
+    steps = [["split", "y", "i", [16]], ["annotate", "y", "i.1", "vectorize"]]
+    src, _ = generate_c(lower(replay([x], y, steps)), 16, 1)
+    assert ("TUNER_VSEL" in src.replace(PRELUDE, "")) == blended
+
+
+def test_a_select_whose_condition_differs_per_lane_is_a_vector_blend(tmp_path, tmp_cache):
+    """GPT-2's attention mask (where(mask == 0, -inf, scores)) and TopK's ranks: a mask of float
+    compares blends the arms, and the model computes what ONNX Runtime computes."""
+    onnx = pytest.importorskip("onnx")
+    from conftest import ort_run
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tuner.codegen.c import PRELUDE
+    from tuner.compiler import compile_model
+    g = helper.make_graph([helper.make_node("Less", ["x", "zero"], ["neg"]),
+                           helper.make_node("Where", ["neg", "x", "half"], ["y"])], "w",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(np.zeros(1, np.float32), "zero"),
+                           numpy_helper.from_array(np.full(64, 0.5, np.float32), "half")])
+    path = tmp_path / "w.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    x = np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)
+    m = compile_model(str(path), target="cpu -threads=1", use_shipped=False)
+    np.testing.assert_array_equal(m.run(x)[0], ort_run(path, x)[0])
+    m.save(str(tmp_path / "built"))
+    assert "TUNER_VSEL(" in (tmp_path / "built" / "model.c").read_text().replace(PRELUDE, "")
 
 
 def test_simplifier_removes_exact_div_and_mod():
