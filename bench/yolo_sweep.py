@@ -5,7 +5,7 @@ exported, compiled untuned, checked against ONNX Runtime, timed. The same rows a
     python -m bench.yolo_sweep [--models yolov8n,yolo11n-seg,...] [--threads 1] [--rounds 5] [--size 640]
 
 Each model is built from its architecture file (`yolov8n.yaml`: no download) with random weights and
-BatchNorm statistics, its head in export mode (one tensor of boxes and class scores for every anchor,
+BatchNorm statistics, fused and run twice as `yolo export` does, its head in export mode (one tensor of boxes and class scores for every anchor,
 as `yolo export format=onnx` writes it), and exported by `torch.onnx.export` (opset 17, batch 1).
 """
 from __future__ import annotations
@@ -28,10 +28,19 @@ def exporter(size: int):
         torch.manual_seed(seed)
         kind = next((k for k in TASKS if name.endswith(f"-{k}")), None)
         net = getattr(tasks, TASKS[kind] if kind else "DetectionModel")(f"{name}.yaml", verbose=False)
+        with torch.no_grad():            # random BatchNorm statistics, then folded as `yolo export` folds them
+            for m in net.modules():
+                if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+                    m.running_mean.uniform_(-0.1, 0.1)
+                    m.running_var.uniform_(0.5, 1.5)
+        net = net.eval().fuse(verbose=False)
         for m in net.modules():          # the head's export form: no anchors rebuilt per call, one output
             if hasattr(m, "export"):
                 m.export, m.format = True, "onnx"
         side = 224 if kind == "cls" and size == 640 else size
+        with torch.no_grad():            # `yolo export`'s dry runs: RT-DETR's decoder keeps its anchors then
+            for _ in range(2):
+                net(torch.zeros(1, 3, side, side))
         return export_net(torch, net, (1, 3, side, side), path, dynamo)
     return export
 
