@@ -582,28 +582,22 @@ class CGen:
             op = {Add: "+", Sub: "-", Mul: "*", Div: "/"}[type(e)]
             return f"({a} {op} {b})", av or bv
         if isinstance(e, (Max, Min)):
-            a, av = self.vexpr(e.a, lane, lanes, extra)
-            b, bv = self.vexpr(e.b, lane, lanes, extra)
-            a = a if av else f"(({vt}){{0}} + ({a}))"
-            b = b if bv else f"(({vt}){{0}} + ({b}))"
-            fn = f"tuner_{'max' if isinstance(e, Max) else 'min'}{lanes}"
-            return f"{fn}({a}, {b})", True
+            a, b = (self.vector(x, lane, lanes, extra) for x in (e.a, e.b))
+            return f"tuner_{'max' if isinstance(e, Max) else 'min'}{lanes}({a}, {b})", True
         if isinstance(e, Call) and e.name in VECTOR_CALLS:
-            a, av = self.vexpr(e.args[0], lane, lanes, extra)
-            return f"tuner_{e.name}{lanes}({a if av else f'(({vt}){{0}} + ({a}))'})", True
+            return f"tuner_{e.name}{lanes}({self.vector(e.args[0], lane, lanes, extra)})", True
         if isinstance(e, Select) and lane not in free_vars(e.cond):
-            a, av = self.vexpr(e.then, lane, lanes, extra)
-            b, bv = self.vexpr(e.other, lane, lanes, extra)
-            a = a if av else f"(({vt}){{0}} + ({a}))"
-            b = b if bv else f"(({vt}){{0}} + ({b}))"
+            a, b = (self.vector(x, lane, lanes, extra) for x in (e.then, e.other))
             return f"({self.expr(e.cond)} ? {a} : {b})", True
         if isinstance(e, Select) and self._unguarded(e, extra):   # a condition per lane: a mask of float
-            a, av = self.vexpr(e.then, lane, lanes, extra)
-            b, bv = self.vexpr(e.other, lane, lanes, extra)
-            a = a if av else f"(({vt}){{0}} + ({a}))"
-            b = b if bv else f"(({vt}){{0}} + ({b}))"
-            return f"TUNER_VSEL({lanes}, {self.vmask(e.cond, lane, lanes, extra)}, {a}, {b})", True   # compares
+            a, b = (self.vector(x, lane, lanes, extra) for x in (e.then, e.other))   # compares blends the arms
+            return f"TUNER_VSEL({lanes}, {self.vmask(e.cond, lane, lanes, extra)}, {a}, {b})", True
         raise NotVectorizable(f"{type(e).__name__} depends on the lane")
+
+    def vector(self, e: Expr, lane: str, lanes: int, extra: dict) -> str:
+        """vexpr's code of `e` as a vector: a value the same in every lane broadcast."""
+        c, is_vector = self.vexpr(e, lane, lanes, extra)
+        return c if is_vector else f"((f32x{lanes}){{0}} + ({c}))"
 
     def _unguarded(self, e: Select, extra: dict) -> bool:
         """Whether both arms of a select may be evaluated for every lane, both blended: each read in
@@ -626,11 +620,7 @@ class CGen:
             return f"({self.vmask(c.a, lane, lanes, extra)} & {self.vmask(c.b, lane, lanes, extra)})"
         if not isinstance(c, Cmp) or not (is_float(c.a) and is_float(c.b)):
             raise NotVectorizable("condition on the lane's index")
-        vt = f"f32x{lanes}"
-        a, av = self.vexpr(c.a, lane, lanes, extra)
-        b, bv = self.vexpr(c.b, lane, lanes, extra)
-        a = a if av else f"(({vt}){{0}} + ({a}))"
-        b = b if bv else f"(({vt}){{0}} + ({b}))"
+        a, b = (self.vector(x, lane, lanes, extra) for x in (c.a, c.b))
         return f"({a} {c.op} {b})"
 
     def _permuted(self, buffer: str, off: Expr, lane: str, lanes: int, extra: dict) -> str | None:
