@@ -227,7 +227,16 @@ GRID_PADDINGS = ("zeros", "border")
 def _unnormalised(g, size: int, align: bool, padding: str):
     u = (g + Const(1.0)) * Const((size - 1) / 2.0) if align else ((g + Const(1.0)) * Const(float(size)) - Const(1.0)) * Const(0.5)
     lo, hi = (0.0, size - 1.0) if padding == "border" else (-2.0, size + 1.0)   # beyond: zeros either way
-    return min_expr(max_expr(u, Const(lo)), Const(hi))           # also keeps the int conversion defined
+    return _clamped(u, lo, hi)           # also keeps the int conversion defined
+
+
+def _clamped(e, lo: int, hi: int):
+    return min_expr(max_expr(e, Const(lo)), Const(hi))
+
+
+def _nearest(i0, f):
+    """The position u = i0 + f rounds to, halves to even (nearbyint)."""
+    return i0 + select(Cmp("==", f, Const(0.5)), FloorMod(i0, Const(2)), select(f > Const(0.5), Const(1), Const(0)))
 
 
 def _floor(u):
@@ -249,12 +258,9 @@ def grid_sample(x: Tensor, grid: Tensor, mode: str, padding: str, align: bool, n
 
         def pixel(yy, xx):
             inside = all_of(Const(0) <= yy, yy < Const(h), Const(0) <= xx, xx < Const(w))
-            v = x[b, ch, min_expr(max_expr(yy, Const(0)), Const(h - 1)), min_expr(max_expr(xx, Const(0)), Const(w - 1))]
-            return select(inside, v, Const(0.0))
-        if mode == "nearest":       # halves to even
-            up_x = select(Cmp("==", fx, Const(0.5)), FloorMod(x0, Const(2)), select(fx > Const(0.5), Const(1), Const(0)))
-            up_y = select(Cmp("==", fy, Const(0.5)), FloorMod(y0, Const(2)), select(fy > Const(0.5), Const(1), Const(0)))
-            return pixel(y0 + up_y, x0 + up_x)
+            return select(inside, x[b, ch, _clamped(yy, 0, h - 1), _clamped(xx, 0, w - 1)], Const(0.0))
+        if mode == "nearest":
+            return pixel(_nearest(y0, fy), _nearest(x0, fx))
         gx, gy = Const(1.0) - fx, Const(1.0) - fy
         return (gy * (gx * pixel(y0, x0) + fx * pixel(y0, x0 + Const(1)))
                 + fy * (gx * pixel(y0 + Const(1), x0) + fx * pixel(y0 + Const(1), x0 + Const(1))))
@@ -301,10 +307,7 @@ def _grid_eval(node, args):
 
 
 def _onnx_grid_sample(cx, ins, a):
-    mode = a.get("mode", "bilinear")
-    mode = mode.decode() if isinstance(mode, bytes) else mode
-    padding = a.get("padding_mode", "zeros")
-    padding = padding.decode() if isinstance(padding, bytes) else padding
+    mode, padding = a.get("mode", "bilinear"), a.get("padding_mode", "zeros")      # the frontend decodes strings
     if mode not in GRID_MODES:
         raise cx.fail(f"mode {mode!r} is not supported (bilinear or nearest)")
     if padding not in GRID_PADDINGS:
