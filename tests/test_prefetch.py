@@ -6,7 +6,7 @@ import random
 import numpy as np
 import pytest
 from conftest import TARGET1, run_kernel
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tuner.codegen.c import generate_c
@@ -91,6 +91,8 @@ def _point(space, seed: int, mutations: int) -> dict:
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(wl=gemm_like(), seed=st.integers(0, 10**6), mutations=st.integers(-1, 4), threads=st.sampled_from([1, 2]))
+# a row loop of 24 the panel prefetch took for a loop, unrolled afterwards around a register tile
+@example(wl=make("dense", dict(N=24, C=17, K=16, bias=0)), seed=964655, mutations=-1, threads=1)
 def test_a_prefetch_adds_only_prefetches_inside_the_weight_in_a_loop_the_compiler_keeps(wl, seed, mutations, threads):
     target = parse_target("cpu", threads=threads)
     task = Task(wl, target)

@@ -599,7 +599,6 @@ def _unroll_tiles(s: ir.Stmt, tiles: frozenset) -> tuple:
 def lower(sch: Schedule, func_name: str = "kernel", dims: DynamicDims | None = None) -> ir.Func:
     """The loop nest of a replayed schedule; with `dims`, a dynamic kernel (te.dynamic): its
     buffers at the bound shapes, its loops over the dynamic dimensions stopping at the run's."""
-    func = prefetch_panels(peel_guards(skip_dead_iterations(inject_virtual_threads(unswitch(
-        Lowerer(sch, func_name, dims).lower())))),
-                           sch.prefetches)
-    return dataclasses.replace(func, body=unroll_register_tiles(func.body))
+    func = peel_guards(skip_dead_iterations(inject_virtual_threads(unswitch(Lowerer(sch, func_name, dims).lower()))))
+    # unrolled first: a prefetch sits only in a loop that stays a loop
+    return prefetch_panels(dataclasses.replace(func, body=unroll_register_tiles(func.body)), sch.prefetches)
