@@ -14,6 +14,7 @@ from tuner.compiler import compile_model
 from tuner.errors import UserError
 from tuner.graph import interp
 from tuner.graph.onnx_frontend import load_onnx
+from tuner.ops.reduce import topk_blocks
 
 pytest.importorskip("onnxruntime", reason="onnxruntime is the reference for imported models")
 
@@ -51,7 +52,23 @@ def test_topk_interprets_as_onnx_runtime_computes_it_ties_and_nans_included(tmp_
     np.testing.assert_array_equal(got[0], want[0])
 
 
-@pytest.mark.parametrize("shape, k, axis, largest", [((2, 37), 5, -1, 1), ((3, 6, 4), 6, 1, 0), ((1, 300), 300, 1, 1)])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.sampled_from([300, 1200, 4096, 8400]), lead=st.integers(1, 3), data=st.data(), largest=st.sampled_from([0, 1]))
+def test_a_topk_over_a_long_axis_ranks_in_blocks_first_and_still_computes_what_onnx_runtime_does(
+        tmp_path, n, lead, data, largest):
+    k = data.draw(st.integers(1, 60))
+    path = _topk_model(tmp_path / "t.onnx", (lead, n), k, -1, largest)
+    g = load_onnx(path)
+    assert topk_blocks(n, k) is not None and sum(nd.op == "topk" for nd in g.nodes) >= 2
+    x = _ties((lead, n), n + k)
+    got, want = interp.run(g, x), ort_run(path, x)
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(got[0], want[0])
+
+
+# the last three in blocks: along a middle axis, and (4096 by 3) its candidates in blocks again
+@pytest.mark.parametrize("shape, k, axis, largest", [((2, 37), 5, -1, 1), ((3, 6, 4), 6, 1, 0), ((1, 300), 300, 1, 1),
+                                                     ((2, 1200), 5, -1, 1), ((2, 600, 3), 4, 1, 0), ((1, 4096), 3, 1, 1)])
 def test_topk_compiles_to_what_onnx_runtime_computes(tmp_path, tmp_cache, shape, k, axis, largest):
     path = _topk_model(tmp_path / "t.onnx", shape, k, axis, largest)
     x = _ties(shape, k)

@@ -3,6 +3,8 @@
 global_avg_pool2d; LayerNormalization's decomposed form is found by graph.passes' FuseTransformerOps)."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..errors import GraphError
@@ -201,9 +203,42 @@ def _onnx_topk(cx, ins, a):
     k = int(np.asarray(cx.const(ins[1], "k")).reshape(-1)[0])
     if not 0 < k <= x.shape[axis]:
         raise cx.fail(f"k={k} is not in [1, {x.shape[axis]}], the size of axis {axis} of {list(x.shape)}")
-    pos = cx.constant(np.arange(x.shape[axis], dtype=np.float32), "_positions")
-    idx = cx.add("topk", [x, pos], {"axis": axis, "k": k, "largest": int(a.get("largest", 1))}, "_indices")
+    idx = _topk(cx, x, axis, k, int(a.get("largest", 1)), "")
     return [cx.add("gather_elements", [x, idx], {"axis": axis}, "_values"), idx]
+
+
+def topk_blocks(n: int, k: int) -> int | None:
+    """The block length (a divisor of n, at least k) for which a TopK over n in two stages compares
+    the fewest pairs, where that is under half of one stage's n x n; else None."""
+    if n <= 256:
+        return None
+    cost = lambda b: n * b + (n // b * k) ** 2          # noqa: E731
+    divisors = {d for i in range(1, math.isqrt(n) + 1) if n % i == 0 for d in (i, n // i)}
+    best = min((b for b in divisors if k <= b < n), key=cost, default=None)
+    return best if best is not None and 2 * cost(best) < n * n else None
+
+
+def _topk(cx, x, axis: int, k: int, largest: int, tag: str):
+    """The indices of TopK(x, k) along `axis`. Over a long axis, in two stages: the top k of each
+    block of it (every element of the whole top k is in its block's), then the top k of those
+    candidates laid out block by block, each block's in order, so that equal values keep the order
+    of their indices; each stage in turn split where that pays."""
+    n = x.shape[axis]
+    b = topk_blocks(n, k)
+    if b is None:
+        pos = cx.constant(np.arange(n, dtype=np.float32), f"{tag}_positions")
+        return cx.add("topk", [x, pos], {"axis": axis, "k": k, "largest": largest}, f"{tag}_indices")
+    m, lead, rest = n // b, list(x.shape[:axis]), list(x.shape[axis + 1:])
+    blocks = cx.add("reshape", [x], {"shape": lead + [m, b] + rest}, f"{tag}_blocks")
+    local = _topk(cx, blocks, axis + 1, k, largest, f"{tag}_block")
+    starts = cx.constant((np.arange(m, dtype=np.int64) * b).reshape([m, 1] + [1] * len(rest)), f"{tag}_block_starts")
+    flat = lead + [m * k] + rest
+    where = cx.add("reshape", [cx.add("add", [local, starts], {}, f"{tag}_block_where")], {"shape": flat},
+                   f"{tag}_candidate_where")
+    values = cx.add("reshape", [cx.add("gather_elements", [blocks, local], {"axis": axis + 1}, f"{tag}_block_values")],
+                    {"shape": flat}, f"{tag}_candidates")
+    pick = _topk(cx, values, axis, k, largest, f"{tag}_final")
+    return cx.add("gather_elements", [where, pick], {"axis": axis}, f"{tag}_indices")
 
 
 def _export_topk(ex, n, ins):
