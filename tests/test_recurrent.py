@@ -101,6 +101,47 @@ def test_an_unrolled_rnn_stores_its_recurrent_weights_once_not_once_per_step(tmp
     assert given > r_bytes and m.meta["weights_bytes"] < given + r_bytes
 
 
+def test_an_unrolled_rnns_steps_share_kernels_each_lowered_once(tmp_path, tmp_cache, monkeypatch):
+    import sys
+
+    from tuner.task import Task
+    cm = sys.modules["tuner.compiler.compile_model"]      # the package exports a function of that name
+    calls = {"generic": 0, "task": 0}
+
+    def counted(kind, fn):
+        def wrapped(*a, **k):
+            calls[kind] += 1
+            return fn(*a, **k)
+        return wrapped
+    monkeypatch.setattr(cm, "_generic_kernel", counted("generic", cm._generic_kernel))
+    monkeypatch.setattr(Task, "candidate", counted("task", Task.candidate))
+    form = dict(op="LSTM", seq=24, batch=1, feat=8, hid=32, direction="forward", bias=True)
+    path, shape = _rnn_model(tmp_path / "r.onnx", **form)
+    x = _f32(*shape)
+    m = compile_model(str(path), target="cpu -threads=1", use_shipped=False)
+    np.testing.assert_allclose(m.run(x)[0], ort_run(path, x)[0], rtol=1e-5, atol=1e-5)
+    generic = [s for s in m.steps if s.workload_key is None]
+    tasks = [s for s in m.steps if s.workload_key is not None]
+    assert len(generic) >= 24 and len(tasks) >= 24
+    # a lowering per structure (the first and last steps differ), not one per step
+    assert len({s.func for s in generic}) <= calls["generic"] < len(generic) // 2
+    assert calls["task"] == len({s.workload_key for s in tasks}) < len(tasks) // 4
+
+
+def test_dataflows_differing_in_a_constant_they_compute_with_key_apart_and_renamed_ones_alike():
+    from tuner.compiler.compile_model import _dag_key
+    from tuner.te.expr import Const
+    from tuner.te.tensor import compute, placeholder
+
+    def dag(c, name="y", n=8):
+        x = placeholder((n,), "in0")
+        return [x], compute((n,), lambda i: x[i] * Const(c), name, inputs=[x])
+    assert _dag_key(dag(0.5)) == _dag_key(dag(0.5)) != _dag_key(dag(0.25))
+    assert _dag_key(dag(0.0)) != _dag_key(dag(-0.0))
+    assert _dag_key(dag(2.0)) != _dag_key(dag(2))
+    assert _dag_key(dag(0.5)) != _dag_key(dag(0.5, n=9)) != _dag_key(dag(0.5, name="z"))
+
+
 @pytest.mark.parametrize("kind", ["LSTM", "GRU"])
 def test_torchs_two_layer_bidirectional_rnn_exported_by_torch_compiles_to_what_onnx_runtime_computes(
         tmp_path, tmp_cache, kind):

@@ -362,12 +362,13 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
     source_name = graph.name if isinstance(model, Graph) else str(model)
     logs = [str(p) for p in ([log] if isinstance(log, (str, Path)) else list(log or []))]
     db = Database.open(logs, tgt, use_shipped)
-    model_hash = graph_digest(graph)
+    model_hash, structure = graph_digest(graph), graph_structure(graph)
+    anonymous = functools.cache(lambda: anonymous_structure(graph))      # the passes before layouts: asked once
     if layout_plan is None and family is None:
-        db, left_out = _without_untuned(db, graph, model_hash, tgt)
+        db, left_out = _without_untuned(db, graph, model_hash, tgt, structure, anonymous)
         logs = [p for p in logs if p not in left_out]
     layout_plan, plan_from, timed, found_in_model = _layout_plan(db, graph, model_hash, tgt, layout, layout_plan,
-                                                                 source_name, say)
+                                                                 source_name, say, structure, anonymous)
     in_model = found_in_model if in_model is None else in_model
     if layout_plan is None and chosen_layout is None and family is None \
             and (layout_plan := default_plan(graph, layout, tgt.lanes)):
@@ -461,14 +462,14 @@ def _carried(g: Graph, v) -> dict:
 _MOVES = frozenset({"reshape", "transpose", "slice", "flatten", "concat", "cast", "layout_transform"})
 
 
-def _without_untuned(db, graph, model_hash, tgt) -> tuple:
+def _without_untuned(db, graph, model_hash, tgt, structure: str, anonymous) -> tuple:
     """(`db` without each source whose newest plan of this model is marked untuned, records.PlanRecord:
     its tune timed the compile without it faster, so neither its plan nor its records apply; the
-    names of those left out)."""
-    anonymous = functools.cache(lambda: anonymous_structure(graph))
+    names of those left out). structure, anonymous: the graph's graph_structure and a callable
+    giving its anonymous_structure."""
     left = []
     while True:
-        found, _ = db.plan(model_hash, tgt, graph_structure(graph), anonymous)
+        found, _ = db.plan(model_hash, tgt, structure, anonymous)
         if found is None or not found.untuned:
             return db, left
         src = next(s for s in db.sources if any(p is found for p in s.contents.plans))
@@ -478,14 +479,13 @@ def _without_untuned(db, graph, model_hash, tgt) -> tuple:
         db = Database([s for s in db.sources if s is not src])
 
 
-def _layout_plan(db, graph, model_hash, tgt, layout, layout_plan, source_name, say) -> tuple:
+def _layout_plan(db, graph, model_hash, tgt, layout, layout_plan, source_name, say, structure: str, anonymous) -> tuple:
     """(the layout plan to compile with: the given one, else the newest the logs hold for this
     model and target, else None; where it came from; the graph choices that plan's tune timed; the
     records it found slower than their defaults in the model), refusing a given plan of another model."""
     plan_from, timed, defaults = "given" if layout_plan else None, {}, {}
     if layout_plan is None:
-        anonymous = functools.cache(lambda: anonymous_structure(graph))
-        found, where = db.plan(model_hash, tgt, graph_structure(graph), anonymous)
+        found, where = db.plan(model_hash, tgt, structure, anonymous)
         names = {n.name for n in graph.nodes}
         if found is not None and found.anonymous and not set(found.layouts) <= names \
                 and anonymous()[0] == found.anonymous:     # another export of the architecture: its names
@@ -768,7 +768,7 @@ def _lower_groups(g: Graph, io: _Interface, db, tgt, choose, say, predictor=None
     generic kernel; kernels with equal code are shared. With a dynamic `family`, a group whose
     dimensions vary gets a dynamic kernel (te.dynamic). in_model: the plan's records that lost to
     their defaults in the model (records.PlanRecord.defaults)."""
-    low = _Lowered()
+    low, generic, tasks = _Lowered(), {}, {}
     group_of = {id(g.nodes[k]): gi for gi, grp in enumerate(g.meta["fused_groups"]) for k in grp.nodes}
     for gi, grp in enumerate(g.meta["fused_groups"]):
         ins, out_v = _group_io(g, grp.nodes, io.uses, io.outputs)
@@ -786,12 +786,12 @@ def _lower_groups(g: Graph, io: _Interface, db, tgt, choose, say, predictor=None
         if wl is not None:
             kern, args, sched, where, label, expected = _task_kernel(g, grp, wl, ins, db, tgt, choose,
                                                                      f"{func}_bound" if versions else func,
-                                                                     predictor, dims, in_model)
+                                                                     predictor, dims, in_model, tasks)
             if versions:
                 kern = _dispatch(func, versions, kern, len(args) + 1, family.symbol)
         else:
             kern, args, sched, over = _generic_group(g, grp.nodes, ins, out_v, tgt, func, dims,
-                                                     _dying_inputs(ins, out_v, gi, io, group_of))
+                                                     _dying_inputs(ins, out_v, gi, io, group_of), generic)
             where, label, expected = GENERIC, f"{group_summary(g, grp.nodes)} -> {out_v.type_str()}", None
         kern = low.kernels.setdefault(kern.code_hash, kern)
         anchor = g.nodes[grp.anchor] if grp.anchor is not None else g.nodes[grp.nodes[0]]
@@ -818,11 +818,33 @@ def _dying_inputs(ins: list, out_v, gi: int, io: _Interface, group_of: dict) -> 
 
 
 def _task_kernel(g: Graph, grp, wl, ins: list, db, tgt, choose, func: str, predictor=None, dims=None,
-                 in_model: dict | None = None) -> tuple:
+                 in_model: dict | None = None, memo: dict | None = None) -> tuple:
     """(Kernel, its arguments, steps, where they came from, label, the latency the record promises)
     of a group that is a task: apply-best, else the cost model's pick, else the default; the
-    default too where the plan found the best record slower than it in the model (`in_model`)."""
+    default too where the plan found the best record slower than it in the model (`in_model`).
+    memo: the kernels of earlier groups of the same static workload, which this one shares."""
     task = Task(wl, tgt)
+    key = wl.key if memo is not None and dims is None and choose is None else None
+    if key is None or key not in memo:
+        kern = _task_kernel_of(task, wl, db, tgt, choose, func, predictor, dims, in_model)
+        if key is None:
+            return (kern[0], _task_args(g, grp, wl, ins, task), *kern[1:])
+        memo[key] = kern
+    return (memo[key][0], _task_args(g, grp, wl, ins, task), *memo[key][1:])
+
+
+def _task_args(g: Graph, grp, wl, ins: list, task: Task) -> list:
+    """A task's kernel's arguments: the group's inputs bound to the workload's."""
+    if wl.op == "layout_transform":
+        if tuple(ins[0].shape) != tuple(task.space.inputs[0].shape):
+            raise AssertionError(f"{wl.label}: input {list(ins[0].shape)} is not the workload's "
+                                 f"{list(task.space.inputs[0].shape)}")
+        return list(ins)
+    return _task_binding(g, grp, wl, task.space.inputs)
+
+
+def _task_kernel_of(task: Task, wl, db, tgt, choose, func: str, predictor, dims, in_model) -> tuple:
+    """_task_kernel's (Kernel, steps, where, label, latency promised)."""
     rec, where = db.best(wl, tgt)
     plain = wl.plain() if rec is None else None
     if rec is not None and dims is None and (in_model or {}).get(wl.key) == rec.code_hash:
@@ -843,14 +865,7 @@ def _task_kernel(g: Graph, grp, wl, ins: list, db, tgt, choose, func: str, predi
     stale = db.is_stale(rec)
     if rec is not None and rec.code_hash and cand.code_hash != rec.code_hash and not stale and dims is None:
         raise AssertionError(f"{wl.label}: the record's steps give other code than it logged")
-    if wl.op == "layout_transform":
-        if tuple(ins[0].shape) != tuple(task.space.inputs[0].shape):
-            raise AssertionError(f"{wl.label}: input {list(ins[0].shape)} is not the workload's "
-                                 f"{list(task.space.inputs[0].shape)}")
-        args = list(ins)
-    else:
-        args = _task_binding(g, grp, wl, task.space.inputs)
-    return (Kernel(func, cand.source, cand.openmp, cand.code_hash), args, sched, where, wl.label,
+    return (Kernel(func, cand.source, cand.openmp, cand.code_hash), sched, where, wl.label,
             rec.latency if rec is not None and not stale else None)
 
 
@@ -880,11 +895,40 @@ def _rendered(task: Task, rec) -> list | None:
         return None
 
 
-def _generic_group(g: Graph, nodes: list, ins: list, out_v, tgt, func: str, dims=None, over: list = ()) -> tuple:
+def _generic_group(g: Graph, nodes: list, ins: list, out_v, tgt, func: str, dims=None, over: list = (),
+                   memo: dict | None = None) -> tuple:
     """(Kernel, its arguments, steps, the input it writes over or None) of a group that is no task,
-    built from the operator registry; over: as _generic_kernel's."""
-    sched, src, omp, taken = _generic_kernel(_generic_dag(g, nodes, ins, out_v), tgt, func, dims, tuple(over))
-    return Kernel(func, src, omp, code_hash(src, func)), list(ins), sched, taken
+    built from the operator registry; over: as _generic_kernel's. memo: the kernels of earlier groups
+    by their dataflow's structure: a group with the same structure (an unrolled RNN's steps, a
+    transformer's layers) runs the same kernel, lowered and generated once."""
+    dag = _generic_dag(g, nodes, ins, out_v)
+    key = (_dag_key(dag), tuple(over)) if memo is not None and dims is None else None
+    if key is not None and key in memo:
+        return (*memo[key][:1], list(ins), *memo[key][1:])
+    sched, src, omp, taken = _generic_kernel(dag, tgt, func, dims, tuple(over))
+    kern = Kernel(func, src, omp, code_hash(src, func))
+    if key is not None:
+        memo[key] = (kern, sched, taken)
+    return kern, list(ins), sched, taken
+
+
+def _dag_key(dag: tuple) -> tuple:
+    """What lowering reads of a dataflow (placeholders, output), as a key: every tensor's name,
+    shape, type and operation, an operation's inputs by name (expressions compare structurally)."""
+    order, seen = [], set()
+
+    def visit(t):
+        if t.name not in seen:
+            seen.add(t.name)
+            for x in getattr(t.op, "inputs", ()):
+                visit(x)
+            order.append(t)
+    for t in (*dag[0], dag[1]):
+        visit(t)
+    frozen = lambda v: tuple(sorted(v.items())) if isinstance(v, dict) else tuple(v) if isinstance(v, list) else v  # noqa: E731
+    return tuple((t.name, t.shape, t.dtype, type(t.op).__name__,
+                  tuple((k, tuple(x.name for x in v) if k == "inputs" else frozen(v)) for k, v in sorted(vars(t.op).items())))
+                 for t in order)
 
 
 def _place_arguments(low: _Lowered, io: _Interface) -> tuple:

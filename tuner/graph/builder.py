@@ -1,10 +1,14 @@
 """Building graphs: unique names, and every node's output typed by its operator's inference."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from ..ops import infer
 from .ir import Graph, Node, Value, check_size
+
+_UNSAFE = re.compile(r"[^0-9A-Za-z_.]")     # an ASCII name's characters that become "_"
 
 
 class GraphBuilder:
@@ -18,7 +22,7 @@ class GraphBuilder:
         self._counter = 0
 
     def fresh(self, hint: str = "v") -> str:
-        base = "".join(c if c.isalnum() or c in "_." else "_" for c in hint) or "v"
+        base = (_UNSAFE.sub("_", hint) if hint.isascii() else "".join(c if c.isalnum() or c in "_." else "_" for c in hint)) or "v"
         name = base
         while name in self._names:
             self._counter += 1

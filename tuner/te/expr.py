@@ -6,6 +6,7 @@ regions of two reads with the same symbolic base.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable, Mapping, Union
@@ -43,9 +44,11 @@ class Const(Expr):
         return isinstance(self.value, int)
 
     # 1 and 1.0 are different constants (an index and a float): equal values of another type
-    # must not meet in a dict of expressions (the memo of `linear`, the simplifier's terms)
+    # must not meet in a dict of expressions (the memo of `linear`, the simplifier's terms); nor
+    # 0.0 and -0.0 (x + 0.0 turns -0.0 into 0.0, x + -0.0 is x)
     def __eq__(self, other):
-        return type(other) is Const and type(self.value) is type(other.value) and self.value == other.value
+        return (type(other) is Const and type(self.value) is type(other.value) and self.value == other.value
+                and (type(self.value) is not float or math.copysign(1.0, self.value) == math.copysign(1.0, other.value)))
 
     def __hash__(self):
         return hash((type(self.value), self.value))
