@@ -1076,6 +1076,42 @@ def test_a_dense_over_a_streamed_activation_with_small_weights_runs_its_columns_
 
 
 @pytest.mark.parametrize("isa", ["avx2", "avx512"])
+@pytest.mark.parametrize("op, params, layout, aliased", [
+    ("batch_matmul", dict(B=2, M=64, N=16, K=1024), "NN", True), ("batch_matmul", dict(B=2, M=64, N=16, K=2048), "NN", True),
+    ("batch_matmul", dict(B=2, M=64, N=16, K=1040), "NN", False), ("dense", dict(N=64, C=1024, K=16, bias=0), "OI16o", True),
+    ("batch_matmul", dict(B=2, M=64, N=16, K=1024), "NT", True)])
+def test_a_gemm_tile_takes_no_more_rows_than_an_l1_set_holds_where_its_rows_reads_share_one(isa, op, params, layout, aliased):
+    """16 rows of a 1024-long reduction (a row stride of 4 KiB: every row's read in one L1 set of 8
+    ways) ran 1.7x the time of 8; a stride off 4 KiB (1040) keeps 16."""
+    from tuner.space import sketch
+    target = parse_target(f"cpu -isa={isa}", threads=1, check_host=False)
+    wl = make(op, params, layout)
+    space = SearchSpace(wl, target)
+    rows = space.default()["tile"][-2][2]
+    assert (space._rows_per_set(rows) > 1) == aliased and space._rows_per_set(rows) <= sketch.L1_SET_ROWS
+    if not aliased and isa == "avx512":      # one vector of columns: the budget's 16 rows
+        assert rows == 16
+    if isa == host_isa() or host_isa() == "avx512":
+        check_schedules([(wl, space.steps(space.default()))], target)
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+@pytest.mark.parametrize("params, inside", [(dict(B=8, M=1024, N=1024, K=16), True), (dict(B=12, M=128, N=128, K=64), False),
+                                            (dict(B=8, M=1024, N=1024, K=256), False)])
+def test_attention_scores_written_to_memory_run_their_columns_inside_each_row_tile(isa, params, inside):
+    """Q x K^T of 1024 tokens by 16 (32 MB of scores) wrote its output in column strips 4 KiB apart
+    (1.2-1.4x the time of row after row); scores a cache holds (BERT's 128 tokens) or a long
+    reduction keep the rows inside each column tile."""
+    from tuner.space import sketch
+    target = parse_target(f"cpu -isa={isa}", threads=1, check_host=False)
+    wl = make("batch_matmul", params, "NN")
+    space = SearchSpace(wl, target)
+    assert (4 * math.prod(space.out_shape) > sketch.STREAMED_BYTES and params["K"] < sketch.LONG_REDUCTION) == inside
+    (r1, _, r3), (c1, _, c3) = space.default()["tile"][-2:]
+    assert (r1, c1) == ((1, -(-params["N"] // c3)) if inside else (-(-params["M"] // r3), 1))
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
 @pytest.mark.parametrize("cols", [100, 1500, 200])
 def test_gemm_columns_that_no_whole_vectors_divide_get_a_tile_of_three_vectors_with_a_guarded_last_one(isa, cols):
     """Whisper's 1500 keys had tiles of 60 columns (7 vectors of 8 lanes and 4 single lanes with

@@ -84,6 +84,7 @@ PANEL_BYTES = 256 * 1024     # a register tile's constant panel over the whole r
 RESIDENT_BYTES = 1 << 20      # constants that a GEMM re-reads per row tile from L2 or L3, rather than its activation from memory
 LONG_REDUCTION = 128         # a GEMM's reduction from which its default tile may put the columns inside the rows
 STREAMED_BYTES = 8 << 20     # an activation past this is read from memory: twice a server core's share of L3 or more
+L1_SETS, L1_SET_ROWS = 64, 8   # an L1 cache's sets (32 KiB of 8 ways, 48 KiB of 12), and the rows of a register tile one may hold
 GATHER_LINES = 256           # lines of a transposed read touched between two uses of each: half a 32 KiB L1
 PARALLEL_GRAIN = 16          # iterations per thread of an injective kernel's fused parallel loop, at least
 L1_BYTES = 32 * 1024         # a core's L1 data cache, the smallest of the x86 server cores
@@ -938,9 +939,16 @@ class SearchSpace(DagSketch):
         activation would be read from memory again for each column tile (Swin2SR's 180 x 180
         dense over 50,176 tokens). Over a short reduction (32, 64), or an activation a cache holds
         (MobileViT's 784 tokens; the 4.8 MB of ConvNeXt's 3136 x 384 at 1 thread), rows outside ran as
-        fast or faster (docs/history.md)."""
-        return bool(self._constants) and 4 * self._input_elements(True) <= RESIDENT_BYTES \
-            and 4 * self._input_elements(False) > STREAMED_BYTES and math.prod(e for _, e in self.reduce_axes) >= LONG_REDUCTION
+        fast or faster (docs/history.md). Over two activations (attention's scores), where the output
+        is written to memory (STREAMED_BYTES) from a short reduction whose column operand L2 holds:
+        the columns inside, so that the output is written row after row, not in column strips 4
+        KiB apart (0.63-0.95x the time: docs/history.md)."""
+        reduction = math.prod(e for _, e in self.reduce_axes)
+        if not self._constants:
+            return reduction < LONG_REDUCTION and 4 * reduction * self.out_shape[-1] <= RESIDENT_BYTES \
+                and 4 * math.prod(self.out_shape) > STREAMED_BYTES
+        return 4 * self._input_elements(True) <= RESIDENT_BYTES \
+            and 4 * self._input_elements(False) > STREAMED_BYTES and reduction >= LONG_REDUCTION
 
     def _gemm_rows(self) -> tuple:
         """(columns, rows) of the default GEMM register tile ([batch,] rows, cols: dense,
@@ -958,10 +966,43 @@ class SearchSpace(DagSketch):
         narrow = self._guarded_columns if max(self.last_options) < lanes else []
         cols = max(wide or guarded or narrow or self.last_options)
         fit = max(1, self.accumulator_budget // max(1, self._vectors(cols)))
+        # no more rows than an L1 set holds where the rows' reads fall in one set (a row stride of
+        # 4 KiB: a 1024-long reduction); 16 such rows ran 1.7x slower than 8 (docs/history.md)
+        fit = max(k for k in range(1, fit + 1) if self._rows_per_set(k) <= L1_SET_ROWS)
         r = max(x for x in divisors(rows) if x <= fit)
         if 2 * r <= fit < rows:
             r = fit
         return cols, r
+
+    def _rows_per_set(self, rows: int) -> int:
+        """The most of `rows` rows of the broadcast operand (_row_stride) whose first reads share
+        an L1 set; 1 where the stride is unknown."""
+        stride = self._row_stride
+        if not stride:
+            return 1
+        sets = [(k * stride // (4 * LINE_FLOATS)) % L1_SETS for k in range(rows)]
+        return max(sets.count(x) for x in sets)
+
+    @cached_property
+    def _row_stride(self) -> int | None:
+        """Bytes between consecutive rows of a GEMM's broadcast operand (the read without the vector
+        axis that moves with the rows), or None where no read is such, or its index is not affine."""
+        row, col = Var(self.local_axes[-2]), self.local_axes[-1]
+        shapes = {t.name: t.shape for t in self.anchor_op.inputs}
+        for n in walk(self.anchor_op.body):
+            if not isinstance(n, Load) or n.buffer not in shapes:
+                continue
+            used = frozenset().union(*(free_vars(i) for i in n.indices))
+            if col in used or row.name not in used:
+                continue
+            stride, inner = 0, 1
+            for i, e in zip(reversed(n.indices), reversed(shapes[n.buffer])):
+                ln = linear(simplify(i))
+                if ln is None or any(row.name in free_vars(t) for t in ln[0] if t != row):
+                    return None
+                stride, inner = stride + ln[0].get(row, 0) * inner, inner * e
+            return 4 * stride
+        return None
 
     # ------------------------------------------------------------ decisions -> steps
     def steps(self, dec: dict) -> list:
