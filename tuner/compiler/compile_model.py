@@ -825,12 +825,12 @@ def _task_kernel(g: Graph, grp, wl, ins: list, db, tgt, choose, func: str, predi
     memo: the kernels of earlier groups of the same static workload, which this one shares."""
     task = Task(wl, tgt)
     key = wl.key if memo is not None and dims is None and choose is None else None
-    if key is None or key not in memo:
-        kern = _task_kernel_of(task, wl, db, tgt, choose, func, predictor, dims, in_model)
-        if key is None:
-            return (kern[0], _task_args(g, grp, wl, ins, task), *kern[1:])
-        memo[key] = kern
-    return (memo[key][0], _task_args(g, grp, wl, ins, task), *memo[key][1:])
+    made = memo.get(key) if key is not None else None
+    if made is None:
+        made = _task_kernel_of(task, wl, db, tgt, choose, func, predictor, dims, in_model)
+        if key is not None:
+            memo[key] = made
+    return (made[0], _task_args(g, grp, wl, ins, task), *made[1:])
 
 
 def _task_args(g: Graph, grp, wl, ins: list, task: Task) -> list:
@@ -903,13 +903,13 @@ def _generic_group(g: Graph, nodes: list, ins: list, out_v, tgt, func: str, dims
     transformer's layers) runs the same kernel, lowered and generated once."""
     dag = _generic_dag(g, nodes, ins, out_v)
     key = (_dag_key(dag), tuple(over)) if memo is not None and dims is None else None
-    if key is not None and key in memo:
-        return (*memo[key][:1], list(ins), *memo[key][1:])
-    sched, src, omp, taken = _generic_kernel(dag, tgt, func, dims, tuple(over))
-    kern = Kernel(func, src, omp, code_hash(src, func))
-    if key is not None:
-        memo[key] = (kern, sched, taken)
-    return kern, list(ins), sched, taken
+    made = memo.get(key) if key is not None else None
+    if made is None:
+        sched, src, omp, taken = _generic_kernel(dag, tgt, func, dims, tuple(over))
+        made = Kernel(func, src, omp, code_hash(src, func)), sched, taken
+        if key is not None:
+            memo[key] = made
+    return made[0], list(ins), *made[1:]
 
 
 def _dag_key(dag: tuple) -> tuple:
