@@ -56,10 +56,10 @@ def test_topk_interprets_as_onnx_runtime_computes_it_ties_and_nans_included(tmp_
 @given(n=st.sampled_from([300, 1200, 4096, 8400]), lead=st.integers(1, 3), data=st.data(), largest=st.sampled_from([0, 1]))
 def test_a_topk_over_a_long_axis_ranks_in_blocks_first_and_still_computes_what_onnx_runtime_does(
         tmp_path, n, lead, data, largest):
-    k = data.draw(st.integers(1, 60))
+    k = data.draw(st.integers(1, 60).filter(lambda k: topk_blocks(n, k) is not None))   # 41 of 300 pays no blocks
     path = _topk_model(tmp_path / "t.onnx", (lead, n), k, -1, largest)
     g = load_onnx(path)
-    assert topk_blocks(n, k) is not None and sum(nd.op == "topk" for nd in g.nodes) >= 2
+    assert sum(nd.op == "topk" for nd in g.nodes) >= 2
     x = _ties((lead, n), n + k)
     got, want = interp.run(g, x), ort_run(path, x)
     np.testing.assert_array_equal(got[1], want[1])
