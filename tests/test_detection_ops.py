@@ -123,8 +123,10 @@ def test_a_grid_sample_the_tool_cannot_run_is_a_one_line_error_naming_the_node(t
     assert "sampler" in str(e.value) and words in str(e.value) and "\n" not in str(e.value)
 
 
-def test_a_topk_whose_k_exceeds_its_axis_is_a_one_line_error(tmp_path):
-    path = _topk_model(tmp_path / "t.onnx", (2, 5), 6, -1, 1)
+@pytest.mark.parametrize("shape, k, words", [((2, 5), 6, "k=6"), ((1, (1 << 24) + 1), 3, "2^24")])
+def test_a_topk_whose_k_exceeds_its_axis_or_whose_positions_float32_cannot_hold_is_a_one_line_error(
+        tmp_path, shape, k, words):
+    path = _topk_model(tmp_path / "t.onnx", shape, k, -1, 1)
     with pytest.raises(UserError) as e:
         load_onnx(path)
-    assert "k=6" in str(e.value) and "\n" not in str(e.value)
+    assert words in str(e.value) and "\n" not in str(e.value)

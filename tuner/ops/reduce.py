@@ -203,8 +203,14 @@ def _onnx_topk(cx, ins, a):
     k = int(np.asarray(cx.const(ins[1], "k")).reshape(-1)[0])
     if not 0 < k <= x.shape[axis]:
         raise cx.fail(f"k={k} is not in [1, {x.shape[axis]}], the size of axis {axis} of {list(x.shape)}")
+    if x.shape[axis] > INDEX_EXACT:
+        raise cx.fail(f"axis {axis} of {list(x.shape)} is longer than {INDEX_EXACT}: kernels carry integers as "
+                      "float32, exact only up to 2^24; split the TopK over a shorter axis")
     idx = _topk(cx, x, axis, k, int(a.get("largest", 1)), "")
     return [cx.add("gather_elements", [x, idx], {"axis": axis}, "_values"), idx]
+
+
+INDEX_EXACT = 1 << 24     # positions past this are not exact as float32, as kernels carry indices
 
 
 def topk_blocks(n: int, k: int) -> int | None:
