@@ -20,7 +20,7 @@ pytest.importorskip("onnxruntime", reason="onnxruntime is the reference for impo
 
 
 def _topk_model(path, shape, k, axis, largest):
-    """v, i = TopK(x, k), the indices given as float32 (a graph output is float32)."""
+    """v, i = TopK(x, k), the indices cast to float32."""
     g = helper.make_graph([helper.make_node("TopK", ["x", "k"], ["v", "i64"], axis=axis, largest=largest),
                            helper.make_node("Cast", ["i64"], ["i"], to=TensorProto.FLOAT)], "topk",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
@@ -76,6 +76,54 @@ def test_topk_compiles_to_what_onnx_runtime_computes(tmp_path, tmp_cache, shape,
     assert len(got) == len(want) == 2
     np.testing.assert_array_equal(got[1], want[1])
     np.testing.assert_array_equal(got[0], want[0])
+
+
+def _arg_model(path, op, shape, axis, keepdims, last, cast=True):
+    """y = ArgMax/ArgMin(x), as float32 where `cast`, else the int64 itself."""
+    nodes = [helper.make_node(op, ["x"], ["i64" if cast else "y"], axis=axis, keepdims=keepdims, select_last_index=last)]
+    nodes += [helper.make_node("Cast", ["i64"], ["y"], to=TensorProto.FLOAT)] if cast else []
+    g = helper.make_graph(nodes, "arg", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT if cast else TensorProto.INT64, None)])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(shape=st.lists(st.integers(1, 6), min_size=1, max_size=3), data=st.data(), op=st.sampled_from(["ArgMax", "ArgMin"]),
+       keepdims=st.integers(0, 1), last=st.integers(0, 1), nan_first=st.booleans())
+def test_argmax_and_argmin_interpret_as_onnx_runtime_computes_them_ties_nans_and_infinities_included(
+        tmp_path, shape, data, op, keepdims, last, nan_first):
+    axis = data.draw(st.integers(-len(shape), len(shape) - 1))
+    if keepdims == 0 and len(shape) == 1:
+        keepdims = 1                # a 0-d output is no graph output here
+    path = _arg_model(tmp_path / "a.onnx", op, shape, axis, keepdims, last)
+    x = _ties(shape, len(shape) * 7 + axis)
+    if nan_first:                   # a NaN where the scan starts: ONNX Runtime keeps it
+        np.moveaxis(x, axis, 0)[0] = np.nan
+    np.testing.assert_array_equal(interp.run(load_onnx(path), x)[0], ort_run(path, x)[0])
+
+
+@pytest.mark.parametrize("op, shape, axis, keepdims, last", [("ArgMax", (2, 21, 5, 7), 1, 0, 0), ("ArgMin", (3, 40), -1, 1, 1),
+                                                            ("ArgMax", (4, 9, 3), 0, 1, 1), ("ArgMin", (2, 150), 1, 0, 0)])
+def test_argmax_and_argmin_compile_to_what_onnx_runtime_computes(tmp_path, tmp_cache, op, shape, axis, keepdims, last):
+    path = _arg_model(tmp_path / "a.onnx", op, shape, axis, keepdims, last)
+    x = _ties(shape, 3)
+    np.moveaxis(x, axis, 0)[0].flat[::3] = np.nan      # some scans start at a NaN
+    got = compile_model(str(path), target="cpu -threads=1", use_shipped=False).run(x)
+    want = ort_run(path, x)
+    assert len(got) == len(want) == 1 and got[0].shape == want[0].shape
+    np.testing.assert_array_equal(got[0], want[0])
+
+
+def test_a_model_whose_output_is_int64_returns_int64_as_onnx_runtime_does(tmp_path, tmp_cache):
+    """A segmentation map (argmax over the classes) travels as float32 inside and comes back int64."""
+    path = _arg_model(tmp_path / "a.onnx", "ArgMax", (1, 21, 6, 7), 1, 0, 0, cast=False)
+    x = np.random.default_rng(2).standard_normal((1, 21, 6, 7)).astype(np.float32)
+    m = compile_model(str(path), target="cpu -threads=1", use_shipped=False)
+    got, want = m.run(x)[0], ort_run(path, x)[0]
+    assert m.meta["outputs"][0]["dtype"] == "int64" and got.dtype == want.dtype == np.int64
+    assert len(np.unique(want)) > 5
+    np.testing.assert_array_equal(got, want)
 
 
 def _grid_model(path, xs, gs, mode, padding, align):

@@ -461,6 +461,9 @@ def _one_op_graph(op: str):
     elif op == "topk":                    # the indices of each row's 4 largest, as floats
         pos = b.const(np.arange(6, dtype=np.float32))
         y = b.add("cast", [b.add(op, [x, pos], {"axis": 3, "k": 4, "largest": 1})], {"to": "float32"})
+    elif op == "arg_extreme":             # the channel of each pixel's largest value, as floats
+        pos = b.const(np.arange(8, dtype=np.float32))
+        y = b.add("cast", [b.add(op, [x, pos], {"axis": 1, "kind": "max", "last": 0})], {"to": "float32"})
     elif op == "grid_sample":             # x read at 3 x 5 points in and around [-1, 1]
         grid = b.const(rng.uniform(-1.2, 1.2, (1, 3, 5, 2)).astype(np.float32))
         y = b.add(op, [x, grid], {"mode": "bilinear", "padding": "zeros", "align_corners": 0})

@@ -286,20 +286,19 @@ def _check_ssa(g) -> None:
 
 
 # ONNX element types a graph output and input may have -> its dtype (integer inputs: token ids, positions)
-OUTPUT_TYPES = {1: "float32", 0: "float32"}
-INPUT_TYPES = {**OUTPUT_TYPES, 7: "int64", 6: "int32"}
+TYPES = {1: "float32", 0: "float32", 7: "int64", 6: "int32"}
 
 
 def _check_type(v, what: str) -> str:
-    """The dtype of a graph input (float32, int64 or int32) or output (float32)."""
+    """The dtype of a graph input or output: float32, int64 or int32."""
     onnx, _ = _onnx()
     if not v.type.HasField("tensor_type"):
         raise OnnxImportError(f"graph {what} {v.name!r} is not a tensor; tuner compiles tensor {what}s only")
     elem = v.type.tensor_type.elem_type
-    allowed = INPUT_TYPES if what == "input" else OUTPUT_TYPES
+    allowed = TYPES
     if elem not in allowed:
         kind = onnx.TensorProto.DataType.Name(elem) if elem in onnx.TensorProto.DataType.values() else f"type {elem}"
-        takes = "FLOAT (float32), INT64 or INT32" if what == "input" else "FLOAT (float32)"
+        takes = "FLOAT (float32), INT64 or INT32"
         raise OnnxImportError(f"graph {what} {v.name!r} is {kind}; this version of tuner compiles {takes} "
                               f"{what}s only: export the model with such an {what}")
     return allowed[elem]
@@ -438,9 +437,10 @@ def to_onnx(graph: Graph, opset: int = 18):
             raise OnnxImportError(f"export of op {n.op} is not supported")
         export(ex, n, [ex.ref(v) for v in n.inputs])
         ex.names[id(n.output)] = n.output.name
-    elem = {dtype: e for e, dtype in INPUT_TYPES.items() if e}       # an input's dtype -> its ONNX type
+    elem = {dtype: e for e, dtype in TYPES.items() if e}       # an input's or output's dtype -> its ONNX type
     inputs = [helper.make_tensor_value_info(v.name, elem[v.dtype], list(v.shape)) for v in graph.inputs]
-    outputs = [helper.make_tensor_value_info(ex.names[id(v)], TensorProto.FLOAT, list(v.shape)) for v in graph.outputs]
+    outputs = [helper.make_tensor_value_info(ex.names[id(v)], elem.get(v.dtype, TensorProto.FLOAT), list(v.shape))
+               for v in graph.outputs]
     used = {name for node in ex.nodes for name in node.input}      # an op exported from a rewritten weight
     g = helper.make_graph(ex.nodes, graph.name, inputs, outputs, [i for i in ex.inits if i.name in used])
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], producer_name="tuner")

@@ -247,6 +247,74 @@ def _topk(cx, x, axis: int, k: int, largest: int, tag: str):
     return cx.add("gather_elements", [where, pick], {"axis": axis}, f"{tag}_indices")
 
 
+# ---------------------------------------------------------------- arg max / min
+def arg_extreme(x: Tensor, pos: Tensor, axis: int, kind: str, last: bool, name: str = "arg") -> Tensor:
+    """The index of the largest (kind "max") or smallest element of x along `axis`, the axis kept
+    as 1, as ONNX Runtime's ArgMax and ArgMin scan: from the first element, a NaN never taken
+    after it, a NaN first taken and kept; ties to the first index, or with `last` the last. pos:
+    the axis's positions 0..n-1 as float32 (topk_indices)."""
+    n = x.shape[axis]
+    r, q = reduce_axis(n, f"{name}_r"), reduce_axis(n, f"{name}_q")
+    names = [f"{name}_i{d}" for d in range(x.ndim)]
+    sign = Const(1.0 if kind == "max" else -1.0)
+
+    def at(i, v):
+        return tuple(v if d == axis else e for d, e in enumerate(i))
+
+    best = compute(at(x.shape, 1), lambda *i: max_reduce(
+        select(Cmp("==", x[at(i, r.var)], x[at(i, r.var)]), x[at(i, r.var)] * sign, Const(float("-inf"))), [r]),
+        f"{name}_best", tag="reduction", inputs=[x], axis_names=names)
+
+    def found(*i):
+        v, first = x[at(i, q.var)], x[at(i, 0)]
+        mark = pos[q.var] if last else Const(float(n - 1)) - pos[q.var]      # the max of marks picks the index
+        hit = select(Cmp("==", v * sign, best[i]), mark, Const(-1.0))
+        return max_reduce(select(Cmp("==", first, first), hit, Const(0.0 if last else float(n - 1))), [q])
+    marks = compute(at(x.shape, 1), found, f"{name}_mark", tag="reduction", inputs=[x, best, pos], axis_names=names)
+    return marks if last else compute(at(x.shape, 1), lambda *i: Const(float(n - 1)) - marks[i], name,
+                                      tag="elemwise", inputs=[marks], axis_names=names)
+
+
+def arg_extreme_ref(x: np.ndarray, axis: int, kind: str, last: bool) -> np.ndarray:
+    """ArgMax / ArgMin as ONNX Runtime computes them (arg_extreme), the axis kept, int64."""
+    y = np.moveaxis(x, axis, -1)
+    v = np.where(np.isnan(y), -np.inf, y if kind == "max" else -y.astype(np.float64))
+    hit = v == v.max(axis=-1, keepdims=True)
+    n = y.shape[-1]
+    idx = n - 1 - np.argmax(hit[..., ::-1], axis=-1) if last else np.argmax(hit, axis=-1)
+    idx = np.where(np.isnan(y[..., 0]), 0, idx)
+    return np.expand_dims(idx, axis).astype(np.int64)
+
+
+def _arg_infer(node):
+    x, a = node.inputs[0], node.attrs
+    return tuple(1 if d == a["axis"] else e for d, e in enumerate(x.shape)), "int64", ""
+
+
+def _onnx_arg_extreme(cx, ins, a):
+    """ArgMax and ArgMin (a segmentation map's classes, greedy decoding): the index along `axis`,
+    then the axis dropped unless keepdims."""
+    x = ins[0]
+    axis = a.get("axis", 0)
+    if not -len(x.shape) <= axis < len(x.shape):
+        raise cx.fail(f"axis {axis} is outside a {len(x.shape)}-D input")
+    axis %= len(x.shape)
+    if x.shape[axis] > INDEX_EXACT:
+        raise cx.fail(f"axis {axis} of {list(x.shape)} is longer than {INDEX_EXACT}: kernels carry integers as "
+                      "float32, exact only up to 2^24")
+    pos = cx.constant(np.arange(x.shape[axis], dtype=np.float32), "_positions")
+    y = cx.add("arg_extreme", [x, pos], {"axis": axis, "kind": "max" if cx.op_type == "ArgMax" else "min",
+                                         "last": int(a.get("select_last_index", 0))}, "_kept" if not a.get("keepdims", 1) else "")
+    if a.get("keepdims", 1):
+        return [y]
+    return [cx.add("reshape", [y], {"shape": [e for d, e in enumerate(x.shape) if d != axis]})]
+
+
+def _export_arg_extreme(ex, n, ins):
+    ex.emit(n, "ArgMax" if n.attrs["kind"] == "max" else "ArgMin", ins[:1], axis=n.attrs["axis"], keepdims=1,
+            select_last_index=n.attrs["last"])
+
+
 def _export_topk(ex, n, ins):
     from onnx import helper
     ex.nodes.append(helper.make_node("TopK", [ins[0], ex.tensor(f"{n.name}_k", [n.attrs["k"]])],
@@ -450,6 +518,12 @@ register(
                                                name),
           flops=lambda n: float(np.prod(n.inputs[0].shape)) * n.inputs[0].shape[n.attrs["axis"]],
           onnx_in={"TopK": _onnx_topk}, onnx_out=_export_topk),
+    OpDef(name="arg_extreme", pattern=Pattern.OPAQUE, infer=_arg_infer, integers=True,
+          evaluate=lambda n, args: arg_extreme_ref(args[0], n.attrs["axis"], n.attrs["kind"], bool(n.attrs["last"])),
+          te=lambda n, ins, name: arg_extreme(ins[0], ins[1], n.attrs["axis"], n.attrs["kind"], bool(n.attrs["last"]),
+                                              name),
+          flops=lambda n: 2.0 * float(np.prod(n.inputs[0].shape)),
+          onnx_in=dict.fromkeys(("ArgMax", "ArgMin"), _onnx_arg_extreme), onnx_out=_export_arg_extreme),
     OpDef(name="layer_norm", pattern=Pattern.OPAQUE, infer=_ln_infer, evaluate=_ln_eval,
           te=lambda n, ins, name: layer_norm(ins[0], ins[1], ins[2], n.attrs["axis"], n.attrs["epsilon"], name),
           flops=lambda n: 8.0 * output_elements(n), onnx_in={"LayerNormalization": _onnx_layer_norm,

@@ -186,7 +186,7 @@ class CompiledModel:
         values = None
         if self.symbols:
             inputs, values = self._padded(inputs)
-        outputs = [np.empty(s["shape"], np.dtype(s["dtype"])) for s in self.outputs]
+        outputs = [np.empty(s["shape"], np.dtype(s.get("carried", s["dtype"]))) for s in self.outputs]
         with self._arena() as arena:
             rc = fn(pointer_array(inputs, f), pointer_array(outputs, f), f.cast("char*", f.from_buffer(arena)),
                     f.cast("char*", f.from_buffer(self._weights)), *extra)
@@ -196,7 +196,8 @@ class CompiledModel:
                                if step else f"the model failed with code {rc}")
         if values is not None:
             outputs = [o[tuple(slice(0, n) for n in _extents(s, values))].copy() for o, s in zip(outputs, self.outputs)]
-        return outputs
+        # an integer output (an argmax map, token ids) travels as float32, exact below 2^24: its own type back
+        return [o.astype(s["dtype"]) if "carried" in s else o for o, s in zip(outputs, self.outputs)]
 
     def run(self, /, *args, **kwargs) -> list:
         """The graph's outputs (a list of NumPy arrays) for its inputs, by position or by name."""
