@@ -285,7 +285,7 @@ def _check_ssa(g) -> None:
             defined[name] = f"node {node.name!r}"
 
 
-# ONNX element types a graph output and input may have -> its dtype (integer inputs: token ids, positions)
+# ONNX element types a graph input or output may have -> its dtype (integers: token ids in, an argmax map out)
 TYPES = {1: "float32", 0: "float32", 7: "int64", 6: "int32"}
 
 
@@ -295,13 +295,11 @@ def _check_type(v, what: str) -> str:
     if not v.type.HasField("tensor_type"):
         raise OnnxImportError(f"graph {what} {v.name!r} is not a tensor; tuner compiles tensor {what}s only")
     elem = v.type.tensor_type.elem_type
-    allowed = TYPES
-    if elem not in allowed:
+    if elem not in TYPES:
         kind = onnx.TensorProto.DataType.Name(elem) if elem in onnx.TensorProto.DataType.values() else f"type {elem}"
-        takes = "FLOAT (float32), INT64 or INT32"
-        raise OnnxImportError(f"graph {what} {v.name!r} is {kind}; this version of tuner compiles {takes} "
+        raise OnnxImportError(f"graph {what} {v.name!r} is {kind}; this version of tuner compiles FLOAT (float32), INT64 or INT32 "
                               f"{what}s only: export the model with such an {what}")
-    return allowed[elem]
+    return TYPES[elem]
 
 
 class Importer:

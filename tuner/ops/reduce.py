@@ -203,14 +203,19 @@ def _onnx_topk(cx, ins, a):
     k = int(np.asarray(cx.const(ins[1], "k")).reshape(-1)[0])
     if not 0 < k <= x.shape[axis]:
         raise cx.fail(f"k={k} is not in [1, {x.shape[axis]}], the size of axis {axis} of {list(x.shape)}")
-    if x.shape[axis] > INDEX_EXACT:
-        raise cx.fail(f"axis {axis} of {list(x.shape)} is longer than {INDEX_EXACT}: kernels carry integers as "
-                      "float32, exact only up to 2^24; split the TopK over a shorter axis")
+    _indexable(cx, x, axis)
     idx = _topk(cx, x, axis, k, int(a.get("largest", 1)), "")
     return [cx.add("gather_elements", [x, idx], {"axis": axis}, "_values"), idx]
 
 
 INDEX_EXACT = 1 << 24     # positions past this are not exact as float32, as kernels carry indices
+
+
+def _indexable(cx, x, axis: int) -> None:
+    """Refuses an axis whose positions float32 cannot hold exactly (an op returning indices along it)."""
+    if x.shape[axis] > INDEX_EXACT:
+        raise cx.fail(f"axis {axis} of {list(x.shape)} is longer than {INDEX_EXACT}: kernels carry integers as "
+                      "float32, exact only up to 2^24; split the input along that axis")
 
 
 def topk_blocks(n: int, k: int) -> int | None:
@@ -299,9 +304,7 @@ def _onnx_arg_extreme(cx, ins, a):
     if not -len(x.shape) <= axis < len(x.shape):
         raise cx.fail(f"axis {axis} is outside a {len(x.shape)}-D input")
     axis %= len(x.shape)
-    if x.shape[axis] > INDEX_EXACT:
-        raise cx.fail(f"axis {axis} of {list(x.shape)} is longer than {INDEX_EXACT}: kernels carry integers as "
-                      "float32, exact only up to 2^24")
+    _indexable(cx, x, axis)
     pos = cx.constant(np.arange(x.shape[axis], dtype=np.float32), "_positions")
     y = cx.add("arg_extreme", [x, pos], {"axis": axis, "kind": "max" if cx.op_type == "ArgMax" else "min",
                                          "last": int(a.get("select_last_index", 0))}, "_kept" if not a.get("keepdims", 1) else "")
