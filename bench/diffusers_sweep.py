@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.torchvision_sweep import _torchvision, sweep_cli
+from bench.torchvision_sweep import _torchvision, export_net, sweep_cli
 
 DEFAULT = "unet2d,sd_unet,vae_decoder,vae_encoder"
 TOKENS, TEXT = 77, 768
@@ -82,14 +82,8 @@ def export(name: str, path: Path, seed: int = 0, dynamo: bool = False) -> Path:
         raise ValueError(f"unknown model {name!r}; choose from {', '.join(nets)}")
     torch.manual_seed(seed)
     net, shapes, names = nets[name]()
-    net = net.eval()
-    with torch.no_grad():       # no constant parameter (a zero-initialised output conv would hide errors)
-        for p in net.parameters():
-            if p.numel() > 1 and bool((p == p.flatten()[0]).all()):
-                p.add_(torch.empty_like(p).normal_(0, 0.1 if bool(p.flatten()[0]) else 0.02))
-    args = tuple(torch.full(s, 500.0) if n == "timestep" else torch.randn(*s) for s, n in zip(shapes, names))
-    torch.onnx.export(net, args, str(path), input_names=names, opset_version=18 if dynamo else 17, dynamo=dynamo)
-    return path
+    inputs = {n: torch.full(s, 500.0) if n == "timestep" else torch.randn(*s) for s, n in zip(shapes, names)}
+    return export_net(torch, net, None, path, dynamo, inputs)
 
 
 def main(argv=None) -> int:

@@ -55,9 +55,10 @@ def export(name: str, path: Path, seed: int = 0, dynamo: bool = False) -> Path:
     return export_net(torch, builder(weights=None, **extra), (1, 3, *clip, size, size), path, dynamo)
 
 
-def export_net(torch, net, shape: tuple, path: Path, dynamo: bool = False) -> Path:
+def export_net(torch, net, shape: tuple | None, path: Path, dynamo: bool = False, inputs: dict | None = None) -> Path:
     """`net` in eval mode with random BatchNorm statistics (so that folding them means something) and no
-    constant parameter (a zero head, a norm's ones would hide errors), exported at batch 1 of `shape`."""
+    constant parameter (a zero head, a norm's ones would hide errors), exported at batch 1 of `shape`
+    (one random input), or on `inputs` (name -> tensor, in forward's order)."""
     net = net.eval()
     with torch.no_grad():
         for m in net.modules():
@@ -67,7 +68,8 @@ def export_net(torch, net, shape: tuple, path: Path, dynamo: bool = False) -> Pa
         for p in net.parameters():
             if p.numel() > 1 and bool((p == p.flatten()[0]).all()):
                 p.add_(torch.empty_like(p).normal_(0, 0.1 if bool(p.flatten()[0]) else 0.02))
-    torch.onnx.export(net, (torch.randn(*shape),), str(path), input_names=["input"],
+    inputs = inputs or {"input": torch.randn(*shape)}
+    torch.onnx.export(net, tuple(inputs.values()), str(path), input_names=list(inputs),
                       opset_version=18 if dynamo else 17, dynamo=dynamo)
     return path
 
