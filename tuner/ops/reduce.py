@@ -3,6 +3,7 @@
 global_avg_pool2d; LayerNormalization's decomposed form is found by graph.passes' FuseTransformerOps)."""
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -150,6 +151,11 @@ def _export_cumsum(ex, n, ins):
 
 
 # ---------------------------------------------------------------- top k
+def _along(i: tuple, v, axis: int) -> tuple:
+    """The index `i` with `v` in place of its entry along `axis` (a reduction's or a kept 1's)."""
+    return tuple(v if d == axis else e for d, e in enumerate(i))
+
+
 def topk_indices(x: Tensor, pos: Tensor, axis: int, k: int, largest: bool, name: str = "topk") -> Tensor:
     """The indices of the first k elements of x along `axis` in ONNX TopK's order (largest or
     smallest first, NaN above every number, equal values by index): an element's rank is the count
@@ -160,9 +166,7 @@ def topk_indices(x: Tensor, pos: Tensor, axis: int, k: int, largest: bool, name:
     r, q = reduce_axis(n, f"{name}_r"), reduce_axis(n, f"{name}_q")
     names = [f"{name}_i{d}" for d in range(x.ndim)]
 
-    def at(i, v):
-        return tuple(v if d == axis else e for d, e in enumerate(i))
-
+    at = functools.partial(_along, axis=axis)
     def before(a, b, i, j):
         """1.0 where a (at position i) comes before b (at j), else 0.0."""
         by_index = select(i < j, Const(1.0), Const(0.0))
@@ -263,9 +267,7 @@ def arg_extreme(x: Tensor, pos: Tensor, axis: int, kind: str, last: bool, name: 
     names = [f"{name}_i{d}" for d in range(x.ndim)]
     sign = Const(1.0 if kind == "max" else -1.0)
 
-    def at(i, v):
-        return tuple(v if d == axis else e for d, e in enumerate(i))
-
+    at = functools.partial(_along, axis=axis)
     best = compute(at(x.shape, 1), lambda *i: max_reduce(
         select(Cmp("==", x[at(i, r.var)], x[at(i, r.var)]), x[at(i, r.var)] * sign, Const(float("-inf"))), [r]),
         f"{name}_best", tag="reduction", inputs=[x], axis_names=names)
@@ -305,12 +307,10 @@ def _onnx_arg_extreme(cx, ins, a):
         raise cx.fail(f"axis {axis} is outside a {len(x.shape)}-D input")
     axis %= len(x.shape)
     _indexable(cx, x, axis)
-    pos = cx.constant(np.arange(x.shape[axis], dtype=np.float32), "_positions")
+    pos, keep = cx.constant(np.arange(x.shape[axis], dtype=np.float32), "_positions"), a.get("keepdims", 1)
     y = cx.add("arg_extreme", [x, pos], {"axis": axis, "kind": "max" if cx.op_type == "ArgMax" else "min",
-                                         "last": int(a.get("select_last_index", 0))}, "_kept" if not a.get("keepdims", 1) else "")
-    if a.get("keepdims", 1):
-        return [y]
-    return [cx.add("reshape", [y], {"shape": [e for d, e in enumerate(x.shape) if d != axis]})]
+                                         "last": int(a.get("select_last_index", 0))}, "" if keep else "_kept")
+    return [y] if keep else [cx.add("reshape", [y], {"shape": [e for d, e in enumerate(x.shape) if d != axis]})]
 
 
 def _export_arg_extreme(ex, n, ins):
