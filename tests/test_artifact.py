@@ -231,7 +231,8 @@ def test_known_damage_to_model_json_is_a_one_line_error(artifact, tmp_path, edit
     assert "\n" not in str(e.value) and "compile the model again" in str(e.value)
 
 
-@pytest.mark.parametrize("swap", ["other weights", "truncated weights", "no weights", "truncated library",
+@pytest.mark.parametrize("swap", ["other weights", "truncated weights", "extended weights", "weights a directory",
+                                  "no weights", "truncated library",
                                   "other library", "empty model.json"])
 def test_a_swapped_or_truncated_file_of_the_artifact_is_refused(artifact, tmp_path, swap):
     d, other, *_ = artifact
@@ -243,6 +244,11 @@ def test_a_swapped_or_truncated_file_of_the_artifact_is_refused(artifact, tmp_pa
         shutil.copyfile(other / "weights.bin", art / "weights.bin")
     elif swap == "truncated weights":
         (art / "weights.bin").write_bytes((art / "weights.bin").read_bytes()[:100])
+    elif swap == "extended weights":       # the right bytes, then more: read into storage of the declared size
+        (art / "weights.bin").write_bytes((art / "weights.bin").read_bytes() + bytes(64))
+    elif swap == "weights a directory":
+        (art / "weights.bin").unlink()
+        (art / "weights.bin").mkdir()
     elif swap == "no weights":
         (art / "weights.bin").unlink()
     elif swap == "truncated library":

@@ -246,6 +246,33 @@ def test_unsupported_op_is_named_with_its_node(tmp_path):
         load_onnx(path)
 
 
+def test_a_model_with_its_weights_in_an_external_file_imports_alike_and_a_missing_or_escaping_file_is_named(tmp_path):
+    inline = onnx.load(_torch_style_model(tmp_path / "inline.onnx"))
+    const = helper.make_node("Constant", [], ["k"], "k", value=numpy_helper.from_array(np.full((1, 10), 0.5, np.float32), "k"))
+    inline.graph.node.insert(0, const)                            # an attribute's tensor outside the file too
+    inline.graph.node[-1].input[0] = "j2"
+    inline.graph.node.insert(len(inline.graph.node) - 1, helper.make_node("Add", ["j", "k"], ["j2"], "addk"))
+    onnx.save(inline, tmp_path / "inline.onnx")
+    d = tmp_path / "ext"
+    d.mkdir()
+    onnx.save(inline, d / "m.onnx", save_as_external_data=True, all_tensors_to_one_file=True, location="m.data",
+              size_threshold=0, convert_attribute=True)
+    outside = onnx.load(d / "m.onnx", load_external_data=False)
+    assert sum(t.data_location == TensorProto.EXTERNAL for t in outside.graph.initializer) >= 5
+    x = np.random.default_rng(1).standard_normal((1, 3, 12, 12)).astype(np.float32)
+    want = interp.run(load_onnx(str(tmp_path / "inline.onnx")), x)[0]
+    np.testing.assert_array_equal(interp.run(load_onnx(str(d / "m.onnx")), x)[0], want)
+    (d / "m.data").rename(d / "gone.data")
+    with pytest.raises(OnnxImportError, match=r"tensor '(k|c1.w)' cannot be read .*external data file is damaged or missing"):
+        load_onnx(str(d / "m.onnx"))
+    (d / "gone.data").rename(d / "m.data")
+    escape = onnx.load(d / "m.onnx", load_external_data=False)        # data said to lie outside the model's folder
+    next(e for e in escape.graph.initializer[0].external_data if e.key == "location").value = "../inline.onnx"
+    onnx.save(escape, d / "escape.onnx")
+    with pytest.raises(OnnxImportError, match=r"tensor 'c1.w' cannot be read"):
+        load_onnx(str(d / "escape.onnx"))
+
+
 def tuner_cli(*args):
     return subprocess.run([sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True)
 

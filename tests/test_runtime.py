@@ -250,6 +250,36 @@ def test_tensors_alive_together_never_share_memory(items):
     assert size >= peak_live_bytes(ts)
 
 
+# each array: a length, and a pattern that makes it equal to another drawn alike, or unlike
+# it only outside the sampled elements of _sample_hash (a 200,000-long array sampled every 3rd)
+weight_arrays = st.lists(st.tuples(st.sampled_from([0, 1, 5, 16, 200_000]), st.integers(0, 2),
+                                   st.sampled_from(["same", "sign of zero", "off the sample"])), min_size=1, max_size=8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(weight_arrays)
+def test_weights_are_laid_out_each_content_once_and_read_back_as_they_were(items):
+    from tuner.compiler.compile_model import _Weights
+    arrays = []
+    for n, seed, change in items:
+        a = np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+        if n and change == "sign of zero":
+            a[0] = -0.0 if seed % 2 else 0.0          # equal as floats, not as bytes: stored apart
+        elif n > 3 and change == "off the sample":
+            a[1] += seed                              # index 1 is outside the sample of a long array
+        arrays.append(a)
+    w = _Weights()
+    offsets = [w.add(a) for a in arrays]
+    out = np.full(w.size + 64, 0xAB, np.uint8)
+    w.fill(out)
+    assert (out[w.size:] == 0xAB).all() and w.size % 64 == 0
+    for a, off in zip(arrays, offsets):
+        assert off % 64 == 0
+        assert out[off:off + a.nbytes].tobytes() == a.tobytes()
+    for a, off in zip(arrays, offsets):         # one offset per content, one content per offset
+        assert all((off == o) == (a.tobytes() == b.tobytes()) for b, o in zip(arrays, offsets) if a.nbytes and b.nbytes)
+
+
 # ---------------------------------------------------------------- apply-best, reports, --strict
 
 def _record_for(task, target: str, cost: float):

@@ -43,7 +43,7 @@ from ..graph.passes.extract_tasks import group_summary, transform_workload, work
 from ..ops import WORKLOADS, Unsupported, flops, to_te
 from ..runtime.artifact import (FLOAT_EXACT, GENERIC, IN_MODEL, OTHER_THREADS, PLAIN, PREDICTED, SHIPPED, UNTUNED, Arg, Step,
                                 declaration)
-from ..runtime.model import CompiledModel
+from ..runtime.model import CompiledModel, weights_storage
 from ..schedule.inplace import writes_over
 from ..schedule.ir import flat_index, vector_split
 from ..schedule.lower import lower
@@ -79,30 +79,45 @@ class UntunedError(UserError):
 class _Weights:
     """Constants packed into one 64-byte aligned blob, each content stored once: the steps of an
     unrolled RNN, or layers that share their weights (ALBERT), read one copy of a weight each
-    packs alike, which then stays in cache from step to step."""
+    packs alike, which then stays in cache from step to step. The arrays are kept as they are
+    (no copy) until `fill` writes them, once, into the model's weights storage: a model of 1 GiB
+    of weights is never held as bytes, a blob and a copy of the blob beside its arrays."""
 
     def __init__(self):
         self.chunks: list = []
         self.size = 0
-        self.offsets: dict = {}
+        self.offsets: dict = {}     # (bytes, a sample's hash) -> [(offset, array)]: equal contents compared whole
 
     def add(self, data: np.ndarray) -> int:
         data = np.ascontiguousarray(data, dtype=np.float32)
-        b = data.tobytes()
-        key = hashlib.blake2b(b, digest_size=20).digest()
-        if key in self.offsets:
-            return self.offsets[key]
+        flat = data.reshape(-1).view(np.uint8)
+        same = self.offsets.setdefault((flat.size, _sample_hash(flat)), [])
+        for off, other in same:
+            if all(np.array_equal(other[k:k + (1 << 24)], flat[k:k + (1 << 24)]) for k in range(0, flat.size, 1 << 24)):
+                return off
         off = self.size
-        self.chunks.append((off, b))
-        self.size = align(off + data.nbytes)
-        self.offsets[key] = off
+        self.chunks.append((off, flat))
+        same.append((off, flat))
+        self.size = align(off + flat.size)
         return off
 
-    def blob(self) -> bytes:
-        out = bytearray(self.size)
-        for off, b in self.chunks:
-            out[off:off + len(b)] = b
-        return bytes(out)
+    def fill(self, out: np.ndarray) -> None:
+        """Write every chunk at its offset into `out` (uint8, at least `size` long); the gaps between
+        them are zeros."""
+        end = 0
+        for off, flat in self.chunks:
+            out[end:off] = 0
+            out[off:off + flat.size] = flat
+            end = off + flat.size
+        out[end:self.size] = 0
+
+
+def _sample_hash(flat: np.ndarray) -> bytes:
+    """A hash of up to 64 KiB of `flat` spread over it: equal arrays hash alike, and arrays that
+    differ almost always differ in the sample (random weights do everywhere), so that only equal
+    contents, or the rare pair differing outside the sample, are compared whole."""
+    step = max(1, flat.size // 65536)
+    return hashlib.blake2b(np.ascontiguousarray(flat[::step]).data, digest_size=16).digest()
 
 
 def _group_io(graph: Graph, nodes: list, uses: dict, outputs: set):
@@ -408,7 +423,7 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
         _check_tuned(low.steps, logs, tgt)
     if stale := db.stale_warning():
         warnings.warn(stale, stacklevel=2)
-    blob = weights.blob()
+    storage = weights_storage(weights.size, weights.fill)
     meta = {
         "format": 2,
         "tool": f"tuner {__version__}",
@@ -431,13 +446,13 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
         "intermediate_bytes": sum(align(t.nbytes) for t in lives),
         "peak_live_bytes": peak_live_bytes(lives, _over(low)),
         "weights_bytes": weights.size,
-        "weights_sha256": hashlib.sha256(blob).hexdigest(),
+        "weights_sha256": hashlib.sha256(storage[0].view(np.uint8)[:weights.size].data).hexdigest(),
         "kernels": len(low.kernels),
         "steps": [s.to_json() for s in low.steps],
     }
     lib, source = _build_library(low, tgt, meta, say)
     meta["compile_s"] = round(time.perf_counter() - t0, 3)
-    return CompiledModel(meta, lib, source, blob)
+    return CompiledModel(meta, lib, source, storage)
 
 
 def _carried(g: Graph, v) -> dict:

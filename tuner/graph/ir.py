@@ -110,7 +110,7 @@ def _graph_hash(graph: Graph, structure: bool, named: bool = True) -> str:
         ins = []
         for v in n.inputs:
             if v.is_const and not structure:
-                h.update(np.ascontiguousarray(v.data).tobytes())
+                h.update(np.ascontiguousarray(v.data).data)
             ins.append((f"const{v.data.shape}" + ("" if structure else str(v.data.dtype))) if v.is_const
                        else names.get(id(v), "?"))
         names[id(n.output)] = f"v{len(names)}"

@@ -12,6 +12,9 @@ and `onnx_out`. This module walks the ONNX graph and gives those converters an `
 """
 from __future__ import annotations
 
+import itertools
+import os
+
 import numpy as np
 
 from ..errors import UserError
@@ -64,15 +67,27 @@ def _onnx():
 
 def load_onnx(path: str, input_shapes: dict | None = None) -> Graph:
     onnx, _ = _onnx()
+    base = os.path.dirname(os.path.abspath(path))
     try:
-        model = onnx.load(str(path))
+        # the graph's initializers' data is read one tensor at a time by from_onnx; the rest (tensors
+        # of attributes and of branches' graphs) now
+        model = onnx.load(str(path), load_external_data=False)
     except FileNotFoundError:
         raise OnnxImportError(f"no such file: {path}") from None
     except Exception as e:  # protobuf DecodeError and friends
         raise OnnxImportError(f"{path} is not a readable ONNX model ({type(e).__name__}: {str(e)[:120]})") from None
+    xd = onnx.external_data_helper
+    for t in itertools.chain(xd._get_attribute_tensors(model),
+                             (t for n in model.graph.node for a in n.attribute
+                              for t in xd._recursive_attribute_processor(a, xd._get_initializer_tensors_from_graph))):
+        if xd.uses_external_data(t):
+            try:
+                xd.load_external_data_for_tensor(t, base)
+            except Exception as e:  # noqa: BLE001 - onnx's own checks of the path and the bounds
+                raise _unreadable(t.name, e, outside=True) from None
     if not model.graph.node:
         raise OnnxImportError(f"{path} is not a readable ONNX model (it has no graph nodes)")
-    return from_onnx(model, input_shapes, str(path))
+    return from_onnx(model, input_shapes, str(path), base)
 
 
 def input_dims(path: str) -> dict:
@@ -112,7 +127,15 @@ def _attrs(node) -> dict:
     return out
 
 
-def from_onnx(model, input_shapes: dict | None = None, source: str = "model") -> Graph:
+def _unreadable(name: str, e: Exception, outside: bool) -> OnnxImportError:
+    return OnnxImportError(f"tensor {name!r} cannot be read ({type(e).__name__}: {str(e)[:160]}); the file"
+                           f"{' or its external data file' if outside else ''} is damaged or missing: export the model again")
+
+
+def from_onnx(model, input_shapes: dict | None = None, source: str = "model", base_dir: str = "") -> Graph:
+    """The graph of an ONNX ModelProto; base_dir: where the data of initializers stored outside it
+    lies (onnx's own checks on the path), read one tensor at a time, so that a model of 1 GiB of
+    weights is never in memory twice while it is imported."""
     onnx, numpy_helper = _onnx()
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     if opset is None or opset not in OPSETS:
@@ -123,10 +146,9 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model") ->
     env: dict = {}
     for init in g.initializer:
         try:
-            data = numpy_helper.to_array(init)
+            data = numpy_helper.to_array(init, base_dir)
         except Exception as e:  # noqa: BLE001 - onnx raises ValueError, TypeError or its own on damaged data
-            raise OnnxImportError(f"initializer {init.name!r} cannot be read ({type(e).__name__}: {str(e)[:100]}); "
-                                  "the file is damaged: export the model again") from None
+            raise _unreadable(init.name, e, onnx.external_data_helper.uses_external_data(init)) from None
         env[init.name] = b.const(data, init.name)
     input_shapes = dict(input_shapes or {})
     for inp in g.input:

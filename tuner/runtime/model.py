@@ -87,6 +87,14 @@ def _aligned_bytes(nbytes: int) -> tuple:
     return aligned_empty(n), False
 
 
+def weights_storage(nbytes: int, fill) -> tuple:
+    """(storage of `nbytes` of weights, whether it asked for huge pages), written by `fill(view)`
+    (the storage as `nbytes` uint8): the weights' one copy in memory, made in place."""
+    storage, huge = _aligned_bytes(nbytes)
+    fill(storage.view(np.uint8)[:nbytes])
+    return storage, huge
+
+
 class CompiledModel:
     """Runs the whole graph in C, one call per inference.
 
@@ -95,13 +103,16 @@ class CompiledModel:
     weights. Every buffer the C code reads or writes is referenced by the calling frame until the
     call returns (cffi's pointers keep nothing alive)."""
 
-    def __init__(self, meta: dict, lib_path: str, source: str, weights: bytes, lib=None):
+    def __init__(self, meta: dict, lib_path: str, source: str, weights, lib=None):
+        """weights: their bytes (copied), or the storage weights_storage made of them (taken)."""
         self.meta = meta
         self.source = source
         self._lib_path = lib_path
         self._lib = lib or open_library(lib_path, _ffi())
-        self._weights, huge_w = _aligned_bytes(len(weights))
-        self._weights.view(np.uint8)[:len(weights)] = np.frombuffer(weights, np.uint8)
+        if not isinstance(weights, tuple):
+            data = np.frombuffer(weights, np.uint8)
+            weights = weights_storage(data.size, lambda view: np.copyto(view, data))
+        self._weights, huge_w = weights
         arena, huge_a = _aligned_bytes(meta["arena_bytes"])
         self._arenas = [arena]                   # free arenas; a call takes one, or makes one if none is free
         self._arenas_lock = threading.Lock()
@@ -310,7 +321,8 @@ class CompiledModel:
                 os.mkdir(tmp)
                 shutil.copyfile(self._lib_path, tmp / lib_name)
                 (tmp / "model.c").write_text(self.source)
-                (tmp / WEIGHTS).write_bytes(self._weights.view(np.uint8)[:self.meta["weights_bytes"]].tobytes())
+                with open(tmp / WEIGHTS, "wb") as f:
+                    f.write(self._weights.view(np.uint8)[:self.meta["weights_bytes"]].data)
                 (tmp / META).write_text(json.dumps(dict(self.meta, library=lib_name), indent=1))
                 if not existed:
                     os.rename(tmp, d)
@@ -449,6 +461,17 @@ def untuned_warning(steps: list) -> str:
             f"tuning record: {how} (tune them: tuner tune): {shown}")
 
 
+def _read_weights(path: Path, nbytes: int) -> tuple | None:
+    """The weights file read straight into weights storage (weights_storage); None where it does
+    not hold exactly `nbytes`."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size != nbytes:
+            return None
+        got = []
+        storage = weights_storage(nbytes, lambda view: got.append(f.readinto(view.data) if nbytes else 0))
+    return storage if got == [nbytes] else None
+
+
 def load(path: str | os.PathLike) -> CompiledModel:
     """Load an artifact directory written by CompiledModel.save / `tuner compile -o`.
 
@@ -499,10 +522,11 @@ def load(path: str | os.PathLike) -> CompiledModel:
     if declaration(meta)["meta_sha256"] != declared.get("meta_sha256"):
         raise ArtifactError(f"{damaged}: it was changed after {library} was compiled; compile the model again")
     try:
-        weights = (d / WEIGHTS).read_bytes()
+        weights = _read_weights(d / WEIGHTS, declared["weights_bytes"])
     except OSError:
         weights = None
-    if weights is None or hashlib.sha256(weights).hexdigest() != declared["weights_sha256"]:
+    if weights is None or hashlib.sha256(weights[0].view(np.uint8)[:declared["weights_bytes"]].data).hexdigest() \
+            != declared["weights_sha256"]:
         raise ArtifactError(f"{d / WEIGHTS} is missing, or not the weights {library} was compiled with; compile the "
                             "model again")
     try:
