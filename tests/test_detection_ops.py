@@ -88,6 +88,16 @@ def _arg_model(path, op, shape, axis, keepdims, last, cast=True):
     return path
 
 
+@pytest.mark.parametrize("op, last", [("ArgMax", 0), ("ArgMax", 1), ("ArgMin", 0), ("ArgMin", 1)])
+def test_a_nan_after_the_extreme_of_minus_or_plus_infinity_is_no_tie_of_it(tmp_path, tmp_cache, op, last):
+    # found by CI: the reference counted a later NaN as a tie of a -inf maximum, with last its index
+    x = np.array([[-np.inf, np.inf, -np.inf, 1.0], [-np.inf, np.inf, np.nan, np.nan], [np.nan] * 4], np.float32)
+    path = _arg_model(tmp_path / "a.onnx", op, x.shape, 0, 0, last)
+    want = ort_run(path, x)[0]
+    np.testing.assert_array_equal(interp.run(load_onnx(path), x)[0], want)
+    np.testing.assert_array_equal(compile_model(str(path), target="cpu -threads=1").run(x)[0], want)
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(shape=st.lists(st.integers(1, 6), min_size=1, max_size=3), data=st.data(), op=st.sampled_from(["ArgMax", "ArgMin"]),
        keepdims=st.integers(0, 1), last=st.integers(0, 1), nan_first=st.booleans())

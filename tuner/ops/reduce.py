@@ -286,7 +286,7 @@ def arg_extreme_ref(x: np.ndarray, axis: int, kind: str, last: bool) -> np.ndarr
     """ArgMax / ArgMin as ONNX Runtime computes them (arg_extreme), the axis kept, int64."""
     y = np.moveaxis(x, axis, -1)
     v = np.where(np.isnan(y), -np.inf, y if kind == "max" else -y.astype(np.float64))
-    hit = v == v.max(axis=-1, keepdims=True)
+    hit = (v == v.max(axis=-1, keepdims=True)) & ~np.isnan(y)      # a NaN is never a hit, even at a max of -inf
     n = y.shape[-1]
     idx = n - 1 - np.argmax(hit[..., ::-1], axis=-1) if last else np.argmax(hit, axis=-1)
     idx = np.where(np.isnan(y[..., 0]), 0, idx)
