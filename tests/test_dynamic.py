@@ -290,8 +290,55 @@ def test_dynamic_needs_an_onnx_file_and_ranges_it_can_read(tmp_path):
     path = _attention_onnx(tmp_path / "att.onnx", [1, "seq"])
     with pytest.raises(UserError, match="needs an ONNX file"):
         _compile("tiny", "x=1x[1..4]")
-    for bad, says in (("x=1x[1..4", "each dim is a number or a range"), ("y=1x[1..4]", "no input called"),
+    for bad, says in (("x=1x[1..4", "each dim is a number, a range"), ("y=1x[1..4]", "no input called"),
                       ("x=2x[1..4]x16", "dim 0 is 1 in the model"), ("x=1x[5..4]x16", "1 <= lo <= hi")):
+        with pytest.raises(GraphError, match=says):
+            _compile(path, bad)
+
+
+def _cls_and_mask_onnx(path):
+    """A learned token put before x [1, seq, 4], each position's sum times a mask [1, total] of
+    seq + 1 positions, as the model's inputs say (dim_params seq and total)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    n = helper.make_node
+    g = helper.make_graph([n("Concat", ["cls", "x"], ["c"], axis=1), n("ReduceSum", ["c", "axes"], ["s"], keepdims=0),
+                           n("Mul", ["s", "mask"], ["out"])], "cls",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "seq", 4]),
+                           helper.make_tensor_value_info("mask", TensorProto.FLOAT, [1, "total"])],
+                          [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, "total"])],
+                          [numpy_helper.from_array(np.array([[[0.5, -1.0, 2.0, 0.25]]], np.float32), "cls"),
+                           numpy_helper.from_array(np.array([2], np.int64), "axes")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_a_dim_that_follows_another_inputs_symbol_compiles_once_and_runs_every_length(tmp_path):
+    from conftest import ort_run
+    from tuner.errors import UserError
+    path = _cls_and_mask_onnx(tmp_path / "cls.onnx")
+    for spec in ("x=1x[1..12]x4; mask=1x[seq+1]", {"x": [1, (1, 12), 4], "mask": [1, "seq+1"]}):
+        m = _compile(path, spec)
+        assert m.symbols == [{"name": "seq", "lo": 1, "hi": 12}]
+        assert m.meta["dynamic"] == {"x": [1, ["seq", 1, 12], 4], "mask": [1, "seq+1"]}     # as parse_dynamic reads it
+        for length in (1, 5, 12):
+            rng = np.random.default_rng(length)
+            x, mask = rng.standard_normal((1, length, 4)).astype(np.float32), rng.uniform(0, 1, (1, length + 1)).astype(np.float32)
+            [got], [want] = m.run(x, mask), ort_run(path, {"x": x, "mask": mask})
+            assert got.shape == (1, length + 1)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"length {length}")
+        with pytest.raises(UserError, match="input mask must have shape 1x6"):
+            m.run(np.zeros((1, 5, 4), np.float32), np.zeros((1, 5), np.float32))
+
+
+def test_a_dim_that_follows_a_symbol_must_name_one_with_a_range_and_stay_1_or_more(tmp_path):
+    from tuner.graph.ir import GraphError
+    path = _cls_and_mask_onnx(tmp_path / "cls.onnx")
+    for bad, says in (("x=1x[1..12]x4; mask=1x[len+1]", r"'\[len\+1\]' is not a symbol plus or minus a number"),
+                      ("x=1x[1..12]x4; mask=1x[seq-1]", r"\[seq-1\] is 0 at seq=1"),
+                      ("x=1x[seq]x4; mask=1x[seq+1]", "not a symbol plus or minus a number"),
+                      ("x=1x4x[1..3]; mask=1x[seq+1]", "dim 2 is fixed at 4"),
+                      ("x=1x[1..12]x4; mask=[seq+1]x[seq+1]", "dim 0 is fixed at 1")):
         with pytest.raises(GraphError, match=says):
             _compile(path, bad)
 

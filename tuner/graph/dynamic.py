@@ -17,19 +17,21 @@ from ..te.dynamic import DynamicError, Symbol, sample_points, symbol_var
 from .ir import GraphError
 
 _RANGE = re.compile(r"^(?:([A-Za-z_][A-Za-z0-9_.]*))?\[(\d+)\.\.(\d+)\]$")
-_DIM = re.compile(r"[1-9]\d*|(?:[A-Za-z_][A-Za-z0-9_.]*)?\[\d+\.\.\d+\]")
+_FOLLOW = re.compile(r"^\[?([A-Za-z_][A-Za-z0-9_.]*?)(?:([+-])(\d+))?\]?$")   # [past+1]: a dim that follows a symbol
+_DIM = re.compile(r"[1-9]\d*|(?:[A-Za-z_][A-Za-z0-9_.]*)?\[\d+\.\.\d+\]|\[[A-Za-z_][A-Za-z0-9_.]*(?:[+-]\d+)?\]")
 
 
 @dataclass
 class DynamicInputs:
-    """The symbols, and each input's dims: an int, or ("sym", k) for symbols[k]."""
+    """The symbols, and each input's dims: an int, ("sym", k) for symbols[k], or ("sym", k, c) for
+    symbols[k] + c (a dim that follows another: a mask over the past keys and the new one)."""
     symbols: tuple
     dims: dict
 
     def shapes(self, values: dict, fixed: dict | None = None) -> dict:
         """{input: shape} at `values` ({symbol var name: value}), beside the `fixed` inputs' shapes."""
-        return {**(fixed or {}), **{name: [values[symbol_var(d[1]).name] if isinstance(d, tuple) else d for d in dims]
-                                    for name, dims in self.dims.items()}}
+        return {**(fixed or {}), **{name: [values[symbol_var(d[1]).name] + _offset(d) if isinstance(d, tuple) else d
+                                           for d in dims] for name, dims in self.dims.items()}}
 
     @property
     def points(self) -> list:
@@ -55,9 +57,17 @@ class DynamicInputs:
         return k, [v for v in values if v != sym.hi]
 
     def spec(self) -> dict:
-        """The ranges as parse_dynamic reads them back: {input: [int or [symbol, lo, hi]]}."""
-        return {name: [[self.symbols[d[1]].name, self.symbols[d[1]].lo, self.symbols[d[1]].hi]
-                       if isinstance(d, tuple) else d for d in dims] for name, dims in self.dims.items()}
+        """The ranges as parse_dynamic reads them back: {input: [int, [symbol, lo, hi] or "symbol+c"]}."""
+        def one(d):
+            if not isinstance(d, tuple):
+                return d
+            sym = self.symbols[d[1]]
+            return f"{sym.name}{_offset(d):+d}" if len(d) == 3 else [sym.name, sym.lo, sym.hi]
+        return {name: [one(d) for d in dims] for name, dims in self.dims.items()}
+
+
+def _offset(d: tuple) -> int:
+    return d[2] if len(d) == 3 else 0
 
 
 def load_at(model: str, shapes: dict):
@@ -154,7 +164,8 @@ def parse_dynamic(spec, declared: dict) -> DynamicInputs:
         return ("sym", index[name])
 
     dims: dict = {}
-    for name, given in items.items():
+    follow: dict = {}                   # a dim_param written as another symbol + c -> ("sym", k, c)
+    for name, given in sorted(items.items(), key=lambda kv: any(isinstance(g, str) for g in kv[1])):
         if name not in declared:
             raise GraphError(f"--dynamic names {name}, which the model has no input called; its inputs are "
                              f"{', '.join(declared) or 'none'}")
@@ -168,6 +179,15 @@ def parse_dynamic(spec, declared: dict) -> DynamicInputs:
                     raise GraphError(f"--dynamic {name}: dim {axis} is {m} in the model, not {g}")
                 out.append(g)
                 continue
+            if isinstance(g, str):                     # follows a symbol: its range is given elsewhere
+                if isinstance(m, int):
+                    raise GraphError(f"--dynamic {name}: dim {axis} is fixed at {m} in the model; export it with a "
+                                     "dynamic axis to vary it")
+                d = _following(g, index, symbols, name)
+                if isinstance(m, str) and m not in index:
+                    follow[m] = d
+                out.append(d)
+                continue
             sym_name, lo, hi = g
             if isinstance(m, int):
                 raise GraphError(f"--dynamic {name}: dim {axis} is fixed at {m} in the model; export it with a "
@@ -177,13 +197,31 @@ def parse_dynamic(spec, declared: dict) -> DynamicInputs:
     for name, model in declared.items():         # other inputs that name a symbol's dim_param share it
         if name in dims:
             continue
-        if any(isinstance(m, str) and m in index for m in model):
-            dims[name] = [("sym", index[m]) if isinstance(m, str) and m in index else m for m in model]
+        if any(isinstance(m, str) and (m in index or m in follow) for m in model):
+            dims[name] = [follow.get(m) or ("sym", index[m]) if isinstance(m, str) and (m in index or m in follow)
+                          else m for m in model]
             if any(d is None or isinstance(d, str) for d in dims[name]):
                 raise GraphError(f"input {name} has dims {model}; give all of its dynamic ones with --dynamic")
     if not symbols:
         raise GraphError("--dynamic gives no range; write a varying dimension as [lo..hi], e.g. input_ids=1x[1..512]")
+    alone = {d[1] for ds in dims.values() for d in ds if isinstance(d, tuple) and len(d) == 2}
+    if lost := [s.name for k, s in enumerate(symbols) if k not in alone]:       # a run reads each value off an input
+        raise GraphError(f"--dynamic: no input has {lost[0]} itself as a dim, only dims that follow it; give one its range")
     return DynamicInputs(tuple(symbols), dims)
+
+
+def _following(text: str, index: dict, symbols: list, where: str) -> tuple:
+    """("sym", k, c) of a dim written "[name+c]" (or "name-c", "name"): symbol k plus c."""
+    m = _FOLLOW.match(text.strip())
+    if not m or m.group(1) not in index:
+        known = ", ".join(index) or "none yet"
+        raise GraphError(f"--dynamic {where}: {text!r} is not a symbol plus or minus a number, e.g. [past+1], of a "
+                         f"symbol given a range (symbols: {known})")
+    k, c = index[m.group(1)], int(m.group(3) or 0) * (-1 if m.group(2) == "-" else 1)
+    if symbols[k].lo + c < 1:
+        raise GraphError(f"--dynamic {where}: {text} is {symbols[k].lo + c} at {symbols[k].name}={symbols[k].lo}; "
+                         "a dim is 1 or more")
+    return ("sym", k, c) if c else ("sym", k)
 
 
 def _items(spec) -> dict:
@@ -197,12 +235,12 @@ def _items(spec) -> dict:
             raise GraphError(f"cannot read --dynamic {part!r}: expected NAME=1x[1..512]")
         tokens = _tokens(text.strip())
         if tokens is None:
-            raise GraphError(f"cannot read --dynamic {part!r}: each dim is a number or a range [lo..hi], "
-                             "joined by x")
+            raise GraphError(f"cannot read --dynamic {part!r}: each dim is a number, a range [lo..hi] or a symbol "
+                             "plus or minus a number [past+1], joined by x")
         dims = []
         for d in tokens:
             m = _RANGE.match(d)
-            dims.append((m.group(1), int(m.group(2)), int(m.group(3))) if m else int(d))
+            dims.append((m.group(1), int(m.group(2)), int(m.group(3))) if m else d if d.startswith("[") else int(d))
         out[name.strip()] = dims
     return out
 
@@ -224,8 +262,11 @@ def _tokens(text: str) -> list | None:
 
 
 def _range_tuple(name: str, d):
+    if isinstance(d, str):
+        return d
     if isinstance(d, tuple) and len(d) == 2 and all(isinstance(x, int) for x in d):
         return (None, d[0], d[1])
     if isinstance(d, (tuple, list)) and len(d) == 3 and isinstance(d[0], str) and all(isinstance(x, int) for x in d[1:]):
         return tuple(d)
-    raise GraphError(f"dynamic={{{name!r}: ...}}: each dim is an int, (lo, hi) or (symbol, lo, hi), got {d!r}")
+    raise GraphError(f"dynamic={{{name!r}: ...}}: each dim is an int, (lo, hi), (symbol, lo, hi) or \"symbol+c\", "
+                     f"got {d!r}")
