@@ -109,6 +109,9 @@ def test_a_dense_weight_whose_outputs_no_power_of_two_block_divides_is_packed_in
     packed = dense_weight_from_oi(w, 16)
     assert packed.shape == (-(-k // 16), c, 16) and not packed[-1, :, k % 16:].any()
     np.testing.assert_array_equal(dense_weight_to_oi(packed, 16, k), w)
+    into = np.full(packed.shape, np.nan, np.float32)      # packed into storage (compile's weights): the same
+    assert dense_weight_from_oi(w, 16, into) is into
+    np.testing.assert_array_equal(into, packed)
     task = Task(wl, TARGET1)
     check_schedules([(wl, None), (wl, task.space.steps(task.space.sample(random.Random(k))))])
 

@@ -280,6 +280,22 @@ def test_weights_are_laid_out_each_content_once_and_read_back_as_they_were(items
         assert all((off == o) == (a.tobytes() == b.tobytes()) for b, o in zip(arrays, offsets) if a.nbytes and b.nbytes)
 
 
+def test_a_dense_weight_is_packed_into_the_storage_once_per_source_and_block():
+    from tuner.compiler.compile_model import _Packed, _Weights
+    from tuner.te.layouts import dense_weight_from_oi
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((20, 8)).astype(np.float32), rng.standard_normal((20, 8)).astype(np.float32)
+    w = _Weights()
+    items = [_Packed(a, 16), _Packed(a.copy(), 16), _Packed(a, 8), a, _Packed(b, 16)]
+    offs = [w.add(x) for x in items]
+    assert offs[0] == offs[1] and len(set(offs)) == 4       # equal sources packed alike share; nothing else does
+    out = np.zeros(w.size, np.uint8)
+    w.fill(out)
+    for x, off in zip(items, offs):
+        want = dense_weight_from_oi(x.source, x.block) if isinstance(x, _Packed) else x
+        assert out[off:off + want.nbytes].tobytes() == want.tobytes()
+
+
 # ---------------------------------------------------------------- apply-best, reports, --strict
 
 def _record_for(task, target: str, cost: float):

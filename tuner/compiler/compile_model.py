@@ -76,6 +76,28 @@ class UntunedError(UserError):
     """--strict and some anchor task has no record."""
 
 
+@dataclass(frozen=True, eq=False)
+class _Packed:
+    """A dense weight [K, C] as its kernel reads it, packed in blocks of `block` rows
+    (layouts.dense_weight_from_oi) only when it is written into the weights storage, so that a
+    model's packed weights are never all held beside the graph's."""
+    source: np.ndarray
+    block: int
+    is_const = True
+
+    @property
+    def shape(self) -> tuple:
+        k, c = self.source.shape
+        return (-(-k // self.block), c, self.block)
+
+    @property
+    def nbytes(self) -> int:
+        return 4 * int(np.prod(self.shape))
+
+    def write(self, out: np.ndarray) -> None:
+        L.dense_weight_from_oi(self.source, self.block, out.view(np.float32).reshape(self.shape))
+
+
 class _Weights:
     """Constants packed into one 64-byte aligned blob, each content stored once: the steps of an
     unrolled RNN, or layers that share their weights (ALBERT), read one copy of a weight each
@@ -88,27 +110,33 @@ class _Weights:
         self.size = 0
         self.offsets: dict = {}     # (bytes, a sample's hash) -> [(offset, array)]: equal contents compared whole
 
-    def add(self, data: np.ndarray) -> int:
-        data = np.ascontiguousarray(data, dtype=np.float32)
-        flat = data.reshape(-1).view(np.uint8)
-        same = self.offsets.setdefault((flat.size, _sample_hash(flat)), [])
+    def add(self, data) -> int:
+        """The offset of `data` (an array, or a _Packed weight: equal to another only where both
+        pack equal sources alike) in the storage."""
+        packed = isinstance(data, _Packed)
+        flat = np.ascontiguousarray(data.source if packed else data, dtype=np.float32).reshape(-1).view(np.uint8)
+        nbytes = data.nbytes if packed else flat.size
+        same = self.offsets.setdefault((nbytes, data.shape if packed else None, _sample_hash(flat)), [])
         for off, other in same:
             if all(np.array_equal(other[k:k + (1 << 24)], flat[k:k + (1 << 24)]) for k in range(0, flat.size, 1 << 24)):
                 return off
         off = self.size
-        self.chunks.append((off, flat))
+        self.chunks.append((off, nbytes, data if packed else flat))
         same.append((off, flat))
-        self.size = align(off + flat.size)
+        self.size = align(off + nbytes)
         return off
 
     def fill(self, out: np.ndarray) -> None:
         """Write every chunk at its offset into `out` (uint8, at least `size` long); the gaps between
         them are zeros."""
         end = 0
-        for off, flat in self.chunks:
+        for off, nbytes, data in self.chunks:
             out[end:off] = 0
-            out[off:off + flat.size] = flat
-            end = off + flat.size
+            if isinstance(data, _Packed):
+                data.write(out[off:off + nbytes])
+            else:
+                out[off:off + nbytes] = data
+            end = off + nbytes
         out[end:self.size] = 0
 
 
@@ -153,7 +181,7 @@ def _task_binding(graph: Graph, group, wl, ins_wl: list) -> list:
     for t in ins_wl:
         v = binding[t.name]
         if t.name == "weight" and wl.op == "dense" and wl.blocks[1]:
-            out.append(L.dense_weight_from_oi(v.data, wl.blocks[1]))      # packed now, once
+            out.append(_Packed(_carried_const(v), wl.blocks[1]))      # packed once, into the weights storage
             continue
         # a view may re-shape an activation (a dense's rows), never re-block one: blocked, the shapes agree
         if int(np.prod(v.shape)) != int(np.prod(t.shape)) or (t.name == "weight" and tuple(v.shape) != t.shape) or \
@@ -954,7 +982,7 @@ def _place_arguments(low: _Lowered, io: _Interface) -> tuple:
     weights = _Weights()
     for st, args in zip(low.steps, low.step_args):
         for v in args:
-            if isinstance(v, np.ndarray):
+            if isinstance(v, (np.ndarray, _Packed)):
                 st.args.append(Arg("weight", weights.add(v)))
             elif v.is_const:
                 st.args.append(Arg("weight", weights.add(_carried_const(v))))

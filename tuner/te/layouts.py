@@ -171,14 +171,24 @@ def conv_weight_to_oihw(w: np.ndarray, layout: str) -> np.ndarray:
     return np.ascontiguousarray(w.transpose(0, 5, 1, 4, 2, 3).reshape(oc * ob, ic * ib, r, s))
 
 
-def dense_weight_from_oi(w: np.ndarray, block: int) -> np.ndarray:
-    """[K, C] packed [ceil(K/b), C, b], the last block's missing rows zeros."""
+def dense_weight_from_oi(w: np.ndarray, block: int, out: np.ndarray | None = None) -> np.ndarray:
+    """[K, C] packed [ceil(K/b), C, b], the last block's missing rows zeros; written into `out`
+    (that shape, C order) where given."""
     if not block:
-        return np.ascontiguousarray(w)
+        return np.ascontiguousarray(w) if out is None else _into(out, w)
     k, c = w.shape
+    full = k // block
+    out = np.empty((-(-k // block), c, block), w.dtype) if out is None else out
+    out[:full] = w[:full * block].reshape(full, block, c).transpose(0, 2, 1)
     if k % block:
-        w = np.concatenate([w, np.zeros((block - k % block, c), w.dtype)])
-    return np.ascontiguousarray(w.reshape(-1, block, c).transpose(0, 2, 1))
+        out[full] = 0
+        out[full, :, :k % block] = w[full * block:].T
+    return out
+
+
+def _into(out: np.ndarray, w: np.ndarray) -> np.ndarray:
+    out[...] = w
+    return out
 
 
 def dense_weight_to_oi(w: np.ndarray, block: int, k: int | None = None) -> np.ndarray:
