@@ -17,7 +17,7 @@ from ..te.dynamic import DynamicError, Symbol, sample_points, symbol_var
 from .ir import GraphError
 
 _RANGE = re.compile(r"^(?:([A-Za-z_][A-Za-z0-9_.]*))?\[(\d+)\.\.(\d+)\]$")
-_FOLLOW = re.compile(r"^\[?([A-Za-z_][A-Za-z0-9_.]*?)(?:([+-])(\d+))?\]?$")   # [past+1]: a dim that follows a symbol
+_FOLLOW = re.compile(r"^(\[)?([A-Za-z_][A-Za-z0-9_.]*?)(?:([+-])(\d+))?(?(1)\])$")   # [past+1]: a dim that follows a symbol
 _DIM = re.compile(r"[1-9]\d*|(?:[A-Za-z_][A-Za-z0-9_.]*)?\[\d+\.\.\d+\]|\[[A-Za-z_][A-Za-z0-9_.]*(?:[+-]\d+)?\]")
 
 
@@ -213,11 +213,11 @@ def parse_dynamic(spec, declared: dict) -> DynamicInputs:
 def _following(text: str, index: dict, symbols: list, where: str) -> tuple:
     """("sym", k, c) of a dim written "[name+c]" (or "name-c", "name"): symbol k plus c."""
     m = _FOLLOW.match(text.strip())
-    if not m or m.group(1) not in index:
+    if not m or m.group(2) not in index:
         known = ", ".join(index) or "none yet"
         raise GraphError(f"--dynamic {where}: {text!r} is not a symbol plus or minus a number, e.g. [past+1], of a "
                          f"symbol given a range (symbols: {known})")
-    k, c = index[m.group(1)], int(m.group(3) or 0) * (-1 if m.group(2) == "-" else 1)
+    k, c = index[m.group(2)], int(m.group(4) or 0) * (-1 if m.group(3) == "-" else 1)
     if symbols[k].lo + c < 1:
         raise GraphError(f"--dynamic {where}: {text} is {symbols[k].lo + c} at {symbols[k].name}={symbols[k].lo}; "
                          "a dim is 1 or more")

@@ -69,13 +69,13 @@ def load_onnx(path: str, input_shapes: dict | None = None) -> Graph:
     onnx, _ = _onnx()
     base = os.path.dirname(os.path.abspath(path))
     try:
-        # the graph's initializers' data is read one tensor at a time by from_onnx; the rest (tensors
-        # of attributes and of branches' graphs) now
         model = onnx.load(str(path), load_external_data=False)
     except FileNotFoundError:
         raise OnnxImportError(f"no such file: {path}") from None
     except Exception as e:  # protobuf DecodeError and friends
         raise OnnxImportError(f"{path} is not a readable ONNX model ({type(e).__name__}: {str(e)[:120]})") from None
+    # the graph's initializers' external data is read one tensor at a time by from_onnx; the rest
+    # (tensors of attributes and of branches' graphs) now
     xd = onnx.external_data_helper
     for t in itertools.chain(xd._get_attribute_tensors(model),
                              (t for n in model.graph.node for a in n.attribute
