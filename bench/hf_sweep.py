@@ -13,6 +13,11 @@ log of the user's, run on one random input against ONNX Runtime on the same file
 the output's range), and timed interleaved with ONNX Runtime at the same thread count. A model that
 does not export, import, compile or match is a row with its error, not the end of the sweep.
 Prints a table, writes JSON under bench/results/ with the host.
+
+`--lengths 1,2,7,77,128` (text models): each is exported instead with its length as a dynamic axis
+(TorchScript), compiled once for 1..--seq (`--dynamic input_ids=1x[1..SEQ]`, every input with that
+dim following it), and checked against ONNX Runtime at each of those lengths, a quarter of the
+mask zeros where --mask; no timing.
 """
 from __future__ import annotations
 
@@ -209,6 +214,49 @@ def exporter(layers: int, seq: int, mask: bool):
     return export, examples.__getitem__
 
 
+def dynamic_rows(names: list, layers: int, seq: int, lengths: list, mask: bool, threads: int, target: str,
+                 workdir: Path) -> list:
+    """A row per text model: compiled once for lengths 1..seq, its max error over the output's
+    range against ONNX Runtime at each of `lengths`."""
+    import numpy as np
+    import onnxruntime
+    import torch
+    from tuner.compiler import compile_model
+    rows = []
+    for name in names:
+        row, stage = {"model": name, "threads": threads}, "export"
+        try:
+            torch.manual_seed(0)
+            module, xs, inputs = build(name, layers, min(seq, 16), mask)
+            if MODELS[name][2] != "text":
+                raise ValueError("--lengths checks text models only")
+            path = workdir / f"{name}_dynamic.onnx"
+            with warnings.catch_warnings(), torch.no_grad():
+                warnings.simplefilter("ignore")
+                torch.onnx.export(module, xs, str(path), input_names=inputs, output_names=["hidden"], opset_version=17,
+                                  dynamo=False, dynamic_axes={n: {1: "seq"} for n in [*inputs, "hidden"]})
+            stage = "compile"
+            m = compile_model(str(path), target=target, threads=threads, dynamic=f"input_ids=1x[1..{seq}]")
+            stage = "run"
+            ort = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+            errs = {}
+            for n in lengths:
+                rng = np.random.default_rng(n)
+                feeds = {"input_ids": rng.integers(0, 100, (1, n)).astype(np.int64)}
+                if "attention_mask" in inputs:
+                    feeds["attention_mask"] = np.ones((1, n), np.int64)
+                    feeds["attention_mask"][0, n - n // 4:] = 0
+                want, got = ort.run(None, feeds)[0], m.run(**feeds)[0]
+                errs[n] = float(np.abs(np.float64(got) - want).max() / (float(want.max() - want.min()) or 1.0))
+            row.update(ok=max(errs.values()) <= 1e-4, max_err_over_range=errs)
+        except Exception as e:                  # noqa: BLE001 - a row per model, whatever stops it
+            row.update(ok=False, stage=stage, error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300])
+        print(f"{name:12} {'ok' if row['ok'] else 'FAILED at ' + row['stage'] + ': ' + row['error']}"
+              + (f"  max err {max(row['max_err_over_range'].values()):.1e}" if row.get("ok") else ""), flush=True)
+        rows.append(row)
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(MODELS))
@@ -220,11 +268,22 @@ def main(argv=None) -> int:
     ap.add_argument("--torchscript", action="store_true", help="the TorchScript exporter (opset 17)")
     ap.add_argument("--keep", help="keep the exported .onnx files in this directory")
     ap.add_argument("--target", default="cpu", help='the compile target, e.g. "cpu -isa=avx2" (default: the host)')
+    ap.add_argument("--lengths", help="e.g. 1,2,7,77,128: compile text models once for lengths 1..--seq and check each")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     unknown = [n for n in args.models.split(",") if n not in MODELS]
     if unknown:
         ap.error(f"unknown --models {', '.join(unknown)}: choose from {', '.join(MODELS)}")
+    if args.lengths:
+        lengths = [int(x) for x in args.lengths.split(",")]
+        if not all(1 <= n <= args.seq for n in lengths):
+            ap.error(f"--lengths must lie in 1..--seq ({args.seq})")
+        with tempfile.TemporaryDirectory(prefix="bench-hf-") as tmp:
+            rows = dynamic_rows(args.models.split(","), args.layers, args.seq, lengths, args.mask, args.threads,
+                                args.target, Path(args.keep or tmp))
+        write_results("hf_sweep", args.out, {"threads": args.threads, "layers": args.layers, "seq": args.seq,
+                                             "lengths": lengths, "mask": args.mask, "target": args.target, "rows": rows})
+        return 0 if all(r["ok"] for r in rows) else 1
     export, feeds = exporter(args.layers, args.seq, args.mask)
     with tempfile.TemporaryDirectory(prefix="bench-hf-") as tmp:
         d = Path(args.keep or tmp)
