@@ -28,7 +28,7 @@ import warnings
 from pathlib import Path
 
 from bench.common import write_results
-from bench.torchvision_sweep import _torchvision, sweep
+from bench.torchvision_sweep import _torchvision, failed, sweep
 
 # a small LLM: a decoder layer of hidden 512 with grouped-query attention
 LLM = {"hidden_size": 512, "intermediate_size": 1376, "num_attention_heads": 8, "num_key_value_heads": 2}
@@ -250,7 +250,7 @@ def dynamic_rows(names: list, layers: int, seq: int, lengths: list, mask: bool, 
                 errs[n] = float(np.abs(np.float64(got) - want).max() / (float(want.max() - want.min()) or 1.0))
             row.update(ok=max(errs.values()) <= 1e-4, max_err_over_range=errs)
         except Exception as e:                  # noqa: BLE001 - a row per model, whatever stops it
-            row.update(ok=False, stage=stage, error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300])
+            row.update(failed(stage, e))
         print(f"{name:12} {'ok' if row['ok'] else 'FAILED at ' + row['stage'] + ': ' + row['error']}"
               + (f"  max err {max(row['max_err_over_range'].values()):.1e}" if row.get("ok") else ""), flush=True)
         rows.append(row)

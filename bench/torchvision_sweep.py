@@ -109,8 +109,13 @@ def check(name: str, workdir: Path, threads: int, rounds: int, dynamo: bool = Fa
                        onnxruntime_ms=statistics.median(ts["onnxruntime"]) * 1e3,
                        vs_onnxruntime_paired=statistics.median(paired_ratios(ts["tuner"], ts["onnxruntime"])))
     except Exception as e:                      # noqa: BLE001 - a row per model, whatever stops it
-        row.update(ok=False, stage=stage, error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300])
+        row.update(failed(stage, e))
     return row
+
+
+def failed(stage: str, e: Exception) -> dict:
+    """A row's fields where `stage` raised `e`: its type and first line."""
+    return {"ok": False, "stage": stage, "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]}
 
 
 def _errors(wants: list, gots: list) -> dict:
