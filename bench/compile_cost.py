@@ -28,14 +28,16 @@ HERE = str(Path(__file__).resolve().parent.parent)
 def _child(argv: list, tree: str) -> tuple:
     """(wall seconds, peak resident MiB) of one child process, which must succeed."""
     env = dict(os.environ, PYTHONPATH=tree)
-    t = time.perf_counter()
-    p = subprocess.Popen(argv, env=env, cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(p.pid, 0)
-    wall = time.perf_counter() - t
-    p.returncode = os.waitstatus_to_exitcode(status)
-    err = p.stderr.read().decode(errors="replace")
-    if p.returncode:
-        raise SystemExit(f"{' '.join(argv[:4])} ... failed (exit {p.returncode}): {err.strip().splitlines()[-1:]}")
+    with tempfile.TemporaryFile() as err:         # a file, not a pipe: a child that says much never blocks on it
+        t = time.perf_counter()
+        p = subprocess.Popen(argv, env=env, cwd=tree, stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(p.pid, 0)
+        wall = time.perf_counter() - t
+        code = os.waitstatus_to_exitcode(status)
+        if code:
+            err.seek(0)
+            last = err.read().decode(errors="replace").strip().splitlines()[-1:]
+            raise SystemExit(f"{' '.join(argv[:4])} ... failed (exit {code}): {last}")
     return wall, usage.ru_maxrss / 1024          # ru_maxrss is in KiB on Linux
 
 

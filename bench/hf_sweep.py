@@ -28,7 +28,7 @@ import warnings
 from pathlib import Path
 
 from bench.common import write_results
-from bench.torchvision_sweep import _torchvision, failed, sweep
+from bench.torchvision_sweep import _errors, _torchvision, failed, sweep
 
 # a small LLM: a decoder layer of hidden 512 with grouped-query attention
 LLM = {"hidden_size": 512, "intermediate_size": 1376, "num_attention_heads": 8, "num_key_value_heads": 2}
@@ -246,8 +246,7 @@ def dynamic_rows(names: list, layers: int, seq: int, lengths: list, mask: bool, 
                 if "attention_mask" in inputs:
                     feeds["attention_mask"] = np.ones((1, n), np.int64)
                     feeds["attention_mask"][0, n - n // 4:] = 0
-                want, got = ort.run(None, feeds)[0], m.run(**feeds)[0]
-                errs[n] = float(np.abs(np.float64(got) - want).max() / (float(want.max() - want.min()) or 1.0))
+                errs[n] = _errors(ort.run(None, feeds), m.run(**feeds))["max_err_over_range"]
             row.update(ok=max(errs.values()) <= 1e-4, max_err_over_range=errs)
         except Exception as e:                  # noqa: BLE001 - a row per model, whatever stops it
             row.update(failed(stage, e))

@@ -76,6 +76,9 @@ class UntunedError(UserError):
     """--strict and some anchor task has no record."""
 
 
+COMPARED = 1 << 24          # bytes of two equal-hashed weights compared at once (no temporary of a whole weight)
+
+
 @dataclass(frozen=True, eq=False)
 class _Packed:
     """A dense weight [K, C] as its kernel reads it, packed in blocks of `block` rows
@@ -118,7 +121,7 @@ class _Weights:
         nbytes = data.nbytes if packed else flat.size
         same = self.offsets.setdefault((nbytes, data.shape if packed else None, _sample_hash(flat)), [])
         for off, other in same:
-            if all(np.array_equal(other[k:k + (1 << 24)], flat[k:k + (1 << 24)]) for k in range(0, flat.size, 1 << 24)):
+            if all(np.array_equal(other[k:k + COMPARED], flat[k:k + COMPARED]) for k in range(0, flat.size, COMPARED)):
                 return off
         off = self.size
         self.chunks.append((off, nbytes, data if packed else flat))

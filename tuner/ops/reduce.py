@@ -212,7 +212,7 @@ def _onnx_topk(cx, ins, a):
     return [cx.add("gather_elements", [x, idx], {"axis": axis}, "_values"), idx]
 
 
-INDEX_EXACT = 1 << 24     # positions past this are not exact as float32, as kernels carry indices
+INDEX_EXACT = 1 << 24     # runtime.artifact.FLOAT_EXACT's bound (ops sits below runtime): positions past it are not exact in float32
 
 
 def _indexable(cx, x, axis: int) -> None:

@@ -461,15 +461,17 @@ def untuned_warning(steps: list) -> str:
             f"tuning record: {how} (tune them: tuner tune): {shown}")
 
 
-def _read_weights(path: Path, nbytes: int) -> tuple | None:
-    """The weights file read straight into weights storage (weights_storage); None where it does
+def _read_weights(path: Path, nbytes: int) -> tuple:
+    """The weights file read straight into weights storage (weights_storage); OSError where it does
     not hold exactly `nbytes`."""
     with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size != nbytes:
-            return None
-        got = []
-        storage = weights_storage(nbytes, lambda view: got.append(f.readinto(view.data) if nbytes else 0))
-    return storage if got == [nbytes] else None
+        if os.fstat(f.fileno()).st_size != nbytes:            # before any storage is taken
+            raise OSError(f"{path} does not hold {nbytes} bytes")
+
+        def read(view):
+            if f.readinto(view.data) != nbytes:
+                raise OSError(f"{path} ended before {nbytes} bytes")
+        return weights_storage(nbytes, read)
 
 
 def load(path: str | os.PathLike) -> CompiledModel:

@@ -175,7 +175,10 @@ def dense_weight_from_oi(w: np.ndarray, block: int, out: np.ndarray | None = Non
     """[K, C] packed [ceil(K/b), C, b], the last block's missing rows zeros; written into `out`
     (that shape, C order) where given."""
     if not block:
-        return np.ascontiguousarray(w) if out is None else _into(out, w)
+        if out is None:
+            return np.ascontiguousarray(w)
+        out[...] = w
+        return out
     k, c = w.shape
     full = k // block
     out = np.empty((-(-k // block), c, block), w.dtype) if out is None else out
@@ -183,11 +186,6 @@ def dense_weight_from_oi(w: np.ndarray, block: int, out: np.ndarray | None = Non
     if k % block:
         out[full] = 0
         out[full, :, :k % block] = w[full * block:].T
-    return out
-
-
-def _into(out: np.ndarray, w: np.ndarray) -> np.ndarray:
-    out[...] = w
     return out
 
 
