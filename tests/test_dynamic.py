@@ -17,6 +17,7 @@ from tuner.measure.worker import check_output
 from tuner.ops import make
 from tuner.task import Task
 from tuner.te.dynamic import DynamicError, Symbol, symbol_var
+from tuner.te.expr import Var, walk
 from tuner.toolchain.library import open_library, pointer_array
 
 SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -143,15 +144,29 @@ def test_a_value_outside_the_declared_range_is_refused_by_the_kernel():
         assert lib.tuner_run(built.index, pointer_array(bufs + [np.array([n], np.int32)])) == rc
 
 
-@pytest.mark.parametrize("params, lo, says", [
-    (dict(C=4, K=4, W=8, R=3, S=3, pad=1), 1, "depends on the value"),           # the pad's border moves
-    (dict(C=4, K=4, W=8, R=3, S=3, stride=2), 3, "multilinear|whole steps"),      # the rows halve
-    (dict(C=4, K=4, W=8, R=3, S=3), 1, "narrow the range"),                       # no 3x3 window in 2 rows
+@pytest.mark.parametrize("op, params, lo, says", [
+    ("global_avg_pool2d", dict(C=8, W=4), 1, "depends on the value"),                  # the mean's 1/(H*W)
+    ("conv2d", dict(C=4, K=4, W=8, R=3, S=3, stride=2), 3, "multilinear|whole steps"),  # the rows halve
+    ("conv2d", dict(C=4, K=4, W=8, R=3, S=3), 1, "narrow the range"),                   # no 3x3 window in 2 rows
 ])
-def test_kernels_whose_computation_is_not_a_bounded_loop_over_the_symbol_are_refused(params, lo, says):
-    task = Task(make("conv2d", {**params, "H": 16}), TARGET1)
+def test_kernels_whose_computation_is_not_a_bounded_loop_over_the_symbol_are_refused(op, params, lo, says):
+    task = Task(make(op, {**params, "H": 16}), TARGET1)
     with pytest.raises(DynamicError, match=says):
         task.dynamic_dims({"H": symbol_var(0)}, (Symbol("h", lo, 16),))
+
+
+@SETTINGS
+@given(hi=st.integers(3, 20), bucket=st.integers(1, 20), pad=st.integers(1, 2), seed=st.one_of(st.none(), st.integers(0, 10**6)),
+       data=st.data())
+def test_a_padded_convolution_over_a_varying_height_computes_every_height_with_its_border_at_the_runs_edge(
+        hi, bucket, pad, seed, data):
+    """The bottom pad border moves with the height: an integer in the formula, fitted as H + pad."""
+    fixed, symbolic = dict(C=4, K=8, W=7, R=3, S=3, pad=pad), {"H": symbol_var(0)}
+    task, dims, built, _ = dynamic_kernel("conv2d", fixed, symbolic, (Symbol("h", 1, hi),),
+                                          {"_dyn0": min(bucket, hi)}, seed)
+    assert any(isinstance(n, Var) and n.name == "_dyn0" for body in dims.bodies.values() for n in walk(body))
+    for h in sorted({1, hi, data.draw(st.integers(1, hi))}):
+        _check(task, built, "conv2d", fixed, symbolic, {"_dyn0": h})
 
 
 def test_a_symbolic_parameter_must_take_the_workloads_value_at_the_bound():
@@ -813,3 +828,50 @@ def test_a_vector_loop_too_short_to_vectorise_with_a_run_time_end_compiles_witho
     f.write_text(src)
     done = subprocess.run(["gcc", "-fopenmp-simd", "-fsyntax-only", "-Wall", str(f)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def _decoder_step_onnx(path, heads=2, dim=8, positions=64):
+    """One decoding step over a cache: the new token x [1, 1, heads*dim] plus its position's row of a
+    learned table (the row at the past length, read off the past's shape), its key appended to the
+    past keys [1, heads, past, dim] (the output `present`), and attention over them."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    n, rng, width = helper.make_node, np.random.default_rng(0), heads * dim
+    g = helper.make_graph([
+        n("Shape", ["past"], ["shape"]), n("Gather", ["shape", "two"], ["p"], axis=0),
+        n("Unsqueeze", ["p", "axes01"], ["pos"]), n("Gather", ["wpe", "pos"], ["row"], axis=0),
+        n("Add", ["x", "row"], ["h"]),
+        *(m for t in "kq" for m in (n("MatMul", ["h", f"w{t}"], [f"{t}1"]), n("Reshape", [f"{t}1", "heads"], [f"{t}2"]),
+                                    n("Transpose", [f"{t}2"], [t], perm=[0, 2, 1, 3]))),
+        n("Concat", ["past", "k"], ["present"], axis=2), n("Transpose", ["present"], ["kt"], perm=[0, 1, 3, 2]),
+        n("MatMul", ["q", "kt"], ["s"]), n("Softmax", ["s"], ["a"], axis=-1), n("MatMul", ["a", "present"], ["o"])],
+        "step",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, width]),
+         helper.make_tensor_value_info("past", TensorProto.FLOAT, [1, heads, "past", dim])],
+        [helper.make_tensor_value_info("o", TensorProto.FLOAT, [1, heads, 1, dim]),
+         helper.make_tensor_value_info("present", TensorProto.FLOAT, [1, heads, "total", dim])],
+        [numpy_helper.from_array(rng.standard_normal((width, width)).astype(np.float32), f"w{t}") for t in "kq"]
+        + [numpy_helper.from_array(rng.standard_normal((positions, width)).astype(np.float32), "wpe"),
+           numpy_helper.from_array(np.array(2, np.int64), "two"),
+           numpy_helper.from_array(np.array([0, 1], np.int64), "axes01"),
+           numpy_helper.from_array(np.array([1, 1, heads, dim], np.int64), "heads")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_a_decoding_step_over_a_cache_of_any_past_length_compiles_once_and_matches_onnx_runtime(tmp_path):
+    """The key appended at the past length (a concat at a varying offset) and the position's row
+    read at it (a constant folded at each length, held: computed at run time) are integers in the
+    kernels' formulas, fitted as the symbol; every past length computes what ONNX Runtime does."""
+    from conftest import ort_run
+    path = _decoder_step_onnx(tmp_path / "step.onnx")
+    m = _compile(path, "past=1x2x[1..40]x8")
+    assert m.symbols == [{"name": "past", "lo": 1, "hi": 40}] and m.meta["held"] == ["row"]
+    for past_length in (1, 2, 13, 39, 40):
+        rng = np.random.default_rng(past_length)
+        x, past = rng.standard_normal((1, 1, 16)).astype(np.float32), rng.standard_normal((1, 2, past_length, 8)).astype(np.float32)
+        got, want = m.run(x, past), ort_run(path, {"x": x, "past": past})
+        assert len(got) == len(want) == 2
+        for g, w in zip(got, want):
+            assert g.shape == w.shape
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=f"past length {past_length}")

@@ -15,11 +15,11 @@ from .codegen.cuda import generate_cuda
 from .errors import UserError
 from .ops import Workload, make, tensor_bytes
 from .schedule.lower import lower
-from .schedule.schedule import ScheduleError
+from .schedule.schedule import ScheduleError, replay
 from .space.gpu import GpuSearchSpace
 from .space.sketch import SearchSpace
 from .target import Target
-from .te.dynamic import SYMBOL_PREFIX, DynamicDims, DynamicError, evaluate, fit_dims
+from .te.dynamic import SYMBOL_PREFIX, DynamicDims, DynamicError, evaluate, fit_dims, with_bodies
 
 MEMORY_COPIES = 3      # tensors held at once: here (inputs, reference) and in the worker (copies, output)
 
@@ -124,7 +124,8 @@ class Task:
             func_name = f"k{self._counter}"
         start = time.perf_counter()
         try:
-            func = (lower(self.space.schedule(steps), func_name, dims) if dims is not None and dims.symbols
+            func = (lower(replay(*with_bodies(self.space.inputs, self.space.output, dims.bodies), steps), func_name,
+                          dims) if dims is not None and dims.symbols
                     else dataclasses.replace(self.lowered(steps), name=func_name))
             src, omp, launch = CODEGEN[self.target.kind](func, self.target)
         finally:

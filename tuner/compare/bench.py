@@ -43,7 +43,11 @@ def _model_for(model: str, threads: int, logs: list):
         source = model
     onnx_path = source if source.endswith(".onnx") else None
     # a dynamic model was compiled from the file imported at its bounds
-    graph = load_at(source, {s["name"]: s["shape"] for s in m.inputs}) if m.symbols else load_graph(source)
+    held = m.meta.get("held", [])          # the nodes its compile held (graph.dynamic.load_range)
+    if not (isinstance(held, list) and all(isinstance(h, str) for h in held)):
+        raise UserError(f"{model}: its meta's 'held' is not a list of names; compile the model again")
+    graph = load_at(source, {s["name"]: s["shape"] for s in m.inputs}, frozenset(held)) if m.symbols \
+        else load_graph(source)
     if graph_digest(graph) != m.meta["model_hash"]:
         raise UserError(f"{model} was compiled from another model than {source} now holds (graph "
                         f"{m.meta['model_hash']} against {graph_digest(graph)}): its peers would run another model; "

@@ -33,7 +33,7 @@ from ..database import records
 from ..database.union import Database
 from ..errors import UserError
 from ..graph import Graph, load
-from ..graph.dynamic import load_at, parse_dynamic
+from ..graph.dynamic import is_start, load_at, load_range, parse_dynamic
 from ..graph.ir import graph_digest, graph_structure, interface_names
 from ..graph.layout_plan import anonymous_structure, default_plan, winograd_convs
 from ..graph.models import MODELS
@@ -53,7 +53,7 @@ from ..space.sketch import FOREIGN, SearchSpace
 from ..target import Target, parse_target
 from ..task import Task, code_hash
 from ..te import layouts as L
-from ..te.dynamic import DynamicError, box, described, fit_dims, fit_table, monomials
+from ..te.dynamic import DynamicError, box, described, fit_dims, fit_table, monomials, with_bodies
 from ..te.expr import Call, Load, coefficient, walk
 from ..te.layouts import plan_summary
 from ..te.tensor import placeholder
@@ -350,7 +350,7 @@ def _generic_kernel(dag: tuple, target: Target, func: str, dims=None, over: tupl
     last_error = None
     for steps in tries:
         try:
-            fn = lower(replay(dag[0], dag[1], steps), dims=dims)
+            fn = lower(replay(*with_bodies(dag[0], dag[1], dims.bodies if dims else {}), steps), dims=dims)
         except (ScheduleError, ValueError) as e:
             last_error = e
             continue
@@ -472,7 +472,7 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
                   for k, (name, v) in enumerate(zip(names, values, strict=True))]
            for side, names, values in zip(("inputs", "outputs"), interface_names(graph), (g.inputs, g.outputs))},
         **({"symbols": [{"name": s.name, "lo": s.lo, "hi": s.hi} for s in family.symbols],
-            "dynamic": family.dyn.spec()} if family else {}),
+            "dynamic": family.dyn.spec(), **({"held": sorted(family.held)} if family.held else {})} if family else {}),
         "arena_bytes": arena_bytes,
         "intermediate_bytes": sum(align(t.nbytes) for t in lives),
         "peak_live_bytes": peak_live_bytes(lives, _over(low)),
@@ -582,9 +582,10 @@ class _Family:
     the bound first. Fits each group's dimensions (te.dynamic) and checks what a layout at the bound
     assumes: every run's data is the start of each dimension, in every view of a buffer."""
 
-    def __init__(self, dyn, graphs: list, path: str = "", input_shapes: dict | None = None):
+    def __init__(self, dyn, graphs: list, path: str = "", input_shapes: dict | None = None,
+                 held: frozenset = frozenset()):
         self.dyn, self.graphs, self.symbols, self.points = dyn, graphs, dyn.symbols, dyn.points
-        self.path, self.input_shapes = path, dict(input_shapes or {})
+        self.path, self.input_shapes, self.held = path, dict(input_shapes or {}), held
         self.gs: list = []
         self.io: list = []
         self.buckets: list = []      # [(value of the varying symbol, the model optimised there)], ascending
@@ -600,15 +601,8 @@ class _Family:
         dyn = parse_dynamic(dynamic, input_dims(path))
         if clash := set(dyn.dims) & set(input_shapes or {}):
             raise UserError(f"--input-shape and --dynamic both give {', '.join(sorted(clash))}; give one")
-        graphs = []
-        for p in dyn.points:
-            try:
-                graphs.append(load_at(path, dyn.shapes(p, input_shapes)))
-            except (ValueError, UserError) as e:     # the model has no meaning at that shape
-                raise DynamicError(f"{path} does not import at {described(p, dyn.symbols)}: "
-                                   f"{str(e).splitlines()[0][:200]}; narrow the range to the shapes the model "
-                                   "runs at") from None
-        return _Family(dyn, graphs, path, input_shapes)
+        graphs, held = load_range(path, dyn, input_shapes)
+        return _Family(dyn, graphs, path, input_shapes, held)
 
     def logged(self, db, tgt) -> dict | None:
         """{value of the one varying symbol: the graph hashes of its plans} where the user's logs
@@ -644,7 +638,7 @@ class _Family:
         hashes = values if isinstance(values, dict) else {}
         k, values = self.dyn.buckets(sorted(values) if hashes else values)
         for v in values:
-            graph = load_at(self.path, self.dyn.shapes(self.dyn.at(k, v), self.input_shapes))
+            graph = load_at(self.path, self.dyn.shapes(self.dyn.at(k, v), self.input_shapes), self.held)
             if hashes and graph_digest(graph) not in hashes[v]:
                 say(f"{self.symbols[k].name}={v}: the log's plan there is another model's; no versions for it")
                 continue
@@ -718,7 +712,7 @@ class _Family:
 
         dims = fit_dims(build, self.symbols)
         self._check_constants(gi)
-        return dims if dims.tensors or dims.reduce else None
+        return dims if dims.tensors or dims.reduce or dims.bodies else None
 
     def _check_constants(self, gi: int) -> None:
         """A constant that changes with the symbols (position ids, a causal mask) must be the start
@@ -728,10 +722,7 @@ class _Family:
             for v0, v in zip(bound, self.group(i, gi)[2]):
                 if not v0.is_const:
                     continue
-                a0, a = v0.data, v.data
-                inside = a.ndim == a0.ndim and all(x <= y for x, y in zip(a.shape, a0.shape))
-                if not inside or not np.array_equal(a0[tuple(slice(0, n) for n in a.shape)], a,
-                                                    equal_nan=a.dtype.kind == "f"):
+                if not is_start(v0.data, v.data):
                     raise DynamicError(f"constant {v0.name} at {described(p, self.symbols)} is not the start of its value at "
                                        "the bounds, which a dynamic kernel reads: what it holds depends on the "
                                        "dimension's value")

@@ -23,12 +23,13 @@ def parse_input_shapes(items) -> dict:
     return out
 
 
-def load(model: str, input_shapes: dict | None = None) -> Graph:
-    """A built-in model by name, or an ONNX file by path."""
+def load(model: str, input_shapes: dict | None = None, **onnx_options) -> Graph:
+    """A built-in model by name, or an ONNX file by path (onnx_options: onnx_frontend.from_onnx's
+    held and folded)."""
     if model in MODELS:
         if input_shapes:
             raise GraphError(f"{model} is a built-in model with a fixed input shape; --input-shape is for ONNX files")
         return load_model(model)
     if Path(model).exists() or model.endswith(".onnx"):
-        return load_onnx(model, input_shapes)
+        return load_onnx(model, input_shapes, **onnx_options)
     raise GraphError(f"no built-in model or file {model!r}; built-in models are {', '.join(MODELS)}")

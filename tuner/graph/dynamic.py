@@ -5,15 +5,21 @@ by name (a dim_param) is one symbol wherever that name appears, so inputs that s
 length share its symbol; any other range is a symbol of its own. The model is imported and
 optimised at a few values of the symbols (te.dynamic.sample_points), the bound first, and the
 compiler fits every dimension that changes with them (te.dynamic), so shape computations the
-importer folds, and every pass, run as they do for a static model.
+importer folds, and every pass, run as they do for a static model. A folded constant read by a
+kernel must be the start of its value at the bounds (a causal mask, position ids from 0); one
+that is not (a decoder's position id at the past length, wpe[P]) is computed at run time
+instead: its node is held (load_range), so the kernel reads the table at an offset that te.dynamic
+fits as an expression of the symbols.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import UserError
-from ..te.dynamic import DynamicError, Symbol, sample_points, symbol_var
+from ..te.dynamic import DynamicError, Symbol, described, sample_points, symbol_var
 from .ir import GraphError
 
 _RANGE = re.compile(r"^(?:([A-Za-z_][A-Za-z0-9_.]*))?\[(\d+)\.\.(\d+)\]$")
@@ -70,14 +76,51 @@ def _offset(d: tuple) -> int:
     return d[2] if len(d) == 3 else 0
 
 
-def load_at(model: str, shapes: dict):
+def load_at(model: str, shapes: dict, held: frozenset = frozenset(), folded: dict | None = None):
     """The model imported at `shapes` for a range of them: meta "dynamic" tells the passes that
     decide by a dimension's value (PadMatmulColumns) to leave the graph as it is, so that the
-    graph at every value has the same kernels (a compile for the range, and the tunes of its buckets)."""
+    graph at every value has the same kernels (a compile for the range, and the tunes of its
+    buckets). held, folded: onnx_frontend.from_onnx's (load_range's nodes held)."""
     from . import load
-    g = load(model, shapes)
+    g = load(model, shapes, held=held, folded=folded)
     g.meta["dynamic"] = True
     return g
+
+
+HELD_ROUNDS = 8      # imports of the range, each holding what the one before found varying
+
+
+def is_start(bound: np.ndarray, here: np.ndarray) -> bool:
+    """Whether a constant's value `here` is the start of its value at the bounds in every dimension:
+    what a kernel laid out at the bounds reads of it."""
+    if here.ndim != bound.ndim or any(x > y for x, y in zip(here.shape, bound.shape)):
+        return False
+    return np.array_equal(bound[tuple(slice(0, n) for n in here.shape)], here, equal_nan=here.dtype.kind == "f")
+
+
+def load_range(model: str, dyn: DynamicInputs, input_shapes: dict | None = None) -> tuple:
+    """(the model imported at each of dyn.points, the ONNX nodes held): a node whose folding gives
+    a constant that a graph node reads and that is not the start of its value at the bounds is
+    held (computed at run time), imported again, until no such constant is left; its constant
+    inputs vary in turn where they are read as tensors, while a kernel that reads them as numbers
+    (a Gather's index becomes a slice's start) has them fitted (te.dynamic)."""
+    held: frozenset = frozenset()
+    for _ in range(HELD_ROUNDS):
+        graphs, folded = [], {}
+        for p in dyn.points:
+            try:
+                graphs.append(load_at(model, dyn.shapes(p, input_shapes), held, folded if not graphs else None))
+            except (ValueError, UserError) as e:     # the model has no meaning at that shape
+                raise DynamicError(f"{model} does not import at {described(p, dyn.symbols)}: "
+                                   f"{str(e).splitlines()[0][:200]}; narrow the range to the shapes the model "
+                                   "runs at") from None
+        read = [{v.name: v for n in g.nodes for v in n.inputs if v.is_const} for g in graphs]
+        more = {folded[name] for name, v0 in read[0].items() if name in folded
+                and any(name in r and not is_start(v0.data, r[name].data) for r in read[1:])} - held
+        if not more:
+            break
+        held |= more
+    return graphs, held
 
 
 def default_buckets(s: Symbol) -> list:

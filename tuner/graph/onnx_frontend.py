@@ -65,7 +65,8 @@ def _onnx():
     return onnx, numpy_helper
 
 
-def load_onnx(path: str, input_shapes: dict | None = None) -> Graph:
+def load_onnx(path: str, input_shapes: dict | None = None, held: frozenset = frozenset(),
+              folded: dict | None = None) -> Graph:
     onnx, _ = _onnx()
     base = os.path.dirname(os.path.abspath(path))
     try:
@@ -87,7 +88,7 @@ def load_onnx(path: str, input_shapes: dict | None = None) -> Graph:
                 raise _unreadable(t.name, e, outside=True) from None
     if not model.graph.node:
         raise OnnxImportError(f"{path} is not a readable ONNX model (it has no graph nodes)")
-    return from_onnx(model, input_shapes, str(path), base)
+    return from_onnx(model, input_shapes, str(path), base, held, folded)
 
 
 def input_dims(path: str) -> dict:
@@ -132,10 +133,15 @@ def _unreadable(name: str, e: Exception, outside: bool) -> OnnxImportError:
                            f"{' or its external data file' if outside else ''} is damaged or missing: export the model again")
 
 
-def from_onnx(model, input_shapes: dict | None = None, source: str = "model", base_dir: str = "") -> Graph:
+def from_onnx(model, input_shapes: dict | None = None, source: str = "model", base_dir: str = "",
+              held: frozenset = frozenset(), folded: dict | None = None) -> Graph:
     """The graph of an ONNX ModelProto; base_dir: where the data of initializers stored outside it
     lies (onnx's own checks on the path), read one tensor at a time, so that a model of 1 GiB of
-    weights is never in memory twice while it is imported."""
+    weights is never in memory twice while it is imported. `held`: the first output names of nodes
+    computed at run time though their inputs are constants (a model for a range of shapes, where
+    what they compute varies with it: graph.dynamic.held_nodes), their graph nodes marked
+    "varies" for the passes. `folded`, where given, gets {constant's name: ONNX value's name} of
+    what folding computed."""
     onnx, numpy_helper = _onnx()
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     if opset is None or opset not in OPSETS:
@@ -208,7 +214,8 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model", ba
         if node.op_type == "If":
             todo.extend(_taken_branch(b, env, node, ins)[::-1])
             continue
-        if foldable(node.op_type, ins):
+        hold = bool(node.output) and node.output[0] in held and node.op_type in SUPPORTED
+        if foldable(node.op_type, ins) and not hold:
             try:
                 outs = fold(node.op_type, ins, {**_attrs(node), "_outputs": len(node.output)}, opset)
             except (ValueError, IndexError, KeyError, TypeError) as e:
@@ -216,6 +223,8 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model", ba
                                       f"inputs: {type(e).__name__}: {str(e)[:120]}") from None
             for name, y in zip(node.output, outs):
                 env[name] = b.const(y, name)
+                if folded is not None:
+                    folded[env[name].name] = name
             continue
         if node.op_type not in SUPPORTED:
             raise OnnxImportError(f"unsupported operator {node.op_type} (node {node.name!r}); supported: "
@@ -225,8 +234,13 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model", ba
             outs = IMPORTERS[node.op_type](Importer(b, node, opset), ins, _attrs(node))
         except GraphError as e:
             raise OnnxImportError(f"node {node.name!r} ({node.op_type}): {e}") from None
-        if any(v is not None for v in ins) and all(v is None or v.is_const for v in ins):
+        if hold:
+            for n in b.nodes[start:]:
+                n.attrs = {**n.attrs, "varies": True}
+        elif any(v is not None for v in ins) and all(v is None or v.is_const for v in ins):
             outs = _computed(b, start, outs, node)
+            if folded is not None:
+                folded.update({v.name: name for v, name in zip(outs, node.output) if v.is_const})
         for name, v in zip(node.output, outs):
             env[name] = v
     outputs = []

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from ..errors import UserError
-from .expr import Const, Expr, FloorDiv, FloorMod, Reduce, Var, as_expr, from_linear, linear, simplify, substitute, \
-    transform
-from .tensor import ComputeOp, topo_order
+from .expr import Call, Cast, Cmp, Const, Expr, FloorDiv, FloorMod, Load, Reduce, Var, as_expr, children, from_linear, \
+    linear, rebuild, simplify, substitute, transform
+from .tensor import ComputeOp, Tensor, topo_order
 
 SYMBOL_PREFIX = "_dyn"       # a symbol's C name: _dyn0, _dyn1, ... (no axis name starts with "_")
 
@@ -43,10 +43,13 @@ class Symbol:
 @dataclass
 class DynamicDims:
     """Run-time extents of a kernel's dimensions: `tensors[name][d]` and `reduce[(stage, axis)]`
-    are expressions of the symbols' vars (symbol_var(k)), or None where the extent is fixed."""
+    are expressions of the symbols' vars (symbol_var(k)), or None where the extent is fixed;
+    `bodies[stage]`: the stage's formula where integer constants in it vary with the symbols (a
+    concat's offset, a slice's start), those constants expressions of the symbols' vars."""
     symbols: tuple
     tensors: dict = field(default_factory=dict)
     reduce: dict = field(default_factory=dict)
+    bodies: dict = field(default_factory=dict)
 
     def tensor(self, name: str) -> tuple:
         return self.tensors.get(_base(name), ())
@@ -98,27 +101,118 @@ def _extents(build: Callable, values: dict) -> tuple:
     return out, formulas
 
 
-def _same_formulas(at_bound: dict, here: dict, where: str, symbols: tuple) -> None:
-    """Every stage computes at `here` what it computes at the bounds, over the axes' ranges here:
-    both formulas simplified over those ranges are one (a view's index arithmetic in the bound
-    shape, (i*32 + j) // (S*32) for i < S, is 0 here too); an axis of one iteration at the bounds
-    is 0 in both. A formula that depends on a symbol's value (a pad's border, a mean's 1/n) is not."""
-    for name, (axes, body, table, bound_ranges) in at_bound.items():
-        axes_here, body_here, table_here, ranges = here.get(name, ((), None, (), {}))
-        if axes_here != axes or table_here != table:
-            raise DynamicError(f"{name} has other axes at {where} than at the bounds")
-        zero = {a: Const(0) for a, (_, hi) in bound_ranges.items() if hi == 0}
+def _normalised(formula: tuple, bound_ranges: dict, ranges: dict) -> Expr:
+    """A stage's body as formulas are compared: an axis of one iteration at the bounds is 0, the
+    rest simplified over `ranges` (_normal); a reduction keeps its axes."""
+    body = formula[1]
+    zero = {a: Const(0) for a, (_, hi) in bound_ranges.items() if hi == 0}
+    if isinstance(body, Reduce):
+        return Reduce(body.combiner, _normal(substitute(body.source, zero), ranges), body.axes, body.init)
+    return _normal(substitute(body, zero), ranges)
 
-        def norm(e):
-            if isinstance(e, Reduce):
-                return Reduce(e.combiner, _normal(substitute(e.source, zero), ranges), tuple(r.name for r in e.axes),
-                              e.init)
-            return _normal(substitute(e, zero), ranges)
 
-        if norm(body) != norm(body_here):
-            raise DynamicError(f"what {name} computes depends on the value of "
-                               f"{', '.join(s.name for s in symbols if s.lo < s.hi)}, not only on how far it runs "
-                               f"(at {where})")
+def _compared(e: Expr):
+    """A normalised body with a reduction's axes by name (their extents vary)."""
+    return Reduce(e.combiner, e.source, tuple(r.name for r in e.axes), e.init) if isinstance(e, Reduce) else e
+
+
+def _head(e: Expr):
+    """What a node is apart from its children (a reduction's axes by name: their extents vary)."""
+    if isinstance(e, Reduce):
+        return (Reduce, e.combiner, tuple(r.name for r in e.axes))
+    if isinstance(e, Const):
+        return (Const, type(e.value), e.value if not e.is_int else None)
+    field_of = {Var: "name", Cmp: "op", Call: "name", Cast: "dtype", Load: "buffer"}
+    return (type(e), getattr(e, field_of[type(e)]) if type(e) in field_of else None)
+
+
+def _differing_constants(a: Expr, b: Expr) -> dict | None:
+    """{path of child positions: (value in a, value in b)} of the integer constants where two
+    formulas differ, the rest of them one; None where they differ otherwise."""
+    out, stack = {}, [((), a, b)]
+    while stack:
+        path, x, y = stack.pop()
+        if x is y or x == y:
+            continue
+        if _head(x) != _head(y):
+            return None
+        if isinstance(x, Const):
+            out[path] = (x.value, y.value)
+            continue
+        kx, ky = children(x), children(y)
+        if len(kx) != len(ky):
+            return None
+        stack.extend((path + (k,), p, q) for k, (p, q) in enumerate(zip(kx, ky)))
+    return out
+
+
+def _replaced(e: Expr, path: tuple, new: Expr) -> Expr:
+    if not path:
+        return new
+    kids = list(children(e))
+    kids[path[0]] = _replaced(kids[path[0]], path[1:], new)
+    return rebuild(e, tuple(kids))
+
+
+def _fitted_bodies(built: list, points: list, symbols: tuple) -> dict:
+    """{stage: its formula at the bounds, integer constants that change with the symbols fitted
+    (fit_table) as multilinear expressions of them} for the stages whose formulas differ between
+    the sample points in such constants (a concat's offset, a slice's start at a position id).
+    Each stage must compute at every point what its formula computes there, over the axes'
+    ranges there: a view's index arithmetic in the bound shape, (i*32 + j) // (S*32) for i < S,
+    is 0 there too; anything else that changes (a mean's 1/n, a pad's border) is refused."""
+    out = {}
+    moving = ", ".join(s.name for s in symbols if s.lo < s.hi)
+    for name, formula in built[0][1].items():
+        bound_ranges = formula[3]
+        heres = []
+        for vals, (_, formulas) in zip(points[1:], built[1:]):
+            here = formulas.get(name)
+            if here is None or here[0] != formula[0] or here[2] != formula[2]:
+                raise DynamicError(f"{name} has other axes at {described(vals, symbols)} than at the bounds")
+            heres.append(here)
+        if all(_compared(_normalised(formula, bound_ranges, h[3])) == _compared(_normalised(h, bound_ranges, h[3]))
+               for h in heres):
+            continue
+        body = _normalised(formula, bound_ranges, bound_ranges)      # the kernel's: for every run's ranges
+        table = [{}]
+        for vals, here in zip(points[1:], heres):
+            diff = _differing_constants(_compared(body), _compared(_normalised(here, bound_ranges, bound_ranges)))
+            if diff is None or any(not isinstance(v, int) for pair in diff.values() for v in pair):
+                raise DynamicError(f"what {name} computes depends on the value of {moving}, not only on how far "
+                                   f"it runs (at {described(vals, symbols)})")
+            table[0].update({("c", name, path): v0 for path, (v0, _) in diff.items()})
+            table.append({("c", name, path): v for path, (_, v) in diff.items()})
+        for row in table[1:]:
+            for key, v0 in table[0].items():
+                row.setdefault(key, v0)
+        for (_, _, path), e in fit_table(table, symbols, extents=False).items():
+            body = _replaced(body, path, e)
+        for vals, here in zip(points[1:], heres):
+            at = {k: Const(v) for k, v in vals.items()}
+            if _compared(_normalised((None, substitute(body, at)), bound_ranges, here[3])) != \
+                    _compared(_normalised(here, bound_ranges, here[3])):
+                raise DynamicError(f"what {name} computes depends on the value of {moving}, not only on how far "
+                                   f"it runs (at {described(vals, symbols)})")
+        out[name] = body
+    return out
+
+
+def with_bodies(inputs: list, output: Tensor, bodies: dict) -> tuple:
+    """(inputs, output) of the DAG with the stages named in `bodies` computing those formulas
+    (DynamicDims.bodies), new tensors where they or what they read changed."""
+    if not bodies:
+        return inputs, output
+    made: dict = {}
+    for t in topo_order(output):
+        if not isinstance(t.op, ComputeOp):
+            continue
+        ins = tuple(made.get(i.name, i) for i in t.op.inputs)
+        if t.name in bodies or any(a is not b for a, b in zip(ins, t.op.inputs)):
+            op = t.op
+            made[t.name] = Tensor(t.name, t.shape, ComputeOp(op.name, op.axes, bodies.get(t.name, op.body), ins,
+                                                             op.tag, dict(op.table)), t.dtype)
+    return inputs, made.get(output.name, output)
 
 
 def _normal(e: Expr, ranges: dict) -> Expr:
@@ -177,10 +271,11 @@ def sample_points(symbols: tuple) -> list:
     return points
 
 
-def fit_table(table: list, symbols: tuple) -> dict:
+def fit_table(table: list, symbols: tuple, extents: bool = True) -> dict:
     """{key: multilinear expression of the symbols} for every key of the tables (one per point of
     sample_points, in its order: {key: int}) whose value changes with the symbols; DynamicError
-    naming the key where no such function fits."""
+    naming the key where no such function fits, or (extents) where it leaves [1, its value at the
+    bounds] somewhere in the symbols' box."""
     names = [symbol_var(k).name for k in range(len(symbols))]
     moving = [k for k, s in enumerate(symbols) if s.lo < s.hi]
     if not moving:
@@ -197,9 +292,9 @@ def fit_table(table: list, symbols: tuple) -> dict:
             raise DynamicError(f"{_label(key)} exists at some values of the symbols and not at others")
         if all(c[key] == ext for c in table):
             continue
-        expr = _multilinear(key, corners, moving, names, bound, low, symbols)
+        expr = _multilinear(key, corners, moving, names, bound, low, symbols, extents)
         if any(evaluate(expr, values) != at[key] for values, at in probes):
-            raise DynamicError(f"the extent of {_label(key)} is not a multilinear function of "
+            raise DynamicError(f"{_label(key)} is not a multilinear function of "
                                f"{', '.join(symbols[k].name for k in moving)}")
         out[key] = expr
     return out
@@ -218,8 +313,7 @@ def fit_dims(build: Callable, symbols: tuple) -> DynamicDims:
         except (ValueError, UserError) as e:     # a shape the computation has no meaning at
             raise DynamicError(f"at {described(vals, symbols)}: {e}; narrow the range to the values the model "
                                "runs at") from None
-    for vals, (_, formulas) in zip(points[1:], built[1:]):
-        _same_formulas(built[0][1], formulas, described(vals, symbols), symbols)
+    dims.bodies = _fitted_bodies(built, points, symbols)
     table = [ext for ext, _ in built]
     for key, expr in fit_table(table, symbols).items():
         if key[0] == "t":
@@ -272,11 +366,12 @@ def _bottom(s: Symbol) -> int:
     return max(s.lo, min(2, s.hi))
 
 
-def _multilinear(key, corners: dict, moving: list, names: list, bound: dict, low: dict, symbols: tuple) -> Expr:
-    """The multilinear function of the moving symbols through the extents at the corners, as a
+def _multilinear(key, corners: dict, moving: list, names: list, bound: dict, low: dict, symbols: tuple,
+                 extents: bool = True) -> Expr:
+    """The multilinear function of the moving symbols through the values at the corners, as a
     sum of products of the symbols with integer coefficients; DynamicError where none fits or
-    where it leaves [1, its value at the bounds] somewhere in the symbols' box (a multilinear
-    function takes its extremes at the box's vertices, so those are checked)."""
+    (extents) where it leaves [1, its value at the bounds] somewhere in the symbols' box (a
+    multilinear function takes its extremes at the box's vertices, so those are checked)."""
     n = len(moving)
     # f(x) = sum over subsets T of c_T * prod_{k in T} (x_k - low_k), c_T by finite differences;
     # then expanded into monomials: a_U = sum over T containing U of c_T * prod_{T \ U} (-low_k)
@@ -292,7 +387,7 @@ def _multilinear(key, corners: dict, moving: list, names: list, bound: dict, low
             if s:
                 den *= bound[names[k]] - low[names[k]]
         if num % den:
-            raise DynamicError(f"the extent of {_label(key)} does not change by whole steps with the symbols")
+            raise DynamicError(f"{_label(key)} does not change by whole steps with the symbols")
         c[subset] = num // den
     a = {}
     for subset, ct in c.items():
@@ -313,6 +408,8 @@ def _multilinear(key, corners: dict, moving: list, names: list, bound: dict, low
                     term = Var(names[k]) if term == Const(1) else term * Var(names[k])
             out = term if out == Const(0) else out + term
     out = simplify(out)
+    if not extents:
+        return out
     top = corners[(0,) * n][key]
     for vertex in itertools.product((0, 1), repeat=n):
         vals = {names[k]: (symbols[k].lo if v else symbols[k].hi) for k, v in zip(moving, vertex)}
@@ -325,5 +422,6 @@ def _multilinear(key, corners: dict, moving: list, names: list, bound: dict, low
 
 
 def _label(key) -> str:
-    said = {"t": "dimension {2} of {1}", "r": "reduction {2} of {1}", "v": "dimension {2} of {1}"}
+    said = {"t": "the extent of dimension {2} of {1}", "r": "the extent of reduction {2} of {1}",
+            "v": "the extent of dimension {2} of {1}", "c": "a constant in the formula of {1}"}
     return said.get(key[0], "{1}").format(*key) if len(key) > 2 else str(key[1])
