@@ -143,8 +143,9 @@ DEPTHS = {"swin": {"depths": [2, 2, 2, 2]}, "swinv2": {"depths": [2, 2, 2, 2]}, 
 SEQ = {"clip_text": 77}           # its position table's length
 
 
-def build(name: str, layers: int, seq: int, mask: bool):
-    """(module returning the last hidden state, example inputs, input names)."""
+def network(name: str, layers: int, cache: bool = False):
+    """(the library's model of MODELS[name], its configuration): --layers layers, random weights,
+    eager attention, the cache on where `cache` (bench.decode)."""
     try:
         _torchvision()          # transformers imports torchvision where installed; a mismatched build breaks it
     except ImportError:
@@ -157,7 +158,7 @@ def build(name: str, layers: int, seq: int, mask: bool):
         if isinstance(getattr(config, k, None), int):
             setattr(config, k, layers)
     if hasattr(config, "use_cache"):
-        config.use_cache = False
+        config.use_cache = cache
     config._attn_implementation = "eager"
     module, _, cls = model_cls.rpartition(".")         # a class transformers does not export at its top
     net = getattr(importlib.import_module(f"transformers.{module}") if module else tf, cls)(config).eval()
@@ -165,6 +166,14 @@ def build(name: str, layers: int, seq: int, mask: bool):
         for p in net.parameters():
             if p.numel() > 1 and bool((p == p.flatten()[0]).all()):
                 p.add_(torch.empty_like(p).normal_(0, 0.1 if bool(p.flatten()[0]) else 0.02))
+    return net, config
+
+
+def build(name: str, layers: int, seq: int, mask: bool):
+    """(module returning the last hidden state, example inputs, input names)."""
+    import torch
+    net, config = network(name, layers)
+    kind = MODELS[name][2]
     vocab, seq = getattr(config, "vocab_size", 1000), min(seq, SEQ.get(name, seq))
     if kind in ("text", "seq2seq"):
         xs = {"input_ids": torch.randint(0, vocab, (1, seq))}

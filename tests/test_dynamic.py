@@ -866,7 +866,7 @@ def test_a_decoding_step_over_a_cache_of_any_past_length_compiles_once_and_match
     from conftest import ort_run
     path = _decoder_step_onnx(tmp_path / "step.onnx")
     m = _compile(path, "past=1x2x[1..40]x8")
-    assert m.symbols == [{"name": "past", "lo": 1, "hi": 40}] and m.meta["held"] == ["row"]
+    assert m.symbols == [{"name": "past", "lo": 1, "hi": 40}] and m.meta["run_time"] == [["pos", "row"]]
     for past_length in (1, 2, 13, 39, 40):
         rng = np.random.default_rng(past_length)
         x, past = rng.standard_normal((1, 1, 16)).astype(np.float32), rng.standard_normal((1, 2, past_length, 8)).astype(np.float32)

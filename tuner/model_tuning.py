@@ -771,7 +771,7 @@ def tune_dynamic(model: str, dynamic, trials: int, buckets: list | None = None, 
     from .graph.dynamic import histogram_buckets, load_at, load_range, parse_dynamic, read_histogram, shares
     from .graph.onnx_frontend import input_dims
     dyn = parse_dynamic(dynamic, input_dims(str(model)))
-    held = load_range(str(model), dyn, input_shapes)[1]      # the nodes the compile holds, so its graphs are these
+    run_time = load_range(str(model), dyn, input_shapes)[1]      # what the compile computes at run time: its graphs
     k, values = dyn.buckets(buckets)
     sym = dyn.symbols[k]
     hist = read_histogram(histogram, sym) if histogram else None
@@ -781,14 +781,14 @@ def tune_dynamic(model: str, dynamic, trials: int, buckets: list | None = None, 
     out, above = [], None
     opts = {o: kwargs[o] for o in ("layouts", "target", "threads", "progress", "seed") if o in kwargs}
     for v, share in sorted(zip(values, shares(values, sym, hist)), reverse=True):
-        graph = load_at(str(model), dyn.shapes(dyn.at(k, v), input_shapes), held)
+        graph = load_at(str(model), dyn.shapes(dyn.at(k, v), input_shapes), run_time)
         pairs = model_layouts(graph, tuple(kwargs.get("layouts", DEFAULT_CHOICES))).workloads()
         n = round(trials * share)
         first_looks = n < len(pairs)        # every task's first look, whatever its share of the time
         contenders = _contenders(above, pairs)
         over = None if above is None else \
             lambda tasks, config, log, known, v=v, va=out[-1][0], pairs=pairs, them=contenders: handovers(
-                str(model), dyn, k, (v, va), tasks, pairs, them, input_shapes, config, log, known, held=held, **opts)
+                str(model), dyn, k, (v, va), tasks, pairs, them, input_shapes, config, log, known, run_time=run_time, **opts)
         if above is not None and not contenders and kwargs.get("progress", True):
             print(f"at {v}: its tasks do not pair with those at {out[-1][0]}, whose schedules are not timed here; "
                   f"each version tuned here serves up to {v}", flush=True)
@@ -807,7 +807,7 @@ HANDOVER_PROBES = (1, 2, 3)    # quarters of the way from a bucket to the one ab
 
 def handovers(model: str, dyn, k: int, values: tuple, tasks, pairs: list, contenders: dict, input_shapes: dict | None,
               config: RunConfig, log: str, known: dict | None = None, layouts=DEFAULT_CHOICES, target: str = "cpu",
-              threads: int | None = None, progress: bool = True, seed: int = 0, held: frozenset = frozenset()) -> dict:
+              threads: int | None = None, progress: bool = True, seed: int = 0, run_time: frozenset = frozenset()) -> dict:
     """{workload key at bucket v: {"upto": the largest value up to which its best kernel serves,
     "code", "above": the code hashes at v of that kernel and of the one above it}}: where a
     bucket's version hands over to the version above (`contenders`, _contenders' best of each task
@@ -844,7 +844,7 @@ def handovers(model: str, dyn, k: int, values: tuple, tasks, pairs: list, conten
             if not live:
                 break
             try:
-                here = model_layouts(load_at(model, dyn.shapes(dyn.at(k, x), input_shapes), held),
+                here = model_layouts(load_at(model, dyn.shapes(dyn.at(k, x), input_shapes), run_time),
                                      tuple(layouts)).workloads()
             except (ValueError, UserError):        # the model does not import there: its ends stay below
                 break

@@ -43,11 +43,12 @@ def _model_for(model: str, threads: int, logs: list):
         source = model
     onnx_path = source if source.endswith(".onnx") else None
     # a dynamic model was compiled from the file imported at its bounds
-    held = m.meta.get("held", [])          # the nodes its compile held (graph.dynamic.load_range)
-    if not (isinstance(held, list) and all(isinstance(h, str) for h in held)):
-        raise UserError(f"{model}: its meta's 'held' is not a list of names; compile the model again")
-    graph = load_at(source, {s["name"]: s["shape"] for s in m.inputs}, frozenset(held)) if m.symbols \
-        else load_graph(source)
+    run_time = m.meta.get("run_time", [])    # what its compile computed at run time (graph.dynamic.load_range)
+    if not (isinstance(run_time, list) and all(isinstance(p, list) and len(p) == 2 and all(isinstance(n, str) for n in p)
+                                               for p in run_time)):
+        raise UserError(f"{model}: its meta's 'run_time' is not a list of pairs of names; compile the model again")
+    graph = load_at(source, {s["name"]: s["shape"] for s in m.inputs}, frozenset(map(tuple, run_time))) \
+        if m.symbols else load_graph(source)
     if graph_digest(graph) != m.meta["model_hash"]:
         raise UserError(f"{model} was compiled from another model than {source} now holds (graph "
                         f"{m.meta['model_hash']} against {graph_digest(graph)}): its peers would run another model; "

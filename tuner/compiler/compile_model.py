@@ -472,7 +472,7 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
                   for k, (name, v) in enumerate(zip(names, values, strict=True))]
            for side, names, values in zip(("inputs", "outputs"), interface_names(graph), (g.inputs, g.outputs))},
         **({"symbols": [{"name": s.name, "lo": s.lo, "hi": s.hi} for s in family.symbols],
-            "dynamic": family.dyn.spec(), **({"held": sorted(family.held)} if family.held else {})} if family else {}),
+            "dynamic": family.dyn.spec(), **({"run_time": sorted(map(list, family.run_time))} if family.run_time else {})} if family else {}),
         "arena_bytes": arena_bytes,
         "intermediate_bytes": sum(align(t.nbytes) for t in lives),
         "peak_live_bytes": peak_live_bytes(lives, _over(low)),
@@ -583,9 +583,9 @@ class _Family:
     assumes: every run's data is the start of each dimension, in every view of a buffer."""
 
     def __init__(self, dyn, graphs: list, path: str = "", input_shapes: dict | None = None,
-                 held: frozenset = frozenset()):
+                 run_time: frozenset = frozenset()):
         self.dyn, self.graphs, self.symbols, self.points = dyn, graphs, dyn.symbols, dyn.points
-        self.path, self.input_shapes, self.held = path, dict(input_shapes or {}), held
+        self.path, self.input_shapes, self.run_time = path, dict(input_shapes or {}), run_time
         self.gs: list = []
         self.io: list = []
         self.buckets: list = []      # [(value of the varying symbol, the model optimised there)], ascending
@@ -601,8 +601,8 @@ class _Family:
         dyn = parse_dynamic(dynamic, input_dims(path))
         if clash := set(dyn.dims) & set(input_shapes or {}):
             raise UserError(f"--input-shape and --dynamic both give {', '.join(sorted(clash))}; give one")
-        graphs, held = load_range(path, dyn, input_shapes)
-        return _Family(dyn, graphs, path, input_shapes, held)
+        graphs, run_time = load_range(path, dyn, input_shapes)
+        return _Family(dyn, graphs, path, input_shapes, run_time)
 
     def logged(self, db, tgt) -> dict | None:
         """{value of the one varying symbol: the graph hashes of its plans} where the user's logs
@@ -638,7 +638,7 @@ class _Family:
         hashes = values if isinstance(values, dict) else {}
         k, values = self.dyn.buckets(sorted(values) if hashes else values)
         for v in values:
-            graph = load_at(self.path, self.dyn.shapes(self.dyn.at(k, v), self.input_shapes), self.held)
+            graph = load_at(self.path, self.dyn.shapes(self.dyn.at(k, v), self.input_shapes), self.run_time)
             if hashes and graph_digest(graph) not in hashes[v]:
                 say(f"{self.symbols[k].name}={v}: the log's plan there is another model's; no versions for it")
                 continue

@@ -25,7 +25,7 @@ def parse_input_shapes(items) -> dict:
 
 def load(model: str, input_shapes: dict | None = None, **onnx_options) -> Graph:
     """A built-in model by name, or an ONNX file by path (onnx_options: onnx_frontend.from_onnx's
-    held and folded)."""
+    run_time and folded)."""
     if model in MODELS:
         if input_shapes:
             raise GraphError(f"{model} is a built-in model with a fixed input shape; --input-shape is for ONNX files")

@@ -7,9 +7,9 @@ optimised at a few values of the symbols (te.dynamic.sample_points), the bound f
 compiler fits every dimension that changes with them (te.dynamic), so shape computations the
 importer folds, and every pass, run as they do for a static model. A folded constant read by a
 kernel must be the start of its value at the bounds (a causal mask, position ids from 0); one
-that is not (a decoder's position id at the past length, wpe[P]) is computed at run time
-instead: its node is held (load_range), so the kernel reads the table at an offset that te.dynamic
-fits as an expression of the symbols.
+that is not (a decoder's position row wpe[P] at the past length P) is computed at run time
+instead, from the integers in steps it was folded from (load_range: an iota node whose start
+te.dynamic fits as an expression of the symbols).
 """
 from __future__ import annotations
 
@@ -76,18 +76,18 @@ def _offset(d: tuple) -> int:
     return d[2] if len(d) == 3 else 0
 
 
-def load_at(model: str, shapes: dict, held: frozenset = frozenset(), folded: dict | None = None):
+def load_at(model: str, shapes: dict, run_time: frozenset = frozenset(), folded: dict | None = None):
     """The model imported at `shapes` for a range of them: meta "dynamic" tells the passes that
     decide by a dimension's value (PadMatmulColumns) to leave the graph as it is, so that the
     graph at every value has the same kernels (a compile for the range, and the tunes of its
-    buckets). held, folded: onnx_frontend.from_onnx's (load_range's nodes held)."""
+    buckets). run_time, folded: onnx_frontend.from_onnx's (load_range's run_time)."""
     from . import load
-    g = load(model, shapes, held=held, folded=folded)
+    g = load(model, shapes, run_time=run_time, folded=folded)
     g.meta["dynamic"] = True
     return g
 
 
-HELD_ROUNDS = 8      # imports of the range, each holding what the one before found varying
+RUN_TIME_ROUNDS = 4      # imports of the range, each computing at run time what the one before found varying
 
 
 def is_start(bound: np.ndarray, here: np.ndarray) -> bool:
@@ -99,28 +99,80 @@ def is_start(bound: np.ndarray, here: np.ndarray) -> bool:
 
 
 def load_range(model: str, dyn: DynamicInputs, input_shapes: dict | None = None) -> tuple:
-    """(the model imported at each of dyn.points, the ONNX nodes held): a node whose folding gives
-    a constant that a graph node reads and that is not the start of its value at the bounds is
-    held (computed at run time), imported again, until no such constant is left; its constant
-    inputs vary in turn where they are read as tensors, while a kernel that reads them as numbers
-    (a Gather's index becomes a slice's start) has them fitted (te.dynamic)."""
-    held: frozenset = frozenset()
-    for _ in range(HELD_ROUNDS):
-        graphs, folded = [], {}
-        for p in dyn.points:
-            try:
-                graphs.append(load_at(model, dyn.shapes(p, input_shapes), held, folded if not graphs else None))
-            except (ValueError, UserError) as e:     # the model has no meaning at that shape
-                raise DynamicError(f"{model} does not import at {described(p, dyn.symbols)}: "
-                                   f"{str(e).splitlines()[0][:200]}; narrow the range to the shapes the model "
-                                   "runs at") from None
-        read = [{v.name: v for n in g.nodes for v in n.inputs if v.is_const} for g in graphs]
-        more = {folded[name] for name, v0 in read[0].items() if name in folded
-                and any(name in r and not is_start(v0.data, r[name].data) for r in read[1:])} - held
+    """(the model imported at each of dyn.points, run_time: the pairs (ONNX value, node reading it)
+    computed at run time). A folded constant that a graph node reads and that is not the start of
+    its value at the bounds (a decoder's position row wpe[P], RoPE's angles at the past length) is
+    traced back through what folded it to the nearest values that are integers in steps at every
+    point (the position ids [P]); those become iota nodes where the path reads them, whose start
+    te.dynamic fits as an expression of the symbols, and what follows is computed at run time.
+    Imported again until no such constant is left or none can be traced (the compile then names it)."""
+    run_time: frozenset = frozenset()
+    graphs: list = []
+    nodes = None
+    for _ in range(RUN_TIME_ROUNDS):
+        try:
+            here, folded = [], []
+            for p in dyn.points:
+                folded.append({})
+                here.append(load_at(model, dyn.shapes(p, input_shapes), run_time, folded[-1]))
+        except (ValueError, UserError) as e:     # the model has no meaning at that shape
+            if graphs:                           # what this round traced does not import: the last round stands
+                break
+            raise DynamicError(f"{model} does not import at {described(p, dyn.symbols)}: "
+                               f"{str(e).splitlines()[0][:200]}; narrow the range to the shapes the model "
+                               "runs at") from None
+        graphs = here
+        onnx_name = {v.name: name for name, v in folded[0].items()}
+        read = {v.name: v for n in graphs[0].nodes for v in n.inputs if v.is_const}
+        varying = [onnx_name[v.name] for v in read.values() if v.name in onnx_name and not _starts(onnx_name[v.name], folded)]
+        if not varying:
+            break
+        if nodes is None:
+            nodes = _onnx_nodes(model)
+        more = {edge for x in varying for edge in _roots(x, folded, *nodes)} - run_time
         if not more:
             break
-        held |= more
-    return graphs, held
+        run_time |= more
+    return graphs, run_time
+
+
+def _starts(name: str, folded: list) -> bool:
+    """Whether folded value `name` is at every point the start of its value at the bounds."""
+    return all(name in f and is_start(folded[0][name].data, f[name].data) for f in folded[1:])
+
+
+def _onnx_nodes(model: str) -> tuple:
+    """({value: the node computing it}, {value: the nodes reading it}) of an ONNX file's graph."""
+    import onnx
+    g = onnx.load(str(model), load_external_data=False).graph
+    producer, readers = {}, {}
+    for n in g.node:
+        for o in n.output:
+            producer[o] = n
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    return producer, readers
+
+
+def _roots(x: str, folded: list, producer: dict, readers: dict) -> set:
+    """Pairs (value, node reading it) where the values folded into `x` first become integers in
+    steps at every point that are not the start of their value at the bounds, each with the node
+    on the way to x that reads it (every node reading x that imports as a graph node, where x is one)."""
+    from ..ops.shape import affine_steps
+    out, todo, seen = set(), [(x, None)], set()
+    while todo:
+        y, reader = todo.pop()
+        key = (y, id(reader))
+        if key in seen or any(y not in f for f in folded) or _starts(y, folded):
+            continue
+        seen.add(key)
+        if all(f[y].data.ndim and affine_steps(np.asarray(f[y].data)) is not None for f in folded):
+            path = [reader] if reader is not None else [n for n in readers.get(y, []) if n.output and n.output[0] not in folded[0]]
+            out |= {(y, n.output[0]) for n in path if n.output}
+            continue
+        if y in producer:
+            todo.extend((i, producer[y]) for i in producer[y].input if i)
+    return out
 
 
 def default_buckets(s: Symbol) -> list:

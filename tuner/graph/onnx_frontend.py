@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import UserError
 from ..ops import OPS, evaluate
 from ..ops.common import Empty
+from ..ops.shape import affine_steps
 from .builder import GraphBuilder
 from .ir import Graph, GraphError, Value
 from .onnx_fold import MAX_ELEMENTS, fold, foldable
@@ -65,7 +66,7 @@ def _onnx():
     return onnx, numpy_helper
 
 
-def load_onnx(path: str, input_shapes: dict | None = None, held: frozenset = frozenset(),
+def load_onnx(path: str, input_shapes: dict | None = None, run_time: frozenset = frozenset(),
               folded: dict | None = None) -> Graph:
     onnx, _ = _onnx()
     base = os.path.dirname(os.path.abspath(path))
@@ -88,7 +89,7 @@ def load_onnx(path: str, input_shapes: dict | None = None, held: frozenset = fro
                 raise _unreadable(t.name, e, outside=True) from None
     if not model.graph.node:
         raise OnnxImportError(f"{path} is not a readable ONNX model (it has no graph nodes)")
-    return from_onnx(model, input_shapes, str(path), base, held, folded)
+    return from_onnx(model, input_shapes, str(path), base, run_time, folded)
 
 
 def input_dims(path: str) -> dict:
@@ -134,14 +135,14 @@ def _unreadable(name: str, e: Exception, outside: bool) -> OnnxImportError:
 
 
 def from_onnx(model, input_shapes: dict | None = None, source: str = "model", base_dir: str = "",
-              held: frozenset = frozenset(), folded: dict | None = None) -> Graph:
+              run_time: frozenset = frozenset(), folded: dict | None = None) -> Graph:
     """The graph of an ONNX ModelProto; base_dir: where the data of initializers stored outside it
     lies (onnx's own checks on the path), read one tensor at a time, so that a model of 1 GiB of
-    weights is never in memory twice while it is imported. `held`: the first output names of nodes
-    computed at run time though their inputs are constants (a model for a range of shapes, where
-    what they compute varies with it: graph.dynamic.held_nodes), their graph nodes marked
-    "varies" for the passes. `folded`, where given, gets {constant's name: ONNX value's name} of
-    what folding computed."""
+    weights is never in memory twice while it is imported. `run_time`: pairs (ONNX value, the first
+    output of a node reading it) where the node reads the value, a folded constant of integers
+    in steps (a position id at the past length), computed at run time by an iota node instead
+    (a model for a range of shapes: graph.dynamic.load_range); what reads that is not folded in
+    turn. `folded`, where given, gets {ONNX value name: its constant Value} of what folding computed."""
     onnx, numpy_helper = _onnx()
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     if opset is None or opset not in OPSETS:
@@ -183,6 +184,7 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model", ba
     if input_shapes:
         raise OnnxImportError(f"--input-shape names {', '.join(input_shapes)}, which the model has no input called")
     todo = list(g.node)[::-1]          # popped from the end: an If's branch goes in where the If was
+    env_iota: dict = {}
     while todo:
         node = todo.pop()
         if node.domain not in ("", "ai.onnx"):
@@ -214,8 +216,10 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model", ba
         if node.op_type == "If":
             todo.extend(_taken_branch(b, env, node, ins)[::-1])
             continue
-        hold = bool(node.output) and node.output[0] in held and node.op_type in SUPPORTED
-        if foldable(node.op_type, ins) and not hold:
+        if run_time and node.output:
+            ins = [_at_run_time(b, v, env_iota) if v is not None and (name, node.output[0]) in run_time else v
+                   for name, v in zip(node.input, ins)]
+        if foldable(node.op_type, ins):
             try:
                 outs = fold(node.op_type, ins, {**_attrs(node), "_outputs": len(node.output)}, opset)
             except (ValueError, IndexError, KeyError, TypeError) as e:
@@ -224,7 +228,7 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model", ba
             for name, y in zip(node.output, outs):
                 env[name] = b.const(y, name)
                 if folded is not None:
-                    folded[env[name].name] = name
+                    folded[name] = env[name]
             continue
         if node.op_type not in SUPPORTED:
             raise OnnxImportError(f"unsupported operator {node.op_type} (node {node.name!r}); supported: "
@@ -234,13 +238,10 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model", ba
             outs = IMPORTERS[node.op_type](Importer(b, node, opset), ins, _attrs(node))
         except GraphError as e:
             raise OnnxImportError(f"node {node.name!r} ({node.op_type}): {e}") from None
-        if hold:
-            for n in b.nodes[start:]:
-                n.attrs = {**n.attrs, "varies": True}
-        elif any(v is not None for v in ins) and all(v is None or v.is_const for v in ins):
+        if any(v is not None for v in ins) and all(v is None or v.is_const for v in ins):
             outs = _computed(b, start, outs, node)
             if folded is not None:
-                folded.update({v.name: name for v, name in zip(outs, node.output) if v.is_const})
+                folded.update({name: v for v, name in zip(outs, node.output) if v.is_const})
         for name, v in zip(node.output, outs):
             env[name] = v
     outputs = []
@@ -280,6 +281,18 @@ def _taken_branch(b: GraphBuilder, env: dict, node, ins: list) -> list:
         env[init.name] = b.const(numpy_helper.to_array(init), init.name)
     return list(branch.node) + [onnx.helper.make_node("Identity", [o.name], [out], f"{node.name}_{k}")
                                 for k, (o, out) in enumerate(zip(branch.output, node.output))]
+
+
+def _at_run_time(b: GraphBuilder, v, made: dict):
+    """An iota node computing the constant `v` (integers in steps, shape.affine_steps), one per
+    constant; `v` itself where it is not such a constant."""
+    steps = affine_steps(np.asarray(v.data)) if v.is_const and v.data.ndim else None
+    if steps is None:
+        return v
+    if v.name not in made:
+        made[v.name] = b.add("iota", [], {"shape": list(v.shape), "start": steps[0], "steps": steps[1:],
+                                          "dtype": str(v.data.dtype)}, f"{v.name}_at_run")
+    return made[v.name]
 
 
 def _computed(b: GraphBuilder, start: int, outs: list, node) -> list:

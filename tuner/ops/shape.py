@@ -395,6 +395,48 @@ def _gather_eval(node, args):
     return np.take(table, idx.astype(np.int64), axis=node.attrs["axis"])
 
 
+def affine_steps(a: np.ndarray) -> list | None:
+    """[start, step of each dim] where the integers `a` are start + sum(step_d * index_d) (a position
+    id, a range), else None."""
+    if a.dtype.kind not in "iu" or a.size == 0:
+        return None
+    start = int(a.flat[0])
+    steps = [int(a[tuple(1 if j == d else 0 for j in range(a.ndim))]) - start if n > 1 else 0
+             for d, n in enumerate(a.shape)]
+    return [start, *steps] if np.array_equal(_iota_values(a.shape, start, steps), a) else None
+
+
+def _iota_values(shape, start: int, steps: list) -> np.ndarray:
+    out = np.full(tuple(shape), start, np.int64)
+    for d, s in enumerate(steps):
+        out = out + s * np.arange(shape[d]).reshape([-1 if j == d else 1 for j in range(len(shape))])
+    return out
+
+
+def _iota_infer(node):
+    return tuple(node.attrs["shape"]), node.attrs["dtype"], ""
+
+
+def _iota_eval(node, args):
+    a = node.attrs
+    return _iota_values(a["shape"], a["start"], a["steps"]).astype(a["dtype"])
+
+
+def _iota_te(node, ins, name):
+    """Integers start + sum(step_d * i_d), carried as float32: a run's position ids, whose start (the
+    past length) te.dynamic fits as an expression of the symbols."""
+    a = node.attrs
+
+    def f(*i):
+        e = Const(int(a["start"]))
+        for d, s in enumerate(a["steps"]):
+            if s:
+                e = e + i[d] * Const(int(s))
+        return Cast("float32", e)
+
+    return compute(a["shape"], f, name, axis_names=[f"{name}_i{d}" for d in range(len(a["shape"]))])
+
+
 def _onnx_gather(cx, ins, a):
     """Gather: of a constant table at activation indices (an embedding lookup), a gather node; of an
     activation at constant indices, slices."""
@@ -621,6 +663,7 @@ register(
           onnx_in={"GatherElements": onnx_plain("gather_elements", lambda ins, a: {
               "axis": a.get("axis", 0) % len(ins[0].shape)})},
           onnx_out=export_as("GatherElements", lambda n: {"axis": n.attrs["axis"]})),
+    OpDef(name="iota", pattern=Pattern.INJECTIVE, integers=True, infer=_iota_infer, evaluate=_iota_eval, te=_iota_te),
     OpDef(name="slice", pattern=Pattern.INJECTIVE, integers=True, infer=_slice_infer, evaluate=_slice_eval,
           te=lambda n, ins, name: strided_slice(ins[0], n.attrs["begin"], n.attrs["step"], n.attrs["shape"], name),
           onnx_in={"Slice": _onnx_slice, "Split": _onnx_split}, onnx_out=_export_slice),

@@ -22,10 +22,9 @@ def infer_type(graph: Graph, ctx) -> Graph:
 
 @register("FoldConstant", 2)
 def fold_constant(graph: Graph, ctx) -> Graph:
-    """Evaluate nodes whose inputs are all constants (e.g. layout transforms of weights), except
-    those whose value varies with a dynamic model's shapes (attribute "varies")."""
+    """Evaluate nodes whose inputs are all constants (e.g. layout transforms of weights)."""
     def rw(b: GraphBuilder, n, ins):
-        if ins and not n.attrs.get("varies") and all(v.is_const for v in ins) and int(np.prod(n.output.shape)) * 4 <= FOLD_LIMIT:
+        if ins and all(v.is_const for v in ins) and int(np.prod(n.output.shape)) * 4 <= FOLD_LIMIT:
             return b.const(evaluate(n, [v.data for v in ins]), name=f"{n.output.name}_folded")
         return None
     return rebuild(graph, rw)
