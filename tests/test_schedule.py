@@ -1394,3 +1394,29 @@ def test_the_reads_through_a_chain_of_views_keep_their_index_math_small():
     reads = space._input_reads
     assert len(reads) >= 2 and {b for b, _ in reads} == {"x"}
     assert max(sum(1 for _ in walk(i)) for _, idx in reads for i in idx) < 100
+
+
+@settings(max_examples=25, deadline=None)
+@given(sizes=st.lists(st.integers(1, 6), min_size=2, max_size=4), width=st.integers(1, 20))
+def test_a_concat_along_a_serial_loop_runs_as_a_loop_per_input_without_selects(sizes, width):
+    """Concat along axis 0 of inputs [n_k, width]: the select chain on the row is cut where each
+    test turns (schedule.peel.partition_selects), so no row runs a select, and every row is its
+    input's."""
+    from tuner.ops.shape import concat
+    from tuner.te.tensor import placeholder
+    from tuner.toolchain.library import open_library, pointer_array
+    from tuner.measure.builder import build_batch
+    ins = [placeholder((n, width), f"x{k}") for k, n in enumerate(sizes)]
+    out = concat(ins, 0, "cat")
+    fn = lower(replay(ins, out, []), "cat_kernel")
+    selects = [n for s in ir.stmts(fn.body) if isinstance(s, ir.Store) for n in walk(s.value) if isinstance(n, Select)]
+    assert not selects
+    assert sum(isinstance(s, ir.Store) for s in ir.stmts(fn.body)) == len(sizes)     # one per input
+    src, omp = generate_c(fn, TARGET1.lanes, 1)
+    [built] = build_batch([("cat_kernel", src)], TARGET1, openmp=omp, jobs=1)
+    assert not built.error, built.error
+    rng = np.random.default_rng(sum(sizes) * width)
+    xs = [rng.standard_normal((n, width)).astype(np.float32) for n in sizes]
+    got = np.full((sum(sizes), width), np.nan, np.float32)
+    assert open_library(built.lib).tuner_run(built.index, pointer_array(xs + [got])) == 0
+    np.testing.assert_array_equal(got, np.concatenate(xs))

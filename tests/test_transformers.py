@@ -467,6 +467,27 @@ def test_heads_split_and_merged_by_reshape_and_transpose_are_read_in_place_and_c
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+@settings(max_examples=20, deadline=None)
+@given(rows=st.integers(1, 3), keys=st.integers(1, 9), heads=st.integers(1, 3), seed=st.integers(0, 100))
+def test_one_query_row_reads_the_keys_in_place_of_their_transposed_copy(rows, keys, heads, seed):
+    """A decoding step's scores, one query row times K^T: the batch_matmul reads K itself
+    (trans_b) and the transpose, a pass over the whole cache, is gone; more rows keep the copy."""
+    from tuner.graph import interp
+    from tuner.graph.builder import GraphBuilder
+    from tuner.graph.passes import optimize
+    b = GraphBuilder("scores")
+    q, k = b.input("q", [1, heads, rows, 8]), b.input("k", [1, heads, keys, 8])
+    s = b.add("batch_matmul", [q, b.add("transpose", [k], {"perm": [0, 1, 3, 2]})], {"trans_b": 0})
+    g = b.finish([b.add("softmax", [s], {"axis": -1})])
+    views = optimize(g, passes=["InferType", "AbsorbHeadViews"])
+    [mm] = [n for n in views.nodes if n.op == "batch_matmul"]
+    assert (mm.attrs["trans_b"], any(n.op == "transpose" for n in views.nodes)) == ((1, False) if rows == 1 else (0, True))
+    rng = np.random.default_rng(seed)
+    xs = [rng.standard_normal(v.shape).astype(np.float32) for v in g.inputs]
+    (got,), (want,) = interp.run(views, *xs), interp.run(g, *xs)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("lead,threads", [(1, 1), (2, 2)])
 def test_attention_with_heads_read_in_place_compiles_to_what_the_interpreter_computes(tmp_cache, lead, threads):
     """The heads' views become task workloads (a_heads, b_heads, in_heads and, over a batch,

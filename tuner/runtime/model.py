@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import mmap
 import os
 import re
@@ -116,6 +117,7 @@ class CompiledModel:
         arena, huge_a = _aligned_bytes(meta["arena_bytes"])
         self._arenas = [arena]                   # free arenas; a call takes one, or makes one if none is free
         self._arenas_lock = threading.Lock()
+        self._bound_buffers: list = []           # a dynamic model's free sets of bound-shaped inputs and outputs
         # which were asked for 2 MiB pages (the report says so)
         self.huge_pages = tuple(name for name, asked in (("weights", huge_w), ("arena", huge_a)) if asked)
         self.steps = [Step.from_json(s) for s in meta["steps"]]
@@ -174,7 +176,8 @@ class CompiledModel:
                                     f"{'an index past the table it looks up' if hi < FLOAT_EXACT else 'too large'}")
                 out.append(np.ascontiguousarray(a, dtype=s["carried"]))
                 continue
-            out.append(np.ascontiguousarray(a, dtype=s["dtype"]))     # a copy unless C-ordered and native
+            # a copy unless C-ordered and native; a dynamic model's input is copied into its bound's buffer
+            out.append(np.asarray(a, dtype=s["dtype"]) if "extents" in s else np.ascontiguousarray(a, dtype=s["dtype"]))
         return out
 
     @contextmanager
@@ -189,26 +192,46 @@ class CompiledModel:
             with self._arenas_lock:
                 self._arenas.append(arena)
 
+    @contextmanager
+    def _bound(self):
+        """(inputs, outputs) of a dynamic model's bound shapes, zeros when made, kept for the next call
+        like the arena: a run writes its data at the start of each and what lies past it (zeros, or
+        an earlier run's data) never enters a result (te.dynamic), so no call clears them again."""
+        with self._arenas_lock:
+            bufs = self._bound_buffers.pop() if self._bound_buffers else None
+        if bufs is None:
+            bufs = tuple([np.zeros(s["shape"], np.dtype(s.get("carried", s["dtype"]))) for s in side]
+                         for side in (self.inputs, self.outputs))
+        try:
+            yield bufs
+        finally:
+            with self._arenas_lock:
+                self._bound_buffers.append(bufs)
+
     def _call(self, fn, inputs: list, *extra) -> list:
         """Fresh output arrays, filled by `fn(inputs, outputs, arena, weights, *extra)` for checked
         `inputs`; inputs, outputs and arena stay referenced here until `fn` returns. A dynamic
         model's inputs are padded to their bound shapes and its outputs cut to this run's."""
         f = _ffi()
-        values = None
         if self.symbols:
-            inputs, values = self._padded(inputs)
-        outputs = [np.empty(s["shape"], np.dtype(s.get("carried", s["dtype"]))) for s in self.outputs]
-        with self._arena() as arena:
-            rc = fn(pointer_array(inputs, f), pointer_array(outputs, f), f.cast("char*", f.from_buffer(arena)),
-                    f.cast("char*", f.from_buffer(self._weights)), *extra)
+            with self._bound() as (padded, outputs):
+                inputs, values = self._padded(inputs, padded)
+                rc = self._run(fn, f, inputs, outputs, extra)
+                outputs = [o[tuple(slice(0, n) for n in _extents(s, values))].copy() for o, s in zip(outputs, self.outputs)]
+        else:
+            outputs = [np.empty(s["shape"], np.dtype(s.get("carried", s["dtype"]))) for s in self.outputs]
+            rc = self._run(fn, f, inputs, outputs, extra)
         if rc:
             step = self.steps[rc - 1000] if 1000 <= rc < 1000 + len(self.steps) else None
             raise RuntimeError(f"step {step.index} ({step.summary}) failed (out of memory for a temporary?)"
                                if step else f"the model failed with code {rc}")
-        if values is not None:
-            outputs = [o[tuple(slice(0, n) for n in _extents(s, values))].copy() for o, s in zip(outputs, self.outputs)]
         # an integer output (an argmax map, token ids) travels as float32, exact below 2^24: its own type back
         return [o.astype(s["dtype"]) if "carried" in s else o for o, s in zip(outputs, self.outputs)]
+
+    def _run(self, fn, f, inputs: list, outputs: list, extra: tuple) -> int:
+        with self._arena() as arena:
+            return fn(pointer_array(inputs, f), pointer_array(outputs, f), f.cast("char*", f.from_buffer(arena)),
+                      f.cast("char*", f.from_buffer(self._weights)), *extra)
 
     def run(self, /, *args, **kwargs) -> list:
         """The graph's outputs (a list of NumPy arrays) for its inputs, by position or by name."""
@@ -252,15 +275,15 @@ class CompiledModel:
                                 f"dims say), got {'x'.join(map(str, a.shape)) or 'a scalar'}")
         return values
 
-    def _padded(self, arrays: list) -> tuple:
-        """(inputs in buffers of the bound shapes, then the symbols' values as int32; the values)."""
+    def _padded(self, arrays: list, padded: list) -> tuple:
+        """(inputs at the start of `padded`, buffers of the bound shapes, then the symbols' values as
+        int32; the values)."""
         values = self._symbol_values(arrays)
         out = []
-        for a, s in zip(arrays, self.inputs):
-            if list(a.shape) == s["shape"]:
+        for a, s, buf in zip(arrays, self.inputs, padded):
+            if list(a.shape) == s["shape"] and a.flags.c_contiguous:
                 out.append(a)
                 continue
-            buf = np.zeros(s["shape"], a.dtype)
             buf[tuple(slice(0, n) for n in a.shape)] = a
             out.append(buf)
         return out + [np.array(values, np.int32)], values
@@ -390,7 +413,7 @@ class CompiledModel:
 def _extents(spec: dict, values: list) -> list:
     """An input's or output's shape in a run of a dynamic model: each dim fixed, or the sum of its
     monomials of the symbols' values."""
-    return [n if e is None else sum(c * int(np.prod([values[k] for k in ks])) for c, ks in e)
+    return [n if e is None else sum(c * math.prod(values[k] for k in ks) for c, ks in e)
             for n, e in zip(spec["shape"], spec.get("extents") or [None] * len(spec["shape"]))]
 
 

@@ -595,3 +595,71 @@ def _best_case(c, inner: dict):
     """For a test `a < b` / `a <= b` linear in the loop variables: the test on the others alone
     that holds wherever it holds for some value of the `inner` loops; None for another form."""
     return _case(c, inner, worst=False)
+
+
+# ------------------------------------------------------------ partitioning at a select
+# A concat is a select on the position along its axis: `i < P ? past[i] : new[i - P]` (a decoding
+# step's keys appended at the past length P), evaluated for every element, both sides where it
+# is vectorised. A serial loop over i whose statements select on a test increasing in i alone (its
+# other terms are constants, symbols and the loops around, none inside) runs as two loops, before
+# and after the point where the test turns false, each with that side only, as TVM's
+# LoopPartition does; the second is partitioned again at the next such test. A select with a
+# constant side (a pad's border) is left to the guards and unswitching above.
+
+def partition_selects(func: ir.Func) -> ir.Func:
+    if not any(_concat_select(n) for st in ir.stmts(func.body) if isinstance(st, ir.Store) for n in walk(st.value)):
+        return func
+    return dataclasses.replace(func, body=_partition(func.body))
+
+
+def _concat_select(n) -> bool:
+    return isinstance(n, Select) and not isinstance(n.then, Const) and not isinstance(n.other, Const)
+
+
+def _partition(s: ir.Stmt) -> ir.Stmt:
+    if isinstance(s, ir.Seq):
+        return ir.seq([_partition(x) for x in s.stmts])
+    if isinstance(s, (ir.IfThen, ir.Allocate)):
+        return dataclasses.replace(s, body=_partition(s.body))
+    if not isinstance(s, ir.For):
+        return s
+    if s.kind in _PEELED and (cut := _select_cut(s)) is not None:
+        cond, p = cut
+        trips = s.limit if s.limit is not None else Const(s.extent)
+        p = simplify(Max(Const(0), Min(p, trips)))
+        first = _resolved(s.body, cond, True)
+        second = _substitute(_resolved(s.body, cond, False), {s.var: Var(s.var) + p})
+        if isinstance(p, Const) and s.limit is None:
+            parts = [dataclasses.replace(s, extent=p.value, body=first) if p.value else None,
+                     dataclasses.replace(s, extent=s.extent - p.value, body=second) if p.value < s.extent else None]
+        else:
+            parts = [dataclasses.replace(s, limit=p, body=first),
+                     dataclasses.replace(s, limit=simplify(trips - p), body=second)]
+        return ir.seq([_partition(x) for x in parts if x is not None])
+    return dataclasses.replace(s, body=_partition(s.body))
+
+
+def _select_cut(loop: ir.For):
+    """(test, p) of the first concat select in `loop`'s statements whose test holds exactly for
+    loop.var < p, p free of the loops inside (an expression); None where there is none."""
+    inner = _loop_ranges(loop.body)
+    for st in ir.stmts(loop.body):
+        if not isinstance(st, ir.Store):
+            continue
+        for n in walk(st.value):
+            if not _concat_select(n) or (ln := _difference(n.cond)) is None:
+                continue
+            terms, const = ln
+            coef = terms.get(Var(loop.var), 0)
+            rest = {t: k for t, k in terms.items() if t != Var(loop.var)}
+            if coef != 1 or any(free_vars(t) & (inner.keys() | {loop.var}) for t in rest):
+                continue
+            # v + rest + const < 0 (<= 0): v < -rest - const (+ 1)
+            return n.cond, from_linear({t: -k for t, k in rest.items()}, -const + (1 if n.cond.op == "<=" else 0))
+    return None
+
+
+def _resolved(s: ir.Stmt, cond, truth: bool) -> ir.Stmt:
+    """`s` with every select on `cond` replaced by its side for that truth."""
+    return _replace(s, lambda e: transform(e, lambda n: (n.then if truth else n.other)
+                                            if isinstance(n, Select) and n.cond == cond else None))

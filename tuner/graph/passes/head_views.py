@@ -4,7 +4,9 @@ batch_matmul becomes that operand's a_heads / b_heads = H; one that merges heads
 back into [..., R, H*C] and feeds a dense becomes the dense's in_heads = H (ops.dense). A chain is
 recognised by where it moves each element, not by its nodes, so every exporter's spelling of it is
 found; K's transpose into K^T ([..., H, C, R]) is no such view and stays a copy, which gives the
-scores' GEMM contiguous columns. A chain that other nodes also read is still computed for them.
+scores' GEMM contiguous columns, except for one query row (a decoding step), where the copy would
+move the whole cache for one pass over it: that batch_matmul reads K itself (trans_b). A chain
+that other nodes also read is still computed for them.
 """
 from __future__ import annotations
 
@@ -64,6 +66,17 @@ def _merge_source(v):
     return found
 
 
+def _keys_of_one_row(n):
+    """K where batch_matmul n multiplies one row by K's transpose [..., C, R] (a decoding step's
+    scores), else None."""
+    a, b = n.inputs[:2]
+    t = b.producer
+    if n.attrs.get("trans_b") or len(a.shape) < 2 or a.shape[-2] != 1 or t is None or t.op != "transpose":
+        return None
+    rank = len(b.shape)
+    return t.inputs[0] if list(t.attrs["perm"]) == [*range(rank - 2), rank - 1, rank - 2] else None
+
+
 @register("AbsorbHeadViews", 1, required=("InferType",))
 def absorb_head_views(graph: Graph, ctx) -> Graph:
     """reshape/transpose chains that split or merge attention heads -> batch_matmul a_heads /
@@ -74,6 +87,8 @@ def absorb_head_views(graph: Graph, ctx) -> Graph:
             found = {k: _split_source(v) for k, v in zip(BMM_VIEWS, n.inputs[:2])}
             if any(found.values()):
                 plans[id(n)] = found
+            elif (key := _keys_of_one_row(n)) is not None:
+                plans[id(n)] = {"trans_b": key}
         elif n.op == "dense" and not n.attrs.get("in_heads") and len(n.inputs) == 2 \
                 and (found := _merge_source(n.inputs[0])) \
                 and not (graph.meta.get("dynamic") and int(np.prod(found[0].shape[:-3])) > 1):
@@ -90,6 +105,9 @@ def absorb_head_views(graph: Graph, ctx) -> Graph:
         if plan is None:
             return None
         attrs, ins = dict(n.attrs), list(ins)
+        if "trans_b" in plan:
+            ins[1], attrs["trans_b"] = new[id(plan["trans_b"])], 1
+            return b.add(n.op, ins, attrs, n.name)
         for j, (k, found) in enumerate(plan.items()):      # operand j: a_heads, b_heads; in_heads: data
             if found is not None:
                 ins[j], attrs[k] = new[id(found[0])], found[1]
