@@ -1420,3 +1420,17 @@ def test_a_concat_along_a_serial_loop_runs_as_a_loop_per_input_without_selects(s
     got = np.full((sum(sizes), width), np.nan, np.float32)
     assert open_library(built.lib).tuner_run(built.index, pointer_array(xs + [got])) == 0
     np.testing.assert_array_equal(got, np.concatenate(xs))
+
+
+def test_a_concat_at_two_threads_runs_its_heads_in_parallel_and_its_axis_as_a_loop_per_input():
+    """[1, 8, 40, 64] keys and one new row appended: the eight heads give each of two threads
+    work, so the concat's axis is not fused into the parallel loop and stays cut (no select)."""
+    from tuner.ops.shape import concat
+    from tuner.te.tensor import placeholder
+    ins = [placeholder((1, 8, 40, 64), "past"), placeholder((1, 8, 1, 64), "new")]
+    out = concat(ins, 2, "present")
+    space = SearchSpace(None, parse_target("cpu -threads=2"), (ins, out))
+    steps = space.steps(space.default())
+    assert ["annotate", "present", "present_i0@present_i1", "parallel"] in steps
+    fn = lower(replay(ins, out, steps), "present_kernel")
+    assert not [n for s in ir.stmts(fn.body) if isinstance(s, ir.Store) for n in walk(s.value) if isinstance(n, Select)]

@@ -74,7 +74,7 @@ from ..ops.workload import CONSTANT_INPUTS
 from ..schedule.ir import tail_widths, vector_split
 from ..schedule.prefetch import LINE_FLOATS, PEELED
 from ..schedule.schedule import Schedule, ScheduleError, replay
-from ..te.expr import (Const, FloorDiv, FloorMod, Load, Select, Var, children, free_vars, linear, simplify, substitute,
+from ..te.expr import (Cmp, Const, FloorDiv, FloorMod, Load, Select, Var, children, free_vars, linear, simplify, substitute,
                        walk)
 
 MAX_ACCUMULATORS = 32        # vector registers of AVX-512 (AVX2 has 16; spills only cost speed)
@@ -1147,15 +1147,30 @@ class SearchSpace(DagSketch):
             sizes = [*self.out_shape[:-1], -(-self.out_shape[-1] // vec)]
             if tile > 1:
                 sizes[self.transposed[0]] = -(-sizes[self.transposed[0]] // tile)
-            steps += self._spread(out, outer, sizes)
+            steps += self._spread(out, outer, sizes, self._concat_axes)
         return steps
 
-    def _spread(self, stage: str, loops: list, sizes: list) -> list:
+    @cached_property
+    def _concat_axes(self) -> frozenset:
+        """The output axes along which the output's formula is a concat: a select between two reads
+        on a test of that axis alone (schedule.peel.partition_selects cuts a serial loop there)."""
+        found = set()
+        for n in walk(self.output.op.body):
+            if isinstance(n, Select) and not isinstance(n.then, Const) and not isinstance(n.other, Const) \
+                    and isinstance(n.cond, Cmp) and (ln := linear(n.cond.a - n.cond.b)) is not None:
+                axes = [t.name for t in ln[0] if isinstance(t, Var) and t.name in self.out_axes]
+                if len(axes) == 1 and ln[0][Var(axes[0])] == 1:
+                    found.add(axes[0])
+        return frozenset(found)
+
+    def _spread(self, stage: str, loops: list, sizes: list, serial: frozenset = frozenset()) -> list:
         """Steps that run `stage`'s `loops` (outermost first, `sizes` iterations each) across the
         threads: fused until they give each thread PARALLEL_GRAIN iterations; those inside stay
-        loops, with affine indices (not one vector's div and mod per iteration)."""
-        k = next((k for k in range(1, len(loops)) if math.prod(sizes[:k]) >= PARALLEL_GRAIN * self.target.threads),
-                 len(loops))
+        loops, with affine indices (not one vector's div and mod per iteration). A loop in `serial`
+        (a concat's axis, cut into a loop per input) stays outside the fusion where the loops
+        around it already give every thread an iteration."""
+        k = next((k for k in range(1, len(loops)) if math.prod(sizes[:k]) >= PARALLEL_GRAIN * self.target.threads
+                  or loops[k] in serial and math.prod(sizes[:k]) >= self.target.threads), len(loops))
         return ([["fuse", stage, loops[:k]]] if k > 1 else []) + [["annotate", stage, "@".join(loops[:k]), "parallel"]]
 
     def _root_pad_steps(self, dec: dict) -> list:
