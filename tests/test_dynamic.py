@@ -3,6 +3,7 @@ extents. A schedule tuned at one value of a symbol, replayed on the kernel for i
 what the static workload at any value in the range computes, whatever the padding holds."""
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 
@@ -876,3 +877,25 @@ def test_a_decoding_step_over_a_cache_of_any_past_length_compiles_once_and_match
         for g, w in zip(got, want):
             assert g.shape == w.shape
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=f"past length {past_length}")
+
+
+def test_a_plan_of_a_decoding_step_names_what_its_import_computed_at_run_time_so_analyze_finds_its_model(tmp_path):
+    """A bucket's plan keeps the pairs its import computed at run time (graph.dynamic.load_range):
+    `tuner analyze` imports the model with them and finds the graph the plan was made for."""
+    from tuner.analysis.model_report import _graph
+    from tuner.database import records
+    from tuner.errors import UserError
+    from tuner.graph.dynamic import load_at, load_range, parse_dynamic
+    from tuner.graph.ir import graph_digest
+    from tuner.graph.onnx_frontend import input_dims
+    path = str(_decoder_step_onnx(tmp_path / "step.onnx"))
+    _, run_time = load_range(path, parse_dynamic("past=1x2x[1..40]x8", input_dims(path)))
+    shapes = {"x": [1, 1, 16], "past": [1, 2, 20, 8]}
+    graph = load_at(path, shapes, run_time)
+    assert run_time == {("pos", "row")} and graph.meta["run_time"] == [("pos", "row")]
+    plan = records.make_plan_record(path, graph_digest(graph), "cpu -threads=1", {}, 1e-3, True, shapes=shapes,
+                                    dynamic=True, run_time=graph.meta["run_time"])
+    plan = records.PlanRecord.from_json(plan.to_json())
+    assert graph_digest(_graph(plan, path, None)) == plan.model_hash
+    with pytest.raises(UserError, match="is not the model the log's plan was made for"):
+        _graph(dataclasses.replace(plan, run_time=()), path, None)

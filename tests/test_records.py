@@ -203,7 +203,9 @@ END = {"upto": 96, "code": "1a505e692e596de6ea5a", "above": "2b505e692e596de6ea5
                                               {"extra": 1})],
                                           ("ends", {"": END}), ("ends", {"k" * 5000: END}), ("ends", [END]),
                                           ("defaults", {"k": 5}), ("defaults", {"": "c0de"}), ("defaults", ["k"]),
-                                          ("defaults", {"k": "x" * 5000})])
+                                          ("defaults", {"k": "x" * 5000}),
+                                          ("run_time", [["pos"]]), ("run_time", [["pos", 7]]), ("run_time", {"pos": "row"}),
+                                          ("run_time", [["", "row"]]), ("run_time", [["pos", "r" * 5000]])])
 def test_a_plan_line_whose_shapes_flags_or_ends_are_malformed_is_refused_by_name(field, value):
     """A plan names the input shapes its model was tuned at, whether it is a bucket of a range,
     whether it compiles padded as an untuned compile, how far above it its kernels serve and whether
@@ -211,8 +213,10 @@ def test_a_plan_line_whose_shapes_flags_or_ends_are_malformed_is_refused_by_name
     refused with the field named."""
     good = records.make_plan_record("m", "h1", "cpu -isa=avx2 -threads=1", {}, 1e-3, True,
                                     shapes={"input_ids": [1, 64]}, dynamic=True, ends={"a0c302c6a5d30412": END},
-                                    padded=True, defaults={"a0c302c6a5d30412": "5f1c0de"}, untuned=True)
+                                    padded=True, defaults={"a0c302c6a5d30412": "5f1c0de"}, untuned=True,
+                                    run_time=[("pos", "row")])
     assert records.PlanRecord.from_json(json.loads(json.dumps(good.to_json()))) == good
+    assert good.to_json()["run_time"] == [["pos", "row"]] and "run_time" not in dataclasses.replace(good, run_time=()).to_json()
     assert good.to_json()["defaults"] == {"a0c302c6a5d30412": "5f1c0de"}
     assert "defaults" not in dataclasses.replace(good, defaults={}).to_json()
     assert good.to_json()["shapes"] == {"input_ids": [1, 64]} and good.to_json()["dynamic"] is True

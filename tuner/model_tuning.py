@@ -744,7 +744,8 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
         rec = records.make_plan_record(name, graph_digest(graph), str(tgt), plan.layouts, est, plan.exact,
                                        tuple(layouts), peak, cold, cold_est, weights, graph_structure(graph), choices,
                                        {v.name: list(v.shape) for v in graph.inputs}, dynamic,
-                                       ends, anonymous_structure(graph), padded, defaults, lost)
+                                       ends, anonymous_structure(graph), padded, defaults, lost,
+                                       graph.meta.get("run_time", ()))
         same_choices = last is not None and {k: v["on"] for k, v in last.choices.items()} == \
             {k: v["on"] for k, v in rec.choices.items()}       # the times differ run to run; the choices, not
         if last is None or dataclasses.replace(last, timestamp=rec.timestamp, tool=rec.tool, peak_gflops=rec.peak_gflops,

@@ -308,7 +308,7 @@ def _graph(plan, model, input_shapes):
         given = str(model or plan.model)
         shapes = (plan.shapes or input_shapes) if given not in MODELS else input_shapes   # the plan's own first
         try:
-            graph = load_at(given, shapes) if plan.dynamic else load(given, shapes)
+            graph = load_at(given, shapes, frozenset(plan.run_time)) if plan.dynamic else load(given, shapes)
         except UserError as err:
             if model:
                 raise UserError(f"--model {given}: {err}") from None

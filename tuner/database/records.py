@@ -201,6 +201,8 @@ class PlanRecord:
     shapes: dict = field(default_factory=dict)
     # tuned as a bucket of a range of shapes (graph.dynamic.load_at, tune --dynamic): a plan per bucket
     dynamic: bool = False
+    # [ONNX value, the node reading it]: what a bucket's import computed at run time (graph.dynamic.load_range)
+    run_time: tuple = ()
     # a bucket's workload key -> {"upto": the largest value of the varying dimension its kernel serves,
     # "code", "above": the code hashes at the bucket of that kernel and of the one above it}, measured
     # (model_tuning.handovers); a task not named, or run with other kernels, ends at the bucket
@@ -240,6 +242,8 @@ class PlanRecord:
             d["shapes"] = self.shapes
         if self.dynamic:
             d["dynamic"] = True
+        if self.run_time:
+            d["run_time"] = [list(p) for p in self.run_time]
         if self.ends:
             d["ends"] = self.ends
         if self.anonymous:
@@ -294,6 +298,10 @@ class PlanRecord:
             and all(_integer(n) and 0 < n for n in v) and math.prod(v) <= MAX_ELEMENTS for k, v in shapes.items()),
             "plan shapes is not an object of input shapes (lists of positive integers)")
         _want(isinstance(obj.get("dynamic", False), bool), "plan dynamic is not a boolean")
+        run_time = obj.get("run_time", [])
+        _want(isinstance(run_time, list) and len(run_time) <= MAX_ENDS and all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(n, str) and 0 < len(n) <= MAX_KEY for n in p)
+            for p in run_time), "plan run_time is not a list of [value, reader] name pairs")
         ends = obj.get("ends", {})
         _want(isinstance(ends, dict) and len(ends) <= MAX_ENDS and all(
             isinstance(k, str) and 0 < len(k) <= MAX_KEY and isinstance(v, dict) and set(v) == {"upto", "code", "above"}
@@ -319,6 +327,7 @@ class PlanRecord:
                    structure=obj.get("structure", ""),
                    choices={k: {"on": v["on"], "s": [float(t) for t in v["s"]]} for k, v in choices.items()},
                    shapes={k: list(v) for k, v in shapes.items()}, dynamic=obj.get("dynamic", False),
+                   run_time=tuple(tuple(p) for p in run_time),
                    ends={k: dict(v) for k, v in ends.items()}, anonymous=obj.get("anonymous", ""),
                    order=tuple(order), padded=obj.get("padded", False), defaults=dict(defaults),
                    untuned=obj.get("untuned", False))
@@ -329,14 +338,14 @@ def make_plan_record(model: str, model_hash: str, target: str, layouts: dict, es
                      cold_estimate_s: float | None = None, priced: str = "warm", structure: str = "",
                      choices: dict | None = None, shapes: dict | None = None, dynamic: bool = False,
                      ends: dict | None = None, anonymous: tuple = ("", ()), padded: bool = False,
-                     defaults: dict | None = None, untuned: bool = False) -> PlanRecord:
+                     defaults: dict | None = None, untuned: bool = False, run_time=()) -> PlanRecord:
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     return PlanRecord(model, model_hash, str(target), dict(layouts), estimate_s, exact, now, f"tuner {__version__}",
                       candidates=tuple(candidates), peak_gflops=peak_gflops, cold=dict(cold or {}),
                       cold_estimate_s=cold_estimate_s, priced=priced, structure=structure, choices=dict(choices or {}),
                       shapes={k: [int(n) for n in v] for k, v in (shapes or {}).items()}, dynamic=dynamic,
                       ends=dict(ends or {}), anonymous=anonymous[0], order=tuple(anonymous[1]), padded=padded,
-                      defaults=dict(defaults or {}), untuned=untuned)
+                      defaults=dict(defaults or {}), untuned=untuned, run_time=tuple(tuple(p) for p in sorted(run_time)))
 
 
 def _want(cond, reason: str) -> None:

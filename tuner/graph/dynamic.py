@@ -84,6 +84,8 @@ def load_at(model: str, shapes: dict, run_time: frozenset = frozenset(), folded:
     from . import load
     g = load(model, shapes, run_time=run_time, folded=folded)
     g.meta["dynamic"] = True
+    if run_time:
+        g.meta["run_time"] = sorted(run_time)
     return g
 
 
