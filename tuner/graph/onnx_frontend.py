@@ -197,6 +197,9 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model", ba
                 raise OnnxImportError(f"node {node.name!r} ({node.op_type}) reads {name!r}, which nothing defines")
             else:
                 ins.append(env[name])
+        if run_time and node.output:
+            ins = [_at_run_time(b, v, env_iota) if isinstance(v, Value) and (name, node.output[0]) in run_time else v
+                   for name, v in zip(node.input, ins)]
         if any(isinstance(v, Empty) for v in ins):
             empty = [name for name, v in zip(node.input, ins) if isinstance(v, Empty)]
             if node.op_type != "Concat":
@@ -216,9 +219,6 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model", ba
         if node.op_type == "If":
             todo.extend(_taken_branch(b, env, node, ins)[::-1])
             continue
-        if run_time and node.output:
-            ins = [_at_run_time(b, v, env_iota) if v is not None and (name, node.output[0]) in run_time else v
-                   for name, v in zip(node.input, ins)]
         if foldable(node.op_type, ins):
             try:
                 outs = fold(node.op_type, ins, {**_attrs(node), "_outputs": len(node.output)}, opset)

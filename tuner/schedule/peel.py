@@ -652,8 +652,9 @@ def _select_cut(loop: ir.For):
             terms, const = ln
             coef = terms.get(Var(loop.var), 0)
             rest = {t: k for t, k in terms.items() if t != Var(loop.var)}
-            if coef != 1 or any(free_vars(t) & (inner.keys() | {loop.var}) for t in rest):
-                continue
+            if coef != 1 or any(free_vars(t) & (inner.keys() | {loop.var}) or any(isinstance(x, Load) for x in walk(t))
+                                for t in rest):
+                continue                    # (a test on data is no place to cut a loop)
             # v + rest + const < 0 (<= 0): v < -rest - const (+ 1)
             return n.cond, from_linear({t: -k for t, k in rest.items()}, -const + (1 if n.cond.op == "<=" else 0))
     return None

@@ -1157,7 +1157,8 @@ class SearchSpace(DagSketch):
         found = set()
         for n in walk(self.output.op.body):
             if isinstance(n, Select) and not isinstance(n.then, Const) and not isinstance(n.other, Const) \
-                    and isinstance(n.cond, Cmp) and (ln := linear(n.cond.a - n.cond.b)) is not None:
+                    and isinstance(n.cond, Cmp) and n.cond.op in ("<", "<=") \
+                    and not any(isinstance(x, Load) for x in walk(n.cond)) and (ln := linear(n.cond.a - n.cond.b)) is not None:
                 axes = [t.name for t in ln[0] if isinstance(t, Var) and t.name in self.out_axes]
                 if len(axes) == 1 and ln[0][Var(axes[0])] == 1:
                     found.add(axes[0])

@@ -160,7 +160,7 @@ def _fitted_bodies(built: list, points: list, symbols: tuple) -> dict:
     the sample points in such constants (a concat's offset, a slice's start at a position id).
     Each stage must compute at every point what its formula computes there, over the axes'
     ranges there: a view's index arithmetic in the bound shape, (i*32 + j) // (S*32) for i < S,
-    is 0 there too; anything else that changes (a mean's 1/n, a pad's border) is refused."""
+    is 0 there too; anything else that changes (a float: a mean's 1/n) is refused."""
     out = {}
     moving = ", ".join(s.name for s in symbols if s.lo < s.hi)
     for name, formula in built[0][1].items():
