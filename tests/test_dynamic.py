@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import warnings
 import re
 
 import numpy as np
@@ -421,6 +422,59 @@ def test_a_hugging_face_model_exported_with_a_dynamic_length_compiles_once_and_m
         ids = np.random.default_rng(n).integers(0, 100, (b, n)).astype(np.int64)
         np.testing.assert_allclose(model.run(input_ids=ids)[0], ort_run(path, {"input_ids": ids})[0], rtol=1e-4,
                                    atol=1e-4, err_msg=f"length {n}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_a_hugging_face_decoders_step_over_a_kv_cache_compiles_once_for_every_past_length(tmp_path, name):
+    """GPT-2 (learned positions, wpe[P]) and LLaMA (RoPE at P, grouped-query heads), one decoding
+    step exported with the past length dynamic: one compile for 1..30 matches ONNX Runtime at
+    every past length tried, the present keys and values included."""
+    tf = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    from conftest import ort_run
+    torch.manual_seed(0)
+    if name == "gpt2":
+        cfg = tf.GPT2Config(vocab_size=100, n_positions=64, n_embd=32, n_layer=1, n_head=4)
+    else:
+        cfg = tf.LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    cfg._attn_implementation = "eager"
+    net = (tf.GPT2Model if name == "gpt2" else tf.LlamaModel)(cfg).eval()
+    heads = 4 if name == "gpt2" else 2
+
+    class Step(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def forward(self, ids, mask, k, v):
+            cache = tf.DynamicCache()
+            cache.update(k, v, 0)
+            out = self.net(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True)
+            layer = out.past_key_values.layers[0]
+            return out.last_hidden_state, layer.keys, layer.values
+
+    path = tmp_path / f"{name}_step.onnx"
+    past = [torch.randn(1, heads, 5, 8) for _ in range(2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Step(), (torch.randint(0, 100, (1, 1)), torch.ones(1, 6, dtype=torch.int64), *past), str(path),
+                          input_names=["ids", "mask", "k", "v"], output_names=["hidden", "present_k", "present_v"],
+                          dynamic_axes={"mask": {1: "total"}, "k": {2: "past"}, "v": {2: "past"},
+                                        "present_k": {2: "total"}, "present_v": {2: "total"}},
+                          opset_version=17, dynamo=False)
+    m = _compile(path, f"k=1x{heads}x[1..30]x8; mask=1x[past+1]")
+    for p in (30, 1, 2, 11):
+        rng = np.random.default_rng(p)
+        feeds = {"ids": rng.integers(0, 100, (1, 1)).astype(np.int64), "mask": np.ones((1, p + 1), np.int64),
+                 **{n: rng.standard_normal((1, heads, p, 8)).astype(np.float32) for n in ("k", "v")}}
+        feeds["mask"][0, : p // 4] = 0
+        got, want = m.run(**feeds), ort_run(path, feeds)
+        assert len(got) == len(want) == 3
+        for g, w in zip(got, want):
+            assert g.shape == w.shape
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=f"past length {p}")
 
 
 def test_records_tuned_at_buckets_run_for_the_lengths_up_to_them_and_the_bounds_schedule_beyond(tmp_path):
