@@ -953,3 +953,13 @@ def test_a_plan_of_a_decoding_step_names_what_its_import_computed_at_run_time_so
     assert graph_digest(_graph(plan, path, None)) == plan.model_hash
     with pytest.raises(UserError, match="is not the model the log's plan was made for"):
         _graph(dataclasses.replace(plan, run_time=()), path, None)
+
+
+def test_random_inputs_at_one_inputs_shape_give_the_others_the_shapes_its_symbols_say(tmp_path):
+    """tuner bench --shapes names the input that carries a symbol; the inputs that share or follow
+    it (a mask of seq + 1) take the values it gives, the rest their bounds."""
+    m = _compile(_cls_and_mask_onnx(tmp_path / "cls.onnx"), "x=1x[1..12]x4; mask=1x[seq+1]")
+    x, mask = m.random_inputs(shapes={"x": [1, 5, 4]})
+    assert (x.shape, mask.shape) == ((1, 5, 4), (1, 6))
+    assert [a.shape for a in m.random_inputs()] == [(1, 12, 4), (1, 13)]
+    assert [a.shape for a in m.run(x, mask)] == [(1, 6)]

@@ -289,9 +289,18 @@ class CompiledModel:
         return out + [np.array(values, np.int32)], values
 
     def random_inputs(self, seed: int = 0, shapes: dict | None = None) -> list:
-        """Random inputs of the model's shapes (of a dynamic model: its bounds, or `shapes` by name)."""
+        """Random inputs of the model's shapes (of a dynamic model: its bounds, or `shapes` by name,
+        the inputs not named there at the values of the symbols that those give, else the bounds)."""
         rng = np.random.default_rng(seed)
-        shape = {s["name"]: (shapes or {}).get(s["name"], s["shape"]) for s in self.inputs}
+        shapes = dict(shapes or {})
+        if self.symbols and shapes:
+            values = [sym["hi"] for sym in self.symbols]
+            for s in self.inputs:
+                for n, e in zip(shapes.get(s["name"], ()), s.get("extents") or ()):
+                    if e is not None and len(e) == 1 and e[0][0] == 1 and len(e[0][1]) == 1:
+                        values[e[0][1][0]] = int(n)
+            shapes = {s["name"]: shapes.get(s["name"]) or _extents(s, values) for s in self.inputs}
+        shape = {s["name"]: shapes.get(s["name"], s["shape"]) for s in self.inputs}
         return [rng.integers(*s["range"], size=shape[s["name"]]).astype(s["dtype"]) if "range" in s
                 else rng.uniform(-1, 1, shape[s["name"]]).astype(s["dtype"]) for s in self.inputs]
 
