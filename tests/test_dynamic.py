@@ -963,3 +963,19 @@ def test_random_inputs_at_one_inputs_shape_give_the_others_the_shapes_its_symbol
     assert (x.shape, mask.shape) == ((1, 5, 4), (1, 6))
     assert [a.shape for a in m.random_inputs()] == [(1, 12, 4), (1, 13)]
     assert [a.shape for a in m.run(x, mask)] == [(1, 6)]
+
+
+def test_one_query_rows_scores_are_a_dot_product_per_key_vectorised_along_the_head(tmp_path):
+    """Scores of one row against K read in place (trans_b) are no tiled task, whose vector would
+    gather K's rows lane by lane: each key's dot product is vectorised along the head dimension."""
+    from conftest import ort_run
+    path = _decoder_step_onnx(tmp_path / "step.onnx", dim=32)
+    m = _compile(path, "past=1x2x[1..40]x32")
+    [scores] = [st for st in m.steps if st.summary.startswith("batch_matmul") and "[1,2,1," in st.workload]
+    assert scores.workload_key is None
+    body = m.source[m.source.index(f" {scores.func}("):]
+    assert "__acc" in body[:body.index("\n}\n")]        # codegen's vector reduction
+    rng = np.random.default_rng(0)
+    x, past = rng.standard_normal((1, 1, 64)).astype(np.float32), rng.standard_normal((1, 2, 17, 32)).astype(np.float32)
+    for g, w in zip(m.run(x, past), ort_run(path, {"x": x, "past": past})):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)

@@ -264,6 +264,16 @@ def _spatial_vector(st, target: Target) -> bool:
     return any(s not in (0, 1) for s in along_reduce) and all(s in (0, 1) for s in along_axis)
 
 
+def _reduction_vector(st, target: Target) -> bool:
+    """A reduction better vectorised along its innermost reduction than along its last spatial axis:
+    every read contiguous or constant along the reduction, some read strided along the axis."""
+    if not st.op.is_reduction or not st.op.axes or vector_split(st.op.reduce_axes[-1].extent, target.lanes)[0] == 0:
+        return False
+    along_reduce = _strides(st, st.op.reduce_axes[-1].name)
+    along_axis = _strides(st, st.op.axes[-1].name)
+    return all(s in (0, 1) for s in along_reduce) and any(s not in (0, 1) for s in along_axis)
+
+
 def _row_steps(stages: list, target: Target) -> list | None:
     """A group with a reduction (softmax, layer_norm, what feeds a softmax, attention) computed row
     by row: every stage at the output's row loop, so a row's intermediates stay in registers and
@@ -344,7 +354,10 @@ def _generic_kernel(dag: tuple, target: Target, func: str, dims=None, over: tupl
         tries.insert(0, rows)
     try:
         space = SearchSpace(None, target, dag)
-        tries.insert(0, space.steps(space.default()))
+        # the space's tiles vectorise the output's last axis: after the others where a reduction reads
+        # along it with strides and along its reduction contiguously (one row times K^T: a dot per key)
+        tries.insert(len(tries) - 1 if any(_reduction_vector(st, target) for st in sch.stages) else 0,
+                     space.steps(space.default()))
     except (ValueError, ScheduleError):   # more than one reduction (softmax): row by row, or stage by stage
         pass
     last_error = None

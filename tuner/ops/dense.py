@@ -339,6 +339,8 @@ def _bmm_task(n):
     if tuple(a[:-2]) != tuple(b[:-2]):
         raise NoTask(f"batch dims {list(a[:-2])} and {list(b[:-2])} broadcast")
     tb = n.attrs.get("trans_b", 0)
+    if tb and a[-2] == 1:       # one row times K^T: a dot product per key (compile_model._reduction_vector)
+        raise NoTask("one row times a transposed operand")
     p = dict(B=int(np.prod(a[:-2], dtype=np.int64)), M=a[-2], K=a[-1], N=b[-2] if tb else b[-1])
     p.update({k: n.attrs[k] for k in BMM_VIEWS if n.attrs.get(k)})
     return p, "NT" if tb else "NN"
