@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -82,8 +83,6 @@ def feeds(info: dict, past_length: int, seed: int) -> dict:
 
 def row_for(name: str, args, workdir: Path) -> list:
     """A row per thread count: compiled once for 1..args.past, checked at args.check, timed at args.time."""
-    import time
-
     import onnxruntime
     from tuner.compare.peers import interleaved, paired_ratios
     from tuner.compiler import compile_model

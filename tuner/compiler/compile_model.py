@@ -259,9 +259,13 @@ def _spatial_vector(st, target: Target) -> bool:
     that axis (a GEMM's B operand: P.V in attention); else along its innermost reduction."""
     if not st.op.is_reduction or not st.op.axes or vector_split(st.op.axes[-1].extent, target.lanes)[0] == 0:
         return False
-    along_reduce = _strides(st, st.op.reduce_axes[-1].name)
-    along_axis = _strides(st, st.op.axes[-1].name)
+    along_reduce, along_axis = _reduce_and_axis_strides(st)
     return any(s not in (0, 1) for s in along_reduce) and all(s in (0, 1) for s in along_axis)
+
+
+def _reduce_and_axis_strides(st) -> tuple:
+    """The strides of a reduction's reads along its innermost reduction and its last spatial axis."""
+    return _strides(st, st.op.reduce_axes[-1].name), _strides(st, st.op.axes[-1].name)
 
 
 def _reduction_vector(st, target: Target) -> bool:
@@ -269,8 +273,7 @@ def _reduction_vector(st, target: Target) -> bool:
     every read contiguous or constant along the reduction, some read strided along the axis."""
     if not st.op.is_reduction or not st.op.axes or vector_split(st.op.reduce_axes[-1].extent, target.lanes)[0] == 0:
         return False
-    along_reduce = _strides(st, st.op.reduce_axes[-1].name)
-    along_axis = _strides(st, st.op.axes[-1].name)
+    along_reduce, along_axis = _reduce_and_axis_strides(st)
     return all(s in (0, 1) for s in along_reduce) and any(s not in (0, 1) for s in along_axis)
 
 

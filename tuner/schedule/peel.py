@@ -607,13 +607,19 @@ def _best_case(c, inner: dict):
 # constant side (a pad's border) is left to the guards and unswitching above.
 
 def partition_selects(func: ir.Func) -> ir.Func:
-    if not any(_concat_select(n) for st in ir.stmts(func.body) if isinstance(st, ir.Store) for n in walk(st.value)):
+    if not any(concat_test(n) for st in ir.stmts(func.body) if isinstance(st, ir.Store) for n in walk(st.value)):
         return func
     return dataclasses.replace(func, body=_partition(func.body))
 
 
-def _concat_select(n) -> bool:
-    return isinstance(n, Select) and not isinstance(n.then, Const) and not isinstance(n.other, Const)
+def concat_test(n):
+    """linear(a - b) of a concat select's test `a < b` or `a <= b` (two sides that are not
+    constants, a test that reads no data), else None: where a loop may be cut (space.sketch asks
+    which output axes those are)."""
+    if not isinstance(n, Select) or isinstance(n.then, Const) or isinstance(n.other, Const) \
+            or any(isinstance(x, Load) for x in walk(n.cond)):
+        return None
+    return _difference(n.cond)
 
 
 def _partition(s: ir.Stmt) -> ir.Stmt:
@@ -647,14 +653,13 @@ def _select_cut(loop: ir.For):
         if not isinstance(st, ir.Store):
             continue
         for n in walk(st.value):
-            if not _concat_select(n) or (ln := _difference(n.cond)) is None:
+            if (ln := concat_test(n)) is None:
                 continue
             terms, const = ln
             coef = terms.get(Var(loop.var), 0)
             rest = {t: k for t, k in terms.items() if t != Var(loop.var)}
-            if coef != 1 or any(free_vars(t) & (inner.keys() | {loop.var}) or any(isinstance(x, Load) for x in walk(t))
-                                for t in rest):
-                continue                    # (a test on data is no place to cut a loop)
+            if coef != 1 or any(free_vars(t) & (inner.keys() | {loop.var}) for t in rest):
+                continue
             # v + rest + const < 0 (<= 0): v < -rest - const (+ 1)
             return n.cond, from_linear({t: -k for t, k in rest.items()}, -const + (1 if n.cond.op == "<=" else 0))
     return None

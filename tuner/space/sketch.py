@@ -72,9 +72,10 @@ from functools import cached_property
 from ..ops import Workload
 from ..ops.workload import CONSTANT_INPUTS
 from ..schedule.ir import tail_widths, vector_split
+from ..schedule.peel import concat_test
 from ..schedule.prefetch import LINE_FLOATS, PEELED
 from ..schedule.schedule import Schedule, ScheduleError, replay
-from ..te.expr import (Cmp, Const, FloorDiv, FloorMod, Load, Select, Var, children, free_vars, linear, simplify, substitute,
+from ..te.expr import (Const, FloorDiv, FloorMod, Load, Select, Var, children, free_vars, linear, simplify, substitute,
                        walk)
 
 MAX_ACCUMULATORS = 32        # vector registers of AVX-512 (AVX2 has 16; spills only cost speed)
@@ -1156,9 +1157,7 @@ class SearchSpace(DagSketch):
         on a test of that axis alone (schedule.peel.partition_selects cuts a serial loop there)."""
         found = set()
         for n in walk(self.output.op.body):
-            if isinstance(n, Select) and not isinstance(n.then, Const) and not isinstance(n.other, Const) \
-                    and isinstance(n.cond, Cmp) and n.cond.op in ("<", "<=") \
-                    and not any(isinstance(x, Load) for x in walk(n.cond)) and (ln := linear(n.cond.a - n.cond.b)) is not None:
+            if (ln := concat_test(n)) is not None:
                 axes = [t.name for t in ln[0] if isinstance(t, Var) and t.name in self.out_axes]
                 if len(axes) == 1 and ln[0][Var(axes[0])] == 1:
                     found.add(axes[0])

@@ -116,14 +116,17 @@ def _compared(e: Expr):
     return Reduce(e.combiner, e.source, tuple(r.name for r in e.axes), e.init) if isinstance(e, Reduce) else e
 
 
+_FIELD = {Var: "name", Cmp: "op", Call: "name", Cast: "dtype", Load: "buffer"}   # a node's own field, beside its children
+
+
 def _head(e: Expr):
-    """What a node is apart from its children (a reduction's axes by name: their extents vary)."""
+    """What a node is apart from its children (a reduction's axes by name: their extents vary; an
+    integer constant by type only: _differing_constants compares its value)."""
     if isinstance(e, Reduce):
         return (Reduce, e.combiner, tuple(r.name for r in e.axes))
     if isinstance(e, Const):
         return (Const, type(e.value), e.value if not e.is_int else None)
-    field_of = {Var: "name", Cmp: "op", Call: "name", Cast: "dtype", Load: "buffer"}
-    return (type(e), getattr(e, field_of[type(e)]) if type(e) in field_of else None)
+    return (type(e), getattr(e, _FIELD[type(e)]) if type(e) in _FIELD else None)
 
 
 def _differing_constants(a: Expr, b: Expr) -> dict | None:
