@@ -477,6 +477,56 @@ def test_a_hugging_face_decoders_step_over_a_kv_cache_compiles_once_for_every_pa
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=f"past length {p}")
 
 
+@pytest.mark.slow
+def test_a_t5_decoders_step_over_a_kv_cache_and_a_varying_encoder_output_compiles_once_for_every_pair(tmp_path):
+    """T5's decoder, one step: its relative position bias at the past length (buckets of P - j by a
+    log, clamped by a Min with a constant tensor) is computed at run time, the encoder's output
+    and the past both vary; one compile matches ONNX Runtime at every pair tried, beyond the
+    buckets' max distance too."""
+    tf = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    from conftest import ort_run
+    torch.manual_seed(0)
+    cfg = tf.T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=1, num_heads=4,
+                      relative_attention_num_buckets=8, relative_attention_max_distance=12)
+    cfg._attn_implementation = "eager"
+    dec = tf.T5Model(cfg).eval().get_decoder()
+
+    class Step(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dec = dec
+
+        def forward(self, ids, enc, k, v):
+            cache = tf.EncoderDecoderCache(tf.DynamicCache(), tf.DynamicCache())
+            cache.self_attention_cache.update(k, v, 0)
+            out = self.dec(input_ids=ids, encoder_hidden_states=enc, past_key_values=cache, use_cache=True)
+            layer = out.past_key_values.self_attention_cache.layers[0]
+            return out.last_hidden_state, layer.keys, layer.values
+
+    path = tmp_path / "t5_step.onnx"
+    past = [torch.randn(1, 4, 5, 8) for _ in range(2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Step(), (torch.randint(0, 100, (1, 1)), torch.randn(1, 6, 32), *past), str(path),
+                          input_names=["ids", "enc", "k", "v"], output_names=["hidden", "present_k", "present_v"],
+                          dynamic_axes={"enc": {1: "enc"}, "k": {2: "past"}, "v": {2: "past"},
+                                        "present_k": {2: "total"}, "present_v": {2: "total"}},
+                          opset_version=17, dynamo=False)
+    m = _compile(path, "enc=1x[1..16]x32; k=1x4x[1..30]x8")
+    assert m.meta["run_time"]
+    for e, p in ((16, 30), (1, 1), (7, 2), (3, 13), (16, 1)):
+        rng = np.random.default_rng(p * 100 + e)
+        feeds = {"ids": rng.integers(0, 100, (1, 1)).astype(np.int64),
+                 "enc": rng.standard_normal((1, e, 32)).astype(np.float32),
+                 **{n: rng.standard_normal((1, 4, p, 8)).astype(np.float32) for n in ("k", "v")}}
+        got, want = m.run(**feeds), ort_run(path, feeds)
+        assert len(got) == len(want) == 3
+        for g, w in zip(got, want):
+            assert g.shape == w.shape
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=f"encoder length {e}, past length {p}")
+
+
 def test_records_tuned_at_buckets_run_for_the_lengths_up_to_them_and_the_bounds_schedule_beyond(tmp_path):
     """A dynamic compile with a log takes, per task, the records of its workload at each bucket,
     as a version the kernel dispatches to for the lengths up to that bucket, and computes what
@@ -931,6 +981,32 @@ def test_a_decoding_step_over_a_cache_of_any_past_length_compiles_once_and_match
         for g, w in zip(got, want):
             assert g.shape == w.shape
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=f"past length {past_length}")
+
+
+def test_values_whose_run_time_path_does_not_import_stay_folded_and_the_compile_names_the_constant(tmp_path):
+    """y = x + floor(P / 2): the past length P, traced back, would be computed at run time through a
+    Floor, which tuner imports only as a constant; the import keeps the last round that imported
+    (the run-time pairs its graphs hold, nothing more) and the compile names the constant."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from tuner.compiler.compile_model import input_dims
+    from tuner.graph.dynamic import load_range, parse_dynamic
+    n = helper.make_node
+    g = helper.make_graph([
+        n("Shape", ["past"], ["shape"]), n("Gather", ["shape", "two"], ["p"], axis=0), n("Cast", ["p"], ["pf"], to=1),
+        n("Mul", ["pf", "half"], ["ph"]), n("Floor", ["ph"], ["fl"]), n("Add", ["x", "fl"], ["y"]),
+        n("Concat", ["past", "x"], ["present"], axis=2)], "step",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 1, 8]),
+         helper.make_tensor_value_info("past", TensorProto.FLOAT, [1, 2, "past", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 1, 8]),
+         helper.make_tensor_value_info("present", TensorProto.FLOAT, [1, 2, "total", 8])],
+        [numpy_helper.from_array(np.array([2], np.int64), "two"), numpy_helper.from_array(np.array(0.5, np.float32), "half")])
+    path = tmp_path / "floor.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    graphs, run_time = load_range(str(path), parse_dynamic("past=1x2x[1..20]x8", input_dims(str(path))))
+    assert graphs and all(sorted(run_time) == gr.meta.get("run_time", []) for gr in graphs), run_time
+    with pytest.raises(DynamicError, match="constant .* is not the start of its value at the bounds"):
+        _compile(path, "past=1x2x[1..20]x8")
 
 
 def test_a_plan_of_a_decoding_step_names_what_its_import_computed_at_run_time_so_analyze_finds_its_model(tmp_path):

@@ -464,6 +464,8 @@ def _one_op_graph(op: str):
         "pow": ([x], {"exponent": 4.0}),
         "slice": ([x], {"begin": [0, 1, 5, 0], "step": [1, 2, -1, 3], "shape": [1, 3, 4, 2]}),
         "mod": ([x, c(8, 1, 1)], {"fmod": 1}),
+        "maximum": ([x, c(8, 1, 1)], {}),
+        "minimum": ([x, c(8, 1, 1)], {}),
         "reduce": ([x], {"axes": [1, 3], "keepdims": 1, "kind": "min"}),
     }
     if op == "dense":

@@ -301,9 +301,29 @@ def test_normalize_as_torch_writes_it_imports_with_clamp_and_expand(tmp_path):
     inits = {"last": np.array([-1], np.int64), "eps": np.array(1e-12, np.float32), "cap": np.array(0.25, np.float32)}
     g = _matches_onnxruntime(_model(nodes, inits, (1, 3, 8, 8), tmp_path / "norm.onnx", opset=18))
     assert "clip" in [n.op for n in g.nodes]
-    nodes = [helper.make_node("Max", ["x", "x"], ["y"], name="both")]
-    with pytest.raises(OnnxImportError, match=r"node 'both' \(Max\): only the Max or Min of one activation"):
-        load_onnx(_model(nodes, {}, (1, 3, 8, 8), tmp_path / "max.onnx"))
+
+
+def test_max_and_min_of_activations_and_constant_tensors_compile_to_what_onnx_runtime_computes(tmp_path):
+    """Max of three activations, Min of one and a constant row, and on integers (T5's relative
+    position buckets: min(bucket, a full tensor of max_distance - 1)), broadcasting."""
+    from tuner.compiler import compile_model
+    nodes = [helper.make_node("Neg", ["x"], ["nx"]), helper.make_node("Sin", ["x"], ["sx"]),
+             helper.make_node("Max", ["x", "nx", "sx"], ["m"]),
+             helper.make_node("Min", ["m", "row"], ["r"]),
+             helper.make_node("Mul", ["x", "ten"], ["x10"]), helper.make_node("Cast", ["x10"], ["i"], to=TensorProto.INT64),
+             helper.make_node("Min", ["i", "irow"], ["imin"]), helper.make_node("Max", ["imin", "izero"], ["imax"]),
+             helper.make_node("Cast", ["imax"], ["f"], to=TensorProto.FLOAT), helper.make_node("Add", ["r", "f"], ["y"])]
+    inits = {"row": np.linspace(-1, 1, 8, dtype=np.float32), "ten": np.array(10, np.float32),
+             "irow": np.arange(8, dtype=np.int64) * 3 - 4, "izero": np.zeros((1, 3, 1, 1), np.int64)}
+    path = _model(nodes, inits, (1, 3, 8, 8), tmp_path / "maxmin.onnx")
+    g = _matches_onnxruntime(path)
+    assert {"maximum", "minimum"} <= {n.op for n in g.nodes}
+    x = np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(compile_model(str(path)).run(x)[0], want, rtol=1e-5, atol=1e-6)
+    nodes = [helper.make_node("Max", ["x", "i"], ["y"], name="mixed"), helper.make_node("Cast", ["x"], ["i"], to=TensorProto.INT64)]
+    with pytest.raises(OnnxImportError, match=r"node 'mixed' \(Max\): operands are float32 and int64"):
+        load_onnx(_model(nodes[::-1], {}, (1, 3, 8, 8), tmp_path / "mixed.onnx"))
 
 
 @pytest.mark.parametrize("op", ["Log", "Exp", "Sin", "Cos", "Tanh", "Floor", "Ceil", "Round", "Sign", "Reciprocal"])

@@ -109,7 +109,7 @@ def load_range(model: str, dyn: DynamicInputs, input_shapes: dict | None = None)
     te.dynamic fits as an expression of the symbols, and what follows is computed at run time.
     Imported again until no such constant is left or none can be traced (the compile then names it)."""
     run_time: frozenset = frozenset()
-    graphs: list = []
+    graphs, kept = [], run_time
     nodes = None
     for _ in range(RUN_TIME_ROUNDS):
         try:
@@ -119,11 +119,11 @@ def load_range(model: str, dyn: DynamicInputs, input_shapes: dict | None = None)
                 here.append(load_at(model, dyn.shapes(p, input_shapes), run_time, folded[-1]))
         except (ValueError, UserError) as e:     # the model has no meaning at that shape
             if graphs:                           # what this round traced does not import: the last round stands
-                break
+                return graphs, kept
             raise DynamicError(f"{model} does not import at {described(p, dyn.symbols)}: "
                                f"{str(e).splitlines()[0][:200]}; narrow the range to the shapes the model "
                                "runs at") from None
-        graphs = here
+        graphs, kept = here, run_time
         onnx_name = {v.name: name for name, v in folded[0].items()}
         read = {v.name: v for n in graphs[0].nodes for v in n.inputs if v.is_const}
         varying = [onnx_name[v.name] for v in read.values() if v.name in onnx_name and not _starts(onnx_name[v.name], folded)]
@@ -135,7 +135,7 @@ def load_range(model: str, dyn: DynamicInputs, input_shapes: dict | None = None)
         if not more:
             break
         run_time |= more
-    return graphs, run_time
+    return graphs, kept
 
 
 def _starts(name: str, folded: list) -> bool:

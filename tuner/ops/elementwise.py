@@ -249,16 +249,22 @@ def _onnx_clip(cx, ins, a):
 
 def _onnx_max_min(cx, ins, a):
     """Max or Min of an activation and one constant scalar (torch's clamp_min and clamp_max, as in
-    F.normalize) is a clip; of two activations, not supported."""
-    acts = [v for v in ins if v is not None and not v.is_const]
-    consts = [v for v in ins if v is not None and v.is_const]
-    if len(acts) != 1 or len(consts) > 1 or (consts and np.size(consts[0].data) != 1):
-        raise cx.fail("only the Max or Min of one activation and at most one constant scalar is supported")
-    bound = float(np.asarray(consts[0].data).reshape(-1)[0]) if consts else None
-    if bound is None:
-        return acts
-    return [cx.add("clip", acts, {"min": bound, "max": np.inf} if cx.op_type == "Max" else
-                   {"min": -np.inf, "max": bound})]
+    F.normalize) is a clip; of anything else (two activations, a constant tensor: T5's relative
+    position buckets), a chain of maximum or minimum, broadcasting."""
+    ins = [v for v in ins if v is not None]
+    acts = [v for v in ins if not v.is_const]
+    kind = "maximum" if cx.op_type == "Max" else "minimum"
+    if len(ins) == 1:
+        return ins
+    if len(acts) == 1 and len(ins) == 2 and np.size(ins[1 - ins.index(acts[0])].data) == 1:
+        bound = float(np.asarray(ins[1 - ins.index(acts[0])].data).reshape(-1)[0])
+        return [cx.add("clip", acts, {"min": bound, "max": np.inf} if kind == "maximum" else {"min": -np.inf, "max": bound})]
+    if len({v.dtype for v in ins}) != 1:
+        raise cx.fail(f"operands are {' and '.join(sorted({v.dtype for v in ins}))}; {cx.op_type} takes one type")
+    out = ins[0]
+    for k, v in enumerate(ins[1:]):
+        out = cx.add(kind, [out, v], {}, "" if k == len(ins) - 2 else f"_{kind}{k}")
+    return [out]
 
 
 def _onnx_sum(cx, ins, a):
@@ -434,7 +440,6 @@ def _act_def(op: str) -> OpDef:
                  evaluate=lambda node, args: f32(activation_ref(args[0], op, act_params(node))),
                  te=lambda node, ins, name: activation(ins[0], op, act_params(node), name),
                  onnx_in={onnx_type: {"clip": _onnx_clip, "pow": _onnx_pow, "gelu": _onnx_gelu}.get(op, _onnx_act(op)),
-                          **({"Max": _onnx_max_min, "Min": _onnx_max_min} if op == "clip" else {}),
                           **({"PRelu": _onnx_prelu} if op == "leaky_relu" else {})}
                  if onnx_type else {},
                  onnx_out={"clip": _export_clip, "pow": _export_pow, "gelu": _export_gelu,
@@ -576,6 +581,11 @@ register(
     OpDef(name="int_div", pattern=Pattern.BROADCAST, infer=_binary_infer, integers=True, evaluate=_int_div_eval,
           te=lambda n, ins, name: broadcast_te(ins, lambda a, b: Call("trunc", (a / b,)), name),
           onnx_in={}, onnx_out=export_as("Div")),
+    *(OpDef(name=op, pattern=Pattern.BROADCAST, infer=_binary_infer, integers=True,
+            evaluate=lambda n, args, fn=fn: fn(*args).astype(np.result_type(*args)),
+            te=lambda n, ins, name, te=te: broadcast_te(ins, te, name),
+            onnx_in={onnx: _onnx_max_min}, onnx_out=export_as(onnx))
+      for op, (onnx, te, fn) in {"maximum": ("Max", max_expr, np.maximum), "minimum": ("Min", min_expr, np.minimum)}.items()),
     OpDef(name="mod", pattern=Pattern.BROADCAST, infer=_binary_infer, integers=True, evaluate=_mod_eval,
           te=_mod_te, onnx_in={"Mod": _onnx_mod}, onnx_out=export_as("Mod", lambda n: {"fmod": n.attrs["fmod"]})),
     OpDef(name="isnan", pattern=Pattern.ELEMWISE, infer=lambda n: (n.inputs[0].shape, "bool", n.inputs[0].layout),
