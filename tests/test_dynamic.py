@@ -351,13 +351,70 @@ def test_a_dim_that_follows_another_inputs_symbol_compiles_once_and_runs_every_l
 def test_a_dim_that_follows_a_symbol_must_name_one_with_a_range_and_stay_1_or_more(tmp_path):
     from tuner.graph.ir import GraphError
     path = _cls_and_mask_onnx(tmp_path / "cls.onnx")
-    for bad, says in (("x=1x[1..12]x4; mask=1x[len+1]", r"'\[len\+1\]' is not a symbol plus or minus a number"),
+    for bad, says in (("x=1x[1..12]x4; mask=1x[len+1]", r"'\[len\+1\]' is not a sum of symbols plus or minus a number"),
                       ("x=1x[1..12]x4; mask=1x[seq-1]", r"\[seq-1\] is 0 at seq=1"),
-                      ("x=1x[seq]x4; mask=1x[seq+1]", "not a symbol plus or minus a number"),
+                      ("x=1x[seq]x4; mask=1x[seq+1]", "not a sum of symbols plus or minus a number"),
+                      ("x=1x[1..12]x4; mask=1x[seq+seq]", "of distinct symbols"),
+                      ("x=1x[1..12]x4; mask=1x[2+seq]", "cannot read --dynamic"),
                       ("x=1x4x[1..3]; mask=1x[seq+1]", "dim 2 is fixed at 4"),
                       ("x=1x[1..12]x4; mask=[seq+1]x[seq+1]", "dim 0 is fixed at 1")):
         with pytest.raises(GraphError, match=says):
             _compile(path, bad)
+
+
+def _chunk_step_onnx(path, width=8):
+    """S new tokens over a cache: keys [1, past+S, width] = concat(past, x), scores of the S rows over
+    them, causal as Hugging Face builds it (key position <= query position, the query positions
+    range(P, P+S)), plus an additive mask [1, past+S] (dim_param total), softmax, times the keys."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    n = helper.make_node
+    g = helper.make_graph([
+        n("Concat", ["past", "x"], ["keys"], axis=1), n("Transpose", ["keys"], ["kt"], perm=[0, 2, 1]),
+        n("MatMul", ["x", "kt"], ["s"]),
+        n("Shape", ["x"], ["xs"]), n("Gather", ["xs", "one"], ["seq"], axis=0),
+        n("Shape", ["past"], ["ps"]), n("Gather", ["ps", "one"], ["p"], axis=0),
+        n("Add", ["p", "seq"], ["total"]), n("Range", ["p", "total", "one"], ["qpos"]),
+        n("Range", ["zero", "total", "one"], ["kpos"]),
+        n("Unsqueeze", ["qpos", "axis1"], ["q2"]), n("Unsqueeze", ["kpos", "axis0"], ["k2"]),
+        n("LessOrEqual", ["k2", "q2"], ["seen"]), n("Where", ["seen", "nothing", "hidden"], ["causal"]),
+        n("Add", ["s", "causal"], ["s1"]), n("Unsqueeze", ["mask", "axis1"], ["m3"]), n("Add", ["s1", "m3"], ["s2"]),
+        n("Softmax", ["s2"], ["a"], axis=-1), n("MatMul", ["a", "keys"], ["o"])], "chunk",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "seq", width]),
+         helper.make_tensor_value_info("past", TensorProto.FLOAT, [1, "past", width]),
+         helper.make_tensor_value_info("mask", TensorProto.FLOAT, [1, "total"])],
+        [helper.make_tensor_value_info("o", TensorProto.FLOAT, [1, "seq", width]),
+         helper.make_tensor_value_info("keys", TensorProto.FLOAT, [1, "total", width])],
+        [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in (("zero", 0), ("one", 1))]
+        + [numpy_helper.from_array(np.array([v], np.int64), k) for k, v in (("axis0", 0), ("axis1", 1))]
+        + [numpy_helper.from_array(np.array(v, np.float32), k) for k, v in (("nothing", 0.0), ("hidden", -1e9))])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_a_dim_that_is_a_sum_of_two_symbols_compiles_once_for_every_pair_of_them(tmp_path):
+    """S new tokens over a past of P (speculative or chunked decoding): the mask is [1, P+S], the
+    keys concat(past, x) [1, P+S, 8], each row causal from its own position; one compile for S in
+    1..6 and P in 1..20 matches ONNX Runtime at every pair tried, and the ranges read back."""
+    from conftest import ort_run
+    from tuner.errors import UserError
+    path = _chunk_step_onnx(tmp_path / "chunk.onnx")
+    m = _compile(path, "x=1x[1..6]x8; past=1x[1..20]x8; mask=1x[past+seq]")
+    assert m.meta["dynamic"]["mask"] == [1, "past+seq"] and {s["name"] for s in m.symbols} == {"seq", "past"}
+    for s, p in ((6, 20), (1, 1), (3, 7), (1, 20), (6, 1), (2, 13)):
+        rng = np.random.default_rng(10 * s + p)
+        feeds = {"x": rng.standard_normal((1, s, 8)).astype(np.float32),
+                 "past": rng.standard_normal((1, p, 8)).astype(np.float32),
+                 "mask": np.where(rng.uniform(size=(1, p + s)) < 0.2, -1e9, 0).astype(np.float32)}
+        feeds["mask"][0, -s:] = 0                   # the new tokens are never masked out
+        got, want = m.run(**feeds), ort_run(path, feeds)
+        assert len(got) == len(want) == 2
+        for g, w in zip(got, want):
+            assert g.shape == w.shape
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=f"seq {s}, past {p}")
+    assert [a.shape for a in m.random_inputs(shapes={"x": (1, 3, 8), "past": (1, 9, 8)})] == [(1, 3, 8), (1, 9, 8), (1, 12)]
+    with pytest.raises(UserError, match="input mask must have shape 1x12"):
+        m.run(np.zeros((1, 3, 8), np.float32), np.zeros((1, 9, 8), np.float32), np.zeros((1, 11), np.float32))
 
 
 def test_the_command_line_compiles_a_range_and_runs_a_shape_in_it(tmp_path, capsys):

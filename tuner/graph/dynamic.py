@@ -23,21 +23,22 @@ from ..te.dynamic import DynamicError, Symbol, described, sample_points, symbol_
 from .ir import GraphError
 
 _RANGE = re.compile(r"^(?:([A-Za-z_][A-Za-z0-9_.]*))?\[(\d+)\.\.(\d+)\]$")
-_FOLLOW = re.compile(r"^(\[)?([A-Za-z_][A-Za-z0-9_.]*?)(?:([+-])(\d+))?(?(1)\])$")   # [past+1]: a dim that follows a symbol
-_DIM = re.compile(r"[1-9]\d*|(?:[A-Za-z_][A-Za-z0-9_.]*)?\[\d+\.\.\d+\]|\[[A-Za-z_][A-Za-z0-9_.]*(?:[+-]\d+)?\]")
+_NAME = r"[A-Za-z_][A-Za-z0-9_.]*"
+_TERM = re.compile(rf"([+-]?)\s*({_NAME}|\d+)")      # [past+seq+1]: a dim that follows symbols, a sum of them plus c
+_DIM = re.compile(rf"[1-9]\d*|(?:{_NAME})?\[\d+\.\.\d+\]|\[{_NAME}(?:\s*[+-]\s*(?:{_NAME}|\d+))*\]")
 
 
 @dataclass
 class DynamicInputs:
-    """The symbols, and each input's dims: an int, ("sym", k) for symbols[k], or ("sym", k, c) for
-    symbols[k] + c (a dim that follows another: a mask over the past keys and the new one)."""
+    """The symbols, and each input's dims: an int, ("sym", k) for symbols[k], ("sym", k, c) for
+    symbols[k] + c (a dim that follows another: a mask over the past keys and the new one), or
+    ("sum", (k, ...), c) for a sum of symbols plus c (a mask over the past and the new tokens)."""
     symbols: tuple
     dims: dict
 
     def shapes(self, values: dict, fixed: dict | None = None) -> dict:
         """{input: shape} at `values` ({symbol var name: value}), beside the `fixed` inputs' shapes."""
-        return {**(fixed or {}), **{name: [values[symbol_var(d[1]).name] + _offset(d) if isinstance(d, tuple) else d
-                                           for d in dims] for name, dims in self.dims.items()}}
+        return {**(fixed or {}), **{name: [dim_value(d, values) for d in dims] for name, dims in self.dims.items()}}
 
     @property
     def points(self) -> list:
@@ -67,13 +68,22 @@ class DynamicInputs:
         def one(d):
             if not isinstance(d, tuple):
                 return d
-            sym = self.symbols[d[1]]
-            return f"{sym.name}{_offset(d):+d}" if len(d) == 3 else [sym.name, sym.lo, sym.hi]
+            if len(d) == 2:
+                return [self.symbols[d[1]].name, self.symbols[d[1]].lo, self.symbols[d[1]].hi]
+            return "+".join(self.symbols[k].name for k in _terms(d)) + (f"{d[2]:+d}" if d[2] else "")
         return {name: [one(d) for d in dims] for name, dims in self.dims.items()}
 
 
-def _offset(d: tuple) -> int:
-    return d[2] if len(d) == 3 else 0
+def _terms(d: tuple) -> tuple:
+    """The symbols a dynamic dim sums (one, or several: ("sum", (k, ...), c))."""
+    return d[1] if d[0] == "sum" else (d[1],)
+
+
+def dim_value(d, values: dict) -> int:
+    """A dim of DynamicInputs.dims at `values` ({symbol var name: value})."""
+    if not isinstance(d, tuple):
+        return d
+    return sum(values[symbol_var(k).name] for k in _terms(d)) + (d[2] if len(d) == 3 else 0)
 
 
 def load_at(model: str, shapes: dict, run_time: frozenset = frozenset(), folded: dict | None = None):
@@ -261,7 +271,7 @@ def parse_dynamic(spec, declared: dict) -> DynamicInputs:
         return ("sym", index[name])
 
     dims: dict = {}
-    follow: dict = {}                   # a dim_param written as another symbol + c -> ("sym", k, c)
+    follow: dict = {}                   # a dim_param written as symbols + c -> ("sym", k, c) or ("sum", ks, c)
     for name, given in sorted(items.items(), key=lambda kv: any(isinstance(g, str) for g in kv[1])):
         if name not in declared:
             raise GraphError(f"--dynamic names {name}, which the model has no input called; its inputs are "
@@ -308,17 +318,31 @@ def parse_dynamic(spec, declared: dict) -> DynamicInputs:
 
 
 def _following(text: str, index: dict, symbols: list, where: str) -> tuple:
-    """("sym", k, c) of a dim written "[name+c]" (or "name-c", "name"): symbol k plus c."""
-    m = _FOLLOW.match(text.strip())
-    if not m or m.group(2) not in index:
+    """("sym", k, c) of a dim written "[name+c]" (or "name-c", "name"): symbol k plus c; ("sum", (k,
+    ...), c) of "[past+seq]" or "[past+seq-1]": a sum of distinct symbols plus c."""
+    body = text.strip()[1:-1] if text.strip().startswith("[") else text.strip()
+    terms, i, ks, c = [], 0, [], 0
+    while i < len(body) and (m := _TERM.match(body, i)) and (m.group(1) or not terms):
+        terms.append((m.group(1) or "+", m.group(2)))
+        i = m.end()
+        while i < len(body) and body[i] == " ":
+            i += 1
+    names = [t for sign, t in terms if not t.isdigit()]
+    if i != len(body) or not terms or terms[0][1].isdigit() or terms[0][0] == "-" or \
+            any(sign == "-" for sign, t in terms if not t.isdigit()) or any(t not in index for t in names) or \
+            len(set(names)) != len(names):
         known = ", ".join(index) or "none yet"
-        raise GraphError(f"--dynamic {where}: {text!r} is not a symbol plus or minus a number, e.g. [past+1], of a "
-                         f"symbol given a range (symbols: {known})")
-    k, c = index[m.group(2)], int(m.group(4) or 0) * (-1 if m.group(3) == "-" else 1)
-    if symbols[k].lo + c < 1:
-        raise GraphError(f"--dynamic {where}: {text} is {symbols[k].lo + c} at {symbols[k].name}={symbols[k].lo}; "
-                         "a dim is 1 or more")
-    return ("sym", k, c) if c else ("sym", k)
+        raise GraphError(f"--dynamic {where}: {text!r} is not a sum of symbols plus or minus a number, e.g. [past+1] or "
+                         f"[past+seq], of distinct symbols given a range (symbols: {known})")
+    ks = tuple(index[t] for t in names)
+    c = sum(int(t) * (-1 if sign == "-" else 1) for sign, t in terms if t.isdigit())
+    low = sum(symbols[k].lo for k in ks) + c
+    if low < 1:
+        raise GraphError(f"--dynamic {where}: {text} is {low} at " + ", ".join(f"{symbols[k].name}={symbols[k].lo}" for k in ks)
+                         + "; a dim is 1 or more")
+    if len(ks) > 1:
+        return ("sum", ks, c)
+    return ("sym", ks[0], c) if c else ("sym", ks[0])
 
 
 def _items(spec) -> dict:
@@ -332,8 +356,8 @@ def _items(spec) -> dict:
             raise GraphError(f"cannot read --dynamic {part!r}: expected NAME=1x[1..512]")
         tokens = _tokens(text.strip())
         if tokens is None:
-            raise GraphError(f"cannot read --dynamic {part!r}: each dim is a number, a range [lo..hi] or a symbol "
-                             "plus or minus a number [past+1], joined by x")
+            raise GraphError(f"cannot read --dynamic {part!r}: each dim is a number, a range [lo..hi] or symbols "
+                             "plus or minus a number ([past+1], [past+seq]), joined by x")
         dims = []
         for d in tokens:
             m = _RANGE.match(d)
