@@ -365,20 +365,23 @@ def test_a_dim_that_follows_a_symbol_must_name_one_with_a_range_and_stay_1_or_mo
 def _chunk_step_onnx(path, width=8):
     """S new tokens over a cache: keys [1, past+S, width] = concat(past, x), scores of the S rows over
     them, causal as Hugging Face builds it (key position <= query position, the query positions
-    range(P, P+S)), plus an additive mask [1, past+S] (dim_param total), softmax, times the keys."""
+    range(P, P+S), expanded to [1, S, P+S] by shapes read off the inputs), plus an additive mask
+    [1, past+S] (dim_param total), softmax, times the keys."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
     n = helper.make_node
     g = helper.make_graph([
         n("Concat", ["past", "x"], ["keys"], axis=1), n("Transpose", ["keys"], ["kt"], perm=[0, 2, 1]),
         n("MatMul", ["x", "kt"], ["s"]),
-        n("Shape", ["x"], ["xs"]), n("Gather", ["xs", "one"], ["seq"], axis=0),
-        n("Shape", ["past"], ["ps"]), n("Gather", ["ps", "one"], ["p"], axis=0),
-        n("Add", ["p", "seq"], ["total"]), n("Range", ["p", "total", "one"], ["qpos"]),
-        n("Range", ["zero", "total", "one"], ["kpos"]),
+        n("Shape", ["x"], ["xs"]), n("Gather", ["xs", "one1"], ["seq"], axis=0),
+        n("Shape", ["past"], ["ps"]), n("Gather", ["ps", "one1"], ["p"], axis=0),
+        n("Squeeze", ["p", "axis0"], ["p0"]), n("Squeeze", ["seq", "axis0"], ["seq0"]), n("Add", ["p0", "seq0"], ["total0"]),
+        n("Add", ["p", "seq"], ["total"]), n("Range", ["p0", "total0", "one"], ["qpos"]),
+        n("Range", ["zero", "total0", "one"], ["kpos"]),
         n("Unsqueeze", ["qpos", "axis1"], ["q2"]), n("Unsqueeze", ["kpos", "axis0"], ["k2"]),
-        n("LessOrEqual", ["k2", "q2"], ["seen"]), n("Where", ["seen", "nothing", "hidden"], ["causal"]),
-        n("Add", ["s", "causal"], ["s1"]), n("Unsqueeze", ["mask", "axis1"], ["m3"]), n("Add", ["s1", "m3"], ["s2"]),
+        n("LessOrEqual", ["k2", "q2"], ["seen"]),
+        n("Concat", ["one1", "seq", "total"], ["bst"], axis=0), n("Expand", ["seen", "bst"], ["seen3"]),
+        n("Where", ["seen3", "nothing", "hidden"], ["causal"]), n("Add", ["s", "causal"], ["s1"]), n("Unsqueeze", ["mask", "axis1"], ["m3"]), n("Add", ["s1", "m3"], ["s2"]),
         n("Softmax", ["s2"], ["a"], axis=-1), n("MatMul", ["a", "keys"], ["o"])], "chunk",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "seq", width]),
          helper.make_tensor_value_info("past", TensorProto.FLOAT, [1, "past", width]),
@@ -386,7 +389,7 @@ def _chunk_step_onnx(path, width=8):
         [helper.make_tensor_value_info("o", TensorProto.FLOAT, [1, "seq", width]),
          helper.make_tensor_value_info("keys", TensorProto.FLOAT, [1, "total", width])],
         [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in (("zero", 0), ("one", 1))]
-        + [numpy_helper.from_array(np.array([v], np.int64), k) for k, v in (("axis0", 0), ("axis1", 1))]
+        + [numpy_helper.from_array(np.array([v], np.int64), k) for k, v in (("axis0", 0), ("axis1", 1), ("one1", 1))]
         + [numpy_helper.from_array(np.array(v, np.float32), k) for k, v in (("nothing", 0.0), ("hidden", -1e9))])
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     return path

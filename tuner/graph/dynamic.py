@@ -183,8 +183,17 @@ def _roots(x: str, folded: list, producer: dict, readers: dict) -> set:
             out |= {(y, n.output[0]) for n in path if n.output}
             continue
         if y in producer:
-            todo.extend((i, producer[y]) for i in producer[y].input if i)
+            skip = _SHAPING.get(producer[y].op_type, ())
+            todo.extend((i, producer[y]) for k, i in enumerate(producer[y].input) if i and k not in skip)
     return out
+
+
+# ONNX op -> its inputs that only shape its output (a target shape, slice bounds, axes, repeats): a
+# value that varies through them varies by its shape, which each point's import folds; the trace
+# follows the data inputs only (computing an Expand's shape at run time would leave it unimportable)
+_SHAPING = {"Expand": (1,), "Reshape": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4), "Pad": (1, 2, 3), "Squeeze": (1,),
+            "Unsqueeze": (1,), "ConstantOfShape": (0,), "Resize": (1, 2, 3), "Split": (1,), "TopK": (1,),
+            "CumSum": (1,), "OneHot": (1,), **{f"Reduce{r}": (1,) for r in ("Sum", "Mean", "Max", "Min", "Prod", "L2")}}
 
 
 def default_buckets(s: Symbol) -> list:

@@ -277,7 +277,7 @@ def _onnx_sum(cx, ins, a):
 
 def _onnx_expand(cx, ins, a):
     """Expand of an activation (F.normalize's expand_as) broadcast as an add of zeros shaped only
-    along the axes it grows, so that the constant stays small."""
+    along the axes it grows, so that the constant stays small (of a boolean, an or of False)."""
     x = ins[0]
     shape = [int(d) for d in cx.const(ins[1], "the shape")]
     try:
@@ -286,11 +286,11 @@ def _onnx_expand(cx, ins, a):
         raise cx.fail(f"cannot broadcast {list(x.shape)} to {shape}") from None
     if tuple(out) == tuple(x.shape):
         return [x]
-    if x.dtype not in ("float32", "int64", "int32"):
+    if x.dtype not in ("float32", "int64", "int32", "bool"):
         raise cx.fail(f"an Expand of a {x.dtype} activation is not supported")
     have = (1,) * (len(out) - len(x.shape)) + tuple(x.shape)
     zeros = np.zeros([d if h == 1 else 1 for d, h in zip(out, have)], x.dtype)     # integers stay integers
-    return [cx.add("add", [x, cx.constant(zeros, "_zeros")], {})]
+    return [cx.add("or" if x.dtype == "bool" else "add", [x, cx.constant(zeros, "_zeros")], {})]   # a mask: or False
 
 
 def _onnx_tile(cx, ins, a):
