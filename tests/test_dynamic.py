@@ -964,6 +964,31 @@ def test_a_dynamic_tune_with_a_histogram_tunes_the_bound_first_then_its_buckets_
     assert "--shape-histogram describes a --dynamic range: give --dynamic too" in capsys.readouterr().err
 
 
+def test_a_dynamic_tune_over_two_varying_dims_tunes_their_bounds_once_and_buckets_need_one(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """Several new tokens over a past (seq and past both vary): with no buckets the tune runs once,
+    at both bounds, and says so; buckets of one of them are refused in one line."""
+    from types import SimpleNamespace
+    from tuner import model_tuning
+    from tuner.cli import main
+    path = _chunk_step_onnx(tmp_path / "chunk.onnx")
+    spec = "x=1x[1..6]x8; past=1x[1..20]x8; mask=1x[past+seq]"
+    calls = []
+
+    def fake(graph, trials, contenders=None, **kw):
+        calls.append(({v.name: tuple(v.shape) for v in graph.inputs}, trials))
+        space = model_tuning.model_layouts(graph, ("NCHW16c",))
+        return SimpleNamespace(space=space, session=SimpleNamespace(interrupted=False, tasks=[]))
+    monkeypatch.setattr(model_tuning, "tune_model", fake)
+    out = model_tuning.tune_dynamic(str(path), spec, 300, layouts=("NCHW16c",))
+    assert [v for v, _ in out] == [6] and calls == [({"x": (1, 6, 8), "past": (1, 20, 8), "mask": (1, 26)}, 300)]
+    assert "2 dims vary (seq, past): tuning at their bounds only" in capsys.readouterr().out
+    assert main(["tune", str(path), "--dynamic", spec, "--buckets", "4", "--trials", "10", "--log",
+                 str(tmp_path / "l.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "buckets are values of one varying dimension; this model has 2" in err and err.count("\n") == 1
+
+
 def test_a_model_compiled_at_one_shape_has_no_dynamic_step_and_no_run_time_dims(tmp_path):
     """The dynamic machinery stays out of a static compile: no symbols, no step reading the dims
     array, every kernel the static one."""

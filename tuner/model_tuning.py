@@ -764,7 +764,8 @@ def tune_dynamic(model: str, dynamic, trials: int, buckets: list | None = None, 
     Buckets: `buckets`, else cut from the `histogram` file of the values a deployment sees
     (graph.dynamic.histogram_buckets), else graph.dynamic.default_buckets. `trials` (and
     `time_limit`) are shared by each bucket's share of the time (graph.dynamic.shares); a bucket
-    whose share is below its task count gets every task's first look. The bound is tuned first,
+    whose share is below its task count gets every task's first look. With several varying
+    dimensions and no buckets or histogram, the bound only. The bound is tuned first,
     then each bucket downwards, and each task's heat (confirm_bests) times the schedule of the
     bucket above beside its own front-runners: where that wins, the bucket needs no version of its
     own, which the compile sees as the same code there. A tune that is stopped stops the rest.
@@ -773,7 +774,15 @@ def tune_dynamic(model: str, dynamic, trials: int, buckets: list | None = None, 
     from .graph.onnx_frontend import input_dims
     dyn = parse_dynamic(dynamic, input_dims(str(model)))
     run_time = load_range(str(model), dyn, input_shapes)[1]      # what the compile computes at run time: its graphs
-    k, values = dyn.buckets(buckets)
+    moving = [s.name for s in dyn.symbols if s.lo < s.hi]
+    if len(moving) > 1 and buckets is None and histogram is None:
+        # buckets are values of one dimension: with several varying, the bound's tune serves the range
+        if kwargs.get("progress", True):
+            print(f"{len(moving)} dims vary ({', '.join(moving)}): tuning at their bounds only, which serve every "
+                  "shape in the range; fix all but one with --input-shape to tune buckets of it", flush=True)
+        k, values = next(k for k, s in enumerate(dyn.symbols) if s.lo < s.hi), []
+    else:
+        k, values = dyn.buckets(buckets)
     sym = dyn.symbols[k]
     hist = read_histogram(histogram, sym) if histogram else None
     if hist is not None and buckets is None:
