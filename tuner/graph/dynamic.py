@@ -330,7 +330,7 @@ def _following(text: str, index: dict, symbols: list, where: str) -> tuple:
     """("sym", k, c) of a dim written "[name+c]" (or "name-c", "name"): symbol k plus c; ("sum", (k,
     ...), c) of "[past+seq]" or "[past+seq-1]": a sum of distinct symbols plus c."""
     body = text.strip()[1:-1] if text.strip().startswith("[") else text.strip()
-    terms, i, ks, c = [], 0, [], 0
+    terms, i = [], 0
     while i < len(body) and (m := _TERM.match(body, i)) and (m.group(1) or not terms):
         terms.append((m.group(1) or "+", m.group(2)))
         i = m.end()

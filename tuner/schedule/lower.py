@@ -311,7 +311,9 @@ class Lowerer:
         dynamic axis split runs ceil(limit / inner) iterations of its outermost child that loops
         (its middle children: _tile_limits); fused, it keeps its limit as the outermost part only. A spatial tile may run past the
         limit, inside the bound shape: what it computes there lands in the padding, which no
-        result reads. A reduction is guarded at the limit: the padding must not enter a sum."""
+        result reads; where the tile is the whole dim and a register tile (unrolled, or vectorised
+        over at most TILE_ROW_LANES), it runs whole, a run-time trip count would undo it. A
+        reduction is guarded at the limit: the padding must not enter a sum."""
         ext, lim = dict(root_ext), dict(root_lim)
         guards, skips = [], {}
         for rel in st.relations:
@@ -330,8 +332,11 @@ class Lowerer:
                 for x in exts:
                     covered *= x
                 kind = "reduce" if st.is_reduce(parent) else "spatial"
+                j = next((i for i, x in enumerate(exts) if x > 1), len(exts) - 1)
+                if parent in lim and kind == "spatial" and j == len(children) - 1 and exts[j] <= TILE_ROW_LANES and \
+                        st.annotations.get(children[j]) in _REGISTER_TILE:
+                    lim.pop(parent)      # a register tile (the whole dim: 8 rows of 1..8) runs whole, into the padding
                 if parent in lim:        # the outermost child that loops runs what the limit needs
-                    j = next((i for i, x in enumerate(exts) if x > 1), len(exts) - 1)
                     inner = 1
                     for x in exts[j + 1:]:
                         inner *= x
@@ -551,6 +556,7 @@ def _walk_body(body: Expr):
 
 
 _RELAXED = ("threadIdx.x", "vthread")     # loops a shared buffer serves all of
+_REGISTER_TILE = ("unroll", "vectorize")   # loops whose body is replicated: a run-time trip count undoes them
 REGISTER_TILE = 512       # elements of a local tile the compiler may keep in registers (32 of 16 lanes)
 TILE_ROW_LANES = 64       # lanes of a register tile's row: 4 vectors of 16
 

@@ -54,15 +54,21 @@ def _peel(s: ir.Stmt, ranges: dict, peel: bool = True) -> ir.Stmt:
         return split
     if peel and s.kind in _PEELED and _symbolic_guards(s):
         return _peel_symbolic(s, inner)
-    p = _true_prefix(s, inner) if peel and s.kind in _PEELED and s.limit is None else None
+    p = _true_prefix(s, inner) if peel and s.kind in _PEELED else None
     if p is None or not 0 < p < s.extent:
         return dataclasses.replace(s, body=_peel(s.body, inner, peel))
-    main = dataclasses.replace(s, extent=p, body=_peel(s.body, {**ranges, s.var: (0, p - 1)}))
+    # a run-time trip count (a dynamic kernel's tile loop over guards at the bound) runs up to p of
+    # its iterations unguarded, then what is left of it, if any
+    lim = s.limit
+    main = dataclasses.replace(s, extent=p, body=_peel(s.body, {**ranges, s.var: (0, p - 1)}),
+                               limit=None if lim is None else simplify(Min(lim, Const(p))))
     if s.extent - p == 1:
         rest = _peel(_substitute(s.body, {s.var: Const(p)}), ranges, False)
+        if lim is not None:
+            rest = ir.IfThen(Cmp("<", Const(p), lim), rest)
     else:
         body = _substitute(s.body, {s.var: Var(s.var) + Const(p)})
-        rest = dataclasses.replace(s, extent=s.extent - p,
+        rest = dataclasses.replace(s, extent=s.extent - p, limit=None if lim is None else simplify(lim - Const(p)),
                                    body=_peel(body, {**ranges, s.var: (0, s.extent - p - 1)}, False))
     return ir.seq([main] + ([rest] if any(isinstance(x, ir.Store) for x in ir.stmts(rest)) else []))
 
@@ -111,6 +117,8 @@ def _replace(s: ir.Stmt, fn, bound=()) -> ir.Stmt:
         return ir.Seq([_replace(x, fn, bound) for x in s.stmts])
     if isinstance(s, ir.For) and s.var in bound:
         return s
+    if isinstance(s, ir.For) and s.limit is not None:       # a run-time trip count reads the loops around
+        return dataclasses.replace(s, body=_replace(s.body, fn, bound), limit=fn(s.limit))
     if isinstance(s, (ir.For, ir.Allocate)):
         return dataclasses.replace(s, body=_replace(s.body, fn, bound))
     return s
@@ -307,9 +315,6 @@ def _in_var(c, var: str, ranges: dict) -> tuple | None:
 
 def _substitute(s: ir.Stmt, mapping: dict) -> ir.Stmt:
     return _replace(s, lambda e: substitute(e, mapping), mapping)
-    if isinstance(s, (ir.For, ir.Allocate)):
-        return dataclasses.replace(s, body=_substitute(s.body, mapping))
-    return s
 
 
 # ------------------------------------------------------------ unswitching
