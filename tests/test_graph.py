@@ -144,6 +144,24 @@ def test_pass_context_opt_level_disabled_and_instruments():
     assert "fused_groups" in only_fuse.meta
 
 
+@pytest.mark.parametrize("op", ["exp", "log", "sigmoid", "cos"])
+def test_a_libm_call_fuses_into_a_reader_of_its_size_but_is_computed_once_where_a_broadcast_rereads_it(op):
+    """A squeeze-and-excite scale, op over [1, 4, 1, 1] read by a mul over [1, 4, 5, 6]: fused
+    into the mul it would run 30 times per element, so it stays its own group; the same op over x,
+    read once per element, fuses into the add that reads it."""
+    b = GraphBuilder("rereads")
+    s, x = b.input("s", (1, 4, 1, 1)), b.input("x", (1, 4, 5, 6))
+    scale = b.add(op, [b.add("abs", [s])])
+    g = b.finish([b.add("add", [b.add("mul", [x, scale]), b.add(op, [b.add("abs", [x])])])])
+    fused = optimize(g, passes=["InferType", "FuseOps"])
+    groups = [[fused.nodes[k].op for k in grp.nodes] for grp in fused.meta["fused_groups"]]
+    assert groups == [["abs", op], ["mul", "abs", op, "add"]]
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal(v.shape).astype(np.float32) for v in g.inputs]
+    from tuner.compiler import compile_model
+    _close(compile_model(g, threads=1).run(*xs)[0], interp.run(g, *xs)[0], rtol=1e-5, atol=1e-5)
+
+
 def test_verifier_and_shape_errors_name_the_node():
     b = GraphBuilder("bad")
     x = b.input("x", (1, 3, 8, 8), layout="NCHW")

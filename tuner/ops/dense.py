@@ -51,6 +51,7 @@ def _rows(shape) -> int:
 # [..., R, H*C], by the dense after it (attr in_heads = H).
 
 BMM_VIEWS = ("a_heads", "b_heads")     # batch_matmul's view parameters, one per operand
+KEYS_IN_PLACE_ROWS = 8     # a batch_matmul of up to this many rows reads K^T from K in place (passes.head_views)
 
 
 def split_heads_shape(shape, h: int) -> tuple:
@@ -339,8 +340,8 @@ def _bmm_task(n):
     if tuple(a[:-2]) != tuple(b[:-2]):
         raise NoTask(f"batch dims {list(a[:-2])} and {list(b[:-2])} broadcast")
     tb = n.attrs.get("trans_b", 0)
-    if tb and a[-2] == 1:       # one row times K^T: a dot product per key (compile_model._reduction_vector)
-        raise NoTask("one row times a transposed operand")
+    if tb and a[-2] <= KEYS_IN_PLACE_ROWS:   # a few rows times K^T: a dot product per key (compile_model._reduction_vector)
+        raise NoTask("a few rows times a transposed operand")
     p = dict(B=int(np.prod(a[:-2], dtype=np.int64)), M=a[-2], K=a[-1], N=b[-2] if tb else b[-1])
     p.update({k: n.attrs[k] for k in BMM_VIEWS if n.attrs.get(k)})
     return p, "NT" if tb else "NN"

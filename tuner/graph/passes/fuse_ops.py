@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ...ops import PATTERN, Pattern
 from ..ir import Graph
 from .base import register
@@ -28,6 +30,12 @@ OWN_KERNEL = ("layout_transform",)    # injective ops with a task of their own, 
 # other layout's rows, each of their reads became a gather (a segmentation head's upsample to NCHW:
 # 2.4 ms); apart, they run in their own layout's blocks, as vectors (docs/history.md)
 TABLE_READS = ("resize",)
+# elementwise ops whose element is a libm call (exp, log, erf, tanh, sin, ...): fused into a consumer
+# that reads each of their elements several times (a broadcast over heads or pixels, a gather's
+# indices), the call would run once per read; such a group stays apart, computed once (T5's
+# relative position buckets, a log per query and key, were recomputed for each head)
+CALLS = ("exp", "log", "pow", "erf", "tanh", "sigmoid", "silu", "gelu", "gelu_tanh", "softplus", "mish", "elu",
+         "selu", "celu", "sin", "cos")
 
 
 @dataclass
@@ -44,6 +52,7 @@ class _Group:
     parent: "_Group | None" = None
     num_nodes: int = 1
     anchor: int | None = None
+    calls: bool = False         # a member is in CALLS
 
     def root(self) -> "_Group":
         g = self
@@ -120,7 +129,7 @@ def fuse(graph: Graph, max_depth: int = MAX_FUSE_DEPTH) -> list:
     groups = []
     for k, n in enumerate(graph.nodes):
         pat = PATTERN.get(n.op, Pattern.OPAQUE)
-        groups.append(_Group(pat, anchor=k if pat == Pattern.OUT_EWISE_FUSABLE else None))
+        groups.append(_Group(pat, anchor=k if pat == Pattern.OUT_EWISE_FUSABLE else None, calls=n.op in CALLS))
 
     def path(src: int, sink: int) -> list:
         """src and every node on a path from it to its post-dominator `sink` (included), preorder."""
@@ -138,6 +147,13 @@ def fuse(graph: Graph, max_depth: int = MAX_FUSE_DEPTH) -> list:
     def check_path(src: int, sink: int, fcond) -> bool:
         return all(fcond(groups[k].root().pattern, k == sink) for k in path(src, sink) if k != src)
 
+    def size(k: int) -> int:
+        return int(np.prod(graph.nodes[k].output.shape, dtype=np.int64))
+
+    def rereads(src: int, sink: int) -> bool:
+        """src's group calls libm and a node up to sink has more elements: each call would run per read."""
+        return groups[src].root().calls and max(size(k) for k in path(src, sink) if k != src) > size(src)
+
     def count_with(src: int, sink: int) -> int:
         """Size of the group that fusing src..sink would make."""
         roots = {id(groups[k].root()): groups[k].root() for k in path(src, sink)}
@@ -148,6 +164,7 @@ def fuse(graph: Graph, max_depth: int = MAX_FUSE_DEPTH) -> list:
         if child is parent:
             return
         parent.num_nodes += child.num_nodes
+        parent.calls |= child.calls
         child.parent = parent
         if child.anchor is not None:
             parent.anchor = child.anchor
@@ -168,7 +185,7 @@ def fuse(graph: Graph, max_depth: int = MAX_FUSE_DEPTH) -> list:
             sink = dom.parent.index
             if groups[sink].root() is groups[k].root():
                 continue
-            if count_with(k, sink) > max_depth:
+            if count_with(k, sink) > max_depth or (own <= Pattern.INJECTIVE and rereads(k, sink)):
                 continue
             if own == Pattern.OUT_EWISE_FUSABLE:
                 if phase != 0:

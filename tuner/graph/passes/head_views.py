@@ -4,15 +4,16 @@ batch_matmul becomes that operand's a_heads / b_heads = H; one that merges heads
 back into [..., R, H*C] and feeds a dense becomes the dense's in_heads = H (ops.dense). A chain is
 recognised by where it moves each element, not by its nodes, so every exporter's spelling of it is
 found; K's transpose into K^T ([..., H, C, R]) is no such view and stays a copy, which gives the
-scores' GEMM contiguous columns, except for one query row (a decoding step), where the copy would
-move the whole cache for one pass over it: that batch_matmul reads K itself (trans_b). A chain
-that other nodes also read is still computed for them.
+scores' GEMM contiguous columns, except for a few query rows (a decoding step of up to
+KEYS_IN_PLACE_ROWS new tokens), where the copy would move the whole cache for a few passes over
+it: that batch_matmul reads K itself (trans_b), a dot product per query and key. A chain that
+other nodes also read is still computed for them.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ...ops.dense import BMM_VIEWS, merge_heads_ref, merge_heads_shape, split_heads_ref, split_heads_shape
+from ...ops.dense import BMM_VIEWS, KEYS_IN_PLACE_ROWS, merge_heads_ref, merge_heads_shape, split_heads_ref, split_heads_shape
 from ..builder import rebuild
 from ..ir import Graph
 from .base import register
@@ -66,12 +67,12 @@ def _merge_source(v):
     return found
 
 
-def _keys_of_one_row(n):
-    """K where batch_matmul n multiplies one row by K's transpose [..., C, R] (a decoding step's
+def _keys_of_few_rows(n):
+    """K where batch_matmul n multiplies a few rows by K's transpose [..., C, R] (a decoding step's
     scores), else None."""
     a, b = n.inputs[:2]
     t = b.producer
-    if n.attrs.get("trans_b") or len(a.shape) < 2 or a.shape[-2] != 1 or t is None or t.op != "transpose":
+    if n.attrs.get("trans_b") or len(a.shape) < 2 or a.shape[-2] > KEYS_IN_PLACE_ROWS or t is None or t.op != "transpose":
         return None
     rank = len(b.shape)
     return t.inputs[0] if list(t.attrs["perm"]) == [*range(rank - 2), rank - 1, rank - 2] else None
@@ -85,10 +86,10 @@ def absorb_head_views(graph: Graph, ctx) -> Graph:
     for n in graph.nodes:
         if n.op == "batch_matmul" and not any(n.attrs.get(k) for k in BMM_VIEWS):
             found = {k: _split_source(v) for k, v in zip(BMM_VIEWS, n.inputs[:2])}
+            if found["b_heads"] is None and (key := _keys_of_few_rows(n)) is not None:
+                found["trans_b"] = key
             if any(found.values()):
                 plans[id(n)] = found
-            elif (key := _keys_of_one_row(n)) is not None:
-                plans[id(n)] = {"trans_b": key}
         elif n.op == "dense" and not n.attrs.get("in_heads") and len(n.inputs) == 2 \
                 and (found := _merge_source(n.inputs[0])) \
                 and not (graph.meta.get("dynamic") and int(np.prod(found[0].shape[:-3])) > 1):
@@ -107,9 +108,8 @@ def absorb_head_views(graph: Graph, ctx) -> Graph:
         attrs, ins = dict(n.attrs), list(ins)
         if "trans_b" in plan:
             ins[1], attrs["trans_b"] = new[id(plan["trans_b"])], 1
-            return b.add(n.op, ins, attrs, n.name)
         for j, (k, found) in enumerate(plan.items()):      # operand j: a_heads, b_heads; in_heads: data
-            if found is not None:
+            if found is not None and k != "trans_b":
                 ins[j], attrs[k] = new[id(found[0])], found[1]
         return b.add(n.op, ins, attrs, n.name)
 
