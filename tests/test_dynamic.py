@@ -362,25 +362,30 @@ def test_a_dim_that_follows_a_symbol_must_name_one_with_a_range_and_stay_1_or_mo
             _compile(path, bad)
 
 
-def _chunk_step_onnx(path, width=8):
+def _chunk_step_onnx(path, width=8, table=0):
     """S new tokens over a cache: keys [1, past+S, width] = concat(past, x), scores of the S rows over
     them, causal as Hugging Face builds it (key position <= query position, the query positions
-    range(P, P+S), expanded to [1, S, P+S] by shapes read off the inputs), plus an additive mask
-    [1, past+S] (dim_param total), softmax, times the keys."""
+    range(P, P+S), expanded to [1, S, P+S] by shapes read off the inputs; with `table`, GPT-Neo's
+    way: rows P..P+S and columns ..P+S of a fixed lower triangle table x table), plus an additive
+    mask [1, past+S] (dim_param total), softmax, times the keys."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
     n = helper.make_node
+    causal = [
+        n("Range", ["p0", "total0", "one"], ["qpos"]), n("Range", ["zero", "total0", "one"], ["kpos"]),
+        n("Unsqueeze", ["qpos", "axis1"], ["q2"]), n("Unsqueeze", ["kpos", "axis0"], ["k2"]),
+        n("LessOrEqual", ["k2", "q2"], ["seen"]),
+        n("Concat", ["one1", "seq", "total"], ["bst"], axis=0), n("Expand", ["seen", "bst"], ["seen3"])] if not table else [
+        n("Sub", ["total", "seq"], ["start"]), n("Concat", ["start", "zero1"], ["starts"], axis=0),
+        n("Concat", ["total", "total"], ["ends"], axis=0), n("Slice", ["tri", "starts", "ends", "axes01"], ["seen"]),
+        n("Unsqueeze", ["seen", "axis0"], ["seen3"])]
     g = helper.make_graph([
         n("Concat", ["past", "x"], ["keys"], axis=1), n("Transpose", ["keys"], ["kt"], perm=[0, 2, 1]),
         n("MatMul", ["x", "kt"], ["s"]),
         n("Shape", ["x"], ["xs"]), n("Gather", ["xs", "one1"], ["seq"], axis=0),
         n("Shape", ["past"], ["ps"]), n("Gather", ["ps", "one1"], ["p"], axis=0),
         n("Squeeze", ["p", "axis0"], ["p0"]), n("Squeeze", ["seq", "axis0"], ["seq0"]), n("Add", ["p0", "seq0"], ["total0"]),
-        n("Add", ["p", "seq"], ["total"]), n("Range", ["p0", "total0", "one"], ["qpos"]),
-        n("Range", ["zero", "total0", "one"], ["kpos"]),
-        n("Unsqueeze", ["qpos", "axis1"], ["q2"]), n("Unsqueeze", ["kpos", "axis0"], ["k2"]),
-        n("LessOrEqual", ["k2", "q2"], ["seen"]),
-        n("Concat", ["one1", "seq", "total"], ["bst"], axis=0), n("Expand", ["seen", "bst"], ["seen3"]),
+        n("Add", ["p", "seq"], ["total"]), *causal,
         n("Where", ["seen3", "nothing", "hidden"], ["causal"]), n("Add", ["s", "causal"], ["s1"]), n("Unsqueeze", ["mask", "axis1"], ["m3"]), n("Add", ["s1", "m3"], ["s2"]),
         n("Softmax", ["s2"], ["a"], axis=-1), n("MatMul", ["a", "keys"], ["o"])], "chunk",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "seq", width]),
@@ -389,19 +394,24 @@ def _chunk_step_onnx(path, width=8):
         [helper.make_tensor_value_info("o", TensorProto.FLOAT, [1, "seq", width]),
          helper.make_tensor_value_info("keys", TensorProto.FLOAT, [1, "total", width])],
         [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in (("zero", 0), ("one", 1))]
-        + [numpy_helper.from_array(np.array([v], np.int64), k) for k, v in (("axis0", 0), ("axis1", 1), ("one1", 1))]
+        + [numpy_helper.from_array(np.array([v], np.int64), k) for k, v in (("axis0", 0), ("axis1", 1), ("one1", 1),
+                                                                          ("zero1", 0))]
+        + [numpy_helper.from_array(np.array([0, 1], np.int64), "axes01"),
+           numpy_helper.from_array(np.tril(np.ones((max(table, 1),) * 2, bool)), "tri")]
         + [numpy_helper.from_array(np.array(v, np.float32), k) for k, v in (("nothing", 0.0), ("hidden", -1e9))])
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     return path
 
 
-def test_a_dim_that_is_a_sum_of_two_symbols_compiles_once_for_every_pair_of_them(tmp_path):
+@pytest.mark.parametrize("table", [0, 40])
+def test_a_dim_that_is_a_sum_of_two_symbols_compiles_once_for_every_pair_of_them(tmp_path, table):
     """S new tokens over a past of P (speculative or chunked decoding): the mask is [1, P+S], the
-    keys concat(past, x) [1, P+S, 8], each row causal from its own position; one compile for S in
-    1..6 and P in 1..20 matches ONNX Runtime at every pair tried, and the ranges read back."""
+    keys concat(past, x) [1, P+S, 8], each row causal from its own position (computed, or a window
+    of a fixed triangle that moves with P and S, sliced at run time); one compile for S in 1..6 and
+    P in 1..20 matches ONNX Runtime at every pair tried, and the ranges read back."""
     from conftest import ort_run
     from tuner.errors import UserError
-    path = _chunk_step_onnx(tmp_path / "chunk.onnx")
+    path = _chunk_step_onnx(tmp_path / "chunk.onnx", table=table)
     m = _compile(path, "x=1x[1..6]x8; past=1x[1..20]x8; mask=1x[past+seq]")
     assert m.meta["dynamic"]["mask"] == [1, "past+seq"] and {s["name"] for s in m.symbols} == {"seq", "past"}
     for s, p in ((6, 20), (1, 1), (3, 7), (1, 20), (6, 1), (2, 13)):

@@ -169,7 +169,8 @@ def _onnx_nodes(model: str) -> tuple:
 def _roots(x: str, folded: list, producer: dict, readers: dict) -> set:
     """Pairs (value, node reading it) where the values folded into `x` first become integers in
     steps at every point that are not the start of their value at the bounds, each with the node
-    on the way to x that reads it (every node reading x that imports as a graph node, where x is one)."""
+    on the way to x that reads it (every node reading x that imports as a graph node, where x is one);
+    or a fixed constant and the Slice that takes a window of it that moves with the symbols."""
     from ..ops.shape import affine_steps
     out, todo, seen = set(), [(x, None)], set()
     while todo:
@@ -183,11 +184,18 @@ def _roots(x: str, folded: list, producer: dict, readers: dict) -> set:
             out |= {(y, n.output[0]) for n in path if n.output}
             continue
         if y in producer:
-            skip = _SHAPING.get(producer[y].op_type, ())
-            todo.extend((i, producer[y]) for k, i in enumerate(producer[y].input) if i and k not in skip)
+            node = producer[y]
+            if node.op_type in _WINDOWS and node.input[0] and (node.input[0] not in folded[0] or _starts(node.input[0], folded)):
+                out.add((node.input[0], y))     # a fixed table's window that moves with the symbols: sliced at run time
+                continue
+            skip = _SHAPING.get(node.op_type, ())
+            todo.extend((i, node) for k, i in enumerate(node.input) if i and k not in skip)
     return out
 
 
+# ONNX ops whose output is a window of their first input (GPT-Neo's causal mask, rows P..P+S of a
+# fixed triangle): of a fixed constant, the window's start is an integer of the formula (te.dynamic)
+_WINDOWS = ("Slice",)
 # ONNX op -> its inputs that only shape its output (a target shape, slice bounds, axes, repeats): a
 # value that varies through them varies by its shape, which each point's import folds; the trace
 # follows the data inputs only (computing an Expand's shape at run time would leave it unimportable)

@@ -140,9 +140,9 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model", ba
     lies (onnx's own checks on the path), read one tensor at a time, so that a model of 1 GiB of
     weights is never in memory twice while it is imported. `run_time`: pairs (ONNX value, the first
     output of a node reading it) where the node reads the value, a folded constant of integers
-    in steps (a position id at the past length), computed at run time by an iota node instead
-    (a model for a range of shapes: graph.dynamic.load_range); what reads that is not folded in
-    turn. `folded`, where given, gets {ONNX value name: its constant Value} of what folding computed."""
+    in steps (a position id at the past length), computed at run time by an iota node instead,
+    or a fixed table it takes a window of (a causal mask's rows P..P+S), not folded (a model for
+    a range of shapes: graph.dynamic.load_range); what reads that is not folded in turn. `folded`, where given, gets {ONNX value name: its constant Value} of what folding computed."""
     onnx, numpy_helper = _onnx()
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     if opset is None or opset not in OPSETS:
@@ -185,6 +185,7 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model", ba
         raise OnnxImportError(f"--input-shape names {', '.join(input_shapes)}, which the model has no input called")
     todo = list(g.node)[::-1]          # popped from the end: an If's branch goes in where the If was
     env_iota: dict = {}
+    unfolded: list = []        # graph nodes over constants that FoldConstant leaves (a window of a fixed table)
     while todo:
         node = todo.pop()
         if node.domain not in ("", "ai.onnx"):
@@ -197,7 +198,8 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model", ba
                 raise OnnxImportError(f"node {node.name!r} ({node.op_type}) reads {name!r}, which nothing defines")
             else:
                 ins.append(env[name])
-        if run_time and node.output:
+        at_run = bool(run_time and node.output) and any((name, node.output[0]) in run_time for name in node.input)
+        if at_run:          # an iota for integers in steps; a fixed table read as it is (a window of it)
             ins = [_at_run_time(b, v, env_iota) if isinstance(v, Value) and (name, node.output[0]) in run_time else v
                    for name, v in zip(node.input, ins)]
         if any(isinstance(v, Empty) for v in ins):
@@ -219,7 +221,7 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model", ba
         if node.op_type == "If":
             todo.extend(_taken_branch(b, env, node, ins)[::-1])
             continue
-        if foldable(node.op_type, ins):
+        if not at_run and foldable(node.op_type, ins):
             try:
                 outs = fold(node.op_type, ins, {**_attrs(node), "_outputs": len(node.output)}, opset)
             except (ValueError, IndexError, KeyError, TypeError) as e:
@@ -238,7 +240,9 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model", ba
             outs = IMPORTERS[node.op_type](Importer(b, node, opset), ins, _attrs(node))
         except GraphError as e:
             raise OnnxImportError(f"node {node.name!r} ({node.op_type}): {e}") from None
-        if any(v is not None for v in ins) and all(v is None or v.is_const for v in ins):
+        if at_run:
+            unfolded.extend(n.name for n in b.nodes[start:])
+        elif any(v is not None for v in ins) and all(v is None or v.is_const for v in ins):
             outs = _computed(b, start, outs, node)
             if folded is not None:
                 folded.update({name: v for v, name in zip(outs, node.output) if v.is_const})
@@ -255,7 +259,7 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model", ba
         outputs.append(env[o.name])
     consts = {t.name for t in g.initializer}
     inputs = [i.name for i in g.input if i.name not in consts]
-    return b.finish(outputs, {"source": source, "opset": opset,
+    return b.finish(outputs, {"source": source, "opset": opset, **({"unfolded": unfolded} if unfolded else {}),
                               "interface": {"inputs": inputs, "outputs": [o.name for o in g.output]}})
 
 

@@ -22,9 +22,12 @@ def infer_type(graph: Graph, ctx) -> Graph:
 
 @register("FoldConstant", 2)
 def fold_constant(graph: Graph, ctx) -> Graph:
-    """Evaluate nodes whose inputs are all constants (e.g. layout transforms of weights)."""
+    """Evaluate nodes whose inputs are all constants (e.g. layout transforms of weights), but those
+    the import leaves to run time (meta "unfolded": a window of a table that moves with the symbols)."""
+    kept = set(graph.meta.get("unfolded", ()))
+
     def rw(b: GraphBuilder, n, ins):
-        if ins and all(v.is_const for v in ins) and int(np.prod(n.output.shape)) * 4 <= FOLD_LIMIT:
+        if ins and all(v.is_const for v in ins) and int(np.prod(n.output.shape)) * 4 <= FOLD_LIMIT and n.name not in kept:
             return b.const(evaluate(n, [v.data for v in ins]), name=f"{n.output.name}_folded")
         return None
     return rebuild(graph, rw)
