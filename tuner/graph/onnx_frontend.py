@@ -142,7 +142,8 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model", ba
     output of a node reading it) where the node reads the value, a folded constant of integers
     in steps (a position id at the past length), computed at run time by an iota node instead,
     or a fixed table it takes a window of (a causal mask's rows P..P+S), not folded (a model for
-    a range of shapes: graph.dynamic.load_range); what reads that is not folded in turn. `folded`, where given, gets {ONNX value name: its constant Value} of what folding computed."""
+    a range of shapes: graph.dynamic.load_range); what reads that is not folded in turn. `folded`,
+    where given, gets {ONNX value name: its constant Value} of what folding computed."""
     onnx, numpy_helper = _onnx()
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     if opset is None or opset not in OPSETS:
