@@ -13,6 +13,8 @@ te.dynamic fits as an expression of the symbols).
 """
 from __future__ import annotations
 
+import itertools
+
 import re
 from dataclasses import dataclass
 
@@ -127,6 +129,8 @@ def load_range(model: str, dyn: DynamicInputs, input_shapes: dict | None = None)
             for p in dyn.points:
                 folded.append({})
                 here.append(load_at(model, dyn.shapes(p, input_shapes), run_time, folded[-1]))
+                if len(here) > 1:
+                    _share_constants(here[-1], folded[-1], here[0], folded[0])
         except (ValueError, UserError) as e:     # the model has no meaning at that shape
             if graphs:                           # what this round traced does not import: the last round stands
                 return graphs, kept
@@ -146,6 +150,19 @@ def load_range(model: str, dyn: DynamicInputs, input_shapes: dict | None = None)
             break
         run_time |= more
     return graphs, kept
+
+
+def _share_constants(g, folded: dict, first, first_folded: dict) -> None:
+    """Each constant of `g` (and of its folded values) equal to the one of that name at the first
+    point takes that one's array: the points' weights are held once, not once per point (GPT-Neo's
+    step, 0.84 GB of weights over 6 points, held 12 GB)."""
+    base = {v.name: v.data for v in first_folded.values()}
+    base.update((v.name, v.data) for n in first.nodes for v in n.inputs if v.is_const)
+    for v in itertools.chain(folded.values(), (v for n in g.nodes for v in n.inputs if v.is_const)):
+        b = base.get(v.name)
+        if b is not None and b is not v.data and b.dtype == v.data.dtype and b.shape == v.data.shape \
+                and np.array_equal(b, v.data, equal_nan=b.dtype.kind == "f"):
+            v.data = b
 
 
 def _starts(name: str, folded: list) -> bool:
