@@ -88,13 +88,14 @@ def dim_value(d, values: dict) -> int:
     return sum(values[symbol_var(k).name] for k in _terms(d)) + (d[2] if len(d) == 3 else 0)
 
 
-def load_at(model: str, shapes: dict, run_time: frozenset = frozenset(), folded: dict | None = None):
+def load_at(model: str, shapes: dict, run_time: frozenset = frozenset(), folded: dict | None = None,
+            shared: dict | None = None):
     """The model imported at `shapes` for a range of them: meta "dynamic" tells the passes that
     decide by a dimension's value (PadMatmulColumns) to leave the graph as it is, so that the
     graph at every value has the same kernels (a compile for the range, and the tunes of its
-    buckets). run_time, folded: onnx_frontend.from_onnx's (load_range's run_time)."""
+    buckets). run_time, folded, shared: onnx_frontend.from_onnx's (load_range's run_time)."""
     from . import load
-    g = load(model, shapes, run_time=run_time, folded=folded)
+    g = load(model, shapes, run_time=run_time, folded=folded, **({"shared": shared} if shared is not None else {}))
     g.meta["dynamic"] = True
     if run_time:
         g.meta["run_time"] = sorted(run_time)
@@ -123,12 +124,13 @@ def load_range(model: str, dyn: DynamicInputs, input_shapes: dict | None = None)
     run_time: frozenset = frozenset()
     graphs, kept = [], run_time
     nodes = None
+    shared: dict = {}          # the file parsed once, its weights read and transposed once, for every point
     for _ in range(RUN_TIME_ROUNDS):
         try:
             here, folded = [], []
             for p in dyn.points:
                 folded.append({})
-                here.append(load_at(model, dyn.shapes(p, input_shapes), run_time, folded[-1]))
+                here.append(load_at(model, dyn.shapes(p, input_shapes), run_time, folded[-1], shared))
                 if len(here) > 1:
                     _share_constants(here[-1], folded[-1], here[0], folded[0])
         except (ValueError, UserError) as e:     # the model has no meaning at that shape
@@ -144,7 +146,7 @@ def load_range(model: str, dyn: DynamicInputs, input_shapes: dict | None = None)
         if not varying:
             break
         if nodes is None:
-            nodes = _onnx_nodes(model)
+            nodes = _onnx_nodes(shared.get("model") or model)
         more = {edge for x in varying for edge in _roots(x, folded, *nodes)} - run_time
         if not more:
             break
@@ -170,10 +172,11 @@ def _starts(name: str, folded: list) -> bool:
     return all(name in f and is_start(folded[0][name].data, f[name].data) for f in folded[1:])
 
 
-def _onnx_nodes(model: str) -> tuple:
-    """({value: the node computing it}, {value: the nodes reading it}) of an ONNX file's graph."""
+def _onnx_nodes(model) -> tuple:
+    """({value: the node computing it}, {value: the nodes reading it}) of an ONNX file's graph (or
+    of its ModelProto, parsed)."""
     import onnx
-    g = onnx.load(str(model), load_external_data=False).graph
+    g = (model if hasattr(model, "graph") else onnx.load(str(model), load_external_data=False)).graph
     producer, readers = {}, {}
     for n in g.node:
         for o in n.output:

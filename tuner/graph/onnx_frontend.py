@@ -67,9 +67,13 @@ def _onnx():
 
 
 def load_onnx(path: str, input_shapes: dict | None = None, run_time: frozenset = frozenset(),
-              folded: dict | None = None) -> Graph:
+              folded: dict | None = None, shared: dict | None = None) -> Graph:
+    """shared: a dict that imports of the same file at several shapes share (the parsed file, the
+    weights' arrays and their transposes: graph.dynamic.load_range)."""
     onnx, _ = _onnx()
     base = os.path.dirname(os.path.abspath(path))
+    if shared is not None and shared.get("path") == os.path.abspath(path):
+        return from_onnx(shared["model"], input_shapes, str(path), base, run_time, folded, shared)
     try:
         model = onnx.load(str(path), load_external_data=False)
     except FileNotFoundError:
@@ -89,7 +93,10 @@ def load_onnx(path: str, input_shapes: dict | None = None, run_time: frozenset =
                 raise _unreadable(t.name, e, outside=True) from None
     if not model.graph.node:
         raise OnnxImportError(f"{path} is not a readable ONNX model (it has no graph nodes)")
-    return from_onnx(model, input_shapes, str(path), base, run_time, folded)
+    if shared is not None:
+        shared.clear()
+        shared.update(path=os.path.abspath(path), model=model)
+    return from_onnx(model, input_shapes, str(path), base, run_time, folded, shared)
 
 
 def input_dims(path: str) -> dict:
@@ -135,7 +142,7 @@ def _unreadable(name: str, e: Exception, outside: bool) -> OnnxImportError:
 
 
 def from_onnx(model, input_shapes: dict | None = None, source: str = "model", base_dir: str = "",
-              run_time: frozenset = frozenset(), folded: dict | None = None) -> Graph:
+              run_time: frozenset = frozenset(), folded: dict | None = None, shared: dict | None = None) -> Graph:
     """The graph of an ONNX ModelProto; base_dir: where the data of initializers stored outside it
     lies (onnx's own checks on the path), read one tensor at a time, so that a model of 1 GiB of
     weights is never in memory twice while it is imported. `run_time`: pairs (ONNX value, the first
@@ -143,7 +150,8 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model", ba
     in steps (a position id at the past length), computed at run time by an iota node instead,
     or a fixed table it takes a window of (a causal mask's rows P..P+S), not folded (a model for
     a range of shapes: graph.dynamic.load_range); what reads that is not folded in turn. `folded`,
-    where given, gets {ONNX value name: its constant Value} of what folding computed."""
+    where given, gets {ONNX value name: its constant Value} of what folding computed; `shared`
+    (load_onnx's), the initializers' arrays and their transposes of earlier imports of the model."""
     onnx, numpy_helper = _onnx()
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     if opset is None or opset not in OPSETS:
@@ -153,10 +161,14 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model", ba
     b = GraphBuilder(g.name or "onnx")
     env: dict = {}
     for init in g.initializer:
-        try:
-            data = numpy_helper.to_array(init, base_dir)
-        except Exception as e:  # noqa: BLE001 - onnx raises ValueError, TypeError or its own on damaged data
-            raise _unreadable(init.name, e, onnx.external_data_helper.uses_external_data(init)) from None
+        data = shared.get(("init", init.name)) if shared is not None else None
+        if data is None:
+            try:
+                data = numpy_helper.to_array(init, base_dir)
+            except Exception as e:  # noqa: BLE001 - onnx raises ValueError, TypeError or its own on damaged data
+                raise _unreadable(init.name, e, onnx.external_data_helper.uses_external_data(init)) from None
+            if shared is not None:
+                shared["init", init.name] = data
         env[init.name] = b.const(data, init.name)
     input_shapes = dict(input_shapes or {})
     for inp in g.input:
@@ -238,7 +250,7 @@ def from_onnx(model, input_shapes: dict | None = None, source: str = "model", ba
                                   f"{', '.join(SUPPORTED)}")
         start = len(b.nodes)
         try:
-            outs = IMPORTERS[node.op_type](Importer(b, node, opset), ins, _attrs(node))
+            outs = IMPORTERS[node.op_type](Importer(b, node, opset, shared), ins, _attrs(node))
         except GraphError as e:
             raise OnnxImportError(f"node {node.name!r} ({node.op_type}): {e}") from None
         if at_run:
@@ -360,9 +372,19 @@ class Importer:
     """What an operator's ONNX importer (OpDef.onnx_in) works with: the builder, the node (its name
     prefixes every graph node it adds) and checked readers of ONNX attributes whose errors name it."""
 
-    def __init__(self, b: GraphBuilder, node, opset: int):
-        self.b, self.node, self.opset = b, node, opset
+    def __init__(self, b: GraphBuilder, node, opset: int, shared: dict | None = None):
+        self.b, self.node, self.opset, self.shared = b, node, opset, shared
         self.name, self.op_type = node.name or node.output[0], node.op_type
+
+    def transposed(self, data: np.ndarray) -> np.ndarray:
+        """A 2-D weight's transpose, C-ordered: made once for the imports that share `shared`."""
+        key = ("T", id(data))
+        if self.shared is not None and key in self.shared and self.shared[key][0] is data:
+            return self.shared[key][1]
+        out = np.ascontiguousarray(data.T)
+        if self.shared is not None:
+            self.shared[key] = (data, out)
+        return out
 
     def fail(self, msg: str) -> OnnxImportError:
         return OnnxImportError(f"node {self.name!r} ({self.op_type}): {msg}")

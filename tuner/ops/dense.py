@@ -103,8 +103,8 @@ def _onnx_gemm(cx, ins, a):
     if a.get("transA", 0):
         x = cx.add("transpose", [x], {"perm": [1, 0]}, "_transA")
     w = cx.const(ins[1], "the weight (B)")
-    w = w if a.get("transB", 0) else w.T
-    y = cx.add("dense", [x, cx.constant(np.ascontiguousarray(w), "_w")], {})
+    w = np.ascontiguousarray(w) if a.get("transB", 0) else cx.transposed(w)
+    y = cx.add("dense", [x, cx.constant(w, "_w")], {})
     alpha, beta = a.get("alpha", 1.0), a.get("beta", 1.0)
     if alpha != 1.0:
         y = cx.add("mul", [y, cx.constant(np.float32(alpha), "_alpha")], {}, "_alpha")
@@ -121,7 +121,7 @@ def _onnx_matmul(cx, ins, a):
     if len(x.shape) < 2 or len(w.shape) < 2:
         raise cx.fail(f"a 1-D operand ({list(x.shape)} x {list(w.shape)}) is not supported; both need rank 2 or more")
     if w.is_const and w.data.ndim == 2 and not x.is_const:
-        return [cx.add("dense", [x, cx.constant(np.ascontiguousarray(w.data.T), "_w")], {})]
+        return [cx.add("dense", [x, cx.constant(cx.transposed(w.data), "_w")], {})]
     return [cx.add("batch_matmul", [x, w], {"trans_b": 0})]
 
 
