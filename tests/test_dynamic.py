@@ -1081,7 +1081,7 @@ def test_a_decoding_step_over_a_cache_of_any_past_length_compiles_once_and_match
 def test_the_points_of_a_range_hold_one_copy_of_the_weights(tmp_path, monkeypatch):
     """The model imported at each sample point of its range: the file is parsed once and every
     constant equal at two points is one array, so the weights are held once, not once per point
-    (a 0.84 GB decoder over six points held 12 GB and took 45 s)."""
+    (a 0.84 GB decoder over six points held 12 GiB and took 45 s)."""
     import onnx
     from tuner.compiler.compile_model import input_dims
     from tuner.graph.dynamic import load_range, parse_dynamic

@@ -157,7 +157,7 @@ def load_range(model: str, dyn: DynamicInputs, input_shapes: dict | None = None)
 def _share_constants(g, folded: dict, first, first_folded: dict) -> None:
     """Each constant of `g` (and of its folded values) equal to the one of that name at the first
     point takes that one's array: the points' weights are held once, not once per point (GPT-Neo's
-    step, 0.84 GB of weights over 6 points, held 12 GB)."""
+    step, 0.84 GB of weights over 6 points, held 12 GiB)."""
     base = {v.name: v.data for v in first_folded.values()}
     base.update((v.name, v.data) for n in first.nodes for v in n.inputs if v.is_const)
     for v in itertools.chain(folded.values(), (v for n in g.nodes for v in n.inputs if v.is_const)):
