@@ -95,7 +95,7 @@ def load_at(model: str, shapes: dict, run_time: frozenset = frozenset(), folded:
     graph at every value has the same kernels (a compile for the range, and the tunes of its
     buckets). run_time, folded, shared: onnx_frontend.from_onnx's (load_range's run_time)."""
     from . import load
-    g = load(model, shapes, run_time=run_time, folded=folded, **({"shared": shared} if shared is not None else {}))
+    g = load(model, shapes, run_time=run_time, folded=folded, shared=shared)
     g.meta["dynamic"] = True
     if run_time:
         g.meta["run_time"] = sorted(run_time)
