@@ -256,9 +256,9 @@ def _onnx_max_min(cx, ins, a):
     kind = "maximum" if cx.op_type == "Max" else "minimum"
     if len(ins) == 1:
         return ins
-    other = ins[1] if ins[0] is (acts or [None])[0] else ins[0]
-    if len(acts) == 1 and len(ins) == 2 and np.size(other.data) == 1:
-        bound = float(np.asarray(other.data).reshape(-1)[0])
+    consts = [v for v in ins if v.is_const]
+    if len(ins) == 2 and len(consts) == 1 and np.size(consts[0].data) == 1:
+        bound = float(np.asarray(consts[0].data).reshape(-1)[0])
         return [cx.add("clip", acts, {"min": bound, "max": np.inf} if kind == "maximum" else {"min": -np.inf, "max": bound})]
     if len({v.dtype for v in ins}) != 1:
         raise cx.fail(f"operands are {' and '.join(sorted({v.dtype for v in ins}))}; {cx.op_type} takes one type")

@@ -18,9 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from ...ops import PATTERN, Pattern
+from ...ops.registry import output_elements
 from ..ir import Graph
 from .base import register
 
@@ -147,12 +146,10 @@ def fuse(graph: Graph, max_depth: int = MAX_FUSE_DEPTH) -> list:
     def check_path(src: int, sink: int, fcond) -> bool:
         return all(fcond(groups[k].root().pattern, k == sink) for k in path(src, sink) if k != src)
 
-    def size(k: int) -> int:
-        return int(np.prod(graph.nodes[k].output.shape, dtype=np.int64))
-
     def rereads(src: int, sink: int) -> bool:
         """src's group calls libm and a node up to sink has more elements: each call would run per read."""
-        return groups[src].root().calls and max(size(k) for k in path(src, sink) if k != src) > size(src)
+        size = output_elements(graph.nodes[src])
+        return groups[src].root().calls and max(output_elements(graph.nodes[k]) for k in path(src, sink) if k != src) > size
 
     def count_with(src: int, sink: int) -> int:
         """Size of the group that fusing src..sink would make."""
