@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import TARGET1
+from tuner.errors import UserError
 from tuner.measure.builder import build_batch
 from tuner.measure.worker import check_output
 from tuner.ops import make
@@ -147,14 +148,40 @@ def test_a_value_outside_the_declared_range_is_refused_by_the_kernel():
 
 
 @pytest.mark.parametrize("op, params, lo, says", [
-    ("global_avg_pool2d", dict(C=8, W=4), 1, "depends on the value"),                  # the mean's 1/(H*W)
-    ("conv2d", dict(C=4, K=4, W=8, R=3, S=3, stride=2), 3, "multilinear|whole steps"),  # the rows halve
+    ("conv2d", dict(C=4, K=4, W=8, R=3, S=3, stride=2), 3, "multilinear|whole steps.*a step of their total stride"),
     ("conv2d", dict(C=4, K=4, W=8, R=3, S=3), 1, "narrow the range"),                   # no 3x3 window in 2 rows
 ])
 def test_kernels_whose_computation_is_not_a_bounded_loop_over_the_symbol_are_refused(op, params, lo, says):
     task = Task(make(op, {**params, "H": 16}), TARGET1)
     with pytest.raises(DynamicError, match=says):
         task.dynamic_dims({"H": symbol_var(0)}, (Symbol("h", lo, 16),))
+
+
+@SETTINGS
+@given(hi=st.integers(2, 9), wide=st.integers(1, 9), bucket=st.integers(1, 9), seed=st.one_of(st.none(), st.integers(0, 10**6)),
+       data=st.data())
+def test_a_mean_over_a_varying_height_and_width_divides_by_the_runs_count_not_the_bounds(hi, wide, bucket, seed, data):
+    """Global average pooling's 1/(H*W), a float at each shape, is fitted as 1.0 / (float)(H*W)."""
+    fixed, symbolic = dict(C=8), {"H": symbol_var(0), "W": symbol_var(1)}
+    symbols = (Symbol("h", 1, hi), Symbol("w", 1, wide))
+    task, dims, built, _ = dynamic_kernel("global_avg_pool2d", fixed, symbolic, symbols,
+                                          {"_dyn0": min(bucket, hi), "_dyn1": wide}, seed)
+    assert dims.bodies
+    for h, w in {(1, 1), (hi, wide), (data.draw(st.integers(1, hi)), data.draw(st.integers(1, wide)))}:
+        _check(task, built, "global_avg_pool2d", fixed, symbolic, {"_dyn0": h, "_dyn1": w})
+
+
+@SETTINGS
+@given(stride=st.sampled_from([1, 2, 4]), r=st.sampled_from([1, 3]), hi=st.integers(2, 6), bucket=st.integers(1, 6),
+       seed=st.one_of(st.none(), st.integers(0, 10**6)), data=st.data())
+def test_a_strided_convolution_over_a_height_in_steps_of_its_stride_computes_every_height_in_the_range(
+        stride, r, hi, bucket, seed, data):
+    """H = 4n (a range with a step): every strided extent is a multiple of n, so it fits."""
+    fixed, symbolic = dict(C=4, K=8, W=6, R=r, S=r, pad=r // 2, stride=stride), {"H": 4 * symbol_var(0)}
+    task, dims, built, _ = dynamic_kernel("conv2d", fixed, symbolic, (Symbol("h", 1, hi, step=4),),
+                                          {"_dyn0": min(bucket, hi)}, seed)
+    for n in sorted({1, hi, data.draw(st.integers(1, hi))}):
+        _check(task, built, "conv2d", fixed, symbolic, {"_dyn0": n})
 
 
 @SETTINGS
@@ -1173,3 +1200,70 @@ def test_one_query_rows_scores_are_a_dot_product_per_key_vectorised_along_the_he
     x, past = rng.standard_normal((1, 1, 64)).astype(np.float32), rng.standard_normal((1, 2, 17, 32)).astype(np.float32)
     for g, w in zip(m.run(x, past), ort_run(path, {"x": x, "past": past})):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+def _cnn_onnx(path, seed: int = 0):
+    """A small CNN over x [1, 3, h, w] (dim_params): a strided conv, a max pool, a residual block
+    with a squeeze-excitation (ReduceMean over the image), a strided 1x1 conv, global average
+    pooling and a Gemm. Its total stride is 8."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(seed)
+
+    def w(name, *shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
+    inits = [w("w1", 8, 3, 3, 3), w("b1", 8), w("w2", 8, 8, 3, 3), w("b2", 8), w("ws", 8, 8, 1, 1), w("w3", 16, 8, 1, 1),
+             w("b3", 16), w("fc", 5, 16), w("fcb", 5)]
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "w1", "b1"], ["c1"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+             n("Relu", ["c1"], ["r1"]),
+             n("MaxPool", ["r1"], ["p1"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+             n("Conv", ["p1", "w2", "b2"], ["c2"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             n("ReduceMean", ["c2"], ["m"], axes=[2, 3], keepdims=1), n("Conv", ["m", "ws"], ["e"], kernel_shape=[1, 1]),
+             n("Sigmoid", ["e"], ["g"]), n("Mul", ["c2", "g"], ["se"]), n("Add", ["se", "p1"], ["res"]),
+             n("Relu", ["res"], ["r2"]),
+             n("Conv", ["r2", "w3", "b3"], ["c3"], kernel_shape=[1, 1], strides=[2, 2]),
+             n("GlobalAveragePool", ["c3"], ["gap"]), n("Flatten", ["gap"], ["flat"]),
+             n("Gemm", ["flat", "fc", "fcb"], ["out"], transB=1)]
+    g = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "h", "w"])],
+                          [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 5])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_a_cnn_compiled_for_image_sizes_in_steps_of_its_stride_matches_onnx_runtime_at_every_size(tmp_path):
+    from conftest import ort_run
+    path = _cnn_onnx(tmp_path / "cnn.onnx")
+    model = _compile(path, "x=1x3x[16..40:8]x[16..40:8]")
+    assert model.symbols == [{"name": "h", "lo": 2, "hi": 5, "step": 8}, {"name": "w", "lo": 2, "hi": 5, "step": 8}]
+    sizes = [(h, w) for h in range(16, 41, 8) for w in range(16, 41, 8)]
+    assert len(sizes) == 16
+    for h, w in sizes:
+        x = np.random.default_rng(h * 100 + w).standard_normal((1, 3, h, w)).astype(np.float32)
+        np.testing.assert_allclose(model.run(x)[0], ort_run(path, x)[0], rtol=1e-4, atol=1e-4, err_msg=f"{h}x{w}")
+    with pytest.raises(UserError, match=r"input x has 20 in dim 2 \(h\); this model runs h from 16 to 40 in steps of 8: "
+                                        "pad or resize the input to a multiple of 8"):
+        model.run(np.zeros((1, 3, 20, 16), np.float32))
+    with pytest.raises(UserError, match="runs w from 16 to 40 in steps of 8: compile it for a wider range"):
+        model.run(np.zeros((1, 3, 16, 48), np.float32))
+    assert "dynamic: h from 16 to 40 in steps of 8, w from 16 to 40 in steps of 8" in model.report()
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("x=1x3x[16..40]x[16..40]", r"whole steps.*give its range a step of their total stride, e\.g\. \[224\.\.640:32\]"),
+    ("x=1x3x[20..40:8]x[16..40:8]", r"\[20\.\.40:8\] must start and end at multiples of its step, e\.g\. \[24\.\.40:8\]"),
+])
+def test_an_image_size_without_the_step_its_strides_need_is_refused_saying_what_to_write(tmp_path, spec, says):
+    path = _cnn_onnx(tmp_path / "cnn.onnx")
+    with pytest.raises(UserError, match=says):
+        _compile(path, spec)
+
+
+def test_a_range_in_steps_reads_back_as_written():
+    from tuner.graph.dynamic import parse_dynamic
+    dyn = parse_dynamic("x=1x3x[224..640:32]x[224..640:32]", {"x": [1, 3, "h", "w"]})
+    assert [(s.name, s.lo, s.hi, s.step) for s in dyn.symbols] == [("h", 7, 20, 32), ("w", 7, 20, 32)]
+    assert dyn.spec() == {"x": [1, 3, ["h", 224, 640, 32], ["w", 224, 640, 32]]}
+    assert parse_dynamic(dyn.spec(), {"x": [1, 3, "h", "w"]}) == dyn
+    assert dyn.shapes({"_dyn0": 7, "_dyn1": 20}) == {"x": [1, 3, 224, 640]}
+    assert parse_dynamic({"x": [1, 3, (224, 640, 32), (224, 640, 32)]}, {"x": [1, 3, "h", "w"]}) == dyn

@@ -487,7 +487,8 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
                    **(family.interface(side, k) if family else {})}
                   for k, (name, v) in enumerate(zip(names, values, strict=True))]
            for side, names, values in zip(("inputs", "outputs"), interface_names(graph), (g.inputs, g.outputs))},
-        **({"symbols": [{"name": s.name, "lo": s.lo, "hi": s.hi} for s in family.symbols],
+        **({"symbols": [{"name": s.name, "lo": s.lo, "hi": s.hi, **({"step": s.step} if s.step > 1 else {})}
+                         for s in family.symbols],
             "dynamic": family.dyn.spec(), **({"run_time": sorted(map(list, family.run_time))} if family.run_time else {})} if family else {}),
         "arena_bytes": arena_bytes,
         "intermediate_bytes": sum(align(t.nbytes) for t in lives),
@@ -635,6 +636,8 @@ class _Family:
         for p in plans:
             shape = p.shapes.get(name, [])
             v = shape[axis] if p.dynamic and len(shape) > axis else None
+            if v is not None and self.symbols[k].step > 1:          # the symbol's value, not the dim's
+                v = v // self.symbols[k].step if v % self.symbols[k].step == 0 else None
             if v is None or not self.symbols[k].lo <= v < self.symbols[k].hi \
                     or (records.code_target(p.target) or ())[:2] != isa:
                 continue

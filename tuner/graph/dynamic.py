@@ -24,10 +24,10 @@ from ..errors import UserError
 from ..te.dynamic import DynamicError, Symbol, described, sample_points, symbol_var
 from .ir import GraphError
 
-_RANGE = re.compile(r"^(?:([A-Za-z_][A-Za-z0-9_.]*))?\[(\d+)\.\.(\d+)\]$")
+_RANGE = re.compile(r"^(?:([A-Za-z_][A-Za-z0-9_.]*))?\[(\d+)\.\.(\d+)(?::(\d+))?\]$")   # [224..640:32]: in steps
 _NAME = r"[A-Za-z_][A-Za-z0-9_.]*"
 _TERM = re.compile(rf"([+-]?)\s*({_NAME}|\d+)")      # [past+seq+1]: a dim that follows symbols, a sum of them plus c
-_DIM = re.compile(rf"[1-9]\d*|(?:{_NAME})?\[\d+\.\.\d+\]|\[{_NAME}(?:\s*[+-]\s*(?:{_NAME}|\d+))*\]")
+_DIM = re.compile(rf"[1-9]\d*|(?:{_NAME})?\[\d+\.\.\d+(?::[1-9]\d*)?\]|\[{_NAME}(?:\s*[+-]\s*(?:{_NAME}|\d+))*\]")
 
 
 @dataclass
@@ -40,7 +40,8 @@ class DynamicInputs:
 
     def shapes(self, values: dict, fixed: dict | None = None) -> dict:
         """{input: shape} at `values` ({symbol var name: value}), beside the `fixed` inputs' shapes."""
-        return {**(fixed or {}), **{name: [dim_value(d, values) for d in dims] for name, dims in self.dims.items()}}
+        return {**(fixed or {}), **{name: [dim_value(d, values, self.symbols) for d in dims]
+                                    for name, dims in self.dims.items()}}
 
     @property
     def points(self) -> list:
@@ -60,6 +61,9 @@ class DynamicInputs:
                             f"({', '.join(s.name for s in self.symbols)}): fix the others with --input-shape")
         k = moving[0]
         sym = self.symbols[k]
+        if values is not None and sym.step > 1:
+            raise UserError(f"{sym.name} varies in steps of {sym.step}: buckets of it are not supported yet; "
+                            "leave them to the tune (no --buckets)")
         values = default_buckets(sym) if values is None else sorted(set(values))
         if bad := [v for v in values if not sym.lo <= v <= sym.hi]:
             raise UserError(f"bucket {bad[0]} is outside {sym.name}'s range [{sym.lo}..{sym.hi}]")
@@ -71,7 +75,8 @@ class DynamicInputs:
             if not isinstance(d, tuple):
                 return d
             if len(d) == 2:
-                return [self.symbols[d[1]].name, self.symbols[d[1]].lo, self.symbols[d[1]].hi]
+                s = self.symbols[d[1]]
+                return [s.name, s.lo * s.step, s.hi * s.step] + ([s.step] if s.step > 1 else [])
             return "+".join(self.symbols[k].name for k in _terms(d)) + (f"{d[2]:+d}" if d[2] else "")
         return {name: [one(d) for d in dims] for name, dims in self.dims.items()}
 
@@ -81,11 +86,11 @@ def _terms(d: tuple) -> tuple:
     return d[1] if d[0] == "sum" else (d[1],)
 
 
-def dim_value(d, values: dict) -> int:
-    """A dim of DynamicInputs.dims at `values` ({symbol var name: value})."""
+def dim_value(d, values: dict, symbols: tuple) -> int:
+    """A dim of DynamicInputs.dims at `values` ({symbol var name: value}) of `symbols`."""
     if not isinstance(d, tuple):
         return d
-    return sum(values[symbol_var(k).name] for k in _terms(d)) + (d[2] if len(d) == 3 else 0)
+    return sum(values[symbol_var(k).name] * symbols[k].step for k in _terms(d)) + (d[2] if len(d) == 3 else 0)
 
 
 def load_at(model: str, shapes: dict, run_time: frozenset = frozenset(), folded: dict | None = None,
@@ -293,15 +298,21 @@ def parse_dynamic(spec, declared: dict) -> DynamicInputs:
     symbols: list = []
     index: dict = {}                    # symbol name -> its position
 
-    def symbol(name: str, lo: int, hi: int, where: str):
+    def symbol(name: str, lo: int, hi: int, step: int, where: str):
         if name in index:
             s = symbols[index[name]]
-            if (s.lo, s.hi) != (lo, hi):
-                raise GraphError(f"--dynamic gives {name} the range [{s.lo}..{s.hi}] and [{lo}..{hi}] ({where}); "
-                                 "give one range")
+            if (s.lo * s.step, s.hi * s.step, s.step) != (lo, hi, step):
+                raise GraphError(f"--dynamic gives {name} the range {_written(s.lo * s.step, s.hi * s.step, s.step)} "
+                                 f"and {_written(lo, hi, step)} ({where}); give one range")
             return ("sym", index[name])
+        if step < 1:
+            raise GraphError(f"--dynamic {where}: a range's step is 1 or more, not {step}")
+        if step > 1 and (lo % step or hi % step):
+            up, down = -(-lo // step) * step, hi // step * step
+            raise GraphError(f"--dynamic {where}: {_written(lo, hi, step)} must start and end at multiples of its step"
+                             + (f", e.g. {_written(up, down, step)}" if 1 <= up <= down else ""))
         try:
-            symbols.append(Symbol(name, lo, hi))
+            symbols.append(Symbol(name, lo // step, hi // step, step))
         except DynamicError as e:
             raise GraphError(f"--dynamic {where}: {e}") from None
         index[name] = len(symbols) - 1
@@ -332,11 +343,11 @@ def parse_dynamic(spec, declared: dict) -> DynamicInputs:
                     follow[m] = d
                 out.append(d)
                 continue
-            sym_name, lo, hi = g
+            sym_name, lo, hi, step = g
             if isinstance(m, int):
                 raise GraphError(f"--dynamic {name}: dim {axis} is fixed at {m} in the model; export it with a "
                                  "dynamic axis to vary it")
-            out.append(symbol(sym_name or (m if isinstance(m, str) else f"{name}.{axis}"), lo, hi, name))
+            out.append(symbol(sym_name or (m if isinstance(m, str) else f"{name}.{axis}"), lo, hi, step, name))
         dims[name] = out
     for name, model in declared.items():         # other inputs that name a symbol's dim_param share it
         if name in dims:
@@ -373,9 +384,10 @@ def _following(text: str, index: dict, symbols: list, where: str) -> tuple:
                          f"[past+seq], of distinct symbols given a range (symbols: {known})")
     ks = tuple(index[t] for t in names)
     c = sum(int(t) * (-1 if sign == "-" else 1) for sign, t in terms if t.isdigit())
-    low = sum(symbols[k].lo for k in ks) + c
+    low = sum(symbols[k].lo * symbols[k].step for k in ks) + c
     if low < 1:
-        raise GraphError(f"--dynamic {where}: {text} is {low} at " + ", ".join(f"{symbols[k].name}={symbols[k].lo}" for k in ks)
+        raise GraphError(f"--dynamic {where}: {text} is {low} at "
+                         + ", ".join(f"{symbols[k].name}={symbols[k].lo * symbols[k].step}" for k in ks)
                          + "; a dim is 1 or more")
     if len(ks) > 1:
         return ("sum", ks, c)
@@ -398,7 +410,8 @@ def _items(spec) -> dict:
         dims = []
         for d in tokens:
             m = _RANGE.match(d)
-            dims.append((m.group(1), int(m.group(2)), int(m.group(3))) if m else d if d.startswith("[") else int(d))
+            dims.append((m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4) or 1)) if m
+                        else d if d.startswith("[") else int(d))
         out[name.strip()] = dims
     return out
 
@@ -420,11 +433,18 @@ def _tokens(text: str) -> list | None:
 
 
 def _range_tuple(name: str, d):
+    """(symbol name or None, lo, hi, step) of a range given in Python: (lo, hi), (lo, hi, step),
+    (symbol, lo, hi) or (symbol, lo, hi, step); a str as it is (symbols plus c)."""
     if isinstance(d, str):
         return d
-    if isinstance(d, tuple) and len(d) == 2 and all(isinstance(x, int) for x in d):
-        return (None, d[0], d[1])
-    if isinstance(d, (tuple, list)) and len(d) == 3 and isinstance(d[0], str) and all(isinstance(x, int) for x in d[1:]):
-        return tuple(d)
-    raise GraphError(f"dynamic={{{name!r}: ...}}: each dim is an int, (lo, hi), (symbol, lo, hi) or \"symbol+c\", "
-                     f"got {d!r}")
+    if isinstance(d, (tuple, list)):
+        named = len(d) > 0 and isinstance(d[0], str)
+        nums = d[1:] if named else d
+        if len(nums) in (2, 3) and all(isinstance(x, int) and not isinstance(x, bool) for x in nums):
+            return (d[0] if named else None, nums[0], nums[1], nums[2] if len(nums) == 3 else 1)
+    raise GraphError(f"dynamic={{{name!r}: ...}}: each dim is an int, (lo, hi), (lo, hi, step), (symbol, lo, hi), "
+                     f"(symbol, lo, hi, step) or \"symbol+c\", got {d!r}")
+
+
+def _written(lo: int, hi: int, step: int) -> str:
+    return f"[{lo}..{hi}" + (f":{step}]" if step > 1 else "]")

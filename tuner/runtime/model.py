@@ -254,17 +254,19 @@ class CompiledModel:
                                 f"{'x'.join(map(str, s['shape']))}), got {'x'.join(map(str, a.shape)) or 'a scalar'}")
             ext = s["extents"]
             for d, (n, e) in enumerate(zip(a.shape, ext)):
-                if e is not None and len(e) == 1 and e[0][0] == 1 and len(e[0][1]) == 1:
-                    k = e[0][1][0]
+                if (k := _symbol_of(e, self.symbols)) is not None:
                     sym = self.symbols[k]
-                    if not sym["lo"] <= n <= sym["hi"]:
+                    step = sym.get("step", 1)
+                    if not sym["lo"] * step <= n <= sym["hi"] * step or n % step:
                         raise UserError(f"input {s['name']} has {n} in dim {d} ({sym['name']}); this model runs "
-                                        f"{sym['name']} from {sym['lo']} to {sym['hi']}: compile it for a wider "
-                                        "range (--dynamic)")
-                    if values[k] is not None and values[k] != n:
+                                        f"{_range(sym)}: compile it for a wider range (--dynamic)"
+                                        if not n % step else
+                                        f"input {s['name']} has {n} in dim {d} ({sym['name']}); this model runs "
+                                        f"{_range(sym)}: pad or resize the input to a multiple of {step}")
+                    if values[k] is not None and values[k] != n // step:
                         raise UserError(f"input {s['name']} has {n} in dim {d} ({sym['name']}), another input "
-                                        f"{values[k]}: they must agree")
-                    values[k] = n
+                                        f"{values[k] * step}: they must agree")
+                    values[k] = n // step
         missing = [sym["name"] for v, sym in zip(values, self.symbols) if v is None]
         if missing:
             raise AssertionError(f"no input gives the value of {', '.join(missing)}")
@@ -297,8 +299,8 @@ class CompiledModel:
             values = [sym["hi"] for sym in self.symbols]
             for s in self.inputs:
                 for n, e in zip(shapes.get(s["name"], ()), s.get("extents") or ()):
-                    if e is not None and len(e) == 1 and e[0][0] == 1 and len(e[0][1]) == 1:
-                        values[e[0][1][0]] = int(n)
+                    if (k := _symbol_of(e, self.symbols)) is not None:
+                        values[k] = int(n) // self.symbols[k].get("step", 1)
             shapes = {s["name"]: shapes.get(s["name"]) or _extents(s, values) for s in self.inputs}
         shape = {s["name"]: shapes.get(s["name"], s["shape"]) for s in self.inputs}
         return [rng.integers(*s["range"], size=shape[s["name"]]).astype(s["dtype"]) if "range" in s
@@ -396,7 +398,7 @@ class CompiledModel:
                         f"input read by no later step ({', '.join(sorted({s.summary for s in over}))})")
         if self.symbols:
             dyn = sum(s.dynamic for s in self.steps)
-            ranges = ", ".join(f"{y['name']} from {y['lo']} to {y['hi']}" for y in self.symbols)
+            ranges = ", ".join(_range(y) for y in self.symbols)
             rows.append(f"dynamic: {ranges}; {dyn} of the {len(self.steps)} steps run to each run's extents; "
                         "the arena and the inputs and outputs are laid out for the bounds")
             if versioned := [s for s in self.steps if s.versions]:
@@ -417,6 +419,20 @@ class CompiledModel:
         if warning:
             rows.append(warning)
         return "\n".join(rows)
+
+
+def _symbol_of(e, symbols: list) -> int | None:
+    """k where a dim's monomials are symbol k times its step (a dim a run reads the value off)."""
+    if e is None or len(e) != 1 or len(e[0][1]) != 1:
+        return None
+    k = e[0][1][0]
+    return k if e[0][0] == symbols[k].get("step", 1) else None
+
+
+def _range(sym: dict) -> str:
+    """"seq from 1 to 512", "height from 224 to 640 in steps of 32": a symbol's range as its dims take it."""
+    step = sym.get("step", 1)
+    return f"{sym['name']} from {sym['lo'] * step} to {sym['hi'] * step}" + (f" in steps of {step}" if step > 1 else "")
 
 
 def _extents(spec: dict, values: list) -> list:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from ..errors import UserError
-from .expr import Call, Cast, Cmp, Const, Expr, FloorDiv, FloorMod, Load, Reduce, Var, as_expr, children, from_linear, \
+from .expr import Call, Cast, Cmp, Const, Div, Expr, FloorDiv, FloorMod, Load, Reduce, Var, as_expr, children, from_linear, \
     linear, rebuild, simplify, substitute, transform
 from .tensor import ComputeOp, Tensor, topo_order
 
@@ -29,15 +29,20 @@ class DynamicError(UserError):
 
 @dataclass(frozen=True)
 class Symbol:
-    """A named dimension that takes any value in [lo, hi] at run time."""
+    """A named dimension that takes any value in [lo, hi] at run time; with a step, the dimension
+    is step times the symbol's value (an image size in multiples of a CNN's total stride, which
+    keeps every strided conv's and pool's extent a multiple of the symbol)."""
     name: str
     lo: int
     hi: int
+    step: int = 1
 
     def __post_init__(self):
         if not (isinstance(self.lo, int) and isinstance(self.hi, int) and 1 <= self.lo <= self.hi):
             raise DynamicError(f"symbol {self.name}: its range [{self.lo}..{self.hi}] must be integers with "
                                f"1 <= lo <= hi")
+        if not (isinstance(self.step, int) and self.step >= 1):
+            raise DynamicError(f"symbol {self.name}: its step {self.step} must be a whole number, at least 1")
 
 
 @dataclass
@@ -63,8 +68,8 @@ def symbol_var(k: int) -> Var:
 
 
 def described(values: Mapping[str, int], symbols: tuple) -> str:
-    """"seq=171, batch=2": the symbols' values in `values` ({symbol var name: value}), for messages."""
-    return ", ".join(f"{s.name}={values[symbol_var(k).name]}" for k, s in enumerate(symbols)
+    """"seq=171, batch=2": the symbols' dims at `values` ({symbol var name: value}), for messages."""
+    return ", ".join(f"{s.name}={values[symbol_var(k).name] * s.step}" for k, s in enumerate(symbols)
                      if symbol_var(k).name in values)
 
 
@@ -102,10 +107,11 @@ def _extents(build: Callable, values: dict) -> tuple:
 
 
 def _normalised(formula: tuple, bound_ranges: dict, ranges: dict) -> Expr:
-    """A stage's body as formulas are compared: an axis of one iteration at the bounds is 0, the
-    rest simplified over `ranges` (_normal); a reduction keeps its axes."""
+    """A stage's body as formulas are compared: an axis of one iteration at the bounds or in
+    `ranges` is 0 (a broadcast built at an extent of 1 reads index 0), the rest simplified over
+    `ranges` (_normal); a reduction keeps its axes."""
     body = formula[1]
-    zero = {a: Const(0) for a, (_, hi) in bound_ranges.items() if hi == 0}
+    zero = {a: Const(0) for a, (_, hi) in bound_ranges.items() if hi == 0 or ranges.get(a, (0, 1))[1] == 0}
     if isinstance(body, Reduce):
         return Reduce(body.combiner, _normal(substitute(body.source, zero), ranges), body.axes, body.init)
     return _normal(substitute(body, zero), ranges)
@@ -120,12 +126,12 @@ _FIELD = {Var: "name", Cmp: "op", Call: "name", Cast: "dtype", Load: "buffer"}  
 
 
 def _head(e: Expr):
-    """What a node is apart from its children (a reduction's axes by name: their extents vary; an
-    integer constant by type only: _differing_constants compares its value)."""
+    """What a node is apart from its children (a reduction's axes by name: their extents vary; a
+    constant by type only: _differing_constants compares its value)."""
     if isinstance(e, Reduce):
         return (Reduce, e.combiner, tuple(r.name for r in e.axes))
     if isinstance(e, Const):
-        return (Const, type(e.value), e.value if not e.is_int else None)
+        return (Const, type(e.value))
     return (type(e), getattr(e, _FIELD[type(e)]) if type(e) in _FIELD else None)
 
 
@@ -181,24 +187,54 @@ def _fitted_bodies(built: list, points: list, symbols: tuple) -> dict:
         table = [{}]
         for vals, here in zip(points[1:], heres):
             diff = _differing_constants(_compared(body), _compared(_normalised(here, bound_ranges, bound_ranges)))
-            if diff is None or any(not isinstance(v, int) for pair in diff.values() for v in pair):
+            keyed = None if diff is None else {_constant_key(name, path, pair): pair for path, pair in diff.items()}
+            if keyed is None or None in keyed:
                 raise DynamicError(f"what {name} computes depends on the value of {moving}, not only on how far "
                                    f"it runs (at {described(vals, symbols)})")
-            table[0].update({("c", name, path): v0 for path, (v0, _) in diff.items()})
-            table.append({("c", name, path): v for path, (_, v) in diff.items()})
+            table[0].update({key: _integer(key, v0) for key, (v0, _) in keyed.items()})
+            table.append({key: _integer(key, v) for key, (_, v) in keyed.items()})
         for row in table[1:]:
             for key, v0 in table[0].items():
                 row.setdefault(key, v0)
-        for (_, _, path), e in fit_table(table, symbols, extents=False).items():
-            body = _replaced(body, path, e)
+        for (kind, _, path), e in fit_table(table, symbols, extents=False).items():
+            body = _replaced(body, path, e if kind == "c" else Const(1.0) / Cast("float32", e))
         for vals, here in zip(points[1:], heres):
             at = {k: Const(v) for k, v in vals.items()}
-            if _compared(_normalised((None, substitute(body, at)), bound_ranges, here[3])) != \
+            if _compared(_normalised((None, _reciprocals(substitute(body, at))), bound_ranges, here[3])) != \
                     _compared(_normalised(here, bound_ranges, here[3])):
                 raise DynamicError(f"what {name} computes depends on the value of {moving}, not only on how far "
                                    f"it runs (at {described(vals, symbols)})")
         out[name] = body
     return out
+
+
+def _constant_key(name: str, path: tuple, pair: tuple):
+    """The fit's key of a constant that differs between two points: ("c", ...) of an integer (an
+    offset), ("1/", ...) of a float that is 1/n for a whole n at both (a mean's divisor, fitted as n);
+    None for any other float."""
+    if all(isinstance(v, int) for v in pair):
+        return ("c", name, path)
+    if all(isinstance(v, float) and v > 0 and _whole(1.0 / v) for v in pair):
+        return ("1/", name, path)
+    return None
+
+
+def _whole(x: float) -> bool:
+    return x >= 1 and abs(x - round(x)) <= 1e-9 * x
+
+
+def _integer(key: tuple, v) -> int:
+    return v if key[0] == "c" else round(1.0 / v)
+
+
+def _reciprocals(e: Expr) -> Expr:
+    """`e` with each 1.0 / (float)n of a whole constant n as the float constant a static stage holds."""
+    def rule(n):
+        if isinstance(n, Div) and n.a == Const(1.0) and isinstance(n.b, Cast) \
+                and isinstance(v := simplify(n.b.value), Const) and v.is_int:
+            return Const(1.0 / v.value)
+        return None
+    return transform(e, rule)
 
 
 def with_bodies(inputs: list, output: Tensor, bodies: dict) -> tuple:
@@ -298,7 +334,7 @@ def fit_table(table: list, symbols: tuple, extents: bool = True) -> dict:
         expr = _multilinear(key, corners, moving, names, bound, low, symbols, extents)
         if any(evaluate(expr, values) != at[key] for values, at in probes):
             raise DynamicError(f"{_label(key)} is not a multilinear function of "
-                               f"{', '.join(symbols[k].name for k in moving)}")
+                               f"{', '.join(symbols[k].name for k in moving)}{_STEP_HINT}")
         out[key] = expr
     return out
 
@@ -390,7 +426,7 @@ def _multilinear(key, corners: dict, moving: list, names: list, bound: dict, low
             if s:
                 den *= bound[names[k]] - low[names[k]]
         if num % den:
-            raise DynamicError(f"{_label(key)} does not change by whole steps with the symbols")
+            raise DynamicError(f"{_label(key)} does not change by whole steps with the symbols{_STEP_HINT}")
         c[subset] = num // den
     a = {}
     for subset, ct in c.items():
@@ -424,7 +460,12 @@ def _multilinear(key, corners: dict, moving: list, names: list, bound: dict, low
     return out
 
 
+_STEP_HINT = ("; where strided convs or pools divide a varying size, give its range a step of their total stride, "
+              "e.g. [224..640:32]")
+
+
 def _label(key) -> str:
     said = {"t": "the extent of dimension {2} of {1}", "r": "the extent of reduction {2} of {1}",
-            "v": "the extent of dimension {2} of {1}", "c": "a constant in the formula of {1}"}
+            "v": "the extent of dimension {2} of {1}", "c": "a constant in the formula of {1}",
+            "1/": "a divisor in the formula of {1}"}
     return said.get(key[0], "{1}").format(*key) if len(key) > 2 else str(key[1])
