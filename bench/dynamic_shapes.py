@@ -5,10 +5,13 @@ beside tuner's own static compile of each length (issue 37).
     python -m bench.dynamic_shapes --export bert_base --batch-axis --dynamic "input_ids=[1..8]x128" \
         --shapes 1x128,2x128,3x128,4x128,8x128
     python -m bench.dynamic_shapes --model M.onnx --log DYNAMIC_TUNE.jsonl --tune-static 1000 --static-log S.jsonl
+    python -m bench.dynamic_shapes --torchvision resnet50 --dynamic "input=1x3x[224..512:32]x[224..512:32]" \
+        --shapes 1x3x224x224,1x3x320x480,1x3x512x512
 
 --export writes a Hugging Face BertModel (its published configuration, random weights) exported by
 torch.onnx.export with a dynamic sequence axis (--batch-axis: and a dynamic batch axis); or give
---model FILE.onnx and --input NAME. At each length (or --shapes) the dynamic artifact (compiled for
+--model FILE.onnx and --input NAME; --torchvision NAME exports that torchvision CNN (random weights)
+with dynamic batch, height and width axes on its input `input`. At each length (or --shapes) the dynamic artifact (compiled for
 --range, or for the ranges of --dynamic), the static compile of that shape (--no-static: none) and
 ONNX Runtime (all graph optimisations, the dynamic ONNX file) run interleaved, round by round;
 prints medians, paired ratios, their geomean over the shapes, compile times and the arena; writes
@@ -61,9 +64,34 @@ def export(name: str, path: Path, batch_axis: bool = False) -> Path:
     return path
 
 
+def export_cnn(name: str, path: Path) -> Path:
+    """torchvision's `name` (random weights and BatchNorm statistics) exported with dynamic batch,
+    height and width axes on its input."""
+    if path.exists():
+        return path
+    from bench.torchvision_sweep import _torchvision, export_net
+    torch, models = _torchvision()
+    torch.manual_seed(0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return export_net(torch, models.get_model(name, weights=None), (1, 3, 224, 224), path,
+                      dynamic_axes={"input": {0: "batch", 2: "height", 3: "width"}})
+
+
+def _feeds(path: Path, name: str, shape: list) -> list:
+    """A random input of `shape` for the model's input `name`: token ids where it takes integers."""
+    import onnx
+    from onnx import TensorProto
+    [inp] = [i for i in onnx.load(str(path), load_external_data=False).graph.input if i.name == name]
+    rng = np.random.default_rng(math.prod(shape))
+    if inp.type.tensor_type.elem_type == TensorProto.FLOAT:
+        return [rng.standard_normal(shape).astype(np.float32)]
+    return [rng.integers(0, 100, shape).astype(np.int64)]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--export", choices=sorted(EXPORTS), help="export this Hugging Face model (random weights)")
+    ap.add_argument("--torchvision", metavar="NAME", help="export this torchvision CNN with dynamic image axes")
     ap.add_argument("--model", help="an ONNX file with a dynamic axis (default with --export: under ~/.cache/tuner)")
     ap.add_argument("--input", default="input_ids", help="the input whose last dim varies")
     ap.add_argument("--range", default="1..512", help="the range of lengths compiled for, LO..HI")
@@ -85,9 +113,13 @@ def main(argv=None) -> int:
                     help="also time the dynamic compile from LOG (another tune of the range), reported as NAME")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
-    path = Path(args.model) if args.model else \
-        Path.home() / ".cache" / "tuner" / "bench" / f"{args.export}_dynamic{'_batch' * args.batch_axis}.onnx"
-    if args.export:
+    cache = Path.home() / ".cache" / "tuner" / "bench"
+    path = Path(args.model) if args.model else cache / f"{args.torchvision}_dynamic_image.onnx" if args.torchvision \
+        else cache / f"{args.export}_dynamic{'_batch' * args.batch_axis}.onnx"
+    if args.torchvision:
+        args.input = "input"
+        export_cnn(args.torchvision, path)
+    elif args.export:
         export(args.export, path, args.batch_axis)
     lo, hi = (int(x) for x in args.range.split(".."))
     spec = args.dynamic or f"{args.input}=1x[{lo}..{hi}]"
@@ -129,7 +161,7 @@ def main(argv=None) -> int:
         ort = None
         for shape in shapes:
             n = "x".join(map(str, shape))
-            ids = [np.random.default_rng(math.prod(shape)).integers(0, 100, shape).astype(np.int64)]
+            ids = _feeds(path, args.input, shape)
             if ort is None:
                 ort = onnxruntime_runner(load_graph(str(path), {args.input: shape}), threads, str(path))
             runners = {"dynamic": lambda ins: dyn.run(*ins)}

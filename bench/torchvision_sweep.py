@@ -55,10 +55,12 @@ def export(name: str, path: Path, seed: int = 0, dynamo: bool = False) -> Path:
     return export_net(torch, builder(weights=None, **extra), (1, 3, *clip, size, size), path, dynamo)
 
 
-def export_net(torch, net, shape: tuple | None, path: Path, dynamo: bool = False, inputs: dict | None = None) -> Path:
+def export_net(torch, net, shape: tuple | None, path: Path, dynamo: bool = False, inputs: dict | None = None,
+               dynamic_axes: dict | None = None) -> Path:
     """`net` in eval mode with random BatchNorm statistics (so that folding them means something) and no
     constant parameter (a zero head, a norm's ones would hide errors), exported at batch 1 of `shape`
-    (one random input), or on `inputs` (name -> tensor, in forward's order)."""
+    (one random input), or on `inputs` (name -> tensor, in forward's order); `dynamic_axes` as
+    torch.onnx.export takes them (the TorchScript exporter's)."""
     net = net.eval()
     with torch.no_grad():
         for m in net.modules():
@@ -70,7 +72,7 @@ def export_net(torch, net, shape: tuple | None, path: Path, dynamo: bool = False
                 p.add_(torch.empty_like(p).normal_(0, 0.1 if bool(p.flatten()[0]) else 0.02))
     inputs = inputs or {"input": torch.randn(*shape)}
     torch.onnx.export(net, tuple(inputs.values()), str(path), input_names=list(inputs),
-                      opset_version=18 if dynamo else 17, dynamo=dynamo)
+                      opset_version=18 if dynamo else 17, dynamo=dynamo, **({"dynamic_axes": dynamic_axes} if dynamic_axes else {}))
     return path
 
 

@@ -1267,3 +1267,40 @@ def test_a_range_in_steps_reads_back_as_written():
     assert parse_dynamic(dyn.spec(), {"x": [1, 3, "h", "w"]}) == dyn
     assert dyn.shapes({"_dyn0": 7, "_dyn1": 20}) == {"x": [1, 3, 224, 640]}
     assert parse_dynamic({"x": [1, 3, (224, 640, 32), (224, 640, 32)]}, {"x": [1, 3, "h", "w"]}) == dyn
+
+
+def _winograd_cnn_onnx(path, seed: int = 0):
+    """x [1, 16, h, w] through three 3x3 convs of 16 channels, each half the size of the one
+    before (max pools between), then global average pooling."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.2).astype(np.float32), f"{p}{k}")
+             for k in range(3) for p, s in (("w", (16, 16, 3, 3)), ("b", (16,)))]
+    n = helper.make_node
+    nodes, x = [], "x"
+    for k in range(3):
+        nodes += [n("Conv", [x, f"w{k}", f"b{k}"], [f"c{k}"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], name=f"conv{k}"),
+                  n("Relu", [f"c{k}"], [f"r{k}"])]
+        x = f"r{k}"
+        if k < 2:
+            nodes.append(n("MaxPool", [x], [f"p{k}"], kernel_shape=[2, 2], strides=[2, 2]))
+            x = f"p{k}"
+    nodes.append(n("GlobalAveragePool", [x], ["out"]))
+    g = helper.make_graph(nodes, "wino", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, "h", "w"])],
+                          [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 16, 1, 1])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_a_dynamic_cnns_winograd_convs_take_the_largest_tile_whole_at_every_size_and_match_onnx_runtime(tmp_path):
+    """At [28..56:4] the convs see 4n, 2n and n: F(4x4) whole at every size for the first, F(2x2)
+    for the second where the bound's default is F(4x4), none for the third (n may be odd)."""
+    from conftest import ort_run
+    path = _winograd_cnn_onnx(tmp_path / "wino.onnx")
+    model = _compile(path, "x=1x16x[28..56:4]x[28..56:4]")
+    plan = model.meta["layout_plan"]
+    assert sorted(v.split("@")[0] for v in plan.values()) == ["winograd2", "winograd4"], plan
+    for h, w in ((28, 28), (56, 56), (32, 44), (44, 36), (52, 28)):
+        x = np.random.default_rng(h * 100 + w).standard_normal((1, 16, h, w)).astype(np.float32)
+        np.testing.assert_allclose(model.run(x)[0], ort_run(path, x)[0], rtol=1e-4, atol=1e-4, err_msg=f"{h}x{w}")

@@ -66,6 +66,35 @@ def test_the_default_dense_kernel_fetches_its_next_weight_panel_and_computes_the
     np.testing.assert_allclose(with_, ref, rtol=1e-4, atol=1e-4)
 
 
+@AVX2_DENSE_GAP
+def test_a_dynamic_dense_kernel_whose_rows_end_at_run_time_prefetches_too_and_computes_the_same_bits():
+    """The rows loop inside the weight's panel loop runs to the run's rows, counted at its bound."""
+    from tuner.te.dynamic import Symbol, symbol_var
+    from tuner.toolchain.library import open_library, pointer_array
+    task = Task(make("dense", dict(N=48, C=64, K=96, bias=1)), TARGET1)
+    steps = task.space.steps(task.space.default())
+    dims = task.dynamic_dims({"N": symbol_var(0)}, (Symbol("rows", 1, 48),))
+    cands = [task.candidate(s, func_name=f"d{k}", dims=dims) for k, s in enumerate((steps, _without(steps)))]
+    assert "__builtin_prefetch(&weight[" in cands[0].source and "__builtin_prefetch" not in cands[1].source
+    built = build_batch([(c.func_name, c.source) for c in cands], TARGET1)
+    assert not any(b.error for b in built), [b.error for b in built]
+    ins, out = task.workload.build()
+    for rows in (1, 17, 48):
+        wl = make("dense", dict(N=rows, C=64, K=96, bias=1), task.workload.layout)
+        inputs = wl.random_inputs(seed=rows)
+        bufs = []
+        for a, t in zip(inputs, ins):
+            bufs.append(np.full(t.shape, np.nan, np.float32))
+            bufs[-1][tuple(slice(0, n) for n in a.shape)] = a
+        outs = []
+        for b in built:
+            o = np.full(out.shape, np.nan, np.float32)
+            assert open_library(b.lib).tuner_run(b.index, pointer_array(bufs + [o, np.array([rows], np.int32)])) == 0
+            outs.append(o[:rows])
+        np.testing.assert_array_equal(outs[0], outs[1])
+        np.testing.assert_allclose(outs[0], wl.reference(inputs), rtol=1e-4, atol=1e-4)
+
+
 @st.composite
 def gemm_like(draw):
     """Small dense and conv workloads whose weights can be read panel by panel."""

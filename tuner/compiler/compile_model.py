@@ -35,7 +35,7 @@ from ..errors import UserError
 from ..graph import Graph, load
 from ..graph.dynamic import is_start, load_at, load_range, parse_dynamic
 from ..graph.ir import graph_digest, graph_structure, interface_names
-from ..graph.layout_plan import anonymous_structure, default_plan, winograd_convs
+from ..graph.layout_plan import anonymous_structure, default_plan, whole_tiles, winograd_convs
 from ..graph.models import MODELS
 from ..graph.onnx_frontend import input_dims
 from ..graph.passes import GRAPH_CHOICES, optimize
@@ -432,8 +432,8 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
     layout_plan, plan_from, timed, found_in_model = _layout_plan(db, graph, model_hash, tgt, layout, layout_plan,
                                                                  source_name, say, structure, anonymous)
     in_model = found_in_model if in_model is None else in_model
-    if layout_plan is None and chosen_layout is None and family is None \
-            and (layout_plan := default_plan(graph, layout, tgt.lanes)):
+    if layout_plan is None and chosen_layout is None \
+            and (layout_plan := whole_tiles(default_plan(graph, layout, tgt.lanes), family.graphs if family else [])):
         plan_from = "default"
         say(f"layout plan (default, none measured): {plan_summary(layout_plan)}")
     if not str(plan_from).startswith(SHIPPED) and any(n.op == "conv2d" for n in graph.nodes) and \

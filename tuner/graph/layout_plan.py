@@ -171,6 +171,30 @@ def default_plan(graph, layout: str, lanes: int) -> dict:
     return plan
 
 
+def whole_tiles(plan: dict, graphs: list) -> dict:
+    """`plan` with each Winograd conv in the largest tile, at most its own, whose multiples its
+    output is in every graph of `graphs` (a dynamic model at its sample points), or without it
+    where there is none: a size padded up to whole tiles is no multilinear function of the symbols
+    (an image in steps of 32 is 2n at 1/16 of its size: tiles of 2, not 4)."""
+    if not plan or not graphs:
+        return plan
+    sides: dict = {}
+    for g in graphs:
+        for n in optimize(g, passes=PRE_LAYOUT).nodes:
+            if n.name in plan:
+                sides.setdefault(n.name, []).extend(n.output.shape[2:])
+    kept = {}
+    for name, choice in plan.items():
+        wino = WG.parse_choice(choice)
+        if wino is None:
+            kept[name] = choice
+            continue
+        m = max((t for t in WG.TILES if t <= wino[0] and all(d % t == 0 for d in sides.get(name, ()))), default=None)
+        if m is not None:
+            kept[name] = f"winograd{m}" + (f"@{wino[1]}" if "@" in choice else "")
+    return kept
+
+
 def winograd_convs(layouts: dict) -> dict:
     """The Winograd entries of a plan: all a plan marked padded applies (records.PlanRecord)."""
     return {k: v for k, v in layouts.items() if WG.parse_choice(v) is not None}

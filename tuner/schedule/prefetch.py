@@ -10,7 +10,9 @@ one line every few iterations, over the first half of the iterations inside the 
 It applies where every read of the input has a flat offset affine in loop variables, one panel
 loop (serial or parallel, a static extent) holds them all, some loop inside it does not move the
 offset (the reuse), and a panel's offsets cover one range without gaps (a packed weight). Anything
-else lowers as if the step were absent: the step only ever changes speed.
+else lowers as if the step were absent: the step only ever changes speed. A loop inside the panel
+loop that ends at run time (a dynamic kernel's rows) is counted at its bound: a run that stops it
+short fetches the first lines of the next panel, not all of them.
 
 An activation is read tile by tile instead: each register tile reads its own window of it over the
 whole reduction, strided across channel blocks the hardware prefetcher does not follow, and from
@@ -144,8 +146,6 @@ def _one(fn: ir.Func, tensor: str) -> ir.Func | None:
     belows = []
     for _, _, path in forms:
         below = _kept(path)[[id(lp) for lp in path].index(id(outer)) + 1:]
-        if any(lp.limit is not None for lp in below):
-            return None
         if below:
             belows.append(below)
     if not belows:
