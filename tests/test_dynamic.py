@@ -1204,8 +1204,8 @@ def test_one_query_rows_scores_are_a_dot_product_per_key_vectorised_along_the_he
 
 def _cnn_onnx(path, seed: int = 0):
     """A small CNN over x [1, 3, h, w] (dim_params): a strided conv, a max pool, a residual block
-    with a squeeze-excitation (ReduceMean over the image), a strided 1x1 conv, global average
-    pooling and a Gemm. Its total stride is 8."""
+    with a squeeze-excitation (ReduceMean over the image), a 1x3 conv padded along w only, a
+    strided 1x1 conv, global average pooling and a Gemm. Its total stride is 8."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
     rng = np.random.default_rng(seed)
@@ -1213,7 +1213,7 @@ def _cnn_onnx(path, seed: int = 0):
     def w(name, *shape):
         return numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
     inits = [w("w1", 8, 3, 3, 3), w("b1", 8), w("w2", 8, 8, 3, 3), w("b2", 8), w("ws", 8, 8, 1, 1), w("w3", 16, 8, 1, 1),
-             w("b3", 16), w("fc", 5, 16), w("fcb", 5)]
+             w("b3", 16), w("fc", 5, 16), w("fcb", 5), w("wr", 8, 8, 1, 3)]
     n = helper.make_node
     nodes = [n("Conv", ["x", "w1", "b1"], ["c1"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
              n("Relu", ["c1"], ["r1"]),
@@ -1222,7 +1222,8 @@ def _cnn_onnx(path, seed: int = 0):
              n("ReduceMean", ["c2"], ["m"], axes=[2, 3], keepdims=1), n("Conv", ["m", "ws"], ["e"], kernel_shape=[1, 1]),
              n("Sigmoid", ["e"], ["g"]), n("Mul", ["c2", "g"], ["se"]), n("Add", ["se", "p1"], ["res"]),
              n("Relu", ["res"], ["r2"]),
-             n("Conv", ["r2", "w3", "b3"], ["c3"], kernel_shape=[1, 1], strides=[2, 2]),
+             n("Conv", ["r2", "wr"], ["row"], kernel_shape=[1, 3], pads=[0, 1, 0, 1]),    # a pad along w only
+             n("Conv", ["row", "w3", "b3"], ["c3"], kernel_shape=[1, 1], strides=[2, 2]),
              n("GlobalAveragePool", ["c3"], ["gap"]), n("Flatten", ["gap"], ["flat"]),
              n("Gemm", ["flat", "fc", "fcb"], ["out"], transB=1)]
     g = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "h", "w"])],

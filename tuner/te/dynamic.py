@@ -186,7 +186,8 @@ def _fitted_bodies(built: list, points: list, symbols: tuple) -> dict:
         body = _normalised(formula, bound_ranges, bound_ranges)      # the kernel's: for every run's ranges
         table = [{}]
         for vals, here in zip(points[1:], heres):
-            diff = _differing_constants(_compared(body), _compared(_normalised(here, bound_ranges, bound_ranges)))
+            # each over its own ranges: a test that always holds there (a pad's h < H where h < H) is gone
+            diff = _differing_constants(_compared(body), _compared(_normalised(here, bound_ranges, here[3])))
             keyed = None if diff is None else {_constant_key(name, path, pair): pair for path, pair in diff.items()}
             if keyed is None or None in keyed:
                 raise DynamicError(f"what {name} computes depends on the value of {moving}, not only on how far "
