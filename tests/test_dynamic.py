@@ -1305,3 +1305,16 @@ def test_a_dynamic_cnns_winograd_convs_take_the_largest_tile_whole_at_every_size
     for h, w in ((28, 28), (56, 56), (32, 44), (44, 36), (52, 28)):
         x = np.random.default_rng(h * 100 + w).standard_normal((1, 16, h, w)).astype(np.float32)
         np.testing.assert_allclose(model.run(x)[0], ort_run(path, x)[0], rtol=1e-4, atol=1e-4, err_msg=f"{h}x{w}")
+
+
+def test_a_plan_given_to_a_dynamic_cnn_takes_the_winograd_tiles_its_sizes_allow(tmp_path, capsys):
+    from conftest import ort_run
+    path = _winograd_cnn_onnx(tmp_path / "wino.onnx")
+    import importlib
+    compile_model = importlib.import_module("tuner.compiler.compile_model").compile_model
+    model = compile_model(str(path), threads=1, dynamic="x=1x16x[28..56:4]x[28..56:4]",
+                          layout_plan={"conv1": "winograd4@NCHW16c", "conv2": "winograd2@NCHW16c"}, progress=print)
+    assert model.meta["layout_plan"] == {"conv1": "winograd2@NCHW16c"}
+    assert "Winograd tiles the outputs are whole multiples of at every size" in capsys.readouterr().out
+    x = np.random.default_rng(0).standard_normal((1, 16, 44, 36)).astype(np.float32)
+    np.testing.assert_allclose(model.run(x)[0], ort_run(path, x)[0], rtol=1e-4, atol=1e-4)

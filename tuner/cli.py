@@ -694,9 +694,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "a layout given runs every conv not in a plan in it")
     c.add_argument("--input-shape", action="append", help="NAME=1x3x224x224 for inputs with dynamic dims")
     c.add_argument("--dynamic", action="append", metavar="NAME=1x[1..512]",
-                   help="dims that vary from run to run, each a range [lo..hi] or others' symbols plus a "
-                        "number, [seq+1] or [past+seq] (repeatable): one compiled model runs every shape in them (an "
-                        "ONNX file with dynamic axes; docs/dynamic-shapes.md)")
+                   help="dims that vary from run to run, each a range [lo..hi], one in steps [224..640:32] (an "
+                        "image size that strided convs divide) or others' symbols plus a number, [seq+1] or "
+                        "[past+seq] (repeatable): one compiled model runs every shape in them (an ONNX file with "
+                        "dynamic axes; docs/dynamic-shapes.md)")
     c.add_argument("--buckets", metavar="V1,V2,...",
                    help="with --dynamic: values of the varying dimension whose records in --log each task runs "
                         "for the values up to it (default with a log: those its `tune --dynamic` tuned at)")

@@ -436,6 +436,10 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
             and (layout_plan := whole_tiles(default_plan(graph, layout, tgt.lanes), family.graphs if family else [])):
         plan_from = "default"
         say(f"layout plan (default, none measured): {plan_summary(layout_plan)}")
+    elif family and layout_plan and (whole := whole_tiles(layout_plan, family.graphs)) != layout_plan:
+        say(f"layout plan for the range: {plan_summary(whole)} (Winograd tiles the outputs are whole multiples of "
+            "at every size)")
+        layout_plan = whole
     if not str(plan_from).startswith(SHIPPED) and any(n.op == "conv2d" for n in graph.nodes) and \
             any(s.name == SHIPPED for s in db.sources):
         # a shipped conv record was tuned inside its model's plan: outside it (a model no shipped plan
