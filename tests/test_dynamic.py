@@ -1205,15 +1205,16 @@ def test_one_query_rows_scores_are_a_dot_product_per_key_vectorised_along_the_he
 def _cnn_onnx(path, seed: int = 0):
     """A small CNN over x [1, 3, h, w] (dim_params): a strided conv, a max pool, a residual block
     with a squeeze-excitation (ReduceMean over the image), a 1x3 conv padded along w only, a
-    strided 1x1 conv, global average pooling and a Gemm. Its total stride is 8."""
+    strided 1x1 conv to 20 channels (not whole blocks), global average pooling and a Gemm. Its
+    total stride is 8."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
     rng = np.random.default_rng(seed)
 
     def w(name, *shape):
         return numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
-    inits = [w("w1", 8, 3, 3, 3), w("b1", 8), w("w2", 8, 8, 3, 3), w("b2", 8), w("ws", 8, 8, 1, 1), w("w3", 16, 8, 1, 1),
-             w("b3", 16), w("fc", 5, 16), w("fcb", 5), w("wr", 8, 8, 1, 3)]
+    inits = [w("w1", 8, 3, 3, 3), w("b1", 8), w("w2", 8, 8, 3, 3), w("b2", 8), w("ws", 8, 8, 1, 1), w("w3", 20, 8, 1, 1),
+             w("b3", 20), w("fc", 5, 20), w("fcb", 5), w("wr", 8, 8, 1, 3)]
     n = helper.make_node
     nodes = [n("Conv", ["x", "w1", "b1"], ["c1"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
              n("Relu", ["c1"], ["r1"]),
@@ -1237,6 +1238,7 @@ def test_a_cnn_compiled_for_image_sizes_in_steps_of_its_stride_matches_onnx_runt
     path = _cnn_onnx(tmp_path / "cnn.onnx")
     model = _compile(path, "x=1x3x[16..40:8]x[16..40:8]")
     assert model.symbols == [{"name": "h", "lo": 2, "hi": 5, "step": 8}, {"name": "w", "lo": 2, "hi": 5, "step": 8}]
+    assert any("K=32," in (s.workload or "") for s in model.steps)         # 20 channels computed as 2 whole blocks
     sizes = [(h, w) for h in range(16, 41, 8) for w in range(16, 41, 8)]
     assert len(sizes) == 16
     for h, w in sizes:

@@ -800,8 +800,8 @@ def tune_dynamic(model: str, dynamic, trials: int, buckets: list | None = None, 
             lambda tasks, config, log, known, v=v, va=out[-1][0], pairs=pairs, them=contenders: handovers(
                 str(model), dyn, k, (v, va), tasks, pairs, them, input_shapes, config, log, known, run_time=run_time, **opts)
         if above is not None and not contenders and kwargs.get("progress", True):
-            print(f"at {v}: its tasks do not pair with those at {out[-1][0]}, whose schedules are not timed here; "
-                  f"each version tuned here serves up to {v}", flush=True)
+            print(f"at {sym.name}={v * sym.step}: its tasks do not pair with those at {out[-1][0] * sym.step}, whose "
+                  f"schedules are not timed here; each version tuned here serves up to {v * sym.step}", flush=True)
         res = tune_model(graph, None if first_looks else n,
                          time_limit=time_limit * share if time_limit and not first_looks else None,
                          contenders=contenders, name=str(model), handover=over, **kwargs)

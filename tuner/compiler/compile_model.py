@@ -663,11 +663,11 @@ class _Family:
         for v in values:
             graph = load_at(self.path, self.dyn.shapes(self.dyn.at(k, v), self.input_shapes), self.run_time)
             if hashes and graph_digest(graph) not in hashes[v]:
-                say(f"{self.symbols[k].name}={v}: the log's plan there is another model's; no versions for it")
+                say(f"{self.symbols[k].name}={v * self.symbols[k].step}: the log's plan there is another model's; no versions for it")
                 continue
             gv = optimize(graph, **options)
             if not _same_kernels(gv, self.gs[0]):
-                say(f"{self.symbols[k].name}={v}: the model optimises to other kernels there; no versions for it")
+                say(f"{self.symbols[k].name}={v * self.symbols[k].step}: the model optimises to other kernels there; no versions for it")
                 continue
             self.buckets.append((v, gv))
         self.symbol = k

@@ -81,7 +81,7 @@ def pad_channels(graph: Graph, ctx) -> Graph:
     layout = ctx.options.get("layout") or "NCHW"
     block = L.block_of(layout)
     if not keeps_blocks(ctx.options.get("layout_plan") or {}, layout) or not ctx.options.get("pad_channels", True) \
-            or not block or graph.meta.get("dynamic"):
+            or not block:
         return graph
     b = GraphBuilder(graph.name)
     new: dict = {}          # id(old value) -> new value
