@@ -24,14 +24,14 @@ import numpy as np
 
 from bench.common import write_results
 from bench.dynamic_shapes import export_cnn
-from bench.torchvision_sweep import _errors, failed
+from bench.torchvision_sweep import _errors, failed, timed
 
 DEFAULT = "resnet50,mobilenet_v2,googlenet,efficientnet_b0,regnet_y_800mf,densenet121,convnext_tiny,squeezenet1_1"
 
 
 def check(name: str, workdir: Path, spec: str, sizes: list, threads: int, rounds: int) -> list:
     """Rows of one model, one per size (or one row with the error that stopped it)."""
-    from tuner.compare.peers import interleaved, onnxruntime_runner, paired_ratios
+    from tuner.compare.peers import onnxruntime_runner
     from tuner.graph import load as load_graph
     compile_model = importlib.import_module("tuner.compiler.compile_model").compile_model
     stage = "export"
@@ -56,10 +56,7 @@ def check(name: str, workdir: Path, spec: str, sizes: list, threads: int, rounds
             row["ok"] = bool(row["max_err_over_range"] <= 1e-4 or row["max_err_ulps"] <= 4)
             if rounds:
                 stage = "time"
-                ts = interleaved({"tuner": lambda ins: m.run(*ins), "onnxruntime": ort}, x, rounds)
-                row.update(median_ms=statistics.median(ts["tuner"]) * 1e3,
-                           onnxruntime_ms=statistics.median(ts["onnxruntime"]) * 1e3,
-                           vs_onnxruntime_paired=statistics.median(paired_ratios(ts["tuner"], ts["onnxruntime"])))
+                row.update(timed(m, ort, x, rounds))
         except Exception as e:                  # noqa: BLE001
             row.update(failed(stage, e))
         rows.append(row)

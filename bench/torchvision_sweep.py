@@ -80,7 +80,7 @@ def check(name: str, workdir: Path, threads: int, rounds: int, dynamo: bool = Fa
           feeds=None, target: str = "cpu") -> dict:
     """One row: export (by `export(name, path, dynamo=)`), import, compile, run against ONNX Runtime, time;
     on `feeds(name)` (the inputs in order) where given, else on random inputs."""
-    from tuner.compare.peers import interleaved, onnxruntime_runner, paired_ratios
+    from tuner.compare.peers import onnxruntime_runner
     from tuner.compiler import compile_model
     from tuner.graph import load as load_graph
     row = {"model": name, "threads": threads, "exporter": "dynamo" if dynamo else "torchscript"}
@@ -106,13 +106,18 @@ def check(name: str, workdir: Path, threads: int, rounds: int, dynamo: bool = Fa
             row["onnxruntime_unfused_err_over_range"] = _errors(wants, plain)["max_err_over_range"]
         if rounds:
             stage = "time"
-            ts = interleaved({"tuner": lambda ins: m.run(*ins), "onnxruntime": ort}, inputs, rounds)
-            row.update(median_ms=statistics.median(ts["tuner"]) * 1e3,
-                       onnxruntime_ms=statistics.median(ts["onnxruntime"]) * 1e3,
-                       vs_onnxruntime_paired=statistics.median(paired_ratios(ts["tuner"], ts["onnxruntime"])))
+            row.update(timed(m, ort, inputs, rounds))
     except Exception as e:                      # noqa: BLE001 - a row per model, whatever stops it
         row.update(failed(stage, e))
     return row
+
+
+def timed(m, ort, inputs: list, rounds: int) -> dict:
+    """A row's timing fields: the compiled model `m` and ONNX Runtime's runner interleaved, `rounds` rounds."""
+    from tuner.compare.peers import interleaved, paired_ratios
+    ts = interleaved({"tuner": lambda ins: m.run(*ins), "onnxruntime": ort}, inputs, rounds)
+    return dict(median_ms=statistics.median(ts["tuner"]) * 1e3, onnxruntime_ms=statistics.median(ts["onnxruntime"]) * 1e3,
+                vs_onnxruntime_paired=statistics.median(paired_ratios(ts["tuner"], ts["onnxruntime"])))
 
 
 def failed(stage: str, e: Exception) -> dict:
