@@ -1255,6 +1255,7 @@ def test_a_cnn_compiled_for_image_sizes_in_steps_of_its_stride_matches_onnx_runt
 @pytest.mark.parametrize("spec, says", [
     ("x=1x3x[16..40]x[16..40]", r"whole steps.*give its range a step of their total stride, e\.g\. \[224\.\.640:32\]"),
     ("x=1x3x[20..40:8]x[16..40:8]", r"\[20\.\.40:8\] must start and end at multiples of its step, e\.g\. \[24\.\.40:8\]"),
+    ("x=1x3x[0..40:8]x[16..40:8]", r"\[0\.\.40:8\] must start at one step or more, e\.g\. \[8\.\.40:8\]"),
 ])
 def test_an_image_size_without_the_step_its_strides_need_is_refused_saying_what_to_write(tmp_path, spec, says):
     path = _cnn_onnx(tmp_path / "cnn.onnx")

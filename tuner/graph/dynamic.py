@@ -307,6 +307,9 @@ def parse_dynamic(spec, declared: dict) -> DynamicInputs:
             return ("sym", index[name])
         if step < 1:
             raise GraphError(f"--dynamic {where}: a range's step is 1 or more, not {step}")
+        if step > 1 and lo < step <= hi:
+            raise GraphError(f"--dynamic {where}: {_written(lo, hi, step)} must start at one step or more, e.g. "
+                             f"{_written(step, hi // step * step, step)}")
         if step > 1 and (lo % step or hi % step):
             up, down = -(-lo // step) * step, hi // step * step
             raise GraphError(f"--dynamic {where}: {_written(lo, hi, step)} must start and end at multiples of its step"
