@@ -257,12 +257,11 @@ class CompiledModel:
                 if (k := _symbol_of(e, self.symbols)) is not None:
                     sym = self.symbols[k]
                     step = sym.get("step", 1)
-                    if not sym["lo"] * step <= n <= sym["hi"] * step or n % step:
-                        raise UserError(f"input {s['name']} has {n} in dim {d} ({sym['name']}); this model runs "
-                                        f"{_range(sym)}: compile it for a wider range (--dynamic)"
-                                        if not n % step else
-                                        f"input {s['name']} has {n} in dim {d} ({sym['name']}); this model runs "
-                                        f"{_range(sym)}: pad or resize the input to a multiple of {step}")
+                    said = f"input {s['name']} has {n} in dim {d} ({sym['name']}); this model runs {_range(sym)}"
+                    if n % step:
+                        raise UserError(f"{said}: pad or resize the input to a multiple of {step}")
+                    if not sym["lo"] * step <= n <= sym["hi"] * step:
+                        raise UserError(f"{said}: compile it for a wider range (--dynamic)")
                     if values[k] is not None and values[k] != n // step:
                         raise UserError(f"input {s['name']} has {n} in dim {d} ({sym['name']}), another input "
                                         f"{values[k] * step}: they must agree")
