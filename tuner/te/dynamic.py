@@ -188,12 +188,12 @@ def _fitted_bodies(built: list, points: list, symbols: tuple) -> dict:
         for vals, here in zip(points[1:], heres):
             # each over its own ranges: a test that always holds there (a pad's h < H where h < H) is gone
             diff = _differing_constants(_compared(body), _compared(_normalised(here, bound_ranges, here[3])))
-            keyed = None if diff is None else {_constant_key(name, path, pair): pair for path, pair in diff.items()}
-            if keyed is None or None in keyed:
+            fitted = None if diff is None else {path: _integers(pair) for path, pair in diff.items()}
+            if fitted is None or None in fitted.values():
                 raise DynamicError(f"what {name} computes depends on the value of {moving}, not only on how far "
                                    f"it runs (at {described(vals, symbols)})")
-            table[0].update({key: _integer(key, v0) for key, (v0, _) in keyed.items()})
-            table.append({key: _integer(key, v) for key, (_, v) in keyed.items()})
+            table[0].update({(kind, name, path): v0 for path, (kind, (v0, _)) in fitted.items()})
+            table.append({(kind, name, path): v for path, (kind, (_, v)) in fitted.items()})
         for row in table[1:]:
             for key, v0 in table[0].items():
                 row.setdefault(key, v0)
@@ -209,23 +209,14 @@ def _fitted_bodies(built: list, points: list, symbols: tuple) -> dict:
     return out
 
 
-def _constant_key(name: str, path: tuple, pair: tuple):
-    """The fit's key of a constant that differs between two points: ("c", ...) of an integer (an
-    offset), ("1/", ...) of a float that is 1/n for a whole n at both (a mean's divisor, fitted as n);
-    None for any other float."""
+def _integers(pair: tuple):
+    """What the fit takes of a constant that differs between two points: ("c", the pair) of integers
+    (an offset), ("1/", (n, m)) of floats 1/n and 1/m for whole n and m (a mean's divisor), None of
+    any other float."""
     if all(isinstance(v, int) for v in pair):
-        return ("c", name, path)
-    if all(isinstance(v, float) and v > 0 and _whole(1.0 / v) for v in pair):
-        return ("1/", name, path)
-    return None
-
-
-def _whole(x: float) -> bool:
-    return x >= 1 and abs(x - round(x)) <= 1e-9 * x
-
-
-def _integer(key: tuple, v) -> int:
-    return v if key[0] == "c" else round(1.0 / v)
+        return "c", pair
+    whole = [round(1.0 / v) for v in pair if isinstance(v, float) and v > 0 and abs(1.0 / v - round(1.0 / v)) <= 1e-9 / v]
+    return ("1/", tuple(whole)) if len(whole) == 2 and min(whole) >= 1 else None
 
 
 def _reciprocals(e: Expr) -> Expr:
