@@ -198,6 +198,52 @@ def test_a_padded_convolution_over_a_varying_height_computes_every_height_with_i
         _check(task, built, "conv2d", fixed, symbolic, {"_dyn0": h})
 
 
+def _pad_nest(test, limit, extent: int = 8):
+    """for i < limit (at most `extent`), o < 2, r < 3: y[i, o, r] = test ? x[4i + 2o + r] : 0, a
+    dynamic kernel's (symbol _dyn0 from 4 to 16)."""
+    from tuner.schedule import ir
+    from tuner.te.expr import Const, Load, Select
+    row = Var("i") * 4 + Var("o") * 2 + Var("r")
+    store = ir.Store("y", (Var("i"), Var("o"), Var("r")), Select(test(row), Load("x", (row,)), Const(0.0)))
+    body = ir.For("i", extent, ir.For("o", 2, ir.For("r", 3, store, kind="unroll"), kind="unroll"), limit=limit)
+    return ir.Func("k", [], [], body, symbols=(Symbol("h", 4, 16),))
+
+
+def _selects(s):
+    from tuner.schedule import ir
+    from tuner.te.expr import Select
+    return [n for x in ir.stmts(s) if isinstance(x, ir.Store) for n in walk(x.value) if isinstance(n, Select)]
+
+
+def test_a_pad_test_that_the_tile_loop_never_reaches_at_any_value_is_settled_and_one_it_reaches_is_kept():
+    """A 3x3 stride-2 conv padded by 1 over 2n rows never reads its bottom pad row (2n + 1) in its
+    n // 2 whole tiles: the test against the run's extent is settled at every n; a row the last
+    tile reaches at some n (2n) keeps its test."""
+    from tuner.schedule.peel import settle_tests
+    from tuner.te.expr import Cmp, Const, FloorDiv
+    n = symbol_var(0)
+    whole = FloorDiv(n, Const(2))
+    assert not _selects(settle_tests(_pad_nest(lambda row: Cmp("<", row, n * 2 + Const(1)), whole)).body)
+    assert len(_selects(settle_tests(_pad_nest(lambda row: Cmp("<", row, n * 2), whole)).body)) == 1
+    assert not _selects(settle_tests(_pad_nest(lambda row: Cmp("<", row, n * 2), whole - Const(1))).body)
+
+
+def test_a_loop_whose_selects_test_the_runs_extent_runs_its_first_iterations_without_the_test():
+    """A Winograd input transform's tile loop over the run's tiles reads the bottom pad only in its
+    last tile: it runs as a loop up to there without the test, then the rest with it."""
+    from tuner.schedule import ir
+    from tuner.schedule.peel import peel_guards
+    from tuner.te.dynamic import evaluate
+    from tuner.te.expr import Cmp, Const
+    n = symbol_var(0)
+    func = peel_guards(_pad_nest(lambda row: Cmp("<", row, n * 2 + Const(1)), n, 16))
+    loops = [x for x in func.body.stmts if isinstance(x, ir.For)]
+    assert len(loops) == 2 and not _selects(loops[0]) and _selects(loops[1])
+    for k in range(4, 17):      # the first loop runs every tile whose rows 4i..4i+4 stay above row 2n + 1
+        assert evaluate(loops[0].limit, {"_dyn0": k}) == (2 * k - 4) // 4 + 1
+        assert evaluate(loops[0].limit, {"_dyn0": k}) + evaluate(loops[1].limit, {"_dyn0": k}) == k
+
+
 def test_a_symbolic_parameter_must_take_the_workloads_value_at_the_bound():
     task = Task(make("dense", dict(N=8, C=16, K=16)), TARGET1)
     with pytest.raises(DynamicError, match="not its value at the symbols' bounds"):

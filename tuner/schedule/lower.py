@@ -17,7 +17,7 @@ from ..te.expr import (And, Cmp, Const, Expr, FloorDiv, FloorMod, Load, Max, Min
                        bounds, free_vars, from_linear, linear, simplify, substitute, transform, tree_size, walk)
 from . import ir
 from .schedule import Schedule, ScheduleError, Stage
-from .peel import partition_selects, peel_guards, skip_dead_iterations, unswitch
+from .peel import partition_selects, peel_guards, settle_tests, skip_dead_iterations, unswitch
 from .prefetch import prefetch_panels
 from .vthread import inject_virtual_threads
 
@@ -605,7 +605,7 @@ def _unroll_tiles(s: ir.Stmt, tiles: frozenset) -> tuple:
 def lower(sch: Schedule, func_name: str = "kernel", dims: DynamicDims | None = None) -> ir.Func:
     """The loop nest of a replayed schedule; with `dims`, a dynamic kernel (te.dynamic): its
     buffers at the bound shapes, its loops over the dynamic dimensions stopping at the run's."""
-    func = peel_guards(partition_selects(skip_dead_iterations(inject_virtual_threads(unswitch(
-        Lowerer(sch, func_name, dims).lower())))))
+    func = settle_tests(peel_guards(partition_selects(skip_dead_iterations(inject_virtual_threads(unswitch(
+        Lowerer(sch, func_name, dims).lower()))))))
     # unrolled first: a prefetch sits only in a loop that stays a loop
     return prefetch_panels(dataclasses.replace(func, body=unroll_register_tiles(func.body)), sch.prefetches)

@@ -25,7 +25,7 @@ _PEELED = ("serial",)        # loops bound to threads, unrolled or vectorised ke
 
 
 def peel_guards(func: ir.Func) -> ir.Func:
-    if not any(isinstance(s, ir.IfThen) for s in ir.stmts(func.body)):
+    if not func.symbols and not any(isinstance(s, ir.IfThen) for s in ir.stmts(func.body)):
         return func
     return dataclasses.replace(func, body=_peel(func.body, {}))
 
@@ -130,23 +130,32 @@ def _replace(s: ir.Stmt, fn, bound=()) -> ir.Stmt:
 # from, the second the rest with them.
 
 def _symbolic_guards(loop: ir.For) -> bool:
-    """Whether a guard on `loop`'s variable compares with a symbol (a run's extent)."""
+    """Whether a guard or a select's test on `loop`'s variable compares with a symbol (a run's extent)."""
     return any(loop.var in free_vars(c) and any(n.startswith(SYMBOL_PREFIX) for n in free_vars(c))
-               for st in ir.stmts(loop.body) if isinstance(st, ir.IfThen) for c in _conjuncts(st.cond))
+               for c in _tests(loop.body))
+
+
+def _tests(body: ir.Stmt):
+    """The conjuncts of the guards and of the selects' tests in `body`, in order."""
+    for st in ir.stmts(body):
+        if isinstance(st, ir.IfThen):
+            yield from _conjuncts(st.cond)
+        elif isinstance(st, ir.Store):
+            for n in walk(st.value):
+                if isinstance(n, Select):
+                    yield from _conjuncts(n.cond)
 
 
 def _peel_symbolic(s: ir.For, ranges: dict) -> ir.Stmt:
     inner = _loop_ranges(s.body)
     prefixes, gone = [], set()
-    for st in ir.stmts(s.body):
-        if isinstance(st, ir.IfThen):
-            for c in _conjuncts(st.cond):
-                if s.var in free_vars(c) and c not in gone:
-                    q = _symbolic_prefix(c, s.var, inner)
-                    if q is not None:
-                        gone.add(c)
-                        if q not in prefixes:
-                            prefixes.append(q)
+    for c in _tests(s.body):
+        if s.var in free_vars(c) and c not in gone:
+            q = _symbolic_prefix(c, s.var, inner)
+            if q is not None:
+                gone.add(c)
+                if q not in prefixes:
+                    prefixes.append(q)
     body = _peel(s.body, ranges)
     if not prefixes:
         return dataclasses.replace(s, body=body)
@@ -155,7 +164,7 @@ def _peel_symbolic(s: ir.For, ranges: dict) -> ir.Stmt:
     for q in prefixes[1:]:
         p = Min(p, q)
     p = simplify(Max(Const(0), Min(p, trips)))
-    main = dataclasses.replace(s, limit=p, body=_peel(_drop(s.body, gone), ranges))
+    main = dataclasses.replace(s, limit=p, body=_peel(_set_true(_drop(s.body, gone), gone), ranges))
     rest = dataclasses.replace(s, limit=simplify(trips - p), body=_substitute(s.body, {s.var: Var(s.var) + p}))
     return ir.seq([main, rest])
 
@@ -175,12 +184,28 @@ def _symbolic_prefix(c, var: str, inner: dict):
     if any(var in free_vars(t) for t in others) or (parts := _by_loops(others, inner)) is None:
         return None
     own, fixed = parts
-    b = bounds(from_linear(own, 0), inner)
+    b = _span(own, inner)
     if b is None:
         return None
     # coef*v + fixed + const + own < 0 for every own: v <= (-fixed - const - own_hi - 1) // coef
     top = from_linear({t: -k for t, k in fixed.items()}, -const - b[1] - (1 if c.op == "<" else 0))
     return FloorDiv(top, Const(coef)) + Const(1)
+
+
+def _span(terms: dict, ranges: dict):
+    """The bounds of a sum of terms times their coefficients; a select (a Winograd tap's offset in
+    its tile, by tap and row) spans both its sides."""
+    def one(e):
+        if isinstance(e, Select):
+            a, b = one(e.then), one(e.other)
+            return None if a is None or b is None else (min(a[0], b[0]), max(a[1], b[1]))
+        return bounds(e, ranges)
+    lo = hi = 0
+    for t, k in terms.items():
+        if (b := one(t)) is None:
+            return None
+        lo, hi = lo + min(k * b[0], k * b[1]), hi + max(k * b[0], k * b[1])
+    return lo, hi
 
 
 def _by_loops(terms: dict, inner: dict):
@@ -674,3 +699,106 @@ def _resolved(s: ir.Stmt, cond, truth: bool) -> ir.Stmt:
     """`s` with every select on `cond` replaced by its side for that truth."""
     return _replace(s, lambda e: transform(e, lambda n: (n.then if truth else n.other)
                                             if isinstance(n, Select) and n.cond == cond else None))
+
+
+# ------------------------------------------------------------ tests settled by the run's values
+# In a dynamic kernel a border tile's pad test compares with the run's extent (`row < 2*n + 1`):
+# interval bounds, with the symbols and the loops apart, cannot tell that a loop stopping at
+# `(n - 2) / 2 + 1` tiles never reaches it, and the test stays in the innermost loop, where a
+# static kernel has none (ResNet-50's 3x3 stride-2 convs: the border tiles 1.4x slower). Each
+# test of the symbols and loops is bounded at every value the symbols can take (the loops' ends
+# evaluated there), and one that holds, or fails, at all of them is settled. More values than
+# SETTLE_POINTS: left as it is.
+SETTLE_POINTS = 1 << 14
+_INTERVAL_OPS = {Add: lambda a, b: (a[0] + b[0], a[1] + b[1]), Sub: lambda a, b: (a[0] - b[1], a[1] - b[0]),
+                 Min: lambda a, b: (np.minimum(a[0], b[0]), np.minimum(a[1], b[1])),
+                 Max: lambda a, b: (np.maximum(a[0], b[0]), np.maximum(a[1], b[1]))}
+
+
+def settle_tests(func: ir.Func) -> ir.Func:
+    if not func.symbols or math.prod(s.hi - s.lo + 1 for s in func.symbols) > SETTLE_POINTS:
+        return func
+    grid = np.meshgrid(*(np.arange(s.lo, s.hi + 1) for s in func.symbols), indexing="ij")
+    env = {f"{SYMBOL_PREFIX}{k}": (g.ravel(), g.ravel()) for k, g in enumerate(grid)}
+    return dataclasses.replace(func, body=_settle(func.body, env, np.ones(grid[0].size, bool)))
+
+
+def _settle(s: ir.Stmt, env: dict, live):
+    """`s` with the tests settled over the points where it runs (`live`), the loops around it and
+    the symbols in `env` (name -> (lows, highs), an array over the points each)."""
+    if isinstance(s, ir.Seq):
+        return ir.seq([_settle(x, env, live) for x in s.stmts])
+    if isinstance(s, ir.Store):
+        value = transform(s.value, lambda n: _settled_select(n, env, live) if isinstance(n, Select) else None)
+        return s if value is s.value else ir.Store(s.buffer, s.indices, value)
+    if isinstance(s, ir.IfThen):
+        cond = _settled(s.cond, env, live)
+        if isinstance(cond, Const):
+            return _settle(s.body, env, live) if cond.value else ir.Seq([])
+        return ir.IfThen(cond, _settle(s.body, env, live))
+    if isinstance(s, ir.For):
+        hi = np.full(live.shape, s.extent - 1)
+        if s.limit is not None and (b := _interval(s.limit, env)) is not None:
+            hi = np.minimum(hi, b[1] - 1)
+        runs = live & (hi >= 0)
+        body = _settle(s.body, {**env, s.var: (np.zeros_like(hi), np.maximum(hi, 0))}, runs) if runs.any() else s.body
+        return dataclasses.replace(s, body=body)
+    if isinstance(s, ir.Allocate):
+        return dataclasses.replace(s, body=_settle(s.body, env, live))
+    return s
+
+
+def _settled_select(n: Select, env: dict, live):
+    cond = _settled(n.cond, env, live)
+    if isinstance(cond, Const):
+        return n.then if cond.value else n.other
+    return None if cond is n.cond else Select(cond, n.then, n.other)
+
+
+def _settled(cond, env: dict, live):
+    """`cond` with each of its `a < b` / `a <= b` tests that holds (fails) at every live point
+    replaced by true (false), folded; `cond` itself where none is."""
+    def decide(n):
+        if not isinstance(n, Cmp) or (ln := _difference(n)) is None:
+            return None
+        b = _interval(from_linear(*ln), env)
+        if b is None:
+            return None
+        lo, hi = b[0][live], b[1][live]
+        if (hi < 0).all() if n.op == "<" else (hi <= 0).all():
+            return Const(1)
+        if (lo >= 0).all() if n.op == "<" else (lo > 0).all():
+            return Const(0)
+        return None
+    out = transform(cond, decide)
+    if out == cond:
+        return cond
+    out = simplify(out)
+    if isinstance(out, Cmp) and out.op == "==" and isinstance(out.a, Const) and isinstance(out.b, Const):
+        return Const(int(out.a.value == out.b.value))        # the other side of a settled split
+    return out
+
+
+def _interval(e, env: dict):
+    """(lows, highs) of an integer expression at each point, from the ranges in `env`; None for
+    an expression of another form or a name not in `env`."""
+    if isinstance(e, Const):
+        return (e.value, e.value) if e.is_int else None
+    if isinstance(e, Var):
+        return env.get(e.name)
+    if isinstance(e, (FloorDiv, FloorMod)) and isinstance(e.b, Const) and e.b.is_int and e.b.value > 0:
+        if (a := _interval(e.a, env)) is None:
+            return None
+        c = e.b.value
+        if isinstance(e, FloorDiv):
+            return (np.floor_divide(a[0], c), np.floor_divide(a[1], c))
+        one = np.floor_divide(a[0], c) == np.floor_divide(a[1], c)      # one period: mod is monotone there
+        return (np.where(one, np.mod(a[0], c), 0), np.where(one, np.mod(a[1], c), c - 1))
+    if isinstance(e, Mul) and (isinstance(e.a, Const) or isinstance(e.b, Const)):
+        k, x = (e.a, e.b) if isinstance(e.a, Const) else (e.b, e.a)
+        if not k.is_int or (a := _interval(x, env)) is None:
+            return None
+        return (a[0] * k.value, a[1] * k.value) if k.value >= 0 else (a[1] * k.value, a[0] * k.value)
+    if type(e) in _INTERVAL_OPS and (a := _interval(e.a, env)) is not None and (b := _interval(e.b, env)) is not None:
+        return _INTERVAL_OPS[type(e)](a, b)
+    return None
