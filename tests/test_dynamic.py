@@ -1356,6 +1356,29 @@ def test_a_dynamic_cnns_winograd_convs_take_the_largest_tile_whole_at_every_size
         np.testing.assert_allclose(model.run(x)[0], ort_run(path, x)[0], rtol=1e-4, atol=1e-4, err_msg=f"{h}x{w}")
 
 
+def test_a_winograd_gemm_skips_the_tiles_of_rows_past_the_runs_tile_columns_and_matches_at_every_size(
+        tmp_path, monkeypatch):
+    """The GEMM's tiles lie in rows of the bound's 32 tile columns (128 / 4), the run's 2n of them
+    first: its tile loop of 16 rows skips a tile wholly past them (a test of the row modulo 32 against 2n),
+    and every size computes what ONNX Runtime does. The third conv sees 2n, n from 4 to 16: whole
+    4s at every sample point of the fit (all even), not at every size, so F(2x2)."""
+    import tuner.task
+    from tuner.schedule import ir
+    from tuner.te.expr import FloorMod, free_vars
+    from conftest import ort_run
+    lowered = []
+    real = tuner.task.lower
+    monkeypatch.setattr(tuner.task, "lower", lambda *a, **k: lowered.append(real(*a, **k)) or lowered[-1])
+    path = _winograd_cnn_onnx(tmp_path / "wino.onnx")
+    model = _compile(path, "x=1x16x[32..128:8]x[32..128:8]")
+    assert [model.meta["layout_plan"][f"conv{k}"].split("@")[0] for k in range(3)] == ["winograd4", "winograd4", "winograd2"]
+    assert any(isinstance(x, ir.IfThen) and any(isinstance(n, FloorMod) for n in walk(x.cond)) and "_dyn1" in free_vars(x.cond)
+               for f in lowered for x in ir.stmts(f.body)), "no GEMM skips the tiles past the run's columns"
+    for h, w in ((32, 32), (128, 128), (40, 96), (72, 48), (120, 32)):
+        x = np.random.default_rng(h * 100 + w).standard_normal((1, 16, h, w)).astype(np.float32)
+        np.testing.assert_allclose(model.run(x)[0], ort_run(path, x)[0], rtol=1e-4, atol=1e-4, err_msg=f"{h}x{w}")
+
+
 def test_a_plan_given_to_a_dynamic_cnn_takes_the_winograd_tiles_its_sizes_allow(tmp_path, capsys):
     from conftest import ort_run
     path = _winograd_cnn_onnx(tmp_path / "wino.onnx")

@@ -433,10 +433,11 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
                                                                  source_name, say, structure, anonymous)
     in_model = found_in_model if in_model is None else in_model
     if layout_plan is None and chosen_layout is None \
-            and (layout_plan := whole_tiles(default_plan(graph, layout, tgt.lanes), family.graphs if family else [])):
+            and (layout_plan := whole_tiles(default_plan(graph, layout, tgt.lanes), family.graphs if family else [],
+                                            family.symbols if family else ())):
         plan_from = "default"
         say(f"layout plan (default, none measured): {plan_summary(layout_plan)}")
-    elif family and layout_plan and (whole := whole_tiles(layout_plan, family.graphs)) != layout_plan:
+    elif family and layout_plan and (whole := whole_tiles(layout_plan, family.graphs, family.symbols)) != layout_plan:
         say(f"layout plan for the range: {plan_summary(whole)} (Winograd tiles the outputs are whole multiples of "
             "at every size)")
         layout_plan = whole
@@ -760,7 +761,7 @@ class _Family:
             return None
         _, grp0, ins0, out0 = self.group(0, gi)
         pos = {id(v): k for k, v in enumerate(ins0)} | {id(out0): -1}
-        held = {}                       # (arg position, point) -> the run's data, as the kernel's tensor
+        held, widened = {}, False       # (arg position, point) -> the run's data, as the kernel's tensor
         for i, p in enumerate(self.points):
             _, _, ins, out = self.group(i, gi)
             for k, (a, t) in enumerate(zip(args, tensors, strict=True)):
@@ -786,7 +787,47 @@ class _Family:
                 raise DynamicError(f"the kernel of {group_summary(self.gs[0], grp0.nodes)} reads {args[k].name} "
                                    f"{list(args[k].shape)} as {t.name} {list(t.shape)}, which does not cover "
                                    "where its data are: a varying dimension merged with another")
+            widened = True
+        for k, t in enumerate(tensors):
+            if widened and (gaps := self._gaps(held, k, t)):
+                dims = dataclasses.replace(dims, gaps={**dims.gaps, t.name: gaps})
         return dims
+
+    def _gaps(self, held: dict, k: int, t) -> dict:
+        """{dim: (period, rows)} of tensor `t` where argument k's data lie, at every point, in the
+        first `rows` (an expression of the symbols) of each `period` along the dim: two varying
+        dims merged into one; {} where none does."""
+        table, periods = [], {}
+        for i in range(len(self.points)):
+            if (k, i) not in held:
+                return {}
+            mask, row = held[k, i], {}
+            for d in range(t.ndim):
+                rows = mask.any(axis=tuple(x for x in range(t.ndim) if x != d))
+                v = int(np.argmin(rows)) if not rows.all() else rows.size
+                later = np.flatnonzero(rows[v:])
+                if later.size:
+                    periods.setdefault(d, set()).add(v + int(later[0]))
+                row[("gap", t.name, d)] = (rows, v)
+            table.append(row)
+        out = {}
+        for d, ps in periods.items():
+            if len(ps) != 1:
+                continue
+            (p,) = ps
+            idx = np.arange(t.shape[d])
+            rows_at = [min(point[("gap", t.name, d)][1], p) for point in table]
+            if p >= t.shape[d] or not all(np.array_equal(point[("gap", t.name, d)][0],
+                                                         (idx % p < r) & (idx <= np.flatnonzero(point[("gap", t.name, d)][0]).max()))
+                                          for point, r in zip(table, rows_at)):
+                continue
+            try:
+                fitted = fit_table([{("gap", t.name, d): r} for r in rows_at], self.symbols)
+            except DynamicError:
+                continue
+            if ("gap", t.name, d) in fitted:
+                out[d] = (p, fitted[("gap", t.name, d)])
+        return out
 
     def _covers(self, held: dict, k: int, t, dims) -> bool:
         """Whether the kernel's region of tensor `t` holds the run's data of argument k everywhere."""

@@ -171,28 +171,55 @@ def default_plan(graph, layout: str, lanes: int) -> dict:
     return plan
 
 
-def whole_tiles(plan: dict, graphs: list) -> dict:
+def whole_tiles(plan: dict, graphs: list, symbols: tuple = ()) -> dict:
     """`plan` with each Winograd conv in the largest tile, at most its own, whose multiples its
-    output is in every graph of `graphs` (a dynamic model at its sample points), or without it
-    where there is none: a size padded up to whole tiles is no multilinear function of the symbols
-    (an image in steps of 32 is 2n at 1/16 of its size: tiles of 2, not 4)."""
+    output is at every value of the `symbols` (`graphs`: the model at their sample points, which
+    fit each side), or without it where there is none: a size padded up to whole tiles is no
+    multilinear function of the symbols (an image in steps of 32 is 2n at 1/16 of its size: tiles
+    of 2, not 4; in steps of 8 with n from 4 to 16, 2n is whole 4s at every sample point, all even,
+    and not at 5)."""
     if not plan or not graphs:
         return plan
-    sides: dict = {}
-    for g in graphs:
+    table = [{} for _ in graphs]
+    for row, g in zip(table, graphs):
         for n in optimize(g, passes=PRE_LAYOUT).nodes:
             if n.name in plan:
-                sides.setdefault(n.name, []).extend(n.output.shape[2:])
+                row.update({(n.name, d): side for d, side in enumerate(n.output.shape[2:])})
+    values = _side_values(table, symbols)
     kept = {}
     for name, choice in plan.items():
         wino = WG.parse_choice(choice)
         if wino is None:
             kept[name] = choice
             continue
-        m = max((t for t in WG.TILES if t <= wino[0] and all(d % t == 0 for d in sides.get(name, ()))), default=None)
+        sides = [v for (n, _), vs in values.items() if n == name for v in vs]
+        m = max((t for t in WG.TILES if t <= wino[0] and sides and all(d % t == 0 for d in sides)), default=None)
         if m is not None:
             kept[name] = f"winograd{m}" + (f"@{wino[1]}" if "@" in choice else "")
     return kept
+
+
+WHOLE_TILE_VALUES = 1 << 14      # more values of the symbols than this: the sample points only, and
+                                 # a side's coefficients, each a multiple of the tile
+
+
+def _side_values(table: list, symbols: tuple) -> dict:
+    """{(conv, dim): the values the side takes}: at every value of the symbols where it fits as a
+    multilinear function of them, else at the sample points (an unfitted one is refused later)."""
+    from ..te.dynamic import DynamicError, evaluate, fit_table, symbol_var
+    out = {k: [row[k] for row in table if k in row] for k in table[0]}
+    if not symbols:
+        return out
+    try:
+        fitted = fit_table(table, symbols)
+    except DynamicError:
+        return out
+    box = [range(s.lo, s.hi + 1) for s in symbols]
+    if math.prod(len(r) for r in box) > WHOLE_TILE_VALUES:
+        return out
+    for k, e in fitted.items():
+        out[k] = [evaluate(e, {symbol_var(i).name: v for i, v in enumerate(at)}) for at in itertools.product(*box)]
+    return out
 
 
 def winograd_convs(layouts: dict) -> dict:

@@ -181,18 +181,20 @@ class Lowerer:
                 temps.append(buf)
                 self.buffers[st.name] = buf
             region = [Interval({}, 0, e - 1) for e in shape]
-            nests.append(self.build_stage(st, region, {}, {}, limits=self.dims.tensor(st.name)))
+            nests.append(self.build_stage(st, region, {}, {}, limits=self.dims.tensor(st.name),
+                                          gaps=self.dims.tensor_gaps(st.name)))
         return ir.Func(self.func_name, args, temps, ir.seq(nests), self.buffers, self.dims.symbols)
 
     # ------------------------------------------------------------ one stage
     def build_stage(self, st: Stage, region: list, offsets: dict, outer_ranges: dict,
-                    guards: tuple = (), limits: tuple = ()) -> ir.Stmt:
+                    guards: tuple = (), limits: tuple = (), gaps: dict | None = None) -> ir.Stmt:
         """Loop nest of `st` over `region` (interval forms of its output dims, in outer loop vars).
 
         offsets: tensor name -> base expressions of local buffers visible here.
         outer_ranges: loop var -> extent of loops enclosing this nest (for guard elimination).
         guards: region guards this stage needs (its region may overrun its tensor's shape).
         limits: the run-time extents of the region's dims that are whole dynamic dimensions.
+        gaps: {dim: (period, rows)} of the root's dims that merge two varying ones (_gap_tests).
         """
         op = st.op
         root_ext = {a.name: region[k].hi - region[k].lo + 1 for k, a in enumerate(op.axes)}
@@ -202,6 +204,7 @@ class Lowerer:
                          if (lim := self.dims.reduce_limit(st.name, r.name)) is not None})
         leaf_ext, split_guards, leaf_lim, skips = self._leaf_extents(st, root_ext, root_lim)
         var = {leaf: self._var_name(st, leaf) for leaf in st.leaves}
+        gap_tests = _gap_tests(st, {op.axes[d].name: g for d, g in (gaps or {}).items()}, leaf_ext, var)
         leaf_val = {leaf: (Var(var[leaf]) if leaf_ext[leaf] > 1 else Const(0)) for leaf in st.leaves}
         axis_val = self._axis_values(st, leaf_val, leaf_ext)
         root_val = {n: axis_val[n] for n in st.root_names}
@@ -265,6 +268,8 @@ class Lowerer:
             leaf = st.leaves[k]
             if leaf in skips:
                 stmt = ir.IfThen(all_of(*(Cmp("<", axis_val[p], lim) for p, lim in skips[leaf])), stmt)
+            if leaf in gap_tests:
+                stmt = ir.IfThen(gap_tests[leaf], stmt)
             if leaf_ext[leaf] > 1:
                 stmt = ir.For(var[leaf], leaf_ext[leaf], stmt, st.annotations.get(leaf, "serial"),
                               st.auto_unroll.get(leaf, 0), leaf_lim.get(leaf))
@@ -600,6 +605,32 @@ def _unroll_tiles(s: ir.Stmt, tiles: frozenset) -> tuple:
     # a vector loop longer than a register tile's row (a reduction over a whole row: TopK's ranks) is
     # work to keep a loop, not lanes of the tile
     return s, straight and (s.kind == "unroll" or s.kind == "vectorize" and s.extent <= TILE_ROW_LANES), uses
+
+
+# A dim that merges two varying ones (a Winograd GEMM's tile rows and columns, a dense over [batch,
+# seq] rows) holds the run's rows in the first `rows` of each `period` (the inner dim's bound): the
+# kernel runs the prefix that covers them, and its outermost tile loop over the dim skips each tile
+# that lies wholly between them (ResNet-50's Winograd GEMMs at 224 in a 512 range: 18 of every 32
+# tile columns). A tile of a period or more always holds some.
+_GAP_LOOPS = ("serial", "parallel")
+
+
+def _gap_tests(st: Stage, gaps: dict, ext: dict, var: dict) -> dict:
+    """{leaf: the test that its tile holds some of the run's rows} for the root axes in `gaps`."""
+    out = {}
+    for axis, (period, rows) in gaps.items():
+        split = next((rel for rel in st.relations if rel[0] == "split" and rel[1] == axis), None)
+        children = split[2] if split else [axis]
+        j = next((i for i, c in enumerate(children) if ext.get(c, 1) > 1), None)
+        if j is None or children[j] not in st.leaves or st.annotations.get(children[j], "serial") not in _GAP_LOOPS:
+            continue
+        tile = math.prod(ext[c] for c in children[j + 1:])
+        if tile >= period:
+            continue
+        at = FloorMod(Var(var[children[j]]) * Const(tile), Const(period))      # where the tile starts in its period
+        gap = Cmp("<=", rows, at) if period % tile == 0 else And(Cmp("<=", rows, at), Cmp("<=", at, Const(period - tile)))
+        out[children[j]] = Cmp("==", gap, Const(0))
+    return out
 
 
 def lower(sch: Schedule, func_name: str = "kernel", dims: DynamicDims | None = None) -> ir.Func:

@@ -50,11 +50,18 @@ class DynamicDims:
     """Run-time extents of a kernel's dimensions: `tensors[name][d]` and `reduce[(stage, axis)]`
     are expressions of the symbols' vars (symbol_var(k)), or None where the extent is fixed;
     `bodies[stage]`: the stage's formula where integer constants in it vary with the symbols (a
-    concat's offset, a slice's start), those constants expressions of the symbols' vars."""
+    concat's offset, a slice's start), those constants expressions of the symbols' vars;
+    `gaps[name][d]`: where a dim merges two that vary (a GEMM over [batch, seq] rows, a Winograd
+    GEMM's tile rows and columns), the run's rows in it, period by period (Lowerer skips the tiles
+    between them)."""
     symbols: tuple
     tensors: dict = field(default_factory=dict)
     reduce: dict = field(default_factory=dict)
     bodies: dict = field(default_factory=dict)
+    gaps: dict = field(default_factory=dict)     # {tensor: {dim: (period, rows)}}: data at q*period + r, r < rows
+
+    def tensor_gaps(self, name: str) -> dict:
+        return self.gaps.get(_base(name), {})
 
     def tensor(self, name: str) -> tuple:
         return self.tensors.get(_base(name), ())
