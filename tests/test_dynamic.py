@@ -244,6 +244,23 @@ def test_a_loop_whose_selects_test_the_runs_extent_runs_its_first_iterations_wit
         assert evaluate(loops[0].limit, {"_dyn0": k}) + evaluate(loops[1].limit, {"_dyn0": k}) == k
 
 
+def test_a_parallel_loops_border_tile_clear_of_the_runs_edge_runs_without_its_test():
+    """Tiles of a parallel loop are not cut at the run's extent: the border version of an
+    unswitched nest (a tile on the top row: `1 <= row` fails for some of its taps) is split again on
+    the tests against the run's edge, so a top tile clear of the bottom (`row < 2n + 1` holds for
+    all its taps) runs without them, and one that reaches it keeps them."""
+    from tuner.schedule import ir
+    from tuner.schedule.peel import unswitch
+    from tuner.te.expr import And, Cmp, Const, Load, Select, free_vars
+    n, row = symbol_var(0), Var("t") * 4 + Var("o") * 2 + Var("r")
+    test = And(Cmp("<=", Const(1), row), Cmp("<", row, n * 2 + Const(1)))
+    store = ir.Store("y", (Var("t"), Var("o"), Var("r")), Select(test, Load("x", (row,)), Const(0.0)))
+    nest = ir.Unswitch(ir.For("o", 2, ir.For("r", 3, store, kind="unroll"), kind="unroll"))
+    func = unswitch(ir.Func("k", [], [], ir.For("t", 8, nest, kind="parallel"), symbols=(Symbol("h", 4, 16),)))
+    tests = [frozenset(c for c in free_vars(n.cond) if c.startswith("_dyn")) for n in _selects(func.body)]
+    assert len(tests) == 2 and set(tests) == {frozenset(), frozenset({"_dyn0"})}, tests
+
+
 def test_a_symbolic_parameter_must_take_the_workloads_value_at_the_bound():
     task = Task(make("dense", dict(N=8, C=16, K=16)), TARGET1)
     with pytest.raises(DynamicError, match="not its value at the symbols' bounds"):
@@ -1364,19 +1381,25 @@ def test_a_winograd_gemm_skips_the_tiles_of_rows_past_the_runs_tile_columns_and_
     4s at every sample point of the fit (all even), not at every size, so F(2x2)."""
     import tuner.task
     from tuner.schedule import ir
-    from tuner.te.expr import FloorMod, free_vars
+    from tuner.te.expr import Cmp, FloorMod, free_vars
     from conftest import ort_run
     lowered = []
     real = tuner.task.lower
     monkeypatch.setattr(tuner.task, "lower", lambda *a, **k: lowered.append(real(*a, **k)) or lowered[-1])
     path = _winograd_cnn_onnx(tmp_path / "wino.onnx")
-    model = _compile(path, "x=1x16x[32..128:8]x[32..128:8]")
-    assert [model.meta["layout_plan"][f"conv{k}"].split("@")[0] for k in range(3)] == ["winograd4", "winograd4", "winograd2"]
-    assert any(isinstance(x, ir.IfThen) and any(isinstance(n, FloorMod) for n in walk(x.cond)) and "_dyn1" in free_vars(x.cond)
-               for f in lowered for x in ir.stmts(f.body)), "no GEMM skips the tiles past the run's columns"
-    for h, w in ((32, 32), (128, 128), (40, 96), (72, 48), (120, 32)):
-        x = np.random.default_rng(h * 100 + w).standard_normal((1, 16, h, w)).astype(np.float32)
-        np.testing.assert_allclose(model.run(x)[0], ort_run(path, x)[0], rtol=1e-4, atol=1e-4, err_msg=f"{h}x{w}")
+    for threads in (1, 2):          # at 2, the tile loop fused into the parallel loop: the test on its part
+        lowered.clear()
+        model = _compile(path, "x=1x16x[32..128:8]x[32..128:8]", threads)
+        assert [model.meta["layout_plan"][f"conv{k}"].split("@")[0] for k in range(3)] == \
+            ["winograd4", "winograd4", "winograd2"]
+        assert any(isinstance(x, ir.IfThen) and any(isinstance(n, Cmp) and n.op == "<=" and "_dyn1" in free_vars(n.a)
+                                                    and any(isinstance(m, FloorMod) for m in walk(n.b)) for n in walk(x.cond))
+                   for f in lowered for x in ir.stmts(f.body)), \
+            f"no GEMM skips the tiles past the run's columns (2n <= the tile's start modulo 32) at {threads} threads"
+        for h, w in ((32, 32), (128, 128), (40, 96), (72, 48), (120, 32)):
+            x = np.random.default_rng(h * 100 + w).standard_normal((1, 16, h, w)).astype(np.float32)
+            np.testing.assert_allclose(model.run(x)[0], ort_run(path, x)[0], rtol=1e-4, atol=1e-4,
+                                       err_msg=f"{h}x{w}, {threads} threads")
 
 
 def test_a_plan_given_to_a_dynamic_cnn_takes_the_winograd_tiles_its_sizes_allow(tmp_path, capsys):

@@ -204,9 +204,9 @@ class Lowerer:
                          if (lim := self.dims.reduce_limit(st.name, r.name)) is not None})
         leaf_ext, split_guards, leaf_lim, skips = self._leaf_extents(st, root_ext, root_lim)
         var = {leaf: self._var_name(st, leaf) for leaf in st.leaves}
-        gap_tests = _gap_tests(st, {op.axes[d].name: g for d, g in (gaps or {}).items()}, leaf_ext, var)
         leaf_val = {leaf: (Var(var[leaf]) if leaf_ext[leaf] > 1 else Const(0)) for leaf in st.leaves}
         axis_val = self._axis_values(st, leaf_val, leaf_ext)
+        gap_tests = _gap_tests(st, {op.axes[d].name: g for d, g in (gaps or {}).items()}, leaf_ext, axis_val)
         root_val = {n: axis_val[n] for n in st.root_names}
         base = {a.name: from_linear(region[k].terms, region[k].lo) for k, a in enumerate(op.axes)}
         ranges = dict(outer_ranges)
@@ -615,21 +615,30 @@ def _unroll_tiles(s: ir.Stmt, tiles: frozenset) -> tuple:
 _GAP_LOOPS = ("serial", "parallel")
 
 
-def _gap_tests(st: Stage, gaps: dict, ext: dict, var: dict) -> dict:
-    """{leaf: the test that its tile holds some of the run's rows} for the root axes in `gaps`."""
+def _gap_tests(st: Stage, gaps: dict, ext: dict, value: dict) -> dict:
+    """{leaf: the test that its tile holds some of the run's rows} for the root axes in `gaps`: at
+    the loop of the axis's outermost looping tile, or of the parallel loop it is fused into (its
+    value there an expression of the fused loop's; an iteration that holds part of the tile is
+    skipped where the whole tile is)."""
     out = {}
     for axis, (period, rows) in gaps.items():
         split = next((rel for rel in st.relations if rel[0] == "split" and rel[1] == axis), None)
         children = split[2] if split else [axis]
         j = next((i for i, c in enumerate(children) if ext.get(c, 1) > 1), None)
-        if j is None or children[j] not in st.leaves or st.annotations.get(children[j], "serial") not in _GAP_LOOPS:
+        if j is None:
+            continue
+        leaf = children[j]
+        while leaf not in st.leaves and (fuse := next((r for r in st.relations if r[0] == "fuse" and leaf in r[1]), None)):
+            leaf = fuse[2]
+        if leaf not in st.leaves or st.annotations.get(leaf, "serial") not in _GAP_LOOPS:
             continue
         tile = math.prod(ext[c] for c in children[j + 1:])
         if tile >= period:
             continue
-        at = FloorMod(Var(var[children[j]]) * Const(tile), Const(period))      # where the tile starts in its period
+        at = FloorMod(value[children[j]] * Const(tile), Const(period))      # where the tile starts in its period
         gap = Cmp("<=", rows, at) if period % tile == 0 else And(Cmp("<=", rows, at), Cmp("<=", at, Const(period - tile)))
-        out[children[j]] = Cmp("==", gap, Const(0))
+        test = Cmp("==", gap, Const(0))
+        out[leaf] = And(out[leaf], test) if leaf in out else test
     return out
 
 

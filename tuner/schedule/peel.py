@@ -370,11 +370,15 @@ def _unswitch(s: ir.Stmt, ranges: dict) -> ir.Stmt:
     return s
 
 
-def _split_interior(body: ir.Stmt, outer: dict) -> ir.Stmt:
+def _split_interior(body: ir.Stmt, outer: dict, symbolic: bool = False) -> ir.Stmt:
     """`body` as `if (interior) clean else body`: `clean` has every select test that holds for all
-    values of body's own loops wherever `interior` (a test of the loops around) holds, set true."""
+    values of body's own loops wherever `interior` (a test of the loops around) holds, set true.
+    In a dynamic kernel the border version is split again on its tests against the run's extent
+    (`symbolic`): a tile on the top border runs without the bottom's tests where it is clear of
+    the bottom (a parallel loop's tiles, unlike a serial loop's, are not cut at the run's extent)."""
     tests = {c for st in ir.stmts(body) if isinstance(st, ir.Store)
-             for n in walk(st.value) if isinstance(n, Select) for c in _conjuncts(n.cond)}
+             for n in walk(st.value) if isinstance(n, Select) for c in _conjuncts(n.cond)
+             if not symbolic or any(v.startswith(SYMBOL_PREFIX) for v in free_vars(c))}
     gone, interior = _interior(sorted(tests, key=repr), _loop_ranges(body), outer)   # a stable order
     if not gone:
         return body
@@ -382,7 +386,8 @@ def _split_interior(body: ir.Stmt, outer: dict) -> ir.Stmt:
     if not interior:
         return clean
     cond = all_of(*interior)
-    return ir.seq([ir.IfThen(cond, clean), ir.IfThen(Cmp("==", cond, Const(0)), body)])
+    border = body if symbolic else _split_interior(body, outer, True)
+    return ir.seq([ir.IfThen(cond, clean), ir.IfThen(Cmp("==", cond, Const(0)), border)])
 
 
 def _interior(tests, inner: dict, outer: dict) -> tuple:
