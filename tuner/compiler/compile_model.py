@@ -797,32 +797,21 @@ class _Family:
         """{dim: (period, rows)} of tensor `t` where argument k's data lie, at every point, in the
         first `rows` (an expression of the symbols) of each `period` along the dim: two varying
         dims merged into one; {} where none does."""
-        table, periods = [], {}
-        for i in range(len(self.points)):
-            if (k, i) not in held:
-                return {}
-            mask, row = held[k, i], {}
-            for d in range(t.ndim):
-                rows = mask.any(axis=tuple(x for x in range(t.ndim) if x != d))
-                v = int(np.argmin(rows)) if not rows.all() else rows.size
-                later = np.flatnonzero(rows[v:])
-                if later.size:
-                    periods.setdefault(d, set()).add(v + int(later[0]))
-                row[("gap", t.name, d)] = (rows, v)
-            table.append(row)
+        if any((k, i) not in held for i in range(len(self.points))):
+            return {}
         out = {}
-        for d, ps in periods.items():
-            if len(ps) != 1:
+        for d in range(t.ndim):
+            others = tuple(x for x in range(t.ndim) if x != d)
+            used = [held[k, i].any(axis=others) for i in range(len(self.points))]      # rows holding data, per point
+            firsts = [int(np.argmin(u)) if not u.all() else u.size for u in used]      # the first run's length
+            periods = {v + int(later[0]) for u, v in zip(used, firsts) if (later := np.flatnonzero(u[v:])).size}
+            if len(periods) != 1 or (p := periods.pop()) >= t.shape[d]:
                 continue
-            (p,) = ps
-            idx = np.arange(t.shape[d])
-            rows_at = [min(point[("gap", t.name, d)][1], p) for point in table]
-            if p >= t.shape[d] or not all(np.array_equal(point[("gap", t.name, d)][0],
-                                                         (idx % p < r) & (idx <= np.flatnonzero(point[("gap", t.name, d)][0]).max()))
-                                          for point, r in zip(table, rows_at)):
+            idx, rows = np.arange(t.shape[d]), [min(v, p) for v in firsts]
+            if not all(np.array_equal(u, (idx % p < r) & (idx <= np.flatnonzero(u).max())) for u, r in zip(used, rows)):
                 continue
             try:
-                fitted = fit_table([{("gap", t.name, d): r} for r in rows_at], self.symbols)
+                fitted = fit_table([{("gap", t.name, d): r} for r in rows], self.symbols)
             except DynamicError:
                 continue
             if ("gap", t.name, d) in fitted:

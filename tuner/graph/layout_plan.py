@@ -199,26 +199,19 @@ def whole_tiles(plan: dict, graphs: list, symbols: tuple = ()) -> dict:
     return kept
 
 
-WHOLE_TILE_VALUES = 1 << 14      # more values of the symbols than this: the sample points only, and
-                                 # a side's coefficients, each a multiple of the tile
-
-
 def _side_values(table: list, symbols: tuple) -> dict:
     """{(conv, dim): the values the side takes}: at every value of the symbols where it fits as a
-    multilinear function of them, else at the sample points (an unfitted one is refused later)."""
-    from ..te.dynamic import DynamicError, evaluate, fit_table, symbol_var
+    multilinear function of them (te.dynamic.every_value), else at the sample points (a side that
+    is then not whole tiles at some other value is refused by the kernel's fit, which names it)."""
+    from ..te.dynamic import DynamicError, evaluate, every_value, fit_table
     out = {k: [row[k] for row in table if k in row] for k in table[0]}
-    if not symbols:
+    if (points := every_value(symbols)) is None:
         return out
     try:
         fitted = fit_table(table, symbols)
     except DynamicError:
         return out
-    box = [range(s.lo, s.hi + 1) for s in symbols]
-    if math.prod(len(r) for r in box) > WHOLE_TILE_VALUES:
-        return out
-    for k, e in fitted.items():
-        out[k] = [evaluate(e, {symbol_var(i).name: v for i, v in enumerate(at)}) for at in itertools.product(*box)]
+    out.update({k: [evaluate(e, at) for at in points] for k, e in fitted.items()})
     return out
 
 

@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from ..te.dynamic import SYMBOL_PREFIX
+from ..te.dynamic import SYMBOL_PREFIX, every_value
 from ..te.expr import (Add, And, Cast, Cmp, Const, Div, FloorDiv, FloorMod, Load, Max, Min, Mul, Select, Sub, Var, all_of,
                        bounds, free_vars, from_linear, linear, simplify, substitute, transform, walk)
 from . import ir
@@ -716,19 +716,20 @@ def _resolved(s: ir.Stmt, cond, truth: bool) -> ir.Stmt:
 # static kernel has none (ResNet-50's 3x3 stride-2 convs: the border tiles 1.4x slower). Each
 # test of the symbols and loops is bounded at every value the symbols can take (the loops' ends
 # evaluated there), and one that holds, or fails, at all of them is settled. More values than
-# SETTLE_POINTS: left as it is.
-SETTLE_POINTS = 1 << 14
+# te.dynamic.every_value enumerates: left as it is.
 _INTERVAL_OPS = {Add: lambda a, b: (a[0] + b[0], a[1] + b[1]), Sub: lambda a, b: (a[0] - b[1], a[1] - b[0]),
                  Min: lambda a, b: (np.minimum(a[0], b[0]), np.minimum(a[1], b[1])),
                  Max: lambda a, b: (np.maximum(a[0], b[0]), np.maximum(a[1], b[1]))}
 
 
 def settle_tests(func: ir.Func) -> ir.Func:
-    if not func.symbols or math.prod(s.hi - s.lo + 1 for s in func.symbols) > SETTLE_POINTS:
+    if (points := every_value(func.symbols)) is None:
         return func
-    grid = np.meshgrid(*(np.arange(s.lo, s.hi + 1) for s in func.symbols), indexing="ij")
-    env = {f"{SYMBOL_PREFIX}{k}": (g.ravel(), g.ravel()) for k, g in enumerate(grid)}
-    return dataclasses.replace(func, body=_settle(func.body, env, np.ones(grid[0].size, bool)))
+    env = {}
+    for name in points[0]:
+        v = np.array([p[name] for p in points])
+        env[name] = (v, v)
+    return dataclasses.replace(func, body=_settle(func.body, env, np.ones(len(points), bool)))
 
 
 def _settle(s: ir.Stmt, env: dict, live):

@@ -286,6 +286,25 @@ def _normal(e: Expr, ranges: dict) -> Expr:
     return e
 
 
+EVERY_VALUE_LIMIT = 1 << 14     # more combinations of the symbols' values than this: not enumerated
+
+
+def every_value(symbols: tuple) -> list | None:
+    """Every combination of the symbols' values ({symbol var name: value}), or None where there are
+    more than EVERY_VALUE_LIMIT (what holds at each is then not checked one by one)."""
+    if not symbols or _count(symbols) > EVERY_VALUE_LIMIT:
+        return None
+    names = [symbol_var(k).name for k in range(len(symbols))]
+    return [dict(zip(names, at)) for at in itertools.product(*(range(s.lo, s.hi + 1) for s in symbols))]
+
+
+def _count(symbols: tuple) -> int:
+    n = 1
+    for s in symbols:
+        n *= s.hi - s.lo + 1
+    return n
+
+
 def sample_points(symbols: tuple) -> list:
     """The values of the symbols ({symbol var name: value}) a fit builds at: the bound first, then
     every corner of the bounds and a second value per symbol, then probes inside the range that
