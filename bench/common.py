@@ -19,15 +19,17 @@ def bench_workload(name: str, conv_layout: str):
 
 
 def host_facts() -> dict:
-    """The machine a result was measured on: CPU model, ISA tuner targets on it, cores it may use."""
-    from tuner.target import host_cores, host_isa
+    """The machine a result was measured on: CPU model, its kind (vendor-family-model) and core design,
+    ISA tuner targets on it, cores it may use."""
+    from tuner.target import core_design, host_cores, host_isa, host_kind
     model = ""
     try:
         with open("/proc/cpuinfo") as f:
             model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
     except OSError:
         pass
-    return {"cpu": model or platform.processor() or platform.machine(), "isa": host_isa(), "cores": host_cores()}
+    return {"cpu": model or platform.processor() or platform.machine(), "kind": host_kind(),
+            "design": core_design(host_kind()), "isa": host_isa(), "cores": host_cores()}
 
 
 def command_line() -> str:

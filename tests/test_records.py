@@ -429,6 +429,22 @@ def test_shipped_records_timed_on_this_kind_of_cpu_come_before_the_general_ones(
     assert [p.stem for p in records.shipped_databases(TARGET1)] == ["cpu"]
 
 
+@pytest.mark.parametrize("host, order", [
+    ("GenuineIntel-6-143", ["6-207", "6-106", "6-85"]),    # Sapphire Rapids: Emerald Rapids' design first
+    ("GenuineIntel-6-106", ["6-106", "6-85", "6-207"]),    # its own model, then no design: the nearest number
+    ("GenuineIntel-6-108", ["6-106", "6-85", "6-207"]),    # Ice Lake-D: Ice Lake-SP's design
+    ("GenuineIntel-6-150", ["6-106", "6-207", "6-85"]),    # a model the table does not know: the nearest number
+    ("AuthenticAMD-25-160", ["25-17"]),                     # Zen 4c takes Zen 4's; no other family's
+])
+def test_shipped_files_of_the_same_core_design_come_before_nearer_model_numbers(host, order, tmp_path, monkeypatch):
+    for stem in ("cpu", "cpu-GenuineIntel-6-207", "cpu-GenuineIntel-6-106", "cpu-GenuineIntel-6-85",
+                 "cpu-AuthenticAMD-25-17", "cpu-AuthenticAMD-26-2"):
+        (tmp_path / f"{stem}.jsonl").write_text("")
+    monkeypatch.setattr(records, "shipped_database", lambda target: tmp_path / "cpu.jsonl")
+    monkeypatch.setattr(records, "host_kind", lambda: host)
+    names = [p.stem for p in records.shipped_databases(TARGET1)]
+    assert names == [f"cpu-{host.split('-')[0]}-{o}" for o in order] + ["cpu"]
+
 @pytest.mark.slow
 def test_the_shipped_generic_schedules_hold_this_versions_code_on_every_isa_this_host_runs():
     """A change to the C generator leaves the shipped records' times another code's, and every

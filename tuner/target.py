@@ -84,6 +84,24 @@ def host_kind() -> str:
     return "-".join(parts) if ok else ""
 
 
+# Core designs of the x86 server parts a cloud host shows, by vendor-family and model of /proc/cpuinfo:
+# a shipped file of the same design is nearer than the family's nearest model number (Intel's
+# numbers are not ordered by design: Sapphire Rapids is 143, Emerald Rapids 207, Ice Lake 106).
+CORE_DESIGNS = {
+    "GenuineIntel-6": {85: "skylake-sp", 106: "icelake-sp", 108: "icelake-sp", 143: "sapphirerapids",
+                       207: "sapphirerapids", 173: "graniterapids", 174: "graniterapids"},
+    "AuthenticAMD-25": {1: "zen3", 8: "zen3", 33: "zen3", 80: "zen3", 17: "zen4", 24: "zen4", 97: "zen4",
+                        116: "zen4", 160: "zen4"},
+    "AuthenticAMD-26": {2: "zen5", 17: "zen5", 68: "zen5"},
+}
+
+
+def core_design(kind: str) -> str:
+    """The core design of a host kind ("GenuineIntel-6-207" -> "sapphirerapids"), "" where unknown."""
+    vendor_family, _, model = kind.rpartition("-")
+    return CORE_DESIGNS.get(vendor_family, {}).get(int(model), "") if model.isdigit() else ""
+
+
 def host_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))

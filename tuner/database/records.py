@@ -35,7 +35,7 @@ from .. import __version__
 from ..errors import SetupError, UserError
 from ..ops import parse_spec
 from ..schedule.schedule import ScheduleError
-from ..target import host_isa, host_kind, parse_target
+from ..target import core_design, host_isa, host_kind, parse_target
 from ..task import Task
 from .result import ERROR_KINDS, NOT_IN_LOG, OK, WEIGHTS, median_cost
 
@@ -698,16 +698,22 @@ def shipped_database(target) -> Path:
 def shipped_databases(target) -> list:
     """The shipped record files that exist for `target`, first wins: where it is this host's own
     ISA, those timed on this kind of CPU (<backend>-<vendor>-<family>-<model>.jsonl beside
-    shipped_database: this model, then the family's nearest model), then shipped_database. A
-    schedule tuned on one core design can run slower than the default on another of the same ISA
-    (docs/records.md)."""
+    shipped_database: this model, then models of its core design (target.CORE_DESIGNS), then the
+    family's nearest model), then shipped_database. A schedule tuned on one core design can run
+    slower than the default on another of the same ISA (docs/records.md)."""
     general = shipped_database(target)
     tgt = parse_target(str(target), check_host=False) if str(target).startswith("cpu") else None
     kind = host_kind() if tgt is not None and tgt.isa == host_isa() else ""
     ours = []
     if kind:
         vendor_family, model = kind.rsplit("-", 1)
-        ours = sorted(general.parent.glob(f"{general.stem}-{vendor_family}-*.jsonl"),
-                      key=lambda p: abs(int(m) - int(model)) if (m := p.stem.rsplit("-", 1)[1]).isdigit() else 1 << 30)
+        design = core_design(kind)
+
+        def distance(p):       # this model, then its design's, then the nearest model number
+            m = p.stem.rsplit("-", 1)[1]
+            if not m.isdigit():
+                return (True, True, 1 << 30)
+            return (m != model, not design or core_design(f"{vendor_family}-{m}") != design, abs(int(m) - int(model)))
+        ours = sorted(general.parent.glob(f"{general.stem}-{vendor_family}-*.jsonl"), key=distance)
     return [p for p in ours + [general] if p.exists()]
 
