@@ -454,11 +454,15 @@ def test_a_default_conv_tile_over_a_prime_width_fills_its_registers_and_computes
 @pytest.mark.parametrize("spec, tile", [
     ("C=160,H=17,W=17,K=192,R=1,S=7,pad=0.3.0.3", (3, 9, 1)),     # columns padded: the tile runs down the rows
     ("C=160,H=17,W=17,K=160,R=7,S=1,pad=3.0.3.0", (2, 1, 9)),     # rows padded: along the row, no border in it
+    ("C=400,H=17,W=17,K=400,R=1,S=1,pad=0", (3, 1, 9)),            # 25 blocks beside a guarded row: by 3 (none divides)
     ("C=384,H=8,W=8,K=384,R=1,S=3,pad=0.1.0.1", (3, 8, 1)),
     ("C=64,H=35,W=35,K=96,R=3,S=3,pad=1", (3, 1, 7)),              # a 7-pixel row: three channel blocks
     ("C=160,H=7,W=7,K=960,R=1,S=1,pad=0", (4, 1, 7)),              # 4 blocks of 7 before 3: 28 accumulators
     ("C=512,H=7,W=7,K=2048,R=1,S=1,pad=0", (4, 1, 7)),             # with their weights, 33 registers: still faster
-    ("C=512,H=7,W=7,K=2080,R=1,S=1,pad=0", (2, 1, 7)),             # 130 blocks: neither 4 nor 3 divides them
+    ("C=512,H=7,W=7,K=2080,R=1,S=1,pad=0", (4, 1, 7)),             # 130 blocks: by 4, the last tile of 2 guarded
+    ("C=400,H=7,W=7,K=400,R=1,S=1,pad=0", (4, 1, 7)),              # 25 blocks (odd): by 4, the last of 1
+    ("C=192,H=28,W=28,K=48,R=1,S=1,pad=0", (3, 1, 7)),             # 3 blocks: all 3 by a row of 7
+    ("C=32,H=56,W=56,K=144,R=1,S=1,pad=0", (3, 1, 7)),             # 9 blocks: by 3, which divides them, not 4
     ("C=64,H=14,W=14,K=64,R=3,S=3,pad=1", (2, 1, 14)),              # padded: a border test in each half of 4x7
     ("C=64,H=56,W=56,K=64,R=3,S=3,pad=1", (4, 1, 7)),               # 56 wide: a quarter of 7-pixel tiles hold one
     ("C=128,H=56,W=56,K=128,R=3,S=3,pad=1,groups=2", (4, 1, 7)),     # 4 blocks of one group share each broadcast

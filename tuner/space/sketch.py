@@ -392,15 +392,18 @@ class SearchSpace(DagSketch):
         """DagSketch's; for a GEMM's column axis also one, two and three whole vectors where they do
         not divide it, and for its row axis the lengths that fill the accumulator budget of one, two
         or three vectors of columns (6 and 12 rows with AVX2) and the default's, each with a guarded
-        last tile; for another tiled output, the default's guarded length (register_length)."""
+        last tile; for another tiled output, the default's guarded length (register_length), and
+        along a broadcast axis 2, 3 and 4 where `_pairs` allows them with a guarded last tile (25
+        channel blocks by 4)."""
         opts = super().register_options(d)
         if d == len(self.out_shape) - 1 and self.gemm_shaped:
             opts += [w for w in self._guarded_columns if w not in opts]
         elif d == len(self.out_shape) - 2 and self.gemm_shaped:
             extra = {self.accumulator_budget // v for v in (1, 2, 3)} | {self._gemm_rows()[1]}
             opts += sorted(x for x in extra - set(opts) if x < self.out_shape[d])
-        elif self.kind == "tiled" and d < len(self.out_shape) - 1 and self._default_tile[d][2] not in opts:
-            opts.append(self._default_tile[d][2])
+        elif self.kind == "tiled" and d < len(self.out_shape) - 1:
+            extra = [self._default_tile[d][2]] + [m for m in (2, 3, 4) if d in self._broadcast_axes and self._pairs(d, m)]
+            opts += [x for x in dict.fromkeys(extra) if x not in opts]
         return opts
 
     @cached_property
@@ -527,7 +530,7 @@ class SearchSpace(DagSketch):
 
             def fit(row) -> tuple:
                 """(accumulators a tile along `row` may hold, the axis paired with it, or None)."""
-                pair = self._broadcast_axis(row) if wide_regs or whole else None
+                pair = self._broadcast_axis(row, (2, 3) if wide_regs else (2,)) if wide_regs or whole else None
                 return (24, None) if pair is None else (pair_cap, pair)
 
             # register tile along the axis next to the vector axis (the output row, as in the
@@ -570,12 +573,13 @@ class SearchSpace(DagSketch):
                 tile[-1][2] = max(whole)
                 acc = self._vectors(tile[-1][2])
                 if pair is not None:
-                    m = max(k for k in (4 // acc, 2, 1) if k * acc <= 4 and self._reuse(pair) % k == 0)
+                    m = max(k for k in (4 // acc, 2, 1) if k * acc <= 4 and (k == 1 or self._pairs(pair, k)))
                     tile[pair][2], acc = m, acc * m
                     rest.remove(pair)
                 order, cap, enough, guarded = "reversed", pair_cap, pair_cap, True
             elif pair is not None:
-                tile[pair][2], acc, order = 2, 2 * acc, "reversed"
+                m = 2 if self._pairs(pair, 2) else 3      # 3 blocks: by 3 (1.6x the speed of one by 14)
+                tile[pair][2], acc, order = m, m * acc, "reversed"
                 enough = cap
                 rest.remove(pair)
             elif vectors := self._broadcast_vectors():
@@ -610,18 +614,24 @@ class SearchSpace(DagSketch):
                 # accumulators fit; 4 x 7 of them leave one register short for the 4 weight vectors
                 # and the broadcast, and still beat 2 x 7 (the compiler reads one operand from L1:
                 # docs/history.md)
-                per = acc // 2
-                wider = [m for m in (4, 3) if self._reuse(pair) % m == 0 and per * m <= cap]
-                if wider:
-                    tile[pair][2], acc = wider[0], per * wider[0]
-            elif pair is not None and wide_regs and tile[row][2] == 14 and self._reuse(pair) % 4 == 0 \
+                per = acc // tile[pair][2]
+                if wider := self._widest_pair(pair, cap // per):
+                    tile[pair][2], acc = wider, per * wider
+            elif pair is not None and wide_regs and tile[row][2] == 14 and (wider := self._widest_pair(pair, 4)) \
                     and (row not in padded or shape[row] >= 56 or self._padding_share >= PADDING_SHARE):
                 # an unpadded row (a 1x1 conv's), or a padded one of 56 or more pixels (a quarter
                 # of its 7-pixel tiles hold a border): 4 blocks by 7 pixels rather than 2 by 14,
                 # each broadcast feeding 4 FMAs (MLAS's 4 blocks); a padded row of 14, a border
                 # test in both halves, lost, unless most reads are padding: then each half skips
-                # the taps that read only padding for its pixels (docs/history.md)
-                tile[pair][2], tile[row][2] = 4, 7
+                # the taps that read only padding for its pixels (docs/history.md); 3 blocks where
+                # they divide the axis and 4 do not (9 blocks: 3 x 7, 1.6x the speed of 1 x 14)
+                tile[pair][2], tile[row][2] = wider, 7
+            if pair is not None and shape[pair] % tile[pair][2] and shape[row] % tile[row][2] and (whole := [
+                    m for m in range(2, tile[pair][2]) if shape[pair] % m == 0 and self._pairs(pair, m)]):
+                # a guarded row too (17 as 9 + 8): a guarded block tile beside it ran 1.17-1.33x
+                # slower at 2 threads than 2 blocks (Inception's 7x1 convs of 8 and 10 blocks by 3),
+                # so blocks that divide where some do (25 blocks by 3 beside 9 + 8 beat 1 x 17 1.6x)
+                tile[pair][2] = max(whole)
         reduce = list(self._reduce_periods)
         # blocked where each weight vector feeds few pixels (4 blocks by 7, or 16 registers' 3
         # pixels; a 3x3 conv's 2 x 14 tile blocked ran 1.03-1.3x slower), and where no tile has a
@@ -827,17 +837,37 @@ class SearchSpace(DagSketch):
         pos = lambda names: {d for d, a in enumerate(self.local_axes) if a in names}   # noqa: E731
         return pos(reads), pos(padded)
 
-    def _broadcast_axis(self, row: int) -> int | None:
+    def _broadcast_axis(self, row: int, lengths: tuple = (2,)) -> int | None:
         """An output axis other than `row` and the vector axis along which an operand read without
-        the vector axis (one element broadcast to all lanes) keeps its element for an even run of
-        steps (`_reuse`) while another operand moves; else None."""
+        the vector axis (one element broadcast to all lanes) keeps its element while another
+        operand moves, over runs that a register tile of one of `lengths` fits (`_pairs`; 3 only
+        where the run is the whole axis: an ungrouped conv's 3 channel blocks); else None."""
+        return next((d for d in self._broadcast_axes if d != row and any(
+            self._pairs(d, m) and (m == 2 or self._reuse(d) == self.out_shape[d]) for m in lengths)), None)
+
+    @cached_property
+    def _broadcast_axes(self) -> list:
+        """Output axes, other than the first and the vector axis, that some read indexes (an anchor's)."""
         if not self.anchor:
-            return None
+            return []
         names, loads = self.local_axes, [v for _, v in self._reads]
-        for d in range(1, len(names) - 1):
-            if d != row and self._reuse(d) % 2 == 0 and any(names[d] in v for v in loads):
-                return d
-        return None
+        return [d for d in range(1, len(names) - 1) if any(names[d] in v for v in loads)]
+
+    def _pairs(self, d: int, m: int) -> bool:
+        """Whether a register tile of `m` along broadcast axis `d` keeps one broadcast element: it
+        divides the element's run (`_reuse`), or the run is the whole axis (an ungrouped conv's
+        output channel blocks) and holds two whole tiles, the last tile guarded and peeled off by
+        lowering (3 blocks by 2, half a tile wasted, ran 0.8-0.9x as fast as one block by a row)."""
+        e = self.out_shape[d]
+        return 1 < m <= e and (self._reuse(d) % m == 0 or (self._reuse(d) == e and e >= 2 * m))
+
+    def _widest_pair(self, d: int, room: int) -> int | None:
+        """Of 4 and 3, the length along broadcast axis `d` that `_pairs` allows within `room`
+        accumulator multiples: one that divides the axis, else the one of fewest tiles (12 channel
+        blocks by 4, 9 by 3, 25 by 4 with a last tile of 1, 10 by 4); None where neither fits."""
+        fits = [m for m in (4, 3) if m <= room and self._pairs(d, m)]
+        e = self.out_shape[d]
+        return min(fits, key=lambda m: (e % m != 0, -(-e // m))) if fits else None
 
     def _reuse(self, d: int) -> int:
         return self._reuses[d]
