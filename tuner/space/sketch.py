@@ -530,7 +530,7 @@ class SearchSpace(DagSketch):
 
             def fit(row) -> tuple:
                 """(accumulators a tile along `row` may hold, the axis paired with it, or None)."""
-                pair = self._broadcast_axis(row, (2, 3) if wide_regs else (2,)) if wide_regs or whole else None
+                pair = self._broadcast_axis(row, (2, 3)) if wide_regs else self._broadcast_axis(row, guarded=False) if whole else None
                 return (24, None) if pair is None else (pair_cap, pair)
 
             # register tile along the axis next to the vector axis (the output row, as in the
@@ -573,7 +573,7 @@ class SearchSpace(DagSketch):
                 tile[-1][2] = max(whole)
                 acc = self._vectors(tile[-1][2])
                 if pair is not None:
-                    m = max(k for k in (4 // acc, 2, 1) if k * acc <= 4 and (k == 1 or self._pairs(pair, k)))
+                    m = max(k for k in (4 // acc, 2, 1) if k * acc <= 4 and self._reuse(pair) % k == 0)
                     tile[pair][2], acc = m, acc * m
                     rest.remove(pair)
                 order, cap, enough, guarded = "reversed", pair_cap, pair_cap, True
@@ -837,13 +837,13 @@ class SearchSpace(DagSketch):
         pos = lambda names: {d for d, a in enumerate(self.local_axes) if a in names}   # noqa: E731
         return pos(reads), pos(padded)
 
-    def _broadcast_axis(self, row: int, lengths: tuple = (2,)) -> int | None:
+    def _broadcast_axis(self, row: int, lengths: tuple = (2,), guarded: bool = True) -> int | None:
         """An output axis other than `row` and the vector axis along which an operand read without
         the vector axis (one element broadcast to all lanes) keeps its element while another
         operand moves, over runs that a register tile of one of `lengths` fits (`_pairs`; 3 only
         where the run is the whole axis: an ungrouped conv's 3 channel blocks); else None."""
         return next((d for d in self._broadcast_axes if d != row and any(
-            self._pairs(d, m) and (m == 2 or self._reuse(d) == self.out_shape[d]) for m in lengths)), None)
+            self._pairs(d, m, guarded) and (m == 2 or self._reuse(d) == self.out_shape[d]) for m in lengths)), None)
 
     @cached_property
     def _broadcast_axes(self) -> list:
@@ -853,13 +853,15 @@ class SearchSpace(DagSketch):
         names, loads = self.local_axes, [v for _, v in self._reads]
         return [d for d in range(1, len(names) - 1) if any(names[d] in v for v in loads)]
 
-    def _pairs(self, d: int, m: int) -> bool:
+    def _pairs(self, d: int, m: int, guarded: bool = True) -> bool:
         """Whether a register tile of `m` along broadcast axis `d` keeps one broadcast element: it
-        divides the element's run (`_reuse`), or the run is the whole axis (an ungrouped conv's
-        output channel blocks) and holds two whole tiles, the last tile guarded and peeled off by
-        lowering (3 blocks by 2, half a tile wasted, ran 0.8-0.9x as fast as one block by a row)."""
+        divides the element's run (`_reuse`), or (`guarded`) the run is the whole axis (an ungrouped
+        conv's output channel blocks) and holds two whole tiles, the last tile guarded and peeled
+        off by lowering (3 blocks by 2, half a tile wasted, ran 0.8-0.9x as fast as one block by a
+        row). The 16-register default pairs only blocks that divide: guarded, RegNetX-400MF's 25
+        blocks of 16 channels by 2 ran 1.15x slower in AVX2 code than one block by 4 pixels."""
         e = self.out_shape[d]
-        return 1 < m <= e and (self._reuse(d) % m == 0 or (self._reuse(d) == e and e >= 2 * m))
+        return 1 < m <= e and (self._reuse(d) % m == 0 or (guarded and self._reuse(d) == e and e >= 2 * m))
 
     def _widest_pair(self, d: int, room: int) -> int | None:
         """Of 4 and 3, the length along broadcast axis `d` that `_pairs` allows within `room`
