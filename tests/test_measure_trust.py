@@ -1,9 +1,12 @@
-"""Timings faster than the target allows are refused; the kernel cache holds one library per source."""
+"""Timings faster than the target allows are refused; the kernel cache holds one library per source; a
+compiler call that does not finish or takes too much memory fails its kernel alone."""
 from __future__ import annotations
 
 import math
 import shutil
 import subprocess
+import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -83,6 +86,54 @@ def test_a_failed_measurement_passes_unchanged():
 
 
 PLANT = "__attribute__((constructor)) static void planted(void) {}\nint tuner_count(void) { return 0; }\n"
+
+
+def _fake_compiler(tmp_path, on_marker: str) -> str:
+    """A C compiler that runs `on_marker` (shell) where the source holds RUNAWAY, else gcc."""
+    script = tmp_path / "cc"
+    script.write_text("#!/bin/sh\nfor a in \"$@\"; do case $a in *.c) src=$a;; esac; done\n"
+                      f"if [ -n \"$src\" ] && grep -q RUNAWAY \"$src\"; then {on_marker}; fi\nexec gcc \"$@\"\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+KERNELS = [(f"f{k}", f"{'/* RUNAWAY */ ' if k == 1 else ''}static int f{k}(float** a) {{ (void)a; return {k}; }}\n")
+           for k in range(3)]
+
+
+def test_a_kernel_the_compiler_does_not_finish_is_stopped_with_its_passes_and_fails_alone(tmp_path, tmp_cache,
+                                                                                          monkeypatch):
+    from tuner.measure import builder
+    from tuner.toolchain import cc
+    if not shutil.which("gcc"):
+        pytest.skip("no gcc")
+    pids = tmp_path / "pids"
+    monkeypatch.setattr(cc, "compiler", lambda: (_fake_compiler(tmp_path, f"sleep 300 & echo $! >> {pids}; wait"),
+                                                 "fake 1"))
+    monkeypatch.setattr(builder, "LIMIT_S", (1.0, 0.5))
+    t = time.monotonic()
+    built = builder.build_batch(KERNELS, TARGET1, jobs=1)
+    assert time.monotonic() - t < 60
+    assert [b.error is None for b in built] == [True, False, True]
+    assert built[1].error.startswith(cc.RAN_PAST)
+    started = [int(x) for x in pids.read_text().split()]
+    assert len(started) == 2       # the batch, then the kernel alone: each stopped with the pass it started
+    for pid in started:
+        stat = Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or stat.read_text().split(") ")[1][0] in "ZX", f"process {pid} still runs"
+
+
+def test_a_compiler_call_that_outgrows_its_memory_cap_fails_its_kernel_alone(tmp_path, tmp_cache, monkeypatch):
+    from tuner.measure import builder
+    from tuner.toolchain import cc
+    if not shutil.which("gcc") or not sys.platform.startswith("linux"):
+        pytest.skip("no gcc, or not Linux (the cap is set by the shell's ulimit -v there)")
+    grow = f"{sys.executable} -c 'bytearray(3 << 30)' || exit 1"     # 3 GiB, where the cap is 1 GiB
+    monkeypatch.setattr(cc, "compiler", lambda: (_fake_compiler(tmp_path, grow), "fake 2"))
+    monkeypatch.setattr(cc, "memory_cap", lambda: 1 << 30)
+    built = builder.build_batch(KERNELS, TARGET1, jobs=1)
+    assert [b.error is None for b in built] == [True, False, True]
+    assert "MemoryError" in built[1].error
 
 
 def test_two_libraries_for_one_source_are_warned_of_and_the_stranger_removed(tmp_path, tmp_cache):

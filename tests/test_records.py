@@ -485,17 +485,24 @@ def test_every_task_of_a_shipped_plan_has_a_shipped_record():
     from tuner.graph.layout_plan import model_layouts, padded_graph, winograd_convs
     general = records.shipped_database(TARGET1)
     every = {(r.workload.key, r.target) for r in records.load(general, warn=False).records if r.ok}
-    checked, missing = 0, []
+    checked, missing, spaces = 0, [], {}
+
+    def space_of(model: str, plan: dict, padded: bool):     # plans of the same model and layouts share one
+        key = (model, padded and tuple(sorted(plan.items())), tuple(sorted(set(plan.values()) - {DEFAULT_LAYOUT})))
+        if key not in spaces:
+            graph = load(model)
+            if padded:
+                graph = padded_graph(graph, DEFAULT_LAYOUT, plan) or graph
+            space = model_layouts(graph, (DEFAULT_LAYOUT, *key[2]))
+            spaces[key] = space, {wl.key: wl for wl, _ in space.workloads()}
+        return spaces[key]
+
     for path in sorted(general.parent.glob("cpu*.jsonl")):
         db = records.load(path, warn=False)
         have = every | {(r.workload.key, r.target) for r in db.records if r.ok}
         for p in db.plans:
             plan = winograd_convs(p.layouts) if p.padded else p.layouts
-            graph = load(p.model)
-            if p.padded:
-                graph = padded_graph(graph, DEFAULT_LAYOUT, plan) or graph
-            space = model_layouts(graph, (DEFAULT_LAYOUT, *sorted(set(plan.values()) - {DEFAULT_LAYOUT})))
-            names = {wl.key: wl for wl, _ in space.workloads()}
+            space, names = space_of(p.model, plan, p.padded)
             for key in space.used({v: plan.get(v, DEFAULT_LAYOUT) for v in space.domains}):
                 checked += 1
                 if (key, p.target) not in have and not (p.padded and not names[key].op.startswith("winograd")):

@@ -2,7 +2,8 @@
 
 Each library exports `tuner_count`, `tuner_run(i, args)` and `tuner_time(i, ...)`, a timing
 loop in C, so a runner never times a tiny call from a Python loop. When a batch fails to compile
-it is bisected so that one bad candidate only costs itself.
+it is bisected so that one bad candidate only costs itself; a batch the compiler does not finish
+within its limit (LIMIT_S: 60 s, and 15 s per kernel) is built kernel by kernel, each with its own.
 """
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from dataclasses import dataclass
 
 from ..codegen.c import PRELUDE
 from ..target import Target
-from ..toolchain.cc import compile_library
+from ..toolchain.cc import RAN_PAST, compile_library
+
+LIMIT_S = (60.0, 15.0)     # seconds a compiler call of a batch may take: a base, and per kernel in it
 
 # The one timing rule in C, for kernels (HARNESS) and compiled models (compiler):
 # warm up once, pick `number` so that one repeat lasts at least min_repeat_ms (number <= 0), then
@@ -130,7 +133,7 @@ def build_batch(functions: list, target: Target, openmp: bool = False, jobs: int
 
 
 def _build_range(functions, idx, flags, results, start):
-    lib, err = compile_library(library_source([functions[k] for k in idx]), flags)
+    lib, err = compile_library(library_source([functions[k] for k in idx]), flags, LIMIT_S[0] + LIMIT_S[1] * len(idx))
     if lib is not None:
         per = (time.perf_counter() - start) / len(idx)
         for pos, k in enumerate(idx):
@@ -138,6 +141,10 @@ def _build_range(functions, idx, flags, results, start):
         return
     if len(idx) == 1:
         results[idx[0]] = BuildResult(None, 0, err, time.perf_counter() - start)
+        return
+    if err.startswith(RAN_PAST):    # one kernel the compiler cannot finish: each alone, so only it pays the limit
+        for k in idx:
+            _build_range(functions, [k], flags, results, time.perf_counter())
         return
     half = len(idx) // 2
     _build_range(functions, idx[:half], flags, results, time.perf_counter())

@@ -10,14 +10,19 @@ after, and removes the least recently used files (a cached file is touched when 
 to PRUNE_TO of the limit, never one used within IN_USE_S (another process may be about to load
 it); a compiled model keeps its own copy of its library. When a source fails to compile, a trivial file is
 compiled the same way, and if that fails too the machine is at fault (no space, no compiler):
-SetupError, never a compile error charged to the source.
+SetupError, never a compile error charged to the source. A compiler call is stopped past its
+time limit (BUILD_S unless its caller gives one) and its address space capped (memory_cap()): a
+schedule whose code the compiler cannot finish (one took gcc 11 minutes and 21 GB before it was
+killed) fails to build like any other, rather than hanging the tune or swapping the host.
 """
 from __future__ import annotations
 
 import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -34,6 +39,9 @@ CACHE_SIZE = 2 << 30     # bytes of built files the cache keeps unless TUNER_CAC
 PRUNE_TO = 0.8           # a prune removes files down to this fraction of the limit
 PRUNE_EVERY = 256        # builds of one process between two looks at the cache's size
 IN_USE_S = 3600          # a file used this recently is never removed
+BUILD_S = 600            # seconds a compiler call may run before it is stopped
+BUILD_MEMORY = 4 << 30   # bytes of address space a C compiler call may take, at most a core's share of memory
+RAN_PAST = "the compiler ran past"   # how a stopped call's message begins
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?", re.IGNORECASE)
 _builds = 0
 
@@ -180,10 +188,21 @@ def remove_others(others: list, built: Path) -> None:
             p.unlink(missing_ok=True)
 
 
-def compile_library(source: str, flags: list) -> tuple:
+def memory_cap() -> int:
+    """Bytes of address space one C compiler call may take: BUILD_MEMORY, or a core's share of the
+    host's memory where that is less (one compiler runs per core), never under 1 GiB."""
+    try:
+        share = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // host_cores()
+    except (AttributeError, ValueError, OSError):
+        share = BUILD_MEMORY
+    return max(1 << 30, min(BUILD_MEMORY, share))
+
+
+def compile_library(source: str, flags: list, limit_s: float = BUILD_S) -> tuple:
     """(path of the cached .so, None) or (None, compiler message); SetupError when the machine fails."""
     return cached_build(source, flags, compiler(), ".c", ".so", _check_compiler_works, "kernels",
-                        lambda cc, fl, out, src: [cc, *fl, "-fPIC", "-shared", "-o", str(out), str(src), "-lm"])
+                        lambda cc, fl, out, src: [cc, *fl, "-fPIC", "-shared", "-o", str(out), str(src), "-lm"],
+                        limit_s, memory_cap())
 
 
 def compile_parts(parts: list, flags: list) -> tuple:
@@ -196,7 +215,8 @@ def compile_parts(parts: list, flags: list) -> tuple:
     with ThreadPoolExecutor(max(1, min(len(parts), host_cores()))) as pool:
         built = list(pool.map(lambda part: cached_build(
             part[0], flags + part[1], tool, ".c", ".o", _check_compiler_works, "kernel objects",
-            lambda cc, fl, out, c_file: [cc, *fl, "-fPIC", "-c", "-o", str(out), str(c_file)]), parts))
+            lambda cc, fl, out, c_file: [cc, *fl, "-fPIC", "-c", "-o", str(out), str(c_file)], BUILD_S, memory_cap()),
+            parts))
     errors = [err for _, err in built if err is not None]
     if errors:
         return None, errors[0]
@@ -214,16 +234,18 @@ def compile_parts(parts: list, flags: list) -> tuple:
         return [cc, *fl, "-shared", "-o", str(out), *copies, "-lm"]
     # the link's "source" names its objects, whose names hold their bytes' hash
     return cached_build("\n".join(o.name for o in objects), flags + extra, tool, ".txt", ".so", _check_compiler_works,
-                        "kernels", link)
+                        "kernels", link, BUILD_S, memory_cap())
 
 
 def cached_build(source: str, flags: list, tool: tuple, src_suffix: str, suffix: str, check_works, what: str,
-                 command) -> tuple:
+                 command, limit_s: float = BUILD_S, memory: int | None = None) -> tuple:
     """(path of the `suffix` file `tool` (path, version) builds from `source` with `flags`, None), or
     (None, the tool's message): from the cache when it was built before, else built by
     `command(tool path, flags, out, src)` in a temporary directory inside the cache and renamed
-    into place. A failed build calls `check_works(tool path, flags, that directory)`, which raises
-    SetupError when a trivial source fails too (the machine, not the source, is at fault)."""
+    into place, stopped past `limit_s` seconds (the message then begins with RAN_PAST) and held to
+    `memory` bytes of address space (None: no cap). A failed build calls `check_works(tool path,
+    flags, that directory)`, which raises SetupError when a trivial source fails too (the machine,
+    not the source, is at fault)."""
     path, version = tool
     digest = source_digest(source, flags, version)
     d = cache_dir(LIBRARY_DIRS[suffix])
@@ -236,10 +258,14 @@ def cached_build(source: str, flags: list, tool: tuple, src_suffix: str, suffix:
             src = Path(tmp) / f"{digest}{src_suffix}"
             src.write_text(source)
             built = Path(tmp) / f"{digest}{suffix}"
-            proc = subprocess.run(command(path, flags, built, src), capture_output=True, text=True)
-            if proc.returncode != 0:
+            done = run_limited(command(path, flags, built, src), limit_s, memory)
+            if done is None:
+                return None, (f"{RAN_PAST} {limit_s:g} s and was stopped: a schedule whose code it cannot finish "
+                              "(tuning records it as a failed build; a model's compile names the kernel)")
+            code, out_text, err_text = done
+            if code != 0:
                 check_works(path, flags, Path(tmp))
-                return None, trim_errors(proc.stderr or proc.stdout)
+                return None, trim_errors(err_text or out_text)
             out = d / library_name(digest, built.read_bytes(), suffix)
             os.replace(built, out)
             remove_others(others, out)
@@ -248,6 +274,27 @@ def cached_build(source: str, flags: list, tool: tuple, src_suffix: str, suffix:
                          "TUNER_CACHE_DIR to another directory") from None
     _built_one()
     return str(out), None
+
+
+def run_limited(cmd: list, limit_s: float, memory: int | None) -> tuple | None:
+    """(exit code, stdout, stderr) of `cmd` run in a process group of its own, which is killed
+    whole (the compiler driver and the passes it started) past `limit_s` seconds, returning None,
+    or when this process is interrupted; on Linux its address space capped at `memory` bytes."""
+    if memory and sys.platform.startswith("linux"):
+        cmd = ["/bin/sh", "-c", f'ulimit -v {memory >> 10} 2>/dev/null; exec "$@"', "sh", *cmd]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=limit_s)
+    except BaseException as e:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.communicate()
+        if isinstance(e, subprocess.TimeoutExpired):
+            return None
+        raise
+    return proc.returncode, out, err
 
 
 CANARY = "int tuner_canary(void) { return 0; }\n"
