@@ -260,8 +260,7 @@ def cached_build(source: str, flags: list, tool: tuple, src_suffix: str, suffix:
             built = Path(tmp) / f"{digest}{suffix}"
             done = run_limited(command(path, flags, built, src), limit_s, memory)
             if done is None:
-                return None, (f"{RAN_PAST} {limit_s:g} s and was stopped: a schedule whose code it cannot finish "
-                              "(tuning records it as a failed build; a model's compile names the kernel)")
+                return None, f"{RAN_PAST} {limit_s:g} s and was stopped: code it cannot finish"
             code, out_text, err_text = done
             if code != 0:
                 check_works(path, flags, Path(tmp))
