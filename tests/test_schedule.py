@@ -934,6 +934,34 @@ def test_the_epilogue_over_a_register_sized_accumulator_tile_is_unrolled_and_ove
     assert all(s.kind == "serial" for s in epilogue["big"])
 
 
+@pytest.mark.slow
+def test_loops_over_a_small_padded_input_tile_unroll_only_up_to_a_bound_and_still_compute_the_reference():
+    """A reduction over an input tile padded per tile (a local tile as small as a register tile)
+    is unrolled only while the unrolled nest stays within UNROLL_MAX statements: this point of
+    ResNet-50's last 3x3 conv, a tune's sample, unrolled 9504 vector FMAs behind bounds tests,
+    and gcc had not finished it after 11 minutes."""
+    from tuner.schedule.lower import UNROLL_MAX
+    wl = make("conv2d", dict(C=512, H=7, W=7, K=512, R=3, S=3, pad=1, bias=1, relu=1), "NCHW16c")
+    space = SearchSpace(wl, TARGET1)
+    dec = {"pad": {"conv_pad": "tile"}, "tile": [[1, 1, 1], [1, 11, 3], [7, 1, 1], [7, 1, 1], [2, 1, 8]],
+           "reduce": [2, 1, 3, 8], "unroll": 512, "epilogue": "apart", "order": "reversed", "parallel": "input",
+           "prefetch": 1}
+    steps = space.steps(dec)
+    f = lower(replay(*wl.build(), steps))
+
+    def outermost_unrolled(s):
+        if isinstance(s, ir.For) and s.kind == "unroll":
+            return [s]
+        return [u for x in (s.stmts if isinstance(s, ir.Seq) else [s.body] if hasattr(s, "body") else [])
+                for u in outermost_unrolled(x)]
+    unrolled = outermost_unrolled(f.body)
+    reductions = [s for s in ir.stmts(f.body) if isinstance(s, ir.For) and s.var.rstrip("_01") in ("rh", "rcb")]
+    assert unrolled and max(ir.nest_steps(s, vector_ops=True) for s in unrolled) <= UNROLL_MAX
+    assert any(s.kind == "serial" and s.extent > 1 for s in reductions)     # the loops past the bound stay loops
+    assert any(s.kind == "unroll" for s in reductions)                      # those within it are unrolled
+    check_schedules([(wl, steps)])
+
+
 def test_a_flat_sketch_mutates_one_decision_to_another_legal_option():
     for wl in (WINOGRAD_TRANSFORMS[0], make("relu", dict(C=16, H=4, W=4), "NCHW16c")):
         space = SearchSpace(wl, TARGET1)

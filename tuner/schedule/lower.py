@@ -564,6 +564,7 @@ _RELAXED = ("threadIdx.x", "vthread")     # loops a shared buffer serves all of
 _REGISTER_TILE = ("unroll", "vectorize")   # loops whose body is replicated: a run-time trip count undoes them
 REGISTER_TILE = 512       # elements of a local tile the compiler may keep in registers (32 of 16 lanes)
 TILE_ROW_LANES = 64       # lanes of a register tile's row: 4 vectors of 16
+UNROLL_MAX = 1024         # statements (a vector op one) a loop over a local tile may unroll into
 
 
 def _tile_uses(s: ir.Stmt, tiles: frozenset) -> set:
@@ -579,7 +580,9 @@ def unroll_register_tiles(s: ir.Stmt, tiles: frozenset = frozenset()) -> ir.Stmt
     with nothing but unrolled or vector loops inside, unrolled: the epilogue that reads the
     accumulators back is such a loop, and left a loop, its index into the tile is not a constant,
     so the C compiler keeps the whole tile in memory, and every FMA of the reduction loads and
-    stores it (a depthwise conv with a SiLU epilogue 1.6x slower: docs/history.md)."""
+    stores it (a depthwise conv with a SiLU epilogue 1.6x slower: docs/history.md). A loop whose
+    unrolled nest would pass UNROLL_MAX statements stays a loop: a reduction over a small padded
+    input tile, unrolled whole, gave gcc a body it did not finish in 11 minutes."""
     return _unroll_tiles(s, tiles)[0]
 
 
@@ -600,7 +603,7 @@ def _unroll_tiles(s: ir.Stmt, tiles: frozenset) -> tuple:
     if not isinstance(s, ir.For):
         return s, straight, uses
     if (straight and s.kind == "serial" and s.limit is None
-            and any(b in tiles and v == s.var for b, v in uses)):
+            and any(b in tiles and v == s.var for b, v in uses) and ir.nest_steps(s, vector_ops=True) <= UNROLL_MAX):
         s = dataclasses.replace(s, kind="unroll")
     # a vector loop longer than a register tile's row (a reduction over a whole row: TopK's ranks) is
     # work to keep a loop, not lanes of the tile
