@@ -1088,6 +1088,37 @@ def test_the_default_gemm_tile_fits_the_registers_runs_every_row_under_a_column_
         check_schedules(cases, target)
 
 
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_a_gemm_whose_column_panel_outgrows_l2_passes_its_row_tiles_over_each_chunk_of_it_and_computes_the_reference(
+        isa):
+    """Where one column tile's weight panel over the whole reduction reaches GEMM_PANEL_BYTES, the
+    default blocks the reduction: the row tiles of a local tile inside each chunk of the panel
+    (within GEMM_CHUNK_BYTES), with no prefetch call in the chunk's loop (it kept GCC from holding
+    the accumulators in registers); a panel below it is not blocked."""
+    from tuner.space import sketch
+    target = parse_target(f"cpu -isa={isa} -threads=1", check_host=False)
+    layout = "OI16o" if target.lanes == 16 else "OI8o"
+    cases = []
+    for c, blocked in ((2 * sketch.GEMM_PANEL_BYTES // 64, True), (sketch.GEMM_PANEL_BYTES // 512, False)):
+        wl = make("dense", dict(N=32, C=c, K=2 * target.lanes, bias=1), layout)
+        space = SearchSpace(wl, target)
+        dec = space.default()
+        (r1, r2, r3), (_, _, c3) = dec["tile"]
+        panel = space._panel_bytes(dec["tile"])
+        assert space.valid(dec) and (panel >= sketch.GEMM_PANEL_BYTES) == blocked
+        if blocked:
+            [chunk] = dec["reduce"]
+            assert r1 * r2 * r3 == 32 and r2 >= 2 and chunk < c and c % chunk == 0
+            assert chunk * panel // c <= sketch.GEMM_CHUNK_BYTES and dec["prefetch"] == 0
+            assert "__builtin_prefetch" not in Task(wl, target).candidate(space.steps(dec)).source
+            cases.append((wl, space.steps(dec)))
+        else:
+            assert r2 == 1 and dec["reduce"] == [1]
+    assert cases
+    if isa == TARGET1.isa or (isa == "avx2" and TARGET1.isa == "avx512"):      # runnable here
+        check_schedules(cases, target)
+
+
 @pytest.mark.parametrize("n, c, k, inside", [(12000, 180, 96, True), (12000, 64, 24, False), (784, 192, 192, False),
                                              (12000, 1024, 96, True), (12000, 1024, 384, False)])
 def test_a_dense_over_a_streamed_activation_with_small_weights_runs_its_columns_inside_each_row_tile(n, c, k, inside):
