@@ -1099,8 +1099,9 @@ def test_a_gemm_whose_column_panel_outgrows_l2_passes_its_row_tiles_over_each_ch
     target = parse_target(f"cpu -isa={isa} -threads=1", check_host=False)
     layout = "OI16o" if target.lanes == 16 else "OI8o"
     cases = []
-    for c, blocked in ((2 * sketch.GEMM_PANEL_BYTES // 64, True), (sketch.GEMM_PANEL_BYTES // 512, False)):
-        wl = make("dense", dict(N=32, C=c, K=2 * target.lanes, bias=1), layout)
+    for n, c, blocked in ((32, 2 * sketch.GEMM_PANEL_BYTES // 64, True), (20, 2 * sketch.GEMM_PANEL_BYTES // 64, True),
+                          (32, sketch.GEMM_PANEL_BYTES // 512, False)):
+        wl = make("dense", dict(N=n, C=c, K=2 * target.lanes, bias=1), layout)
         space = SearchSpace(wl, target)
         dec = space.default()
         (r1, r2, r3), (_, _, c3) = dec["tile"]
@@ -1108,7 +1109,7 @@ def test_a_gemm_whose_column_panel_outgrows_l2_passes_its_row_tiles_over_each_ch
         assert space.valid(dec) and (panel >= sketch.GEMM_PANEL_BYTES) == blocked
         if blocked:
             [chunk] = dec["reduce"]
-            assert r1 * r2 * r3 == 32 and r2 >= 2 and chunk < c and c % chunk == 0
+            assert (r1 * r2 - 1) * r3 < n <= r1 * r2 * r3 and r2 >= 2 and chunk < c and c % chunk == 0   # 20: guarded
             assert chunk * panel // c <= sketch.GEMM_CHUNK_BYTES and dec["prefetch"] == 0
             assert "__builtin_prefetch" not in Task(wl, target).candidate(space.steps(dec)).source
             cases.append((wl, space.steps(dec)))
