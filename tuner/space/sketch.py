@@ -635,9 +635,9 @@ class SearchSpace(DagSketch):
                 # so blocks that divide where some do (25 blocks by 3 beside 9 + 8 beat 1 x 17 1.6x)
                 tile[pair][2] = max(whole)
         reduce = list(self._reduce_periods)
-        blocked_gemm = self.gemm_shaped and (blocked := self._block_gemm(tile, reduce))
+        blocked_gemm = self._block_gemm(tile, reduce) if self.gemm_shaped else None
         if blocked_gemm:
-            tile, reduce = blocked
+            tile, reduce = blocked_gemm
         # blocked where each weight vector feeds few pixels (4 blocks by 7, or 16 registers' 3
         # pixels; a 3x3 conv's 2 x 14 tile blocked ran 1.03-1.3x slower), and where no tile has a
         # border or every one has (a padded row in one tile: no interior to keep apart), the pad
