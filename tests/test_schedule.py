@@ -948,13 +948,7 @@ def test_loops_over_a_small_padded_input_tile_unroll_only_up_to_a_bound_and_stil
            "prefetch": 1}
     steps = space.steps(dec)
     f = lower(replay(*wl.build(), steps))
-
-    def outermost_unrolled(s):
-        if isinstance(s, ir.For) and s.kind == "unroll":
-            return [s]
-        return [u for x in (s.stmts if isinstance(s, ir.Seq) else [s.body] if hasattr(s, "body") else [])
-                for u in outermost_unrolled(x)]
-    unrolled = outermost_unrolled(f.body)
+    unrolled = [s for s in ir.stmts(f.body) if isinstance(s, ir.For) and s.kind == "unroll"]   # outermost: the largest
     reductions = [s for s in ir.stmts(f.body) if isinstance(s, ir.For) and s.var.rstrip("_01") in ("rh", "rcb")]
     assert unrolled and max(ir.nest_steps(s, vector_ops=True) for s in unrolled) <= UNROLL_MAX
     assert any(s.kind == "serial" and s.extent > 1 for s in reductions)     # the loops past the bound stay loops
@@ -1104,7 +1098,7 @@ def test_a_gemm_whose_column_panel_outgrows_l2_passes_its_row_tiles_over_each_ch
         wl = make("dense", dict(N=n, C=c, K=2 * target.lanes, bias=1), layout)
         space = SearchSpace(wl, target)
         dec = space.default()
-        (r1, r2, r3), (_, _, c3) = dec["tile"]
+        (r1, r2, r3), _ = dec["tile"]
         panel = space._panel_bytes(dec["tile"])
         assert space.valid(dec) and (panel >= sketch.GEMM_PANEL_BYTES) == blocked
         if blocked:
