@@ -1114,6 +1114,44 @@ def test_a_gemm_whose_column_panel_outgrows_l2_passes_its_row_tiles_over_each_ch
         check_schedules(cases, target)
 
 
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+def test_a_gemm_whose_activation_outgrows_every_l2_passes_it_once_per_several_column_tiles_and_computes_the_reference(
+        isa):
+    """Where a 2-D GEMM's activation reaches WIDE_ACTIVATION_BYTES and every row fits one local
+    tile beside two column tiles or more, the default's local tile holds every row and up to
+    WIDE_TILES column tiles (within MAX_TILE_FLOATS), and the reduction is blocked so that a chunk
+    of those columns' panel fits GEMM_CHUNK_BYTES; read through merged heads, a chunk is one head,
+    so the inner loop reads affinely. Rows that need two local tiles, which would read the weights
+    twice, are not blocked so."""
+    from tuner.space import sketch
+    target = parse_target(f"cpu -isa={isa} -threads=1", check_host=False)
+    layout, cols = ("OI16o" if target.lanes == 16 else "OI8o"), 2 * target.lanes
+    c = sketch.WIDE_ACTIVATION_BYTES // (4 * 32)
+    cases = []
+    for n, c, heads, wide in ((32, c, 0, True), (36, c, 0, True), (32, c, c // 64, True),
+                              (sketch.MAX_TILE_FLOATS // (2 * cols) + 8, 2048, 0, False)):
+        params = dict(N=n, C=c, K=4 * cols, bias=1, **({"in_heads": heads} if heads else {}))
+        wl = make("dense", params, layout)
+        space = SearchSpace(wl, target)
+        assert (space._reduction_input_bytes >= sketch.WIDE_ACTIVATION_BYTES) == (4 * n * c >= sketch.WIDE_ACTIVATION_BYTES)
+        dec = space.default()
+        (r1, r2, r3), (c1, c2, c3) = dec["tile"]
+        assert space.valid(dec)
+        if not wide:
+            assert 4 * n * c >= sketch.WIDE_ACTIVATION_BYTES and c2 == 1 and dec["reduce"] == [1]
+            continue
+        [chunk] = dec["reduce"]
+        assert r1 == 1 and (r2 - 1) * r3 < n <= r2 * r3 and 2 <= c2 <= sketch.WIDE_TILES and c1 == 1
+        assert r2 * r3 * c2 * c3 <= sketch.MAX_TILE_FLOATS and chunk * c2 * c3 * 4 <= sketch.GEMM_CHUNK_BYTES
+        assert chunk == 64 if heads else (chunk < c and c % chunk == 0)
+        source = Task(wl, target).candidate(space.steps(dec)).source
+        assert " / 64" not in source and " % 64" not in source
+        cases.append((wl, space.steps(dec)))
+    assert len(cases) == 3
+    if isa == TARGET1.isa or (isa == "avx2" and TARGET1.isa == "avx512"):      # runnable here
+        check_schedules(cases, target)
+
+
 @pytest.mark.parametrize("n, c, k, inside", [(12000, 180, 96, True), (12000, 64, 24, False), (784, 192, 192, False),
                                              (12000, 1024, 96, True), (12000, 1024, 384, False)])
 def test_a_dense_over_a_streamed_activation_with_small_weights_runs_its_columns_inside_each_row_tile(n, c, k, inside):

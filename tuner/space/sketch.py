@@ -84,6 +84,8 @@ UNROLL_CHOICES = (0, 16, 64, 512)
 PANEL_BYTES = 256 * 1024     # a register tile's constant panel over the whole reduction from which it is blocked
 GEMM_PANEL_BYTES = 1 << 20   # ... a GEMM column tile's (a core's share of L2: its row tiles read it from L3)
 GEMM_CHUNK_BYTES = 64 * 1024  # ... into chunks of this panel, each kept in L2 while the row tiles pass over it
+WIDE_ACTIVATION_BYTES = 2 << 20   # a GEMM's activation past any core's L2: each pass over it serves WIDE_TILES column tiles
+WIDE_TILES = 4
 RESIDENT_BYTES = 1 << 20      # constants that a GEMM re-reads per row tile from L2 or L3, rather than its activation from memory
 LONG_REDUCTION = 128         # a GEMM's reduction from which its default tile may put the columns inside the rows
 STREAMED_BYTES = 8 << 20     # an activation past this is read from memory: twice a server core's share of L3 or more
@@ -329,8 +331,18 @@ class SearchSpace(DagSketch):
 
     @cached_property
     def _reduction_input_bytes(self) -> int:
-        """Bytes of the activations the reduction reads (not the epilogue's: a residual)."""
+        """Bytes of the activations the reduction reads, itself, through a pad or through inlined
+        views (merged heads), not the epilogue's (a residual)."""
+        sch = Schedule(self.inputs, self.output)
+        names = {t.name for t in self.inputs} - self._constants
         read = {t for _, t, _ in self._activation_reads}
+        todo = [n.buffer for n in walk(self.anchor_op.body) if isinstance(n, Load) and n.buffer in self.others]
+        while todo:
+            for n in walk(sch.stage(todo.pop()).op.body):
+                if isinstance(n, Load) and n.buffer in self.others:
+                    todo.append(n.buffer)
+                elif isinstance(n, Load) and n.buffer in names:
+                    read.add(n.buffer)
         return sum(4 * math.prod(t.shape) for t in self.inputs if t.name in read)
 
     @cached_property
@@ -966,23 +978,35 @@ class SearchSpace(DagSketch):
         4 outer tiles per thread) pass over each chunk of the panel (within GEMM_CHUNK_BYTES, a
         multiple of the reduction's period) while L2 holds it, their accumulators stored between
         chunks (ALBERT's 128 x 16384 -> 4096 FFN: 0.61x the time; where the panel fits in L2, as
-        BERT's 3072 -> 768, no gain: docs/history.md). None where no such chunk or no local tile
-        of two row tiles exists."""
+        BERT's 3072 -> 768, no gain: docs/history.md). Where the activation outgrows every core's
+        L2 (WIDE_ACTIVATION_BYTES), a 2-D one, each pass over it serves up to WIDE_TILES column
+        tiles: the local tile holds them and every row (within MAX_TILE_FLOATS), so that the
+        weights too are read once (128 x 4096 -> 4096: 0.94x the time, 0.88x as AVX2 code; with
+        row blocks, which read the weights again, 1.07-1.2x: docs/history.md). None where no such
+        chunk or no local tile of two register tiles exists."""
         panel = self._panel_bytes(tile)
-        if panel < GEMM_PANEL_BYTES or self._columns_inside or len(self.reduce_axes) != 1:
+        wide = panel > 0 and len(tile) == 2 and self._reduction_input_bytes >= WIDE_ACTIVATION_BYTES
+        if panel < GEMM_PANEL_BYTES and not wide or self._columns_inside or len(self.reduce_axes) != 1:
             return None
         (_, extent), period = self.reduce_axes[0], reduce[0]
-        per = panel // extent
-        chunks = [d for d in divisors(extent) if d * per <= GEMM_CHUNK_BYTES and d % period == 0 and d < extent]
         d, (_, _, r), cols = len(tile) - 2, tile[-2], tile[-1][2]
-        tiles = -(-self.out_shape[d] // r)
+        tiles, ctiles = -(-self.out_shape[d] // r), -(-self.out_shape[-1] // cols)
         outer = math.prod(-(-e // t[2]) for e, t in zip(self.out_shape, tile)) // tiles
-        fits = [x for x in divisors(tiles) if x * r * cols * 4 <= BLOCKED_TILE_BYTES
-                and outer * (tiles // x) >= self._outer_tiles_needed]
-        if not chunks or max(fits, default=1) < 2:
+        for w in sorted((x for x in divisors(ctiles) if (x > 1 and wide and x <= WIDE_TILES)
+                         or (x == 1 and panel >= GEMM_PANEL_BYTES)), reverse=True):
+            # a period's multiple would read across a turn of the view inside the chunk (c // 64, c % 64)
+            chunks = [c for c in ([period] if period > 1 else divisors(extent))
+                      if c * panel // extent * w <= GEMM_CHUNK_BYTES and c < extent]
+            limit = MAX_TILE_FLOATS * 4 if w > 1 else BLOCKED_TILE_BYTES
+            fits = [x for x in divisors(tiles) if x * r * w * cols * 4 <= limit and (w == 1 or x == tiles)
+                    and outer // w * (tiles // x) >= self._outer_tiles_needed]
+            if chunks and fits and max(fits) * w >= 2:
+                break
+        else:
             return None
         new = [list(t) for t in tile]
         new[d] = [tiles // max(fits), max(fits), r]
+        new[-1] = [1, w, cols] if w > 1 else new[-1]
         return new, [max(chunks)]
 
     @property
