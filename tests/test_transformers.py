@@ -505,6 +505,63 @@ def test_attention_with_heads_read_in_place_compiles_to_what_the_interpreter_com
     np.testing.assert_allclose(m.run(xs)[0], interp.run(g, xs)[0], rtol=1e-4, atol=1e-4)
 
 
+def _dense_over(rows: int, cols: int, k: int, seed: int, consumers: int = 1, lead: int = 1):
+    """x [lead, rows, cols] -> `consumers` dense layers of k outputs, summed."""
+    from tuner.graph.builder import GraphBuilder
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder("wide")
+    x = b.input("x", (lead, rows, cols))
+    ys = [b.add("dense", [x, b.const(rng.standard_normal((k, cols)).astype(np.float32) / cols ** 0.5)])
+          for _ in range(consumers)]
+    out = ys[0]
+    for y in ys[1:]:
+        out = b.add("add", [out, y])
+    return b.finish([out])
+
+
+@settings(max_examples=25, deadline=None)
+@given(rows=st.integers(1, 6), blocks=st.integers(1, 3), extra=st.sampled_from([0, 0, 8]), lead=st.integers(1, 2),
+       consumers=st.integers(1, 3), seed=st.integers(0, 100))
+def test_a_dense_over_a_wide_activation_of_few_rows_reads_it_packed_in_blocks_of_columns_and_computes_the_same(
+        rows, blocks, extra, lead, consumers, seed):
+    """PackWideRows: a dense over [1, R, C] with R <= PACK_ROWS, C a multiple of PACK_FLOATS and the
+    activation past WIDE_ACTIVATION_BYTES (here lowered to the graph's size) reads it split into
+    PACK_FLOATS-column heads (in_heads), one copy for every dense that reads it; a batch, one row or
+    a C no block divides is left as it is."""
+    from unittest import mock
+
+    from tuner.graph import interp
+    from tuner.graph.passes import head_views, optimize
+    from tuner.ops.dense import PACK_FLOATS
+    cols = blocks * PACK_FLOATS + extra
+    g = _dense_over(rows, cols, 8, seed, consumers, lead)
+    with mock.patch.object(head_views, "WIDE_ACTIVATION_BYTES", 4 * rows * cols):
+        packed = optimize(g, passes=["InferType", "PackWideRows"])
+    dense = [n for n in packed.nodes if n.op == "dense"]
+    h = cols // PACK_FLOATS if lead == 1 and rows > 1 and not extra else None
+    assert len(dense) == consumers and [n.attrs.get("in_heads") for n in dense] == [h] * consumers
+    assert sum(n.op == "transpose" for n in packed.nodes) == (1 if h else 0)
+    xs = np.random.default_rng(seed).standard_normal((lead, rows, cols)).astype(np.float32)
+    (got,), (want,) = interp.run(packed, xs), interp.run(g, xs)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_compiled_dense_over_a_2_mib_activation_of_128_rows_reads_a_packed_copy_and_computes_the_reference(tmp_cache):
+    """At the real threshold: 128 rows of 4096 floats (2 MiB) are copied once into 64-column blocks
+    (a reshape + transpose step), the dense reads them with in_heads=64, blocked by one block per
+    chunk (space.sketch), and the model computes what the interpreter does; 64 rows are left as they
+    are."""
+    from tuner.graph import interp
+    for rows, packed in ((128, True), (64, False)):
+        g = _dense_over(rows, 4096, 64, 0)
+        m = compile_model(g, threads=1, use_shipped=False)
+        specs = [s.workload for s in m.steps if s.anchor]
+        assert any("in_heads=64" in s for s in specs) == packed and len(specs) == 1
+        assert any("transpose" in s.summary for s in m.steps) == packed
+        xs = np.random.default_rng(1).standard_normal((1, rows, 4096)).astype(np.float32)
+        np.testing.assert_allclose(m.run(xs)[0], interp.run(g, xs)[0], rtol=1e-4, atol=1e-4)
+
+
 def test_a_record_of_attention_read_through_copies_schedules_the_kernel_that_reads_heads_in_place(tmp_cache, tmp_path):
     """Logs and shipped records tuned before the heads were read in place keep applying: a task
     with view parameters and no record of its own takes its plain workload's record, its

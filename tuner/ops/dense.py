@@ -52,6 +52,11 @@ def _rows(shape) -> int:
 
 BMM_VIEWS = ("a_heads", "b_heads")     # batch_matmul's view parameters, one per operand
 KEYS_IN_PLACE_ROWS = 8     # a batch_matmul of up to this many rows reads K^T from K in place (passes.head_views)
+# a GEMM's activation past any core's L2: each pass over it serves several column tiles (space.sketch),
+# and where it has at most PACK_ROWS rows it is read packed, PACK_FLOATS columns of every row after
+# another (passes.head_views.pack_wide_rows: a dense reading it with in_heads)
+WIDE_ACTIVATION_BYTES = 2 << 20
+PACK_ROWS, PACK_FLOATS = 128, 64
 
 
 def split_heads_shape(shape, h: int) -> tuple:

@@ -70,6 +70,7 @@ import random
 from functools import cached_property
 
 from ..ops import Workload
+from ..ops.dense import WIDE_ACTIVATION_BYTES
 from ..ops.workload import CONSTANT_INPUTS
 from ..schedule.ir import tail_widths, vector_split
 from ..schedule.peel import concat_test
@@ -84,8 +85,7 @@ UNROLL_CHOICES = (0, 16, 64, 512)
 PANEL_BYTES = 256 * 1024     # a register tile's constant panel over the whole reduction from which it is blocked
 GEMM_PANEL_BYTES = 1 << 20   # ... a GEMM column tile's (a core's share of L2: its row tiles read it from L3)
 GEMM_CHUNK_BYTES = 64 * 1024  # ... into chunks of this panel, each kept in L2 while the row tiles pass over it
-WIDE_ACTIVATION_BYTES = 2 << 20   # a GEMM's activation past any core's L2: each pass over it serves WIDE_TILES column tiles
-WIDE_TILES = 4
+WIDE_TILES = 4              # column tiles one pass over a GEMM's activation past WIDE_ACTIVATION_BYTES serves
 RESIDENT_BYTES = 1 << 20      # constants that a GEMM re-reads per row tile from L2 or L3, rather than its activation from memory
 LONG_REDUCTION = 128         # a GEMM's reduction from which its default tile may put the columns inside the rows
 STREAMED_BYTES = 8 << 20     # an activation past this is read from memory: twice a server core's share of L3 or more

@@ -8,7 +8,7 @@ from .base import REGISTRY, Pass, PassContext, PassTiming, PrintIR, Sequential
 
 DEFAULT_PIPELINE = ("InferType", "FuseTransformerOps", "SimplifyInference", "MergeConvBranches",
                     "FoldConstant", "EliminateCommonSubexpr", "DeadCodeElimination", "PadChannels", "ConvertLayout", "FoldConstant",
-                    "EliminateCommonSubexpr", "DeadCodeElimination", "AbsorbHeadViews", "FuseOps", "ExtractTasks")
+                    "EliminateCommonSubexpr", "DeadCodeElimination", "AbsorbHeadViews", "PackWideRows", "FuseOps", "ExtractTasks")
 GRAPH_CHOICES = ("fuse_attention", "merge_dense")    # optimize's options with a cost either way (model_tuning times them)
 
 

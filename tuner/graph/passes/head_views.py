@@ -8,12 +8,18 @@ scores' GEMM contiguous columns, except for a few query rows (a decoding step of
 KEYS_IN_PLACE_ROWS new tokens), where the copy would move the whole cache for a few passes over
 it: that batch_matmul reads K itself (trans_b), a dot product per query and key. A chain that
 other nodes also read is still computed for them.
+
+PackWideRows goes the other way: a dense over an activation of at most PACK_ROWS rows that outgrows
+WIDE_ACTIVATION_BYTES reads it split into PACK_FLOATS-column heads, a copy made once for every dense
+that reads it, with in_heads: each chunk of the reduction then reads one contiguous block
+(docs/history.md).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ...ops.dense import BMM_VIEWS, KEYS_IN_PLACE_ROWS, merge_heads_ref, merge_heads_shape, split_heads_ref, split_heads_shape
+from ...ops.dense import (BMM_VIEWS, KEYS_IN_PLACE_ROWS, PACK_FLOATS, PACK_ROWS, WIDE_ACTIVATION_BYTES, merge_heads_ref,
+                          merge_heads_shape, split_heads_ref, split_heads_shape)
 from ..builder import rebuild
 from ..ir import Graph
 from .base import register
@@ -114,3 +120,29 @@ def absorb_head_views(graph: Graph, ctx) -> Graph:
         return b.add(n.op, ins, attrs, n.name)
 
     return dead_code_elimination(rebuild(graph, rw), ctx)
+
+
+@register("PackWideRows", 1, required=("InferType",))
+def pack_wide_rows(graph: Graph, ctx) -> Graph:
+    """dense(x) over x [..., R, C] with R <= PACK_ROWS, C a multiple of PACK_FLOATS and x past
+    WIDE_ACTIVATION_BYTES -> dense(transpose(reshape(x)), in_heads=C / PACK_FLOATS)."""
+    if graph.meta.get("dynamic"):
+        return graph            # (rows vary: the pack's layout would be the bound's)
+    packed: dict = {}           # id(activation) -> its packed copy
+
+    def rw(b, n, ins):
+        if n.op != "dense" or n.attrs.get("in_heads") or len(ins) != 2 or ins[0].is_const:
+            return None
+        x = ins[0]
+        *lead, rows, cols = x.shape
+        if (any(d != 1 for d in lead) or not 1 < rows <= PACK_ROWS or cols % PACK_FLOATS
+                or 4 * rows * cols < WIDE_ACTIVATION_BYTES):
+            return None
+        h = cols // PACK_FLOATS
+        if id(x) not in packed:
+            split = b.add("reshape", [x], {"shape": [*lead, rows, h, PACK_FLOATS]}, f"{n.name}_rows")
+            perm = [*range(len(lead)), len(lead) + 1, len(lead), len(lead) + 2]
+            packed[id(x)] = b.add("transpose", [split], {"perm": perm}, f"{n.name}_packed")
+        return b.add("dense", [packed[id(x)], ins[1]], {**n.attrs, "in_heads": h}, n.name)
+
+    return rebuild(graph, rw)
