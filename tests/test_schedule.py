@@ -1150,6 +1150,16 @@ def test_a_gemm_whose_activation_outgrows_every_l2_passes_it_once_per_several_co
     assert len(cases) == 3
     if isa == TARGET1.isa or (isa == "avx2" and TARGET1.isa == "avx512"):      # runnable here
         check_schedules(cases, target)
+    # with too few column tiles for 16 threads, one column tile a pass; rows read through heads still
+    # go by chunks of one head, in row blocks (unblocked, a row tile's reads would stride across them)
+    many = parse_target(f"cpu -isa={isa} -threads=16", check_host=False)
+    c = sketch.WIDE_ACTIVATION_BYTES // (4 * 128)       # a column tile's panel under GEMM_PANEL_BYTES
+    for heads in (c // 64, 0):
+        wl = make("dense", dict(N=128, C=c, K=8 * cols, bias=1, **({"in_heads": heads} if heads else {})), layout)
+        assert SearchSpace(wl, many)._panel_bytes(SearchSpace(wl, many).default()["tile"]) < sketch.GEMM_PANEL_BYTES
+        dec = SearchSpace(wl, many).default()
+        (r1, r2, _), (_, c2, _) = dec["tile"]
+        assert c2 == 1 and (not heads or dec["reduce"] == [64] and r1 > 1 and r2 > 1)
 
 
 @pytest.mark.parametrize("n, c, k, inside", [(12000, 180, 96, True), (12000, 64, 24, False), (784, 192, 192, False),

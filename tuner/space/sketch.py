@@ -975,14 +975,17 @@ class SearchSpace(DagSketch):
         """K-blocking of a GEMM's default where one column tile's panel of the constant operand over
         the whole reduction reaches GEMM_PANEL_BYTES, so that each row tile passing over it would
         read it from L3 or memory again: the row tiles of a local tile (within BLOCKED_TILE_BYTES,
-        4 outer tiles per thread) pass over each chunk of the panel (within GEMM_CHUNK_BYTES, a
-        multiple of the reduction's period) while L2 holds it, their accumulators stored between
+        4 outer tiles per thread) pass over each chunk of the panel (within GEMM_CHUNK_BYTES; one
+        period of a view where the reduction has one) while L2 holds it, their accumulators stored between
         chunks (ALBERT's 128 x 16384 -> 4096 FFN: 0.61x the time; where the panel fits in L2, as
         BERT's 3072 -> 768, no gain: docs/history.md). Where the activation outgrows every core's
         L2 (WIDE_ACTIVATION_BYTES), a 2-D one, each pass over it serves up to WIDE_TILES column
         tiles: the local tile holds them and every row (within MAX_TILE_FLOATS), so that the
         weights too are read once (128 x 4096 -> 4096: 0.94x the time, 0.88x as AVX2 code; with
-        row blocks, which read the weights again, 1.07-1.2x: docs/history.md). None where no such
+        row blocks, which read the weights again, 1.07-1.2x: docs/history.md); where too few
+        column tiles are left for the threads and the activation is read through a view (packed
+        rows, in_heads: unblocked, its reads would stride across blocks), one column tile and row
+        blocks. None where no such
         chunk or no local tile of two register tiles exists."""
         panel = self._panel_bytes(tile)
         wide = panel > 0 and len(tile) == 2 and self._reduction_input_bytes >= WIDE_ACTIVATION_BYTES
@@ -992,21 +995,23 @@ class SearchSpace(DagSketch):
         d, (_, _, r), cols = len(tile) - 2, tile[-2], tile[-1][2]
         tiles, ctiles = -(-self.out_shape[d] // r), -(-self.out_shape[-1] // cols)
         outer = math.prod(-(-e // t[2]) for e, t in zip(self.out_shape, tile)) // tiles
-        for w in sorted((x for x in divisors(ctiles) if (x > 1 and wide and x <= WIDE_TILES)
-                         or (x == 1 and panel >= GEMM_PANEL_BYTES)), reverse=True):
+        for w in sorted((x for x in divisors(ctiles) if x <= (WIDE_TILES if wide else 1)
+                         and (x > 1 or panel >= GEMM_PANEL_BYTES or period > 1)), reverse=True):
             # a period's multiple would read across a turn of the view inside the chunk (c // 64, c % 64)
             chunks = [c for c in ([period] if period > 1 else divisors(extent))
                       if c * panel // extent * w <= GEMM_CHUNK_BYTES and c < extent]
             limit = MAX_TILE_FLOATS * 4 if w > 1 else BLOCKED_TILE_BYTES
-            fits = [x for x in divisors(tiles) if x * r * w * cols * 4 <= limit and (w == 1 or x == tiles)
+            # several column tiles take every row, so that the weights are read once
+            fits = [x for x in divisors(tiles) if x * r * w * cols * 4 <= limit and (x == tiles or w == 1)
                     and outer // w * (tiles // x) >= self._outer_tiles_needed]
-            if chunks and fits and max(fits) * w >= 2:
+            if chunks and fits and max(fits) * w >= (1 if period > 1 else 2):
                 break
         else:
             return None
         new = [list(t) for t in tile]
         new[d] = [tiles // max(fits), max(fits), r]
-        new[-1] = [1, w, cols] if w > 1 else new[-1]
+        if w > 1:
+            new[-1] = [1, w, cols]
         return new, [max(chunks)]
 
     @property
