@@ -985,8 +985,8 @@ class SearchSpace(DagSketch):
         row blocks, which read the weights again, 1.07-1.2x: docs/history.md); where too few
         column tiles are left for the threads and the activation is read through a view (packed
         rows, in_heads: unblocked, its reads would stride across blocks), one column tile and row
-        blocks. None where no such
-        chunk or no local tile of two register tiles exists."""
+        blocks. None where no such chunk or no local tile of two register tiles (through a view,
+        one) exists."""
         panel = self._panel_bytes(tile)
         wide = panel > 0 and len(tile) == 2 and self._reduction_input_bytes >= WIDE_ACTIVATION_BYTES
         if panel < GEMM_PANEL_BYTES and not wide or self._columns_inside or len(self.reduce_axes) != 1:
