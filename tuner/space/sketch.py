@@ -330,16 +330,21 @@ class SearchSpace(DagSketch):
         return tuple(dict.fromkeys((p, t) for p, t, strided in self._activation_reads if strided))
 
     @cached_property
+    def _views(self) -> dict:
+        """The op of each stage inlined into the anchor's reads (self.others: reshapes, merged heads)."""
+        sch = Schedule(self.inputs, self.output)
+        return {s: sch.stage(s).op for s in self.others}
+
+    @cached_property
     def _reduction_input_bytes(self) -> int:
         """Bytes of the activations the reduction reads, itself, through a pad or through inlined
         views (merged heads), not the epilogue's (a residual)."""
-        sch = Schedule(self.inputs, self.output)
         names = {t.name for t in self.inputs} - self._constants
         read = {t for _, t, _ in self._activation_reads}
-        todo = [n.buffer for n in walk(self.anchor_op.body) if isinstance(n, Load) and n.buffer in self.others]
+        todo = [n.buffer for n in walk(self.anchor_op.body) if isinstance(n, Load) and n.buffer in self._views]
         while todo:
-            for n in walk(sch.stage(todo.pop()).op.body):
-                if isinstance(n, Load) and n.buffer in self.others:
+            for n in walk(self._views[todo.pop()].body):
+                if isinstance(n, Load) and n.buffer in self._views:
                     todo.append(n.buffer)
                 elif isinstance(n, Load) and n.buffer in names:
                     read.add(n.buffer)
@@ -823,8 +828,7 @@ class SearchSpace(DagSketch):
         """Per reduction axis, the shortest period at which a read through an inlined view turns over
         (the merged heads' channel c read as [c // 64, ..., c % 64]) where it divides the axis, else
         1: split there, the inner loop reads affinely (the simplifier drops the div and mod)."""
-        sch = Schedule(self.inputs, self.output)
-        views = {s: sch.stage(s).op for s in self.others}
+        views = self._views
         exprs = [self.anchor_op.body]
         for n in walk(self.anchor_op.body):
             if isinstance(n, Load) and n.buffer in views:
