@@ -928,6 +928,34 @@ def test_compile_quick_measures_the_tasks_of_the_default_plan_and_keeps_its_wino
     assert shares[logged[0].workload.key] == max(shares.values())    # the largest share measured first
 
 
+def test_a_quick_tunes_minor_tasks_stop_after_their_probe_while_together_they_stay_a_small_share():
+    """MinorTasks: a task with a large share of the FLOPs is measured whole; another stops after its
+    probe where it takes under MINOR_SHARE of the model's time so far, until those stopped would
+    pass MINOR_TOTAL together; a task with nothing measured OK goes on."""
+    from types import SimpleNamespace as NS
+
+    from tuner.model_tuning import MAJOR_FLOPS, MINOR_PROBE, MINOR_SHARE, MINOR_TOTAL, MinorTasks
+
+    def task(key, flops, ms, weight=1):
+        return NS(workload=NS(key=key, flops=flops), weight=weight, best_latency=ms * 1e-3)
+    big = task("big", 1000, 100.0)
+    tiny = [task(f"t{k}", 1, 0.9 * MINOR_SHARE * 100) for k in range(20)]
+    pairs = [(t.workload, t.weight) for t in [big, *tiny]]
+    cut = MinorTasks(pairs)
+    tasks = [big, *tiny]
+    assert cut.probe(tasks, 0) == 0 and MAJOR_FLOPS * 1020 <= 1000
+    assert cut.probe(tasks, 1) == MINOR_PROBE
+    decided = [cut.go_on(tasks, k) for k in range(1, len(tasks))]
+    stopped = decided.index(True)
+    assert 0 < stopped < len(tiny) and not any(decided[:stopped])
+    total = sum(t.best_latency for t in tasks)
+    assert sum(cut.cut.values()) < MINOR_TOTAL * total <= sum(cut.cut.values()) + tiny[0].best_latency * 1.5
+    assert cut.go_on([big, task("twice", 1, 0.9 * MINOR_SHARE * 100, weight=2)], 1)   # its occurrences count
+    assert cut.go_on([big, task("failed", 1, math.inf)], 1)
+    assert not MinorTasks(pairs).go_on([big, task("small", 1, 0.5)], 1)
+    assert cut.describe(tasks).startswith(f"{stopped} minor tasks (4.6% of the model together)")
+
+
 def _narrow_then_wide(image: int = 14):
     """A conv writing 24 channels (padded to 32 in NCHW16c) read by a 3x3 conv that runs as Winograd
     by default with 16 lanes."""

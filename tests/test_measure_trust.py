@@ -136,6 +136,29 @@ def test_a_compiler_call_that_outgrows_its_memory_cap_fails_its_kernel_alone(tmp
     assert "MemoryError" in built[1].error
 
 
+def test_a_kernel_built_before_in_this_process_keeps_its_library_while_the_library_is_there(tmp_cache, monkeypatch):
+    """A heat's second timing of a tune's kernel is not compiled again: build_batch hands back the
+    library and index it built, whatever the kernel's name; a library gone, or another cache,
+    builds anew."""
+    from tuner.measure import builder
+    if not shutil.which("gcc"):
+        pytest.skip("no gcc")
+    calls = []
+    real = builder.compile_library
+    monkeypatch.setattr(builder, "compile_library", lambda src, *a: calls.append(src) or real(src, *a))
+    first = builder.build_batch([KERNELS[0], KERNELS[2]], TARGET1, jobs=1)
+    assert len(calls) == 1 and not any(b.error for b in first)
+    renamed = ("g0", KERNELS[0][1].replace("f0", "g0"))       # another Task's name for the same kernel
+    again = builder.build_batch([KERNELS[2], renamed], TARGET1, jobs=2)
+    assert len(calls) == 1 and [(b.lib, b.index) for b in again] == [(first[1].lib, 1), (first[0].lib, 0)]
+    Path(first[0].lib).unlink()
+    rebuilt = builder.build_batch([KERNELS[0]], TARGET1)
+    assert len(calls) == 2 and rebuilt[0].error is None and Path(rebuilt[0].lib).exists()
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_cache.parent / "other"))
+    builder.build_batch([KERNELS[0]], TARGET1)
+    assert len(calls) == 3
+
+
 def test_two_libraries_for_one_source_are_warned_of_and_the_stranger_removed(tmp_path, tmp_cache):
     from tuner.toolchain.cc import compile_library
     from tuner.toolchain.library import content_hash

@@ -356,6 +356,36 @@ def test_pretrain_leaves_out_excluded_workloads_and_tune_starts_from_it(measured
     assert len({r.code_hash for r in recs}) == 16 and any(r.ok for r in recs)
 
 
+class _CutTask:
+    """A FirstLookCut that probes every look with 2 candidates and stops the look of task `k`."""
+
+    def __init__(self, k):
+        self.k, self.asked = k, []
+
+    def probe(self, tasks, k):
+        return 2
+
+    def go_on(self, tasks, k):
+        self.asked.append((k, tasks[k].trials))
+        return k != self.k
+
+
+@pytest.mark.parametrize("cut_task", [None, 0, 1])
+def test_a_first_look_cut_after_its_probe_measures_no_more_and_gives_its_rest_back(measured_log, tmp_path, cut_task):
+    """The rest of a look is measured only where go_on says so, asked once the probe's results are
+    in; what is cut is neither measured nor spent on other rounds: the session ends sooner."""
+    out = tmp_path / "cut.jsonl"
+    cut = _CutTask(cut_task)
+    s = _replay(measured_log, out, "random", 16, workloads=(SMALL, OTHER), warmup_batch=8, scheduler="round-robin",
+                first_look_cut=cut)
+    keys = [r.workload.key for r in records.load(out).records]
+    counts = [keys.count(wl.key) for wl in (SMALL, OTHER)]
+    assert sorted(cut.asked) == [(0, 2), (1, 2)]           # each asked once, its two probe results in
+    assert counts == [2 if k == cut_task else 8 for k in range(2)]
+    assert s.trials == len(keys) == sum(counts)
+    assert keys[:2] == [SMALL.key] * 2 and len(set(keys[:counts[0]])) == 1     # a look's batches stay together
+
+
 @pytest.mark.slow
 def test_a_first_look_larger_than_the_policys_first_batch_is_measured_whole(measured_log, tmp_path):
     """With a pre-trained model, evolutionary search proposes small first batches (8); a task whose

@@ -714,8 +714,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dense layers reading one activation (Q, K and V projections) as one GEMM, or not; "
                         "default: as the model tune in --log timed both ways, else not")
     c.add_argument("--quick", type=int, metavar="N",
-                   help="first measure N candidates of each task (its default and the cost model's top picks): a "
-                        "short tune appended to the first --log, else to OUTPUT.jsonl beside the compiled model")
+                   help="first measure N candidates of each task (its default and the cost model's top picks; "
+                        "2 of a task under 1%% of the model): a short tune appended to the first --log, else to "
+                        "OUTPUT.jsonl beside the compiled model")
     c.add_argument("--time-limit", type=float, help="with --quick: stop measuring after this many seconds")
     c.add_argument("-v", "--verbose", action="store_true", help="say what each step does")
     c.set_defaults(fn=_cmd_compile)

@@ -89,6 +89,12 @@ TUNED_TRIALS = 20
 # tuning finds: sixteen looks give it a fair first price. After the first look the scheduler
 # weighs them like any task (docs/model-tuning-history.md).
 FIRST_LOOK = {"layout_transform": 1, "winograd_gemm": 16}
+# A tune of first looks only (compile --quick) measures a task's first MINOR_PROBE candidates (its
+# default and the next: a seed or the cost model's first pick) and stops there when it turns out
+# minor: under MINOR_SHARE of the model's time so far (every measured task's best x occurrences),
+# while the tasks so stopped stay under MINOR_TOTAL together. A task with MAJOR_FLOPS of the
+# model's FLOPs or more is measured whole at once (MinorTasks).
+MINOR_PROBE, MINOR_SHARE, MINOR_TOTAL, MAJOR_FLOPS = 2, 0.01, 0.05, 0.03
 # A task outside the plan whose conv layout, priced at equal effort (projected_prices), would cost
 # under EXPLORE_RATIO x the layout the plan chose gets its full weight, like a task of the plan,
 # until its own trials say otherwise: without it the layout tuned first keeps the plan. Alone it
@@ -389,12 +395,44 @@ def cold_prices(tasks, tgt, known: dict | None = None, progress: bool = True,
     return out
 
 
+class MinorTasks:
+    """The FirstLookCut of a tune of first looks only (MINOR_PROBE and the rest above)."""
+
+    def __init__(self, pairs: list):
+        self.flops = sum(wl.flops * w for wl, w in pairs)
+        self.cut: dict = {}          # workload key -> its best x occurrences when its look was cut
+
+    def probe(self, tasks: list, k: int) -> int:
+        s = tasks[k]
+        return 0 if s.workload.flops * s.weight >= MAJOR_FLOPS * self.flops else MINOR_PROBE
+
+    def go_on(self, tasks: list, k: int) -> bool:
+        s, total = tasks[k], self.total(tasks)
+        mine = s.best_latency * s.weight
+        if not math.isfinite(mine) or mine >= MINOR_SHARE * total or sum(self.cut.values()) + mine >= MINOR_TOTAL * total:
+            return True
+        self.cut[s.workload.key] = mine
+        return False
+
+    @staticmethod
+    def total(tasks: list) -> float:
+        """The model's time so far: each measured task's best x occurrences."""
+        return sum(t.best_latency * t.weight for t in tasks if math.isfinite(t.best_latency))
+
+    def describe(self, tasks: list) -> str:
+        share = sum(self.cut.values()) / self.total(tasks) if self.cut else 0.0
+        n = len(self.cut)
+        return f"{n} minor task{'s' if n != 1 else ''} ({100 * share:.1f}% of the model together) measured " \
+               f"{MINOR_PROBE} candidates each"
+
+
 def quick_tune(model, per_task: int, log: str, layout: str | None = None, input_shapes: dict | None = None,
                plan_logs=(), use_shipped: bool = True, **kwargs) -> ModelTuneResult:
     """`tuner compile --quick N`: a model tune in which every task has its first look only, N
     candidates: the default schedule, its record for another thread count, and what the cost model
     (the shipped pre-trained one) ranks first; FIRST_LOOK's fixed looks up to N (a Winograd GEMM's
-    16 price a layout a tune may drop, and a quick tune's plan is fixed). The tasks
+    16 price a layout a tune may drop, and a quick tune's plan is fixed); a minor task's look stops
+    after its default and one more (MinorTasks). The tasks
     are those of the layout plan the compile would apply (`plan_logs`, `log`, then the shipped
     database; one of another thread count too), else of the default plan (`layout` None: the
     compile's, graph.layout_plan.default_plan) or of `layout` alone; where that compile pads conv
@@ -626,7 +664,7 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
     to those layouts (compile --quick tunes the plan the compile will apply; record_plan=False: no
     plan checked or appended, for a compile that applies its own). trials=None: every
     task's first look only (FIRST_LOOK's, at most `look_cap` where given, else `warmup_batch`
-    candidates). contenders: {workload
+    candidates; a minor task's stops after MINOR_PROBE: MinorTasks). contenders: {workload
     key: [steps]} timed in its task's heat too (tune_dynamic: the schedules of a larger bucket).
     name: the model's name in the plan (default: the built-in name or path; a Graph's own name).
     handover: (tasks, RunConfig, log, the last plan's ends) -> the plan's `ends`, after the heats
@@ -645,7 +683,8 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
     space = model_layouts(graph, tuple(layouts)).restricted(plan or {})   # plan: the convs it names fixed
     pairs = space.workloads()
     looks = {op: n if look_cap is None else min(n, look_cap) for op, n in FIRST_LOOK.items()}
-    if trials is None:          # first looks only (compile --quick): the largest share of the model's
+    looks_only = trials is None
+    if looks_only:              # first looks only (compile --quick): the largest share of the model's
         pairs.sort(key=lambda p: -p[0].flops * p[1])     # FLOPs first, so that a time limit cuts the least
         trials = sum(looks.get(wl.op, warmup_batch) for wl, _ in pairs)
     if trials < len(pairs):
@@ -676,9 +715,12 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
                                               f"{plan_summary(plan.layouts)}")
 
     config = dataclasses.replace(kwargs.pop("run_config", None) or RunConfig(), cold_weights=weights == "cold")
+    minor = MinorTasks(pairs) if looks_only else None
     session = tune(pairs, target=tgt, trials=trials, log=log, policy=policy, batch_size=batch_size,
                    scheduler="gradient", warmup_batch=first_look, run_config=config,
-                   callbacks=[RoundHook(on_round)], **kwargs)
+                   callbacks=[RoundHook(on_round)], first_look_cut=minor, **kwargs)
+    if minor is not None and minor.cut and kwargs.get("progress", True):
+        print(f"first looks: {minor.describe(session.tasks)}", flush=True)
     here = measured_here(kwargs)
     if here and not session.interrupted:
         confirm_bests(session.tasks, tgt, log, config, kwargs.get("progress", True), kwargs.get("seed", 0),

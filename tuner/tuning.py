@@ -75,6 +75,8 @@ class TuneOptions:
     replay: str | None = None
     # measure on a Dask cluster: a scheduler's address, local:N (N workers here) or a Cluster; the log stays here
     cluster: str | Cluster | None = None
+    # which first looks stop after their first candidates (FirstLookCut; None: every look whole)
+    first_look_cut: FirstLookCut | None = None
     # a progress bar on stderr (the session's messages, on stdout, print either way)
     progress: bool = True
 
@@ -229,6 +231,20 @@ def tune_op(workload: str | Workload, layout: str | None = None, target: str | T
                 threads=threads, runner=runner, callbacks=callbacks).tasks[0]
 
 
+class FirstLookCut(Protocol):
+    """A first look in two parts: the task's first `probe` candidates (its default first) are
+    measured, and the rest of the look only where `go_on` says so, asked once those are in (a
+    runner that measures ahead, a cluster's, is sent the rest before: no look is cut there). What
+    a look does not measure leaves the session's budget: the session ends sooner rather than
+    spending it on other rounds. `tasks` are the session's TuneSummaries, `k` the task's index."""
+
+    def probe(self, tasks: list, k: int) -> int:
+        """Candidates measured before `go_on` is asked (0: the look is measured whole)."""
+
+    def go_on(self, tasks: list, k: int) -> bool:
+        """Whether the task's look measures the rest of its candidates."""
+
+
 class MeasureCallback(Protocol):
     """What a session does after each result and each round, besides proposing and measuring. A
     class that subclasses it keeps the no-op methods it does not define. `loop` is the session's:
@@ -340,6 +356,7 @@ class _Loop:
         self.runner = self.bar = self.stop = None     # set by run()
         self.start = 0.0
         self.rnd, self.no_more = None, False     # the round being proposed; the scheduler has ended the session
+        self.cut = 0                     # candidates of first looks that options.first_look_cut left out
 
     def _resume(self, wl, weight, contents) -> int:
         """Add `wl`'s task, with what the log holds of it; the number of its records timed with the
@@ -438,20 +455,41 @@ class _Loop:
         proposed, the time is up or the scheduler ends the session."""
         while len(sent) <= self.runner.ahead and not self.no_more and not self._out_of_time():
             self._check_stop()
-            left = self.options.trials - self.session.trials - sum(len(b) for _, b, _ in sent)
+            self._cut_look(sent)
+            left = self.options.trials - self.session.trials - sum(len(b) for _, b, _ in sent) - self.cut
             if left <= 0:
                 return
             rnd = self._open_round(sent)
             if rnd is None:
                 return
-            batch = self._propose(rnd.state, min(rnd.todo, left))
-            rnd.todo -= len(batch)
-            rnd.closed = not batch or not rnd.first_look or rnd.todo <= 0
+            if rnd.held:            # the rest of a first look, its probe measured
+                batch, rnd.held = rnd.held, []
+            else:
+                batch = self._propose(rnd.state, min(rnd.todo, left))
+                rnd.todo -= len(batch)
+                cut = self.options.first_look_cut
+                n = cut.probe(self.session.tasks, rnd.k) if cut is not None and rnd.first_look and not rnd.batches \
+                    else 0
+                if 0 < n < len(batch):
+                    batch, rnd.held = batch[:n], batch[n:]
+            rnd.closed = not batch or not rnd.first_look or (rnd.todo <= 0 and not rnd.held)
             if batch:
                 rnd.batches += 1
                 sent.append((rnd, batch, self.runner.measure(rnd.state.task, batch)))
             elif not _in_flight(sent, rnd):
                 self._end_round(rnd)
+
+    def _cut_look(self, sent: collections.deque):
+        """Once the probe of the open first look is in, its rest is measured, or cut where
+        options.first_look_cut says so: the round ends, and the budget shrinks by what it left."""
+        rnd = self.rnd
+        if rnd is None or rnd.closed or not rnd.held or _in_flight(sent, rnd) \
+                or self.options.first_look_cut.go_on(self.session.tasks, rnd.k):
+            return
+        self.cut += len(rnd.held) + rnd.todo
+        self.bar.total -= len(rnd.held) + rnd.todo
+        rnd.held, rnd.todo, rnd.closed = [], 0, True
+        self._end_round(rnd)
 
     def _open_round(self, sent: collections.deque) -> _Round | None:
         """The round to propose for: the last one while it takes more batches, else a new one of the
@@ -589,6 +627,7 @@ class _Round:
     todo: int                    # candidates it still wants
     batches: int = 0             # proposed
     closed: bool = False         # proposes no more batches
+    held: list = field(default_factory=list)     # proposed, measured once its probe is in (FirstLookCut)
     ok: bool = False             # a candidate of it measured OK
     ended: bool = False          # the scheduler has heard of it
 
@@ -631,5 +670,5 @@ def _clock(seconds: float) -> str:
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
-__all__ = ["tune", "tune_op", "TuneOptions", "TuneSummary", "Session", "Candidate", "default_log", "MeasureCallback",
-           "AppendToLog", "UpdateSummary", "UpdatePolicy", "RoundHook", "ShowProgress"]
+__all__ = ["tune", "tune_op", "TuneOptions", "TuneSummary", "Session", "Candidate", "default_log", "FirstLookCut",
+           "MeasureCallback", "AppendToLog", "UpdateSummary", "UpdatePolicy", "RoundHook", "ShowProgress"]

@@ -7,14 +7,18 @@ within its limit (LIMIT_S: 60 s, and 15 s per kernel) is built kernel by kernel,
 """
 from __future__ import annotations
 
+import collections
+import hashlib
 import os
+import re
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..codegen.c import PRELUDE
 from ..target import Target
-from ..toolchain.cc import RAN_PAST, compile_library
+from ..toolchain.cc import RAN_PAST, cache_root, compile_library
 
 LIMIT_S = (60.0, 15.0)     # seconds a compiler call of a batch may take: a base, and per kernel in it
 
@@ -62,9 +66,19 @@ int tuner_time(int i, float** args, int number, int repeat, double min_repeat_ms
 }
 #if defined(__x86_64__) || defined(__i386__)
 #include <emmintrin.h>
+#include <cpuid.h>
+/* clflushopt where the CPU has it (CPUID.7.0:EBX bit 23; Intel since Skylake, every AMD Zen): the
+   same lines leave every cache level as with clflush, which waits on each line in turn and took
+   15x as long over megabytes of weights; the fence after the loop waits for them all. */
+__attribute__((target("clflushopt"))) static void tuner_evict_opt(const char* c, long long n) {
+  for (long long k = 0; k < n; k += 64) __builtin_ia32_clflushopt((void*)(c + k));
+}
 static void tuner_evict(const void* p, long long n) {
+  static int opt = -1;
   const char* c = (const char*)p;
-  for (long long k = 0; k < n; k += 64) _mm_clflush(c + k);
+  if (opt < 0) { unsigned a, b, cx, d; opt = __get_cpuid_count(7, 0, &a, &b, &cx, &d) && (b >> 23 & 1); }
+  if (opt) tuner_evict_opt(c, n);
+  else for (long long k = 0; k < n; k += 64) _mm_clflush(c + k);
   _mm_mfence();
 }
 #else
@@ -111,24 +125,52 @@ def library_source(functions: list) -> str:
     return PRELUDE + body + HARNESS % {"table": table, "count": len(functions)}
 
 
+# The libraries this process built, by kernel (its source under any name) and flags: a kernel
+# built once in a session (a tune's trial) is not built again for its second timing (a heat's, a
+# cold price's) while its library is still there; a library's kernels are called by index, not by
+# name. Bounded; the oldest go first.
+_BUILT: collections.OrderedDict = collections.OrderedDict()
+BUILT_MAX = 4096
+_BUILT_LOCK = threading.Lock()
+
+
+def _built_key(name: str, source: str, flags: list) -> str:
+    where = [os.environ.get("CC", "gcc"), str(cache_root())]        # another compiler or cache builds anew
+    kernel = re.sub(rf"\b{re.escape(name)}\b", "KERNEL", source)
+    return hashlib.sha256("\0".join([kernel, *flags, *where]).encode()).hexdigest()
+
+
 def build_batch(functions: list, target: Target, openmp: bool = False, jobs: int | None = None) -> list:
-    """Compile [(name, source)] into libraries, `jobs` compiler calls at once (one per core).
+    """Compile [(name, source)] into libraries, `jobs` compiler calls at once (one per core); a
+    function this process built before keeps its library (_BUILT).
 
     Returns one BuildResult per function, in order.
     """
     if not functions:
         return []
     flags = list(target.cflags) + (["-fopenmp"] if openmp else [])
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(functions)))
-    groups = [list(range(k, len(functions), jobs)) for k in range(jobs)]
-    results: list = [None] * len(functions)
+    keys = [_built_key(name, src, flags) for name, src in functions]
+    with _BUILT_LOCK:
+        results: list = [_BUILT.get(k) for k in keys]
+    results = [r if r is not None and os.path.exists(r.lib) else None for r in results]
+    todo = [i for i, r in enumerate(results) if r is None]
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo)))
+    groups = [todo[k::jobs] for k in range(jobs)]
 
     def build_group(idx: list):
         start = time.perf_counter()
         _build_range(functions, idx, flags, results, start)
 
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        list(pool.map(build_group, groups))
+    if todo:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            list(pool.map(build_group, groups))
+    with _BUILT_LOCK:
+        for i in todo:
+            if results[i].error is None:
+                _BUILT[keys[i]] = results[i]
+                _BUILT.move_to_end(keys[i])
+        while len(_BUILT) > BUILT_MAX:
+            _BUILT.popitem(last=False)
     return results
 
 
