@@ -138,9 +138,10 @@ def test_a_compiler_call_that_outgrows_its_memory_cap_fails_its_kernel_alone(tmp
 
 def test_a_kernel_built_before_in_this_process_keeps_its_library_while_the_library_is_there(tmp_cache, monkeypatch):
     """A heat's second timing of a tune's kernel is not compiled again: build_batch hands back the
-    library and index it built, whatever the kernel's name; a library gone, or another cache,
-    builds anew."""
+    library and index it built, whatever the kernel's name; a library gone or changed, or another
+    cache, builds anew."""
     from tuner.measure import builder
+    from tuner.toolchain.library import verified
     if not shutil.which("gcc"):
         pytest.skip("no gcc")
     calls = []
@@ -154,9 +155,12 @@ def test_a_kernel_built_before_in_this_process_keeps_its_library_while_the_libra
     Path(first[0].lib).unlink()
     rebuilt = builder.build_batch([KERNELS[0]], TARGET1)
     assert len(calls) == 2 and rebuilt[0].error is None and Path(rebuilt[0].lib).exists()
+    Path(rebuilt[0].lib).write_bytes(Path(rebuilt[0].lib).read_bytes()[:1000])      # changed on disk
+    again = builder.build_batch([KERNELS[0]], TARGET1)
+    assert len(calls) == 3 and verified(again[0].lib)
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_cache.parent / "other"))
     builder.build_batch([KERNELS[0]], TARGET1)
-    assert len(calls) == 3
+    assert len(calls) == 4
 
 
 def test_two_libraries_for_one_source_are_warned_of_and_the_stranger_removed(tmp_path, tmp_cache):

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from ..codegen.c import PRELUDE
 from ..target import Target
 from ..toolchain.cc import RAN_PAST, cache_root, compile_library
+from ..toolchain.library import verified
 
 LIMIT_S = (60.0, 15.0)     # seconds a compiler call of a batch may take: a base, and per kernel in it
 
@@ -127,8 +128,8 @@ def library_source(functions: list) -> str:
 
 # The libraries this process built, by kernel (its source under any name) and flags: a kernel
 # built once in a session (a tune's trial) is not built again for its second timing (a heat's, a
-# cold price's) while its library is still there; a library's kernels are called by index, not by
-# name. Bounded; the oldest go first.
+# cold price's) while its library is there with the bytes its name promises; a library's kernels
+# are called by index, not by name. Bounded; the oldest go first.
 _BUILT: collections.OrderedDict = collections.OrderedDict()
 BUILT_MAX = 4096
 _BUILT_LOCK = threading.Lock()
@@ -152,7 +153,7 @@ def build_batch(functions: list, target: Target, openmp: bool = False, jobs: int
     keys = [_built_key(name, src, flags) for name, src in functions]
     with _BUILT_LOCK:
         results: list = [_BUILT.get(k) for k in keys]
-    results = [r if r is not None and os.path.exists(r.lib) else None for r in results]
+    results = [r if r is not None and verified(r.lib) else None for r in results]     # (gone or changed: built anew)
     todo = [i for i, r in enumerate(results) if r is None]
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo)))
     groups = [todo[k::jobs] for k in range(jobs)]
