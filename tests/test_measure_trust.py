@@ -3,6 +3,7 @@ compiler call that does not finish or takes too much memory fails its kernel alo
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -150,8 +151,10 @@ def test_a_kernel_built_before_in_this_process_keeps_its_library_while_the_libra
     first = builder.build_batch([KERNELS[0], KERNELS[2]], TARGET1, jobs=1)
     assert len(calls) == 1 and not any(b.error for b in first)
     renamed = ("g0", KERNELS[0][1].replace("f0", "g0"))       # another Task's name for the same kernel
+    os.utime(first[0].lib, (1e9, 1e9))
     again = builder.build_batch([KERNELS[2], renamed], TARGET1, jobs=2)
     assert len(calls) == 1 and [(b.lib, b.index) for b in again] == [(first[1].lib, 1), (first[0].lib, 0)]
+    assert os.path.getmtime(first[0].lib) > time.time() - 600       # used now: the prune keeps it
     Path(first[0].lib).unlink()
     rebuilt = builder.build_batch([KERNELS[0]], TARGET1)
     assert len(calls) == 2 and rebuilt[0].error is None and Path(rebuilt[0].lib).exists()

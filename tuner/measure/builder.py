@@ -15,10 +15,11 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..codegen.c import PRELUDE
 from ..target import Target
-from ..toolchain.cc import RAN_PAST, cache_root, compile_library
+from ..toolchain.cc import RAN_PAST, cache_root, compile_library, touch
 from ..toolchain.library import verified
 
 LIMIT_S = (60.0, 15.0)     # seconds a compiler call of a batch may take: a base, and per kernel in it
@@ -154,6 +155,9 @@ def build_batch(functions: list, target: Target, openmp: bool = False, jobs: int
     with _BUILT_LOCK:
         results: list = [_BUILT.get(k) for k in keys]
     results = [r if r is not None and verified(r.lib) else None for r in results]     # (gone or changed: built anew)
+    for r in results:
+        if r is not None:
+            touch(Path(r.lib))                          # used now, as a cache hit is: not pruned under it
     todo = [i for i, r in enumerate(results) if r is None]
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo)))
     groups = [todo[k::jobs] for k in range(jobs)]

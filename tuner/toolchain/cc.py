@@ -148,7 +148,8 @@ def prune_cache(limit: int | None = None, keep_s: float = IN_USE_S) -> tuple:
     return removed, freed
 
 
-def _touch(p: Path) -> None:
+def touch(p: Path) -> None:
+    """Mark a cached file used now (the prune keeps what was used within IN_USE_S)."""
     try:
         os.utime(p)
     except OSError:
@@ -251,7 +252,7 @@ def cached_build(source: str, flags: list, tool: tuple, src_suffix: str, suffix:
     d = cache_dir(LIBRARY_DIRS[suffix])
     cached, others = cached_library(d, digest, suffix)
     if cached is not None:
-        _touch(cached)                  # its last use, which the prune goes by
+        touch(cached)                  # its last use, which the prune goes by
         return str(cached), None
     try:
         with tempfile.TemporaryDirectory(prefix=".build-", dir=d) as tmp:
