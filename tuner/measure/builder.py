@@ -8,9 +8,7 @@ within its limit (LIMIT_S: 60 s, and 15 s per kernel) is built kernel by kernel,
 from __future__ import annotations
 
 import collections
-import hashlib
 import os
-import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +17,7 @@ from pathlib import Path
 
 from ..codegen.c import PRELUDE
 from ..target import Target
+from ..task import code_hash
 from ..toolchain.cc import RAN_PAST, cache_root, compile_library, touch
 from ..toolchain.library import verified
 
@@ -138,8 +137,7 @@ _BUILT_LOCK = threading.Lock()
 
 def _built_key(name: str, source: str, flags: list) -> str:
     where = [os.environ.get("CC", "gcc"), str(cache_root())]        # another compiler or cache builds anew
-    kernel = re.sub(rf"\b{re.escape(name)}\b", "KERNEL", source)
-    return hashlib.sha256("\0".join([kernel, *flags, *where]).encode()).hexdigest()
+    return "\0".join([code_hash(source, name), *flags, *where])
 
 
 def build_batch(functions: list, target: Target, openmp: bool = False, jobs: int | None = None) -> list:
