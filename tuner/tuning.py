@@ -486,8 +486,9 @@ class _Loop:
         if rnd is None or rnd.closed or not rnd.held or _in_flight(sent, rnd) \
                 or self.options.first_look_cut.go_on(self.session.tasks, rnd.k):
             return
-        self.cut += len(rnd.held) + rnd.todo
-        self.bar.total -= len(rnd.held) + rnd.todo
+        left = len(rnd.held) + rnd.todo
+        self.cut += left
+        self.bar.total -= left
         rnd.held, rnd.todo, rnd.closed = [], 0, True
         self._end_round(rnd)
 
