@@ -98,7 +98,7 @@ def _fake_compiler(tmp_path, on_marker: str) -> str:
     return str(script)
 
 
-KERNELS = [(f"f{k}", f"{'/* RUNAWAY */ ' if k == 1 else ''}static int f{k}(float** a) {{ (void)a; return {k}; }}\n")
+KERNELS = [(f"f{k}", f"{'/* RUNAWAY */ ' if k == 1 else ''}int f{k}(float** a) {{ (void)a; return {k}; }}\n")
            for k in range(3)]
 
 
@@ -111,14 +111,14 @@ def test_a_kernel_the_compiler_does_not_finish_is_stopped_with_its_passes_and_fa
     pids = tmp_path / "pids"
     monkeypatch.setattr(cc, "compiler", lambda: (_fake_compiler(tmp_path, f"sleep 300 & echo $! >> {pids}; wait"),
                                                  "fake 1"))
-    monkeypatch.setattr(builder, "LIMIT_S", (1.0, 0.5))
+    monkeypatch.setattr(builder, "LIMIT_S", 1.5)
     t = time.monotonic()
     built = builder.build_batch(KERNELS, TARGET1, jobs=1)
     assert time.monotonic() - t < 60
     assert [b.error is None for b in built] == [True, False, True]
     assert built[1].error.startswith(cc.RAN_PAST)
     started = [int(x) for x in pids.read_text().split()]
-    assert len(started) == 2       # the batch, then the kernel alone: each stopped with the pass it started
+    assert len(started) == 1       # the kernel alone, stopped with the pass it started
     for pid in started:
         stat = Path(f"/proc/{pid}/stat")
         assert not stat.exists() or stat.read_text().split(") ")[1][0] in "ZX", f"process {pid} still runs"
@@ -137,33 +137,41 @@ def test_a_compiler_call_that_outgrows_its_memory_cap_fails_its_kernel_alone(tmp
     assert "MemoryError" in built[1].error
 
 
-def test_a_kernel_built_before_in_this_process_keeps_its_library_while_the_library_is_there(tmp_cache, monkeypatch):
-    """A heat's second timing of a tune's kernel is not compiled again: build_batch hands back the
-    library and index it built, whatever the kernel's name; a library gone or changed, or another
-    cache, builds anew."""
+def test_a_kernel_compiled_before_is_linked_again_not_compiled_again_while_its_object_is_sound(tmp_cache, monkeypatch):
+    """A heat's second timing of a tune's kernel, or a compiled model's, does not compile it again:
+    each kernel is an object named by its code, whatever the caller named it, linked into each
+    batch's library, which runs each kernel by its index; an object gone or changed, or another
+    cache, compiles anew."""
     from tuner.measure import builder
-    from tuner.toolchain.library import verified
+    from tuner.toolchain import cc
+    from tuner.toolchain.library import open_library, pointer_array
     if not shutil.which("gcc"):
         pytest.skip("no gcc")
-    calls = []
-    real = builder.compile_library
-    monkeypatch.setattr(builder, "compile_library", lambda src, *a: calls.append(src) or real(src, *a))
-    first = builder.build_batch([KERNELS[0], KERNELS[2]], TARGET1, jobs=1)
-    assert len(calls) == 1 and not any(b.error for b in first)
-    renamed = ("g0", KERNELS[0][1].replace("f0", "g0"))       # another Task's name for the same kernel
-    os.utime(first[0].lib, (1e9, 1e9))
-    again = builder.build_batch([KERNELS[2], renamed], TARGET1, jobs=2)
-    assert len(calls) == 1 and [(b.lib, b.index) for b in again] == [(first[1].lib, 1), (first[0].lib, 0)]
-    assert os.path.getmtime(first[0].lib) > time.time() - 600       # used now: the prune keeps it
-    Path(first[0].lib).unlink()
-    rebuilt = builder.build_batch([KERNELS[0]], TARGET1)
-    assert len(calls) == 2 and rebuilt[0].error is None and Path(rebuilt[0].lib).exists()
-    Path(rebuilt[0].lib).write_bytes(Path(rebuilt[0].lib).read_bytes()[:1000])      # changed on disk
-    again = builder.build_batch([KERNELS[0]], TARGET1)
-    assert len(calls) == 3 and verified(again[0].lib)
+    compiles = []             # the kernel sources the compiler ran on
+    real = cc.run_limited
+    monkeypatch.setattr(cc, "run_limited", lambda cmd, *a: compiles.extend(
+        Path(x).read_text() for x in cmd if x.endswith(".c") and "tuner_table" not in Path(x).read_text()) or real(cmd, *a))
+
+    def built(*kernels, jobs=1):
+        out = builder.build_batch(list(kernels), TARGET1, jobs=jobs)
+        return [(b.index, open_library(b.lib).tuner_run(b.index, pointer_array([]))) for b in out]
+
+    assert built(KERNELS[0], KERNELS[2]) == [(0, 0), (1, 2)] and len(compiles) == 2
+    kernel_objects = [o for o in (tmp_cache / "objects").glob("*.o") if b"tuner_table" not in o.read_bytes()
+                      and b"tk_" in o.read_bytes()]
+    old = time.time() - 7200
+    for o in kernel_objects:
+        os.utime(o, (old, old))
+    renamed = ("g0", KERNELS[0][1].replace("f0", "g0"))                 # another Task's name for the same kernel
+    assert built(KERNELS[2], renamed, KERNELS[2], jobs=2) == [(0, 2), (1, 0), (0, 2)] and len(compiles) == 2
+    assert len(kernel_objects) == 2 and all(o.stat().st_mtime > old + 60 for o in kernel_objects)   # used now: kept
+    kernel_objects[0].unlink()                                          # gone: compiled anew
+    assert sorted(built(KERNELS[0], KERNELS[2])) == [(0, 0), (1, 2)] and len(compiles) == 3
+    for o in (tmp_cache / "objects").glob("*.o"):
+        o.write_bytes(o.read_bytes()[:100])                             # changed on disk: never linked
+    assert built(KERNELS[0], KERNELS[2]) == [(0, 0), (1, 2)] and len(compiles) == 5
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_cache.parent / "other"))
-    builder.build_batch([KERNELS[0]], TARGET1)
-    assert len(calls) == 4
+    assert built(KERNELS[0]) == [(0, 0)] and len(compiles) == 6
 
 
 def test_two_libraries_for_one_source_are_warned_of_and_the_stranger_removed(tmp_path, tmp_cache):
@@ -253,3 +261,30 @@ def test_the_fraction_of_peak_pairs_each_round_with_the_peak_timed_in_it():
     assert fraction_of_peak(2.0, [1.0, 0.5, 0.25], [4.0, 2.0, 16.0]) == 0.5
     with pytest.raises(ValueError):
         fraction_of_peak(2.0, [1.0, 0.5], [4.0])
+
+
+def test_a_compiled_model_links_the_objects_a_tune_built_and_timed_for_its_kernels(tmp_cache, monkeypatch):
+    """A model's kernel is named by its code, as the builder names a tune's candidate: a model
+    compiled after its tasks' candidates were built compiles none of them again."""
+    from tuner.graph.models import tiny
+    from tuner.graph.passes import optimize
+    from tuner.measure import builder
+    from tuner.task import Task
+    from tuner.toolchain import cc
+    if not shutil.which("gcc"):
+        pytest.skip("no gcc")
+    g = tiny()
+    tasks = [Task(t.workload, TARGET1) for t in optimize(g, layout="NCHW16c").meta["tasks"] if t.tunable]
+    cands = [t.default_candidate() for t in tasks]
+    assert cands and not any(b.error for b in builder.build_batch(
+        [(c.func_name, c.source, c.openmp) for c in cands], TARGET1))
+    compiled = []
+    real = cc.run_limited
+    monkeypatch.setattr(cc, "run_limited", lambda cmd, *a: compiled.extend(
+        Path(x).read_text() for x in cmd if x.endswith(".c")) or real(cmd, *a))
+    from tuner.compiler import compile_model
+    m = compile_model(g, target=str(TARGET1), layout="NCHW16c", use_shipped=False, predict=False)
+    tuned = [s for s in m.steps if s.workload_key is not None]
+    assert {s.code_hash for s in tuned} == {c.code_hash for c in cands}
+    assert all(s.func == f"tk_{s.code_hash}" for s in tuned)
+    assert compiled and not any(f"tk_{c.code_hash}(float** restrict args) {{" in src for c in cands for src in compiled)

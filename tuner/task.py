@@ -62,10 +62,20 @@ SPACES = {"cpu": SearchSpace, "cuda": GpuSearchSpace}
 CODEGEN = {"cpu": _c_code, "cuda": _cuda_code}
 
 
+def _renamed(source: str, func_name: str, name: str) -> str:
+    return re.sub(rf"\b{re.escape(func_name)}\b", name, source)
+
+
 def code_hash(source: str, func_name: str) -> str:
     """Hash of the code with its function name removed: equal code, equal hash."""
-    body = re.sub(rf"\b{re.escape(func_name)}\b", "KERNEL", source)
-    return hashlib.sha256(body.encode()).hexdigest()[:20]
+    return hashlib.sha256(_renamed(source, func_name, "KERNEL").encode()).hexdigest()[:20]
+
+
+def by_code(func_name: str, source: str) -> tuple:
+    """(name, source) of a kernel named by its code (tk_ and its code hash), as a tune builds it and a
+    compiled model links it: one cached object serves both, whatever either called it."""
+    name = f"tk_{code_hash(source, func_name)}"
+    return name, _renamed(source, func_name, name)
 
 
 class Task:

@@ -51,7 +51,7 @@ from ..schedule.schedule import Schedule, ScheduleError, replay
 from ..search.predict import Predictor
 from ..space.sketch import FOREIGN, SearchSpace
 from ..target import Target, parse_target
-from ..task import Task, code_hash
+from ..task import Task, by_code, code_hash
 from ..te import layouts as L
 from ..te.dynamic import DynamicError, box, described, fit_dims, fit_table, monomials, with_bodies
 from ..te.expr import Call, Load, coefficient, walk
@@ -883,6 +883,8 @@ def _lower_groups(g: Graph, io: _Interface, db, tgt, choose, say, predictor=None
             kern, args, sched, over = _generic_group(g, grp.nodes, ins, out_v, tgt, func, dims,
                                                      _dying_inputs(ins, out_v, gi, io, group_of), generic)
             where, label, expected = GENERIC, f"{group_summary(g, grp.nodes)} -> {out_v.type_str()}", None
+        if not versions:               # named by its code: the object a tune built and timed is linked
+            kern = Kernel(*by_code(kern.func, kern.source), kern.openmp, kern.code_hash)
         kern = low.kernels.setdefault(kern.code_hash, kern)
         anchor = g.nodes[grp.anchor] if grp.anchor is not None else g.nodes[grp.nodes[0]]
         low.steps.append(Step(gi, group_summary(g, grp.nodes), anchor.name, kern.func, [], label,

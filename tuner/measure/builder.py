@@ -1,27 +1,24 @@
-"""Batched builds: many kernels in one C file, one compiler call (toolchain.cc), one library.
+"""Batched builds: each kernel compiled alone into a cached object, a batch linked into one library.
 
-Each library exports `tuner_count`, `tuner_run(i, args)` and `tuner_time(i, ...)`, a timing
-loop in C, so a runner never times a tiny call from a Python loop. When a batch fails to compile
-it is bisected so that one bad candidate only costs itself; a batch the compiler does not finish
-within its limit (LIMIT_S: 60 s, and 15 s per kernel) is built kernel by kernel, each with its own.
+A kernel is named by its code (task.by_code), as a compiled model names it, so the object a tune
+built and timed is the one the model links, and a kernel a tune, a heat or a model compiled before
+is not compiled again. Each library exports `tuner_count`, `tuner_run(i, args)` and
+`tuner_time(i, ...)`, a timing loop in C, so a runner never times a tiny call from a Python loop: a
+harness object built once and a table of the batch's kernels. A kernel that fails to compile, or
+that the compiler does not finish within LIMIT_S, fails alone.
 """
 from __future__ import annotations
 
-import collections
-import os
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 from ..codegen.c import PRELUDE
-from ..target import Target
-from ..task import code_hash
-from ..toolchain.cc import RAN_PAST, cache_root, compile_library, touch
-from ..toolchain.library import verified
+from ..target import Target, host_cores
+from ..task import by_code
+from ..toolchain.cc import compile_object, link_objects
 
-LIMIT_S = (60.0, 15.0)     # seconds a compiler call of a batch may take: a base, and per kernel in it
+LIMIT_S = 75.0     # seconds a compiler call of one kernel may take
 
 # The one timing rule in C, for kernels (HARNESS) and compiled models (compiler):
 # warm up once, pick `number` so that one repeat lasts at least min_repeat_ms (number <= 0), then
@@ -58,8 +55,7 @@ static int tuner_number(int number, double once, double min_repeat_ms) {
 
 HARNESS = TIMING + r"""
 typedef int (*tuner_fn)(float**);
-static const tuner_fn tuner_table[] = { %(table)s };
-int tuner_count(void) { return %(count)d; }
+extern const tuner_fn tuner_table[];
 int tuner_run(int i, float** args) { return tuner_table[i](args); }
 int tuner_time(int i, float** args, int number, int repeat, double min_repeat_ms, int flush, double* costs) {
   tuner_fn f = tuner_table[i];
@@ -119,78 +115,54 @@ class BuildResult:
     seconds: float
 
 
-def library_source(functions: list) -> str:
-    """One C file holding `functions` ([(name, source)]) plus the run/time harness."""
-    body = "\n".join(src for _, src in functions)
-    table = ", ".join(name for name, _ in functions)
-    return PRELUDE + body + HARNESS % {"table": table, "count": len(functions)}
-
-
-# The libraries this process built, by kernel (its source under any name) and flags: a kernel
-# built once in a session (a tune's trial) is not built again for its second timing (a heat's, a
-# cold price's) while its library is there with the bytes its name promises; a library's kernels
-# are called by index, not by name. Bounded; the oldest go first.
-_BUILT: collections.OrderedDict = collections.OrderedDict()
-BUILT_MAX = 4096
-_BUILT_LOCK = threading.Lock()
-
-
-def _built_key(name: str, source: str, flags: list) -> str:
-    where = [os.environ.get("CC", "gcc"), str(cache_root())]        # another compiler or cache builds anew
-    return "\0".join([code_hash(source, name), *flags, *where])
+# a batch's own part of its library: its kernels, in the order tuner_run calls them by index
+TABLE = "typedef int (*tuner_fn)(float**);\n%(prototypes)sconst tuner_fn tuner_table[] = { %(table)s };\n" \
+        "int tuner_count(void) { return %(count)d; }\n"
 
 
 def build_batch(functions: list, target: Target, openmp: bool = False, jobs: int | None = None) -> list:
-    """Compile [(name, source)] into libraries, `jobs` compiler calls at once (one per core); a
-    function this process built before keeps its library (_BUILT).
-
-    Returns one BuildResult per function, in order.
-    """
+    """Build [(name, source)] or [(name, source, openmp)] (`openmp` where not given) for `target`:
+    each kernel an object (`jobs` compiler calls at once, default one per core), the batch one
+    library. Returns one BuildResult per function, in order."""
     if not functions:
         return []
-    flags = list(target.cflags) + (["-fopenmp"] if openmp else [])
-    keys = [_built_key(name, src, flags) for name, src in functions]
-    with _BUILT_LOCK:
-        results: list = [_BUILT.get(k) for k in keys]
-    results = [r if r is not None and verified(r.lib) else None for r in results]     # (gone or changed: built anew)
-    for r in results:
-        if r is not None:
-            touch(Path(r.lib))                          # used now, as a cache hit is: not pruned under it
-    todo = [i for i, r in enumerate(results) if r is None]
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(todo)))
-    groups = [todo[k::jobs] for k in range(jobs)]
+    flags = list(target.cflags)
+    kernels = [(*by_code(f[0], f[1]), bool(f[2] if len(f) > 2 else openmp)) for f in functions]
+    unique = list({name: (name, src, omp) for name, src, omp in kernels}.values())
 
-    def build_group(idx: list):
+    def compile_one(kernel):
+        _, src, omp = kernel
         start = time.perf_counter()
-        _build_range(functions, idx, flags, results, start)
+        path, err = compile_object(PRELUDE + src, flags + (["-fopenmp"] if omp else []), LIMIT_S)
+        return path, err, time.perf_counter() - start
 
-    if todo:
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            list(pool.map(build_group, groups))
-    with _BUILT_LOCK:
-        for i in todo:
-            if results[i].error is None:
-                _BUILT[keys[i]] = results[i]
-                _BUILT.move_to_end(keys[i])
-        while len(_BUILT) > BUILT_MAX:
-            _BUILT.popitem(last=False)
+    with ThreadPoolExecutor(max_workers=max(1, min(jobs or host_cores(), len(unique)))) as pool:
+        objects = dict(zip((k[0] for k in unique), pool.map(compile_one, unique)))
+    ok = [k for k in unique if objects[k[0]][1] is None]
+    libs = _link(ok, objects, flags) if ok else {}
+    results = []
+    for name, _, _ in kernels:
+        _, err, seconds = objects[name]
+        lib, index, link_err, link_s = libs.get(name, (None, 0, err, 0.0))
+        results.append(BuildResult(lib, index, link_err, seconds + link_s))
     return results
 
 
-def _build_range(functions, idx, flags, results, start):
-    lib, err = compile_library(library_source([functions[k] for k in idx]), flags, LIMIT_S[0] + LIMIT_S[1] * len(idx))
-    if lib is not None:
-        per = (time.perf_counter() - start) / len(idx)
-        for pos, k in enumerate(idx):
-            results[k] = BuildResult(lib, pos, None, per)
-        return
-    if len(idx) == 1:
-        results[idx[0]] = BuildResult(None, 0, err, time.perf_counter() - start)
-        return
-    if err.startswith(RAN_PAST):    # one kernel the compiler cannot finish: each alone, so only it pays the limit
-        for k in idx:
-            _build_range(functions, [k], flags, results, time.perf_counter())
-        return
-    half = len(idx) // 2
-    _build_range(functions, idx[:half], flags, results, time.perf_counter())
-    _build_range(functions, idx[half:], flags, results, time.perf_counter())
+def _link(kernels: list, objects: dict, flags: list) -> dict:
+    """{kernel name: (library, index, error, seconds)}: one library of `kernels` (their objects
+    compiled), else, where the link fails, each kernel in a library of its own."""
+    start = time.perf_counter()
+    omp = ["-fopenmp"] if any(k[2] for k in kernels) else []
+    harness, err = compile_object(PRELUDE + HARNESS, flags)
+    if err is not None:        # the machine works (compile_object checked): a bug of ours
+        raise RuntimeError(f"the timing harness does not compile: {err}")
+    table, err = compile_object(TABLE % {"prototypes": "".join(f"int {k[0]}(float**);\n" for k in kernels),
+                                         "table": ", ".join(k[0] for k in kernels), "count": len(kernels)}, flags)
+    if err is None:
+        lib, err = link_objects([harness, table, *(objects[k[0]][0] for k in kernels)], flags + omp)
+    if err is None:
+        share = (time.perf_counter() - start) / len(kernels)
+        return {k[0]: (lib, i, None, share) for i, k in enumerate(kernels)}
+    if len(kernels) == 1:
+        return {kernels[0][0]: (None, 0, err, time.perf_counter() - start)}
+    return {name: v for k in kernels for name, v in _link([k], objects, flags).items()}

@@ -206,36 +206,44 @@ def compile_library(source: str, flags: list, limit_s: float = BUILD_S) -> tuple
                         limit_s, memory_cap())
 
 
-def compile_parts(parts: list, flags: list) -> tuple:
-    """(path of the cached .so, None) or (None, compiler message) of a library linked from `parts`
-    ([(C source, its own extra flags)]), each compiled alone into a cached object, one compiler
-    per core: a library that differs from one built before in a few parts compiles only those
-    (a model's kernels between the compiles of a tune). Each object's bytes are checked against
-    its name as they are copied into the link's own directory, so the link reads what was checked."""
-    tool = compiler()
-    with ThreadPoolExecutor(max(1, min(len(parts), host_cores()))) as pool:
-        built = list(pool.map(lambda part: cached_build(
-            part[0], flags + part[1], tool, ".c", ".o", _check_compiler_works, "kernel objects",
-            lambda cc, fl, out, c_file: [cc, *fl, "-fPIC", "-c", "-o", str(out), str(c_file)], BUILD_S, memory_cap()),
-            parts))
-    errors = [err for _, err in built if err is not None]
-    if errors:
-        return None, errors[0]
-    objects = [Path(path) for path, _ in built]
-    extra = sorted({f for _, fl in parts for f in fl})
+def compile_object(source: str, flags: list, limit_s: float = BUILD_S) -> tuple:
+    """(path of the cached .o, None) or (None, compiler message); SetupError when the machine fails."""
+    return cached_build(source, flags, compiler(), ".c", ".o", _check_compiler_works, "kernel objects",
+                        lambda cc, fl, out, c_file: [cc, *fl, "-fPIC", "-c", "-o", str(out), str(c_file)],
+                        limit_s, memory_cap())
+
+
+def link_objects(objects: list, flags: list) -> tuple:
+    """(path of the cached .so linked from `objects` (cached .o paths), None) or (None, linker
+    message). Each object's bytes are checked against its name as they are copied into the link's
+    own directory, so the link reads what was checked."""
+    objects = [Path(o) for o in objects]
 
     def link(cc, fl, out, listing):
         copies = []
         for k, obj in enumerate(objects):
             if (data := verified_bytes(obj)) is None:
-                raise SetupError(f"kernel cache object {obj} changed while a model was linked from it; check who else "
-                                 "writes to the kernel cache (TUNER_CACHE_DIR) and compile again")
+                raise SetupError(f"kernel cache object {obj} changed while a library was linked from it; check who "
+                                 "else writes to the kernel cache (TUNER_CACHE_DIR) and build again")
             (copy := Path(listing).parent / f"{k}.o").write_bytes(data)
             copies.append(str(copy))
         return [cc, *fl, "-shared", "-o", str(out), *copies, "-lm"]
     # the link's "source" names its objects, whose names hold their bytes' hash
-    return cached_build("\n".join(o.name for o in objects), flags + extra, tool, ".txt", ".so", _check_compiler_works,
+    return cached_build("\n".join(o.name for o in objects), flags, compiler(), ".txt", ".so", _check_compiler_works,
                         "kernels", link, BUILD_S, memory_cap())
+
+
+def compile_parts(parts: list, flags: list) -> tuple:
+    """(path of the cached .so, None) or (None, compiler message) of a library linked from `parts`
+    ([(C source, its own extra flags)]), each compiled alone into a cached object, one compiler
+    per core: a library that differs from one built before in a few parts compiles only those
+    (a model's kernels between the compiles of a tune, whose candidates are these objects)."""
+    with ThreadPoolExecutor(max(1, min(len(parts), host_cores()))) as pool:
+        built = list(pool.map(lambda part: compile_object(part[0], flags + part[1]), parts))
+    errors = [err for _, err in built if err is not None]
+    if errors:
+        return None, errors[0]
+    return link_objects([path for path, _ in built], flags + sorted({f for _, fl in parts for f in fl}))
 
 
 def cached_build(source: str, flags: list, tool: tuple, src_suffix: str, suffix: str, check_works, what: str,
