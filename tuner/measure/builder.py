@@ -131,15 +131,18 @@ def build_batch(functions: list, target: Target, openmp: bool = False, jobs: int
     unique = list({name: (name, src, omp) for name, src, omp in kernels}.values())
 
     def compile_one(kernel):
-        _, src, omp = kernel
+        name, src, omp = kernel
         start = time.perf_counter()
-        path, err = compile_object(PRELUDE + src, flags + (["-fopenmp"] if omp else []), LIMIT_S)
+        path, err = compile_object(src if name is None else PRELUDE + src, flags + (["-fopenmp"] if omp else []),
+                                   LIMIT_S)
         return path, err, time.perf_counter() - start
 
-    with ThreadPoolExecutor(max_workers=max(1, min(jobs or host_cores(), len(unique)))) as pool:
+    # the table of every kernel is compiled beside them: it serves unless one fails
+    with ThreadPoolExecutor(max_workers=max(1, min(jobs or host_cores(), len(unique) + 1))) as pool:
+        table = pool.submit(compile_one, (None, _table(unique), False))
         objects = dict(zip((k[0] for k in unique), pool.map(compile_one, unique)))
     ok = [k for k in unique if objects[k[0]][1] is None]
-    libs = _link(ok, objects, flags) if ok else {}
+    libs = _link(ok, objects, flags, table.result()[0] if len(ok) == len(unique) else None) if ok else {}
     results = []
     for name, _, _ in kernels:
         _, err, seconds = objects[name]
@@ -148,16 +151,22 @@ def build_batch(functions: list, target: Target, openmp: bool = False, jobs: int
     return results
 
 
-def _link(kernels: list, objects: dict, flags: list) -> dict:
+def _table(kernels: list) -> str:
+    return TABLE % {"prototypes": "".join(f"int {k[0]}(float**);\n" for k in kernels),
+                    "table": ", ".join(k[0] for k in kernels), "count": len(kernels)}
+
+
+def _link(kernels: list, objects: dict, flags: list, table: str | None = None) -> dict:
     """{kernel name: (library, index, error, seconds)}: one library of `kernels` (their objects
-    compiled), else, where the link fails, each kernel in a library of its own."""
+    compiled; `table`: the object of their table, when compiled), else, where the link fails,
+    each kernel in a library of its own."""
     start = time.perf_counter()
     omp = ["-fopenmp"] if any(k[2] for k in kernels) else []
     harness, err = compile_object(PRELUDE + HARNESS, flags)
     if err is not None:        # the machine works (compile_object checked): a bug of ours
         raise RuntimeError(f"the timing harness does not compile: {err}")
-    table, err = compile_object(TABLE % {"prototypes": "".join(f"int {k[0]}(float**);\n" for k in kernels),
-                                         "table": ", ".join(k[0] for k in kernels), "count": len(kernels)}, flags)
+    if table is None:
+        table, err = compile_object(_table(kernels), flags)
     if err is None:
         lib, err = link_objects([harness, table, *(objects[k[0]][0] for k in kernels)], flags + omp)
     if err is None:
