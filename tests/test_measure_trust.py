@@ -137,11 +137,12 @@ def test_a_compiler_call_that_outgrows_its_memory_cap_fails_its_kernel_alone(tmp
     assert "MemoryError" in built[1].error
 
 
-def test_a_kernel_compiled_before_is_linked_again_not_compiled_again_while_its_object_is_sound(tmp_cache, monkeypatch):
+def test_a_kernel_built_before_is_neither_compiled_nor_linked_again_while_its_files_are_sound(tmp_cache, monkeypatch):
     """A heat's second timing of a tune's kernel, or a compiled model's, does not compile it again:
-    each kernel is an object named by its code, whatever the caller named it, linked into each
-    batch's library, which runs each kernel by its index; an object gone or changed, or another
-    cache, compiles anew."""
+    each kernel is an object named by its code, whatever the caller named it. In the process that
+    linked it, its library and index come back (the library touched, as a cache hit is); elsewhere
+    its object is linked into the new batch's library. An object or library gone or changed, or
+    another cache, builds anew."""
     from tuner.measure import builder
     from tuner.toolchain import cc
     from tuner.toolchain.library import open_library, pointer_array
@@ -151,24 +152,32 @@ def test_a_kernel_compiled_before_is_linked_again_not_compiled_again_while_its_o
     real = cc.run_limited
     monkeypatch.setattr(cc, "run_limited", lambda cmd, *a: compiles.extend(
         Path(x).read_text() for x in cmd if x.endswith(".c") and "tuner_table" not in Path(x).read_text()) or real(cmd, *a))
+    libs = set()
 
     def built(*kernels, jobs=1):
         out = builder.build_batch(list(kernels), TARGET1, jobs=jobs)
+        libs.update(b.lib for b in out)
         return [(b.index, open_library(b.lib).tuner_run(b.index, pointer_array([]))) for b in out]
 
-    assert built(KERNELS[0], KERNELS[2]) == [(0, 0), (1, 2)] and len(compiles) == 2
+    renamed = ("g0", KERNELS[0][1].replace("f0", "g0"))                 # another Task's name for the same kernel
+    assert built(KERNELS[0], KERNELS[2]) == [(0, 0), (1, 2)] and len(compiles) == 2 and len(libs) == 1
+    os.utime(next(iter(libs)), (1e9, 1e9))
+    assert built(KERNELS[2], renamed, KERNELS[2], jobs=2) == [(1, 2), (0, 0), (1, 2)] and len(libs) == 1
+    assert len(compiles) == 2 and os.path.getmtime(next(iter(libs))) > time.time() - 600    # touched: kept
+    Path(next(iter(libs))).unlink()                                     # gone: linked anew
+    assert built(KERNELS[2], renamed) == [(0, 2), (1, 0)] and len(compiles) == 2 and len(libs) == 2
+
+    builder._LINKED.clear()                                             # another process: its objects serve
     kernel_objects = [o for o in (tmp_cache / "objects").glob("*.o") if b"tuner_table" not in o.read_bytes()
                       and b"tk_" in o.read_bytes()]
-    old = time.time() - 7200
-    for o in kernel_objects:
-        os.utime(o, (old, old))
-    renamed = ("g0", KERNELS[0][1].replace("f0", "g0"))                 # another Task's name for the same kernel
-    assert built(KERNELS[2], renamed, KERNELS[2], jobs=2) == [(0, 2), (1, 0), (0, 2)] and len(compiles) == 2
-    assert len(kernel_objects) == 2 and all(o.stat().st_mtime > old + 60 for o in kernel_objects)   # used now: kept
+    assert len(kernel_objects) == 2
+    assert built(renamed, KERNELS[2]) == [(0, 0), (1, 2)] and len(compiles) == 2
     kernel_objects[0].unlink()                                          # gone: compiled anew
+    builder._LINKED.clear()
     assert sorted(built(KERNELS[0], KERNELS[2])) == [(0, 0), (1, 2)] and len(compiles) == 3
     for o in (tmp_cache / "objects").glob("*.o"):
         o.write_bytes(o.read_bytes()[:100])                             # changed on disk: never linked
+    builder._LINKED.clear()
     assert built(KERNELS[0], KERNELS[2]) == [(0, 0), (1, 2)] and len(compiles) == 5
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_cache.parent / "other"))
     assert built(KERNELS[0]) == [(0, 0)] and len(compiles) == 6

@@ -2,21 +2,26 @@
 
 A kernel is named by its code (task.by_code), as a compiled model names it, so the object a tune
 built and timed is the one the model links, and a kernel a tune, a heat or a model compiled before
-is not compiled again. Each library exports `tuner_count`, `tuner_run(i, args)` and
+is not compiled again; one this process linked keeps its library (a heat links nothing). Each library exports `tuner_count`, `tuner_run(i, args)` and
 `tuner_time(i, ...)`, a timing loop in C, so a runner never times a tiny call from a Python loop: a
 harness object built once and a table of the batch's kernels. A kernel that fails to compile, or
 that the compiler does not finish within LIMIT_S, fails alone.
 """
 from __future__ import annotations
 
+import collections
+import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..codegen.c import PRELUDE
 from ..target import Target, host_cores
 from ..task import by_code
-from ..toolchain.cc import compile_object, link_objects
+from ..toolchain.cc import cache_root, compile_object, link_objects, touch
+from ..toolchain.library import verified
 
 LIMIT_S = 75.0     # seconds a compiler call of one kernel may take
 
@@ -120,6 +125,14 @@ TABLE = "typedef int (*tuner_fn)(float**);\n%(prototypes)sconst tuner_fn tuner_t
         "int tuner_count(void) { return %(count)d; }\n"
 
 
+# The libraries this process linked, by kernel (its code's name) and what builds it: a heat's second
+# timing of a tune's kernel neither compiles nor links it again while that library holds the bytes its
+# name promises. Bounded; the oldest go first.
+_LINKED: collections.OrderedDict = collections.OrderedDict()
+LINKED_MAX = 4096
+_LINKED_LOCK = threading.Lock()
+
+
 def build_batch(functions: list, target: Target, openmp: bool = False, jobs: int | None = None) -> list:
     """Build [(name, source)] or [(name, source, openmp)] (`openmp` where not given) for `target`:
     each kernel an object (`jobs` compiler calls at once, default one per core), the batch one
@@ -129,7 +142,27 @@ def build_batch(functions: list, target: Target, openmp: bool = False, jobs: int
     flags = list(target.cflags)
     kernels = [(*by_code(f[0], f[1]), bool(f[2] if len(f) > 2 else openmp)) for f in functions]
     unique = list({name: (name, src, omp) for name, src, omp in kernels}.values())
+    where = (os.environ.get("CC", "gcc"), str(cache_root()), *flags)
+    with _LINKED_LOCK:
+        done = {k[0]: b for k in unique if (b := _LINKED.get((k[0], k[2], where))) is not None}
+    done = {name: b for name, b in done.items() if verified(b.lib)}       # (gone or changed: built anew)
+    for b in done.values():
+        touch(Path(b.lib))                          # used now, as a cache hit is: not pruned under it
+    todo = [k for k in unique if k[0] not in done]
+    if todo:
+        done.update(_build(todo, flags, jobs))
+        with _LINKED_LOCK:
+            for k in todo:
+                if done[k[0]].error is None:
+                    _LINKED[(k[0], k[2], where)] = done[k[0]]
+                    _LINKED.move_to_end((k[0], k[2], where))
+            while len(_LINKED) > LINKED_MAX:
+                _LINKED.popitem(last=False)
+    return [done[name] for name, _, _ in kernels]
 
+
+def _build(kernels: list, flags: list, jobs: int | None) -> dict:
+    """{kernel name: BuildResult} of `kernels` [(name, source, openmp)], each compiled alone, linked together."""
     def compile_one(kernel):
         name, src, omp = kernel
         start = time.perf_counter()
@@ -138,17 +171,17 @@ def build_batch(functions: list, target: Target, openmp: bool = False, jobs: int
         return path, err, time.perf_counter() - start
 
     # the table of every kernel is compiled beside them: it serves unless one fails
-    with ThreadPoolExecutor(max_workers=max(1, min(jobs or host_cores(), len(unique) + 1))) as pool:
-        table = pool.submit(compile_one, (None, _table(unique), False))
-        objects = dict(zip((k[0] for k in unique), pool.map(compile_one, unique)))
-    ok = [k for k in unique if objects[k[0]][1] is None]
-    libs = _link(ok, objects, flags, table.result()[0] if len(ok) == len(unique) else None) if ok else {}
-    results = []
+    with ThreadPoolExecutor(max_workers=max(1, min(jobs or host_cores(), len(kernels) + 1))) as pool:
+        table = pool.submit(compile_one, (None, _table(kernels), False))
+        objects = dict(zip((k[0] for k in kernels), pool.map(compile_one, kernels)))
+    ok = [k for k in kernels if objects[k[0]][1] is None]
+    libs = _link(ok, objects, flags, table.result()[0] if len(ok) == len(kernels) else None) if ok else {}
+    out = {}
     for name, _, _ in kernels:
         _, err, seconds = objects[name]
         lib, index, link_err, link_s = libs.get(name, (None, 0, err, 0.0))
-        results.append(BuildResult(lib, index, link_err, seconds + link_s))
-    return results
+        out[name] = BuildResult(lib, index, link_err, seconds + link_s)
+    return out
 
 
 def _table(kernels: list) -> str:
