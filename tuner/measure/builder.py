@@ -2,10 +2,11 @@
 
 A kernel is named by its code (task.by_code), as a compiled model names it, so the object a tune
 built and timed is the one the model links, and a kernel a tune, a heat or a model compiled before
-is not compiled again; one this process linked keeps its library (a heat links nothing). Each library exports `tuner_count`, `tuner_run(i, args)` and
-`tuner_time(i, ...)`, a timing loop in C, so a runner never times a tiny call from a Python loop: a
-harness object built once and a table of the batch's kernels. A kernel that fails to compile, or
-that the compiler does not finish within LIMIT_S, fails alone.
+is not compiled again; one this process linked keeps its library (a heat links nothing). Each
+library exports `tuner_count`, `tuner_run(i, args)` and `tuner_time(i, ...)`, a timing loop in C,
+so a runner never times a tiny call from a Python loop: a harness object built once and a table of
+the batch's kernels. A kernel that fails to compile, or that the compiler does not finish within
+LIMIT_S, fails alone.
 """
 from __future__ import annotations
 
