@@ -190,15 +190,16 @@ def test_a_library_planted_through_the_cluster_never_enters_the_kernel_cache(tmp
     that source gives (and loads) the real library."""
     from distributed import Client
 
-    from tuner.measure.builder import build_batch, library_source
+    from tuner.measure import builder
     from tuner.measure.cluster import _measure_on_worker
     from tuner.measure.runner import RunConfig
-    from tuner.toolchain.cc import compiler
-    from tuner.toolchain.library import content_hash, open_library, source_digest
+    from tuner.toolchain.library import content_hash, open_library
     task = Task(SMALL, TARGET1)
     cand = task.from_decisions(task.space.sample(random.Random(0)))
-    flags = list(TARGET1.cflags) + (["-fopenmp"] if cand.openmp else [])
-    digest = source_digest(library_source([(cand.func_name, cand.source)]), flags, compiler()[1])
+    (real,) = builder.build_batch([(cand.func_name, cand.source)], TARGET1, openmp=cand.openmp)
+    digest = Path(real.lib).name.split("-")[0]         # what the real library is built from
+    shutil.rmtree(tmp_cache)
+    builder._LINKED.clear()
     mark = tmp_path / "planted-ran"
     (tmp_path / "p.c").write_text(PLANT % mark)
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / "p.so"), str(tmp_path / "p.c")], check=True)
@@ -212,7 +213,7 @@ def test_a_library_planted_through_the_cluster_never_enters_the_kernel_cache(tmp
     assert not res.ok and mark.exists()            # measured (so loaded) in that job, as build workers are trusted
     assert not list(tmp_cache.rglob(name))         # neither in the cache nor left in a job directory
     mark.unlink()
-    (built,) = build_batch([(cand.func_name, cand.source)], TARGET1, openmp=cand.openmp)
+    (built,) = builder.build_batch([(cand.func_name, cand.source)], TARGET1, openmp=cand.openmp)
     assert Path(built.lib).name.startswith(digest) and Path(built.lib).name != name
     open_library(built.lib)
     assert not mark.exists()
