@@ -20,11 +20,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
-from bench.common import write_results
-
-HERE = str(Path(__file__).resolve().parent.parent)
+from bench.common import checkouts, commits, write_results
 
 # run in the child with the tree's own code: this file need not exist there
 CHILD = r"""
@@ -73,7 +70,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=8, help="candidates of one task built together, at most")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
-    trees = {"this": HERE, **dict(t.split("=", 1) for t in args.tree)}
+    trees = checkouts(args.tree)
     log = os.path.abspath(args.log)
     rows = {name: [] for name in trees}
     for r in range(args.rounds):
@@ -86,10 +83,8 @@ def main(argv=None) -> int:
     summary = {name: statistics.median(x["seconds"] for x in runs) for name, runs in rows.items()}
     for name, s in summary.items():
         print(f"{name:12} {s:8.1f} s")
-    commits = {name: subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"], capture_output=True,
-                                    text=True).stdout.strip() for name, tree in trees.items()}
     write_results("build_replay", args.out, {"log": args.log, "batch": args.batch, "rounds": args.rounds,
-                                             "trees": trees, "commits": commits, "rows": rows,
+                                             "trees": trees, "commits": commits(trees), "rows": rows,
                                              "median_s": summary})
     return 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import platform
 import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,6 +31,18 @@ def host_facts() -> dict:
         pass
     return {"cpu": model or platform.processor() or platform.machine(), "kind": host_kind(),
             "design": core_design(host_kind()), "isa": host_isa(), "cores": host_cores()}
+
+
+def checkouts(specs: list) -> dict:
+    """{name: source tree}: this checkout as "this", and each NAME=DIR of `specs` (--tree: another
+    checkout's code, e.g. a `git worktree` of an older commit, run with PYTHONPATH=DIR)."""
+    return {"this": str(Path(__file__).resolve().parent.parent), **dict(t.split("=", 1) for t in specs)}
+
+
+def commits(trees: dict) -> dict:
+    """{name: the short commit each tree has checked out}."""
+    return {name: subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"], capture_output=True,
+                                 text=True).stdout.strip() for name, tree in trees.items()}
 
 
 def command_line() -> str:

@@ -20,9 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import write_results
-
-HERE = str(Path(__file__).resolve().parent.parent)
+from bench.common import checkouts, commits, write_results
 
 
 def _child(argv: list, tree: str) -> tuple:
@@ -49,7 +47,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out")
     args = ap.parse_args(argv)
-    trees = {"this": HERE, **dict(t.split("=", 1) for t in args.tree)}
+    trees = checkouts(args.tree)
     model = os.path.abspath(args.model) if os.path.exists(args.model) else args.model
     rows = {name: {"compile_s": [], "compile_mib": [], "load_s": [], "load_mib": []} for name in trees}
     with tempfile.TemporaryDirectory(prefix="bench-compile-cost-") as tmp:
@@ -74,10 +72,8 @@ def main(argv=None) -> int:
         row.update({f"{k}_median": v for k, v in med.items()})
         print(f"{name:12} {row['weights_mib']:12.0f} {med['compile_s']:10.1f} {med['compile_mib']:9.0f} "
               f"{med['load_s']:7.2f} {med['load_mib']:9.0f}")
-    commits = {name: subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"], capture_output=True,
-                                    text=True).stdout.strip() for name, tree in trees.items()}
     write_results("compile_cost", args.out, {"model": args.model, "threads": args.threads, "rounds": args.rounds,
-                                             "trees": trees, "commits": commits, "rows": rows})
+                                             "trees": trees, "commits": commits(trees), "rows": rows})
     return 0
 
 

@@ -14,14 +14,13 @@ import collections
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..codegen.c import PRELUDE
-from ..target import Target, host_cores
+from ..target import Target
 from ..task import by_code
-from ..toolchain.cc import cache_root, compile_object, link_objects, touch
+from ..toolchain.cc import cache_root, compile_object, compile_objects, link_objects, touch
 from ..toolchain.library import verified
 
 LIMIT_S = 75.0     # seconds a compiler call of one kernel may take
@@ -145,7 +144,7 @@ def build_batch(functions: list, target: Target, openmp: bool = False, jobs: int
     unique = list({name: (name, src, omp) for name, src, omp in kernels}.values())
     where = (os.environ.get("CC", "gcc"), str(cache_root()), *flags)
     with _LINKED_LOCK:
-        done = {k[0]: b for k in unique if (b := _LINKED.get((k[0], k[2], where))) is not None}
+        done = {k[0]: b for k in unique if (b := _LINKED.get((k[0], where))) is not None}
     done = {name: b for name, b in done.items() if verified(b.lib)}       # (gone or changed: built anew)
     for b in done.values():
         touch(Path(b.lib))                          # used now, as a cache hit is: not pruned under it
@@ -155,28 +154,21 @@ def build_batch(functions: list, target: Target, openmp: bool = False, jobs: int
         with _LINKED_LOCK:
             for k in todo:
                 if done[k[0]].error is None:
-                    _LINKED[(k[0], k[2], where)] = done[k[0]]
-                    _LINKED.move_to_end((k[0], k[2], where))
+                    _LINKED[(k[0], where)] = done[k[0]]
+                    _LINKED.move_to_end((k[0], where))
             while len(_LINKED) > LINKED_MAX:
                 _LINKED.popitem(last=False)
     return [done[name] for name, _, _ in kernels]
 
 
 def _build(kernels: list, flags: list, jobs: int | None) -> dict:
-    """{kernel name: BuildResult} of `kernels` [(name, source, openmp)], each compiled alone, linked together."""
-    def compile_one(kernel):
-        name, src, omp = kernel
-        start = time.perf_counter()
-        path, err = compile_object(src if name is None else PRELUDE + src, flags + (["-fopenmp"] if omp else []),
-                                   LIMIT_S)
-        return path, err, time.perf_counter() - start
-
-    # the table of every kernel is compiled beside them: it serves unless one fails
-    with ThreadPoolExecutor(max_workers=max(1, min(jobs or host_cores(), len(kernels) + 1))) as pool:
-        table = pool.submit(compile_one, (None, _table(kernels), False))
-        objects = dict(zip((k[0] for k in kernels), pool.map(compile_one, kernels)))
+    """{kernel name: BuildResult} of `kernels` [(name, source, openmp)], each compiled alone, linked
+    together; their table is compiled beside them and serves unless one fails."""
+    parts = [(_table(kernels), [])] + [(PRELUDE + src, ["-fopenmp"] if omp else []) for _, src, omp in kernels]
+    (table, _, _), *built = compile_objects(parts, flags, LIMIT_S, jobs)
+    objects = dict(zip((k[0] for k in kernels), built))
     ok = [k for k in kernels if objects[k[0]][1] is None]
-    libs = _link(ok, objects, flags, table.result()[0] if len(ok) == len(kernels) else None) if ok else {}
+    libs = _link(ok, objects, flags, table if len(ok) == len(kernels) else None) if ok else {}
     out = {}
     for name, _, _ in kernels:
         _, err, seconds = objects[name]

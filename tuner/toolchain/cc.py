@@ -233,17 +233,28 @@ def link_objects(objects: list, flags: list) -> tuple:
                         "kernels", link, BUILD_S, memory_cap())
 
 
+def compile_objects(parts: list, flags: list, limit_s: float = BUILD_S, jobs: int | None = None) -> list:
+    """[(path of the cached .o or None, compiler message or None, seconds)] of each of `parts`
+    ([(C source, its own extra flags)]), each compiled alone, `jobs` compiler calls at once
+    (default one per core), taken in order by whichever is free."""
+    def one(part):
+        start = time.perf_counter()
+        path, err = compile_object(part[0], flags + part[1], limit_s)
+        return path, err, time.perf_counter() - start
+    with ThreadPoolExecutor(max(1, min(len(parts), jobs or host_cores()))) as pool:
+        return list(pool.map(one, parts))
+
+
 def compile_parts(parts: list, flags: list) -> tuple:
     """(path of the cached .so, None) or (None, compiler message) of a library linked from `parts`
-    ([(C source, its own extra flags)]), each compiled alone into a cached object, one compiler
-    per core: a library that differs from one built before in a few parts compiles only those
-    (a model's kernels between the compiles of a tune, whose candidates are these objects)."""
-    with ThreadPoolExecutor(max(1, min(len(parts), host_cores()))) as pool:
-        built = list(pool.map(lambda part: compile_object(part[0], flags + part[1]), parts))
-    errors = [err for _, err in built if err is not None]
+    ([(C source, its own extra flags)]), each compiled alone into a cached object: a library that
+    differs from one built before in a few parts compiles only those (a model's kernels between
+    the compiles of a tune, whose candidates are these objects)."""
+    built = compile_objects(parts, flags)
+    errors = [err for _, err, _ in built if err is not None]
     if errors:
         return None, errors[0]
-    return link_objects([path for path, _ in built], flags + sorted({f for _, fl in parts for f in fl}))
+    return link_objects([path for path, _, _ in built], flags + sorted({f for _, fl in parts for f in fl}))
 
 
 def cached_build(source: str, flags: list, tool: tuple, src_suffix: str, suffix: str, check_works, what: str,
