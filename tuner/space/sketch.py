@@ -756,6 +756,19 @@ class SearchSpace(DagSketch):
         return {p: [(a.name, a.extent) for a in sch.stage(p).op.axes] for p in self.pads}
 
     @cached_property
+    def _lane_pads(self) -> dict:
+        """{pad: its innermost axis} of each pad whose innermost axis is read contiguously and never
+        tested (a channel block or NHWC's channels): copied into a tile, a row of it is one vector select."""
+        sch = Schedule(self.inputs, self.output)
+        out = {}
+        for p in self.pads:
+            body, last = sch.stage(p).op.body, self._pad_axes[p][-1][0]
+            if (isinstance(body, Select) and last not in free_vars(body.cond) and isinstance(body.then, Load)
+                    and body.then.indices[-1] == Var(last)):
+                out[p] = last
+        return out
+
+    @cached_property
     def _pad_bytes(self) -> int:
         """Bytes of the padded copies of the inputs (what a pad at root writes and the reduction reads)."""
         return sum(4 * math.prod(e for _, e in axes) for axes in self._pad_axes.values())
@@ -1143,6 +1156,9 @@ class SearchSpace(DagSketch):
                       + [f"{r}.1" for r in red] + [f"{a}.1" for a in unrolled + self.local_axes[-1:]]])
         first = f"{red[0]}.0" if red else f"{self.local_axes[0]}.0"     # the reduction's outermost loop
         steps += [["compute_at", p, local, first] for p in self.pads if dec["pad"][p] == "tile"]
+        # left to the register-tile unroll, a tile's pad was hundreds of scalar selects, which GCC
+        # compiled with its indices spilled (a 3x3 conv 1.6x MetaSchedule's time: docs/history.md)
+        steps += [["annotate", p, ax, "vectorize"] for p, ax in self._lane_pads.items() if dec["pad"][p] == "tile"]
         if any(dec["pad"][p] == "interior" for p in self.pads):
             steps.append(["pragma", local, first, "unswitch", 1])
         if tile[-1][2] % 4 == 0:
