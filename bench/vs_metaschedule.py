@@ -7,7 +7,8 @@ against it), one thread, the same trial budget:
   and, `--as-shipped`, as `tuner tune` runs (the default first, the shipped cost model, which was
   trained on records of these very workloads: not a fair search race, shown beside it);
 - MetaSchedule (`tvm.s_tir.meta_schedule.tune_tir`, its defaults: evolutionary search, XGBoost,
-  64 candidates a round, LLVM for this host's CPU).
+  64 candidates a round, LLVM for this host's CPU);
+- tuner's default schedule, untuned (the row at 0 trials).
 Each tool times candidates its own way (tuner cold, MetaSchedule warm), so a curve's own figures
 are not compared across tools. Instead, at each checkpoint (trials 8, 16, 32, ...) the best
 schedule so far by the tool's own timing is kept, and after both tunes every kept kernel is
