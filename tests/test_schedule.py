@@ -957,19 +957,20 @@ def test_loops_over_a_small_padded_input_tile_unroll_only_up_to_a_bound_and_stil
 
 
 @settings(max_examples=12, deadline=None)
-@given(layout=st.sampled_from(["NCHW16c", "NCHW8c", "NHWC", "NCHW"]), seed=st.integers(0, 10**6),
-       stride=st.sampled_from([1, 2]), groups=st.sampled_from([1, 16]))
+@given(layout=st.sampled_from(["NCHW16c", "NCHW8c", "NHWC", "NCHW"]), c=st.sampled_from([16, 32, 48]),
+       w=st.integers(5, 12), stride=st.sampled_from([1, 2]), grouped=st.booleans())
 def test_a_tile_s_padded_input_is_copied_a_vector_row_at_a_time_where_its_innermost_axis_is_never_tested(
-        layout, seed, stride, groups):
+        layout, c, w, stride, grouped):
     """A pad copied per tile (`pad: tile`): its innermost axis, where the padding never falls
     (a channel block, NHWC's channels), is one vector select per row, not one scalar select per
     element (which the register-tile unroll took whole: GCC spilled their indices and the conv ran
     1.6x MetaSchedule's time); NCHW pads its innermost axis and stays scalar. Either way the
     reference."""
-    wl = make("conv2d", dict(C=32, H=9, W=11, K=32, R=3, S=3, pad=1, stride=stride, groups=groups, bias=1),
-              layout)
+    wl = make("conv2d", dict(C=c, H=9, W=w, K=c, R=3, S=3, pad=1, stride=stride, groups=c // 16 if grouped else 1,
+                             bias=1), layout)
     space = SearchSpace(wl, TARGET1)
-    dec = {**space.sample(random.Random(seed)), "pad": {"conv_pad": "tile"}}
+    # the default's tiles: a sampled point may unroll more than GCC finishes in a test's time
+    dec = {**space.default(), "pad": {"conv_pad": "tile"}}
     fn = lower(replay(*wl.build(), space.steps(dec)))
     copies = [s for s in ir.stmts(fn.body) if isinstance(s, ir.For) and s.var.startswith("conv_pad_")]
     innermost = [s for s in copies if not any(isinstance(x, ir.For) for x in ir.stmts(s.body))]
@@ -977,7 +978,7 @@ def test_a_tile_s_padded_input_is_copied_a_vector_row_at_a_time_where_its_innerm
     lanes = layout != "NCHW"
     assert all((s.kind == "vectorize") == lanes for s in innermost), [(s.var, s.kind) for s in innermost]
     code = generate_c(fn, TARGET1.lanes, TARGET1.threads)[0]
-    assert bool(re.search(r"\*\(f32x\d+\*\)&conv_pad\[", code)) == (lanes and any(
+    assert bool(re.search(r"^\s*\*\(f32x\d+\*\)&conv_pad\[", code, re.M)) == (lanes and any(   # a vector store
         vector_split(s.extent, TARGET1.lanes)[0] for s in innermost))
     check_schedules([(wl, space.steps(dec))])
 
