@@ -37,6 +37,8 @@ import numpy as np  # noqa: E402
 from bench.common import SEARCH_WORKLOADS, bench_workload, write_results  # noqa: E402
 from tuner.measure.builder import build_batch  # noqa: E402
 from tuner.measure.interleave import interleaved  # noqa: E402
+from tuner.measure.runner import RunConfig  # noqa: E402
+from tuner.measure.worker import check_output  # noqa: E402
 from tuner.target import parse_target  # noqa: E402
 from tuner.task import Task  # noqa: E402
 from tuner.toolchain.library import aligned_copy, aligned_empty, open_library, pointer_array  # noqa: E402
@@ -52,7 +54,7 @@ def checkpoints(trials: int) -> list:
 
 
 def te_workload(wl):
-    """The workload as TVM TE in tuner's layouts: (PrimFunc, its argument shapes)."""
+    """The workload as a TVM PrimFunc in tuner's layouts, its output shaped as tuner's."""
     from tvm import te, tirx
     p = dict(wl.params)
     ins, out = wl.build()
@@ -81,12 +83,17 @@ def te_workload(wl):
         args = [data, weight, o]
     else:
         raise SystemExit(f"{wl.label}: only NCHWc convs without epilogue and OI16o denses are written as TE here")
-    return te.create_prim_func(args), [tuple(int(d) for d in a.shape) for a in args]
+    return te.create_prim_func(args)
 
 
-def tuner_run(wl, trials: int, log: str, as_shipped: bool | None, marks: list) -> tuple:
-    """[(checkpoint, wall seconds, kernel)], the tune's seconds: tuner's best-so-far at each checkpoint
-    (as_shipped None: no tune, the default schedule at checkpoint 0)."""
+def tuner_default(wl) -> tuple:
+    """As tuner_run, for the default schedule (as `tuner compile` takes with no record) at checkpoint 0."""
+    task = Task(wl, parse_target("cpu", 1))
+    return _kernels(task, [(0, 0.0, task.space.steps(task.space.default()))]), 0.0
+
+
+def tuner_run(wl, trials: int, log: str, as_shipped: bool, marks: list) -> tuple:
+    """[(checkpoint, wall seconds, kernel)], the tune's seconds: tuner's best-so-far at each checkpoint."""
     kept, state = [], {"best": None, "n": 0}
     task = Task(wl, parse_target("cpu", 1))
     t0 = time.perf_counter()
@@ -100,12 +107,13 @@ def tuner_run(wl, trials: int, log: str, as_shipped: bool | None, marks: list) -
                 kept.append((state["n"], time.perf_counter() - t0, state["best"][1]))
 
     opts = {} if as_shipped else dict(cost_model_from=["none"], start_from_default=False)
-    if as_shipped is not None:
-        tune([wl], task.target, log=log, trials=trials, policy="evolutionary", progress=False,
-             callbacks=[Checkpoints()], **opts)
-    seconds = time.perf_counter() - t0
-    if as_shipped is None:      # no tune: the default schedule, as `tuner compile` takes with no record
-        kept = [(0, 0.0, task.space.steps(task.space.default()))]
+    tune([wl], task.target, log=log, trials=trials, policy="evolutionary", progress=False,
+         callbacks=[Checkpoints()], **opts)
+    return _kernels(task, kept), time.perf_counter() - t0
+
+
+def _kernels(task, kept: list) -> list:
+    """[(checkpoint, seconds, callable(pointer array))] of kept [(checkpoint, seconds, steps)], built."""
     cands = [task.candidate(steps, func_name=f"ck{n}") for n, _, steps in kept]
     built = build_batch([(c.func_name, c.source) for c in cands], task.target)
     out = []
@@ -113,7 +121,7 @@ def tuner_run(wl, trials: int, log: str, as_shipped: bool | None, marks: list) -
         assert not b.error, b.error
         lib, index = open_library(b.lib), b.index
         out.append((n, s, lambda ptrs, lib=lib, index=index: lib.tuner_run(index, ptrs)))
-    return out, seconds
+    return out
 
 
 def metaschedule_run(wl, trials: int, work_dir: str, marks: list) -> tuple:
@@ -122,8 +130,7 @@ def metaschedule_run(wl, trials: int, work_dir: str, marks: list) -> tuple:
     from tvm.ir.utils import derived_object
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.measure_callback import MeasureCallback as MSCallback, PyMeasureCallback
-    func, _ = te_workload(wl)
-    mod = tvm.IRModule({"main": func})
+    mod = tvm.IRModule({"main": te_workload(wl)})
     target = tvm.target.Target({"kind": "llvm", "mcpu": _llvm_cpu(), "num-cores": 1})
     kept, state = [], {"best": None, "n": 0}
     t0 = time.perf_counter()
@@ -161,36 +168,34 @@ def run_workload(name: str, trials: int, rounds: int, as_shipped: bool, keep: st
     marks = checkpoints(trials)
     inputs = wl.random_inputs(seed=0)
     ref = wl.reference(inputs)
-    out_shape = tuple(int(d) for d in te_workload(wl)[1][-1])
-    runs = {}
-    variants = [("tuner-default", None), ("tuner", False)] + ([("tuner-as-shipped", True)] if as_shipped else [])
-    for tool, shipped in variants:
+    runs = {"tuner-default": tuner_default(wl)}
+    for tool, shipped in [("tuner", False)] + ([("tuner-as-shipped", True)] if as_shipped else []):
         log = os.path.join(keep, f"{wl.name}.{tool}.jsonl")
         if os.path.exists(log):
             os.remove(log)
-        print(f"{wl.name}: {tool}" + (f", {trials} trials" if shipped is not None else ""), flush=True)
+        print(f"{wl.name}: {tool}, {trials} trials", flush=True)
         runs[tool] = tuner_run(wl, trials, log, shipped, marks)
     print(f"{wl.name}: metaschedule, {trials} trials", flush=True)
     work_dir = os.path.join(keep, f"{wl.name}.metaschedule")
     shutil.rmtree(work_dir, ignore_errors=True)
     runs["metaschedule"] = metaschedule_run(wl, trials, work_dir, marks)
 
-    # every kept kernel, checked (its output filled with NaN first), then timed in one harness: warm, each
-    # tool's arrays 64-byte aligned as each allocates them
+    # every kept kernel, checked as a tune checks a candidate (its output filled with NaN first), then timed
+    # in one harness: warm, each tool's arrays 64-byte aligned as each allocates them
     host = [aligned_copy(np.asarray(a, np.float32)) for a in inputs] + [aligned_empty(ref.shape)]
     ptrs = pointer_array(host)
-    tvm_ins = [tvm.runtime.tensor(a) for a in host[:-1]] + [tvm.runtime.tensor(np.zeros(out_shape, np.float32))]
+    tvm_ins = [tvm.runtime.tensor(a) for a in host]
     callers = {}
     for tool, (kept, _) in runs.items():
         for n, _, fn in kept:
             args = tvm_ins if tool == "metaschedule" else ptrs
             host[-1].fill(np.nan)
-            tvm_ins[-1] = tvm.runtime.tensor(np.full(out_shape, np.nan, np.float32))
+            tvm_ins[-1] = tvm.runtime.tensor(host[-1])
             assert fn(args) in (None, 0), f"{wl.name}: {tool}'s kernel after {n} trials failed"
-            got = tvm_ins[-1].numpy().reshape(ref.shape) if tool == "metaschedule" else host[-1].copy()
-            err = float(np.max(np.abs(got - ref)) / (np.max(np.abs(ref)) or 1.0))
-            if not err < 1e-4:
-                raise SystemExit(f"{wl.name}: {tool}'s best after {n} trials is wrong (max error {err:.2e} of the range)")
+            got = tvm_ins[-1].numpy() if tool == "metaschedule" else host[-1].copy()
+            problem = check_output(got, ref, RunConfig.rtol, RunConfig.atol)
+            if problem:
+                raise SystemExit(f"{wl.name}: {tool}'s best after {n} trials is wrong: {problem}")
             callers[(tool, n)] = functools.partial(_call, fn, args)
     times = interleaved({f"{t}@{n}": c for (t, n), c in callers.items()}, None, rounds=rounds, min_seconds=0.1,
                         settle=0.0)

@@ -750,19 +750,22 @@ class SearchSpace(DagSketch):
         return 1.0 - self.workload.live_flops / flops if flops else 0.0
 
     @cached_property
+    def _pad_ops(self) -> dict:
+        sch = Schedule(self.inputs, self.output)
+        return {p: sch.stage(p).op for p in self.pads}
+
+    @cached_property
     def _pad_axes(self) -> dict:
         """Each pad's (axis, extent) pairs, outermost first."""
-        sch = Schedule(self.inputs, self.output)
-        return {p: [(a.name, a.extent) for a in sch.stage(p).op.axes] for p in self.pads}
+        return {p: [(a.name, a.extent) for a in op.axes] for p, op in self._pad_ops.items()}
 
     @cached_property
     def _lane_pads(self) -> dict:
         """{pad: its innermost axis} of each pad whose innermost axis is read contiguously and never
         tested (a channel block or NHWC's channels): copied into a tile, a row of it is one vector select."""
-        sch = Schedule(self.inputs, self.output)
         out = {}
-        for p in self.pads:
-            body, last = sch.stage(p).op.body, self._pad_axes[p][-1][0]
+        for p, op in self._pad_ops.items():
+            body, last = op.body, op.axes[-1].name
             if (isinstance(body, Select) and last not in free_vars(body.cond) and isinstance(body.then, Load)
                     and body.then.indices[-1] == Var(last)):
                 out[p] = last
