@@ -29,8 +29,9 @@ def host_facts() -> dict:
             model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
     except OSError:
         pass
+    from bench.isa import facts
     return {"cpu": model or platform.processor() or platform.machine(), "kind": host_kind(),
-            "design": core_design(host_kind()), "isa": host_isa(), "cores": host_cores()}
+            "design": core_design(host_kind()), "isa": host_isa(), "cores": host_cores(), **facts()}
 
 
 def checkouts(specs: list) -> dict:

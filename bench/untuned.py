@@ -1,6 +1,7 @@
 """Before tuning: what `tuner compile` gives with no log of the user's, against ONNX Runtime.
 
     python -m bench.untuned [--models resnet50,mobilenet_v2] [--threads 1,2] [--quick 8] [--rounds 9]
+    TUNER_BENCH_ISA=avx2 python -m bench.untuned ...     # tuner and ONNX Runtime both in AVX2 (bench/isa.py)
 
 Each model (a built-in name or an .onnx file) is compiled at each thread count (a) with its default
 schedules (`--no-predict --no-shipped`), (b) with the cost model's picks (`--no-shipped`: nothing
@@ -23,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import isa
 from bench.artifacts import fresh_interleaved
 from bench.common import write_results
 from tuner.compare.peers import interleaved, onnxruntime_runner, paired_ratios
@@ -32,19 +34,20 @@ from tuner.model_tuning import quick_tune
 from tuner.runtime.artifact import DEFAULT, OTHER_THREADS, PREDICTED, SHIPPED
 
 
-def variants(model: str, threads: int, quick: int, workdir: Path) -> dict:
+def variants(model: str, threads: int, quick: int, workdir: Path, target: str = "cpu") -> dict:
     """{name: (compiled model, compile seconds)} of one model at one thread count."""
     out = {}
     for name, kw in (("default", dict(use_shipped=False, predict=False)), ("predicted", dict(use_shipped=False))):
         t = time.perf_counter()
-        out[name] = (compile_model(model, threads=threads, **kw), time.perf_counter() - t)
+        out[name] = (compile_model(model, target=target, threads=threads, **kw), time.perf_counter() - t)
     if quick:
         log = workdir / f"{Path(model).stem}.t{threads}.quick{quick}.jsonl"
         t = time.perf_counter()
-        quick_tune(model, quick, str(log), None, threads=threads, progress=False)    # as `tuner compile --quick`
-        out[f"quick{quick}"] = (compile_model(model, log=str(log), threads=threads), time.perf_counter() - t)
+        quick_tune(model, quick, str(log), None, target=target, threads=threads, progress=False)   # as `compile --quick`
+        out[f"quick{quick}"] = (compile_model(model, log=str(log), target=target, threads=threads),
+                                time.perf_counter() - t)
     t = time.perf_counter()
-    shipped = compile_model(model, threads=threads, predict=False)
+    shipped = compile_model(model, target=target, threads=threads, predict=False)
     if any(s.source in (SHIPPED, OTHER_THREADS) for s in shipped.steps):
         out["shipped"] = (shipped, time.perf_counter() - t)
     return out
@@ -57,15 +60,17 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", type=int, default=8, help="candidates per task for the --quick variant (0: none)")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--fresh", action="store_true", help="each turn in a new process (bench.artifacts --fresh)")
+    ap.add_argument("--target", default=isa.target(), help="tuner's target (default: this host's ISA, or "
+                    "TUNER_BENCH_ISA's)")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
-    result = {"rounds": args.rounds, "quick": args.quick, "fresh": args.fresh, "rows": []}
+    result = {"rounds": args.rounds, "quick": args.quick, "fresh": args.fresh, "target": args.target, "rows": []}
     workdir = Path(tempfile.mkdtemp(prefix="bench-untuned-"))
     try:
         for model in args.models.split(","):
             graph = load_graph(model)
             for threads in (int(t) for t in args.threads.split(",")):
-                built = variants(model, threads, args.quick, workdir)
+                built = variants(model, threads, args.quick, workdir, args.target)
                 inputs = next(iter(built.values()))[0].random_inputs(seed=1)
                 runners = {name: (lambda ins, m=m: m.run(*ins)) for name, (m, _) in built.items()}
                 runners["onnxruntime"] = onnxruntime_runner(graph, threads, model if model.endswith(".onnx") else None)
