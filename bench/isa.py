@@ -3,8 +3,8 @@
 The peers (ONNX Runtime's MLAS, PyTorch's oneDNN) pick their kernels by CPUID. With TUNER_BENCH_ISA
 set, `bench` (its package import, before any peer loads) makes CPUID fault in the process and answers
 it with AVX-512's and AMX's feature bits cleared (bench/cpuid_mask.c), so the peers run their AVX2
-kernels; the scripts' tuner target defaults to `cpu -isa=avx2` (`target()`), and results record it
-(`facts()`). Both then run AVX2 code on the same core. That is not an AVX2 host: its caches, clocks
+kernels; tuner in the process takes the host for an AVX2 one too (its target `cpu` is `cpu
+-isa=avx2`, and an AVX-512 artifact is refused), and results record it (`facts()`). Both then run AVX2 code on the same core. That is not an AVX2 host: its caches, clocks
 and FMA units are this core's, so a figure holds for this host run so, not for a Zen 3 or a Haswell.
 Processes started later (compilers, workers, a `--fresh` turn) see the real CPU unless they import
 `bench` with the variable set, as a fresh turn does. Needs Linux on a CPU that can fault CPUID
@@ -23,6 +23,7 @@ from pathlib import Path
 ENV = "TUNER_BENCH_ISA"
 ISAS = ("avx2",)               # what CPUID can be made to hide down to
 _lib = None
+_real: list = []               # the host's own ISA, once tuner is told another
 
 
 def emulate(isa: str) -> None:
@@ -54,6 +55,10 @@ def emulate(isa: str) -> None:
         raise SystemExit(f"{ENV}: CPUID still reports AVX-512F after masking; not benchmarking on a wrong premise")
     _lib = lib
     os.environ[ENV] = isa        # processes this one starts that import bench mask too
+    import tuner.target          # and tuner here takes the host for one of that ISA: target "cpu" is it
+    real = tuner.target.host_isa()
+    tuner.target.host_isa = lambda: isa
+    _real.append(real)
 
 
 def emulated() -> str | None:
@@ -61,14 +66,9 @@ def emulated() -> str | None:
     return os.environ.get(ENV) if _lib is not None else None
 
 
-def target(threads: int | None = None) -> str:
-    """tuner's target text for a script's default: the emulated ISA's where there is one."""
-    isa = emulated()
-    return "cpu" + (f" -isa={isa}" if isa else "") + (f" -threads={threads}" if threads else "")
-
-
 def facts() -> dict:
     """What a result records of it: {} on the host's own ISA."""
     if _lib is None:
         return {}
-    return {"peers_isa": emulated(), "peers_cpuid_calls_masked": int(_lib.masked_calls())}
+    return {"peers_isa": emulated(), "host_isa_emulated_on": _real[0],
+            "peers_cpuid_calls_masked": int(_lib.masked_calls())}

@@ -1,7 +1,7 @@
 """Before tuning: what `tuner compile` gives with no log of the user's, against ONNX Runtime.
 
     python -m bench.untuned [--models resnet50,mobilenet_v2] [--threads 1,2] [--quick 8] [--rounds 9]
-    TUNER_BENCH_ISA=avx2 python -m bench.untuned ...     # tuner and ONNX Runtime both in AVX2 (bench/isa.py)
+    TUNER_BENCH_ISA=avx2 python -m bench.untuned ...     # as on an AVX2 host (bench/isa.py)
 
 Each model (a built-in name or an .onnx file) is compiled at each thread count (a) with its default
 schedules (`--no-predict --no-shipped`), (b) with the cost model's picks (`--no-shipped`: nothing
@@ -24,7 +24,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import isa
 from bench.artifacts import fresh_interleaved
 from bench.common import write_results
 from tuner.compare.peers import interleaved, onnxruntime_runner, paired_ratios
@@ -60,8 +59,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", type=int, default=8, help="candidates per task for the --quick variant (0: none)")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--fresh", action="store_true", help="each turn in a new process (bench.artifacts --fresh)")
-    ap.add_argument("--target", default=isa.target(), help="tuner's target (default: this host's ISA, or "
-                    "TUNER_BENCH_ISA's)")
+    ap.add_argument("--target", default="cpu", help='tuner\'s target, e.g. "cpu -isa=avx2" (default: the host)')
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     result = {"rounds": args.rounds, "quick": args.quick, "fresh": args.fresh, "target": args.target, "rows": []}
