@@ -672,6 +672,41 @@ def test_the_default_blocks_the_reduction_where_a_register_tiles_weights_reach_2
         check_schedules([(wl, space.steps(dec))], target)
 
 
+@pytest.mark.parametrize("spec, threads, rows, chunked", [
+    ("C=128,H=56,W=56,K=128,R=3,S=3,stride=2,pad=1", 1, 7, True),     # 144 KiB of weights per tile
+    ("C=128,H=56,W=56,K=128,R=3,S=3,stride=2,pad=1", 16, 1, True),    # 4 outer tiles per thread: one row
+    ("C=512,H=14,W=14,K=512,R=3,S=3,stride=2,pad=1", 2, 7, True),
+    ("C=256,H=14,W=14,K=256,R=3,S=3,stride=1,pad=1", 1, 7, True),
+    ("C=64,H=56,W=56,K=64,R=5,S=5,stride=1,pad=2", 2, 4, True),
+    ("C=16,H=28,W=28,K=32,R=3,S=3,stride=1,pad=1", 1, None, False),   # 18 KiB: L1 holds it
+])
+def test_with_16_registers_a_padded_conv_copied_first_blocks_its_reduction_where_its_panel_outgrows_l1(
+        spec, threads, rows, chunked):
+    """AVX2 copies a 3x3 conv's pad first in any case, so where a register tile's weights over the
+    whole reduction outgrow L1 it blocks the reduction as an unpadded conv does: one input-channel
+    block a chunk (a 3x3 conv's block of 32 output channels is 18 KiB), the taps and channels
+    inside, each chunk serving the whole row and up to 7 rows (ResNet-50's stride-2 convs and
+    GoogLeNet-like 3x3 convs alone 0.87-0.98x the time unblocked: docs/history.md). AVX-512's
+    default of the same conv keeps its pad inside the tiles and is not blocked where the copy
+    would be new (over a quarter of the panel). Blocked, each computes the reference."""
+    wl = parse_spec(f"conv2d:N=1,{spec},bias=1,relu=1", "NCHW16c")
+    space = SearchSpace(wl, parse_target(f"cpu -isa=avx2 -threads={threads}", check_host=False))
+    dec = space.default()
+    tile = dec["tile"]
+    assert space.valid(dec) and all(place == "root" for place in dec["pad"].values())
+    if not chunked:
+        assert dec["reduce"] == [1] * len(space.reduce_axes) and all(s2 == 1 for _, s2, _ in tile)
+        return
+    assert dec["reduce"] == [1, *[e for _, e in space.reduce_axes[1:]]]
+    assert tile[2][1] == rows and tile[3][1] * tile[3][2] >= space.out_shape[3] > (tile[3][1] - 1) * tile[3][2]
+    wide = SearchSpace(wl, parse_target(f"cpu -isa=avx512 -threads={threads}", check_host=False)).default()
+    if "stride=2" in spec:      # the copy would be new there: over a quarter of the panel
+        assert all(place == "interior" for place in wide["pad"].values())
+        assert wide["reduce"] == [1] * len(space.reduce_axes)
+    if threads <= 2 and TARGET1.isa in ("avx2", "avx512"):
+        check_schedules([(wl, space.steps(dec))], space.target)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_a_tile_buffer_too_big_for_the_stack_is_allocated_once_outside_parallel_loops(threads):
     """A pad computed per tile of 16 output rows, 64 channels x 18 x 34 (153 KiB), is no stack

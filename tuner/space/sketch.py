@@ -661,8 +661,8 @@ class SearchSpace(DagSketch):
         # then copied first: with a border test in the chunk's loops, a blocked 3x3 conv ran 1.2-2x
         # slower (docs/history.md)
         if pair is not None and (tile[pair][2] >= 4 or not wide_regs) \
-                and (not self.pads or (row in padded and tile[row][2] >= shape[row])) \
-                and (blocked := self._block_reduction(tile, row)):
+                and (not self.pads or place == "root" or (row in padded and tile[row][2] >= shape[row])) \
+                and (blocked := self._block_reduction(tile, row, copied=place == "root")):
             (tile, reduce), place = blocked, "root"
         dec = {"pad": {p: place for p in self.pads}, "tile": tile,
                "reduce": reduce, "unroll": 64, "order": order}
@@ -677,7 +677,7 @@ class SearchSpace(DagSketch):
             dec["prefetch"] = 0 if blocked_gemm else self.prefetch_options[-1]
         return dec
 
-    def _block_reduction(self, tile: list, row: int) -> tuple | None:
+    def _block_reduction(self, tile: list, row: int, copied: bool = False) -> tuple | None:
         """Cache blocking over the reduction, where the constant operand's panel that one register
         tile reads over the whole reduction reaches PANEL_BYTES (a 1x1 conv's 4 channel blocks with
         1024 or more input channels), or with 16 registers outgrows L1 (2 blocks of 16 output
@@ -697,7 +697,7 @@ class SearchSpace(DagSketch):
             return None
         panel = self._panel_bytes(tile)
         small = panel < PANEL_BYTES if self.target.lanes >= 16 else panel <= L1_BYTES
-        if small or (self.pads and 4 * self._pad_bytes > panel):
+        if small or (self.pads and not copied and 4 * self._pad_bytes > panel):
             return None
         first, extent = self.reduce_axes[0]
         per = panel // extent                            # bytes of one step of the outermost axis
