@@ -502,17 +502,17 @@ def test_a_row_is_cut_into_register_tiles_that_keep_enough_fmas_in_flight():
 
 
 @pytest.mark.parametrize("spec, layout, tile, chunk", [
-    ("C=256,H=56,W=56,K=64,R=1,S=1,pad=0", "NCHW16c", (2, 3, 16), 1),     # 2 vectors of a block by 2 blocks
-    ("C=512,H=7,W=7,K=512,R=3,S=3,pad=1", "NCHW16c", (2, 3, 16), 1),      # 7 as 3 + 3 + 1
+    ("C=256,H=56,W=56,K=64,R=1,S=1,pad=0", "NCHW16c", (2, 3, 16), None),  # 2 vectors of a block by 2 blocks
+    ("C=512,H=7,W=7,K=512,R=3,S=3,pad=1", "NCHW16c", (2, 3, 16), 1),      # 7 as 3 + 3 + 1; blocked: a block a chunk
     ("C=2048,H=7,W=7,K=512,R=1,S=1,pad=0", "NCHW16c", (2, 3, 16), 8),     # blocked: 128 channels a chunk
     ("C=512,H=28,W=28,K=128,R=1,S=1,pad=0", "NCHW8c", (4, 3, 8), 16),     # blocked: 128 channels a chunk
-    ("C=256,H=14,W=14,K=256,R=3,S=3,pad=1", "NCHW8c", (4, 3, 8), 1),      # one vector a block: 4 blocks
-    ("C=64,H=14,W=14,K=24,R=1,S=1,pad=0", "NCHW8c", (1, 14, 8), 1),       # 3 blocks: none paired
-    ("C=64,H=14,W=14,K=48,R=1,S=1,pad=0", "NCHW16c", (1, 5, 16), 1),      # 3 blocks: a block's 2 vectors, 14 as 5+5+4
-    ("C=64,H=7,W=7,K=48,R=1,S=1,pad=0", "NCHW16c", (1, 4, 16), 1),        # 7 as 4 + 3, not 6 + 1
-    ("C=64,H=28,W=28,K=48,R=1,S=1,pad=0", "NCHW16c", (1, 6, 16), 1),      # 28 as 6 x 4 + 4
-    ("C=32,H=28,W=28,K=16,R=1,S=1,pad=0", "NCHW16c", (1, 6, 16), 1),      # one block
-    ("C=64,H=2,W=2,K=64,R=1,S=1,pad=0", "NCHW16c", (2, 2, 16), 1),        # a row of 2: the rows fill the rest
+    ("C=256,H=14,W=14,K=256,R=3,S=3,pad=1", "NCHW8c", (4, 3, 8), 1),      # one vector a block: 4 blocks; blocked
+    ("C=64,H=14,W=14,K=24,R=1,S=1,pad=0", "NCHW8c", (1, 14, 8), None),    # 3 blocks: none paired
+    ("C=64,H=14,W=14,K=48,R=1,S=1,pad=0", "NCHW16c", (1, 5, 16), None),   # 3 blocks: a block's 2 vectors, 14 as 5+5+4
+    ("C=64,H=7,W=7,K=48,R=1,S=1,pad=0", "NCHW16c", (1, 4, 16), None),     # 7 as 4 + 3, not 6 + 1
+    ("C=64,H=28,W=28,K=48,R=1,S=1,pad=0", "NCHW16c", (1, 6, 16), None),   # 28 as 6 x 4 + 4
+    ("C=32,H=28,W=28,K=16,R=1,S=1,pad=0", "NCHW16c", (1, 6, 16), None),   # one block
+    ("C=64,H=2,W=2,K=64,R=1,S=1,pad=0", "NCHW16c", (2, 2, 16), None),     # a row of 2: the rows fill the rest
 ])
 def test_the_default_avx2_conv_tile_feeds_four_vectors_from_each_broadcast_by_three_pixels(spec, layout, tile, chunk):
     """With 16 vector registers, a conv whose input element is broadcast to several output channel
@@ -520,8 +520,9 @@ def test_the_default_avx2_conv_tile_feeds_four_vectors_from_each_broadcast_by_th
     pixels of the row (the last tile guarded), reversed: 12 accumulators at most, the pad copied
     first; with no pair of blocks, a block of 2 vectors by up to 6 pixels, as many as take the
     fewest FMA cycles over the row (guarded_length). The reduction is blocked in
-    chunks of 16 KiB of weights where a register tile's weights outgrow L1 (an unpadded conv), the
-    tile then widened to whole rows. Each computes the reference where this host runs AVX2."""
+    chunks of 16 KiB of weights (at least one input-channel block) where a register tile's weights
+    outgrow L1, a padded conv's too (its pad is copied first in any case), the tile then widened to
+    whole rows. Each computes the reference where this host runs AVX2."""
     wl = parse_spec(f"conv2d:N=1,{spec},stride=1,bias=1,relu=1", layout)
     for threads in (1, 2):
         space = SearchSpace(wl, parse_target(f"cpu -isa=avx2 -threads={threads}", check_host=False))
@@ -529,9 +530,9 @@ def test_the_default_avx2_conv_tile_feeds_four_vectors_from_each_broadcast_by_th
         _, kb, oh, ow, vec = [t[2] for t in dec["tile"]]
         assert space.valid(dec) and (kb, ow, vec) == tile, dec["tile"]
         first, *rest = space.reduce_axes
-        blocked = [chunk] + [e for _, e in rest] if chunk > 1 else [1] * len(space.reduce_axes)
+        blocked = [chunk] + [e for _, e in rest] if chunk else [1] * len(space.reduce_axes)
         assert kb * oh * ow * vec // 8 <= 16 and dec["reduce"] == blocked, dec["reduce"]
-        assert (chunk > 1) == (math.prod(t[1] for t in dec["tile"]) > 1)     # blocked: rows of tiles per chunk
+        assert (chunk is not None) == (math.prod(t[1] for t in dec["tile"]) > 1)     # blocked: rows of tiles per chunk
         assert set(dec["pad"].values()) <= {"root"} and (dec["order"] == "reversed") == (kb > 1 or vec > 8)
         if kb > 1 or vec > 8:
             assert kb * oh * ow * vec // 8 <= 12
