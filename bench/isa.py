@@ -1,13 +1,14 @@
 """Benchmarks as on an AVX2 host, on an AVX-512 one: `TUNER_BENCH_ISA=avx2 python -m bench.NAME ...`.
 
 The peers (ONNX Runtime's MLAS, PyTorch's oneDNN) pick their kernels by CPUID. With TUNER_BENCH_ISA
-set, `bench` (its package import, before any peer loads) makes CPUID fault in the process and answers
-it with AVX-512's and AMX's feature bits cleared (bench/cpuid_mask.c), so the peers run their AVX2
-kernels; tuner in the process takes the host for an AVX2 one too (its target `cpu` is `cpu
--isa=avx2`, and an AVX-512 artifact is refused), and results record it (`facts()`). Both then run AVX2 code on the same core. That is not an AVX2 host: its caches, clocks
-and FMA units are this core's, so a figure holds for this host run so, not for a Zen 3 or a Haswell.
-Processes started later (compilers, workers, a `--fresh` turn) see the real CPU unless they import
-`bench` with the variable set, as a fresh turn does. Needs Linux on a CPU that can fault CPUID
+set, `bench` (its package import, before any peer loads) makes CPUID fault in the process and
+answers it with AVX-512's and AMX's feature bits cleared (bench/cpuid_mask.c), so the peers run
+their AVX2 kernels; tuner in the process takes the host for an AVX2 one too (its target `cpu` is
+`cpu -isa=avx2`, and an AVX-512 artifact is refused); results record it (`facts()`). Both sides
+then run AVX2 code on the same core. That is not an AVX2 host: its caches, clocks and FMA units
+are this core's, so a figure holds for this host run so, not for a Zen 3 or a Haswell. Processes
+started later (compilers, workers, a `--fresh` turn) see the real CPU unless they import `bench`
+with the variable set, as a fresh turn does. Needs Linux on a CPU that can fault CPUID
 (`cpuid_fault` in /proc/cpuinfo: Intel since Ivy Bridge, and KVM guests).
 """
 from __future__ import annotations

@@ -38,6 +38,8 @@ def host_of(data: dict) -> dict:
     host = data.get("host") if isinstance(data.get("host"), dict) else {}
     machine = data.get("machine") if isinstance(data.get("machine"), dict) else {}
     facts = {k: host[k] for k in ("cpu", "isa", "cores") if host.get(k) not in (None, "")}
+    if host.get("peers_isa"):        # TUNER_BENCH_ISA (bench/isa.py): a page of its own
+        facts["isa"] = f"{host['peers_isa']} emulated on {host.get('host_isa_emulated_on') or host.get('isa')}"
     if machine.get("gpu"):
         facts["gpu"] = machine["gpu"]
     target = data.get("target")
