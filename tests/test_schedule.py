@@ -1352,7 +1352,8 @@ def test_stages_computed_at_one_loop_cover_what_the_target_and_the_later_stages_
 def test_a_threaded_loop_tells_the_c_compiler_its_range(wl):
     """OpenMP hands each thread its chunk at run time, so in the outlined body GCC knows nothing of
     the loop variable's range and cannot fold the index arithmetic and bounds tests over it (a
-    Winograd input transform ran four times slower on two threads than on one): the body states it."""
+    Winograd input transform ran four times slower on two threads than on one): the body states it.
+    Its index is a long, so that the / and % of a fused index reach the addresses unextended."""
     for threads in (1, 2):
         space = SearchSpace(wl, parse_target("cpu", threads=threads))
         src, _ = generate_c(lower(space.schedule(space.steps(space.default()))), space.target.lanes, threads)
@@ -1360,9 +1361,31 @@ def test_a_threaded_loop_tells_the_c_compiler_its_range(wl):
         loops = [k for k, line in enumerate(lines) if "omp parallel for" in line]
         assert len(loops) == (threads > 1) == src.count("__builtin_unreachable")
         for k in loops:
-            var, extent = lines[k + 1].split("int ")[1].split(" = 0; ")[0], lines[k + 1].split(" < ")[1].split(";")[0]
+            assert lines[k + 1].strip().startswith("for (long ")
+            var, extent = lines[k + 1].split("long ")[1].split(" = 0; ")[0], lines[k + 1].split(" < ")[1].split(";")[0]
             assert lines[k + 2].strip() == f"if ({var} < 0 || {var} >= {extent}) __builtin_unreachable();"
 
+
+
+def test_a_threaded_convs_weights_are_read_through_one_pointer_and_constant_offsets(tmp_path):
+    """The ResNet stem's default in AVX2 code at 2 threads fuses output rows, columns and channel
+    blocks into its parallel loop, and each weight vector's address holds the / and % of that index.
+    Sign-extended from an int, each got a base register of its own in the register tile's loop (12
+    for 12 FMAs) and the accumulators spilled; from a long, GCC folds them into one pointer."""
+    import subprocess
+    from tuner.codegen.c import PRELUDE
+    from tuner.toolchain.cc import compiler
+    task = Task(parse_spec("conv2d:N=1,C=3,H=224,W=224,K=64,R=7,S=7,stride=2,pad=3", "NCHW16c"),
+                parse_target("cpu -isa=avx2", threads=2))
+    src = tmp_path / "k.c"
+    src.write_text(PRELUDE + task.default_candidate().source)
+    subprocess.run([compiler()[0], *task.target.cflags, "-fopenmp", "-S", str(src), "-o", str(tmp_path / "k.s")],
+                   check=True, capture_output=True)
+    blocks = re.split(r"\n\.L\d+:", (tmp_path / "k.s").read_text())
+    hot = max(blocks, key=lambda b: b.count("vfmadd"))
+    fmas = [line for line in hot.splitlines() if "vfmadd" in line and "(" in line]
+    assert hot.count("vfmadd") >= 12 and fmas
+    assert len({re.search(r"\((%\w+)", line).group(1) for line in fmas}) <= 2, hot
 
 def test_an_index_condition_is_simplified_in_its_loops_ranges_before_it_reaches_c():
     """A concat read through a reshape tests ((i*28 + j) // 28) < 4: in the loops' ranges that is

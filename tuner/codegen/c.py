@@ -302,12 +302,16 @@ class CGen:
         v = c_name(s.var)
         if plain_end or threaded:
             trips = s.extent if s.limit is None else self.expr(s.limit)
-            self.emit(d, f"for (int {v} = 0; {v} < {trips}; ++{v}) {{")
+            self.emit(d, f"for ({'long' if threaded else 'int'} {v} = 0; {v} < {trips}; ++{v}) {{")
         else:                   # a run-time trip count, evaluated once, kept in memory
             self.emit(d, _runtime_for(v, "0", self.expr(s.limit), in_memory=True) + " {")
         if threaded:
             # OpenMP's outlined body gets its chunk from the runtime: without the range, GCC cannot
-            # fold the index arithmetic and bounds tests (a Winograd transform ran 4x slower)
+            # fold the index arithmetic and bounds tests (a Winograd transform ran 4x slower). Its
+            # index is a long: with an int, the / and % of a fused loop's index were sign-extended
+            # into each address, and GCC kept a base register per operand vector rather than one
+            # pointer and constant offsets (the ResNet stem in AVX2 code spilled its accumulators:
+            # 0.8x the time at 2 threads; docs/history.md)
             self.emit(d + 1, f"if ({v} < 0 || {v} >= {s.extent}) __builtin_unreachable();")
         was_parallel = self.in_parallel
         self.in_parallel = self.in_parallel or _threaded(s, self.threads)
