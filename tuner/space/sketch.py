@@ -688,9 +688,10 @@ class SearchSpace(DagSketch):
         outermost reduction axis into chunks whose panel fits PANEL_CHUNK, every other reduction
         axis inside them). Without blocking, every register tile reads the panel from L2 again: a
         1x1 conv with 1024 input channels ran 0.85-0.9x slower (docs/history.md). None: no
-        blocking; so too where a chunk would serve one register tile (nothing to reuse), or where a
-        pad is copied first and the copy is over a quarter of the panel (its pass cost what the
-        blocking saved: a stride-2 3x3 conv), or where the outermost axis's steps are small enough
+        blocking; so too where a chunk would serve one register tile (nothing to reuse), or where
+        blocking would copy first a pad read in place (not `copied`: 16 registers copy it anyway)
+        and the copy is over a quarter of the panel (its pass cost what the blocking saved: a
+        stride-2 3x3 conv), or where the outermost axis's steps are small enough
         for two to a chunk but no divisor of their count groups them so (a prime count of channel
         blocks: 1040 channels in AVX-512, blocked one block at a time, ran 1.12x the time of whole)."""
         if not self.reduce_axes:
