@@ -15,21 +15,18 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ENV = "TUNER_BENCH_ISA"
 ISAS = ("avx2",)               # what CPUID can be made to hide down to
 _lib = None
-_real: list = []               # the host's own ISA, once tuner is told another
+_real = None                   # the host's own ISA, once tuner is told another
 
 
 def emulate(isa: str) -> None:
     """Hide AVX-512 from this process's CPUID (module doc); SystemExit with the reason where it cannot."""
-    global _lib
+    global _lib, _real
     if isa not in ISAS:
         raise SystemExit(f"{ENV}={isa!r}: the peers can be shown only {', '.join(ISAS)}; unset it for the host's own ISA")
     if _lib is not None:
@@ -38,15 +35,12 @@ def emulate(isa: str) -> None:
     if loaded:
         raise SystemExit(f"{ENV}: {', '.join(loaded)} already loaded, and has read the real CPU: set it before "
                          "python starts (TUNER_BENCH_ISA=avx2 python -m bench.NAME ...)")
-    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    if cc is None:
-        raise SystemExit(f"{ENV}: no C compiler (cc) to build bench/cpuid_mask.c")
-    out = Path(tempfile.mkdtemp(prefix="tuner-cpuid-")) / "cpuid_mask.so"
+    from tuner.toolchain.cc import compile_library     # the kernel cache's build: once per source
     src = Path(__file__).with_name("cpuid_mask.c")
-    build = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(out), str(src)], capture_output=True, text=True)
-    if build.returncode:
-        raise SystemExit(f"{ENV}: building {src} failed: {build.stderr.strip().splitlines()[-1:]}")
-    lib = ctypes.CDLL(str(out))
+    out, err = compile_library(src.read_text(), ["-O2"])
+    if out is None:
+        raise SystemExit(f"{ENV}: building {src} failed: {err}")
+    lib = ctypes.CDLL(out)
     lib.leaf7_ebx.restype = ctypes.c_uint
     lib.masked_calls.restype = ctypes.c_long
     if lib.mask_avx512() != 0:
@@ -57,9 +51,8 @@ def emulate(isa: str) -> None:
     _lib = lib
     os.environ[ENV] = isa        # processes this one starts that import bench mask too
     import tuner.target          # and tuner here takes the host for one of that ISA: target "cpu" is it
-    real = tuner.target.host_isa()
+    _real = tuner.target.host_isa()
     tuner.target.host_isa = lambda: isa
-    _real.append(real)
 
 
 def emulated() -> str | None:
@@ -71,5 +64,5 @@ def facts() -> dict:
     """What a result records of it: {} on the host's own ISA."""
     if _lib is None:
         return {}
-    return {"peers_isa": emulated(), "host_isa_emulated_on": _real[0],
+    return {"peers_isa": emulated(), "host_isa_emulated_on": _real,
             "peers_cpuid_calls_masked": int(_lib.masked_calls())}

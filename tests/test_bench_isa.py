@@ -23,8 +23,7 @@ def _python(code: str, isa: str | None = "avx2") -> subprocess.CompletedProcess:
 
 @MASKABLE
 def test_with_the_variable_set_onnx_runtime_reads_a_cpu_without_avx512_and_still_computes_right():
-    ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (the [test] extra)")
-    del ort
+    pytest.importorskip("onnxruntime", reason="onnxruntime is not installed (the [test] extra)")
     p = _python("""
 import bench, bench.isa as isa
 assert not isa._lib.leaf7_ebx() & (1 << 16), "AVX-512F still shown"

@@ -1366,7 +1366,6 @@ def test_a_threaded_loop_tells_the_c_compiler_its_range(wl):
             assert lines[k + 2].strip() == f"if ({var} < 0 || {var} >= {extent}) __builtin_unreachable();"
 
 
-
 def test_a_threaded_convs_weights_are_read_through_one_pointer_and_constant_offsets(tmp_path):
     """The ResNet stem's default in AVX2 code at 2 threads fuses output rows, columns and channel
     blocks into its parallel loop, and each weight vector's address holds the / and % of that index.
@@ -1386,6 +1385,7 @@ def test_a_threaded_convs_weights_are_read_through_one_pointer_and_constant_offs
     fmas = [line for line in hot.splitlines() if "vfmadd" in line and "(" in line]
     assert hot.count("vfmadd") >= 12 and fmas
     assert len({re.search(r"\((%\w+)", line).group(1) for line in fmas}) <= 2, hot
+
 
 def test_an_index_condition_is_simplified_in_its_loops_ranges_before_it_reaches_c():
     """A concat read through a reshape tests ((i*28 + j) // 28) < 4: in the loops' ranges that is
