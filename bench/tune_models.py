@@ -17,14 +17,16 @@ from tuner.compiler import DEFAULT_LAYOUT
 from tuner.graph import load
 from tuner.graph.passes import optimize
 from tuner.search.scheduler import SCHEDULERS
+from tuner.target import parse_target
 from tuner.tuning import tune
 
 
 def model_tasks(models: list, layout: str = DEFAULT_LAYOUT) -> list:
-    """[(Workload, occurrences)] over `models`, shared tasks merged."""
+    """[(Workload, occurrences)] over `models` as a compile for this host pads them, shared tasks merged."""
     found: dict = {}
+    lanes = parse_target("cpu").lanes
     for name in models:
-        for t in optimize(load(name), layout=layout).meta["tasks"]:
+        for t in optimize(load(name), layout=layout, lanes=lanes).meta["tasks"]:
             if t.tunable:
                 wl, n = found.get(t.workload.key, (t.workload, 0))
                 found[t.workload.key] = (wl, n + t.weight)

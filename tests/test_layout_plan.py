@@ -879,7 +879,7 @@ def test_a_compile_with_no_plan_runs_wide_3x3_convs_as_winograd_where_the_target
     b = GraphBuilder("winograd_default")
     rng = np.random.default_rng(0)
     v = b.input("x", (1, 8, 28, 28), layout="NCHW")
-    for name, (c, k, stride) in dict(narrow=(8, 24, 1), w4=(24, 16, 1), down=(16, 32, 2), w2=(32, 32, 1),
+    for name, (c, k, stride) in dict(narrow=(8, 20, 1), w4=(20, 16, 1), down=(16, 32, 2), w2=(32, 32, 1),
                                      down2=(32, 32, 2), small=(32, 32, 1)).items():
         w = b.const(rng.standard_normal((k, c, 3, 3)).astype(np.float32) * 0.2)
         v = b.add("conv2d", [v, w], {"strides": [stride] * 2, "pads": [1] * 4, "dilations": [1, 1], "groups": 1}, name)
@@ -895,7 +895,7 @@ def test_a_compile_with_no_plan_runs_wide_3x3_convs_as_winograd_where_the_target
     assert m.meta["layout_plan"] == (want if host.lanes >= 8 else {})
     assert m.meta["layout_plan_from"] == ("default" if host.lanes >= 8 else None)
     assert any("winograd_gemm" in (s.workload or "") for s in m.steps) == (host.lanes >= 8)
-    # the 24 channels the narrow conv writes run as 32 (PadChannels), read as such by the Winograd one
+    # the 20 channels the narrow conv writes run as 32 (PadChannels), read as such by the Winograd one
     assert any("C=8,H=28,W=28,K=32," in (s.workload or "") for s in m.steps)
     assert_matches_onnxruntime(m, g)
     chosen = compile_model(g, threads=1, use_shipped=False, predict=False, layout="NCHW16c")
@@ -956,15 +956,15 @@ def test_a_quick_tunes_minor_tasks_stop_after_their_probe_while_together_they_st
     assert cut.describe(tasks).startswith(f"{stopped} minor tasks (4.6% of the model together)")
 
 
-def _narrow_then_wide(image: int = 14):
-    """A conv writing 24 channels (padded to 32 in NCHW16c) read by a 3x3 conv that runs as Winograd
-    by default with 16 lanes."""
+def _narrow_then_wide(image: int = 14, narrow: int = 20):
+    """A conv writing `narrow` channels (20: padded to 32 in NCHW16c) read by a 3x3 conv that runs
+    as Winograd by default with 8 lanes or more."""
     import numpy as np
     from tuner.graph.builder import GraphBuilder
     b = GraphBuilder("narrow_then_wide")
     rng = np.random.default_rng(0)
     v = b.input("x", (1, 8, image, image), layout="NCHW")
-    for name, (c, k) in dict(narrow=(8, 24), wide=(24, 16)).items():
+    for name, (c, k) in dict(narrow=(8, narrow), wide=(narrow, 16)).items():
         w = b.const(rng.standard_normal((k, c, 3, 3)).astype(np.float32) * 0.2)
         v = b.add("conv2d", [v, w], {"strides": [1, 1], "pads": [1] * 4, "dilations": [1, 1], "groups": 1}, name)
         v = b.add("relu", [v], {}, f"{name}_relu")
@@ -974,7 +974,7 @@ def _narrow_then_wide(image: int = 14):
 @pytest.mark.slow
 def test_compile_quick_with_no_plan_measures_the_padded_convs_the_compile_runs_and_logs_a_plan_that_keeps_them_padded(
         tmp_cache, monkeypatch):
-    """With no plan, a compile pads a conv's 24 channels to 32 (PadChannels); compile --quick tunes
+    """With no plan, a compile pads a conv's 20 channels to 32 (PadChannels); compile --quick tunes
     those padded tasks and appends the model's plan marked padded (a solved plan would compile
     unpadded), so the compile after it still pads, still runs the default plan's Winograd convs, and
     takes every kernel from the quick log (the in-model check faked: no record loses there)."""
@@ -1038,13 +1038,37 @@ def test_a_tune_keeps_the_untuned_compiles_padded_plan_where_it_runs_fastest_who
     plans = records.load(log).plans
     quick = MT.quick_tune(g, 1, str(log), None, use_shipped=False, threads=1, progress=False)
     specs = [t.workload.spec for t in quick.session.tasks]
-    assert any("K=32," in s for s in specs) and not any(k in s for s in specs for k in ("K=24,", "C=24,")), specs
+    assert any("K=32," in s for s in specs) and not any(k in s for s in specs for k in ("K=20,", "C=20,")), specs
     after = records.load(log).plans
     assert len(after) == len(plans) + 1 and after[-1].padded and after[-1].layouts == plans[-1].layouts
 
 
+@pytest.mark.slow
+def test_compile_quick_for_avx2_tunes_24_channels_unpadded_in_blocks_of_8_and_the_compile_takes_them(
+        tmp_cache, monkeypatch):
+    """On 8 lanes a compile runs a conv's 24 channels unpadded in NCHW16c (blocks of 8 fill them:
+    PadChannels), so compile --quick prices and tunes that conv as the compile runs it and logs the
+    model's plan (its Winograd conv kept), and the compile after it takes every kernel from the
+    quick log and matches ONNX Runtime."""
+    import tuner.model_tuning as MT
+    from tuner.graph.layout_plan import default_plan, padded_graph
+    monkeypatch.setattr(MT, "in_model_defaults", lambda *args, **kwargs: {})
+    g = _narrow_then_wide(narrow=24)
+    want = default_plan(g, "NCHW16c", 8)
+    assert want and padded_graph(g, "NCHW16c", want, 8) is None and padded_graph(g, "NCHW16c", want, 16) is not None
+    log = tmp_cache.parent / "quick.jsonl"
+    res = MT.quick_tune(g, 1, str(log), None, use_shipped=False, target="cpu -isa=avx2", threads=1, progress=False)
+    assert any("K=24," in t.workload.spec for t in res.session.tasks if t.workload.op == "conv2d")
+    m = compile_model(g, target="cpu -isa=avx2", threads=1, use_shipped=False, predict=False, log=str(log))
+    assert m.meta["layout_plan_from"] == str(log) and {v: m.meta["layout_plan"].get(v) for v in want} == want
+    anchors = [s for s in m.steps if s.anchor]
+    assert anchors and all(s.source == str(log) for s in anchors), [(s.workload, s.source) for s in anchors]
+    assert any("K=24," in (s.workload or "") for s in anchors)
+    assert_matches_onnxruntime(m, g)
+
+
 def _squeeze_excitation(reduced: int = 4):
-    """A conv writing 24 channels (padded to 32 in NCHW16c), then squeeze-excitation: global pool, a
+    """A conv writing 20 channels (padded to 32 in NCHW16c), then squeeze-excitation: global pool, a
     1x1 conv down to `reduced` channels (which no block of 8 or 16 divides), a 1x1 conv back up
     with a sigmoid, the gate times the conv's output."""
     import numpy as np
@@ -1054,9 +1078,9 @@ def _squeeze_excitation(reduced: int = 4):
     w = lambda *s: b.const(rng.standard_normal(s).astype(np.float32) * 0.3)  # noqa: E731
     conv = lambda v, wt, name, pad: b.add("conv2d", [v, wt], {"strides": [1, 1], "pads": [pad] * 4,  # noqa: E731
                                                               "dilations": [1, 1], "groups": 1}, name)
-    x = b.add("relu", [conv(b.input("x", (1, 8, 10, 10), layout="NCHW"), w(24, 8, 3, 3), "body", 1)], {}, "body_relu")
-    s = b.add("relu", [conv(b.add("global_avg_pool2d", [x], {}, "squeeze"), w(reduced, 24, 1, 1), "down", 0)], {}, "dr")
-    gate = b.add("sigmoid", [conv(s, w(24, reduced, 1, 1), "up", 0)], {}, "gate")
+    x = b.add("relu", [conv(b.input("x", (1, 8, 10, 10), layout="NCHW"), w(20, 8, 3, 3), "body", 1)], {}, "body_relu")
+    s = b.add("relu", [conv(b.add("global_avg_pool2d", [x], {}, "squeeze"), w(reduced, 20, 1, 1), "down", 0)], {}, "dr")
+    gate = b.add("sigmoid", [conv(s, w(20, reduced, 1, 1), "up", 0)], {}, "gate")
     return b.finish([b.add("mul", [x, gate], {}, "excite")])
 
 
@@ -1073,7 +1097,7 @@ def test_a_conv_whose_channels_no_block_divides_is_priced_in_the_fitted_block_a_
 
 @pytest.mark.slow
 def test_compile_quick_measures_every_task_the_compile_runs_squeeze_excitation_convs_included(tmp_cache, monkeypatch):
-    """The compile pads the 24 channels (so quick's plan line is marked padded) and runs the conv
+    """The compile pads the 20 channels (so quick's plan line is marked padded) and runs the conv
     down to 4 channels in NCHW16c, blocks of 4: quick measures that task, not the conv in NCHW."""
     import tuner.model_tuning as MT
     from tuner.graph.layout_plan import padded_graph

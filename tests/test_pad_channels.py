@@ -70,6 +70,32 @@ def test_a_conv_is_padded_only_where_the_pad_costs_less_than_the_small_block(k, 
     assert padded_count(k, block) == want
 
 
+@pytest.mark.parametrize("k, want", [(24, 24), (40, 40), (56, 56), (72, 80), (120, 128), (232, 240), (1000, 1008),
+                                     (58, 64), (20, 32), (12, 16), (3, 16), (32, 32)])
+def test_on_8_lane_vectors_a_block_of_8_is_padded_only_where_that_adds_little_compute(k, want):
+    """AVX2 in NCHW16c: 24 channels in blocks of 8 already fill its 8 lanes, so padding them to 32
+    would add a third more compute; 1000 as 1008 adds little and gives each register tile two
+    vectors of channels (NARROW); 58 (blocks of 2) and 20 (blocks of 4) gain from whole blocks."""
+    assert padded_count(k, 16, lanes=8) == want
+    assert padded_count(k, 16, lanes=16) == padded_count(k, 16)          # the block's own lanes: as before
+
+
+def test_a_compile_for_8_lanes_runs_24_channels_in_blocks_of_8_where_16_lanes_would_pad_them():
+    """The compile passes its target's vector width to PadChannels, as a quick tune's padded graph
+    does: for AVX2 the conv writing 24 channels runs unpadded in blocks of 8 and computes what the
+    graph does; for AVX-512 the graph is padded to 32."""
+    from tuner.compiler import compile_model
+    from tuner.graph.layout_plan import padded_graph
+    g = _net(np.random.default_rng(5), 16, 24, "se")
+    assert padded_graph(g, "NCHW16c", {}, lanes=8) is None and padded_graph(g, "NCHW16c", {}, lanes=16) is not None
+    x = np.random.default_rng(6).standard_normal((1, 16, 9, 9)).astype(np.float32)
+    want = interp.run(g, x)[0]
+    m = compile_model(g, target="cpu -isa=avx2", threads=1, use_shipped=False, predict=False)
+    convs = [s.workload for s in m.steps if (s.workload or "").startswith("conv2d")]
+    assert convs and not any("K=32," in c for c in convs) and any("K=24," in c for c in convs), convs
+    np.testing.assert_allclose(m.run(x)[0], want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+
+
 @pytest.mark.parametrize("first", ["NCHW", "NCHW8c", "NCHW16c"])
 def test_a_compile_with_a_layout_plan_pads_nothing_as_the_solver_priced_it(first):
     """The layout solver prices each layout from the graph compiled in it, unpadded: a padded producer

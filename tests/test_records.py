@@ -483,17 +483,19 @@ def test_every_task_of_a_shipped_plan_has_a_shipped_record():
     from tuner.compiler.compile_model import DEFAULT_LAYOUT
     from tuner.graph import load
     from tuner.graph.layout_plan import model_layouts, padded_graph, winograd_convs
+    from tuner.target import parse_target
     general = records.shipped_database(TARGET1)
     every = {(r.workload.key, r.target) for r in records.load(general, warn=False).records if r.ok}
     checked, missing, spaces = 0, [], {}
 
-    def space_of(model: str, plan: dict, padded: bool):     # plans of the same model and layouts share one
-        key = (model, padded and tuple(sorted(plan.items())), tuple(sorted(set(plan.values()) - {DEFAULT_LAYOUT})))
+    def space_of(model: str, plan: dict, padded: bool, lanes: int):     # plans of one model and layouts share one
+        key = (model, padded and (lanes, tuple(sorted(plan.items()))),
+               tuple(sorted(set(plan.values()) - {DEFAULT_LAYOUT})))
         if key not in spaces:
             graph = load(model)
             if padded:
-                graph = padded_graph(graph, DEFAULT_LAYOUT, plan) or graph
-            space = model_layouts(graph, (DEFAULT_LAYOUT, *key[2]))
+                graph = padded_graph(graph, DEFAULT_LAYOUT, plan, lanes) or graph
+            space = model_layouts(graph, (DEFAULT_LAYOUT, *key[2]), lanes)
             spaces[key] = space, {wl.key: wl for wl, _ in space.workloads()}
         return spaces[key]
 
@@ -502,7 +504,7 @@ def test_every_task_of_a_shipped_plan_has_a_shipped_record():
         have = every | {(r.workload.key, r.target) for r in db.records if r.ok}
         for p in db.plans:
             plan = winograd_convs(p.layouts) if p.padded else p.layouts
-            space, names = space_of(p.model, plan, p.padded)
+            space, names = space_of(p.model, plan, p.padded, parse_target(p.target, check_host=False).lanes)
             for key in space.used({v: plan.get(v, DEFAULT_LAYOUT) for v in space.domains}):
                 checked += 1
                 if (key, p.target) not in have and not (p.padded and not names[key].op.startswith("winograd")):

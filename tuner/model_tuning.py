@@ -458,9 +458,9 @@ def quick_tune(model, per_task: int, log: str, layout: str | None = None, input_
     layouts = (layout, *sorted(set(plan.values()) - {layout}))
     keep = True
     if not unpadded:    # the convs the plan leaves out run in `layout`, as the compile runs them
-        if (padded := padded_graph(graph, layout, plan)) is not None:
+        if (padded := padded_graph(graph, layout, plan, tgt.lanes)) is not None:
             graph, keep = padded, False     # the compile pads them: its tasks, and a plan marked padded
-        plan = {v: plan.get(v, layout) for v in model_layouts(graph, layouts).domains}
+        plan = {v: plan.get(v, layout) for v in model_layouts(graph, layouts, tgt.lanes).domains}
     res = tune_model(graph, None, log, layouts=layouts, plan=plan, warmup_batch=per_task, record_plan=keep,
                      look_cap=per_task, **kwargs)
     limit = kwargs.get("time_limit")
@@ -680,7 +680,7 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
     if tgt.kind != "cpu":
         raise UserError(f"tuning a whole model runs on CPU targets in this version, not {tgt.kind}: tune its "
                         "operators with --workload, or use --target cpu")
-    space = model_layouts(graph, tuple(layouts)).restricted(plan or {})   # plan: the convs it names fixed
+    space = model_layouts(graph, tuple(layouts), tgt.lanes).restricted(plan or {})   # plan: the convs it names fixed
     pairs = space.workloads()
     looks = {op: n if look_cap is None else min(n, look_cap) for op, n in FIRST_LOOK.items()}
     looks_only = trials is None
@@ -752,7 +752,7 @@ def tune_model(model, trials: int | None, log: str | None = None, target: str = 
         rivals = {"one layout": one_layout_plan(space, layouts, prices),
                   "default": default_layout_plan(space, graph, layouts, prices, tgt.lanes)} if timed else {}
         wino = default_plan(graph, DEFAULT_LAYOUT, tgt.lanes) if rivals.get("default") is not None else None
-        pads = wino is not None and padded_graph(graph, DEFAULT_LAYOUT, wino) is not None
+        pads = wino is not None and padded_graph(graph, DEFAULT_LAYOUT, wino, tgt.lanes) is not None
         contest = {"joint": (plan, plan.layouts)}       # name -> (plan, the layouts it compiles with)
         for k, p in rivals.items():
             if k == "default" and pads:                 # as the untuned compile: its channels padded

@@ -450,7 +450,7 @@ def compile_model(model, log=None, target: str | Target = "cpu", threads: int | 
     given = {"fuse_attention": fuse_attention, "merge_dense": merge_dense}
     choices = {c: (given[c], "given") if given[c] is not None else (timed[c]["on"], plan_from) if c in timed
                else (False, "default") for c in GRAPH_CHOICES}
-    options = dict(layout=layout, layout_plan=layout_plan, **{c: on for c, (on, _) in choices.items()})
+    options = dict(layout=layout, layout_plan=layout_plan, lanes=tgt.lanes, **{c: on for c, (on, _) in choices.items()})
     g = optimize(graph, **options)
     if family:
         family.optimised([g] + [optimize(gp, **options) for gp in family.graphs[1:]])

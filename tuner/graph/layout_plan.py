@@ -220,14 +220,14 @@ def winograd_convs(layouts: dict) -> dict:
     return {k: v for k, v in layouts.items() if WG.parse_choice(v) is not None}
 
 
-def padded_graph(graph, layout: str, plan: dict):
+def padded_graph(graph, layout: str, plan: dict, lanes: int | None = None):
     """The graph with its conv channels padded to whole blocks of `layout` (PadChannels), as a
-    compile with no plan of the model's pads them under `plan` (the default plan, or {} where a
-    layout is chosen), before the passes that choose layouts; None where nothing is padded. A plan
-    solved on the unpadded graph compiles unpadded, so a tune of such a model measures this graph's
-    tasks to serve that compile (model_tuning.quick_tune)."""
+    compile for vectors of `lanes` with no plan of the model's pads them under `plan` (the default
+    plan, or {} where a layout is chosen), before the passes that choose layouts; None where nothing
+    is padded. A plan solved on the unpadded graph compiles unpadded, so a tune of such a model
+    measures this graph's tasks to serve that compile (model_tuning.quick_tune)."""
     pre = optimize(graph, passes=PRE_LAYOUT)
-    out = optimize(pre, passes=("InferType", "PadChannels"), layout=layout, layout_plan=plan)
+    out = optimize(pre, passes=("InferType", "PadChannels"), layout=layout, layout_plan=plan, lanes=lanes)
     convs = lambda g: [n.inputs[1].shape for n in g.nodes if n.op == "conv2d"]  # noqa: E731
     return out if convs(out) != convs(pre) else None
 
@@ -300,7 +300,7 @@ class ModelLayouts:
                              {e: {k: price(w) for k, w in t.items()} for e, t in self.pairs.items()})
 
 
-def _conv_layouts(n, layouts) -> tuple:
+def _conv_layouts(n, layouts, lanes: int | None = None) -> tuple:
     """The candidate layouts of a conv node (in NCHW), NCHW first: of `layouts`, NCHW; NHWC and
     NCHW[x]c where x divides the output channels for ordinary convs; NCHW[x]c for depthwise ones,
     and for grouped ones whose group widths x divides (te.layouts.grouped_block);
@@ -309,9 +309,9 @@ def _conv_layouts(n, layouts) -> tuple:
     (convert_layout.fused_read) for ordinary convs whose output channels the second's block
     divides; NCHW alone when none of these fits. An ordinary conv also gets a blocked layout whose
     block its output channels do not take, in the block fitted to them (te.layouts.fit_block), where
-    the compile in that layout does not pad them (PadChannels) and no candidate holds those bytes
-    already: that compile runs it so (a squeeze-excitation conv writing 4 channels runs in NCHW16c
-    as blocks of 4), and a plan should price what it runs.
+    the compile in that layout for vectors of `lanes` does not pad them (PadChannels) and no
+    candidate holds those bytes already: that compile runs it so (a squeeze-excitation conv writing
+    4 channels runs in NCHW16c as blocks of 4), and a plan should price what it runs.
 
     An ordinary conv whose output channels a blocked layout of `layouts` does not take (24 in
     NCHW16c) also gets that layout as a read (NCHW16c>NCHW8c, writing the largest block of
@@ -350,21 +350,22 @@ def _conv_layouts(n, layouts) -> tuple:
         # not pad them (4 channels in NCHW16c: blocks of 4; PadChannels), where no candidate holds
         # that data yet (24 in NCHW16c are NCHW8c's)
         for lay in sorted(untaken, key=L.block_of, reverse=True):
-            if padded_count(k, L.block_of(lay)) == k and not any(o in blocked and L.same_data(lay, o, k) for o in out):
+            if padded_count(k, L.block_of(lay), lanes) == k and not any(o in blocked and L.same_data(lay, o, k) for o in out):
                 out.append(lay)
     return tuple(sorted(out, key=lambda lay: lay != "NCHW")) or ("NCHW",)
 
 
-def model_layouts(graph, layouts=("NCHW", "NHWC", "NCHW8c", "NCHW16c")) -> ModelLayouts:
-    """The layout problem of `graph`: every conv with constant weights and a unique node name is a
-    variable over `layouts` (filtered per conv by _conv_layouts); so is every such dense over the
+def model_layouts(graph, layouts=("NCHW", "NHWC", "NCHW8c", "NCHW16c"), lanes: int | None = None) -> ModelLayouts:
+    """The layout problem of `graph` compiled for vectors of `lanes` (None: each block's own): every
+    conv with constant weights and a unique node name is a variable over `layouts` (filtered per
+    conv by _conv_layouts); so is every such dense over the
     weight packings among `layouts` (OI, OI16o, ...), when there are any (else it runs in
     te.layouts.DENSE_PACKING, a fixed group). A dense's packing moves no activation, so its
     variable has no edges: the solver picks its fastest packing. The tasks come from compiling the
     graph's passes once per choice, so they are the tasks `tuner compile` meets under any plan."""
     pre = optimize(graph, passes=PRE_LAYOUT)
     packings = tuple(lay for lay in layouts if L.is_dense_packing(lay))
-    domains = _domains(pre, layouts, packings)
+    domains = _domains(pre, layouts, packings, lanes)
     base = "NCHW16c" if "NCHW16c" in layouts else \
         next((lay for lay in layouts if not (WG.parse_choice(lay) or fused_read(lay) or L.is_dense_packing(lay))),
              "NCHW")
@@ -376,11 +377,11 @@ def model_layouts(graph, layouts=("NCHW", "NHWC", "NCHW8c", "NCHW16c")) -> Model
     return ModelLayouts(graph.name, domains, edges.unary, edges.pairs, fixed)
 
 
-def _domains(pre, layouts, packings) -> dict:
+def _domains(pre, layouts, packings, lanes: int | None = None) -> dict:
     """conv or dense node name -> its candidate layouts, for nodes with constant weights and a
     unique name that have any."""
     names = [n.name for n in pre.nodes]
-    candidates = {"conv2d": lambda n: _conv_layouts(n, layouts), "dense": lambda n: packings}
+    candidates = {"conv2d": lambda n: _conv_layouts(n, layouts, lanes), "dense": lambda n: packings}
     domains = {n.name: candidates[n.op](n) for n in pre.nodes
                if n.op in candidates and n.inputs[1].is_const and len(n.inputs) == 2 and names.count(n.name) == 1}
     return {v: d for v, d in domains.items() if d}

@@ -20,12 +20,13 @@ def get(name: str) -> Pass:
 
 def optimize(graph, layout: str | None = None, passes=None, disabled=(), opt_level: int = 3, instruments=(),
              layout_plan: dict | None = None, fuse_attention: bool = False, merge_dense: bool = False,
-             pad_channels: bool = True):
+             pad_channels: bool = True, lanes: int | None = None):
     """Run `passes` (default: the standard pipeline) under a PassContext. layout_plan: {conv node
     name: layout} for the convolutions that take another layout than `layout`; fuse_attention:
     ExtractTasks makes each attention one group (fuse_ops.fuse_attention); merge_dense: the default
     pipeline runs MergeParallelDense after FuseTransformerOps; pad_channels: PadChannels may pad
-    (the layout solver's compiles say False)."""
+    (the layout solver's compiles say False), counting the lanes of the target's vectors (`lanes`; None:
+    the layout's block)."""
     names = list(passes) if passes else list(DEFAULT_PIPELINE)
     if merge_dense and not passes:
         names.insert(names.index("FuseTransformerOps") + 1, "MergeParallelDense")
@@ -37,6 +38,8 @@ def optimize(graph, layout: str | None = None, passes=None, disabled=(), opt_lev
         options["fuse_attention"] = True
     if not pad_channels:
         options["pad_channels"] = False
+    if lanes:
+        options["lanes"] = lanes
     ctx = PassContext(opt_level, set(disabled), list(instruments), options)
     with ctx:
         return seq(graph, ctx)

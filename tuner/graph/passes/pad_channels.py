@@ -39,14 +39,24 @@ KEEPS = tuple(op for op in UNARY if op != "pow") + ("max_pool2d", "avg_pool2d", 
 IDENTITY = {"add": 0.0, "sub": 0.0, "mul": 1.0, "div": 1.0}       # a constant's padding: the op leaves x as it is
 
 
-def padded_count(k: int, block: int) -> int:
-    """Channels a conv of `k` output channels computes in a layout of `block`: `k`, or the next
-    multiple of the block where that wastes fewer lanes than the small block (fit_block) idles. A
-    block of 4 or 8 fills that many lanes; any other (2, 3, 10, 15) runs as scalars: one lane."""
+# A small block of whole vectors (8 channels on AVX2 in NCHW16c) fills its lanes, but a register tile
+# of it feeds each input load to fewer output channels than the layout's block: it counts as this
+# fraction of its lanes (docs/graph-compiler.md).
+NARROW = 0.875
+
+
+def padded_count(k: int, block: int, lanes: int | None = None) -> int:
+    """Channels a conv of `k` output channels computes in a layout of `block` on vectors of `lanes`
+    floats (None: the block's): `k`, or the next multiple of the block where that wastes fewer lanes
+    than the small block (fit_block) idles. A small block of whole vectors fills them (NARROW); one
+    of 4 or 8 narrower than the vector fills that many lanes; any other (2, 3, 10, 15) runs as
+    scalars: one lane."""
+    lanes = lanes or block
     fit = L.fit_block(k, block)
     up = -(-k // block) * block
-    lanes = fit if fit % 4 == 0 else 1
-    return up if fit < block and up * lanes < k * block else k
+    filled = lambda b: lanes if b % lanes == 0 else b if b % 4 == 0 else 1  # noqa: E731
+    small = filled(fit) * (NARROW if fit % lanes == 0 else 1)
+    return up if fit < block and up * small < k * filled(block) else k
 
 
 def _pad_axis(data: np.ndarray, axis: int, to: int, value: float = 0.0) -> np.ndarray:
@@ -79,7 +89,7 @@ def keeps_blocks(plan: dict, layout: str) -> bool:
 def pad_channels(graph: Graph, ctx) -> Graph:
     """Conv output channels padded to whole blocks of the layout, carried while consumers can take them."""
     layout = ctx.options.get("layout") or "NCHW"
-    block = L.block_of(layout)
+    block, lanes = L.block_of(layout), ctx.options.get("lanes")
     if not keeps_blocks(ctx.options.get("layout_plan") or {}, layout) or not ctx.options.get("pad_channels", True) \
             or not block:
         return graph
@@ -120,8 +130,8 @@ def pad_channels(graph: Graph, ctx) -> Graph:
             w, x = ins[1].data, ins[0]
             k, groups = w.shape[0], a.get("groups", 1)
             if groups == 1:
-                to_k = padded_count(k, block)
-                c = padded_count(real[id(x)], block) if id(x) in real else x.shape[1]
+                to_k = padded_count(k, block, lanes)
+                c = padded_count(real[id(x)], block, lanes) if id(x) in real else x.shape[1]
                 if c != x.shape[1]:
                     w = _pad_axis(w, 1, c)
                 if to_k != k:
@@ -130,7 +140,7 @@ def pad_channels(graph: Graph, ctx) -> Graph:
                                        if w is not ins[1].data else new.get(id(ins[1]), ins[1])], a, n.name)
                 real[id(n.output)] = k
             elif groups == k == x.shape[1] and w.shape[1] == 1 and id(x) in real:        # depthwise
-                c = padded_count(k, block)
+                c = padded_count(k, block, lanes)
                 a["groups"] = c
                 out = b.add("conv2d", [to(x, c), b.const(_pad_axis(w, 0, c), f"{ins[1].name}_padded")], a, n.name)
                 real[id(n.output)] = k
