@@ -24,6 +24,7 @@ import sys
 import time
 
 from bench.common import write_results
+from bench.cores import Placements
 from tuner.compare.peers import interleaved, onnxruntime_runner, paired_ratios, time_call
 from tuner.measure.interleave import SETTLE_S
 from tuner.graph import load as load_graph
@@ -58,32 +59,41 @@ def main(argv=None) -> int:
     libraries = {name: m.meta["library"] for name, m in models.items()}
     inputs = next(iter(models.values())).random_inputs(seed=1)
     result = {"model": args.model, "rounds": args.rounds, "artifacts": dirs, "libraries": libraries, "rows": [],
-              "pairs": [], "rounds_s": {}}
+              "pairs": [], "rounds_s": {}, "rounds_core_ns": {}}
     for threads in (int(t) for t in args.threads.split(",")):
         runners = {name: (lambda ins, m=m: m.run(*ins)) for name, m in models.items()}
         runners["onnxruntime"] = onnxruntime_runner(graph, threads, args.model if args.model.endswith(".onnx") else None)
-        progress = lambda s: print(f"  {s}", flush=True)     # noqa: E731
+        place = Placements()
+        progress = place.after(lambda s: print(f"  {s}", flush=True))
         t = (fresh_interleaved({**dirs, "onnxruntime": "onnxruntime"}, args.model, threads, args.rounds, progress) if args.fresh
              else interleaved(runners, inputs, args.rounds, progress=progress))
         med = {k: statistics.median(v) for k, v in t.items()}
         ort = med["onnxruntime"]
         print(f"\n{args.model}, ONNX Runtime at {threads} thread(s), {args.rounds} rounds: {ort * 1e3:.2f} ms")
         for name in models:
-            paired = statistics.median(paired_ratios(t[name], t["onnxruntime"]))
+            ratios = paired_ratios(t[name], t["onnxruntime"])
+            paired, by = statistics.median(ratios), place.split(ratios)
             result["rows"].append({"ort_threads": threads, "artifact": name, "target": models[name].meta["target"],
                                    "median_ms": med[name] * 1e3, "onnxruntime_ms": ort * 1e3,
-                                   "vs_onnxruntime_paired": paired})
+                                   "vs_onnxruntime_paired": paired, **({"by_placement": by} if by else {})})
             print(f"{name:<12} {med[name] * 1e3:8.2f} ms  vs ONNX Runtime {paired:.3f}x paired  "
-                  f"({models[name].meta['target']})")
+                  f"({models[name].meta['target']}){placed(by)}")
         for a, b in itertools.combinations(models, 2):
-            v = statistics.median(paired_ratios(t[a], t[b]))
-            same = libraries[a] == libraries[b]
-            print(f"{a + '/' + b:<25} {v:.3f}x paired{' (the same library)' if same else ''}")
-            result["pairs"].append({"ort_threads": threads, "pair": f"{a}/{b}", "paired_ratio": v, "same_library": same})
+            ratios = paired_ratios(t[a], t[b])
+            v, by, same = statistics.median(ratios), place.split(ratios), libraries[a] == libraries[b]
+            print(f"{a + '/' + b:<25} {v:.3f}x paired{' (the same library)' if same else ''}{placed(by)}")
+            result["pairs"].append({"ort_threads": threads, "pair": f"{a}/{b}", "paired_ratio": v, "same_library": same,
+                                    **({"by_placement": by} if by else {})})
         result["rounds_s"][threads] = t
+        result["rounds_core_ns"][threads] = place.samples
     result["fresh"] = args.fresh
     write_results("artifacts", args.out, result)
     return 0
+
+
+def placed(by: dict) -> str:
+    """A row's paired ratios apart by where the host placed the two cores (bench.cores), if it moved them."""
+    return f"; cores near {by['near']:.3f}x, far {by['far']:.3f}x ({by['far_rounds']} rounds)" if by else ""
 
 
 def fresh_interleaved(dirs: dict, model: str, threads: int, rounds: int, progress) -> dict:

@@ -24,7 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.artifacts import fresh_interleaved
+from bench.artifacts import fresh_interleaved, placed
+from bench.cores import Placements
 from bench.common import write_results
 from tuner.compare.peers import interleaved, onnxruntime_runner, paired_ratios
 from tuner.compiler import compile_model
@@ -72,7 +73,8 @@ def main(argv=None) -> int:
                 inputs = next(iter(built.values()))[0].random_inputs(seed=1)
                 runners = {name: (lambda ins, m=m: m.run(*ins)) for name, (m, _) in built.items()}
                 runners["onnxruntime"] = onnxruntime_runner(graph, threads, model if model.endswith(".onnx") else None)
-                progress = lambda s: print(f"  {s}", flush=True)     # noqa: E731
+                place = Placements()
+                progress = place.after(lambda s: print(f"  {s}", flush=True))
                 if args.fresh:
                     dirs = {name: str(m.save(workdir / f"{Path(model).stem}.t{threads}.{name}"))
                             for name, (m, _) in built.items()}
@@ -82,15 +84,17 @@ def main(argv=None) -> int:
                 ort = statistics.median(t["onnxruntime"])
                 print(f"\n{model}, {threads} thread(s), {args.rounds} rounds; ONNX Runtime {ort * 1e3:.2f} ms")
                 for name, (m, secs) in built.items():
-                    med, paired = statistics.median(t[name]), statistics.median(paired_ratios(t[name], t["onnxruntime"]))
+                    ratios = paired_ratios(t[name], t["onnxruntime"])
+                    med, paired, by = statistics.median(t[name]), statistics.median(ratios), place.split(ratios)
                     sources = sorted({s.source if s.source in (DEFAULT, PREDICTED, SHIPPED, OTHER_THREADS) else "log"
                                       for s in m.steps if s.workload_key})
                     print(f"  {name:<10} compile {secs:6.1f} s  {med * 1e3:8.2f} ms  vs ONNX Runtime {paired:.3f}x "
-                          f"paired  (schedules: {', '.join(sources)})")
+                          f"paired  (schedules: {', '.join(sources)}){placed(by)}")
                     result["rows"].append({"model": model, "threads": threads, "variant": name, "compile_s": secs,
                                            "median_ms": med * 1e3, "onnxruntime_ms": ort * 1e3,
                                            "vs_onnxruntime_paired": paired, "sources": sources,
-                                           "rounds_s": t[name], "onnxruntime_rounds_s": t["onnxruntime"]})
+                                           "rounds_s": t[name], "onnxruntime_rounds_s": t["onnxruntime"],
+                                           "rounds_core_ns": place.samples, **({"by_placement": by} if by else {})})
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     write_results("untuned", args.out, result)
