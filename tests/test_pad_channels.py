@@ -122,3 +122,14 @@ def test_a_compiled_model_with_padded_convs_computes_what_the_graph_does(tail):
     x = np.random.default_rng(4).standard_normal((1, 24, 9, 9)).astype(np.float32)
     want = interp.run(g, x)[0]
     np.testing.assert_allclose(m.run(x)[0], want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+
+
+def test_tuner_inspect_pads_as_a_compile_for_its_target_would():
+    """`tuner inspect --target` counts that target's lanes: MobileNetV2's 24-channel convs stay whole
+    for AVX2 and run as 32 for AVX-512 (both can be inspected on any host)."""
+    import subprocess
+    import sys
+    out = {isa: subprocess.run([sys.executable, "-m", "tuner.cli", "inspect", "mobilenet_v2", "--layout", "NCHW16c",
+                                "--target", f"cpu -isa={isa}"], capture_output=True, text=True) for isa in ("avx2", "avx512")}
+    assert all(o.returncode == 0 for o in out.values()), {k: o.stderr for k, o in out.items()}
+    assert "K=24," in out["avx2"].stdout and "K=24," not in out["avx512"].stdout and "K=32," in out["avx512"].stdout

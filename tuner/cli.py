@@ -320,6 +320,7 @@ def _cmd_inspect(args) -> int:
     from .graph.passes import DEFAULT_PIPELINE, PassTiming, PrintIR, optimize
     from .graph.passes.convert_layout import data_path_transforms
     from .graph.passes.extract_tasks import group_summary
+    from .target import parse_target
     graph = load(args.model, parse_input_shapes(args.input_shape))
     passes = [p.strip() for p in args.passes.split(",") if p.strip()] if args.passes else list(DEFAULT_PIPELINE)
     if "ExtractTasks" not in passes:
@@ -330,7 +331,7 @@ def _cmd_inspect(args) -> int:
         instruments.append(timing)
     disabled = {p.strip() for p in (args.disable or "").split(",") if p.strip()}
     out = optimize(graph, layout=args.layout, passes=passes, disabled=disabled, opt_level=args.opt_level,
-                   instruments=instruments)
+                   instruments=instruments, lanes=parse_target(args.target, check_host=False).lanes)
     groups = out.meta.get("fused_groups", [])
     print(f"{graph.name}: {len(graph.nodes)} nodes in, {len(out.nodes)} after passes; "
           f"{len(groups)} fused groups; layout {args.layout or 'NCHW'}")
@@ -675,6 +676,8 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("inspect", help="a model after graph passes: fused groups, transforms, tasks")
     i.add_argument("model", help="built-in model name (see `tuner models`) or an .onnx file")
     i.add_argument("--layout", help="run convolutions in NHWC, NCHW8c or NCHW16c (ConvertLayout)")
+    i.add_argument("--target", default="cpu",
+                   help="whose vector width PadChannels counts: 'cpu' (this host) or e.g. 'cpu -isa=avx2'")
     i.add_argument("--passes", help="comma-separated passes to run instead of the default pipeline")
     i.add_argument("--disable", help="comma-separated passes to skip")
     i.add_argument("--opt-level", type=int, default=3)
