@@ -24,7 +24,7 @@ import sys
 import time
 
 from bench.common import write_results
-from bench.cores import Placements
+from bench.cores import Placements, placed
 from tuner.compare.peers import interleaved, onnxruntime_runner, paired_ratios, time_call
 from tuner.measure.interleave import SETTLE_S
 from tuner.graph import load as load_graph
@@ -89,11 +89,6 @@ def main(argv=None) -> int:
     result["fresh"] = args.fresh
     write_results("artifacts", args.out, result)
     return 0
-
-
-def placed(by: dict) -> str:
-    """A row's paired ratios apart by where the host placed the two cores (bench.cores), if it moved them."""
-    return f"; cores near {by['near']:.3f}x, far {by['far']:.3f}x ({by['far_rounds']} rounds)" if by else ""
 
 
 def fresh_interleaved(dirs: dict, model: str, threads: int, rounds: int, progress) -> dict:

@@ -61,3 +61,8 @@ class Placements:
         far = [r for r, ns in known if ns >= FAR * near]
         close = [r for r, ns in known if ns < FAR * near]
         return {"near": statistics.median(close), "far": statistics.median(far), "far_rounds": len(far)} if far else {}
+
+
+def placed(by: dict) -> str:
+    """A printed row's tail: its paired ratios apart by placement (Placements.split), if the host moved the cores."""
+    return f"; cores near {by['near']:.3f}x, far {by['far']:.3f}x ({by['far_rounds']} rounds)" if by else ""

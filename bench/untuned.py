@@ -24,8 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.artifacts import fresh_interleaved, placed
-from bench.cores import Placements
+from bench.artifacts import fresh_interleaved
+from bench.cores import Placements, placed
 from bench.common import write_results
 from tuner.compare.peers import interleaved, onnxruntime_runner, paired_ratios
 from tuner.compiler import compile_model

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from bench.cores import FAR, Placements, core_to_core_ns
+from bench.cores import FAR, Placements, core_to_core_ns, placed
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to bounce a line between")
@@ -26,7 +26,9 @@ def test_ratios_are_told_apart_only_where_a_run_met_both_placements():
     step = place.after(said.append)
     for ns in (30.0, 32.0, 170.0, 31.0, 175.0):
         place.samples.append(ns)
-    assert place.split([0.9, 0.92, 1.1, 0.91, 1.2]) == {"near": 0.91, "far": 1.15, "far_rounds": 2}
+    by = place.split([0.9, 0.92, 1.1, 0.91, 1.2])
+    assert by == {"near": 0.91, "far": 1.15, "far_rounds": 2}
+    assert placed(by) == "; cores near 0.910x, far 1.150x (2 rounds)" and placed({}) == ""
     place.samples = [70.0, 80.0, 70.0 * FAR * 0.99]
     assert place.split([1.0, 1.0, 1.0]) == {}
     place.samples = [None, None]

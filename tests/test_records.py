@@ -489,13 +489,12 @@ def test_every_task_of_a_shipped_plan_has_a_shipped_record():
     checked, missing, spaces = 0, [], {}
 
     def space_of(model: str, plan: dict, padded: bool, lanes: int):     # plans of one model and layouts share one
-        key = (model, padded and (lanes, tuple(sorted(plan.items()))),
-               tuple(sorted(set(plan.values()) - {DEFAULT_LAYOUT})))
+        key = (model, lanes, padded and tuple(sorted(plan.items())), tuple(sorted(set(plan.values()) - {DEFAULT_LAYOUT})))
         if key not in spaces:
             graph = load(model)
             if padded:
                 graph = padded_graph(graph, DEFAULT_LAYOUT, plan, lanes) or graph
-            space = model_layouts(graph, (DEFAULT_LAYOUT, *key[2]), lanes)
+            space = model_layouts(graph, (DEFAULT_LAYOUT, *key[3]), lanes)
             spaces[key] = space, {wl.key: wl for wl, _ in space.workloads()}
         return spaces[key]
 
