@@ -1065,6 +1065,9 @@ def test_compile_quick_for_avx2_tunes_24_channels_unpadded_in_blocks_of_8_and_th
     assert anchors and all(s.source == str(log) for s in anchors), [(s.workload, s.source) for s in anchors]
     assert any("K=24," in (s.workload or "") for s in anchors)
     assert_matches_onnxruntime(m, g)
+    from tuner.analysis.model_report import analyze_model          # its report prices the plan as the tune did
+    [report] = analyze_model(str(log), g)
+    assert report.plan.layouts == m.meta["layout_plan"]
 
 
 def _squeeze_excitation(reduced: int = 4):

@@ -38,6 +38,7 @@ from ..graph.ir import graph_digest
 from ..graph.layout_plan import ModelLayouts, Plan, model_layouts
 from ..model_tuning import PRUNE_RATIO, TUNED_TRIALS, TaskProgress, equal_effort_losers, layout_ratios, reachable_prices
 from ..runtime import load as load_artifact
+from ..target import parse_target
 from ..te.layouts import CONV_LAYOUTS, plan_summary
 
 CURVE_POINTS = 150
@@ -322,7 +323,8 @@ def _graph(plan, model, input_shapes):
 
 def _report(path, contents, plan, model, input_shapes, compiled, repeat) -> ModelReport:
     graph = _graph(plan, model, input_shapes)
-    space = model_layouts(graph, tuple(plan.candidates or CONV_LAYOUTS))
+    lanes = parse_target(plan.target, check_host=False).lanes           # as the tune that logged it saw the convs
+    space = model_layouts(graph, tuple(plan.candidates or CONV_LAYOUTS), lanes)
     missing = [v for v in plan.layouts if v not in space.domains]
     if missing:
         raise UserError(f"the log's plan names convolutions the model does not have as choices ({missing[0]}); "
