@@ -1,6 +1,7 @@
 """What the benchmark scripts share: the workloads the learned search is judged on, and where results go."""
 from __future__ import annotations
 
+import ctypes
 import json
 import platform
 import shlex
@@ -11,6 +12,14 @@ from pathlib import Path
 
 # issue 3's four: ResNet-50's 3x3 convs at 56x56 and 7x7, a 1x1 conv and the 2048->1000 dense layer
 SEARCH_WORKLOADS = "r50.s1.conv3x3,r50.s1.conv1x1c,r50.s4.conv3x3,dense.2048x1000"
+
+
+def c_library(source: Path, flags: list) -> tuple:
+    """(ctypes.CDLL of bench's C helper `source`, None), built through the kernel cache (once per
+    source), or (None, the compiler's message)."""
+    from tuner.toolchain.cc import compile_library
+    out, err = compile_library(source.read_text(), flags)
+    return (ctypes.CDLL(out), None) if out else (None, err)
 
 
 def bench_workload(name: str, conv_layout: str):

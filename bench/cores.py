@@ -14,17 +14,18 @@ import os
 import statistics
 from pathlib import Path
 
+from bench.common import c_library
+
 HOPS = 100_000
 FAR = 2.0           # a placement counts as far where its hop takes this many times the nearest one's
 
 
 @functools.cache
 def _probe():
-    from tuner.toolchain.cc import compile_library     # the kernel cache's build: once per source
-    out, err = compile_library((Path(__file__).parent / "cores.c").read_text(), ["-O2", "-pthread"])
-    if out is None:
+    lib, err = c_library(Path(__file__).with_name("cores.c"), ["-O2", "-pthread"])
+    if lib is None:
         raise RuntimeError(f"bench/cores.c does not build: {err}")
-    fn = ctypes.CDLL(out).core_to_core_ns
+    fn = lib.core_to_core_ns
     fn.argtypes, fn.restype = [ctypes.c_int, ctypes.c_int, ctypes.c_int], ctypes.c_double
     return fn
 
@@ -48,7 +49,8 @@ class Placements:
     def after(self, progress):
         def call(msg):
             self.samples.append(core_to_core_ns())
-            progress(f"{msg} [cores {self.samples[-1] or 0:.0f} ns a hop]")
+            ns = self.samples[-1]
+            progress(f"{msg} [cores {f'{ns:.0f} ns a hop' if ns else 'not sampled'}]")
         return call
 
     def split(self, ratios: list) -> dict:

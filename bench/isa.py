@@ -35,12 +35,11 @@ def emulate(isa: str) -> None:
     if loaded:
         raise SystemExit(f"{ENV}: {', '.join(loaded)} already loaded, and has read the real CPU: set it before "
                          "python starts (TUNER_BENCH_ISA=avx2 python -m bench.NAME ...)")
-    from tuner.toolchain.cc import compile_library     # the kernel cache's build: once per source
+    from bench.common import c_library
     src = Path(__file__).with_name("cpuid_mask.c")
-    out, err = compile_library(src.read_text(), ["-O2"])
-    if out is None:
+    lib, err = c_library(src, ["-O2"])
+    if lib is None:
         raise SystemExit(f"{ENV}: building {src} failed: {err}")
-    lib = ctypes.CDLL(out)
     lib.leaf7_ebx.restype = ctypes.c_uint
     lib.masked_calls.restype = ctypes.c_long
     if lib.mask_avx512() != 0:

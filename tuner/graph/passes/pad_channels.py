@@ -55,7 +55,7 @@ def padded_count(k: int, block: int, lanes: int | None = None) -> int:
     fit = L.fit_block(k, block)
     up = -(-k // block) * block
     filled = lambda b: lanes if b % lanes == 0 else b if b % 4 == 0 else 1  # noqa: E731
-    small = filled(fit) * (NARROW if fit % lanes == 0 else 1)
+    small = lanes * NARROW if fit % lanes == 0 else filled(fit)
     return up if fit < block and up * small < k * filled(block) else k
 
 
