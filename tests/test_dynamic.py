@@ -1064,6 +1064,49 @@ def test_a_dynamic_tune_with_a_histogram_tunes_the_bound_first_then_its_buckets_
     assert "--shape-histogram describes a --dynamic range: give --dynamic too" in capsys.readouterr().err
 
 
+def _conv24_onnx(path):
+    """Two convs of 24 output channels over an image of any height: whole 8-lane vectors, padded for 16."""
+    from onnx import TensorProto, helper, numpy_helper
+    import onnx
+    r = np.random.default_rng(0)
+
+    def w(name, *shape):
+        return numpy_helper.from_array((r.standard_normal(shape) * 0.1).astype(np.float32), name)
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "w1", "b1"], ["c1"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]), n("Relu", ["c1"], ["r1"]),
+             n("Conv", ["r1", "w2", "b2"], ["y"], kernel_shape=[1, 1])]
+    g = helper.make_graph(nodes, "c24", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "h", 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 24, "h", 16])],
+                          [w("w1", 24, 3, 3, 3), w("b1", 24), w("w2", 24, 24, 1, 1), w("b2", 24)])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_a_dynamic_tune_for_avx2_pairs_each_buckets_tasks_as_its_tunes_build_them_for_8_lanes(tmp_path, monkeypatch):
+    """The bucket's task list that pairs with the one above is built for the target's vectors, as
+    tune_model builds its space: 24 channels in NCHW16c run in blocks of 8 on AVX2, padded on AVX-512."""
+    from types import SimpleNamespace
+    from tuner import model_tuning
+    from tuner.target import parse_target
+    path = _conv24_onnx(tmp_path / "c24.onnx")
+    calls = []
+
+    def fake(graph, trials, contenders=None, target="cpu", threads=None, layouts=(), **kw):
+        space = model_tuning.model_layouts(graph, layouts, parse_target(target, threads).lanes)
+        calls.append((graph.inputs[0].shape[2], contenders, [wl.key for wl, _ in space.workloads()]))
+        best = [SimpleNamespace(workload=wl, best=SimpleNamespace(steps=[["tuned", k]]))
+                for k, (wl, _) in enumerate(space.workloads())]
+        return SimpleNamespace(space=space, session=SimpleNamespace(interrupted=False, tasks=best))
+    monkeypatch.setattr(model_tuning, "tune_model", fake)
+    for target in ("cpu -isa=avx2", "cpu -isa=avx512"):
+        calls.clear()
+        model_tuning.tune_dynamic(str(path), "x=1x3x[8..16]x16", 1000, buckets=[8], target=target, threads=1,
+                                  layouts=("NCHW16c",), progress=False)
+        assert [(h, offered) for h, offered, _ in calls[:1]] == [(16, {})] and [h for h, *_ in calls] == [16, 8]
+        keys = calls[1][2]
+        assert keys and calls[1][1] == {key: [[["tuned", k]]] for k, key in enumerate(keys)}, target
+
+
 def test_a_dynamic_tune_over_two_varying_dims_tunes_their_bounds_once_and_buckets_need_one(tmp_path, monkeypatch,
                                                                                           capsys):
     """Several new tokens over a past (seq and past both vary): with no buckets the tune runs once,

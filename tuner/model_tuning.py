@@ -832,9 +832,10 @@ def tune_dynamic(model: str, dynamic, trials: int, buckets: list | None = None, 
     values = values + [sym.hi]
     out, above = [], None
     opts = {o: kwargs[o] for o in ("layouts", "target", "threads", "progress", "seed") if o in kwargs}
+    lanes = parse_target(kwargs.get("target", "cpu"), kwargs.get("threads")).lanes   # the tasks its tunes run
     for v, share in sorted(zip(values, shares(values, sym, hist)), reverse=True):
         graph = load_at(str(model), dyn.shapes(dyn.at(k, v), input_shapes), run_time)
-        pairs = model_layouts(graph, tuple(kwargs.get("layouts", DEFAULT_CHOICES))).workloads()
+        pairs = model_layouts(graph, tuple(kwargs.get("layouts", DEFAULT_CHOICES)), lanes).workloads()
         n = round(trials * share)
         first_looks = n < len(pairs)        # every task's first look, whatever its share of the time
         contenders = _contenders(above, pairs)
@@ -897,7 +898,7 @@ def handovers(model: str, dyn, k: int, values: tuple, tasks, pairs: list, conten
                 break
             try:
                 here = model_layouts(load_at(model, dyn.shapes(dyn.at(k, x), input_shapes), run_time),
-                                     tuple(layouts)).workloads()
+                                     tuple(layouts), tgt.lanes).workloads()
             except (ValueError, UserError):        # the model does not import there: its ends stay below
                 break
             if not _paired(pairs, here):
