@@ -739,6 +739,27 @@ class SearchSpace(DagSketch):
         return (not self._shared_axes and self._reduction_input_bytes > RESIDENT_BYTES and self._panel_bytes(tile) > L1_BYTES
                 and 16 * self._input_elements(True) <= self._reduction_input_bytes)
 
+    def lighter(self, dec: dict) -> list:
+        """Variants of the default `dec` that ask fewer registers of GCC, for a compile to take where
+        the default's code spilled accumulators (compile_model's _unspilled), in order: its blocked
+        chunk's 2-trip row loop taken one row at a time (GCC copied the tile's code per trip), then its
+        row one pixel shorter beside the paired blocks (8 accumulators of 16 registers, not 12)."""
+        if self.kind != "tiled" or self.target.lanes >= 16:     # 32 vector registers: the tile leaves room
+            return []
+        tile, out = dec["tile"], []
+        inner = [d for d in range(len(tile) - 1) if tile[d][2] > 1]
+        row = max(inner, key=lambda d: (tile[d][2], d), default=None)
+        rows = [d for d in range(len(tile) - 1) if d != row and tile[d][1] == 2 and tile[d][2] == 1]
+        if rows and dec.get("reduce") != list(self._reduce_periods):
+            out.append({**dec, "tile": [[1, 1, 1] if d == rows[0] else list(t) for d, t in enumerate(tile)]})
+        if row is not None and len(inner) > 1 and tile[row][2] >= 3:
+            s1, s2, s3 = tile[row]
+            e = self.out_shape[row]
+            whole = s2 > 1 and s2 == -(-e // s3)            # the chunk holds the whole row (_block_reduction)
+            short = [s1, -(-e // (s3 - 1)) if whole else s2, s3 - 1]
+            out.append({**dec, "tile": [short if d == row else list(t) for d, t in enumerate(tile)]})
+        return [d for d in out if self.valid_tile(d["tile"])]
+
     @cached_property
     def _pad_reads_each(self) -> float:
         """Reads of each padded element by the reduction: its iterations over the padded copies' size."""
