@@ -967,26 +967,24 @@ def _task_kernel_of(task: Task, wl, db, tgt, choose, func: str, predictor, dims,
             rec.latency if rec is not None and not stale else None)
 
 
-MIN_SPILLS = 2     # spilled accumulators from which a default gives way to a lighter variant
+MIN_SPILLS = 2     # spilled accumulators from which a default gives way to a lighter variant that spills none
 
 
 def _unspilled(task: Task, func: str, dims) -> list:
     """The default's steps, or those of the first of its lighter variants (SearchSpace.lighter) whose
-    code spills fewer accumulators, where the default's spilled MIN_SPILLS or more (toolchain.spills:
+    code spills no accumulator, where the default's spilled MIN_SPILLS or more (toolchain.spills:
     the objects built here are those the library links). One spilled chain costs less than a third
-    of the tile's accumulators: the ResNet stem in AVX2 code, spilling one, ran 0.93x the time of 8."""
+    of the tile's accumulators (the ResNet stem in AVX2 code, spilling one, ran 0.93x the time of 8),
+    and a variant that still spilled some ran slower in 4 of 6 convs (docs/history.md)."""
     space = task.space
     dec = space.default()
     sched = space.steps(dec)
     lighter = space.lighter(dec) if dims is None and task.target.kind == "cpu" else []
-    if not lighter or (fewest := _spills(task, sched, func)) is None or fewest < MIN_SPILLS:
+    if not lighter or (spilled := _spills(task, sched, func)) is None or spilled < MIN_SPILLS:
         return sched
     for alt in lighter:
-        steps = space.steps(alt)
-        if (n := _spills(task, steps, func)) is not None and n < fewest:
-            sched, fewest = steps, n
-        if fewest == 0:
-            break
+        if _spills(task, steps := space.steps(alt), func) == 0:
+            return steps
     return sched
 
 
