@@ -59,6 +59,7 @@ def test_only_innermost_loops_are_read():
 @pytest.mark.parametrize("spec, first", [
     ("C=288,H=22,W=22,K=32,R=1,S=1,stride=1,pad=0", [1, 1, 1]),       # blocked, 2 rows a chunk: one row first
     ("C=64,H=14,W=14,K=64,R=3,S=3,stride=2,pad=1,groups=2", None),    # unblocked: the row one pixel shorter
+    ("C=144,H=56,W=56,K=144,R=3,S=3,stride=1,pad=1,groups=144", None),  # depthwise: 8 pixels as 7
 ])
 def test_lighter_variants_of_an_avx2_default_take_its_chunk_one_row_at_a_time_then_a_shorter_row(spec, first):
     space = SearchSpace(parse_spec(f"conv2d:N=1,{spec},bias=1,relu=1", "NCHW16c"), AVX2)
@@ -74,10 +75,12 @@ def test_lighter_variants_of_an_avx2_default_take_its_chunk_one_row_at_a_time_th
 
 
 @needs_avx2
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(c=st.sampled_from([32, 288, 320]), k=st.sampled_from([32, 64, 96]), hw=st.sampled_from([14, 22, 26, 38]),
-       r=st.sampled_from([1, 3]), stride=st.sampled_from([1, 2]), groups=st.sampled_from([1, 2]))
+       r=st.sampled_from([1, 3]), stride=st.sampled_from([1, 2]), groups=st.sampled_from([1, 2, "depthwise"]))
 def test_every_lighter_variant_of_an_avx2_default_conv_computes_the_reference(c, k, hw, r, stride, groups):
+    if groups == "depthwise":
+        k = groups = c
     wl = parse_spec(f"conv2d:N=1,C={c},H={hw},W={hw},K={k},R={r},S={r},stride={stride},pad={r // 2},"
                     f"groups={groups},bias=1,relu=1", "NCHW16c")
     space = SearchSpace(wl, AVX2)

@@ -743,7 +743,8 @@ class SearchSpace(DagSketch):
         """Variants of the default `dec` that ask fewer registers of GCC, for a compile to take where
         the default's code spilled accumulators (compile_model's _unspilled), in order: its blocked
         chunk's 2-trip row loop taken one row at a time (GCC copied the tile's code per trip), then its
-        row one pixel shorter beside the paired blocks (8 accumulators of 16 registers, not 12)."""
+        row one pixel shorter (beside paired blocks 8 accumulators of 16 registers, not 12; a
+        depthwise conv's 8 pixels as 7)."""
         if self.kind != "tiled" or self.target.lanes >= 16:     # 32 vector registers: the tile leaves room
             return []
         tile, out = dec["tile"], []
@@ -752,7 +753,7 @@ class SearchSpace(DagSketch):
         rows = [d for d in range(len(tile) - 1) if d != row and tile[d][1] == 2 and tile[d][2] == 1]
         if rows and dec.get("reduce") != list(self._reduce_periods):
             out.append({**dec, "tile": [[1, 1, 1] if d == rows[0] else list(t) for d, t in enumerate(tile)]})
-        if row is not None and len(inner) > 1 and tile[row][2] >= 3:
+        if row is not None and tile[row][2] >= 3:
             s1, s2, s3 = tile[row]
             e = self.out_shape[row]
             whole = s2 > 1 and s2 == -(-e // s3)            # the chunk holds the whole row (_block_reduction)
