@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import __version__
-from ..codegen.c import PRELUDE, STACK_LIMIT_BYTES, generate_c
+from ..codegen.c import STACK_LIMIT_BYTES, generate_c
 from ..database import records
 from ..database.union import Database
 from ..errors import UserError
@@ -59,7 +59,7 @@ from ..te.layouts import plan_summary
 from ..te.tensor import placeholder
 from ..toolchain.cc import compile_object, compile_objects, compile_parts
 from ..toolchain.spills import spilled_accumulators
-from .executor import executor_parts, executor_source
+from .executor import executor_parts, executor_source, kernel_part
 from .memory import Lifetime, align, peak_live_bytes, plan
 
 DEFAULT_LAYOUT = "NCHW16c"
@@ -991,14 +991,15 @@ def _unspilled(task: Task, func: str, dims) -> list:
 def _spills(task: Task, steps: list, func: str) -> int | None:
     """Spilled accumulators in the code of `steps` as the model's library builds it, or None where
     it does not build or its code cannot be read."""
-    obj, err = compile_object(*_object_part(task, steps, func, list(task.target.cflags)))
+    source, flags = _object_part(task, steps, func)
+    obj, err = compile_object(source, list(task.target.cflags) + flags)
     return None if err is not None else spilled_accumulators(obj)
 
 
-def _object_part(task: Task, steps: list, func: str, flags: list) -> tuple:
-    """(C source, flags) of the object of `steps` as _lower_groups names its kernel (by its code)."""
+def _object_part(task: Task, steps: list, func: str) -> tuple:
+    """executor_parts' part of the kernel of `steps`, named by its code as _lower_groups names it."""
     cand = task.candidate(steps, func_name=func)
-    return PRELUDE + by_code(func, cand.source)[1], flags + (["-fopenmp"] if cand.openmp else [])
+    return kernel_part(by_code(func, cand.source)[1], cand.openmp)
 
 
 def _build_defaults(tasks: list) -> None:
@@ -1008,8 +1009,7 @@ def _build_defaults(tasks: list) -> None:
     for task in tasks:
         if task.workload.key not in seen and task.space.lighter(dec := task.space.default()):
             seen.add(task.workload.key)
-            source, flags = _object_part(task, task.space.steps(dec), "kernel", [])
-            parts.append((source, flags))
+            parts.append(_object_part(task, task.space.steps(dec), "kernel"))
     if parts:
         compile_objects(parts, list(tasks[0].target.cflags))
 

@@ -86,12 +86,17 @@ def executor_source(kernels: list, steps: list, declared: dict, apart: dict | No
     return PRELUDE + "\n".join(k.source for k in kernels) + TIMING + _executor(steps, declared, apart)
 
 
+def kernel_part(source: str, openmp: bool) -> tuple:
+    """(C file, extra compiler flags) of one kernel compiled alone, as a model's library builds it."""
+    return PRELUDE + source, ["-fopenmp"] if openmp else []
+
+
 def executor_parts(kernels: list, steps: list, declared: dict, apart: dict | None = None) -> list:
     """What executor_source holds, as C files compiled apart ([(source, extra compiler flags)]):
     each kernel alone (with -fopenmp where it uses OpenMP), then the executor with the kernels'
     prototypes."""
     prototypes = "".join(f"int {k.func}(float** restrict args);\n" for k in kernels)
-    return [(PRELUDE + k.source, ["-fopenmp"] if k.openmp else []) for k in kernels] + \
+    return [kernel_part(k.source, k.openmp) for k in kernels] + \
         [(PRELUDE + prototypes + TIMING + _executor(steps, declared, apart), [])]
 
 
