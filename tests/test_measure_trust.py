@@ -75,6 +75,26 @@ def test_a_conv_that_skips_its_padding_is_judged_by_the_products_that_read_the_i
     assert s.best_gflops == pytest.approx(wl.live_flops / 2.6e-3 / 1e9) and s.best_gflops < 2 * 100
 
 
+def test_a_winograd_transform_is_judged_by_the_operations_it_cannot_do_without(monkeypatch):
+    """A transform's FLOPs count a product and an add per non-zero entry, but its entries are +-1
+    (m=2): a kernel of additions ran at 1.12x this host's FMA peak in those FLOPs, and a busy host
+    measuring half its peak refused it (a flaky test). Judged by a quarter of them, it passes; a
+    timing too fast for those is still refused."""
+    monkeypatch.setattr(plausible, "_PEAKS", {})
+    monkeypatch.setattr("tuner.measure.peak.peak_gflops", lambda target, threads, iters: 59.0)
+    wl = make("winograd_input", dict(C=24, H=14, W=14, pad=1, m=2), "NCHW16c")
+    assert wl.least_flops == pytest.approx(wl.flops / 4) and wl.live_flops == wl.flops
+    assert wl.flops / 1.14e-6 / 1e9 > 2 * 59
+    assert plausible.check(wl, TARGET1, MeasureResult(OK, costs=[1.14e-6]), here=True).ok
+    too_fast = plausible.check(wl, TARGET1, MeasureResult(OK, costs=[0.3e-6]), here=True)
+    assert too_fast.error == RUNTIME_ERROR and "2x this host's measured peak" in too_fast.message
+    for spec in (dict(H=14, W=14, K=16, pad=1, m=2), dict(H=28, W=28, K=64, pad=1, m=4)):
+        out = make("winograd_output", spec, "NCHW16c")        # AT's rows all computed: (alpha + m) of each
+        assert 0 < out.least_flops < out.flops / 2
+    conv = make("conv2d", dict(C=64, H=56, W=56, K=64, R=3, S=3, pad=1), "NCHW16c")
+    assert conv.least_flops == conv.live_flops
+
+
 @pytest.mark.parametrize("costs", [[], [0.0], [-1.0], [math.nan], [math.inf], ["0.001"], [True], None])
 def test_costs_that_are_not_positive_seconds_are_refused(costs):
     r = plausible.check(GFLOP, TARGET1, MeasureResult(OK, costs=costs))

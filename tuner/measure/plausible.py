@@ -56,7 +56,7 @@ def check(workload, target, result: MeasureResult, here: bool = False) -> Measur
     costs = result.costs if isinstance(result.costs, (list, tuple)) else None
     if not costs or not all(_seconds(c) for c in costs):
         return refuse(f"costs {str(result.costs)[:80]} are not positive finite seconds per call")
-    flops = workload.live_flops          # a kernel may skip the products that read only padding
+    flops = workload.least_flops         # a kernel may skip products of padding, or by +-1
     if not flops:
         return result
     gflops = flops / min(costs) / 1e9

@@ -72,6 +72,8 @@ class WorkloadDef:
     flops: Callable = nchw_elements  # Workload -> float
     live_flops: Callable | None = None  # Workload -> the FLOPs no kernel can skip (a conv's products that read
                                    # the input, not its padding); None: all of `flops`
+    least_flops: Callable | None = None  # Workload -> the operations no kernel does without (1 FLOP each, an
+                                   # FMA 2), where `flops` counts more (a transform's products by +-1); None: live_flops
     check: Callable | None = None  # Workload -> None, raising WorkloadError for shapes that do not fit
     example: str = ""              # a spec to show in errors
     epilogue: bool = False         # takes bias/residual/relu and act=... (workload.EPILOGUE_ACTS)

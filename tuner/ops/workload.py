@@ -116,9 +116,15 @@ class Workload:
 
     @property
     def live_flops(self) -> float:
-        """The FLOPs a kernel cannot skip: what a timing faster than the peak allows is judged by."""
+        """The FLOPs a kernel cannot skip (a conv's products of padding left out)."""
         d = WORKLOADS[self.op]
         return (d.live_flops or d.flops)(self)
+
+    @property
+    def least_flops(self) -> float:
+        """The arithmetic no kernel does without: what a timing faster than the peak allows is judged by."""
+        d = WORKLOADS[self.op]
+        return d.least_flops(self) if d.least_flops else self.live_flops
 
     # ------------------------------------------------------------ compute DAG
     def build(self) -> tuple:
