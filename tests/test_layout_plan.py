@@ -1070,6 +1070,35 @@ def test_compile_quick_for_avx2_tunes_24_channels_unpadded_in_blocks_of_8_and_th
     assert report.plan.layouts == m.meta["layout_plan"]
 
 
+@pytest.mark.slow
+def test_a_quick_tune_whose_one_look_at_a_task_was_refused_times_that_tasks_default_and_logs_the_plan(
+        tmp_cache, monkeypatch):
+    """compile --quick 1 takes one timing a task; where that one is refused (a busy host measures
+    its peak low, measure.plausible), the task's default is timed in the heat after the search, so
+    the model still has a price, a plan is logged, and the compile takes it."""
+    import tuner.measure.runner as R
+    import tuner.model_tuning as MT
+    from tuner.database import records
+    from tuner.database.result import RUNTIME_ERROR, MeasureResult
+    monkeypatch.setattr(MT, "in_model_defaults", lambda *args, **kwargs: {})
+    check, refused = R.plausible.check, []
+
+    def refuse_first_input_transform(workload, target, result, here=False):
+        if workload.op == "winograd_input" and not refused:
+            refused.append(workload.key)
+            return MeasureResult(RUNTIME_ERROR, "timing refused: as a busy host would")
+        return check(workload, target, result, here)
+    monkeypatch.setattr(R.plausible, "check", refuse_first_input_transform)
+    g = _narrow_then_wide(narrow=24)
+    log = tmp_cache.parent / "quick.jsonl"
+    MT.quick_tune(g, 1, str(log), None, use_shipped=False, target="cpu -isa=avx2", threads=1, progress=False)
+    recs = [r for r in records.load(str(log)).records if r.workload.key == refused[0]]
+    assert recs[0].error == RUNTIME_ERROR and any(r.ok and r.policy == records.CONFIRM for r in recs)
+    assert records.load(str(log)).plans
+    m = compile_model(g, target="cpu -isa=avx2", threads=1, use_shipped=False, predict=False, log=str(log))
+    assert m.meta["layout_plan_from"] == str(log)
+
+
 def _squeeze_excitation(reduced: int = 4):
     """A conv writing 20 channels (padded to 32 in NCHW16c), then squeeze-excitation: global pool, a
     1x1 conv down to `reduced` channels (which no block of 8 or 16 divides), a 1x1 conv back up

@@ -334,7 +334,9 @@ def confirm_bests(tasks, tgt, log: str, config: RunConfig, progress: bool = True
     schedule (and its `contenders`, {workload key: [steps]}, that apply) timed side by side, each
     twice (in turn, then in reverse), appended to the log (policy records.CONFIRM, one heat id),
     and the task's best made the heat's winner. A task whose last heat came after its last search
-    result, with every contender in it, is not timed again. Returns how many timings were taken.
+    result, with every contender in it, is not timed again; one whose every timing failed gets its
+    default's (a quick tune's one look refused on a busy host would leave the model no plan).
+    Returns how many timings were taken.
 
     Why: every timing on a shared machine is noisy, and a task's best is the fastest of up to
     hundreds of them, taken minutes apart: where a timing that came out too fast ends up, or
@@ -349,8 +351,8 @@ def confirm_bests(tasks, tgt, log: str, config: RunConfig, progress: bool = True
             task = Task(s.workload, tgt)
             others = [c for c in map(task.applied, (contenders or {}).get(s.workload.key, [])) if c is not None]
             winner = records.heat_winner(recs)
-            if not any(r.ok for r in recs) or (winner is not None and {c.code_hash for c in others} <=
-                                               {r.code_hash for r in recs if r.heat == winner.heat}):
+            if not recs or (winner is not None and {c.code_hash for c in others} <=
+                            {r.code_hash for r in recs if r.heat == winner.heat}):
                 s.best = records.best_of(recs) or s.best       # the heat's winner, as the compile takes it
                 continue
             cands = [task.candidate(r.steps, decisions=r.decisions)
