@@ -18,7 +18,8 @@ from tuner.schedule.schedule import Schedule, ScheduleError, replay
 from tuner.space.mutation import mutate
 from tuner.schedule import ir
 from tuner.schedule.ir import vector_split
-from tuner.space.sketch import COPY_READS, LOAD_ACCUMULATORS, PAD_PLACES, SearchSpace, guarded_length
+from tuner.space.sketch import (COPY_READS, LOAD_ACCUMULATORS, PAD_PLACES, RESIDENT_BYTES, TILE_COPIES, SearchSpace,
+                                 guarded_length)
 from tuner.target import host_isa, parse_target
 from tuner.task import Task
 from tuner.te.expr import Cmp, Const, FloorDiv, FloorMod, Select, Var, coefficient, simplify, walk
@@ -673,28 +674,35 @@ def test_the_default_blocks_the_reduction_where_a_register_tiles_weights_reach_2
         check_schedules([(wl, space.steps(dec))], target)
 
 
-@pytest.mark.parametrize("spec, threads, rows, chunked", [
-    ("C=128,H=56,W=56,K=128,R=3,S=3,stride=2,pad=1", 1, 7, True),     # 144 KiB of weights per tile
-    ("C=128,H=56,W=56,K=128,R=3,S=3,stride=2,pad=1", 16, 1, True),    # 4 outer tiles per thread: one row
-    ("C=512,H=14,W=14,K=512,R=3,S=3,stride=2,pad=1", 2, 7, True),
-    ("C=256,H=14,W=14,K=256,R=3,S=3,stride=1,pad=1", 1, 7, True),
-    ("C=64,H=56,W=56,K=64,R=5,S=5,stride=1,pad=2", 2, 4, True),
-    ("C=16,H=28,W=28,K=32,R=3,S=3,stride=1,pad=1", 1, None, False),   # 18 KiB: L1 holds it
+@pytest.mark.parametrize("spec, threads, rows, chunked, place", [
+    ("C=128,H=56,W=56,K=128,R=3,S=3,stride=2,pad=1", 1, 7, True, "tile"),   # 144 KiB of weights per tile
+    ("C=128,H=56,W=56,K=128,R=3,S=3,stride=2,pad=1", 16, 1, True, "root"),  # 4 outer tiles per thread: one row
+    ("C=128,H=56,W=56,K=256,R=3,S=3,stride=2,pad=1", 1, 7, True, "root"),   # 8 chunks of channels copy each window
+    ("C=32,H=128,W=128,K=64,R=3,S=3,stride=2,pad=1", 1, 2, True, "tile"),
+    ("C=32,H=128,W=128,K=64,R=3,S=3,stride=2,pad=1", 2, 2, True, "root"),   # the copy shared by 2 threads
+    ("C=512,H=14,W=14,K=512,R=3,S=3,stride=2,pad=1", 2, 7, True, "root"),
+    ("C=256,H=14,W=14,K=256,R=3,S=3,stride=1,pad=1", 1, 7, True, "root"),
+    ("C=64,H=56,W=56,K=64,R=5,S=5,stride=1,pad=2", 2, 4, True, "root"),
+    ("C=16,H=28,W=28,K=32,R=3,S=3,stride=1,pad=1", 1, None, False, "root"),  # 18 KiB: L1 holds it
 ])
 def test_with_16_registers_a_padded_conv_copied_first_blocks_its_reduction_where_its_panel_outgrows_l1(
-        spec, threads, rows, chunked):
+        spec, threads, rows, chunked, place):
     """AVX2 copies a 3x3 conv's pad first in any case, so where a register tile's weights over the
     whole reduction outgrow L1 it blocks the reduction as an unpadded conv does: one input-channel
     block a chunk (a 3x3 conv's block of 32 output channels is 18 KiB), the taps and channels
     inside, each chunk serving the whole row and up to 7 rows (ResNet-50's stride-2 convs and
-    GoogLeNet-like 3x3 convs alone 0.87-0.98x the time unblocked: docs/history.md). AVX-512's
-    default of the same conv keeps its pad inside the tiles and is not blocked where the copy
-    would be new (over a quarter of the panel). Blocked, each computes the reference."""
+    GoogLeNet-like 3x3 convs alone 0.87-0.98x the time unblocked: docs/history.md). Blocked, on
+    one thread, a padded copy past a core's L2 (RESIDENT_BYTES) is made per chunk instead, where
+    the chunks copy at most TILE_COPIES times the input in all (not with 8 chunks of output
+    channels, nor with 16 threads' one row a chunk). AVX-512's default of the same conv keeps its pad inside the tiles and is not blocked
+    where the copy would be new (over a quarter of the panel). Blocked, each computes the reference."""
     wl = parse_spec(f"conv2d:N=1,{spec},bias=1,relu=1", "NCHW16c")
     space = SearchSpace(wl, parse_target(f"cpu -isa=avx2 -threads={threads}", check_host=False))
     dec = space.default()
     tile = dec["tile"]
-    assert space.valid(dec) and all(place == "root" for place in dec["pad"].values())
+    assert space.valid(dec) and set(dec["pad"].values()) == {place}, dec["pad"]
+    copies = space._tile_pad_copies(tile, dec["reduce"])
+    assert (place == "tile") == (threads == 1 and space._pad_bytes > RESIDENT_BYTES and copies <= TILE_COPIES), copies
     if not chunked:
         assert dec["reduce"] == [1] * len(space.reduce_axes) and all(s2 == 1 for _, s2, _ in tile)
         return

@@ -76,8 +76,8 @@ from ..schedule.ir import tail_widths, vector_split
 from ..schedule.peel import concat_test
 from ..schedule.prefetch import LINE_FLOATS, PEELED
 from ..schedule.schedule import Schedule, ScheduleError, replay
-from ..te.expr import (Const, FloorDiv, FloorMod, Load, Select, Var, children, free_vars, linear, simplify, substitute,
-                       walk)
+from ..te.expr import (Const, FloorDiv, FloorMod, Load, Select, Var, bounds, children, free_vars, linear, simplify,
+                       substitute, walk)
 
 MAX_ACCUMULATORS = 32        # vector registers of AVX-512 (AVX2 has 16; spills only cost speed)
 MAX_TILE_FLOATS = 16384      # a 64 KiB accumulator tile stays on the stack and in L1/L2
@@ -99,6 +99,7 @@ BLOCKED_TILE_BYTES = 32 * 1024   # ... and the local tile they accumulate
 LOAD_ACCUMULATORS = 8       # with 16 registers, a tile whose every FMA loads its operands (a depthwise conv)
 LATENCY_ACCUMULATORS = 8    # independent FMAs that hide an FMA's latency: 4 cycles on 2 pipes
 PADDING_SHARE = 0.5         # this share of a conv's products in padding or more: its pad inlined, its rows halved
+TILE_COPIES = 5             # a blocked conv's pad copied per chunk where that copies at most this many times the input
 COPY_READS = 100            # with 16 registers a pad read fewer times per element than this is not copied first
 PAD_PLACES = ("inline", "root", "tile", "interior")   # where a pad producer is computed (tile: per output tile)
 PREFETCH_LEVELS = (0, 1, 2)     # decision `prefetch`: none, the weights' next panel, that and the activation's next tile
@@ -663,7 +664,14 @@ class SearchSpace(DagSketch):
         if pair is not None and (tile[pair][2] >= 4 or not wide_regs) \
                 and (not self.pads or place == "root" or (row in padded and tile[row][2] >= shape[row])) \
                 and (blocked := self._block_reduction(tile, row, copied=place == "root")):
-            (tile, reduce), place = blocked, "root"
+            # a padded copy past a core's L2 is read back from L3: with 16 registers and one
+            # thread each chunk copies its own window instead, in cache when its reduction reads
+            # it, where that copies at most TILE_COPIES times as much (stride-2 3x3 convs of 32-128
+            # channels at 56-256 pixels 0.79-0.97x the time; 6-17 times as much 0.99-1.14x; at 2
+            # threads, the copy shared, 0.89-1.04x: docs/history.md)
+            tile, reduce = blocked
+            place = "tile" if self.pads and not wide_regs and self.target.threads == 1 \
+                and self._pad_bytes > RESIDENT_BYTES and self._tile_pad_copies(tile, reduce) <= TILE_COPIES else "root"
         dec = {"pad": {p: place for p in self.pads}, "tile": tile,
                "reduce": reduce, "unroll": 64, "order": order}
         if self.epilogues:
@@ -898,6 +906,26 @@ class SearchSpace(DagSketch):
                         padded |= free_vars(idx)
         pos = lambda names: {d for d, a in enumerate(self.local_axes) if a in names}   # noqa: E731
         return pos(reads), pos(padded)
+
+    def _tile_pad_copies(self, tile: list, reduce: list) -> float:
+        """What pads copied per chunk ("tile": at the reduction's outermost chunk loop) copy in all,
+        over what they copy once at root: the chunks along axes the window does not follow (output
+        channel blocks) copy it again, and neighbouring chunks share its halo."""
+        extents = [s2 * s3 for _, s2, s3 in tile]
+        loops = math.prod(-(-e // c) for e, c in zip(self.out_shape, extents))
+        red = self.reduce_axes
+        if red:
+            loops *= -(-red[0][1] // reduce[0])
+        ranges = {a: (0, c - 1) for a, c in zip(self.local_axes, extents)}
+        ranges.update({r: (0, (reduce[0] if i == 0 else e) - 1) for i, (r, e) in enumerate(red)})
+        copied = once = 0
+        for n in walk(self.anchor_op.body):
+            if isinstance(n, Load) and n.buffer in self.pads:
+                window = [bounds(i, ranges) for i in n.indices]
+                full = [e for _, e in self._pad_axes[n.buffer]]
+                copied += loops * math.prod(min(b[1] - b[0] + 1, e) if b else e for b, e in zip(window, full))
+                once += math.prod(full)
+        return copied / once if once else math.inf
 
     def _broadcast_axis(self, row: int, lengths: tuple = (2,), guarded: bool = True) -> int | None:
         """An output axis other than `row` and the vector axis along which an operand read without

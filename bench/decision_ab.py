@@ -1,0 +1,90 @@
+"""A task's default schedule against the same default with decisions replaced, each kernel alone.
+
+    python -m bench.decision_ab --target "cpu -isa=avx2" --threads 1 \\
+        --variant root='{"pad": "root"}' --variant tile='{"pad": "tile"}' \\
+        "conv2d:N=1,C=32,H=112,W=112,K=64,R=3,S=3,stride=2,pad=1,bias=1,relu=1 [NCHW16c]" ...
+
+A variant replaces top-level decisions of the default (`SearchSpace.default()`); a string given for
+`pad` places every pad so, a list given for `tileN` replaces the tile of output axis N. Every round
+times all variants of a workload in one runner (CpuRunner: the reference checked first), in turn,
+the order reversed each round; prints each variant's median and the median of its per-round ratio
+to the first variant's, with the accumulators its code keeps in the stack (toolchain.spills).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+
+from bench.common import write_results
+from tuner.codegen.c import PRELUDE
+from tuner.measure.runner import CpuRunner, RunConfig
+from tuner.ops.workload import parse_spec
+from tuner.target import parse_target
+from tuner.task import Task
+from tuner.toolchain.cc import compile_object
+from tuner.toolchain.spills import spilled_accumulators
+
+
+def patched(default: dict, patch: dict, pads: list) -> dict:
+    dec = copy.deepcopy(default)
+    for key, value in patch.items():
+        if key == "pad" and isinstance(value, str):
+            dec["pad"] = {p: value for p in pads}
+        elif key.startswith("tile") and key[4:].isdigit():
+            dec["tile"][int(key[4:])] = value
+        else:
+            dec[key] = value
+    return dec
+
+
+def spills(source: str, target) -> int | None:
+    obj, err = compile_object(PRELUDE + source, list(target.cflags) + (["-fopenmp"] if "omp" in source else []))
+    return None if err else spilled_accumulators(obj)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("workloads", nargs="+", help='"SPEC [LAYOUT]", e.g. "conv2d:C=64,H=56,W=56,K=64,R=3,S=3 [NCHW16c]"')
+    ap.add_argument("--variant", action="append", default=[], help="NAME=JSON: decisions replaced in the default")
+    ap.add_argument("--target", default="cpu")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--out")
+    args = ap.parse_args(argv)
+    variants = {"default": {}}
+    for v in args.variant:
+        name, _, patch = v.partition("=")
+        variants[name] = json.loads(patch)
+    target = parse_target(args.target, args.threads)
+    rows = []
+    with CpuRunner(target, RunConfig()) as runner:
+        for text in args.workloads:
+            spec, _, layout = text.partition(" [")
+            task = Task(parse_spec(spec, layout.rstrip("]") or "NCHW16c"), target)
+            space = task.space
+            base = space.default()
+            decs = {n: patched(base, p, space.pads) for n, p in variants.items()}
+            cands = {n: task.applied(space.steps(d)) for n, d in decs.items()}
+            names = list(cands)
+            times: dict = {n: [] for n in names}
+            for r in range(args.rounds):
+                order = names if r % 2 == 0 else names[::-1]
+                for n, (_, res) in zip(order, runner.measure(task, [cands[n] for n in order])):
+                    times[n].append(min(res.costs) if res.ok else float("nan"))
+            first = names[1] if len(names) > 1 else names[0]
+            for n in names:
+                ratio = statistics.median(a / b for a, b in zip(times[n], times[first]))
+                rows.append({"workload": text, "variant": n, "median_ms": 1e3 * statistics.median(times[n]),
+                             f"vs_{first}_paired": ratio, "spilled": spills(cands[n].source, target),
+                             "decision": {k: decs[n][k] for k in ("pad", "tile", "reduce") if k in decs[n]}})
+                print(f"{spec[:72]:72s} {n:10s} {rows[-1]['median_ms']:8.3f} ms  {ratio:.3f}x {first}  "
+                      f"spilled {rows[-1]['spilled']}", flush=True)
+    write_results("decision_ab", args.out, {"target": str(target), "threads": args.threads, "rounds": args.rounds,
+                                            "variants": variants, "rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
