@@ -508,7 +508,7 @@ def test_a_row_is_cut_into_register_tiles_that_keep_enough_fmas_in_flight():
     ("C=2048,H=7,W=7,K=512,R=1,S=1,pad=0", "NCHW16c", (2, 3, 16), 8),     # blocked: 128 channels a chunk
     ("C=512,H=28,W=28,K=128,R=1,S=1,pad=0", "NCHW8c", (4, 3, 8), 16),     # blocked: 128 channels a chunk
     ("C=256,H=14,W=14,K=256,R=3,S=3,pad=1", "NCHW8c", (4, 3, 8), 1),      # one vector a block: 4 blocks; blocked
-    ("C=64,H=14,W=14,K=24,R=1,S=1,pad=0", "NCHW8c", (1, 14, 8), None),    # 3 blocks: none paired
+    ("C=64,H=14,W=14,K=24,R=1,S=1,pad=0", "NCHW8c", (3, 4, 8), None),     # 3 blocks of one vector: all three
     ("C=64,H=14,W=14,K=48,R=1,S=1,pad=0", "NCHW16c", (1, 5, 16), None),   # 3 blocks: a block's 2 vectors, 14 as 5+5+4
     ("C=64,H=7,W=7,K=48,R=1,S=1,pad=0", "NCHW16c", (1, 4, 16), None),     # 7 as 4 + 3, not 6 + 1
     ("C=64,H=28,W=28,K=48,R=1,S=1,pad=0", "NCHW16c", (1, 6, 16), None),   # 28 as 6 x 4 + 4
@@ -519,7 +519,9 @@ def test_the_default_avx2_conv_tile_feeds_four_vectors_from_each_broadcast_by_th
     """With 16 vector registers, a conv whose input element is broadcast to several output channel
     blocks holds the block's whole vectors and as many blocks as make 4 vectors per broadcast, by 3
     pixels of the row (the last tile guarded), reversed: 12 accumulators at most, the pad copied
-    first; with no pair of blocks, a block of 2 vectors by up to 6 pixels, as many as take the
+    first; 3 blocks of one vector that are the whole axis (24 channels in blocks of 8) all three,
+    by 4 pixels (alone 0.56-0.87x the time of one block by a row: docs/history.md); with no pair
+    of blocks, a block of 2 vectors by up to 6 pixels, as many as take the
     fewest FMA cycles over the row (guarded_length). The reduction is blocked in
     chunks of 16 KiB of weights (at least one input-channel block) where a register tile's weights
     outgrow L1, a padded conv's too (its pad is copied first in any case), the tile then widened to

@@ -550,7 +550,10 @@ class SearchSpace(DagSketch):
 
             def fit(row) -> tuple:
                 """(accumulators a tile along `row` may hold, the axis paired with it, or None)."""
-                pair = self._broadcast_axis(row, (2, 3)) if wide_regs else self._broadcast_axis(row, guarded=False) if whole else None
+                # 16 registers: 3 blocks where they are the whole axis and one vector each (24
+                # channels in blocks of 8), each broadcast feeding 3 FMAs, as MLAS's FMA3 tile
+                pair = self._broadcast_axis(row, (2, 3)) if wide_regs else \
+                    self._broadcast_axis(row, (2, 3) if acc == 1 else (2,), guarded=False) if whole else None
                 return (24, None) if pair is None else (pair_cap, pair)
 
             # register tile along the axis next to the vector axis (the output row, as in the
@@ -593,7 +596,8 @@ class SearchSpace(DagSketch):
                 tile[-1][2] = max(whole)
                 acc = self._vectors(tile[-1][2])
                 if pair is not None:
-                    m = max(k for k in (4 // acc, 2, 1) if k * acc <= 4 and self._reuse(pair) % k == 0)
+                    m = max(k for k in (4 // acc, 3 if self._reuse(pair) == 3 else 1, 2, 1)
+                            if k * acc <= 4 and self._reuse(pair) % k == 0)
                     tile[pair][2], acc = m, acc * m
                     rest.remove(pair)
                 order, cap, enough, guarded = "reversed", pair_cap, pair_cap, True
