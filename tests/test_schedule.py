@@ -511,6 +511,7 @@ def test_a_row_is_cut_into_register_tiles_that_keep_enough_fmas_in_flight():
     ("C=64,H=14,W=14,K=24,R=1,S=1,pad=0", "NCHW8c", (3, 4, 8), None),     # 3 blocks of one vector: all three
     ("C=64,H=14,W=14,K=48,R=1,S=1,pad=0", "NCHW16c", (1, 5, 16), None),   # 3 blocks: a block's 2 vectors, 14 as 5+5+4
     ("C=64,H=7,W=7,K=48,R=1,S=1,pad=0", "NCHW16c", (1, 4, 16), None),     # 7 as 4 + 3, not 6 + 1
+    ("C=832,H=7,W=7,K=48,R=1,S=1,pad=0", "NCHW16c", (1, 4, 16), None),    # 3 blocks of 2 vectors: never 3 by 2 vectors
     ("C=64,H=28,W=28,K=48,R=1,S=1,pad=0", "NCHW16c", (1, 6, 16), None),   # 28 as 6 x 4 + 4
     ("C=32,H=28,W=28,K=16,R=1,S=1,pad=0", "NCHW16c", (1, 6, 16), None),   # one block
     ("C=64,H=2,W=2,K=64,R=1,S=1,pad=0", "NCHW16c", (2, 2, 16), None),     # a row of 2: the rows fill the rest

@@ -550,10 +550,14 @@ class SearchSpace(DagSketch):
 
             def fit(row) -> tuple:
                 """(accumulators a tile along `row` may hold, the axis paired with it, or None)."""
-                # 16 registers: 3 blocks where they are the whole axis and one vector each (24
-                # channels in blocks of 8), each broadcast feeding 3 FMAs, as MLAS's FMA3 tile
-                pair = self._broadcast_axis(row, (2, 3)) if wide_regs else \
-                    self._broadcast_axis(row, (2, 3) if acc == 1 else (2,), guarded=False) if whole else None
+                if wide_regs or not whole:
+                    pair = self._broadcast_axis(row, (2, 3)) if wide_regs else None
+                elif (pair := self._broadcast_axis(row, guarded=False)) is None and self._vectors(shape[-1]) == 1:
+                    # 16 registers: blocks that divide, or 3 blocks of one vector that are the
+                    # whole axis (24 channels in blocks of 8), each broadcast feeding 3 FMAs, as
+                    # MLAS's FMA3 tile
+                    three = self._broadcast_axis(row, (3,), guarded=False)
+                    pair = three if three is not None and self._reuse(three) == 3 else None
                 return (24, None) if pair is None else (pair_cap, pair)
 
             # register tile along the axis next to the vector axis (the output row, as in the
