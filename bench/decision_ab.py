@@ -24,7 +24,7 @@ import subprocess
 import sys
 
 from bench.common import write_results
-from tuner.codegen.c import PRELUDE
+from tuner.compiler.executor import kernel_part
 from tuner.measure.runner import CpuRunner, RunConfig
 from tuner.ops.workload import parse_spec
 from tuner.target import parse_target
@@ -58,8 +58,10 @@ def baseline_defaults(tree: str, workloads: list, target: str, threads: int) -> 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def spills(source: str, target) -> int | None:
-    obj, err = compile_object(PRELUDE + source, list(target.cflags) + (["-fopenmp"] if "omp" in source else []))
+def spills(cand, target) -> int | None:
+    """Spilled accumulators of the candidate's kernel, built as a model's library builds it."""
+    source, flags = kernel_part(cand.source, cand.openmp)
+    obj, err = compile_object(source, list(target.cflags) + flags)
     return None if err else spilled_accumulators(obj)
 
 
@@ -100,7 +102,7 @@ def main(argv=None) -> int:
             for n in names:
                 ratio = statistics.median(a / b for a, b in zip(times[n], times[first]))
                 rows.append({"workload": text, "variant": n, "median_ms": 1e3 * statistics.median(times[n]),
-                             f"vs_{first}_paired": ratio, "spilled": spills(cands[n].source, target),
+                             f"vs_{first}_paired": ratio, "spilled": spills(cands[n], target),
                              "decision": {k: decs[n][k] for k in ("pad", "tile", "reduce", "order") if k in decs[n]}})
                 print(f"{spec[:72]:72s} {n:10s} {rows[-1]['median_ms']:8.3f} ms  {ratio:.3f}x {first}  "
                       f"spilled {rows[-1]['spilled']}", flush=True)
